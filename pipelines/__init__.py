@@ -1,0 +1,1 @@
+"""chunkledger pipelines: the Beam cache builder."""

@@ -1,0 +1,242 @@
+"""The on-disk format of a chunkledger cache: names, schema, ledger and checksums.
+
+This module is the single definition of the format (``docs/FORMAT.md`` is its prose twin). Both the
+pipeline (writer) and the reader import it; it depends only on the standard library, numpy and pyarrow.
+
+Layout of a cache rooted at ``ROOT``::
+
+    ROOT/ledger.json                                  the ledger (written at start with finished=false,
+                                                      rewritten atomically with finished=true at the end)
+    ROOT/chunks/shard-SSSSS/chunk-KKKKKK.parquet      chunk K of input shard S
+    ROOT/chunks/shard-SSSSS/chunk-KKKKKK.json         its sidecar (written after the parquet is in place)
+    ROOT/chunks/shard-SSSSS/_DONE.json                compressed shards only: {"chunks": n, ...}
+    ROOT/bad/shard-SSSSS/chunk-KKKKKK.jsonl           dead-lettered records of that chunk's byte range
+
+Chunk K of shard S holds, in file order, every line of S whose first byte lies in the *uncompressed*
+byte range ``[K * chunk_bytes, (K + 1) * chunk_bytes)``. A shard of U uncompressed bytes therefore has
+exactly ``ceil(U / chunk_bytes)`` chunks (some may hold zero documents), a pure function of its bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+FORMAT_NAME = "chunkledger"
+FORMAT_VERSION = 1
+
+LEDGER_NAME = "ledger.json"
+CHUNKS_DIR = "chunks"
+BAD_DIR = "bad"
+SHARD_DONE_NAME = "_DONE.json"
+
+# Parquet columns of a chunk. One row per document, in file order.
+TOKEN_COLUMN = "token_ids"  # list<int32>: the document's token ids (EOS appended if configured)
+LENGTH_COLUMN = "num_tokens"  # int32: len(token_ids); lets readers size documents without decoding tokens
+SHARD_COLUMN = "shard"  # int32: input shard index (provenance)
+OFFSET_COLUMN = "offset"  # int64: byte offset of the line's first byte in the uncompressed shard
+
+CHUNK_SCHEMA = pa.schema(
+    [
+        pa.field(TOKEN_COLUMN, pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False),
+        pa.field(LENGTH_COLUMN, pa.int32(), nullable=False),
+        pa.field(SHARD_COLUMN, pa.int32(), nullable=False),
+        pa.field(OFFSET_COLUMN, pa.int64(), nullable=False),
+    ]
+)
+
+# Key in a chunk's Parquet key-value metadata: JSON list of token counts per row group, so a reader can
+# decode only the row groups a token range needs.
+ROW_GROUP_TOKENS_KEY = b"chunkledger.row_group_tokens"
+
+COMPRESSIONS = ("none", "gzip", "zstd")
+
+
+class FormatError(ValueError):
+    """A cache does not match its ledger, or a ledger is not one this version can read."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Names
+
+
+def shard_dir(shard: int) -> str:
+    return f"{CHUNKS_DIR}/shard-{shard:05d}"
+
+
+def chunk_path(shard: int, index_in_shard: int) -> str:
+    """Relative path of chunk ``index_in_shard`` of input shard ``shard``."""
+    return f"{shard_dir(shard)}/chunk-{index_in_shard:06d}.parquet"
+
+
+def sidecar_path(shard: int, index_in_shard: int) -> str:
+    return f"{shard_dir(shard)}/chunk-{index_in_shard:06d}.json"
+
+
+def shard_done_path(shard: int) -> str:
+    return f"{shard_dir(shard)}/{SHARD_DONE_NAME}"
+
+
+def dead_letter_path(shard: int, index_in_shard: int) -> str:
+    return f"{BAD_DIR}/shard-{shard:05d}/chunk-{index_in_shard:06d}.jsonl"
+
+
+def join(root: str, rel: str) -> str:
+    return root.rstrip("/") + "/" + rel
+
+
+def compression_of(path: str) -> str:
+    """The compression implied by an input file name."""
+    if path.endswith(".gz"):
+        return "gzip"
+    if path.endswith(".zst") or path.endswith(".zstd"):
+        return "zstd"
+    return "none"
+
+
+def num_chunks(uncompressed_bytes: int, chunk_bytes: int) -> int:
+    """Number of chunks of a shard: one per started ``chunk_bytes`` of uncompressed input."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    return math.ceil(uncompressed_bytes / chunk_bytes)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checksums and deterministic JSON
+
+
+def checksum(data: bytes | memoryview) -> str:
+    """Checksum of a chunk file's bytes, as stored in the ledger."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def dumps(obj: Any) -> str:
+    """Deterministic JSON: sorted keys, no NaN, trailing newline."""
+    return json.dumps(obj, sort_keys=True, indent=1, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def dumps_ledger(ledger: Mapping[str, Any]) -> str:
+    """Ledger JSON: one top-level key per line, one chunk per line (readable, diffable, fast to parse)."""
+
+    def enc(v: Any) -> str:
+        return json.dumps(v, sort_keys=True, allow_nan=False, ensure_ascii=False)
+
+    parts = []
+    for key in sorted(ledger):
+        value = ledger[key]
+        if key == "chunks" and value:
+            body = "[\n" + ",\n".join("  " + enc(c) for c in value) + "\n ]"
+        else:
+            body = enc(value)
+        parts.append(f" {enc(key)}: {body}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# The ledger
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkTable:
+    """Per-chunk metadata in global order, as numpy arrays (one entry per chunk, never per document)."""
+
+    paths: list[str]
+    checksums: list[str]
+    shard: np.ndarray  # int32
+    index_in_shard: np.ndarray  # int32
+    docs: np.ndarray  # int64
+    tokens: np.ndarray  # int64
+    nbytes: np.ndarray  # int64, file size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def doc_offsets(self) -> np.ndarray:
+        """Cumulative document counts, length N+1: chunk c holds documents [off[c], off[c+1])."""
+        return np.concatenate([[0], np.cumsum(self.docs, dtype=np.int64)])
+
+    @property
+    def token_offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.tokens, dtype=np.int64)])
+
+    @staticmethod
+    def from_entries(entries: Sequence[Mapping[str, Any]]) -> "ChunkTable":
+        n = len(entries)
+        return ChunkTable(
+            paths=[e["path"] for e in entries],
+            checksums=[e["checksum"] for e in entries],
+            shard=np.fromiter((e["shard"] for e in entries), dtype=np.int32, count=n),
+            index_in_shard=np.fromiter((e["index_in_shard"] for e in entries), dtype=np.int32, count=n),
+            docs=np.fromiter((e["docs"] for e in entries), dtype=np.int64, count=n),
+            tokens=np.fromiter((e["tokens"] for e in entries), dtype=np.int64, count=n),
+            nbytes=np.fromiter((e["bytes"] for e in entries), dtype=np.int64, count=n),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Ledger:
+    """A parsed ``ledger.json``. ``chunks`` is empty until the build has finished."""
+
+    raw: Mapping[str, Any]
+    chunks: ChunkTable
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.raw.get("finished", False))
+
+    @property
+    def tokenizer(self) -> Mapping[str, Any]:
+        return self.raw["tokenizer"]
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        return self.raw["config"]
+
+    @property
+    def inputs(self) -> list[Mapping[str, Any]]:
+        return list(self.raw["inputs"])
+
+    @property
+    def totals(self) -> Mapping[str, Any]:
+        return self.raw.get("totals", {})
+
+    @staticmethod
+    def parse(text: str | bytes, *, where: str = LEDGER_NAME) -> "Ledger":
+        try:
+            raw = json.loads(text)
+        except ValueError as e:
+            raise FormatError(f"{where}: not valid JSON ({e}); the file is damaged or half-written") from e
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+            raise FormatError(f"{where}: not a chunkledger ledger (missing \"format\": \"{FORMAT_NAME}\")")
+        version = raw.get("format_version")
+        if version != FORMAT_VERSION:
+            raise FormatError(
+                f"{where}: format_version {version!r}, this reader reads {FORMAT_VERSION}; "
+                "upgrade chunkledger or rebuild the cache"
+            )
+        for key in ("tokenizer", "config", "inputs"):
+            if key not in raw:
+                raise FormatError(f"{where}: missing required key {key!r}")
+        try:
+            table = ChunkTable.from_entries(raw.get("chunks", []))
+        except (KeyError, TypeError, ValueError) as e:
+            raise FormatError(f"{where}: malformed chunk entry ({e!r})") from e
+        return Ledger(raw=raw, chunks=table)
+
+
+def config_fingerprint(tokenizer: Mapping[str, Any], config: Mapping[str, Any]) -> str:
+    """What must match for a rerun to resume into an existing cache (tokenizer identity + chunking config)."""
+    return hashlib.sha256(dumps({"tokenizer": tokenizer, "config": config}).encode()).hexdigest()
+
+
+def iter_json_lines(text: str) -> Iterable[Any]:
+    for line in text.splitlines():
+        if line.strip():
+            yield json.loads(line)
