@@ -1,0 +1,213 @@
+"""Write small, valid chunkledger caches directly (no Beam), for reader / shuffle / jax tests.
+
+``write_synthetic_cache(root, chunks)`` writes every chunk in ``chunks`` (given in GLOBAL order; each
+chunk is a list of documents, each document a sequence of token ids) as a Parquet file with
+``format.CHUNK_SCHEMA`` and ``ROW_GROUP_TOKENS_KEY`` metadata, its sidecar, and a ledger whose chunk
+list is that order. Shard numbers are assigned so that ``order.round_robin_order`` reproduces the
+given order: by default one shard holds every chunk; pass ``chunks_per_shard`` to spread them
+(chunk ``i`` of the given list then becomes ``round_robin_order(chunks_per_shard)[i]``).
+
+``finished=False`` writes the ledger as the launcher's *plan* (``finished: false``, ``chunks: []``) and
+only the chunks listed in ``written`` (default: all), which is what a reader sees while a build runs.
+``write_chunk`` / ``finish_cache`` let a test continue such a "build" step by step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Mapping, Sequence
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reader import format as fmt
+from reader import order
+
+DEFAULT_TOKENIZER = {"spec": "synthetic", "kind": "synthetic", "vocab_size": 1 << 20, "eos_id": 0,
+                     "hash": "synthetic"}
+
+
+def _fs(root: str):
+    fs, path = fsspec.core.url_to_fs(root)
+    return fs, path.rstrip("/")
+
+
+def _atomic_write(fs, path: str, data: bytes) -> None:
+    tmp = path + ".tmp-cachegen"
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    fs.pipe_file(tmp, data)
+    try:
+        fs.mv(tmp, path)
+    except Exception:  # some object stores: copy + remove
+        fs.copy(tmp, path)
+        fs.rm(tmp)
+
+
+def row_groups(lengths: Sequence[int], row_group_tokens: int) -> list[tuple[int, int]]:
+    """Split documents into row groups of about ``row_group_tokens`` tokens: a group is closed as soon
+    as it holds at least that many tokens (documents never span row groups)."""
+    groups, lo, acc = [], 0, 0
+    for i, n in enumerate(lengths):
+        acc += int(n)
+        if acc >= row_group_tokens:
+            groups.append((lo, i + 1))
+            lo, acc = i + 1, 0
+    if lo < len(lengths):
+        groups.append((lo, len(lengths)))
+    return groups
+
+
+def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offset: int = 0,
+                   row_group_tokens: int = 64, compression: str = "zstd") -> tuple[bytes, list[int]]:
+    """The Parquet bytes of one chunk, and its token count per row group."""
+    lengths = [len(d) for d in docs]
+    groups = row_groups(lengths, row_group_tokens)
+    rg_tokens = [int(sum(lengths[lo:hi])) for lo, hi in groups]
+    schema = fmt.CHUNK_SCHEMA.with_metadata({fmt.ROW_GROUP_TOKENS_KEY: json.dumps(rg_tokens).encode()})
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, schema, compression=compression) as w:
+        for lo, hi in groups:
+            part = docs[lo:hi]
+            table = pa.table(
+                {
+                    fmt.TOKEN_COLUMN: pa.array([np.asarray(d, dtype=np.int32) for d in part],
+                                               type=fmt.CHUNK_SCHEMA.field(fmt.TOKEN_COLUMN).type),
+                    fmt.LENGTH_COLUMN: pa.array(lengths[lo:hi], type=pa.int32()),
+                    fmt.SHARD_COLUMN: pa.array([shard] * (hi - lo), type=pa.int32()),
+                    fmt.OFFSET_COLUMN: pa.array([first_offset + k for k in range(lo, hi)], type=pa.int64()),
+                },
+                schema=schema,
+            )
+            w.write_table(table, row_group_size=max(1, hi - lo))
+    return sink.getvalue().to_pybytes(), rg_tokens
+
+
+def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Sequence[int]], *,
+                chunk_bytes: int = 1000, row_group_tokens: int = 64, sidecar: bool = True) -> dict[str, Any]:
+    """Write one chunk's parquet (then its sidecar) atomically; return its ledger entry (no offsets)."""
+    fs, base = _fs(root)
+    lo = index_in_shard * chunk_bytes
+    data, _ = chunk_bytes_of(docs, shard=shard, first_offset=lo, row_group_tokens=row_group_tokens)
+    rel = fmt.chunk_path(shard, index_in_shard)
+    _atomic_write(fs, base + "/" + rel, data)
+    entry = {
+        "path": rel,
+        "shard": shard,
+        "index_in_shard": index_in_shard,
+        "byte_range": [lo, lo + chunk_bytes],
+        "docs": len(docs),
+        "tokens": int(sum(len(d) for d in docs)),
+        "bytes": len(data),
+        "checksum": fmt.checksum(data),
+        "bad_records": 0,
+    }
+    if sidecar:
+        _atomic_write(fs, base + "/" + fmt.sidecar_path(shard, index_in_shard), fmt.dumps(entry).encode())
+    return entry
+
+
+def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_tokens: int,
+            tokenizer: Mapping[str, Any]) -> dict[str, Any]:
+    chunks = []
+    doc_off = tok_off = 0
+    for e in entries if finished else []:
+        chunks.append(dict(e, doc_offset=doc_off, token_offset=tok_off))
+        doc_off += e["docs"]
+        tok_off += e["tokens"]
+    ledger = {
+        "format": fmt.FORMAT_NAME,
+        "format_version": fmt.FORMAT_VERSION,
+        "finished": finished,
+        "tokenizer": dict(tokenizer),
+        "config": {"text_key": "text", "append_eos": True, "chunk_bytes": chunk_bytes,
+                   "row_group_tokens": row_group_tokens, "compression": "zstd", "compression_level": 3},
+        "inputs": inputs,
+        "chunks": chunks,
+    }
+    if finished:
+        ledger["totals"] = {"docs": doc_off, "tokens": tok_off, "chunks": len(chunks),
+                            "bytes": int(sum(e["bytes"] for e in entries)),
+                            "input_bytes": int(sum(i["size"] for i in inputs)), "bad_records": 0}
+        ledger["bad_records"] = {}
+    return ledger
+
+
+def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finished: bool = True,
+                          chunks_per_shard: Sequence[int] | None = None,
+                          compressed: Sequence[bool] | None = None,
+                          written: Iterable[int] | None = None,
+                          done_shards: Iterable[int] | None = None,
+                          chunk_bytes: int = 1000, row_group_tokens: int = 64,
+                          tokenizer: Mapping[str, Any] = DEFAULT_TOKENIZER) -> list[dict[str, Any]]:
+    """Write a valid cache at ``root``; return the chunk entries in global order.
+
+    Args:
+      chunks: chunks in global order; each a list of documents (sequences of token ids).
+      finished: write the final ledger (True) or only the plan (False; a build "in progress").
+      chunks_per_shard: how many chunks each input shard has (sum == len(chunks)); default one shard.
+      compressed: per shard, whether it is "compressed" (its chunk count is then unknown in the plan
+        and announced by ``_DONE.json``). Default: none compressed.
+      written: global indices of the chunks whose files exist (only with ``finished=False``; default all).
+      done_shards: compressed shards whose ``_DONE.json`` exists (default: all of them if finished,
+        none otherwise).
+      chunk_bytes, row_group_tokens: recorded in the ledger config; row groups follow row_group_tokens.
+    """
+    cps = list(chunks_per_shard) if chunks_per_shard is not None else [len(chunks)]
+    if sum(cps) != len(chunks):
+        raise ValueError(f"chunks_per_shard sums to {sum(cps)} but {len(chunks)} chunks were given")
+    comp = list(compressed) if compressed is not None else [False] * len(cps)
+    rr = order.round_robin_order(cps)
+    fs, base = _fs(root)
+    fs.makedirs(base, exist_ok=True)
+    todo = set(range(len(chunks))) if (finished or written is None) else set(written)
+    entries = []
+    for i, docs in enumerate(chunks):
+        shard, k = int(rr[i][0]), int(rr[i][1])
+        if i in todo:
+            entries.append(write_chunk(root, shard, k, docs, chunk_bytes=chunk_bytes,
+                                       row_group_tokens=row_group_tokens))
+        else:
+            entries.append(None)
+    if done_shards is None:
+        done_shards = [s for s in range(len(cps)) if comp[s]] if finished else []
+    for s in done_shards:
+        _atomic_write(fs, base + "/" + fmt.shard_done_path(s),
+                      fmt.dumps({"chunks": cps[s], "uncompressed_bytes": cps[s] * chunk_bytes}).encode())
+    inputs = [{"shard": s, "path": f"/synthetic/shard-{s:05d}.jsonl" + (".gz" if comp[s] else ""),
+               "size": cps[s] * chunk_bytes, "compression": "gzip" if comp[s] else "none",
+               "chunks": None if comp[s] else cps[s]} for s in range(len(cps))]
+    ledger = _ledger(inputs, entries, finished=finished, chunk_bytes=chunk_bytes,
+                     row_group_tokens=row_group_tokens, tokenizer=tokenizer)
+    _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
+    return entries
+
+
+def finish_cache(root: str, entries: Sequence[Mapping[str, Any]]) -> None:
+    """Rewrite the plan ledger at ``root`` as finished with ``entries`` (global order), as the launcher does."""
+    fs, base = _fs(root)
+    plan = json.loads(fs.cat_file(base + "/" + fmt.LEDGER_NAME))
+    ledger = _ledger(plan["inputs"], list(entries), finished=True,
+                     chunk_bytes=plan["config"]["chunk_bytes"],
+                     row_group_tokens=plan["config"]["row_group_tokens"], tokenizer=plan["tokenizer"])
+    ledger["config"] = plan["config"]
+    _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
+
+
+def random_chunks(rng: np.random.Generator, num_chunks: int, *, max_docs: int = 6, max_len: int = 40,
+                  vocab: int = 1000, empty_prob: float = 0.15, huge_prob: float = 0.05,
+                  huge_len: int = 300) -> list[list[np.ndarray]]:
+    """Random chunks with uneven sizes, empty chunks, tiny (1-token) and huge documents."""
+    out = []
+    for _ in range(num_chunks):
+        if rng.random() < empty_prob:
+            out.append([])
+            continue
+        docs = []
+        for _ in range(int(rng.integers(1, max_docs + 1))):
+            n = huge_len if rng.random() < huge_prob else int(rng.integers(1, max_len + 1))
+            docs.append(rng.integers(1, vocab, size=n, dtype=np.int32))
+        out.append(docs)
+    return out
