@@ -256,3 +256,303 @@ def unpacked_locate_in_chunk(doc_lengths: np.ndarray, seq_len: int, example_offs
     start = piece * seq_len
     stop = np.minimum(start + seq_len, np.asarray(doc_lengths, dtype=np.int64)[doc])
     return doc, start, stop
+
+
+# ---- Permutations (shuffle)
+#
+# The growing-window shuffle (issue 4): ``shuffled_example[i] = example[pi(i)]``. ``pi`` is a bijection
+# of example indices that maps every window onto itself, computed per index by keyed Feistel networks
+# with cycle-walking (uint64 arithmetic throughout). No permutation array, no state beyond the index.
+#
+# Units. ``pi`` preserves ``i mod lanes``. With ``lanes = R*`` (ideal_readers; the reader sets this),
+# example ``i`` and ``pi(i)`` live in the same stream, so a host that serves streams ``s ≡ r (mod R)``
+# still reads only those streams. Inside a lane the shuffle acts on *rows*: row ``t`` is examples
+# ``[t*lanes, (t+1)*lanes)``, i.e. position ``t`` of every stream. Windows, blocks and groups are given
+# in examples and converted to rows by ``// lanes``.
+#
+# Inside a window of ``n`` rows (``b`` rows per block, ``G`` blocks per group):
+#   * if ``n <= G*b``: one Feistel permutation of the whole window (it fits the decoded-chunk budget);
+#   * else (1) output slots are cut into groups of ``G*b`` consecutive slots; inside a full group, slot
+#     ``o`` takes rank ``c = o // G`` of block slot ``a = o % G`` (rank-major interleave: consecutive
+#     rows come from different blocks), and that rank is sent through a per-block Feistel permutation of
+#     ``[0, b)``; a partial last group is one Feistel permutation; (2) block slots are sent through a
+#     Feistel permutation of the window's full blocks (a partial tail block stays in place).
+# So a reader consumes the window group by group; a group needs ``G`` blocks of ``b`` contiguous rows
+# (= ``b`` contiguous positions of every stream) decoded at once, and each block is read once.
+
+import functools  # noqa: E402  (this section is appended to the module)
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_FEISTEL_ROUNDS = 6
+_TAG_FULL, _TAG_GROUP, _TAG_LASTGROUP, _TAG_BLOCKS = 1, 2, 3, 4
+
+
+@dataclasses.dataclass(frozen=True)
+class ShuffleConfig:
+    """Growing-window shuffle of example indices; every size is counted in examples.
+
+    Attributes:
+      seed: the shuffle seed (any Python int; reduced mod 2**64).
+      first_window: examples in window 0. Small, so training starts at once, also while the cache is
+        being built (window 0 only needs the first chunk or so of every stream).
+      growth: each window is ``ceil(previous * growth)`` examples, up to ``max_window``. ``1.0`` gives
+        fixed windows of ``first_window`` ("eras").
+      max_window: the largest window. Windows never cost memory (only groups do); larger windows give
+        better mixing but, while a build is running, reading window k needs its whole range built.
+      block_size: examples per block: a block is ``block_size // lanes`` contiguous rows, i.e. that many
+        contiguous positions of every stream, read as one unit.
+      group_size: examples mixed together (``group_size // block_size`` blocks). This is what the
+        reader holds decoded at once: ``group_size * seq_len * 4`` bytes for packed int32 tokens
+        (256 MiB at the defaults and seq_len 2048, split over hosts by stream).
+      lanes: ``pi(i) ≡ i (mod lanes)``. Set it to ``R*`` (ideal_readers) so every example stays in its
+        stream and each host keeps reading only its own streams; 1 mixes across streams.
+    """
+
+    seed: int
+    first_window: int = 1024
+    growth: float = 2.0
+    max_window: int = 1 << 20
+    block_size: int = 2048
+    group_size: int = 32768
+    lanes: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.seed, (int, np.integer)):
+            raise TypeError(f"ShuffleConfig.seed must be an int, got {self.seed!r}")
+        for name in ("first_window", "max_window", "block_size", "group_size", "lanes"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"ShuffleConfig.{name} must be a positive int, got {v!r}")
+        if not (isinstance(self.growth, (int, float)) and math.isfinite(self.growth) and self.growth >= 1.0):
+            raise ValueError(f"ShuffleConfig.growth must be a finite number >= 1, got {self.growth!r}")
+        if self.first_window > self.max_window:
+            raise ValueError(f"ShuffleConfig.first_window ({self.first_window}) must be <= max_window "
+                             f"({self.max_window})")
+
+    # -- sizes in rows (one row = `lanes` examples) --------------------------------------------------
+    @property
+    def block_rows(self) -> int:
+        return max(1, self.block_size // self.lanes)
+
+    @property
+    def group_blocks(self) -> int:
+        return max(1, self.group_size // self.block_size)
+
+    @property
+    def window_table(self) -> tuple[np.ndarray, int]:
+        """``(starts, max_rows)``: row starts of the growing windows (the last entry is where windows of
+        ``max_rows`` begin), a pure function of the config."""
+        return _window_table(self.first_window, float(self.growth), self.max_window, self.lanes)
+
+
+_MAX_GROWING_WINDOWS = 100_000
+
+
+@functools.lru_cache(maxsize=64)
+def _window_table(first_window: int, growth: float, max_window: int, lanes: int):
+    first = max(1, first_window // lanes)
+    top = max(1, max_window // lanes)
+    if growth == 1.0:
+        return np.zeros(1, dtype=np.int64), first  # fixed windows ("eras") of `first` rows
+    starts, w, s = [0], first, 0
+    while w < top:
+        s += w
+        starts.append(s)
+        w = min(top, math.ceil(w * growth))  # IEEE double multiply + ceil: identical on every platform
+        if len(starts) > _MAX_GROWING_WINDOWS:
+            raise ValueError(f"ShuffleConfig growth {growth} is too close to 1 to reach max_window "
+                             f"{max_window} from first_window {first_window}")
+    # starts[k] = row start of window k; windows k >= len(starts) - 1 all have `top` rows.
+    return np.asarray(starts, dtype=np.int64), top
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer on uint64 arrays (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _u64(x) -> np.ndarray:
+    """int64 / Python int -> uint64 (two's complement, mod 2**64)."""
+    if isinstance(x, (int, np.integer)):
+        return np.array([int(x) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+    return np.asarray(x, dtype=np.int64).astype(np.uint64)
+
+
+def _key(*parts) -> np.ndarray:
+    """Hash a tuple of ints / int arrays into uint64 keys (broadcasting)."""
+    with np.errstate(over="ignore"):
+        h = np.zeros(1, dtype=np.uint64)
+        for p in parts:
+            h = _mix64(h * _GOLDEN + _u64(p) + np.uint64(0x632BE59BD9B4E019))
+    return h
+
+
+def _ceil_log2(n: np.ndarray) -> np.ndarray:
+    """Smallest ``k`` with ``2**k >= n`` for uint64 arrays of n >= 1."""
+    v = n - np.uint64(1)
+    k = np.zeros(v.shape, dtype=np.uint64)
+    for s in (32, 16, 8, 4, 2, 1):
+        big = v >= (np.uint64(1) << np.uint64(s))
+        k = k + np.where(big, np.uint64(s), np.uint64(0))
+        v = np.where(big, v >> np.uint64(s), v)
+    return k + (v > 0).astype(np.uint64)
+
+
+def _feistel(x, n, key, *, inverse: bool = False) -> np.ndarray:
+    """A keyed bijection of ``[0, n)`` per element (``x``, ``n``, ``key`` broadcast; int64 out).
+
+    Balanced Feistel network on ``2h`` bits (``4**h >= n``, so the domain is less than ``4n``) with
+    cycle-walking back into ``[0, n)``. ``inverse=True`` gives the inverse permutation.
+    """
+    x, n, key = np.broadcast_arrays(np.asarray(x, np.int64), np.asarray(n, np.int64), np.asarray(key, np.uint64))
+    shape = x.shape
+    x, n, key = x.reshape(-1), n.reshape(-1), key.reshape(-1)
+    if x.size == 0:
+        return np.zeros(shape, dtype=np.int64)
+    if (x < 0).any() or (x >= n).any():
+        raise ValueError("feistel: input outside [0, n)")
+    n_u = n.astype(np.uint64)
+    h = np.maximum((_ceil_log2(n_u) + np.uint64(1)) >> np.uint64(1), np.uint64(1))
+    mask = (np.uint64(1) << h) - np.uint64(1)
+    with np.errstate(over="ignore"):
+        rkeys = np.stack([_mix64(key ^ (_GOLDEN * np.uint64(r + 1))) for r in range(_FEISTEL_ROUNDS)])
+        y = x.astype(np.uint64)
+        idx = np.arange(y.size)
+        while idx.size:
+            yy, hh, mm, rk = y[idx], h[idx], mask[idx], rkeys[:, idx]
+            left, right = yy >> hh, yy & mm
+            if inverse:  # undo (L, R) -> (R, L ^ F(R)) round by round
+                for r in range(_FEISTEL_ROUNDS - 1, -1, -1):
+                    left, right = right ^ (_mix64(left + rk[r]) & mm), left
+            else:
+                for r in range(_FEISTEL_ROUNDS):
+                    left, right = right, left ^ (_mix64(right + rk[r]) & mm)
+            y[idx] = (left << hh) | right
+            idx = idx[y[idx] >= n_u[idx]]  # cycle-walk the ones that left [0, n)
+    return y.astype(np.int64).reshape(shape)
+
+
+def shuffle_window_of(indices: np.ndarray, cfg: ShuffleConfig, *, epoch_length: int | None = None):
+    """Window of each example index: arrays ``(window, start, stop)`` in examples.
+
+    The window is the set of examples ``j`` with ``start <= j < stop`` whose row ``j // lanes`` lies in
+    the window's row range (so ``pi`` maps ``[start, stop)`` onto itself). With ``epoch_length`` the
+    windows are clipped to ``[0, epoch_length)``.
+    """
+    i = np.asarray(indices, dtype=np.int64)
+    rows = i // cfg.lanes
+    w, rs, re = _row_windows(rows, cfg)
+    lo, hi = rs * cfg.lanes, re * cfg.lanes
+    if epoch_length is not None:
+        hi = np.minimum(hi, epoch_length)
+    return w, lo, hi
+
+
+def _row_windows(rows: np.ndarray, cfg: ShuffleConfig):
+    """Row -> (window index, first row, end row) in O(log) per row, vectorized."""
+    starts, top = cfg.window_table
+    g = starts.size - 1  # windows 0..g-1 grow; window g onwards have `top` rows, starting at starts[g]
+    base = starts[-1]
+    k = np.searchsorted(starts, rows, side="right") - 1
+    tail = rows >= base
+    kt = (rows - base) // top
+    win = np.where(tail, g + kt, k)
+    lo = np.where(tail, base + kt * top, starts[np.minimum(k, g)])
+    hi = np.where(tail, lo + top, starts[np.minimum(k + 1, g)])
+    return win, lo, hi
+
+
+def _permute_rows(rows: np.ndarray, cfg: ShuffleConfig, row_limit: np.ndarray | None, *,
+                  inverse: bool = False) -> np.ndarray:
+    """The within-window permutation of rows (``row_limit``: rows in this lane, or None = infinite)."""
+    win, lo, hi = _row_windows(rows, cfg)
+    if row_limit is not None:
+        hi = np.minimum(hi, row_limit)
+    n = hi - lo
+    j = rows - lo
+    b, g_blocks = cfg.block_rows, cfg.group_blocks
+    gsize = b * g_blocks
+    seed = cfg.seed
+    out = np.empty_like(j)
+
+    small = n <= gsize
+    if small.any():
+        out[small] = _feistel(j[small], n[small], _key(seed, _TAG_FULL, win[small]), inverse=inverse)
+    big = ~small
+    if big.any():
+        jb, nb, wb = j[big], n[big], win[big]
+        nfull = nb // b  # full blocks (a partial tail block stays in place)
+
+        def group_step(p):
+            grp, o = p // gsize, p % gsize
+            m = np.minimum(gsize, nb - grp * gsize)
+            full = m == gsize
+            q = np.empty_like(o)
+            if full.any():
+                of, gf = o[full], grp[full]
+                if not inverse:
+                    a, c = of % g_blocks, of // g_blocks
+                    slot = gf * g_blocks + a
+                    q[full] = a * b + _feistel(c, b, _key(seed, _TAG_GROUP, wb[full], slot))
+                else:
+                    a, pos = of // b, of % b
+                    slot = gf * g_blocks + a
+                    c = _feistel(pos, b, _key(seed, _TAG_GROUP, wb[full], slot), inverse=True)
+                    q[full] = c * g_blocks + a
+            part = ~full
+            if part.any():
+                q[part] = _feistel(o[part], m[part], _key(seed, _TAG_LASTGROUP, wb[part], grp[part]),
+                                   inverse=inverse)
+            return grp * gsize + q
+
+        def block_step(p):
+            inb = p < nfull * b
+            r = p.copy()
+            if inb.any():
+                blk, off = p[inb] // b, p[inb] % b
+                r[inb] = _feistel(blk, nfull[inb], _key(seed, _TAG_BLOCKS, wb[inb]), inverse=inverse) * b + off
+            return r
+
+        out[big] = block_step(group_step(jb)) if not inverse else group_step(block_step(jb))
+    return lo + out
+
+
+def _apply(indices, cfg: ShuffleConfig, epoch_length: int | None, inverse: bool) -> np.ndarray:
+    i = np.asarray(indices, dtype=np.int64)
+    if i.size and int(i.min()) < 0:
+        raise ValueError("example indices must be non-negative")
+    if epoch_length is not None:
+        if epoch_length < 0:
+            raise ValueError(f"epoch_length must be >= 0, got {epoch_length}")
+        if i.size and int(i.max()) >= epoch_length:
+            raise ValueError(f"example index {int(i.max())} is outside [0, epoch_length={epoch_length})")
+    flat = i.reshape(-1)
+    lane, rows = flat % cfg.lanes, flat // cfg.lanes
+    limit = None
+    if epoch_length is not None:  # lane l holds ceil((epoch_length - l) / lanes) rows
+        limit = (epoch_length - lane + cfg.lanes - 1) // cfg.lanes
+    out = _permute_rows(rows, cfg, limit, inverse=inverse) * cfg.lanes + lane
+    return out.reshape(i.shape)
+
+
+def shuffle_example_indices(indices: np.ndarray, cfg: ShuffleConfig, *,
+                            epoch_length: int | None = None) -> np.ndarray:
+    """``pi(i)`` for every ``i`` in ``indices`` (int64 array of any shape): ``shuffled[i] = example[pi(i)]``.
+
+    ``pi`` is a bijection of ``[0, inf)`` (or of ``[0, epoch_length)`` when given: the last window is
+    then partial) that maps every window onto itself and preserves ``i mod cfg.lanes``. Pure function
+    of ``(indices, cfg, epoch_length)``: identical in every process, on every host, at every resume.
+    Windows tile the whole (looping) index range and every window is keyed by its own index, so every
+    pass over the data is ordered differently.
+    """
+    return _apply(indices, cfg, epoch_length, inverse=False)
+
+
+def unshuffle_example_indices(indices: np.ndarray, cfg: ShuffleConfig, *,
+                              epoch_length: int | None = None) -> np.ndarray:
+    """``pi^{-1}``: the shuffled position at which each original example index is served."""
+    return _apply(indices, cfg, epoch_length, inverse=True)
