@@ -1,4 +1,28 @@
 """chunkledger reader: deterministic sharded reads of a chunkledger cache.
 
 Light by design: numpy, pyarrow and fsspec only (gcsfs for gs://, jax optional in reader.jax).
+
+    from reader import ReadOptions, Reader
+    r = Reader("gs://bucket/cache", ReadOptions(seq_len=2048, batch_size=64), num_readers=8, reader_index=3)
+    for step, batch in r.iter_batches(start=step):
+        ...
 """
+
+from .cache import Cache, CacheNotReady
+from .chunks import ChunkError
+from .format import FormatError
+from .order import EmptyStream, EndOfStream, NotYetAvailable
+from .reader import BATCH_KEYS, ReadOptions, Reader
+
+__all__ = [
+    "BATCH_KEYS",
+    "Cache",
+    "CacheNotReady",
+    "ChunkError",
+    "EmptyStream",
+    "EndOfStream",
+    "FormatError",
+    "NotYetAvailable",
+    "ReadOptions",
+    "Reader",
+]

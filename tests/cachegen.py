@@ -211,3 +211,81 @@ def random_chunks(rng: np.random.Generator, num_chunks: int, *, max_docs: int = 
             docs.append(rng.integers(1, vocab, size=n, dtype=np.int32))
         out.append(docs)
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Brute-force reference of the reading order (issue 3), straight from the definitions, for tests.
+
+
+class Reference:
+    """Examples of a synthetic cache computed naively: ``loop(chunks)[s::R*]`` walked position by position."""
+
+    def __init__(self, chunks: Sequence[Sequence[Sequence[int]]], seq_len: int, num_streams: int, *,
+                 packed: bool = True, loop: bool = True):
+        self.chunks = [[np.asarray(d, dtype=np.int64) for d in c] for c in chunks]
+        self.L, self.R, self.packed, self.loop = seq_len, num_streams, packed, loop
+        self._units: dict[int, list] = {}  # stream -> list of units (token tuples or piece dicts)
+        self._pos: dict[int, int] = {}  # stream -> next looped-chunk position
+
+    def _stream_units(self, s: int, need: int) -> list:
+        units = self._units.setdefault(s, [])
+        p = self._pos.get(s, s)
+        n = len(self.chunks)
+        empty_run = 0
+        while len(units) < need:
+            if n == 0 or (not self.loop and p >= n):
+                break
+            e, c = divmod(p, n)
+            before = len(units)
+            for d in self.chunks[c]:
+                if self.packed:
+                    units += [(int(t), k, int(d[k - 1]) if k else 0, e) for k, t in enumerate(d)]
+                else:
+                    for k in range(0, len(d), self.L):
+                        units.append({"tokens": d[k:k + self.L], "start": k,
+                                      "prev": int(d[k - 1]) if k else 0, "doc": d, "epoch": e})
+            p += self.R
+            empty_run = empty_run + 1 if len(units) == before else 0
+            if empty_run > n * self.R + 1:
+                raise ValueError("empty stream")
+        self._pos[s] = p
+        return units
+
+    def num_examples(self) -> int:
+        """Single pass (R* = 1) only."""
+        assert not self.loop and self.R == 1
+        units = self._stream_units(0, 1 << 62)
+        return -(-len(units) // self.L) if self.packed else len(units)
+
+    def example(self, i: int) -> dict[str, Any]:
+        s, j = i % self.R, i // self.R
+        L = self.L
+        out = {k: np.zeros(L, np.int32) for k in ("inputs", "targets", "segment_ids", "positions")}
+        out["loss_mask"] = np.zeros(L, bool)
+        if self.packed:
+            units = self._stream_units(s, (j + 1) * L)[j * L:(j + 1) * L]
+            seg = 0
+            for t, (tok, k, prev, e) in enumerate(units):
+                if t == 0 or k == 0:
+                    seg += 1
+                out["targets"][t], out["positions"][t], out["segment_ids"][t] = tok, k, seg
+                out["inputs"][t] = prev if k else 0
+                out["loss_mask"][t] = True
+            out["epoch"] = units[0][3] if units else -1
+            out["valid"] = bool(units)
+        else:
+            units = self._stream_units(s, j + 1)
+            if j < len(units):
+                u = units[j]
+                m = len(u["tokens"])
+                out["targets"][:m] = u["tokens"]
+                out["positions"][:m] = np.arange(u["start"], u["start"] + m)
+                out["inputs"][:m] = np.concatenate([[u["prev"]], u["tokens"][:-1]])
+                if u["start"] == 0:
+                    out["inputs"][0] = 0
+                out["segment_ids"][:m] = 1
+                out["loss_mask"][:m] = True
+                out["epoch"], out["valid"] = u["epoch"], True
+            else:
+                out["epoch"], out["valid"] = -1, False
+        return out

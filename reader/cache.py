@@ -1,0 +1,215 @@
+"""Opening a chunkledger cache: the ledger of a finished build, or the progress view of a running one.
+
+A finished cache is described entirely by ``ledger.json``. While a build runs, ``ledger.json`` is the
+launcher's *plan* (``finished: false``, no chunks); the reader then combines the plan's inputs, the
+chunk sidecars and the ``_DONE.json`` files of compressed shards into the prefix of the global chunk
+order that is already fixed (:func:`reader.order.known_order_prefix`) and whose chunks are all written.
+That prefix is, by construction, a prefix of the final ledger's chunk list, so anything read from it is
+what will be read after the build. :meth:`Cache.refresh` polls for progress.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from typing import Any, Callable, Mapping, TypeVar
+
+import fsspec
+import numpy as np
+
+from . import format as fmt
+from . import order
+
+T = TypeVar("T")
+
+_SIDECAR_RE = re.compile(r"shard-(\d{5})/chunk-(\d{6})\.json$")
+_DONE_RE = re.compile(r"shard-(\d{5})/" + re.escape(fmt.SHARD_DONE_NAME) + "$")
+
+
+class CacheNotReady(TimeoutError):
+    """Waited ``wait_timeout_s`` for a running build to write the chunks a read needs."""
+
+
+class Cache:
+    """A cache root (local path or any fsspec URL such as ``gs://bucket/cache``).
+
+    Attributes:
+      url: the root as given.
+      ledger: the parsed ``ledger.json`` (the plan while the build runs).
+      table: :class:`reader.format.ChunkTable` of the chunks known so far, in global order
+        (all chunks once ``complete``).
+      complete: True once the build has finished (the ledger lists every chunk).
+    """
+
+    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None):
+        self.url = url
+        self.fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        self.root = root.rstrip("/")
+        self._lock = threading.Lock()
+        self._sidecars: dict[tuple[int, int], dict] = {}
+        self.complete = False
+        self.table: fmt.ChunkTable = fmt.ChunkTable.from_entries([])
+        self.ledger: fmt.Ledger
+        self.refresh()
+
+    # -- paths -----------------------------------------------------------------------------------
+    def path(self, rel: str) -> str:
+        """Filesystem path (for ``self.fs``) of a path relative to the root."""
+        return self.root + "/" + rel
+
+    def display(self, rel: str) -> str:
+        """The path as a user would type it (with the URL scheme), for error messages."""
+        return self.url.rstrip("/") + "/" + rel
+
+    # -- loading ----------------------------------------------------------------------------------
+    def _read_ledger(self) -> fmt.Ledger:
+        where = self.display(fmt.LEDGER_NAME)
+        try:
+            text = self.fs.cat_file(self.path(fmt.LEDGER_NAME))
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{where}: no ledger here. Is {self.url!r} a chunkledger cache root? The build writes "
+                "ledger.json before it starts (python -m pipelines.build_cache ...)."
+            ) from None
+        return fmt.Ledger.parse(text, where=where)
+
+    def refresh(self) -> bool:
+        """Re-read the ledger (and, while the build runs, sidecars). Returns True if more chunks are known."""
+        with self._lock:
+            if self.complete:
+                return False
+            before = len(self.table)
+            ledger = self._read_ledger()
+            if ledger.finished:
+                table = ledger.chunks
+                self._check_finished(ledger)
+                self._check_prefix(table)
+                self.ledger, self.table, self.complete = ledger, table, True
+            else:
+                table = self._progress_table(ledger)
+                self._check_prefix(table)
+                self.ledger, self.table = ledger, table
+            return len(self.table) > before or self.complete
+
+    def _check_finished(self, ledger: fmt.Ledger) -> None:
+        t = ledger.chunks
+        where = self.display(fmt.LEDGER_NAME)
+        n_inputs = len(ledger.inputs)
+        if len(t) and (t.shard.min() < 0 or t.shard.max() >= max(n_inputs, 1)):
+            raise fmt.FormatError(f"{where}: chunk entries name shards outside the {n_inputs} inputs")
+        per_shard = np.bincount(t.shard, minlength=n_inputs) if len(t) else np.zeros(n_inputs, np.int64)
+        expect = order.round_robin_order(per_shard)
+        got = np.stack([t.shard.astype(np.int64), t.index_in_shard.astype(np.int64)], axis=1) if len(t) \
+            else np.zeros((0, 2), np.int64)
+        if expect.shape != got.shape or not np.array_equal(expect, got):
+            raise fmt.FormatError(
+                f"{where}: the chunk list is not in round-robin order over the input shards; the ledger "
+                "does not match the format (rebuild the cache)."
+            )
+        for i, inp in enumerate(ledger.inputs):
+            n = inp.get("chunks")
+            if n is not None and int(n) != int(per_shard[i]):
+                raise fmt.FormatError(
+                    f"{where}: input shard {i} ({inp.get('path')}) should have {n} chunks, the ledger lists "
+                    f"{int(per_shard[i])}"
+                )
+
+    def _check_prefix(self, table: fmt.ChunkTable) -> None:
+        """What was known before must stay a prefix of what is known now (else the cache changed under us)."""
+        old = self.table
+        n = min(len(old), len(table))
+        if n and (old.paths[:n] != table.paths[:n] or old.checksums[:n] != table.checksums[:n]):
+            bad = next(i for i in range(n) if old.paths[i] != table.paths[i]
+                       or old.checksums[i] != table.checksums[i])
+            raise fmt.FormatError(
+                f"{self.display(table.paths[bad])}: this chunk changed while the cache was being read "
+                f"(ledger/sidecar checksum {table.checksums[bad]}, earlier {old.checksums[bad]}). Was the "
+                "cache rebuilt with a different configuration into the same directory?"
+            )
+
+    def _progress_table(self, plan: fmt.Ledger) -> fmt.ChunkTable:
+        inputs = plan.inputs
+        n = len(inputs)
+        try:
+            listing = self.fs.find(self.path(fmt.CHUNKS_DIR))
+        except FileNotFoundError:
+            listing = []
+        present: set[tuple[int, int]] = set()
+        done: dict[int, str] = {}
+        for p in listing:
+            m = _SIDECAR_RE.search(p)
+            if m:
+                present.add((int(m.group(1)), int(m.group(2))))
+                continue
+            m = _DONE_RE.search(p)
+            if m:
+                done[int(m.group(1))] = p
+        lower = np.zeros(n, dtype=np.int64)
+        final = np.zeros(n, dtype=bool)
+        for i, inp in enumerate(inputs):
+            if inp.get("chunks") is not None:
+                lower[i], final[i] = int(inp["chunks"]), True
+        for s, p in done.items():
+            if s < n and not final[s]:
+                info = json.loads(self.fs.cat_file(p))
+                lower[s], final[s] = int(info["chunks"]), True
+        for s, k in present:
+            if s < n and not final[s]:
+                lower[s] = max(lower[s], k + 1)
+        prefix = order.known_order_prefix(lower, final)
+        # longest prefix whose chunks are all written (sidecar present: parquet is in place before it)
+        keys = [(int(s), int(k)) for s, k in prefix]
+        upto = 0
+        while upto < len(keys) and keys[upto] in present:
+            upto += 1
+        missing = [k for k in keys[:upto] if k not in self._sidecars]
+        if missing:
+            paths = [self.path(fmt.sidecar_path(s, k)) for s, k in missing]
+            got = self.fs.cat(paths) if len(paths) > 1 else {paths[0]: self.fs.cat_file(paths[0])}
+            for (s, k), p in zip(missing, paths):
+                data = got[p] if p in got else got[next(q for q in got if q.endswith(p.lstrip("/")))]
+                try:
+                    entry = json.loads(data)
+                except ValueError as e:
+                    raise fmt.FormatError(f"{self.display(fmt.sidecar_path(s, k))}: not valid JSON ({e})") from e
+                if entry.get("path") != fmt.chunk_path(s, k):
+                    raise fmt.FormatError(
+                        f"{self.display(fmt.sidecar_path(s, k))}: names chunk {entry.get('path')!r}, "
+                        f"expected {fmt.chunk_path(s, k)!r}")
+                self._sidecars[(s, k)] = entry
+        return fmt.ChunkTable.from_entries([self._sidecars[k] for k in keys[:upto]])
+
+    # -- waiting ------------------------------------------------------------------------------------
+    def wait(self, attempt: Callable[[], T], *, timeout_s: float, poll_s: float = 1.0,
+             what: str = "data") -> T:
+        """Run ``attempt`` until it stops raising :class:`order.NotYetAvailable`, refreshing between tries.
+
+        Raises :class:`CacheNotReady` after ``timeout_s`` seconds without success.
+        """
+        t0 = time.monotonic()
+        while True:
+            try:
+                return attempt()
+            except order.NotYetAvailable as e:
+                if self.complete:
+                    raise
+                if self.refresh():
+                    continue
+                waited = time.monotonic() - t0
+                if waited >= timeout_s:
+                    raise CacheNotReady(
+                        f"{self.url}: the build is still running and has not written the chunks needed for "
+                        f"{what} ({e}); {len(self.table)} chunks of the global order are available so far. "
+                        f"Waited {waited:.0f} s (wait_timeout_s={timeout_s}). Check that the build is alive "
+                        "or raise wait_timeout_s."
+                    ) from e
+                time.sleep(min(poll_s, max(0.0, timeout_s - waited)))
+
+    def wait_complete(self, *, timeout_s: float, poll_s: float = 1.0, what: str = "this") -> None:
+        def attempt():
+            if not self.complete:
+                raise order.NotYetAvailable("the total size is known only when the build finishes")
+
+        self.wait(attempt, timeout_s=timeout_s, poll_s=poll_s, what=what)

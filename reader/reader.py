@@ -1,0 +1,438 @@
+"""The Reader: deterministic, sharded, seekable batches of a chunkledger cache.
+
+Order (seed 000, issue 3): with ``R*`` streams, stream ``s`` is ``loop(all_chunks)[s::R*]`` turned into
+examples; ``example[i] = stream_examples[i % R*][i // R*]``; global batch ``b`` is
+``example[b*B:(b+1)*B]``; reader ``r`` of ``R`` serves its rows ``k ≡ r (mod R)``. All index math is in
+:mod:`reader.order`; this module only gathers tokens.
+
+Examples are built at read time:
+
+* **packed**: example ``j`` of a stream is its tokens ``[j*L, (j+1)*L)`` (documents concatenated across
+  chunk boundaries; nothing dropped). ``targets`` are those tokens; ``inputs[t]`` is the previous token of
+  the same document, or 0 at a document start (flat-tokens, seed 001); ``segment_ids``/``positions``
+  expose the documents.
+* **unpacked**: one document piece per example (a document of ``n`` tokens gives ``ceil(n/L)`` pieces),
+  padded with ``segment_ids == 0`` and ``loss_mask == False``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import json
+import math
+import threading
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from . import format as fmt
+from . import order
+from .cache import Cache, CacheNotReady
+from .chunks import ChunkStore, ChunkError
+
+BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask", "example_ids", "epochs", "valid")
+INDEX_DIR = "index"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """How to turn a cache into batches. Nothing here is baked into the cache.
+
+    Attributes:
+      seq_len: tokens per example (L).
+      batch_size: examples per GLOBAL batch (B); must be a multiple of the number of readers.
+      packed: True: moving windows over concatenated documents; False: one document piece per example.
+      ideal_readers: R*, the number of streams. Keep it fixed for a run's lifetime (the order depends on
+        it). Pick a power of two >= the largest number of reader hosts you expect (hosts R with R | R* or
+        R* | R read only their own chunks). Ignored in eval mode (one stream).
+      eval_mode: a single pass in global chunk order: no loop, no shuffle; the last batch is padded with
+        ``valid == False`` rows and iteration ends.
+      shuffle_seed: if set, ``shuffled_example[i] = example[pi(i)]`` with ``pi`` from
+        ``reader.order.shuffle_example_indices`` (issue 4). Training only.
+      shuffle: an ``order.ShuffleConfig`` for finer control (window sizes ...); overrides shuffle_seed.
+      memory_budget_bytes: bound on cached chunk bytes + decoded row groups.
+      prefetch_batches: batches assembled ahead of the consumer by ``iter_batches``.
+      prefetch_threads: background threads that fetch, verify, decode and assemble.
+      index_cache: store the unpacked per-chunk example counts in ``ROOT/index/`` when writable.
+    """
+
+    seq_len: int = 2048
+    batch_size: int = 64
+    packed: bool = True
+    ideal_readers: int = 16
+    eval_mode: bool = False
+    shuffle_seed: int | None = None
+    shuffle: Any = None
+    memory_budget_bytes: int = 1 << 30
+    prefetch_batches: int = 2
+    prefetch_threads: int = 2
+    index_cache: bool = True
+
+    def __post_init__(self):
+        if self.seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.ideal_readers < 1:
+            raise ValueError(f"ideal_readers must be >= 1, got {self.ideal_readers}")
+        if self.eval_mode and (self.shuffle_seed is not None or self.shuffle is not None):
+            raise ValueError("eval_mode reads every document once in global order; it never shuffles. "
+                             "Drop shuffle_seed/shuffle or eval_mode.")
+
+    @property
+    def num_streams(self) -> int:
+        return 1 if self.eval_mode else self.ideal_readers
+
+    def shuffle_config(self):
+        """The shuffle config object, or None when not shuffling."""
+        if self.shuffle is not None:
+            return self.shuffle
+        if self.shuffle_seed is None:
+            return None
+        cls = getattr(order, "ShuffleConfig", None)
+        if cls is None or not hasattr(order, "shuffle_example_indices"):
+            raise RuntimeError("shuffle_seed needs reader.order.ShuffleConfig/shuffle_example_indices "
+                               "(the growing-window shuffle); this installation does not have them")
+        return cls(seed=int(self.shuffle_seed))
+
+
+class Reader:
+    """Reads GLOBAL batches (or this reader's rows of them) of a cache; see the module docstring.
+
+    Args:
+      cache: cache root (local path or fsspec URL such as ``gs://b/cache``) or an open :class:`Cache`.
+      options: :class:`ReadOptions`.
+      num_readers, reader_index: this host is reader ``reader_index`` of ``num_readers`` (R, r).
+      wait_timeout_s: while the build runs, how long to wait for a chunk that is not written yet before
+        raising :class:`reader.cache.CacheNotReady`.
+      poll_interval_s: how often to look for build progress while waiting.
+      storage_options: passed to fsspec (e.g. ``{"token": ...}`` for gcsfs).
+    """
+
+    def __init__(self, cache: str | Cache, options: ReadOptions | None = None, num_readers: int = 1,
+                 reader_index: int = 0, wait_timeout_s: float = 600.0, *, poll_interval_s: float = 1.0,
+                 storage_options: dict | None = None):
+        self.options = options or ReadOptions()
+        self.cache = cache if isinstance(cache, Cache) else Cache(cache, storage_options=storage_options)
+        self.num_readers = int(num_readers)
+        self.reader_index = int(reader_index)
+        self.my_rows = order.reader_rows(self.options.batch_size, self.num_readers, self.reader_index)
+        self.wait_timeout_s = float(wait_timeout_s)
+        self.poll_interval_s = float(poll_interval_s)
+        self._shuffle_cfg = self.options.shuffle_config()
+        self.store = ChunkStore(self.cache, memory_budget_bytes=self.options.memory_budget_bytes,
+                                threads=self.options.prefetch_threads)
+        self._lock = threading.Lock()
+        self._index: order.StreamIndex | None = None
+        self._index_key: tuple[int, bool] | None = None
+        self._unpacked_counts: dict[str, int] = {}  # chunk checksum -> unpacked examples (this seq_len)
+        self._piece_cum: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- the stream index ---------------------------------------------------------------------------
+    def stream_index(self) -> order.StreamIndex:
+        """The :class:`order.StreamIndex` over the chunks known now (all chunks once the build is done)."""
+        with self._lock:
+            table = self.cache.table
+            key = (len(table), self.cache.complete)
+            if self._index is None or self._index_key != key:
+                counts = table.tokens if self.options.packed else self._unpacked_table(table)
+                self._index = order.StreamIndex(counts, self.options.num_streams,
+                                                loop=not self.options.eval_mode,
+                                                complete=self.cache.complete)
+                self._index_key = key
+            return self._index
+
+    def _index_file(self) -> str:
+        return f"{INDEX_DIR}/unpacked-L{self.options.seq_len}.json"
+
+    def _unpacked_table(self, table: fmt.ChunkTable) -> np.ndarray:
+        """Unpacked examples per chunk for this seq_len (one int per chunk; see README for the cost)."""
+        fingerprint = hashlib.sha256("\n".join(table.checksums).encode()).hexdigest()
+        rel = self._index_file()
+        if self.cache.complete and self.options.index_cache and not self._unpacked_counts:
+            try:
+                got = json.loads(self.cache.fs.cat_file(self.cache.path(rel)))
+                if (got.get("fingerprint") == fingerprint and got.get("seq_len") == self.options.seq_len
+                        and len(got.get("counts", ())) == len(table)):
+                    return np.asarray(got["counts"], dtype=np.int64)
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                pass
+        todo = [c for c in range(len(table)) if table.checksums[c] not in self._unpacked_counts]
+        if todo:
+            with cf.ThreadPoolExecutor(8) as pool:
+                for c, n in zip(todo, pool.map(lambda c: self._count_unpacked(table, c), todo)):
+                    self._unpacked_counts[table.checksums[c]] = n
+        counts = np.asarray([self._unpacked_counts[h] for h in table.checksums], dtype=np.int64)
+        if self.cache.complete and self.options.index_cache and todo:
+            body = fmt.dumps({"format": "chunkledger-unpacked-index", "seq_len": self.options.seq_len,
+                              "fingerprint": fingerprint, "counts": counts.tolist()}).encode()
+            try:
+                tmp = self.cache.path(rel) + f".tmp-{threading.get_ident()}"
+                self.cache.fs.makedirs(self.cache.path(INDEX_DIR), exist_ok=True)
+                self.cache.fs.pipe_file(tmp, body)
+                self.cache.fs.mv(tmp, self.cache.path(rel))
+            except Exception:  # read-only cache: keep the table in memory only
+                pass
+        return counts
+
+    def _count_unpacked(self, table: fmt.ChunkTable, c: int) -> int:
+        rel = table.paths[c]
+        if int(table.docs[c]) == 0:
+            return 0
+        try:
+            with self.cache.fs.open(self.cache.path(rel), "rb") as f:
+                lengths = pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0).to_numpy()
+        except FileNotFoundError:
+            raise ChunkError(f"{self.cache.display(rel)}: missing (listed in the ledger)") from None
+        except Exception as e:
+            raise ChunkError(f"{self.cache.display(rel)}: cannot read its num_tokens column ({e}); run "
+                             "`python -m reader validate`") from e
+        if lengths.size != int(table.docs[c]) or int(lengths.sum()) != int(table.tokens[c]):
+            raise ChunkError(f"{self.cache.display(rel)}: {lengths.size} documents / {int(lengths.sum())} "
+                             f"tokens, the ledger says {int(table.docs[c])} / {int(table.tokens[c])}")
+        return order.unpacked_examples_per_chunk(lengths, self.options.seq_len)
+
+    # -- sizes ------------------------------------------------------------------------------------------
+    @property
+    def num_examples(self) -> int | None:
+        """Eval mode: examples in the single pass (waits for the build to finish). Training: None."""
+        if not self.options.eval_mode:
+            return None
+        self.cache.wait_complete(timeout_s=self.wait_timeout_s, poll_s=self.poll_interval_s,
+                                 what="the size of the eval pass")
+        units = int(self.stream_index().stream_length(0))
+        return -(-units // self.options.seq_len) if self.options.packed else units
+
+    @property
+    def num_batches(self) -> int | None:
+        """Eval mode: number of batches of the pass (last one padded). Training (looping): None."""
+        n = self.num_examples
+        return None if n is None else -(-n // self.options.batch_size)
+
+    def _eval_limit(self, idx: order.StreamIndex, j: np.ndarray) -> int:
+        """Eval: number of examples, or raise NotYetAvailable if ``j`` reaches past the known part."""
+        units = int(idx.stream_length(0))
+        L = self.options.seq_len
+        if idx.complete:
+            return -(-units // L) if self.options.packed else units
+        known = units // L if self.options.packed else units
+        if j.size and int(j.max()) >= known:
+            raise order.NotYetAvailable(f"eval example {int(j.max())} is past the {known} examples written so far")
+        return known
+
+    # -- public reads ---------------------------------------------------------------------------------
+    def rows(self, b: int, rows) -> dict[str, np.ndarray]:
+        """Rows ``rows`` (ints in [0, B)) of GLOBAL batch ``b`` as a dict of arrays (see BATCH_KEYS)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        B = self.options.batch_size
+        if b < 0:
+            raise ValueError(f"batch index must be >= 0, got {b}")
+        if rows.size and (rows.min() < 0 or rows.max() >= B):
+            raise ValueError(f"rows must lie in [0, batch_size={B})")
+        ex = int(b) * B + rows
+        return self.cache.wait(lambda: self._examples(ex), timeout_s=self.wait_timeout_s,
+                               poll_s=self.poll_interval_s, what=f"batch {b}")
+
+    def batch(self, b: int) -> dict[str, np.ndarray]:
+        """This reader's rows of GLOBAL batch ``b``: ``rows(b, order.reader_rows(B, R, r))``."""
+        return self.rows(b, self.my_rows)
+
+    def examples(self, ex) -> dict[str, np.ndarray]:
+        """Global examples ``ex`` (indices in the possibly shuffled order)."""
+        ex = np.asarray(ex, dtype=np.int64).reshape(-1)
+        return self.cache.wait(lambda: self._examples(ex), timeout_s=self.wait_timeout_s,
+                               poll_s=self.poll_interval_s, what="examples")
+
+    def _batch_exists(self, b: int) -> bool:
+        if not self.options.eval_mode:
+            return True
+
+        def attempt():
+            idx = self.stream_index()
+            first = np.asarray([b * self.options.batch_size], dtype=np.int64)
+            return int(first[0]) < self._eval_limit(idx, first)
+
+        return self.cache.wait(attempt, timeout_s=self.wait_timeout_s, poll_s=self.poll_interval_s,
+                               what=f"eval batch {b}")
+
+    def iter_batches(self, start: int = 0, count: int | None = None) -> Iterator[tuple[int, dict]]:
+        """Yield ``(b, self.batch(b))`` for b = start, start+1, ... (``count`` batches, or until the end of
+        the eval pass, or forever when training), assembling upcoming batches on background threads."""
+        stop = None if count is None else start + int(count)
+        ahead = max(1, self.options.prefetch_batches)
+        pending: collections.deque[tuple[int, cf.Future]] = collections.deque()
+        nxt = start
+        try:
+            while True:
+                while len(pending) < ahead and (stop is None or nxt < stop) and self._batch_exists(nxt):
+                    pending.append((nxt, self.store.submit(self.batch, nxt)))
+                    nxt += 1
+                if not pending:
+                    return
+                b, fut = pending.popleft()
+                yield b, fut.result()
+        finally:
+            for _, fut in pending:
+                fut.cancel()
+
+    # -- assembling examples ---------------------------------------------------------------------------
+    def _examples(self, ex: np.ndarray) -> dict[str, np.ndarray]:
+        opts = self.options
+        L, n = opts.seq_len, ex.size
+        idx = self.stream_index()
+        src = ex
+        if self._shuffle_cfg is not None:
+            src = np.asarray(order.shuffle_example_indices(ex, self._shuffle_cfg), dtype=np.int64)
+        s, j = order.split_example_index(src, opts.num_streams)
+        out = {
+            "inputs": np.zeros((n, L), np.int32),
+            "targets": np.zeros((n, L), np.int32),
+            "segment_ids": np.zeros((n, L), np.int32),
+            "positions": np.zeros((n, L), np.int32),
+            "loss_mask": np.zeros((n, L), bool),
+            "example_ids": ex.astype(np.int64, copy=True),
+            "epochs": np.full(n, -1, np.int64),
+            "valid": np.ones(n, bool),
+        }
+        if opts.eval_mode:
+            limit = self._eval_limit(idx, j)  # waits (NotYetAvailable) while the end is unknown
+            out["valid"] = j < limit
+            out["example_ids"][~out["valid"]] = -1
+        sel = np.flatnonzero(out["valid"])
+        if sel.size:
+            if opts.packed:
+                self._fill_packed(idx, s[sel], j[sel], sel, out)
+            else:
+                self._fill_unpacked(idx, s[sel], j[sel], sel, out)
+        return out
+
+    def _fill_packed(self, idx, s, j, rows, out) -> None:
+        L = self.options.seq_len
+        for stream in np.unique(s):
+            m = s == stream
+            js, rs = j[m], rows[m]
+            uj, inv = np.unique(js, return_inverse=True)
+            breaks = np.flatnonzero(np.diff(uj) != 1) + 1
+            for run in np.split(np.arange(uj.size), breaks):
+                j0, j1 = int(uj[run[0]]), int(uj[run[-1]])
+                tok, inp, pos, ep = self._stream_range(idx, int(stream), j0 * L, (j1 + 1) * L)
+                k = j1 - j0 + 1
+                real = np.arange(k * L) < tok.size
+                pad = k * L - tok.size
+
+                def shape(a):
+                    return np.pad(a, (0, pad)).reshape(k, L) if pad else a.reshape(k, L)
+
+                t2, i2, p2, r2 = shape(tok), shape(inp), shape(pos), real.reshape(k, L)
+                flag = p2 == 0
+                flag[:, 0] = True
+                seg = np.cumsum(flag, axis=1, dtype=np.int32)
+                seg *= r2
+                # rows of this run: every requested row whose j is in [j0, j1]
+                sel = np.flatnonzero((js >= j0) & (js <= j1))
+                local = js[sel] - j0
+                dst = rs[sel]
+                out["targets"][dst] = t2[local]
+                out["inputs"][dst] = i2[local]
+                out["positions"][dst] = p2[local]
+                out["segment_ids"][dst] = seg[local]
+                out["loss_mask"][dst] = r2[local]
+                out["epochs"][dst] = ep[local]
+
+    def _stream_range(self, idx: order.StreamIndex, s: int, lo: int, hi: int):
+        """Stream ``s`` tokens [lo, hi) (fewer at the end of a single pass): tokens, inputs, positions, and the
+        epoch of each seq_len window's first token."""
+        L = self.options.seq_len
+        toks, poss, starts, epochs = [], [], [], []
+        prev = 0
+        got = 0
+        for epoch, chunk, a, b in idx.pieces(s, lo, hi):
+            t, p = self.store.tokens(chunk, a, b)
+            if not toks and p.size and p[0] > 0:
+                prev = int(self.store.tokens(chunk, a - 1, a)[0][0])
+            toks.append(t)
+            poss.append(p)
+            starts.append(got)
+            epochs.append(epoch)
+            got += t.size
+        if not toks:
+            e = np.zeros(0, np.int32)
+            return e, e, e, np.full(-(-(hi - lo) // L), -1, np.int64)
+        tok = np.concatenate(toks) if len(toks) > 1 else toks[0]
+        pos = np.concatenate(poss) if len(poss) > 1 else poss[0]
+        inp = np.empty_like(tok)
+        inp[1:] = tok[:-1]
+        inp[0] = prev
+        inp[pos == 0] = 0
+        win = np.arange(0, hi - lo, L)
+        which = np.searchsorted(np.asarray(starts), win, side="right") - 1
+        ep = np.asarray(epochs, dtype=np.int64)[which]
+        ep[win >= got] = -1
+        return tok, inp, pos, ep
+
+    def _pieces_cum(self, c: int, meta) -> np.ndarray:
+        with self._lock:
+            got = self._piece_cum.get(c)
+            if got is not None:
+                self._piece_cum.move_to_end(c)
+                return got
+        per = order.pieces_per_doc(meta.doc_lengths, self.options.seq_len)
+        cum = np.concatenate([[0], np.cumsum(per)])
+        with self._lock:
+            self._piece_cum[c] = cum
+            while len(self._piece_cum) > 256:
+                self._piece_cum.popitem(last=False)
+        return cum
+
+    def _fill_unpacked(self, idx, s, j, rows, out) -> None:
+        L = self.options.seq_len
+        n = rows.size
+        epochs = np.empty(n, np.int64)
+        chunks = np.empty(n, np.int64)
+        offs = np.empty(n, np.int64)
+        for stream in np.unique(s):
+            m = s == stream
+            epochs[m], chunks[m], offs[m] = idx.locate_many(int(stream), j[m])
+        out["epochs"][rows] = epochs
+        ar = np.arange(L, dtype=np.int64)
+        for c in np.unique(chunks):
+            mc = np.flatnonzero(chunks == c)
+            meta = self.store.meta(int(c))
+            cum = self._pieces_cum(int(c), meta)
+            o = offs[mc]
+            doc = np.searchsorted(cum, o, side="right") - 1
+            start = (o - cum[doc]) * L
+            length = np.minimum(meta.doc_lengths[doc] - start, L)
+            tokoff = meta.doc_starts[doc] + start
+            group = np.searchsorted(meta.rg_token_starts, tokoff, side="right") - 1
+            for g in np.unique(group):
+                mg = group == g
+                rg = self.store.row_group(int(c), int(g))
+                local = tokoff[mg] - meta.rg_token_starts[g]
+                real = ar[None, :] < length[mg][:, None]
+                gi = np.where(real, local[:, None] + ar[None, :], 0)
+                pos = np.where(real, start[mg][:, None] + ar[None, :], 0)
+                tgt = np.where(real, rg.tokens[gi], 0)
+                prev = np.where(real & (pos > 0), rg.tokens[np.maximum(gi - 1, 0)], 0)
+                dst = rows[mc[mg]]
+                out["targets"][dst] = tgt
+                out["inputs"][dst] = prev
+                out["positions"][dst] = pos
+                out["segment_ids"][dst] = real
+                out["loss_mask"][dst] = real
+
+
+__all__ = ["ReadOptions", "Reader", "BATCH_KEYS", "CacheNotReady", "ChunkError"]
