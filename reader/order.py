@@ -466,10 +466,12 @@ def _row_windows(rows: np.ndarray, cfg: ShuffleConfig):
     return win, lo, hi
 
 
-def _permute_rows(rows: np.ndarray, cfg: ShuffleConfig, row_limit: np.ndarray | None, *,
+def _permute_rows(rows: np.ndarray, lane: np.ndarray, cfg: ShuffleConfig, row_limit: np.ndarray | None, *,
                   inverse: bool = False) -> np.ndarray:
-    """The within-window permutation of rows (``row_limit``: rows in this lane, or None = infinite)."""
+    """The within-window permutation of the rows of one lane (``row_limit``: rows in that lane, or None
+    = infinite). Every lane has its own keys, so streams do not move in lockstep."""
     win, lo, hi = _row_windows(rows, cfg)
+    win = _key(win, lane).astype(np.int64) if cfg.lanes > 1 else win  # window key: (window, lane)
     if row_limit is not None:
         hi = np.minimum(hi, row_limit)
     n = hi - lo
@@ -535,7 +537,7 @@ def _apply(indices, cfg: ShuffleConfig, epoch_length: int | None, inverse: bool)
     limit = None
     if epoch_length is not None:  # lane l holds ceil((epoch_length - l) / lanes) rows
         limit = (epoch_length - lane + cfg.lanes - 1) // cfg.lanes
-    out = _permute_rows(rows, cfg, limit, inverse=inverse) * cfg.lanes + lane
+    out = _permute_rows(rows, lane, cfg, limit, inverse=inverse) * cfg.lanes + lane
     return out.reshape(i.shape)
 
 
