@@ -1,0 +1,287 @@
+"""Building one chunk: parse lines, tokenize, write the Parquet file, its dead letters and its sidecar.
+
+Everything here is a pure function of (input lines, configuration): no clocks, no worker ids, no random
+names in any file's *content* (temporary file *names* are random, and renamed away).
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import json
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reader import format as fmt
+
+from . import fsutil
+
+# Reasons a line is dead-lettered (the keys of the ledger's "bad_records").
+BAD_REASONS = (
+    "blank_line",  # empty or whitespace-only line
+    "invalid_utf8",  # the line's bytes are not UTF-8
+    "invalid_json",  # not parseable as JSON
+    "not_an_object",  # valid JSON but not an object
+    "missing_text",  # object without the text key
+    "text_not_string",  # the text value is not a string
+    "empty_text",  # the text is the empty string
+    "tokenizer_error",  # the tokenizer rejected the text (e.g. lone surrogates from \\ud800 escapes)
+)
+
+TOKEN_LEAF = f"{fmt.TOKEN_COLUMN}.list.element"
+ENCODE_BATCH_DOCS = 256
+ENCODE_BATCH_CHARS = 4 << 20
+
+
+def parse_line(raw: bytes, text_key: str) -> tuple[str | None, str | None, str]:
+    """``(text, None, "")`` for a good record, ``(None, reason, detail)`` for a bad one."""
+    if not raw.strip():
+        return None, "blank_line", ""
+    try:
+        s = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, "invalid_utf8", f"{e.reason} at byte {e.start}"
+    try:
+        obj = json.loads(s)
+    except ValueError as e:
+        return None, "invalid_json", str(e)
+    if not isinstance(obj, dict):
+        return None, "not_an_object", f"top-level JSON {type(obj).__name__}"
+    if text_key not in obj:
+        return None, "missing_text", f"no key {text_key!r}"
+    text = obj[text_key]
+    if not isinstance(text, str):
+        return None, "text_not_string", f"{text_key!r} is {type(text).__name__}"
+    if not text:
+        return None, "empty_text", ""
+    return text, None, ""
+
+
+def dead_letter(file: str, shard: int, offset: int, reason: str, detail: str, raw: bytes) -> dict[str, Any]:
+    rec = {"file": file, "shard": shard, "offset": offset, "reason": reason, "detail": detail}
+    try:
+        rec["line"] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        rec["line_base64"] = base64.b64encode(raw).decode("ascii")
+    return rec
+
+
+def parquet_writer_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """ParquetWriter keyword arguments for a chunk, from the ledger config (measured choice: FORMAT.md)."""
+    comp = config["compression"]
+    opts: dict[str, Any] = {
+        "compression": "none" if comp == "none" else comp,
+        "use_dictionary": [fmt.SHARD_COLUMN],
+        "write_statistics": False,
+        "store_schema": True,
+        "data_page_size": 1 << 20,
+    }
+    if config.get("compression_level") is not None and comp in ("zstd", "gzip", "brotli"):
+        opts["compression_level"] = int(config["compression_level"])
+    enc = config.get("token_encoding", "PLAIN")
+    if enc != "PLAIN":
+        # Column options must name the leaf path; the bare column name is silently ignored by pyarrow.
+        opts["column_encoding"] = {TOKEN_LEAF: enc, fmt.LENGTH_COLUMN: "PLAIN", fmt.OFFSET_COLUMN: "DELTA_BINARY_PACKED"}
+    else:
+        opts["column_encoding"] = {fmt.OFFSET_COLUMN: "DELTA_BINARY_PACKED"}
+    return opts
+
+
+_TOKEN_TYPE = fmt.CHUNK_SCHEMA.field(fmt.TOKEN_COLUMN).type
+
+
+def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eos_id: int | None) -> pa.Table:
+    """One row group: documents' token arrays (EOS appended when ``eos_id`` is not None)."""
+    n = len(arrays)
+    if eos_id is not None:
+        eos = np.array([eos_id], dtype=np.int32)
+        parts = []
+        for a in arrays:
+            parts.append(a)
+            parts.append(eos)
+        lengths = np.fromiter((len(a) + 1 for a in arrays), dtype=np.int32, count=n)
+    else:
+        parts = arrays
+        lengths = np.fromiter((len(a) for a in arrays), dtype=np.int32, count=n)
+    values = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
+    offs = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offs[1:])
+    tokens = pa.ListArray.from_arrays(pa.array(offs), pa.array(values, type=pa.int32()), type=_TOKEN_TYPE)
+    return pa.Table.from_arrays(
+        [tokens, pa.array(lengths, type=pa.int32()), pa.array(np.full(n, shard, dtype=np.int32)),
+         pa.array(np.asarray(offsets, dtype=np.int64))],
+        schema=fmt.CHUNK_SCHEMA,
+    )
+
+
+class Counters:
+    """Local tallies flushed to Beam metrics once per chunk (not per document)."""
+
+    def __init__(self, inc: Callable[[str, int], None] | None = None):
+        self.inc = inc or (lambda name, n: None)
+
+
+class ChunkBuilder:
+    """Accumulates the lines of chunk ``k`` of a shard and writes it.
+
+    Call :meth:`add` for each line (in file order) whose first byte is in the chunk's byte range, then
+    :meth:`finish` with the range's end; it writes dead letters, the Parquet file and the sidecar
+    (each atomically, in that order) and returns the sidecar dict.
+    """
+
+    def __init__(self, *, root: str, input_path: str, shard: int, index: int, lo: int, encoder,
+                 config: Mapping[str, Any], eos_id: int | None, counters: Counters | None = None):
+        self.root = root
+        self.input_path = input_path
+        self.shard = shard
+        self.index = index
+        self.lo = lo
+        self.encoder = encoder
+        self.text_key = config["text_key"]
+        self.row_group_tokens = int(config["row_group_tokens"])
+        self.eos_id = eos_id if config["append_eos"] else None
+        self.extra = 1 if self.eos_id is not None else 0
+        self.writer_options = parquet_writer_options(config)
+        self.counters = counters or Counters()
+        self.bad: list[dict[str, Any]] = []
+        self.bad_reasons: collections.Counter = collections.Counter()
+        self.pending_texts: list[str] = []
+        self.pending_offsets: list[int] = []
+        self.pending_raws: list[bytes] = []
+        self.pending_chars = 0
+        self.rg_arrays: list[np.ndarray] = []
+        self.rg_offsets: list[int] = []
+        self.rg_tokens = 0
+        self.row_group_token_counts: list[int] = []
+        self.docs = 0
+        self.tokens = 0
+        self.input_bytes = 0
+        self.sink = pa.BufferOutputStream()
+        self.writer = pq.ParquetWriter(self.sink, fmt.CHUNK_SCHEMA, **self.writer_options)
+
+    # -- lines ------------------------------------------------------------------------------------
+    def add(self, offset: int, raw: bytes) -> None:
+        self.input_bytes += len(raw) + 1
+        text, reason, detail = parse_line(raw, self.text_key)
+        if reason is not None:
+            self._bad(offset, reason, detail, raw)
+            return
+        self.pending_texts.append(text)
+        self.pending_offsets.append(offset)
+        self.pending_raws.append(raw)
+        self.pending_chars += len(text)
+        if len(self.pending_texts) >= ENCODE_BATCH_DOCS or self.pending_chars >= ENCODE_BATCH_CHARS:
+            self._encode_pending()
+
+    def _bad(self, offset: int, reason: str, detail: str, raw: bytes) -> None:
+        self.bad.append(dead_letter(self.input_path, self.shard, offset, reason, detail, raw))
+        self.bad_reasons[reason] += 1
+
+    def _encode_pending(self) -> None:
+        texts, offsets, raws = self.pending_texts, self.pending_offsets, self.pending_raws
+        self.pending_texts, self.pending_offsets, self.pending_raws, self.pending_chars = [], [], [], 0
+        if not texts:
+            return
+        try:
+            arrays = self.encoder.encode_many(texts)
+        except BaseException as e:  # noqa: BLE001 - pyo3 panics derive from BaseException
+            if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise
+            arrays = self._encode_one_by_one(texts, offsets, raws)
+        for a, off in zip(arrays, offsets):
+            if a is None:
+                continue
+            self.rg_arrays.append(a)
+            self.rg_offsets.append(off)
+            self.rg_tokens += len(a) + self.extra
+            if self.rg_tokens >= self.row_group_tokens:
+                self._flush_row_group()
+
+    def _encode_one_by_one(self, texts, offsets, raws):
+        out = []
+        for t, off, raw in zip(texts, offsets, raws):
+            try:
+                out.append(self.encoder.encode_many([t])[0])
+            except BaseException as e:  # noqa: BLE001
+                if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                    raise
+                self._bad(off, "tokenizer_error", f"{type(e).__name__}: {e}"[:500], raw)
+                out.append(None)
+        return out
+
+    def _flush_row_group(self) -> None:
+        if not self.rg_arrays:
+            return
+        table = row_group_table(self.rg_arrays, self.shard, self.rg_offsets, self.eos_id)
+        self.writer.write_table(table, row_group_size=len(table))
+        self.row_group_token_counts.append(self.rg_tokens)
+        self.docs += len(self.rg_arrays)
+        self.tokens += self.rg_tokens
+        self.rg_arrays, self.rg_offsets, self.rg_tokens = [], [], 0
+
+    # -- output -----------------------------------------------------------------------------------
+    def finish(self, hi: int) -> dict[str, Any]:
+        self._encode_pending()
+        self._flush_row_group()
+        self.writer.add_key_value_metadata({fmt.ROW_GROUP_TOKENS_KEY: json.dumps(self.row_group_token_counts)})
+        self.writer.close()
+        data = self.sink.getvalue().to_pybytes()
+        self.bad.sort(key=lambda r: r["offset"])
+        dl_rel = None
+        if self.bad:
+            dl_rel = fmt.dead_letter_path(self.shard, self.index)
+            body = "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in self.bad)
+            fsutil.write_atomic(fsutil.join(self.root, dl_rel), body.encode("utf-8"))
+        rel = fmt.chunk_path(self.shard, self.index)
+        fsutil.write_atomic(fsutil.join(self.root, rel), data)
+        sidecar = {
+            "path": rel,
+            "shard": self.shard,
+            "index_in_shard": self.index,
+            "byte_range": [self.lo, hi],
+            "docs": self.docs,
+            "tokens": self.tokens,
+            "bytes": len(data),
+            "checksum": fmt.checksum(data),
+            "row_groups": len(self.row_group_token_counts),
+            "bad_records": sum(self.bad_reasons.values()),
+            "bad_reasons": dict(sorted(self.bad_reasons.items())),
+            "dead_letters": dl_rel,
+        }
+        fsutil.write_atomic(fsutil.join(self.root, fmt.sidecar_path(self.shard, self.index)),
+                            fmt.dumps(sidecar).encode())
+        inc = self.counters.inc
+        inc("documents", self.docs)
+        inc("tokens", self.tokens)
+        inc("input_bytes", self.input_bytes)
+        inc("output_bytes", len(data))
+        inc("bad_records", sidecar["bad_records"])
+        for reason, n in self.bad_reasons.items():
+            inc(f"bad_{reason}", n)
+        inc("chunks_written", 1)
+        return sidecar
+
+
+def verify_chunk(root: str, shard: int, index: int) -> dict[str, Any] | None:
+    """The sidecar of a complete chunk (its Parquet file matches size and checksum), else None."""
+    raw = fsutil.read_bytes_or_none(fsutil.join(root, fmt.sidecar_path(shard, index)))
+    if raw is None:
+        return None
+    try:
+        sidecar = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(sidecar, dict) or sidecar.get("path") != fmt.chunk_path(shard, index):
+        return None
+    path = fsutil.join(root, sidecar["path"])
+    if fsutil.file_size(path) != sidecar.get("bytes"):
+        return None
+    data = fsutil.read_bytes_or_none(path)
+    if data is None or fmt.checksum(data) != sidecar.get("checksum"):
+        return None
+    if sidecar.get("dead_letters") and not fsutil.exists(fsutil.join(root, sidecar["dead_letters"])):
+        return None
+    return sidecar

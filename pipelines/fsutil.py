@@ -1,0 +1,147 @@
+"""File helpers on Beam's FileSystems (local paths and gs:// alike): atomic writes, reads, line iteration."""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+from typing import BinaryIO, Iterator
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+TMP_PREFIX = ".tmp-"
+READ_BLOCK = 8 << 20
+
+
+def join(root: str, rel: str) -> str:
+    return root.rstrip("/") + "/" + rel
+
+
+def exists(path: str) -> bool:
+    return FileSystems.exists(path)
+
+
+def read_bytes(path: str) -> bytes:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
+def read_bytes_or_none(path: str) -> bytes | None:
+    try:
+        if not FileSystems.exists(path):
+            return None
+        return read_bytes(path)
+    except (OSError, IOError, FileNotFoundError):
+        return None
+    except Exception as e:  # BeamIOError and friends
+        if "not found" in str(e).lower() or "no such" in str(e).lower():
+            return None
+        raise
+
+
+def temp_name(path: str) -> str:
+    """A unique temporary name next to ``path`` (same directory, so the rename stays cheap)."""
+    d, base = posixpath.split(path)
+    return f"{d}/{TMP_PREFIX}{uuid.uuid4().hex}-{base}"
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` under a temporary name in the same directory, then rename over ``path``.
+
+    A reader sees either no file or the complete file. Writing the same bytes twice (a retried bundle)
+    is harmless.
+    """
+    tmp = temp_name(path)
+    f = FileSystems.create(tmp, mime_type="application/octet-stream",
+                           compression_type=CompressionTypes.UNCOMPRESSED)
+    try:
+        f.write(data)
+    finally:
+        f.close()
+    FileSystems.rename([tmp], [path])
+
+
+def file_size(path: str) -> int | None:
+    try:
+        res = FileSystems.match([path])[0].metadata_list
+    except Exception:
+        return None
+    return res[0].size_in_bytes if res else None
+
+
+class LineReader:
+    """Iterates ``(offset, line)`` over a binary stream, ``line`` without its ``\\n``.
+
+    ``offset`` is the byte position of the line's first byte, counted from ``base`` (the stream's
+    position when the reader starts). After exhaustion ``end`` is the position just past the last byte.
+    Memory is bounded by the read block plus the longest line.
+    """
+
+    def __init__(self, stream: BinaryIO, base: int = 0, block: int = READ_BLOCK):
+        self.stream = stream
+        self.pos = base
+        self.end = base
+        self.block = block
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        pending: list[bytes] = []
+        pos = self.pos
+        read = self.stream.read
+        while True:
+            block = read(self.block)
+            if not block:
+                break
+            self.end += len(block)
+            nl = block.find(b"\n")
+            if nl < 0:
+                pending.append(block)
+                continue
+            if pending:
+                pending.append(block[:nl])
+                line = b"".join(pending)
+                pending = []
+            else:
+                line = block[:nl]
+            yield pos, line
+            pos += len(line) + 1
+            parts = block[nl + 1:].split(b"\n")
+            last = parts.pop()
+            for line in parts:
+                yield pos, line
+                pos += len(line) + 1
+            if last:
+                pending.append(last)
+        if pending:
+            line = b"".join(pending)
+            yield pos, line
+            pos += len(line)
+        self.pos = pos
+
+
+def iter_range_lines(path: str, lo: int, hi: int, block: int = READ_BLOCK) -> Iterator[tuple[int, bytes]]:
+    """Lines of an uncompressed file whose first byte lies in ``[lo, hi)`` (TextIO-style splitting)."""
+    f = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    try:
+        start = max(lo - 1, 0)
+        if start:
+            f.seek(start)
+        reader = LineReader(f, base=start, block=min(block, max(hi - start + 1, 1 << 16)))
+        first = lo > 0
+        for off, line in reader:
+            if first:
+                first = False  # the tail of the line that started before lo (or the '\n' at lo-1)
+                if off < lo:
+                    continue
+            if off >= hi:
+                break
+            if off >= lo:
+                yield off, line
+            reader.block = block
+    finally:
+        f.close()
+
+
+def open_decompressed(path: str, compression: str) -> BinaryIO:
+    ctype = {"gzip": CompressionTypes.GZIP, "zstd": CompressionTypes.ZSTD,
+             "none": CompressionTypes.UNCOMPRESSED}[compression]
+    return FileSystems.open(path, compression_type=ctype)

