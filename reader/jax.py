@@ -1,0 +1,336 @@
+"""Global batches as sharded ``jax.Array``s, one loader per JAX process (optional extra: ``jax``).
+
+This is the only module of ``reader/`` that imports jax. On every host (JAX process) of a training job::
+
+    from jax.sharding import PartitionSpec as P
+    from reader.jax import JaxLoader
+
+    mesh = jax.make_mesh((16, 4), ("data", "model"))
+    loader = JaxLoader("gs://bucket/cache", ReadOptions(seq_len=2048, batch_size=256), mesh,
+                       P("data", None))
+    for step, batch in loader.iter_batches(start=restored_step):
+        state, metrics = train_step(state, batch)   # batch["inputs"]: jax.Array [B, L], sharded
+
+How a process builds global batch ``b``:
+
+1. From the sharding (``NamedSharding(mesh, spec)``, the batch axis may span several mesh axes such as
+   ``P(("data", "fsdp"), None)``) it computes, once, the rows of the ``[B, L]`` batch that its
+   *addressable* devices hold (:func:`process_rows`, from ``addressable_devices_indices_map``). Rows a
+   process needs for several devices (mesh axes that are not in the batch spec replicate rows) appear
+   once in that union.
+2. It asks the plain reader for exactly those rows of *global* batch ``b`` (``Reader.rows(b, rows)``,
+   one call, so each row is read once per process).
+3. It assembles every field with ``jax.make_array_from_callback``; each device gets its slice of the
+   process-local rows (and columns, if the sequence axis is sharded too).
+
+No step communicates between processes, and the global value of batch ``b`` depends only on the cache
+and the :class:`~reader.ReadOptions`: it equals ``Reader(path, opts, num_readers=1).batch(b)`` and what the
+``batches`` command writes, for any process count, mesh layout or partition spec.
+
+Prefetch is a *sliding window*: while the step consumes batch ``b``, batches ``b+1 .. b+prefetch`` are
+in flight on a small thread pool, and taking batch ``b`` immediately submits batch ``b+prefetch+1``.
+There is never a "fetch N, then drain N" cycle, hence no stall at window edges. Resuming is
+``iter_batches(start=step)``: the loader holds no other state.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import os
+import threading
+import time
+from typing import Any, Iterator, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+__all__ = [
+    "JaxLoader",
+    "TOKEN_FIELDS",
+    "ROW_FIELDS",
+    "process_rows",
+    "device_rows",
+    "batch_shardings",
+]
+
+# Fields of a batch (see reader.Reader.rows): [B, L] per-token arrays and [B] per-row arrays. The int64
+# per-row fields (example_ids, epochs) become int32 jax.Arrays unless jax_enable_x64 is on.
+TOKEN_FIELDS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
+ROW_FIELDS = ("example_ids", "epochs", "valid")
+
+
+# --------------------------------------------------------------------------------------------------
+# Which rows live where
+
+
+def _batch_axes(spec: PartitionSpec) -> tuple[str, ...]:
+    if len(spec) == 0 or spec[0] is None:
+        return ()
+    first = spec[0]
+    return tuple(first) if isinstance(first, (tuple, list)) else (first,)
+
+
+def batch_shardings(mesh: Mesh, spec: PartitionSpec | None = None) -> tuple[NamedSharding, NamedSharding]:
+    """``(token_sharding, row_sharding)`` for ``[B, L]`` and ``[B]`` arrays.
+
+    ``spec`` partitions ``[B, L]``; its first entry (one mesh axis name, a tuple of names, or None) is the
+    batch axis. Default: the batch axis spans every mesh axis (pure data parallelism), ``L`` unsharded.
+    Per-row arrays (``valid``, ``epochs``, ``example_ids``) use the same batch partitioning.
+    """
+    if spec is None:
+        spec = PartitionSpec(tuple(mesh.axis_names), None)
+    if not isinstance(spec, PartitionSpec):
+        spec = PartitionSpec(*spec)
+    if len(spec) > 2:
+        raise ValueError(f"spec {spec} has {len(spec)} entries; a batch is [batch, seq_len] (2 at most)")
+    for name in _batch_axes(spec) + ((spec[1],) if len(spec) > 1 and isinstance(spec[1], str) else ()):
+        if name not in mesh.axis_names:
+            raise ValueError(f"spec {spec} names mesh axis {name!r}; the mesh has axes {mesh.axis_names}")
+    token_spec = PartitionSpec(spec[0] if len(spec) else None, spec[1] if len(spec) > 1 else None)
+    row_spec = PartitionSpec(token_spec[0])
+    return NamedSharding(mesh, token_spec), NamedSharding(mesh, row_spec)
+
+
+def _slice_rows(index, batch_size: int) -> np.ndarray:
+    return np.arange(batch_size, dtype=np.int64)[index[0]]
+
+
+def device_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int) -> dict:
+    """``{device: global rows}`` for every device of this process that holds part of a ``[B, L]`` batch."""
+    imap = sharding.addressable_devices_indices_map((batch_size, seq_len))
+    return {d: _slice_rows(idx, batch_size) for d, idx in imap.items()}
+
+
+def process_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int) -> np.ndarray:
+    """Sorted, unique global rows of a ``[B, L]`` batch that this process's devices hold.
+
+    The only rows this process reads. Rows replicated over several local devices appear once.
+    """
+    per = device_rows(sharding, batch_size, seq_len)
+    if not per:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.concatenate(list(per.values())))
+
+
+# --------------------------------------------------------------------------------------------------
+# The loader
+
+
+def _reader_options(reader) -> Any:
+    for name in ("opts", "options"):
+        got = getattr(reader, name, None)
+        if got is not None:
+            return got
+    raise TypeError(f"{type(reader).__name__} has no .opts; pass a reader.Reader or a cache path")
+
+
+class JaxLoader:
+    """Global batches of a chunkledger cache as sharded ``jax.Array``s, with sliding-window prefetch.
+
+    Args:
+      source: a cache path/URL (``str`` or path; a :class:`reader.Reader` is created with
+        ``num_readers=1``) or an existing ``Reader`` (its ``rows(b, rows)`` is used; its own
+        ``num_readers`` does not matter, ``rows`` addresses global rows).
+      opts: :class:`reader.ReadOptions` (required with a path; ignored with a Reader, which has its own).
+      mesh: the ``jax.sharding.Mesh`` of the job (all devices of all processes).
+      spec: ``PartitionSpec`` of the ``[B, L]`` arrays, e.g. ``P("data", None)``, ``P(("data", "fsdp"),
+        None)`` or ``P("data", "seq")``. Default: batch over every mesh axis.
+      start: first step of ``iter(loader)`` (a resumed job passes its restored step).
+      prefetch: batches kept in flight ahead of the one being consumed (0 = synchronous).
+      workers: threads that fetch batches concurrently (default ``min(prefetch, 2)``, at least 1).
+      fields: fields to build (default: every field in :data:`TOKEN_FIELDS` and :data:`ROW_FIELDS`).
+      reader_kwargs: extra keyword arguments for ``Reader(...)`` when ``source`` is a path
+        (e.g. ``wait_timeout_s``).
+
+    Attributes: ``batch_size``, ``seq_len``, ``token_sharding``, ``row_sharding``, ``rows`` (the global
+    rows this process reads), ``num_batches`` (eval: finite; training: None), ``stats``.
+    """
+
+    def __init__(self, source, opts=None, mesh: Mesh | None = None, spec: PartitionSpec | None = None, *,
+                 start: int = 0, prefetch: int = 2, workers: int | None = None,
+                 fields: Sequence[str] | None = None, reader_kwargs: Mapping[str, Any] | None = None):
+        if mesh is None:
+            raise ValueError("JaxLoader needs a mesh, e.g. jax.make_mesh((jax.device_count(),), ('data',))")
+        if isinstance(source, (str, os.PathLike)):
+            if opts is None:
+                raise ValueError("JaxLoader(path, opts, mesh, spec): opts (reader.ReadOptions) is required with a path")
+            from reader import Reader  # the plain reader; imported here to keep reader/__init__ jax-free
+
+            self.reader = Reader(os.fspath(source), opts, num_readers=1, reader_index=0, **dict(reader_kwargs or {}))
+            self._owns_reader = True
+        else:
+            if not hasattr(source, "rows"):
+                raise TypeError(f"source must be a cache path or a reader.Reader, got {type(source).__name__}")
+            self.reader = source
+            self._owns_reader = False
+        self.opts = _reader_options(self.reader)
+        self.batch_size = int(self.opts.batch_size)
+        self.seq_len = int(self.opts.seq_len)
+        self.mesh = mesh
+        self.token_sharding, self.row_sharding = batch_shardings(mesh, spec)
+        self.spec = self.token_sharding.spec
+        n_shards = int(np.prod([mesh.shape[a] for a in _batch_axes(self.spec)], dtype=np.int64))
+        if self.batch_size % n_shards:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not divisible by the {n_shards} batch shards of spec "
+                f"{self.spec} on mesh {dict(mesh.shape)}; pick a batch_size that is a multiple of {n_shards}")
+        if len(self.spec) > 1 and self.spec[1] is not None:
+            seq_axes = self.spec[1] if isinstance(self.spec[1], tuple) else (self.spec[1],)
+            n_seq = int(np.prod([mesh.shape[a] for a in seq_axes], dtype=np.int64))
+            if self.seq_len % n_seq:
+                raise ValueError(f"seq_len {self.seq_len} is not divisible by the {n_seq} sequence shards of {self.spec}")
+        if fields is None:
+            fields = TOKEN_FIELDS + ROW_FIELDS
+        unknown = set(fields) - set(TOKEN_FIELDS) - set(ROW_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)}; known: {TOKEN_FIELDS + ROW_FIELDS}")
+        self.fields = tuple(fields)
+        self.rows = process_rows(self.token_sharding, self.batch_size, self.seq_len)
+        self._row_pos = self._local_positions()
+        self.start = int(start)
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        self.prefetch = int(prefetch)
+        self.workers = max(1, int(workers if workers is not None else min(self.prefetch, 2)))
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self.stats = {"batches": 0, "rows_loaded": 0, "fetch_seconds": 0.0, "wait_seconds": 0.0,
+                      "max_wait_seconds": 0.0}
+
+    # -- geometry -----------------------------------------------------------------------------
+    def _local_positions(self) -> dict:
+        """For each distinct device row slice: a slice (or index array) into the process-local rows."""
+        out = {}
+        for sharding in (self.token_sharding, self.row_sharding):
+            shape = (self.batch_size, self.seq_len) if sharding is self.token_sharding else (self.batch_size,)
+            for idx in sharding.addressable_devices_indices_map(shape).values():
+                key = (idx[0].start, idx[0].stop, idx[0].step)
+                if key in out:
+                    continue
+                want = _slice_rows(idx, self.batch_size)
+                pos = np.searchsorted(self.rows, want)
+                if pos.size and pos[-1] - pos[0] + 1 == pos.size and (np.diff(pos) == 1).all():
+                    out[key] = slice(int(pos[0]), int(pos[-1]) + 1)
+                else:
+                    out[key] = pos
+        return out
+
+    @property
+    def num_batches(self) -> int | None:
+        """Eval mode: number of batches of the single pass; training (looping): None."""
+        return getattr(self.reader, "num_batches", None)
+
+    # -- one batch ------------------------------------------------------------------------------
+    def host_rows(self, b: int) -> dict[str, np.ndarray]:
+        """This process's rows (:attr:`rows`, in that order) of global batch ``b`` as numpy arrays."""
+        t0 = time.perf_counter()
+        data = self.reader.rows(int(b), self.rows)
+        with self._lock:
+            self.stats["rows_loaded"] += int(self.rows.size)
+            self.stats["fetch_seconds"] += time.perf_counter() - t0
+        return data
+
+    def _assemble(self, data: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        n, L = int(self.rows.size), self.seq_len
+        out = {}
+        for name in self.fields:
+            if name not in data:
+                raise KeyError(f"the reader returned no field {name!r} (it returned {sorted(data)}); "
+                               f"pass fields=... to JaxLoader to build fewer fields")
+            arr = np.asarray(data[name])
+            per_token = name in TOKEN_FIELDS
+            want = (n, L) if per_token else (n,)
+            if arr.shape != want:
+                raise ValueError(f"reader field {name!r} has shape {arr.shape}, expected {want}")
+            if arr.dtype == np.int64 and not jax.config.jax_enable_x64:
+                # jax without x64 stores int32; say so instead of wrapping around silently.
+                if arr.size and (arr.max() > np.iinfo(np.int32).max or arr.min() < np.iinfo(np.int32).min):
+                    raise OverflowError(
+                        f"field {name!r} holds values beyond int32 and jax_enable_x64 is off; enable it "
+                        f"(jax.config.update('jax_enable_x64', True)) or leave {name!r} out of fields=")
+                arr = arr.astype(np.int32)
+            shape = (self.batch_size, L) if per_token else (self.batch_size,)
+            sharding = self.token_sharding if per_token else self.row_sharding
+
+            def cb(index, arr=arr, per_token=per_token):
+                local = arr[self._row_pos[(index[0].start, index[0].stop, index[0].step)]]
+                return local[:, index[1]] if per_token else local
+
+            out[name] = jax.make_array_from_callback(shape, sharding, cb)
+        return out
+
+    def global_batch(self, b: int) -> dict[str, jax.Array]:
+        """Global batch ``b`` as a dict of sharded ``jax.Array``s (synchronous; reads only this process's rows)."""
+        out = self._assemble(self.host_rows(b))
+        with self._lock:
+            self.stats["batches"] += 1
+        return out
+
+    # -- iteration with a sliding prefetch window ----------------------------------------------
+    def _executor(self) -> cf.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="chunkledger-jax")
+        return self._pool
+
+    def iter_batches(self, start: int | None = None, count: int | None = None) -> Iterator[tuple[int, dict]]:
+        """Yield ``(step, global_batch(step))`` for ``step = start, start+1, ...``.
+
+        Stops after ``count`` batches, at the end of an eval pass, or never (training). ``prefetch``
+        batches are always in flight behind the one being consumed; taking one submits the next
+        (sliding window). Resuming after a restart is ``iter_batches(start=restored_step)``.
+        """
+        b = self.start if start is None else int(start)
+        stop = None if count is None else b + int(count)
+        if self.num_batches is not None:
+            stop = self.num_batches if stop is None else min(stop, self.num_batches)
+        if self.prefetch == 0:
+            while stop is None or b < stop:
+                yield b, self.global_batch(b)
+                b += 1
+            return
+        pool = self._executor()
+        window: collections.deque = collections.deque()
+        nxt = b
+
+        def refill():
+            nonlocal nxt
+            while len(window) < self.prefetch and (stop is None or nxt < stop):
+                window.append((nxt, pool.submit(self.global_batch, nxt)))
+                nxt += 1
+
+        try:
+            refill()
+            while window:
+                step, fut = window.popleft()
+                refill()  # keep `prefetch` batches in flight while this one is consumed
+                t0 = time.perf_counter()
+                batch = fut.result()
+                waited = time.perf_counter() - t0
+                with self._lock:
+                    self.stats["wait_seconds"] += waited
+                    self.stats["max_wait_seconds"] = max(self.stats["max_wait_seconds"], waited)
+                yield step, batch
+        finally:
+            for _, fut in window:
+                fut.cancel()
+
+    def __iter__(self) -> Iterator[dict]:
+        """Batches from :attr:`start` on (just the dicts; use :meth:`iter_batches` for step numbers)."""
+        for _, batch in self.iter_batches():
+            yield batch
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        close = getattr(self.reader, "close", None)
+        if callable(close) and self._owns_reader:
+            close()
+
+    def __enter__(self) -> "JaxLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

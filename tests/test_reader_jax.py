@@ -1,0 +1,242 @@
+"""reader.jax in one process with 8 virtual CPU devices: several meshes and partition specs, every read
+mode, per-shard contents, rows read, sliding-window prefetch, resume, and a jit-ed toy step.
+
+The multi-process version (real jax.distributed processes) is tests/test_reader_jax_multiprocess.py.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+jax = pytest.importorskip("jax", reason="reader.jax needs the optional 'jax' extra")
+from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
+
+from cachegen import random_chunks, write_synthetic_cache  # noqa: E402
+from jax_helpers.common import (CountingReader, expected_device_rows, make_toy_step,  # noqa: E402
+                                spec_from_json, toy_reference)
+from reader import ReadOptions, Reader  # noqa: E402
+from reader.jax import JaxLoader, ROW_FIELDS, TOKEN_FIELDS, batch_shardings, device_rows, process_rows  # noqa: E402
+
+if jax.device_count() < 8:  # pragma: no cover - only if another module initialized jax first
+    pytest.skip(f"needs 8 CPU devices; jax was initialized with {jax.device_count()} before this module "
+                f"set XLA_FLAGS (run with XLA_FLAGS=--xla_force_host_platform_device_count=8)",
+                allow_module_level=True)
+
+B, L = 8, 16
+
+# (mesh shape, axis names, spec as JSON-ish list)
+MESHES = [
+    ((8,), ("data",), ["data"]),  # 1D data parallel
+    ((4, 2), ("data", "model"), ["data", None]),  # 2D, batch on data, rows replicated over model
+    ((2, 2, 2), ("data", "fsdp", "model"), [["data", "fsdp"], None]),  # batch over two mesh axes
+    ((2, 4), ("data", "seq"), ["data", "seq"]),  # sequence axis sharded too
+    ((4, 2), ("model", "data"), [["data", "model"], None]),  # minor axis first: interleaved device order
+    ((8,), ("data",), []),  # fully replicated
+]
+MODES = {
+    "packed": dict(packed=True),
+    "unpacked": dict(packed=False),
+    "packed_shuffled": dict(packed=True, shuffle_seed=3),
+    "eval_packed": dict(packed=True, eval_mode=True),
+    "eval_unpacked": dict(packed=False, eval_mode=True),
+    "unpacked_shuffled": dict(packed=False, shuffle_seed=11),
+}
+
+
+def make_mesh(shape, names):
+    return Mesh(np.array(jax.devices()).reshape(shape), names)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("jax") / "cache")
+    rng = np.random.default_rng(2024)
+    write_synthetic_cache(root, random_chunks(rng, 12), chunks_per_shard=[4, 4, 4])
+    return root
+
+
+def options(mode, **kw):
+    return ReadOptions(seq_len=L, batch_size=B, ideal_readers=3, **MODES[mode], **kw)
+
+
+@pytest.mark.parametrize("shape,names,spec", MESHES)
+def test_rows_per_device_follow_the_sharding(shape, names, spec):
+    mesh = make_mesh(shape, names)
+    tok, row = batch_shardings(mesh, spec_from_json(spec))
+    want = expected_device_rows(shape, names, spec, B)
+    got = device_rows(tok, B, L)
+    for k, d in enumerate(mesh.devices.flat):
+        assert got[d].tolist() == want[k]
+    # per-row arrays are partitioned like the batch axis of the token arrays
+    for d, idx in row.addressable_devices_indices_map((B,)).items():
+        assert np.arange(B)[idx[0]].tolist() == got[d].tolist()
+    # one process holds every device here, so it reads each row exactly once
+    assert process_rows(tok, B, L).tolist() == list(range(B))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("shape,names,spec", MESHES)
+def test_global_batch_equals_plain_reader(cache, mode, shape, names, spec):
+    opts = options(mode)
+    ref_reader = Reader(cache, opts, num_readers=1, reader_index=0)
+    counting = CountingReader(Reader(cache, opts, num_readers=1, reader_index=0))
+    mesh = make_mesh(shape, names)
+    loader = JaxLoader(counting, None, mesh, spec_from_json(spec), prefetch=0)
+    steps = [0, 1, 5] if ref_reader.num_batches is None else list(range(ref_reader.num_batches))
+    for b in steps:
+        ref = ref_reader.batch(b)
+        got = loader.global_batch(b)
+        assert set(got) == set(TOKEN_FIELDS + ROW_FIELDS)
+        for name, arr in got.items():
+            assert arr.shape == ((B, L) if name in TOKEN_FIELDS else (B,))
+            want_dtype = ref[name].dtype
+            if want_dtype == np.int64 and not jax.config.jax_enable_x64:
+                want_dtype = np.dtype(np.int32)  # documented: int64 fields are int32 without x64
+            assert arr.dtype == want_dtype, name
+            assert arr.sharding.mesh.shape == mesh.shape
+            np.testing.assert_array_equal(np.asarray(arr), ref[name], err_msg=f"{name} batch {b}")
+            assert len(arr.addressable_shards) == 8
+            for shard in arr.addressable_shards:
+                np.testing.assert_array_equal(np.asarray(shard.data), ref[name][shard.index],
+                                              err_msg=f"{name} batch {b} device {shard.device}")
+    # one rows() call per batch, each row once, although a mesh may replicate rows over devices
+    assert [b for b, _ in counting.calls] == steps
+    assert all(rows == list(range(B)) for _, rows in counting.calls)
+    assert loader.stats["rows_loaded"] == B * len(steps)
+
+
+def test_eval_mode_masks_padding_and_ends(cache):
+    opts = options("eval_packed")
+    ref_reader = Reader(cache, opts, num_readers=1, reader_index=0)
+    n = ref_reader.num_batches
+    assert n is not None and n >= 2
+    mesh = make_mesh((4, 2), ("data", "model"))
+    with JaxLoader(cache, opts, mesh, P("data", None), prefetch=3) as loader:
+        assert loader.num_batches == n
+        got = list(loader.iter_batches())
+    assert [b for b, _ in got] == list(range(n))
+    last = got[-1][1]
+    valid = np.asarray(last["valid"])
+    assert not valid.all(), "the synthetic cache is sized so that the last eval batch is padded"
+    assert not np.asarray(last["loss_mask"])[~valid].any()
+    assert (np.asarray(last["example_ids"])[~valid] == -1).all()
+    total_valid = sum(int(np.asarray(bt["valid"]).sum()) for _, bt in got)
+    assert total_valid == sum(int(ref_reader.batch(b)["valid"].sum()) for b in range(n))
+    # iterating from the middle of the pass (resume) yields the rest of the pass
+    with JaxLoader(cache, opts, mesh, P("data", None), start=n - 1) as loader:
+        tail = list(loader.iter_batches())
+    assert [b for b, _ in tail] == [n - 1]
+    np.testing.assert_array_equal(np.asarray(tail[0][1]["inputs"]), np.asarray(last["inputs"]))
+
+
+@pytest.mark.parametrize("mode", ["packed_shuffled", "unpacked"])
+def test_jit_toy_step_resumes_identically(cache, mode):
+    opts = options(mode)
+    ref_reader = Reader(cache, opts, num_readers=1, reader_index=0)
+    steps, k = 7, 3
+    want = toy_reference([ref_reader.batch(b) for b in range(steps)], L)
+    toy = make_toy_step(L)
+    mesh = make_mesh((2, 2, 2), ("data", "fsdp", "model"))
+    spec = P(("data", "fsdp"), None)
+
+    def run(start, state):
+        out = []
+        with JaxLoader(cache, opts, mesh, spec, start=start, prefetch=2) as loader:
+            for step, batch in loader.iter_batches(count=steps - start):
+                state, per_segment = toy(state, batch)
+                out.append((step, int(state), sha_of(per_segment)))
+        return out
+
+    from jax_helpers.common import sha as sha_of
+
+    straight = run(0, np.int32(0))
+    assert [(s, st, h) for s, st, h in straight] == [(i,) + want[i] for i in range(steps)]
+    resumed = run(k, np.int32(straight[k - 1][1]))  # restart: checkpointed state + step number only
+    assert resumed == straight[k:]
+
+
+def test_iteration_equals_global_batch_and_plain_iterator(cache):
+    opts = options("packed")
+    mesh = make_mesh((8,), ("data",))
+    plain = Reader(cache, opts, num_readers=1, reader_index=0)
+    with JaxLoader(cache, opts, mesh, P("data"), start=4, prefetch=3, workers=2) as loader:
+        got = list(loader.iter_batches(count=5))
+        again = loader.global_batch(6)
+    assert [b for b, _ in got] == [4, 5, 6, 7, 8]
+    for (b, bt), (pb, pbt) in zip(got, plain.iter_batches(start=4, count=5)):
+        assert b == pb
+        for name in TOKEN_FIELDS + ROW_FIELDS:
+            np.testing.assert_array_equal(np.asarray(bt[name]), pbt[name])
+    for name in TOKEN_FIELDS:
+        np.testing.assert_array_equal(np.asarray(again[name]), np.asarray(got[2][1][name]))
+
+
+class WindowProbe:
+    """Reader proxy that records which batches have been requested, for the sliding-window test."""
+
+    def __init__(self, reader):
+        self.reader, self.options, self.num_batches = reader, reader.options, None
+        self.requested: list[int] = []
+        self.cond = threading.Condition()
+
+    def rows(self, b, rows):
+        with self.cond:
+            self.requested.append(int(b))
+            self.cond.notify_all()
+        return self.reader.rows(b, rows)
+
+    def wait_for(self, steps, timeout=30.0):
+        with self.cond:
+            ok = self.cond.wait_for(lambda: set(steps) <= set(self.requested), timeout=timeout)
+        assert ok, f"batches {sorted(set(steps) - set(self.requested))} were never requested"
+
+
+@pytest.mark.parametrize("prefetch,workers", [(1, 1), (3, 1), (4, 4)])
+def test_prefetch_is_a_sliding_window(cache, prefetch, workers):
+    """While the step holds batch b, exactly batches b+1..b+prefetch are requested: the window is refilled
+    one batch at a time (a 'fetch N, drain N' loader would leave b+1.. unrequested at window edges)."""
+    probe = WindowProbe(Reader(cache, options("packed"), num_readers=1, reader_index=0))
+    loader = JaxLoader(probe, None, make_mesh((8,), ("data",)), P("data"), start=10, prefetch=prefetch,
+                       workers=workers)
+    n = 3 * prefetch + 2
+    it = loader.iter_batches(count=n)
+    for b, _batch in it:
+        ahead = [s for s in range(b + 1, b + prefetch + 1) if s < 10 + n]
+        probe.wait_for(ahead)
+        with probe.cond:
+            assert max(probe.requested) == (ahead[-1] if ahead else b)  # never further than the window
+            assert sorted(probe.requested) == list(range(10, max(probe.requested) + 1))
+    assert sorted(probe.requested) == list(range(10, 10 + n))
+    loader.close()
+
+
+def test_bad_configurations_are_explained(cache):
+    opts = options("packed")
+    reader = Reader(cache, opts, num_readers=1, reader_index=0)
+    six = Reader(cache, ReadOptions(seq_len=L, batch_size=6, ideal_readers=3), num_readers=1, reader_index=0)
+    with pytest.raises(ValueError, match="batch_size 6 is not divisible by the 4 batch shards"):
+        JaxLoader(six, None, make_mesh((4, 2), ("data", "model")), P("data", None))
+    with pytest.raises(ValueError, match="seq_len 16 is not divisible by the 3 sequence shards"):
+        JaxLoader(reader, None, Mesh(np.array(jax.devices()[:6]).reshape(2, 3), ("data", "seq")), P("data", "seq"))
+    with pytest.raises(ValueError, match="mesh axis 'nope'"):
+        JaxLoader(reader, None, make_mesh((8,), ("data",)), P("nope"))
+    with pytest.raises(ValueError, match="unknown fields"):
+        JaxLoader(reader, None, make_mesh((8,), ("data",)), P("data"), fields=["tokens"])
+    with pytest.raises(ValueError, match="opts"):
+        JaxLoader(cache, None, make_mesh((8,), ("data",)), P("data"))
+
+
+def test_fields_subset(cache):
+    opts = options("packed")
+    loader = JaxLoader(Reader(cache, opts, num_readers=1, reader_index=0), None, make_mesh((8,), ("data",)),
+                       P("data"), fields=["inputs", "loss_mask"])
+    assert set(loader.global_batch(2)) == {"inputs", "loss_mask"}

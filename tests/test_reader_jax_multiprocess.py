@@ -1,0 +1,152 @@
+"""reader.jax across REAL JAX processes: 2 and 4 processes on localhost (jax.distributed, coordinator on
+127.0.0.1), each with several virtual CPU devices.
+
+Each worker (tests/jax_helpers/mp_worker.py) builds global batches with JaxLoader on a mesh over all 8
+devices and reports the rows it read, a checksum per addressable shard, checksums of the all-gathered
+global arrays (multihost_utils.process_allgather) and the outputs of a jit-ed toy step, straight and
+resumed at step k. This test compares all of it with the single-process plain reader
+(Reader(num_readers=1).batch(b)), computed here without jax.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax", reason="reader.jax needs the optional 'jax' extra")
+
+from cachegen import random_chunks, write_synthetic_cache  # noqa: E402
+from jax_helpers.common import expected_device_rows, index_from_json, sha, toy_reference  # noqa: E402
+from reader import ReadOptions, Reader  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "jax_helpers", "mp_worker.py")
+TOTAL_DEVICES = 8
+B, L = 8, 16
+
+# (mesh shape, axis names, spec): devices are jax.devices() reshaped, so process p owns a contiguous
+# block of device ids. Batch axis across processes, inside processes, over two axes, with the
+# sequence axis sharded too, and an interleaved layout where a process holds non-contiguous rows.
+SETUPS = [
+    ((8,), ["data"], ["data"]),
+    ((2, 4), ["data", "model"], ["data", None]),
+    ((2, 2, 2), ["data", "fsdp", "model"], [["data", "fsdp"], None]),
+    ((2, 4), ["replica", "data"], ["data"]),
+    ((4, 2), ["data", "seq"], ["data", "seq"]),
+    ((2, 4), ["model", "data"], [["data", "model"], None]),
+]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def expected_process_rows(mesh_shape, axis_names, spec, nproc) -> list[list[int]]:
+    """Rows each process must read: the union over its devices (process p owns devices
+    [p*local, (p+1)*local) of the row-major device list)."""
+    local = TOTAL_DEVICES // nproc
+    per_device = expected_device_rows(mesh_shape, axis_names, spec, B)
+    return [sorted(set().union(*per_device[p * local:(p + 1) * local])) for p in range(nproc)]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("jaxmp") / "cache")
+    rng = np.random.default_rng(5)
+    write_synthetic_cache(root, random_chunks(rng, 14), chunks_per_shard=[5, 5, 4])
+    return root
+
+
+def run_processes(cfg_path, nproc, out_dir, timeout_s=150):
+    """Start nproc workers, wait (bounded), always kill leftovers; return their JSON results."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={TOTAL_DEVICES // nproc}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    port = _free_port()
+    procs, logs = [], []
+    try:
+        for i in range(nproc):
+            log = open(os.path.join(out_dir, f"worker{i}.log"), "w+")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, WORKER, cfg_path, str(i), str(nproc), str(port),
+                 os.path.join(out_dir, f"out{i}.json")],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+        failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            text = ""
+            for log in logs:
+                log.seek(0)
+                text += log.read()[-3000:]
+            pytest.fail(f"workers failed or timed out after {timeout_s}s: {failed}\n{text}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        for log in logs:
+            log.close()
+    return [json.load(open(os.path.join(out_dir, f"out{i}.json"))) for i in range(nproc)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nproc,mode", [(2, "packed_shuffled"), (4, "unpacked")])
+def test_multiprocess_global_batches(cache, tmp_path, nproc, mode):
+    opts = dict(seq_len=L, batch_size=B, ideal_readers=4)
+    if mode == "packed_shuffled":
+        opts.update(packed=True, shuffle_seed=7)
+    else:
+        opts.update(packed=False)
+    steps, restart_at = 4, 2
+    setups = SETUPS if nproc == 2 else SETUPS[1:3] + SETUPS[-1:]
+    cfg = {"cache": cache, "opts": opts,
+           "setups": [{"mesh_shape": list(s), "axis_names": n, "spec": p, "steps": steps,
+                       "restart_at": restart_at} for s, n, p in setups]}
+    cfg_path = str(tmp_path / "cfg.json")
+    json.dump(cfg, open(cfg_path, "w"))
+
+    reader = Reader(cache, ReadOptions(**opts), num_readers=1, reader_index=0)
+    # the workers run jax without x64: int64 per-row fields arrive as int32 (documented in reader.jax)
+    ref = [{k: (v.astype(np.int32) if v.dtype == np.int64 else v) for k, v in reader.batch(b).items()}
+           for b in range(steps)]
+    toy_ref = toy_reference(ref, L)
+
+    results = run_processes(cfg_path, nproc, str(tmp_path))
+    assert sorted(r["process_index"] for r in results) == list(range(nproc))
+    assert all(r["process_count"] == nproc and r["local_devices"] == TOTAL_DEVICES // nproc for r in results)
+    for si, (shape, names, spec) in enumerate(setups):
+        want_rows = expected_process_rows(shape, names, spec, nproc)
+        for res in results:
+            p = res["process_index"]
+            rec = res["setups"][si]
+            # Each process reads only the rows its devices hold, once per batch (one rows() call).
+            assert rec["rows"] == want_rows[p], (shape, names, spec, p)
+            assert sorted(b for b, _ in rec["calls"][:steps]) == list(range(steps))
+            assert all(rows == want_rows[p] for _, rows in rec["calls"])
+            assert len(rec["calls"]) == steps + (steps - restart_at)
+            for bi, got in enumerate(rec["batches"]):
+                assert got["step"] == bi
+                for name, shards in got["shards"].items():
+                    for index, digest in shards:
+                        assert digest == sha(ref[bi][name][index_from_json(index)]), (name, index, p)
+                for name, digest in got["global"].items():
+                    assert digest == sha(ref[bi][name]), (name, bi, p, spec)
+            assert [tuple(t) for t in rec["toy"]] == toy_ref
+            assert [tuple(t) for t in rec["toy_resumed"]] == [(k,) + toy_ref[k] for k in range(restart_at, steps)]
