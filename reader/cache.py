@@ -50,6 +50,7 @@ class Cache:
         self._lock = threading.Lock()
         self._sidecars: dict[tuple[int, int], dict] = {}
         self.complete = False
+        self.generation = 0  # bumped whenever more of the cache becomes known
         self.table: fmt.ChunkTable = fmt.ChunkTable.from_entries([])
         self.ledger: fmt.Ledger
         self.refresh()
@@ -91,7 +92,10 @@ class Cache:
                 table = self._progress_table(ledger)
                 self._check_prefix(table)
                 self.ledger, self.table = ledger, table
-            return len(self.table) > before or self.complete
+            changed = len(self.table) > before or self.complete
+            if changed:
+                self.generation += 1
+            return changed
 
     def _check_finished(self, ledger: fmt.Ledger) -> None:
         t = ledger.chunks
@@ -190,9 +194,12 @@ class Cache:
         """
         t0 = time.monotonic()
         while True:
+            gen = self.generation
             try:
                 return attempt()
             except order.NotYetAvailable as e:
+                if self.generation != gen:  # another thread saw progress meanwhile: retry at once
+                    continue
                 if self.complete:
                     raise
                 if self.refresh():

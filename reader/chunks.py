@@ -229,3 +229,43 @@ def _positions(doc_starts: np.ndarray, a: int, b: int) -> np.ndarray:
     bounds = np.concatenate([[a], doc_starts[d0 + 1:d1 + 1], [b]])
     base = np.repeat(starts, np.diff(bounds))
     return (np.arange(a, b, dtype=np.int64) - base).astype(np.int32)
+
+
+def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str]:
+    """Problems with global chunk ``index`` (empty list if it is sound): file, checksum, layout, sidecar."""
+    t = cache.table
+    rel = t.paths[index]
+    problems = []
+    try:
+        try:
+            data = cache.fs.cat_file(cache.path(rel))
+        except FileNotFoundError:
+            raise _error(cache, rel, "missing") from None
+        m = parse_chunk(cache, index, data)
+        if decode:
+            pf = pq.ParquetFile(pa.BufferReader(m.data))
+            for g in range(pf.metadata.num_row_groups):
+                col = pf.read_row_group(g, columns=[fmt.TOKEN_COLUMN]).column(0)
+                n = len(col.combine_chunks().flatten())
+                want = int(m.rg_token_starts[g + 1] - m.rg_token_starts[g])
+                if n != want:
+                    raise _error(cache, rel, f"row group {g} decodes to {n} tokens, metadata says {want}")
+    except fmt.FormatError as e:
+        problems.append(str(e).split(". The file does not match")[0])
+    except Exception as e:  # noqa: BLE001 - report, never crash the validator
+        problems.append(f"{cache.display(rel)}: {e!r}")
+    shard, k = int(t.shard[index]), int(t.index_in_shard[index])
+    side = fmt.sidecar_path(shard, k)
+    try:
+        entry = json.loads(cache.fs.cat_file(cache.path(side)))
+        if cache.complete:
+            want = {key: v for key, v in cache.ledger.raw["chunks"][index].items()
+                    if key not in ("doc_offset", "token_offset")}
+            if entry != want:
+                diff = sorted(key for key in set(entry) | set(want) if entry.get(key) != want.get(key))
+                problems.append(f"{cache.display(side)}: sidecar differs from the ledger entry in {diff}")
+    except FileNotFoundError:
+        problems.append(f"{cache.display(side)}: sidecar missing")
+    except ValueError as e:
+        problems.append(f"{cache.display(side)}: not valid JSON ({e})")
+    return problems

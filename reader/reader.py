@@ -97,7 +97,10 @@ class ReadOptions:
         if cls is None or not hasattr(order, "shuffle_example_indices"):
             raise RuntimeError("shuffle_seed needs reader.order.ShuffleConfig/shuffle_example_indices "
                                "(the growing-window shuffle); this installation does not have them")
-        return cls(seed=int(self.shuffle_seed))
+        # lanes = R*: every example stays in its stream, so hosts keep reading only their own chunks.
+        names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+        extra = {"lanes": self.num_streams} if "lanes" in names else {}
+        return cls(seed=int(self.shuffle_seed), **extra)
 
 
 class Reader:
@@ -194,9 +197,17 @@ class Reader:
             return 0
         try:
             with self.cache.fs.open(self.cache.path(rel), "rb") as f:
+                size = f.size if getattr(f, "size", None) is not None else self.cache.fs.size(self.cache.path(rel))
+                if int(size) != int(table.nbytes[c]):
+                    kind = "truncated" if size < table.nbytes[c] else "longer than recorded"
+                    raise ChunkError(f"{self.cache.display(rel)}: {kind}: {size} bytes, the ledger says "
+                                     f"{int(table.nbytes[c])}. Rerun the build (delete this chunk and its .json "
+                                     "sidecar first) or run `python -m reader validate`.")
                 lengths = pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0).to_numpy()
         except FileNotFoundError:
             raise ChunkError(f"{self.cache.display(rel)}: missing (listed in the ledger)") from None
+        except ChunkError:
+            raise
         except Exception as e:
             raise ChunkError(f"{self.cache.display(rel)}: cannot read its num_tokens column ({e}); run "
                              "`python -m reader validate`") from e

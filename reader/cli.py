@@ -1,0 +1,198 @@
+"""Command line: ``python -m reader inspect|validate|batches PATH ...`` (also the ``chunkledger`` script).
+
+* ``inspect``  what a cache holds: documents, tokens, chunks, tokenizer, length percentiles.
+* ``validate`` check every chunk against the ledger (size, sha256, Parquet layout, counts, sidecars);
+  exits non-zero on any problem.
+* ``batches``  write one reader's rows of some batches to an ``.npz`` file, to look at any batch of a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from . import format as fmt
+from .cache import Cache
+from .chunks import validate_chunk
+from .reader import BATCH_KEYS, ReadOptions, Reader
+
+PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
+
+
+def _doc_lengths(cache: Cache, indices, threads: int) -> np.ndarray:
+    def one(c):
+        if int(cache.table.docs[c]) == 0:
+            return np.zeros(0, np.int64)
+        with cache.fs.open(cache.path(cache.table.paths[c]), "rb") as f:
+            return pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0).to_numpy().astype(np.int64)
+
+    with cf.ThreadPoolExecutor(threads) as pool:
+        parts = list(pool.map(one, indices))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def cmd_inspect(args) -> int:
+    cache = Cache(args.path)
+    t = cache.table
+    n = len(t)
+    if args.max_chunks and n > args.max_chunks:
+        sample = np.unique(np.linspace(0, n - 1, args.max_chunks).astype(np.int64)).tolist()
+    else:
+        sample = list(range(n))
+    lengths = _doc_lengths(cache, sample, args.threads)
+    info = {
+        "path": args.path,
+        "finished": cache.complete,
+        "chunks": n,
+        "empty_chunks": int((t.docs == 0).sum()),
+        "documents": int(t.docs.sum()),
+        "tokens": int(t.tokens.sum()),
+        "bytes": int(t.nbytes.sum()),
+        "inputs": len(cache.ledger.inputs),
+        "tokenizer": dict(cache.ledger.tokenizer),
+        "config": dict(cache.ledger.config),
+        "bad_records": dict(cache.ledger.raw.get("bad_records", {})),
+        "doc_length_percentiles": {f"p{p}": (int(np.percentile(lengths, p)) if lengths.size else None)
+                                   for p in PERCENTILES},
+        "doc_length_mean": float(lengths.mean()) if lengths.size else None,
+        "length_sample": f"{len(sample)} of {n} chunks",
+        "tokens_per_chunk_percentiles": {f"p{p}": (int(np.percentile(t.tokens, p)) if n else None)
+                                         for p in (0, 50, 100)},
+    }
+    if args.json:
+        print(fmt.dumps(info), end="")
+        return 0
+    state = "finished" if cache.complete else "BUILD IN PROGRESS (showing the chunks written so far)"
+    print(f"cache       {args.path}  [{state}]")
+    print(f"documents   {info['documents']:,}")
+    print(f"tokens      {info['tokens']:,}")
+    print(f"chunks      {n:,} ({info['empty_chunks']} empty), {info['bytes']:,} bytes, from {info['inputs']} input shards")
+    tok = info["tokenizer"]
+    print(f"tokenizer   {tok.get('spec')} (kind={tok.get('kind')}, vocab_size={tok.get('vocab_size')}, "
+          f"eos_id={tok.get('eos_id')}, hash={str(tok.get('hash'))[:16]})")
+    bad = info["bad_records"]
+    print(f"bad records {sum(bad.values()) if bad else 0} {bad if bad else ''}".rstrip())
+    pct = "  ".join(f"{k}={v}" for k, v in info["doc_length_percentiles"].items())
+    print(f"doc length  {pct}  (tokens; {info['length_sample']})")
+    pct = "  ".join(f"{k}={v}" for k, v in info["tokens_per_chunk_percentiles"].items())
+    print(f"chunk size  {pct}  (tokens)")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    try:
+        cache = Cache(args.path)
+    except (fmt.FormatError, FileNotFoundError) as e:
+        print(f"PROBLEM {e}")
+        return 1
+    t = cache.table
+    problems: list[str] = []
+    if cache.complete:
+        totals = cache.ledger.totals
+        for key, want in (("docs", int(t.docs.sum())), ("tokens", int(t.tokens.sum())), ("chunks", len(t))):
+            if key in totals and int(totals[key]) != want:
+                problems.append(f"{cache.display(fmt.LEDGER_NAME)}: totals.{key} = {totals[key]}, the chunk "
+                                f"entries sum to {want}")
+        raw = cache.ledger.raw["chunks"]
+        doc_off, tok_off = t.doc_offsets, t.token_offsets
+        for i, e in enumerate(raw):
+            if e.get("doc_offset") != int(doc_off[i]) or e.get("token_offset") != int(tok_off[i]):
+                problems.append(f"{cache.display(fmt.LEDGER_NAME)}: chunk {i} ({e['path']}) has wrong "
+                                "doc_offset/token_offset")
+                break
+    with cf.ThreadPoolExecutor(args.threads) as pool:
+        for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick), range(len(t))):
+            problems += got
+    for p in problems:
+        print(f"PROBLEM {p}")
+    state = "" if cache.complete else " (build in progress: only the chunks written so far were checked)"
+    if problems:
+        print(f"{len(problems)} problem(s) in {args.path}{state}. Rerun the build command to repair missing "
+              "chunks (delete damaged chunks and their .json sidecars first).")
+        return 1
+    print(f"OK: {len(t)} chunks, {int(t.docs.sum()):,} documents, {int(t.tokens.sum()):,} tokens match the "
+          f"ledger{state}")
+    return 0
+
+
+def cmd_batches(args) -> int:
+    opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, packed=not args.unpacked,
+                       ideal_readers=args.ideal_readers, eval_mode=args.eval, shuffle_seed=args.shuffle_seed)
+    with Reader(args.path, opts, num_readers=args.num_readers, reader_index=args.reader_index,
+                wait_timeout_s=args.wait_timeout_s) as r:
+        got = list(r.iter_batches(start=args.start, count=args.count))
+    if not got:
+        print(f"no batches: the eval pass has {r.num_batches} batches, --start was {args.start}", file=sys.stderr)
+        return 1
+    arrays = {k: np.stack([b[k] for _, b in got]) for k in BATCH_KEYS}
+    arrays["batch_index"] = np.asarray([b for b, _ in got], dtype=np.int64)
+    arrays["rows"] = r.my_rows
+    arrays["options"] = np.asarray(json.dumps({
+        "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size, "packed": not args.unpacked,
+        "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
+        "num_readers": args.num_readers, "reader_index": args.reader_index}, sort_keys=True))
+    np.savez_compressed(args.out, **arrays)
+    print(f"wrote {args.out}: batches {arrays['batch_index'][0]}..{arrays['batch_index'][-1]}, "
+          f"{len(r.my_rows)} rows each, keys {', '.join(sorted(arrays))}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m reader", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    q = sub.add_parser("inspect", help="documents, tokens, chunks, tokenizer and length percentiles")
+    q.add_argument("path", help="cache root (local path or gs://bucket/cache)")
+    q.add_argument("--max_chunks", type=int, default=0,
+                   help="read document lengths from at most this many chunks, spread evenly (0 = all)")
+    q.add_argument("--json", action="store_true", help="print JSON instead of text")
+    q.add_argument("--threads", type=int, default=8, help="parallel chunk reads")
+    q.set_defaults(fn=cmd_inspect)
+
+    v = sub.add_parser("validate", help="check every chunk against the ledger; exit 1 on any problem")
+    v.add_argument("path", help="cache root (local path or gs://bucket/cache)")
+    v.add_argument("--quick", action="store_true", help="skip decoding token columns (size, checksum, layout only)")
+    v.add_argument("--threads", type=int, default=4, help="parallel chunk reads")
+    v.set_defaults(fn=cmd_validate)
+
+    b = sub.add_parser("batches", help="write one reader's rows of some batches to an .npz file",
+                       description="Writes arrays shaped [count, rows, ...] for the keys "
+                                   f"{', '.join(BATCH_KEYS)}, plus batch_index [count] and rows (this reader's "
+                                   "row numbers within each global batch). Same arguments as the training "
+                                   "run give the same arrays.")
+    b.add_argument("path", help="cache root (local path or gs://bucket/cache)")
+    b.add_argument("--seq_len", type=int, required=True, help="tokens per example (L)")
+    b.add_argument("--batch_size", type=int, required=True, help="GLOBAL batch size (B)")
+    b.add_argument("--unpacked", action="store_true", help="one document piece per row instead of packing")
+    b.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
+                   help=f"R*, number of streams (default {ReadOptions.ideal_readers}); must match the run")
+    b.add_argument("--num_readers", type=int, default=1, help="R, reader hosts (must divide batch_size)")
+    b.add_argument("--reader_index", type=int, default=0, help="r, this reader, in [0, R)")
+    b.add_argument("--start", type=int, default=0, help="first batch (= training step)")
+    b.add_argument("--count", type=int, default=1, help="number of batches")
+    b.add_argument("--eval", action="store_true", help="single pass in global order, last batch padded")
+    b.add_argument("--shuffle_seed", type=int, default=None, help="growing-window shuffle seed (training)")
+    b.add_argument("--wait_timeout_s", type=float, default=600.0,
+                   help="while a build runs: seconds to wait for chunks not yet written")
+    b.add_argument("--out", required=True, help="output .npz file")
+    b.set_defaults(fn=cmd_batches)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (fmt.FormatError, FileNotFoundError, TimeoutError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

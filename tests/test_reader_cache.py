@@ -1,0 +1,171 @@
+"""Opening caches: finished ledgers, the progress view of a running build, waiting, ledger mismatches."""
+
+import json
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from reader import Cache, CacheNotReady, FormatError, ReadOptions, Reader, order
+from reader import format as fmt
+
+import cachegen
+
+
+@pytest.fixture
+def tmp():
+    d = tempfile.mkdtemp(prefix="cl-cache-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _chunks(seed, n):
+    rng = np.random.default_rng(seed)
+    return cachegen.random_chunks(rng, n, max_docs=4, max_len=30, huge_len=120)
+
+
+def test_finished_cache_table_is_the_ledger(tmp):
+    chunks = _chunks(0, 7)
+    entries = cachegen.write_synthetic_cache(tmp, chunks, chunks_per_shard=[3, 4])
+    c = Cache(tmp)
+    assert c.complete
+    assert c.table.paths == [e["path"] for e in entries]
+    assert c.table.tokens.tolist() == [sum(len(d) for d in ch) for ch in chunks]
+
+
+def test_progress_view_is_the_longest_written_prefix_of_the_final_order(tmp):
+    chunks = _chunks(1, 9)
+    cps, comp = [2, 3, 4], [False, True, True]
+    final = [tuple(x) for x in order.round_robin_order(cps).tolist()]
+    # written: chunks 0, 1, 2, 4, 5 of the global order; shard 2 (compressed) has no _DONE yet
+    cachegen.write_synthetic_cache(tmp, chunks, finished=False, chunks_per_shard=cps, compressed=comp,
+                                   written=[0, 1, 2, 4, 5])
+    c = Cache(tmp)
+    assert not c.complete
+    # global order: (0,0) (1,0) (2,0) (0,1) (1,1) (2,1) (1,2) (2,2) (2,3); (0,1) = index 3 is missing
+    assert [(int(s), int(k)) for s, k in zip(c.table.shard, c.table.index_in_shard)] == final[:3]
+    # writing (0,1) extends the prefix through index 5
+    cachegen.write_chunk(tmp, 0, 1, chunks[3])
+    assert c.refresh()
+    assert len(c.table) == 6
+    # (1,2) = index 6: shard 1 is compressed and not done, chunk (2,2) unknown -> write it out of order
+    cachegen.write_chunk(tmp, 2, 2, chunks[7])
+    c.refresh()
+    assert len(c.table) == 6
+    cachegen.write_chunk(tmp, 1, 2, chunks[6])
+    c.refresh()
+    assert len(c.table) == 8  # rounds up to 2 fixed: shard 2 has >= 3 chunks, shard 1 >= 3
+    cachegen.write_chunk(tmp, 2, 3, chunks[8])
+    c.refresh()
+    assert len(c.table) == 8  # is there a chunk (1,3)? unknown until shard 1 is done
+    with open(os.path.join(tmp, fmt.shard_done_path(1)), "w") as f:
+        f.write(fmt.dumps({"chunks": 3, "uncompressed_bytes": 3000}))
+    c.refresh()
+    assert len(c.table) == 9
+    assert [(int(s), int(k)) for s, k in zip(c.table.shard, c.table.index_in_shard)] == final
+
+
+def _build_in_background(root, chunks, cps, comp, first, seed, delay=0.01):
+    """Simulate a running build: plan + `first` chunks now, the rest in random order, then finish."""
+    rr = order.round_robin_order(cps)
+    cachegen.write_synthetic_cache(root, chunks, finished=False, chunks_per_shard=cps, compressed=comp,
+                                   written=first, row_group_tokens=9)
+    rest = [i for i in range(len(chunks)) if i not in set(first)]
+    random.Random(seed).shuffle(rest)
+
+    def run():
+        for i in rest:
+            time.sleep(delay)
+            cachegen.write_chunk(root, int(rr[i][0]), int(rr[i][1]), chunks[i], row_group_tokens=9)
+        for s, is_comp in enumerate(comp):
+            if is_comp:
+                with open(os.path.join(root, fmt.shard_done_path(s)) + ".tmp", "w") as f:
+                    f.write(fmt.dumps({"chunks": cps[s], "uncompressed_bytes": cps[s] * 1000}))
+                os.replace(os.path.join(root, fmt.shard_done_path(s)) + ".tmp",
+                           os.path.join(root, fmt.shard_done_path(s)))
+        time.sleep(delay)
+        entries = [json.load(open(os.path.join(root, fmt.sidecar_path(int(s), int(k))))) for s, k in rr]
+        cachegen.finish_cache(root, entries)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("packed,eval_mode,seed", [(True, False, 0), (False, False, 1), (True, True, 2),
+                                                   (False, True, 3)])
+def test_reading_during_build_equals_reading_after(tmp, packed, eval_mode, seed):
+    chunks = _chunks(10 + seed, 12)
+    cps, comp = [5, 4, 3], [False, True, False]
+    done = os.path.join(tmp, "done")
+    live = os.path.join(tmp, "live")
+    cachegen.write_synthetic_cache(done, chunks, chunks_per_shard=cps, compressed=comp, row_group_tokens=9)
+    opts = ReadOptions(seq_len=7, batch_size=4, packed=packed, ideal_readers=3, eval_mode=eval_mode)
+    with Reader(done, opts, num_readers=2, reader_index=1) as ref:
+        want = list(ref.iter_batches(0, 30))
+    t = _build_in_background(live, chunks, cps, comp, first=[0], seed=seed)
+    try:
+        with Reader(live, opts, num_readers=2, reader_index=1, wait_timeout_s=60, poll_interval_s=0.01) as rd:
+            assert not rd.cache.complete
+            got = list(rd.iter_batches(0, 30))
+    finally:
+        t.join()
+    assert [b for b, _ in got] == [b for b, _ in want]
+    for (_, x), (_, y) in zip(got, want):
+        for k in x:
+            assert np.array_equal(x[k], y[k]), k
+
+
+def test_waiting_past_the_written_part_times_out_with_a_clear_error(tmp):
+    chunks = [[np.arange(1, 11, dtype=np.int32)] for _ in range(4)]
+    cachegen.write_synthetic_cache(tmp, chunks, finished=False, written=[0, 1])
+    with Reader(tmp, ReadOptions(seq_len=5, batch_size=2, ideal_readers=1), wait_timeout_s=0.3,
+                poll_interval_s=0.05) as rd:
+        assert rd.batch(1)["targets"].tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+        with pytest.raises(CacheNotReady, match="still running.*wait_timeout_s=0.3"):
+            rd.batch(2)
+    with Reader(tmp, ReadOptions(seq_len=5, batch_size=2, eval_mode=True), wait_timeout_s=0.2,
+                poll_interval_s=0.05) as rd:
+        with pytest.raises(CacheNotReady):
+            rd.num_batches  # the end of an eval pass is known only when the build is done
+
+
+def test_missing_ledger_names_the_path(tmp):
+    with pytest.raises(FileNotFoundError, match="no ledger here"):
+        Cache(tmp)
+
+
+def test_ledger_out_of_round_robin_order_is_rejected(tmp):
+    cachegen.write_synthetic_cache(tmp, _chunks(3, 4), chunks_per_shard=[2, 2])
+    path = os.path.join(tmp, fmt.LEDGER_NAME)
+    led = json.load(open(path))
+    led["chunks"][0], led["chunks"][1] = led["chunks"][1], led["chunks"][0]
+    open(path, "w").write(fmt.dumps_ledger(led))
+    with pytest.raises(FormatError, match="ledger.json.*round-robin"):
+        Cache(tmp)
+
+
+def test_ledger_chunk_count_mismatch_with_inputs_is_rejected(tmp):
+    cachegen.write_synthetic_cache(tmp, _chunks(4, 4), chunks_per_shard=[2, 2])
+    path = os.path.join(tmp, fmt.LEDGER_NAME)
+    led = json.load(open(path))
+    led["inputs"][1]["chunks"] = 3
+    open(path, "w").write(fmt.dumps_ledger(led))
+    with pytest.raises(FormatError, match="should have 3 chunks"):
+        Cache(tmp)
+
+
+def test_cachegen_writes_round_robin_shards_and_row_group_metadata(tmp):
+    import pyarrow.parquet as pq
+    chunks = [[np.arange(1, 40, dtype=np.int32), np.arange(5, dtype=np.int32)], [], [np.arange(3, dtype=np.int32)]]
+    entries = cachegen.write_synthetic_cache(tmp, chunks, chunks_per_shard=[1, 2], row_group_tokens=20)
+    assert [(e["shard"], e["index_in_shard"]) for e in entries] == [(0, 0), (1, 0), (1, 1)]
+    pf = pq.ParquetFile(os.path.join(tmp, entries[0]["path"]))
+    assert json.loads(pf.metadata.metadata[fmt.ROW_GROUP_TOKENS_KEY]) == [39, 5]
+    assert pf.schema_arrow.remove_metadata() == fmt.CHUNK_SCHEMA
+    assert json.load(open(os.path.join(tmp, fmt.sidecar_path(1, 1)))) == entries[2]
