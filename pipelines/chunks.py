@@ -28,7 +28,8 @@ BAD_REASONS = (
     "missing_text",  # object without the text key
     "text_not_string",  # the text value is not a string
     "empty_text",  # the text is the empty string
-    "tokenizer_error",  # the tokenizer rejected the text (e.g. lone surrogates from \\ud800 escapes)
+    "invalid_unicode",  # the text holds lone surrogates (from JSON escapes such as a lone high surrogate): not encodable as UTF-8
+    "tokenizer_error",  # the tokenizer failed on the text for another reason
 )
 
 TOKEN_LEAF = f"{fmt.TOKEN_COLUMN}.list.element"
@@ -58,6 +59,14 @@ def parse_line(raw: bytes, text_key: str) -> tuple[str | None, str | None, str]:
     if not text:
         return None, "empty_text", ""
     return text, None, ""
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def dead_letter(file: str, shard: int, offset: int, reason: str, detail: str, raw: bytes) -> dict[str, Any]:
@@ -208,7 +217,8 @@ class ChunkBuilder:
             except BaseException as e:  # noqa: BLE001
                 if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                     raise
-                self._bad(off, "tokenizer_error", f"{type(e).__name__}: {e}"[:500], raw)
+                reason = "invalid_unicode" if _has_lone_surrogate(t) else "tokenizer_error"
+                self._bad(off, reason, f"{type(e).__name__}: {e}"[:500], raw)
                 out.append(None)
         return out
 

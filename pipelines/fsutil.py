@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import posixpath
+import signal
 import uuid
 from typing import BinaryIO, Iterator
 
@@ -45,12 +47,28 @@ def temp_name(path: str) -> str:
     return f"{d}/{TMP_PREFIX}{uuid.uuid4().hex}-{base}"
 
 
+# Fault injection for the crash/resume tests: CHUNKLEDGER_TEST_KILL_AT="N:before_rename" (or
+# "N:after_rename") SIGKILLs this process during its N-th atomic write (1-based), leaving a temporary
+# file behind (before_rename) or a complete file without its successors (after_rename).
+_KILL_AT = os.environ.get("CHUNKLEDGER_TEST_KILL_AT", "")
+_writes = 0
+
+
+def _fault(stage: str) -> None:
+    if _KILL_AT:
+        n, _, at = _KILL_AT.partition(":")
+        if _writes == int(n) and at == stage:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` under a temporary name in the same directory, then rename over ``path``.
 
     A reader sees either no file or the complete file. Writing the same bytes twice (a retried bundle)
     is harmless.
     """
+    global _writes
+    _writes += 1
     tmp = temp_name(path)
     f = FileSystems.create(tmp, mime_type="application/octet-stream",
                            compression_type=CompressionTypes.UNCOMPRESSED)
@@ -58,7 +76,9 @@ def write_atomic(path: str, data: bytes) -> None:
         f.write(data)
     finally:
         f.close()
+    _fault("before_rename")
     FileSystems.rename([tmp], [path])
+    _fault("after_rename")
 
 
 def file_size(path: str) -> int | None:

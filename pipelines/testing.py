@@ -106,3 +106,18 @@ def read_dead_letters(root: str) -> list[dict[str, Any]]:
             with open(os.path.join(d, name), encoding="utf-8") as f:
                 out.extend(json.loads(line) for line in f if line.strip())
     return out
+
+
+def train_tiny_tokenizer(path: str, texts: Sequence[str] | None = None, vocab_size: int = 400) -> str:
+    """Train a small byte-level BPE tokenizer offline with ``tokenizers`` and save it as ``path`` (json)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(list(texts or sample_texts(200, seed=7)), trainer=trainer)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tok.save(path)
+    return path

@@ -46,7 +46,8 @@ def expected_docs(paths: list[str], append_eos: bool = False, text_key: str = "t
                     obj = json.loads(line.decode("utf-8"))
                 except (UnicodeDecodeError, ValueError):
                     obj = None
-                if isinstance(obj, dict) and isinstance(obj.get(text_key), str) and obj[text_key]:
+                text = obj.get(text_key) if isinstance(obj, dict) else None
+                if isinstance(text, str) and text and text.encode("utf-8", "surrogatepass").decode("utf-8", "ignore") == text:
                     toks = ENC.encode_ordinary(obj[text_key]) + ([ENC.eot_token] if append_eos else [])
                     docs.append((pos, toks))
             pos += len(line) + 1

@@ -1,0 +1,129 @@
+"""Bad input never crashes the build and never vanishes; input errors fail early with a clear message."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
+
+from pipelines import build_cache
+from pipelines.build_cache import BuildError
+from pipelines.testing import load_ledger, read_dead_letters, read_documents, sample_texts, tree_bytes, write_shard
+from test_build_cache import build, check_cache
+
+# (line bytes, reason) for every kind of malformed line
+BAD_LINES = [
+    (b"", "blank_line"),
+    (b"   \t ", "blank_line"),
+    (b'{"text": "unterminated', "invalid_json"),
+    (b"not json at all", "invalid_json"),
+    (b'["a", "list"]', "not_an_object"),
+    (b'"just a string"', "not_an_object"),
+    (b"42", "not_an_object"),
+    (b'{"body": "no text key"}', "missing_text"),
+    (b'{"text": 17}', "text_not_string"),
+    (b'{"text": null}', "text_not_string"),
+    (b'{"text": ["a"]}', "text_not_string"),
+    (b'{"text": ""}', "empty_text"),
+    (b'{"text": "caf\xe9 latin-1"}', "invalid_utf8"),
+    (b"\xff\xfe\x00garbage", "invalid_utf8"),
+    (b'{"text": "lone surrogate \\ud800 here"}', "invalid_unicode"),
+]
+
+
+def mixed_lines(seed: int, n_good: int = 40):
+    """Good and bad lines interleaved; returns (lines, [(offset, reason, raw)] of the bad ones)."""
+    goods = [json.dumps({"text": t, "id": i}).encode() for i, t in enumerate(sample_texts(n_good, seed=seed))]
+    lines, bad, pos = [], [], 0
+    for i, g in enumerate(goods):
+        if i % 3 == 1 and BAD_LINES:
+            raw, reason = BAD_LINES[(i // 3 + seed) % len(BAD_LINES)]
+            lines.append(raw)
+            bad.append((pos, reason, raw))
+            pos += len(raw) + 1
+        lines.append(g)
+        pos += len(g) + 1
+    return lines, bad
+
+
+def test_every_malformed_line_is_dead_lettered_with_its_reason(tmp_path):
+    inputs, expected_bad = [], []
+    for shard, name in enumerate(["a.jsonl", "b.jsonl.gz", "c.jsonl.zst"]):
+        lines, bad = mixed_lines(shard)
+        if shard == 0:  # make sure every reason occurs
+            for raw, reason in BAD_LINES:
+                bad.append((sum(len(x) + 1 for x in lines), reason, raw))
+                lines.append(raw)
+        path = write_shard(str(tmp_path / "in" / name), lines)
+        inputs.append(path)
+        expected_bad += [(path, shard, off, reason, raw) for off, reason, raw in bad]
+    out, res = build(tmp_path, [str(tmp_path / "in" / "*")], chunk_bytes=3000, max_bad_fraction=1.0)
+    ledger = check_cache(out, inputs, 3000)  # all good documents present, token for token
+    dead = read_dead_letters(out)
+    got = []
+    for d in dead:
+        raw = base64.b64decode(d["line_base64"]) if "line_base64" in d else d["line"].encode("utf-8")
+        got.append((d["file"], d["shard"], d["offset"], d["reason"], raw))
+    assert sorted(got) == sorted(expected_bad)
+    assert {r for _, r in BAD_LINES} <= {d["reason"] for d in dead}
+    assert any("line_base64" in d for d in dead)
+    # counted in the ledger, per reason and per chunk, and in Beam metrics
+    want = {}
+    for *_, reason, _ in expected_bad:
+        want[reason] = want.get(reason, 0) + 1
+    assert ledger["bad_records"] == want
+    assert ledger["totals"]["bad_records"] == len(expected_bad)
+    assert sum(c["bad_records"] for c in ledger["chunks"]) == len(expected_bad)
+    for c in ledger["chunks"]:
+        if c["bad_records"]:
+            assert c["dead_letters"] == f"bad/shard-{c['shard']:05d}/chunk-{c['index_in_shard']:06d}.jsonl"
+            assert os.path.exists(os.path.join(out, c["dead_letters"]))
+    metrics = res["result"].metrics().query(MetricsFilter().with_namespace("chunkledger"))
+    counters = {m.key.metric.name: m.committed for m in metrics["counters"]}
+    assert counters["bad_records"] == len(expected_bad)
+    assert counters["bad_invalid_unicode"] == want["invalid_unicode"]
+    assert counters["documents"] == ledger["totals"]["docs"]
+    assert counters["tokens"] == ledger["totals"]["tokens"]
+
+
+def test_max_bad_fraction_fails_then_rerun_with_higher_threshold_finalizes(tmp_path):
+    lines, bad = mixed_lines(1, n_good=30)
+    a = write_shard(str(tmp_path / "a.jsonl"), lines)
+    with pytest.raises(BuildError, match="max_bad_fraction") as e:
+        build(tmp_path, [a], chunk_bytes=2000, max_bad_fraction=0.01)
+    assert "rerun" in str(e.value) and f"{len(bad)} of" in str(e.value)
+    out = str(tmp_path / "cache")
+    assert load_ledger(out)["finished"] is False
+    _, res = build(tmp_path, [a], chunk_bytes=2000, max_bad_fraction=0.5)
+    assert res["resumed"] and res["ledger"]["finished"]
+    clean, _ = build(tmp_path, [a], chunk_bytes=2000, max_bad_fraction=0.5, name="clean")
+    assert tree_bytes(out) == tree_bytes(clean)
+    assert len(read_dead_letters(out)) == len(bad)
+    assert len(read_documents(out)) == 30
+
+
+def test_pattern_matching_nothing_fails_before_any_work(tmp_path):
+    a = write_shard(str(tmp_path / "a.jsonl"), [{"text": "hello"}])
+    with pytest.raises(BuildError, match="nothing-here"):
+        build(tmp_path, [a, str(tmp_path / "nothing-here" / "*.jsonl")])
+    assert not os.path.exists(tmp_path / "cache")
+
+
+def test_unreadable_input_fails_naming_the_file(tmp_path):
+    a = write_shard(str(tmp_path / "a.jsonl"), [{"text": "hello"}])
+    broken = tmp_path / "b.jsonl.gz"
+    broken.write_bytes(b"this is not gzip data at all")
+    with pytest.raises(BuildError, match="b.jsonl.gz"):
+        build(tmp_path, [a, str(broken)])
+    assert not os.path.exists(tmp_path / "cache")
+
+
+def test_cli_prints_clear_error_and_exits_nonzero(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_cache.main(["--input", str(tmp_path / "none*.jsonl"), "--output", str(tmp_path / "o"),
+                          "--tokenizer", "tiktoken:cl100k_base", "--runner=FnApiRunner"])
+    assert e.value.code == 2
+    assert "matches no file" in capsys.readouterr().err
