@@ -1,0 +1,58 @@
+"""Flex Template entry point: the launcher runs ``python main.py --name=value ... [Beam options]``.
+
+The Dataflow launcher passes the template parameters (templates/metadata.json) and the job's Beam options
+(``--runner=DataflowRunner --project=... --region=... --temp_location=... --sdk_container_image=...``) as
+``--name=value`` flags. The builder is installed in the image (templates/Dockerfile), so the launcher and
+the workers run the same code.
+
+A template parameter always carries a value, so boolean switches of the command line (``--append_eos``)
+arrive as ``--append_eos=true`` / ``--append_eos=false``; :func:`template_argv` turns them back into the
+command-line form. Everything else is passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+TRUE = ("true", "1", "yes")
+FALSE = ("false", "0", "no", "")
+
+
+def _switches(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Option string -> action, for the parser's value-less switches (store_true / store_false)."""
+    out = {}
+    for action in parser._actions:  # argparse has no public accessor
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            for opt in action.option_strings:
+                out[opt] = action
+    return out
+
+
+def template_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``--switch=true`` -> ``--switch``; ``--switch=false`` -> dropped; other arguments unchanged."""
+    switches = _switches(parser)
+    out = []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if eq and name in switches:
+            v = value.strip().lower()
+            if v in TRUE:
+                out.append(name)
+            elif v not in FALSE:
+                raise SystemExit(f"error: {name} takes true or false, got {value!r}")
+            continue
+        out.append(arg)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from pipelines import build_cache
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    build_cache.main(template_argv(argv, build_cache.build_arg_parser()))
+
+
+if __name__ == "__main__":
+    main()
