@@ -139,7 +139,9 @@ class JaxLoader:
         None)`` or ``P("data", "seq")``. Default: batch over every mesh axis.
       start: first step of ``iter(loader)`` (a resumed job passes its restored step).
       prefetch: batches kept in flight ahead of the one being consumed (0 = synchronous).
-      workers: threads that fetch batches concurrently (default ``min(prefetch, 2)``, at least 1).
+      workers: threads that build batches concurrently (default 1). One is enough when a batch is
+        read faster than a step runs (the plain reader already fetches chunks on its own threads); more
+        help only when single reads are latency-bound (remote storage, cold cache) and add GIL contention.
       fields: fields to build (default: every field in :data:`TOKEN_FIELDS` and :data:`ROW_FIELDS`).
       reader_kwargs: extra keyword arguments for ``Reader(...)`` when ``source`` is a path
         (e.g. ``wait_timeout_s``).
@@ -193,7 +195,7 @@ class JaxLoader:
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
         self.prefetch = int(prefetch)
-        self.workers = max(1, int(workers if workers is not None else min(self.prefetch, 2)))
+        self.workers = max(1, int(workers if workers is not None else 1))
         self._pool: cf.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self.stats = {"batches": 0, "rows_loaded": 0, "fetch_seconds": 0.0, "wait_seconds": 0.0,

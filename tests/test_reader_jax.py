@@ -240,3 +240,61 @@ def test_fields_subset(cache):
     loader = JaxLoader(Reader(cache, opts, num_readers=1, reader_index=0), None, make_mesh((8,), ("data",)),
                        P("data"), fields=["inputs", "loss_mask"])
     assert set(loader.global_batch(2)) == {"inputs", "loss_mask"}
+
+
+@pytest.mark.parametrize("cli_args,mode", [(["--shuffle_seed", "3"], "packed_shuffled"),
+                                           (["--eval", "--unpacked"], "eval_unpacked")])
+def test_equals_the_batches_command(cache, tmp_path, cli_args, mode):
+    """The global batch equals what `python -m reader batches` writes for the same options."""
+    from reader import cli
+
+    out = str(tmp_path / "batches.npz")
+    start, count = 1, 2
+    assert cli.main(["batches", cache, "--seq_len", str(L), "--batch_size", str(B), "--ideal_readers", "3",
+                     "--start", str(start), "--count", str(count), "--out", out] + cli_args) == 0
+    written = np.load(out)
+    assert written["batch_index"].tolist() == [start, start + 1]
+    mesh = make_mesh((2, 2, 2), ("data", "fsdp", "model"))
+    with JaxLoader(cache, options(mode), mesh, P(("data", "fsdp"), None), start=start) as loader:
+        got = list(loader.iter_batches(count=count))
+    for k, (b, batch) in enumerate(got):
+        for name in TOKEN_FIELDS + ROW_FIELDS:
+            np.testing.assert_array_equal(np.asarray(batch[name]), written[name][k], err_msg=f"{name} batch {b}")
+
+
+def test_reads_while_the_build_runs(tmp_path):
+    """A loader started on a half-written cache waits for the missing chunks (in its prefetch threads) and
+    yields the same global batches as the finished cache."""
+    import time
+
+    from cachegen import finish_cache, write_chunk
+    from reader import order
+
+    rng = np.random.default_rng(99)
+    chunks = random_chunks(rng, 12)
+    cps = [4, 4, 4]
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    write_synthetic_cache(full, chunks, chunks_per_shard=cps)
+    entries = write_synthetic_cache(part, chunks, chunks_per_shard=cps, finished=False, written=range(2))
+    rr = order.round_robin_order(cps)
+
+    def finish_build():
+        time.sleep(0.2)
+        for i, docs in enumerate(chunks):
+            if entries[i] is None:
+                entries[i] = write_chunk(part, int(rr[i][0]), int(rr[i][1]), docs)
+        finish_cache(part, entries)
+
+    opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=3, packed=True)
+    mesh = make_mesh((4, 2), ("data", "model"))
+    builder = threading.Thread(target=finish_build)
+    with JaxLoader(part, opts, mesh, P("data", None), prefetch=2,
+                   reader_kwargs={"wait_timeout_s": 60, "poll_interval_s": 0.05}) as loader:
+        builder.start()
+        got = list(loader.iter_batches(count=3))
+    builder.join()
+    ref = Reader(full, opts, num_readers=1, reader_index=0)
+    for b, batch in got:
+        want = ref.batch(b)
+        for name in TOKEN_FIELDS + ROW_FIELDS:
+            np.testing.assert_array_equal(np.asarray(batch[name]), want[name], err_msg=f"{name} batch {b}")
