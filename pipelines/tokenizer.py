@@ -32,7 +32,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -111,7 +111,6 @@ class Encoder:
 class TiktokenEncoder(Encoder):
     def __init__(self, enc):
         self.enc = enc
-        self._encode = enc._core_bpe.encode_ordinary if hasattr(enc, "_core_bpe") else enc.encode_ordinary
 
     def encode_one(self, text: str) -> np.ndarray:
         if len(text) <= PIECE_CHARS:
@@ -236,8 +235,3 @@ def load_cached(spec: TokenizerSpec) -> Encoder:
     if enc is None:
         enc = _LOADED[key] = spec.load()
     return enc
-
-
-def iter_batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
