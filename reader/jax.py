@@ -136,7 +136,8 @@ class JaxLoader:
       opts: :class:`reader.ReadOptions` (required with a path; ignored with a Reader, which has its own).
       mesh: the ``jax.sharding.Mesh`` of the job (all devices of all processes).
       spec: ``PartitionSpec`` of the ``[B, L]`` arrays, e.g. ``P("data", None)``, ``P(("data", "fsdp"),
-        None)`` or ``P("data", "seq")``. Default: batch over every mesh axis.
+        None)`` or ``P("data", "seq")``. Default: batch over every mesh axis. A ``NamedSharding`` also
+        works (then ``mesh`` may be None).
       start: first step of ``iter(loader)`` (a resumed job passes its restored step).
       prefetch: batches kept in flight ahead of the one being consumed (0 = synchronous).
       workers: threads that build batches concurrently (default 1). One is enough when a batch is
@@ -150,11 +151,17 @@ class JaxLoader:
     rows this process reads), ``num_batches`` (eval: finite; training: None), ``stats``.
     """
 
-    def __init__(self, source, opts=None, mesh: Mesh | None = None, spec: PartitionSpec | None = None, *,
+    def __init__(self, source, opts=None, mesh: Mesh | None = None,
+                 spec: PartitionSpec | NamedSharding | None = None, *,
                  start: int = 0, prefetch: int = 2, workers: int | None = None,
                  fields: Sequence[str] | None = None, reader_kwargs: Mapping[str, Any] | None = None):
+        if isinstance(spec, NamedSharding):
+            if mesh is not None and mesh != spec.mesh:
+                raise ValueError("pass either a mesh and a PartitionSpec, or a NamedSharding (not another mesh)")
+            mesh, spec = spec.mesh, spec.spec
         if mesh is None:
-            raise ValueError("JaxLoader needs a mesh, e.g. jax.make_mesh((jax.device_count(),), ('data',))")
+            raise ValueError("JaxLoader needs a mesh, e.g. jax.make_mesh((jax.device_count(),), ('data',)), "
+                             "or spec=NamedSharding(mesh, PartitionSpec(...))")
         if isinstance(source, (str, os.PathLike)):
             if opts is None:
                 raise ValueError("JaxLoader(path, opts, mesh, spec): opts (reader.ReadOptions) is required with a path")

@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 jax = pytest.importorskip("jax", reason="reader.jax needs the optional 'jax' extra")
-from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from cachegen import random_chunks, write_synthetic_cache  # noqa: E402
 from jax_helpers.common import (CountingReader, expected_device_rows, make_toy_step,  # noqa: E402
@@ -138,19 +138,23 @@ def test_eval_mode_masks_padding_and_ends(cache):
     np.testing.assert_array_equal(np.asarray(tail[0][1]["inputs"]), np.asarray(last["inputs"]))
 
 
-@pytest.mark.parametrize("mode", ["packed_shuffled", "unpacked"])
-def test_jit_toy_step_resumes_identically(cache, mode):
+@pytest.mark.parametrize("mode,explicit_mesh", [("packed_shuffled", False), ("unpacked", True)])
+def test_jit_toy_step_resumes_identically(cache, mode, explicit_mesh):
     opts = options(mode)
     ref_reader = Reader(cache, opts, num_readers=1, reader_index=0)
     steps, k = 7, 3
     want = toy_reference([ref_reader.batch(b) for b in range(steps)], L)
     toy = make_toy_step(L)
-    mesh = make_mesh((2, 2, 2), ("data", "fsdp", "model"))
-    spec = P(("data", "fsdp"), None)
+    if explicit_mesh:  # jax.make_mesh: Explicit axis types (sharding in types), as in the README example
+        mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "model"))
+        spec = NamedSharding(mesh, P(("data", "fsdp"), None))
+    else:
+        mesh = make_mesh((2, 2, 2), ("data", "fsdp", "model"))
+        spec = P(("data", "fsdp"), None)
 
     def run(start, state):
         out = []
-        with JaxLoader(cache, opts, mesh, spec, start=start, prefetch=2) as loader:
+        with JaxLoader(cache, opts, None if explicit_mesh else mesh, spec, start=start, prefetch=2) as loader:
             for step, batch in loader.iter_batches(count=steps - start):
                 state, per_segment = toy(state, batch)
                 out.append((step, int(state), sha_of(per_segment)))
