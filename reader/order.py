@@ -303,7 +303,7 @@ class ShuffleConfig:
         contiguous positions of every stream, read as one unit.
       group_size: examples mixed together (``group_size // block_size`` blocks). This is what the
         reader holds decoded at once: ``group_size * seq_len * 4`` bytes for packed int32 tokens
-        (256 MiB at the defaults and seq_len 2048, split over hosts by stream).
+        (512 MiB at the defaults and seq_len 2048, split over the hosts by stream).
       lanes: ``pi(i) ≡ i (mod lanes)``. Set it to ``R*`` (ideal_readers) so every example stays in its
         stream and each host keeps reading only its own streams; 1 mixes across streams.
     """
@@ -311,9 +311,9 @@ class ShuffleConfig:
     seed: int
     first_window: int = 1024
     growth: float = 2.0
-    max_window: int = 1 << 20
-    block_size: int = 2048
-    group_size: int = 32768
+    max_window: int = 1 << 22
+    block_size: int = 8192
+    group_size: int = 65536
     lanes: int = 1
 
     def __post_init__(self):
@@ -328,6 +328,39 @@ class ShuffleConfig:
         if self.first_window > self.max_window:
             raise ValueError(f"ShuffleConfig.first_window ({self.first_window}) must be <= max_window "
                              f"({self.max_window})")
+
+    @classmethod
+    def for_reader(cls, seed: int, *, seq_len: int, ideal_readers: int, batch_size: int,
+                   row_group_tokens: int | None = None, examples_per_row_group: int | None = None,
+                   max_group_bytes: int = 1 << 30, **overrides) -> "ShuffleConfig":
+        """Sizes derived from how the reader reads (a pure function of its arguments, so every host and
+        every resume derives the same config; never pass a per-host memory budget here).
+
+        * ``lanes = ideal_readers``: examples stay in their stream (each host reads only its streams);
+        * a block is ``4`` row groups of every stream (at least 64 rows), so a block is read in whole
+          row groups and the partial row groups at its two ends add at most ~1/4 of extra reading;
+        * a group has ``max(8, 2 * rows_per_batch)`` blocks, where ``rows_per_batch = ceil(batch_size /
+          lanes)`` is how many examples of one stream a batch takes: with the rank-major interleave,
+          two consecutive batches then draw from disjoint blocks;
+        * the group (``group_size * seq_len * 4`` bytes decoded, split over the hosts by stream) is kept
+          under ``max_group_bytes`` by shrinking blocks (more re-reading at block ends) if needed.
+
+        ``examples_per_row_group`` overrides ``row_group_tokens / seq_len`` (unpacked examples are
+        shorter than ``seq_len``). ``overrides`` set any field directly.
+        """
+        lanes = max(1, int(ideal_readers))
+        rows_per_batch = -(-int(batch_size) // lanes)
+        if examples_per_row_group is None:
+            examples_per_row_group = -(-int(row_group_tokens) // int(seq_len)) if row_group_tokens else 64
+        g = max(8, 2 * rows_per_batch)
+        block_rows = max(64, 4 * int(examples_per_row_group))
+        max_rows = max(1, int(max_group_bytes) // (int(seq_len) * 4 * lanes * g))
+        block_rows = max(1, min(block_rows, max_rows))
+        kw = dict(first_window=max(1024, 2 * int(batch_size)), growth=2.0, block_size=block_rows * lanes,
+                  group_size=g * block_rows * lanes, lanes=lanes)
+        kw["max_window"] = max(1 << 22, 4 * kw["group_size"], kw["first_window"])
+        kw.update(overrides)
+        return cls(seed=seed, **kw)
 
     # -- sizes in rows (one row = `lanes` examples) --------------------------------------------------
     @property

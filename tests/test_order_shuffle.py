@@ -80,7 +80,7 @@ def test_vectorized_equals_scalar_and_any_shape(cfg, idx):
 def test_window_sizes_grow_to_max_and_defaults_documented():
     cfg = ShuffleConfig(seed=0)
     assert (cfg.first_window, cfg.growth, cfg.max_window, cfg.block_size, cfg.group_size, cfg.lanes) == (
-        1024, 2.0, 1 << 20, 2048, 32768, 1)
+        1024, 2.0, 1 << 22, 8192, 65536, 1)
     wins = windows_upto(ShuffleConfig(seed=0, first_window=10, growth=2.0, max_window=100), 1000)
     sizes = [b - a for a, b in wins]
     assert sizes[:5] == [10, 20, 40, 80, 100] and set(sizes[4:-1]) == {100}
