@@ -234,6 +234,8 @@ class JaxLoader:
     # -- one batch ------------------------------------------------------------------------------
     def host_rows(self, b: int) -> dict[str, np.ndarray]:
         """This process's rows (:attr:`rows`, in that order) of global batch ``b`` as numpy arrays."""
+        if self.rows.size == 0:  # this process holds no part of the mesh: nothing to read
+            return {}
         t0 = time.perf_counter()
         data = self.reader.rows(int(b), self.rows)
         with self._lock:
@@ -245,10 +247,14 @@ class JaxLoader:
         n, L = int(self.rows.size), self.seq_len
         out = {}
         for name in self.fields:
-            if name not in data:
+            if n == 0:  # no addressable shard: the callback is never called
+                dtype = np.bool_ if name in ("loss_mask", "valid") else np.int32
+                arr = np.zeros((0, L) if name in TOKEN_FIELDS else (0,), dtype)
+            elif name not in data:
                 raise KeyError(f"the reader returned no field {name!r} (it returned {sorted(data)}); "
                                f"pass fields=... to JaxLoader to build fewer fields")
-            arr = np.asarray(data[name])
+            else:
+                arr = np.asarray(data[name])
             per_token = name in TOKEN_FIELDS
             want = (n, L) if per_token else (n,)
             if arr.shape != want:
@@ -267,7 +273,7 @@ class JaxLoader:
                 local = arr[self._row_pos[(index[0].start, index[0].stop, index[0].step)]]
                 return local[:, index[1]] if per_token else local
 
-            out[name] = jax.make_array_from_callback(shape, sharding, cb)
+            out[name] = jax.make_array_from_callback(shape, sharding, cb, dtype=arr.dtype)
         return out
 
     def global_batch(self, b: int) -> dict[str, jax.Array]:

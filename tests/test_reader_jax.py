@@ -302,3 +302,22 @@ def test_reads_while_the_build_runs(tmp_path):
         want = ref.batch(b)
         for name in TOKEN_FIELDS + ROW_FIELDS:
             np.testing.assert_array_equal(np.asarray(batch[name]), want[name], err_msg=f"{name} batch {b}")
+
+
+def test_int64_fields_never_wrap_silently(cache):
+    """Without jax_enable_x64, example ids past int32 raise a clear error instead of wrapping around."""
+    if jax.config.jax_enable_x64:
+        pytest.skip("jax_enable_x64 is on: int64 fields stay int64 and cannot overflow")
+
+    class FarAlong(CountingReader):  # the real reader, as if the run were 2**31 examples further along
+        def rows(self, b, rows):
+            out = dict(super().rows(b, rows))
+            out["example_ids"] = out["example_ids"] + (1 << 31)
+            return out
+
+    mesh = make_mesh((8,), ("data",))
+    far = FarAlong(Reader(cache, options("packed"), num_readers=1, reader_index=0))
+    with pytest.raises(OverflowError, match="jax_enable_x64"):
+        JaxLoader(far, None, mesh, P("data")).global_batch(0)
+    ok = JaxLoader(far, None, mesh, P("data"), fields=TOKEN_FIELDS + ("valid",)).global_batch(0)
+    assert set(ok) == set(TOKEN_FIELDS) | {"valid"}

@@ -114,25 +114,29 @@ def _run_processes(cfg_path, nproc, out_dir, timeout_s, retry_port):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("nproc,mode", [(2, "packed_shuffled"), (4, "unpacked")])
+@pytest.mark.parametrize("nproc,mode", [(2, "packed_shuffled"), (4, "unpacked"), (2, "eval_packed")])
 def test_multiprocess_global_batches(cache, tmp_path, nproc, mode):
     opts = dict(seq_len=L, batch_size=B, ideal_readers=4)
-    if mode == "packed_shuffled":
-        opts.update(packed=True, shuffle_seed=7)
-    else:
-        opts.update(packed=False)
-    steps, restart_at = 4, 2
-    setups = SETUPS if nproc == 2 else SETUPS[1:3] + SETUPS[-1:]
+    opts.update({"packed_shuffled": dict(packed=True, shuffle_seed=7), "unpacked": dict(packed=False),
+                 "eval_packed": dict(packed=True, eval_mode=True)}[mode])
+    reader = Reader(cache, ReadOptions(**opts), num_readers=1, reader_index=0)
+    if reader.num_batches is None:
+        first, steps, until_end = 0, 4, False
+    else:  # eval: the last 3 batches, iterated until the pass ends (the last one is padded)
+        first, steps, until_end = reader.num_batches - 3, 3, True
+    restart_at = first + 2
+    setups = SETUPS if nproc == 2 and mode != "eval_packed" else SETUPS[1:3] + SETUPS[-1:]
     cfg = {"cache": cache, "opts": opts,
-           "setups": [{"mesh_shape": list(s), "axis_names": n, "spec": p, "steps": steps,
-                       "restart_at": restart_at} for s, n, p in setups]}
+           "setups": [{"mesh_shape": list(s), "axis_names": n, "spec": p, "steps": steps, "first": first,
+                       "until_end": until_end, "restart_at": restart_at} for s, n, p in setups]}
     cfg_path = str(tmp_path / "cfg.json")
     json.dump(cfg, open(cfg_path, "w"))
 
-    reader = Reader(cache, ReadOptions(**opts), num_readers=1, reader_index=0)
     # the workers run jax without x64: int64 per-row fields arrive as int32 (documented in reader.jax)
     ref = [{k: (v.astype(np.int32) if v.dtype == np.int64 else v) for k, v in reader.batch(b).items()}
-           for b in range(steps)]
+           for b in range(first, first + steps)]
+    if until_end:
+        assert not ref[-1]["valid"].all(), "the test cache is sized so that the last eval batch is padded"
     toy_ref = toy_reference(ref, L)
 
     results = run_processes(cfg_path, nproc, str(tmp_path))
@@ -145,15 +149,16 @@ def test_multiprocess_global_batches(cache, tmp_path, nproc, mode):
             rec = res["setups"][si]
             # Each process reads only the rows its devices hold, once per batch (one rows() call).
             assert rec["rows"] == want_rows[p], (shape, names, spec, p)
-            assert sorted(b for b, _ in rec["calls"][:steps]) == list(range(steps))
+            assert sorted(b for b, _ in rec["calls"][:steps]) == list(range(first, first + steps))
             assert all(rows == want_rows[p] for _, rows in rec["calls"])
-            assert len(rec["calls"]) == steps + (steps - restart_at)
+            assert len(rec["calls"]) == steps + (first + steps - restart_at)
+            assert [got["step"] for got in rec["batches"]] == list(range(first, first + steps))
             for bi, got in enumerate(rec["batches"]):
-                assert got["step"] == bi
                 for name, shards in got["shards"].items():
                     for index, digest in shards:
                         assert digest == sha(ref[bi][name][index_from_json(index)]), (name, index, p)
                 for name, digest in got["global"].items():
-                    assert digest == sha(ref[bi][name]), (name, bi, p, spec)
+                    assert digest == sha(ref[bi][name]), (name, got["step"], p, spec)
             assert [tuple(t) for t in rec["toy"]] == toy_ref
-            assert [tuple(t) for t in rec["toy_resumed"]] == [(k,) + toy_ref[k] for k in range(restart_at, steps)]
+            assert [tuple(t) for t in rec["toy_resumed"]] == [
+                (k,) + toy_ref[k - first] for k in range(restart_at, first + steps)]

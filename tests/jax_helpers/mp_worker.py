@@ -5,7 +5,7 @@ Usage: python mp_worker.py CONFIG.json PROCESS_ID NUM_PROCESSES PORT OUT.json
 Initializes jax.distributed with the coordinator on 127.0.0.1:PORT, builds a JaxLoader on a shared mesh
 for every setup in the config, and writes (to OUT.json) the rows this process read, a checksum of every
 addressable shard, checksums of the all-gathered global batches, and the toy step's outputs, both for
-a straight run and for a run resumed at step ``restart_at``.
+a straight run from step ``first`` and for a run resumed at step ``restart_at``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ def main(argv) -> int:
         loader = JaxLoader(counting, None, mesh, spec_from_json(setup["spec"]), prefetch=2)
         rec = {"rows": loader.rows.tolist(), "batches": [], "toy": [], "toy_resumed": []}
         state = np.int32(0)
-        for step, batch in loader.iter_batches(start=0, count=setup["steps"]):
+        first = setup.get("first", 0)
+        count = None if setup.get("until_end") else setup["steps"]  # eval: let the pass end by itself
+        for step, batch in loader.iter_batches(start=first, count=count):
             shards = {name: sorted([index_to_json(s.index), sha(s.data)] for s in arr.addressable_shards)
                       for name, arr in batch.items()}
             gathered = {name: sha(multihost_utils.process_allgather(arr, tiled=True))
@@ -54,10 +56,10 @@ def main(argv) -> int:
                                sha(multihost_utils.process_allgather(per_segment, tiled=True))])
         # Simulated restart: a fresh loader resumed at step k, with the state checkpointed after step k-1.
         k = setup["restart_at"]
-        state = np.int32(rec["toy"][k - 1][0]) if k else np.int32(0)
+        state = np.int32(rec["toy"][k - first - 1][0]) if k > first else np.int32(0)
         loader.close()
         loader = JaxLoader(counting, None, mesh, spec_from_json(setup["spec"]), start=k, prefetch=2)
-        for step, batch in loader.iter_batches(count=setup["steps"] - k):
+        for step, batch in loader.iter_batches(count=None if count is None else first + count - k):
             state, per_segment = toy(state, batch)
             rec["toy_resumed"].append([step, int(multihost_utils.process_allgather(state, tiled=True)),
                                        sha(multihost_utils.process_allgather(per_segment, tiled=True))])
