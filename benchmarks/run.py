@@ -1,0 +1,303 @@
+"""The benchmark suite: pipeline and reader against the physical limit and against peers, in one run.
+
+    make bench          # = python -m benchmarks.run          -> benchmarks/latest.json, docs/BENCHMARKS.md
+    make bench-quick    # = python -m benchmarks.run --quick  -> benchmarks/work/quick.json (tiny inputs)
+
+Every ratio is measured side by side in the same run on the same texts (this machine is shared and
+noisy). Baselines run as their own documentation recommends; none is tuned down. The corpus is real
+English text gathered from this machine (see benchmarks/corpus.py) and cached under benchmarks/work/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import hf_tokenizer, pipeline_bench
+from benchmarks.common import REPO, dir_bytes, log, machine_description, run_monitored
+from benchmarks.corpus import build_corpus, load_texts
+
+PROFILES = {
+    # Full run: 640 MB of text (start-up < 10% of every timed build), 8 shards of 80 MB; the
+    # small-shard build for the memory figure uses 8 shards of 20 MB (4x smaller).
+    "full": dict(size_mb=640, shards=8, small_size_mb=160, agreement_docs=1000, reader_batches=400,
+                 reader_rounds=2, seek_reps=5, budgets="0.125,0.25,0.5,1,2", shuffle_quick=False),
+    "quick": dict(size_mb=1.6, shards=4, small_size_mb=0.4, agreement_docs=100, reader_batches=6,
+                  reader_rounds=1, seek_reps=1, budgets="1", shuffle_quick=True),
+}
+
+# key: (target, direction) -- direction ">=" or "<="; None = reported without a target.
+TARGETS = {
+    "pipeline_vs_raw": (0.8, ">="),
+    "pipeline_hf_vs_raw_hf": (0.8, ">="),
+    "pipeline_vs_hf_datasets": (2.0, ">="),
+    "pipeline_hf_vs_hf_datasets": (1.5, ">="),
+    "pipeline_scaling_2_vs_1": (1.7, ">="),
+    "reader_vs_memmap": (0.25, ">="),
+    "reader_tokens_per_s": (1e8, ">="),
+    "reader_shuffled_vs_memmap": (0.2, ">="),
+    "seek_far_vs_near": (1.5, "<="),
+    "ledger_open_s_100k": (1.0, "<="),
+    "bytes_per_token": (1.5, "<="),
+    "pipeline_peak_rss_ratio_4x_shards": (1.25, "<="),
+    "reader_rss_growth_vs_budget": (1.0, "<="),
+}
+
+
+def met(key: str, value: float) -> bool | None:
+    t = TARGETS.get(key)
+    if t is None or value is None or not math.isfinite(value):
+        return None
+    return value >= t[0] if t[1] == ">=" else value <= t[0]
+
+
+def _py() -> str:
+    return sys.executable
+
+
+def _env_offline() -> dict:
+    return {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONWARNINGS": "ignore"}
+
+
+def run_limit(corpus: Path) -> dict:
+    m = run_monitored([_py(), "-m", "benchmarks.baselines", "limit", "--corpus", str(corpus)])
+    r = m.result
+    log(f"limit (tiktoken, 2 processes, in memory): {r['tokens_per_s'] / 1e6:.2f} M tok/s")
+    return r
+
+
+def run_raw_hf(corpus: Path, tokenizer_json: Path) -> dict:
+    m = run_monitored([_py(), "-m", "benchmarks.baselines", "raw_hf", "--corpus", str(corpus),
+                       "--tokenizer_json", str(tokenizer_json)], env={"RAYON_NUM_THREADS": "2"})
+    r = m.result
+    log(f"raw HF tokenizers ({r['method']}, 2 threads): {r['tokens_per_s'] / 1e6:.2f} M tok/s")
+    return r
+
+
+def run_hf_datasets(corpus: Path, backend: str, work: Path, tokenizer_json: Path, tokens: int) -> dict:
+    base = work / f"hf-datasets-{backend}"
+    if base.exists():
+        shutil.rmtree(base)
+    cmd = [_py(), "-m", "benchmarks.baselines", "hf_datasets", "--backend", backend, "--corpus", str(corpus),
+           "--out", str(base / "out"), "--cache_dir", str(base / "cache"), "--tokenizer_json", str(tokenizer_json)]
+    m = run_monitored(cmd, env=_env_offline())
+    r = dict(m.result)
+    r.update(wall_s=m.wall_s, tokens=tokens, tokens_per_s=tokens / m.wall_s, peak_rss_tree_mb=m.peak_rss_tree_mb,
+             bytes_per_token=r["parquet_bytes"] / tokens, map_tokens_per_s=tokens / r["map_s"])
+    log(f"HF datasets ({backend}): {r['tokens_per_s'] / 1e6:.2f} M tok/s whole command "
+        f"({r['wall_s']:.1f} s; map {r['map_s']:.1f} s)")
+    shutil.rmtree(base, ignore_errors=True)
+    return r
+
+
+def shuffle_quality(plot: Path, quick: bool) -> dict:
+    """The shuffle figures of issue 4 (benchmarks/shuffle_quality.py: its own cache of real text with small
+    chunks in full mode, a synthetic layout in quick mode)."""
+    try:
+        from benchmarks import shuffle_quality as sq  # owned by the shuffle work (issue 4)
+    except ImportError:
+        log("shuffle quality: benchmarks/shuffle_quality.py not present; skipped")
+        return {}
+    fn = None
+    for name in ("run", "measure", "shuffle_quality", "figures"):
+        if callable(getattr(sq, name, None)):
+            fn = getattr(sq, name)
+            break
+    if fn is None:
+        log("shuffle quality: no run()/measure() in benchmarks/shuffle_quality.py; skipped")
+        return {}
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    kwargs = {k: v for k, v in (("quick", quick), ("plot", str(plot)), ("log", log)) if k in params}
+    t = time.perf_counter()
+    out = fn(**kwargs)
+    log(f"shuffle quality: {len(out)} figures in {time.perf_counter() - t:.1f} s")
+    return {(k if k.startswith("shuffle") else f"shuffle_{k}"): v for k, v in out.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny inputs, same code (< 1 minute)")
+    ap.add_argument("--work", type=Path, default=REPO / "benchmarks" / "work",
+                    help="scratch directory (corpus cache, builds); default benchmarks/work")
+    ap.add_argument("--out", type=Path, help="figures JSON (default benchmarks/latest.json, "
+                                             "or benchmarks/work/quick.json with --quick)")
+    ap.add_argument("--doc", type=Path, help="report Markdown (default docs/BENCHMARKS.md, or "
+                                             "WORK/quick-BENCHMARKS.md with --quick)")
+    ap.add_argument("--plots", type=Path, help="directory for PNG plots (default docs/, or WORK with --quick)")
+    ap.add_argument("--keep", action="store_true", help="keep the built caches under WORK")
+    a = ap.parse_args(argv)
+    profile = "quick" if a.quick else "full"
+    P = PROFILES[profile]
+    work: Path = a.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    out = a.out or (work / "quick.json" if a.quick else REPO / "benchmarks" / "latest.json")
+    doc = a.doc or (work / "quick-BENCHMARKS.md" if a.quick else REPO / "docs" / "BENCHMARKS.md")
+    plots = a.plots or (work if a.quick else REPO / "docs")
+    t_all = time.perf_counter()
+    details: dict = {"profile": profile, "machine": machine_description(), "started": time.strftime(
+        "%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    fig: dict = {}
+
+    # -- corpora ------------------------------------------------------------------------------------------
+    corpus = work / f"corpus-{profile}"
+    cm = build_corpus(corpus, int(P["size_mb"] * 1e6), P["shards"], log=log)
+    small = work / f"corpus-{profile}-small-shards"
+    sm = build_corpus(small, int(P["small_size_mb"] * 1e6), P["shards"], log=log)
+    details["corpus"] = {k: v for k, v in cm.items() if k not in ("files",)}
+    details["corpus_small_shards"] = {k: sm[k] for k in ("bytes", "docs", "shard_bytes", "repeat_factor")}
+    fig["corpus_mb"] = cm["bytes"] / 1e6
+    fig["corpus_distinct_mb"] = cm["distinct_line_bytes"] / 1e6
+    fig["corpus_repeat_factor"] = cm["repeat_factor"]
+    fig["corpus_docs"] = cm["docs"]
+
+    # -- the HF tokenizer, verified against tiktoken ------------------------------------------------------------
+    texts = load_texts(corpus, cm["files"][:1])[: P["agreement_docs"]]
+    ver = hf_tokenizer.verify(REPO / "benchmarks" / "work", texts)  # converted once, shared by every run
+    tokenizer_json = Path(ver["hf_tokenizer_json"])
+    fig["hf_tiktoken_agreement"] = ver["hf_tiktoken_agreement"]
+    fig["hf_tiktoken_agreement_docs"] = ver["hf_tiktoken_agreement_docs"]
+    fig["hf_tiktoken_agreement_with_014_pattern"] = ver["hf_tiktoken_agreement_with_014_pattern"]
+    log(f"HF tokenizer agrees with tiktoken on {ver['hf_tiktoken_agreement']:.4f} of "
+        f"{ver['hf_tiktoken_agreement_docs']} documents (tiktoken 0.14's possessive pattern: "
+        f"{ver['hf_tiktoken_agreement_with_014_pattern']:.4f})")
+    del texts
+
+    inputs = [str(corpus / "shard-*.jsonl")]
+    builds: dict = {}
+    cache_tt = work / "cache-tiktoken"
+    cache_hf = work / "cache-hf"
+
+    # -- side by side: limit, our build, raw HF, our HF build, HF datasets x2, 1 worker, small shards -------------
+    limit1 = run_limit(corpus)
+    builds["tiktoken_2w"] = pipeline_bench.build(inputs, cache_tt, "tiktoken:cl100k_base", workers=2)
+    raw_hf = run_raw_hf(corpus, tokenizer_json)
+    builds["hf_2w"] = pipeline_bench.build(inputs, cache_hf, str(tokenizer_json), workers=2)
+    tokens_tt = builds["tiktoken_2w"]["tokens"]
+    tokens_hf = builds["hf_2w"]["tokens"]
+    hfd_tt = run_hf_datasets(corpus, "tiktoken", work, tokenizer_json, limit1["tokens"])
+    hfd_hf = run_hf_datasets(corpus, "hf", work, tokenizer_json, raw_hf["tokens"])
+    builds["tiktoken_1w"] = pipeline_bench.build(inputs, work / "cache-tiktoken-1w", "tiktoken:cl100k_base", workers=1)
+    builds["tiktoken_2w_small_shards"] = pipeline_bench.build(
+        [str(small / "shard-*.jsonl")], work / "cache-small-shards", "tiktoken:cl100k_base", workers=2)
+    limit2 = run_limit(corpus)
+    limit = limit1 if limit1["tokens_per_s"] >= limit2["tokens_per_s"] else limit2  # the faster one: conservative
+
+    if tokens_tt != limit["tokens"]:
+        raise AssertionError(f"our build holds {tokens_tt} tokens, tiktoken on the same texts gives {limit['tokens']}")
+    if tokens_hf != raw_hf["tokens"]:
+        raise AssertionError(f"our HF build holds {tokens_hf} tokens, raw HF tokenizers gives {raw_hf['tokens']}")
+
+    b2, b1, bh, bs = builds["tiktoken_2w"], builds["tiktoken_1w"], builds["hf_2w"], builds["tiktoken_2w_small_shards"]
+    fig.update({
+        "tokens": tokens_tt,
+        "limit_tokens_per_s": limit["tokens_per_s"],
+        "limit_tokens_per_s_run1": limit1["tokens_per_s"],
+        "limit_tokens_per_s_run2": limit2["tokens_per_s"],
+        "raw_hf_tokens_per_s": raw_hf["tokens_per_s"],
+        "pipeline_tokens_per_s": b2["tokens_per_s"],
+        "pipeline_wall_s": b2["wall_s"],
+        "pipeline_steady_tokens_per_s": b2["steady_tokens_per_s"],
+        "pipeline_startup_fraction": 1 - b2["busy_s"] / b2["wall_s"] if b2["busy_s"] else None,
+        "pipeline_vs_raw": b2["tokens_per_s"] / limit["tokens_per_s"],
+        "pipeline_steady_vs_raw": (b2["steady_tokens_per_s"] or 0) / limit["tokens_per_s"],
+        "pipeline_hf_tokens_per_s": bh["tokens_per_s"],
+        "pipeline_hf_steady_tokens_per_s": bh["steady_tokens_per_s"],
+        "pipeline_hf_vs_raw_hf": bh["tokens_per_s"] / raw_hf["tokens_per_s"],
+        "pipeline_hf_steady_vs_raw_hf": (bh["steady_tokens_per_s"] or 0) / raw_hf["tokens_per_s"],
+        "hf_datasets_tokens_per_s": hfd_tt["tokens_per_s"],
+        "hf_datasets_hf_tokens_per_s": hfd_hf["tokens_per_s"],
+        "hf_datasets_map_tokens_per_s": hfd_tt["map_tokens_per_s"],
+        "hf_datasets_hf_map_tokens_per_s": hfd_hf["map_tokens_per_s"],
+        "hf_datasets_bytes_per_token": hfd_tt["bytes_per_token"],
+        "hf_datasets_vs_raw": hfd_tt["tokens_per_s"] / limit["tokens_per_s"],
+        "hf_datasets_hf_vs_raw": hfd_hf["tokens_per_s"] / limit["tokens_per_s"],
+        "raw_hf_vs_raw": raw_hf["tokens_per_s"] / limit["tokens_per_s"],
+        "pipeline_vs_hf_datasets": b2["tokens_per_s"] / hfd_tt["tokens_per_s"],
+        "pipeline_hf_vs_hf_datasets": bh["tokens_per_s"] / hfd_hf["tokens_per_s"],
+        "pipeline_1w_tokens_per_s": b1["tokens_per_s"],
+        "pipeline_1w_steady_tokens_per_s": b1["steady_tokens_per_s"],
+        "pipeline_scaling_2_vs_1": b2["tokens_per_s"] / b1["tokens_per_s"],
+        "pipeline_steady_scaling_2_vs_1": (b2["steady_tokens_per_s"] or 0) / (b1["steady_tokens_per_s"] or math.inf),
+        "bytes_per_token": b2["cache_bytes"] / tokens_tt,
+        "parquet_bytes_per_token": b2["parquet_bytes"] / tokens_tt,
+        "pipeline_peak_rss_mb": b2["peak_rss_tree_mb"],
+        "pipeline_peak_rss_mb_small_shards": bs["peak_rss_tree_mb"],
+        "pipeline_peak_rss_proc_mb": b2["peak_rss_proc_mb"],
+        "pipeline_peak_rss_proc_mb_small_shards": bs["peak_rss_proc_mb"],
+        "pipeline_shard_mb": cm["shard_bytes"][0] / 1e6,
+        "pipeline_shard_mb_small": sm["shard_bytes"][0] / 1e6,
+        "pipeline_peak_rss_ratio_4x_shards": b2["peak_rss_tree_mb"] / bs["peak_rss_tree_mb"],
+        "pipeline_chunks": b2["chunks"],
+        "pipeline_chunk_mb": (b2["chunk_bytes"] or 0) / 1e6,
+    })
+    details["builds"] = {k: {kk: vv for kk, vv in v.items() if kk != "samples"} for k, v in builds.items()}
+    details["samples"] = {k: v["samples"] for k, v in builds.items()}
+    details["baselines"] = {"limit": [limit1, limit2], "raw_hf": raw_hf, "hf_datasets_tiktoken": hfd_tt,
+                            "hf_datasets_hf": hfd_hf}
+    details["commands"] = build_commands(inputs, cache_tt, tokenizer_json, corpus)
+
+    # -- reader -----------------------------------------------------------------------------------------------------
+    m = run_monitored([_py(), "-m", "benchmarks.reader_bench", "--cache", str(cache_tt), "--work",
+                       str(work / "reader"), "--batches", str(P["reader_batches"]), "--rounds",
+                       str(P["reader_rounds"]), "--seek_reps", str(P["seek_reps"]), "--budgets", P["budgets"]])
+    rb = dict(m.result)
+    details["reader_budget_curve"] = rb.pop("reader_budget_curve")
+    details["reader_shuffle_config"] = rb.pop("reader_shuffle_config")
+    fig.update(rb)
+    fig["reader_rss_growth_vs_budget"] = rb["reader_rss_growth_mb"] / rb["reader_memory_budget_mb"]
+    log(f"reader: {rb['reader_tokens_per_s'] / 1e6:.1f} M tok/s = {rb['reader_vs_memmap']:.3f} of memmap; "
+        f"shuffled {rb['reader_shuffled_vs_memmap']:.3f}; seek far/near {rb['seek_far_vs_near']:.2f}; "
+        f"ledger 100k open {rb['ledger_open_s_100k']:.2f} s")
+
+    # -- shuffle quality (issue 4's figures) ----------------------------------------------------------------------
+    fig.update(shuffle_quality(plots / "bench_shuffle_quality.png", P["shuffle_quick"]))
+
+    fig["bench_total_s"] = time.perf_counter() - t_all
+    details["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    details["targets"] = {k: list(v) for k, v in TARGETS.items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(fig, indent=1, sort_keys=True) + "\n")
+    details_path = out.with_name(out.stem + "-details.json")
+    details_path.write_text(json.dumps(details, indent=1, sort_keys=True, default=str) + "\n")
+    from benchmarks import report
+
+    report.write(fig, details, doc, plots, quick=a.quick)
+    if not a.keep:
+        for d in (cache_hf, work / "cache-tiktoken-1w", work / "cache-small-shards", work / "reader"):
+            shutil.rmtree(d, ignore_errors=True)
+    log(f"done in {fig['bench_total_s']:.0f} s: {out} and {doc}")
+    return 0
+
+
+def build_commands(inputs, cache_tt, tokenizer_json, corpus) -> dict:
+    rel = lambda p: os.path.relpath(p, REPO)  # noqa: E731
+    common = "--runner DirectRunner --direct_running_mode=multi_processing"
+    return {
+        "suite": "make bench   (= .venv/bin/python -m benchmarks.run)",
+        "quick": "make bench-quick   (= .venv/bin/python -m benchmarks.run --quick)",
+        "corpus": f".venv/bin/python -m benchmarks.corpus --size_mb 640 --shards 8 --out {rel(corpus)}",
+        "pipeline_tiktoken": f".venv/bin/python -m pipelines.build_cache --input '{rel(inputs[0])}' --output "
+                             f"{rel(cache_tt)} --tokenizer tiktoken:cl100k_base {common} --direct_num_workers=2",
+        "pipeline_hf": f".venv/bin/python -m pipelines.build_cache --input '{rel(inputs[0])}' --output OUT "
+                       f"--tokenizer {rel(tokenizer_json)} {common} --direct_num_workers=2",
+        "pipeline_1_worker": "the tiktoken build with --direct_num_workers=1",
+        "limit": f".venv/bin/python -m benchmarks.baselines limit --corpus {rel(corpus)}",
+        "raw_hf": f"RAYON_NUM_THREADS=2 .venv/bin/python -m benchmarks.baselines raw_hf --corpus {rel(corpus)} "
+                  f"--tokenizer_json {rel(tokenizer_json)}",
+        "hf_datasets": f".venv/bin/python -m benchmarks.baselines hf_datasets --backend tiktoken|hf --corpus "
+                       f"{rel(corpus)} --out OUT --cache_dir FRESH_DIR --tokenizer_json {rel(tokenizer_json)}",
+        "reader": f".venv/bin/python -m benchmarks.reader_bench --cache {rel(cache_tt)} --work benchmarks/work/reader",
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

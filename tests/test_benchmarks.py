@@ -1,0 +1,101 @@
+"""The benchmark suite runs (quick profile, tiny inputs) and its output is well-formed.
+
+No timing assertions: performance figures live in benchmarks/ only. This test exists so that the suite
+cannot rot: every figure `make bench` reports must be produced, finite, and rendered in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import corpus as corpus_mod
+from benchmarks import report
+from benchmarks.run import TARGETS
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Every figure named by issue 7 (plus the supporting ones the report explains).
+REQUIRED = [
+    "pipeline_vs_raw", "pipeline_hf_vs_raw_hf", "pipeline_vs_hf_datasets", "pipeline_hf_vs_hf_datasets",
+    "pipeline_scaling_2_vs_1", "reader_vs_memmap", "reader_tokens_per_s", "memmap_tokens_per_s",
+    "reader_shuffled_vs_memmap", "reader_shuffled_tokens_per_s", "memmap_shuffled_tokens_per_s",
+    "seek_far_vs_near", "ledger_open_s_100k", "bytes_per_token", "pipeline_peak_rss_mb",
+    "pipeline_peak_rss_mb_small_shards", "pipeline_peak_rss_ratio_4x_shards", "reader_peak_rss_mb",
+    "reader_memory_budget_mb", "reader_rss_growth_vs_budget", "limit_tokens_per_s", "raw_hf_tokens_per_s",
+    "pipeline_tokens_per_s", "pipeline_steady_tokens_per_s", "pipeline_hf_tokens_per_s",
+    "hf_datasets_tokens_per_s", "hf_datasets_hf_tokens_per_s", "pipeline_1w_tokens_per_s",
+    "hf_tiktoken_agreement", "hf_tiktoken_agreement_with_014_pattern", "corpus_mb", "tokens",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_quick_suite_produces_every_figure(tmp_path):
+    out = tmp_path / "quick.json"
+    doc = tmp_path / "BENCHMARKS.md"
+    cmd = [sys.executable, "-m", "benchmarks.run", "--quick", "--work", str(tmp_path / "work"),
+           "--out", str(out), "--doc", str(doc), "--plots", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    fig = json.loads(out.read_text())
+
+    assert isinstance(fig, dict)
+    missing = [k for k in REQUIRED if k not in fig]
+    assert not missing, f"figures missing from {out}: {missing}"
+    for k in REQUIRED + list(TARGETS):
+        v = fig[k]
+        assert isinstance(v, (int, float)) and not isinstance(v, bool), (k, v)
+        assert math.isfinite(v), (k, v)
+    # Flat: no nested objects; every value a finite number, a bool or a short string.
+    for k, v in fig.items():
+        assert isinstance(v, (int, float, str, bool)), (k, type(v))
+        if isinstance(v, float):
+            assert math.isfinite(v), (k, v)
+    # Rates and sizes are positive; the tokenizer conversion avoided the trap.
+    for k in ("limit_tokens_per_s", "pipeline_tokens_per_s", "reader_tokens_per_s", "memmap_tokens_per_s",
+              "bytes_per_token", "pipeline_peak_rss_mb", "reader_peak_rss_mb", "tokens"):
+        assert fig[k] > 0, k
+    assert fig["hf_tiktoken_agreement"] >= 0.999
+    assert fig["reader_memmap_same_windows"] is True
+    # Shuffle figures of issue 4 are included.
+    assert any(k.startswith("shuffle_") for k in fig)
+
+    # The report names every target figure with its value and verdict, and its plots exist.
+    text = doc.read_text()
+    assert "QUICK RUN" in text
+    for k in TARGETS:
+        assert f"`{k}`" in text, k
+    assert (tmp_path / "bench_pipeline.png").stat().st_size > 0
+    details = json.loads((tmp_path / "quick-details.json").read_text())
+    assert details["profile"] == "quick" and details["samples"]
+    # Quick mode never touches the committed figures.
+    assert out.parent == tmp_path
+
+
+def test_split_doc_bounds_and_keeps_text():
+    text = "\n\n".join(("word " * 50).strip() for _ in range(200))
+    pieces = corpus_mod.split_doc(text, max_chars=1000)
+    assert all(len(p) <= 1000 for p in pieces)
+    assert sum(p.count("word") for p in pieces) == text.count("word")
+
+
+def test_man_to_text_strips_markup():
+    src = '.\\" comment\n.TH LS 1\n.SH NAME\nls \\- list \\fBdirectory\\fR contents\n.PP\nText\\(em more.\n'
+    out = corpus_mod.man_to_text(src)
+    assert "comment" not in out and "\\f" not in out and ".TH" not in out
+    assert "ls - list directory contents" in out and "Text— more." in out
+
+
+def test_report_marks_missed_targets(tmp_path):
+    fig = {"pipeline_vs_raw": 0.5, "seek_far_vs_near": 1.1, "bench_total_s": 1.0}
+    details = {"targets": {k: list(v) for k, v in TARGETS.items()}, "profile": "full"}
+    report.write(fig, details, tmp_path / "B.md", tmp_path)
+    text = (tmp_path / "B.md").read_text()
+    assert "| `pipeline_vs_raw` |" in text and "**missed**" in text.split("| `pipeline_vs_raw` |")[1].split("\n")[0]
+    assert "met" in text.split("| `seek_far_vs_near` |")[1].split("\n")[0]
