@@ -270,9 +270,10 @@ def unpacked_locate_in_chunk(doc_lengths: np.ndarray, seq_len: int, example_offs
 # ``[t*lanes, (t+1)*lanes)``, i.e. position ``t`` of every stream. Windows, blocks and groups are given
 # in examples and converted to rows by ``// lanes``.
 #
-# Inside a window of ``n`` rows (``b`` rows per block, ``G`` blocks per group):
-#   * if ``n <= G*b``: one Feistel permutation of the whole window (it fits the decoded-chunk budget);
-#   * else (1) output slots are cut into groups of ``G*b`` consecutive slots; inside a full group, slot
+# Inside a window of ``n`` rows (``b`` rows per block, ``G`` blocks per group; a window smaller than
+# one group is cut into ``G`` blocks of ``n // G`` rows instead, and one of fewer than ``2G`` rows is a
+# single Feistel permutation):
+#   * (1) output slots are cut into groups of ``G*b`` consecutive slots; inside a full group, slot
 #     ``o`` takes rank ``c = o // G`` of block slot ``a = o % G`` (rank-major interleave: consecutive
 #     rows come from different blocks), and that rank is sent through a per-block Feistel permutation of
 #     ``[0, b)``; a partial last group is one Feistel permutation; (2) block slots are sent through a
@@ -360,6 +361,8 @@ class ShuffleConfig:
                   group_size=g * block_rows * lanes, lanes=lanes)
         kw["max_window"] = max(1 << 22, 4 * kw["group_size"], kw["first_window"])
         kw.update(overrides)
+        if "first_window" not in overrides:
+            kw["first_window"] = min(kw["first_window"], kw["max_window"])
         return cls(seed=seed, **kw)
 
     # -- sizes in rows (one row = `lanes` examples) --------------------------------------------------
@@ -509,17 +512,20 @@ def _permute_rows(rows: np.ndarray, lane: np.ndarray, cfg: ShuffleConfig, row_li
         hi = np.minimum(hi, row_limit)
     n = hi - lo
     j = rows - lo
-    b, g_blocks = cfg.block_rows, cfg.group_blocks
-    gsize = b * g_blocks
+    g_blocks = cfg.group_blocks
+    # Block size of each window: cfg.block_rows, or for a window smaller than one group, the window cut
+    # into `g_blocks` blocks (so small early windows get the same rank-major interleave).
+    b_all = np.where(n >= cfg.block_rows * g_blocks, cfg.block_rows, n // g_blocks)
     seed = cfg.seed
     out = np.empty_like(j)
 
-    small = n <= gsize
+    small = b_all < 2  # tiny windows (fewer than 2 rows per block): one Feistel permutation
     if small.any():
         out[small] = _feistel(j[small], n[small], _key(seed, _TAG_FULL, win[small]), inverse=inverse)
     big = ~small
     if big.any():
-        jb, nb, wb = j[big], n[big], win[big]
+        jb, nb, wb, b = j[big], n[big], win[big], b_all[big]
+        gsize = b * g_blocks
         nfull = nb // b  # full blocks (a partial tail block stays in place)
 
         def group_step(p):
@@ -528,15 +534,15 @@ def _permute_rows(rows: np.ndarray, lane: np.ndarray, cfg: ShuffleConfig, row_li
             full = m == gsize
             q = np.empty_like(o)
             if full.any():
-                of, gf = o[full], grp[full]
+                of, gf, bf = o[full], grp[full], b[full]
                 if not inverse:
                     a, c = of % g_blocks, of // g_blocks
                     slot = gf * g_blocks + a
-                    q[full] = a * b + _feistel(c, b, _key(seed, _TAG_GROUP, wb[full], slot))
+                    q[full] = a * bf + _feistel(c, bf, _key(seed, _TAG_GROUP, wb[full], slot))
                 else:
-                    a, pos = of // b, of % b
+                    a, pos = of // bf, of % bf
                     slot = gf * g_blocks + a
-                    c = _feistel(pos, b, _key(seed, _TAG_GROUP, wb[full], slot), inverse=True)
+                    c = _feistel(pos, bf, _key(seed, _TAG_GROUP, wb[full], slot), inverse=True)
                     q[full] = c * g_blocks + a
             part = ~full
             if part.any():
@@ -548,8 +554,9 @@ def _permute_rows(rows: np.ndarray, lane: np.ndarray, cfg: ShuffleConfig, row_li
             inb = p < nfull * b
             r = p.copy()
             if inb.any():
-                blk, off = p[inb] // b, p[inb] % b
-                r[inb] = _feistel(blk, nfull[inb], _key(seed, _TAG_BLOCKS, wb[inb]), inverse=inverse) * b + off
+                bi = b[inb]
+                blk, off = p[inb] // bi, p[inb] % bi
+                r[inb] = _feistel(blk, nfull[inb], _key(seed, _TAG_BLOCKS, wb[inb]), inverse=inverse) * bi + off
             return r
 
         out[big] = block_step(group_step(jb)) if not inverse else group_step(block_step(jb))

@@ -169,4 +169,33 @@ def test_identical_across_processes_and_pinned():
     assert here == GOLDEN  # changing these values changes every shuffled cache order: a format change
 
 
-GOLDEN = [10, 1, 2, 5, 38, 17, 72, 934, 999950, 1000000000124]
+GOLDEN = [10, 1, 12, 7, 44, 43, 72, 934, 999950, 1000000000124]
+
+
+def test_for_reader_derives_sizes_from_how_the_reader_reads():
+    cfg = ShuffleConfig.for_reader(7, seq_len=512, ideal_readers=16, batch_size=64, row_group_tokens=32768)
+    assert cfg.lanes == 16 and cfg.seed == 7
+    assert cfg.block_rows == 4 * 64  # 4 row groups of 64 examples per stream
+    assert cfg.group_blocks == 8 and cfg.max_window >= 4 * cfg.group_size
+    big = ShuffleConfig.for_reader(7, seq_len=2048, ideal_readers=16, batch_size=256, row_group_tokens=1 << 20)
+    assert big.group_blocks == 2 * (256 // 16)  # two consecutive batches use disjoint blocks
+    assert big.group_size * 2048 * 4 <= 1 << 30  # group kept under max_group_bytes by shrinking blocks
+    assert ShuffleConfig.for_reader(7, seq_len=8, ideal_readers=2, batch_size=4, max_window=99).max_window == 99
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**63), st.sampled_from([(4, 16), (2, 8), (8, 64)]), st.integers(0, 3))
+def test_consecutive_batches_draw_from_disjoint_blocks(seed, lanes_batch, window):
+    lanes, batch = lanes_batch
+    cfg = ShuffleConfig.for_reader(seed, seq_len=64, ideal_readers=lanes, batch_size=batch,
+                                   examples_per_row_group=4, first_window=4 * lanes * 64, max_window=64 * lanes * 64)
+    _, lo, hi = shuffle_window_of(np.arange(10**6), cfg)
+    starts = np.unique(lo)
+    a, b = int(starts[window]), int(starts[window + 1])
+    p = shuffle_example_indices(np.arange(a, b), cfg)
+    block = (p // cfg.lanes - a // cfg.lanes) // (cfg.block_rows if b - a >= cfg.group_size else
+                                                  (b - a) // cfg.lanes // cfg.group_blocks)
+    lane = p % cfg.lanes
+    for t in range(0, p.size - 2 * batch + 1, batch):  # batches t/batch and t/batch + 1 (aligned)
+        key = block[t:t + 2 * batch] * cfg.lanes + lane[t:t + 2 * batch]
+        assert np.unique(key).size == key.size  # no (lane, block) drawn twice in two batches
