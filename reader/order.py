@@ -275,8 +275,9 @@ def unpacked_locate_in_chunk(doc_lengths: np.ndarray, seq_len: int, example_offs
 # single Feistel permutation):
 #   * (1) output slots are cut into groups of ``G*b`` consecutive slots; inside a full group, slot
 #     ``o`` takes rank ``c = o // G`` of block slot ``a = o % G`` (rank-major interleave: consecutive
-#     rows come from different blocks), and that rank is sent through a per-block Feistel permutation of
-#     ``[0, b)``; a partial last group is one Feistel permutation; (2) block slots are sent through a
+#     rows come from different blocks), and that rank is sent through a per-block *stratified*
+#     permutation of ``[0, b)`` (:func:`_spread`: the ranks a block serves close together in time land
+#     in different parts of it, so one document rarely shows up in nearby batches); a partial last group is one Feistel permutation; (2) block slots are sent through a
 #     Feistel permutation of the window's full blocks (a partial tail block stays in place).
 # So a reader consumes the window group by group; a group needs ``G`` blocks of ``b`` contiguous rows
 # (= ``b`` contiguous positions of every stream) decoded at once, and each block is read once.
@@ -472,6 +473,64 @@ def _feistel(x, n, key, *, inverse: bool = False) -> np.ndarray:
     return y.astype(np.int64).reshape(shape)
 
 
+def _spread(x, n, key, *, inverse: bool = False) -> np.ndarray:
+    """A keyed *stratified* bijection of ``[0, n)`` per element: ranks ``x`` in any aligned run of
+    ``2**j`` consecutive values land in distinct strata of ``2**(m-j)`` positions (``2**m >= n``), so
+    consecutive ranks are spread far apart, at random.
+
+    It is a nested-uniform (Owen) scramble of the ``m``-bit reversal of ``x``: bit ``i`` of the output
+    is bit ``i`` of ``reverse(x)`` XOR a keyed hash of the bits above ``i``; values ``>= n`` are
+    cycle-walked back into ``[0, n)``. Vectorized; ``inverse=True`` gives the inverse permutation.
+    """
+    x, n, key = np.broadcast_arrays(np.asarray(x, np.int64), np.asarray(n, np.int64), np.asarray(key, np.uint64))
+    shape = x.shape
+    x, n, key = x.reshape(-1), n.reshape(-1), key.reshape(-1)
+    if x.size == 0:
+        return np.zeros(shape, dtype=np.int64)
+    if (x < 0).any() or (x >= n).any():
+        raise ValueError("spread: input outside [0, n)")
+    n_u = n.astype(np.uint64)
+    m = _ceil_log2(n_u)
+    top = int(m.max())
+    one = np.uint64(1)
+
+    def flips(prefix_src, i, kk):  # keyed bit from the bits of prefix_src above i
+        return _mix64(kk ^ (_GOLDEN * np.uint64(i + 1)) ^ _mix64((prefix_src >> np.uint64(i + 1)) + np.uint64(i))) & one
+
+    def rev(v, mm):
+        r = np.zeros_like(v)
+        for i in range(top):
+            act = np.uint64(i) < mm
+            bit = (v >> np.uint64(i)) & one
+            r = np.where(act, r | (bit << np.where(act, mm - np.uint64(i + 1), np.uint64(0))), r)
+        return r
+
+    def fwd(v, mm, kk):
+        r = rev(v, mm)
+        out = r.copy()
+        for i in range(top):
+            act = np.uint64(i) < mm
+            out = np.where(act, out ^ (flips(r, i, kk) << np.uint64(i)), out)
+        return out
+
+    def inv(y, mm, kk):
+        r = np.zeros_like(y)
+        for i in range(top - 1, -1, -1):
+            act = np.uint64(i) < mm
+            bit = ((y >> np.uint64(i)) & one) ^ flips(r, i, kk)
+            r = np.where(act, r | (bit << np.uint64(i)), r)
+        return rev(r, mm)
+
+    with np.errstate(over="ignore"):
+        y = x.astype(np.uint64)
+        idx = np.arange(y.size)
+        while idx.size:
+            step = inv if inverse else fwd
+            y[idx] = step(y[idx], m[idx], key[idx])
+            idx = idx[y[idx] >= n_u[idx]]  # cycle-walk the ones that left [0, n)
+    return y.astype(np.int64).reshape(shape)
+
+
 def shuffle_window_of(indices: np.ndarray, cfg: ShuffleConfig, *, epoch_length: int | None = None):
     """Window of each example index: arrays ``(window, start, stop)`` in examples.
 
@@ -538,11 +597,11 @@ def _permute_rows(rows: np.ndarray, lane: np.ndarray, cfg: ShuffleConfig, row_li
                 if not inverse:
                     a, c = of % g_blocks, of // g_blocks
                     slot = gf * g_blocks + a
-                    q[full] = a * bf + _feistel(c, bf, _key(seed, _TAG_GROUP, wb[full], slot))
+                    q[full] = a * bf + _spread(c, bf, _key(seed, _TAG_GROUP, wb[full], slot))
                 else:
                     a, pos = of // bf, of % bf
                     slot = gf * g_blocks + a
-                    c = _feistel(pos, bf, _key(seed, _TAG_GROUP, wb[full], slot), inverse=True)
+                    c = _spread(pos, bf, _key(seed, _TAG_GROUP, wb[full], slot), inverse=True)
                     q[full] = c * g_blocks + a
             part = ~full
             if part.any():
