@@ -25,6 +25,19 @@ from . import format as fmt
 from .cache import Cache
 
 
+def int_values(column, dtype=np.int32) -> np.ndarray:
+    """A non-null integer Arrow (chunked) array as numpy, without ``to_numpy`` (which imports pandas)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if arr.null_count:
+        raise ValueError("unexpected nulls")
+    width = np.dtype(dtype).itemsize
+    if arr.type.bit_width != 8 * width:
+        raise ValueError(f"expected {dtype}, got {arr.type}")
+    if len(arr) == 0:
+        return np.zeros(0, dtype)
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * width)
+
+
 class ChunkError(fmt.FormatError):
     """A chunk file is missing, truncated, corrupted, or does not match its ledger entry."""
 
@@ -40,20 +53,41 @@ class ChunkMeta:
     rg_doc_starts: np.ndarray  # int64 [G+1]: document offset of each row group
     doc_lengths: np.ndarray  # int64 [docs]
     doc_starts: np.ndarray  # int64 [docs+1]: token offset of each document inside the chunk
+    file_meta: Any = None  # pyarrow FileMetaData of the chunk
 
     @property
     def nbytes(self) -> int:
         return len(self.data) + 8 * (self.rg_token_starts.size * 2 + self.doc_lengths.size * 2 + 1)
 
+    @property
+    def rg_token_starts_list(self) -> list[int]:
+        got = self.__dict__.get("_rg_list")
+        if got is None:
+            got = self.rg_token_starts.tolist()
+            object.__setattr__(self, "_rg_list", got)
+        return got
+
 
 @dataclasses.dataclass(frozen=True)
 class RowGroup:
-    tokens: np.ndarray  # int32, the row group's documents concatenated
+    """A decoded row group, laid out for vectorized window gathers.
+
+    ``padded[1:]`` are the row group's tokens (its documents concatenated) and ``padded[0] == 0``, so that
+    ``padded[t]`` is the token before token ``t`` (the previous-token input of flat-tokens packing) with no
+    special case at the row group start; ``positions[t]`` is token ``t``'s position in its document.
+    """
+
+    padded: np.ndarray  # int32 [n+1]
+    positions: np.ndarray  # int32 [n]
     doc_starts: np.ndarray  # int64 [docs+1], token offsets relative to the row group start
 
     @property
+    def tokens(self) -> np.ndarray:
+        return self.padded[1:]
+
+    @property
     def nbytes(self) -> int:
-        return self.tokens.nbytes + self.doc_starts.nbytes
+        return self.padded.nbytes + self.positions.nbytes + self.doc_starts.nbytes
 
 
 def _error(cache: Cache, rel: str, what: str) -> ChunkError:
@@ -79,7 +113,7 @@ def parse_chunk(cache: Cache, index: int, data: bytes, entry: dict[str, Any] | N
         pf = pq.ParquetFile(pa.BufferReader(data))
         kv = pf.metadata.metadata or {}
         rg_tokens = json.loads(kv[fmt.ROW_GROUP_TOKENS_KEY])
-        lengths = pf.read(columns=[fmt.LENGTH_COLUMN]).column(0).to_numpy().astype(np.int64)
+        lengths = int_values(pf.read(columns=[fmt.LENGTH_COLUMN], use_threads=False).column(0)).astype(np.int64)
         rg_rows = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
     except KeyError:
         raise _error(cache, rel, f"no {fmt.ROW_GROUP_TOKENS_KEY.decode()} key in the Parquet metadata") from None
@@ -95,7 +129,7 @@ def parse_chunk(cache: Cache, index: int, data: bytes, entry: dict[str, Any] | N
     rg_token_starts = np.concatenate([[0], np.cumsum(np.asarray(rg_tokens, dtype=np.int64))])
     if not np.array_equal(doc_starts[rg_doc_starts], rg_token_starts):
         raise _error(cache, rel, "row-group token counts disagree with the num_tokens column")
-    return ChunkMeta(index, rel, data, rg_token_starts, rg_doc_starts, lengths, doc_starts)
+    return ChunkMeta(index, rel, data, rg_token_starts, rg_doc_starts, lengths, doc_starts, pf.metadata)
 
 
 class ChunkStore:
@@ -112,6 +146,7 @@ class ChunkStore:
         self.fetches = 0  # chunk files fetched (a refetch after eviction counts again)
         self.bytes_fetched = 0
         self.decodes = 0  # row groups decoded
+        self.fast_decode = True  # PLAIN token pages: decompress and take the values (see fast_token_values)
         self._pool = cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
 
     def close(self) -> None:
@@ -175,21 +210,31 @@ class ChunkStore:
 
     def _load_row_group(self, index: int, group: int):
         m = self.meta(index)
-        try:
-            pf = pq.ParquetFile(pa.BufferReader(m.data))
-            col = pf.read_row_group(group, columns=[fmt.TOKEN_COLUMN]).column(0)
-            tokens = col.combine_chunks().flatten().to_numpy()
-        except Exception as e:
-            raise _error(self.cache, m.path, f"row group {group} cannot be decoded ({e})") from e
-        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         lo, hi = m.rg_doc_starts[group], m.rg_doc_starts[group + 1]
         starts = m.doc_starts[lo:hi + 1] - m.doc_starts[lo]
-        if tokens.size != int(starts[-1]):
-            raise _error(self.cache, m.path, f"row group {group} holds {tokens.size} tokens, num_tokens says "
-                                             f"{int(starts[-1])}")
+        expect = int(starts[-1])
+        padded = None
+        if self.fast_decode:
+            padded = fast_token_values(m.data, m.file_meta.row_group(group).column(0), expect, lead=1)
+        if padded is None:
+            try:
+                pf = pq.ParquetFile(pa.BufferReader(m.data))
+                col = pf.read_row_group(group, columns=[fmt.TOKEN_COLUMN]).column(0)
+                tokens = int_values(col.combine_chunks().flatten())
+            except Exception as e:
+                raise _error(self.cache, m.path, f"row group {group} cannot be decoded ({e})") from e
+            if tokens.size != expect:
+                raise _error(self.cache, m.path, f"row group {group} holds {tokens.size} tokens, num_tokens "
+                                                 f"says {expect}")
+            padded = np.empty(tokens.size + 1, np.int32)
+            padded[0] = 0
+            padded[1:] = tokens
+        tokens = padded[1:]
+        positions = np.arange(tokens.size, dtype=np.int32)
+        positions -= np.repeat(starts[:-1].astype(np.int32), np.diff(starts))
         with self._lock:
             self.decodes += 1
-        rg = RowGroup(tokens, starts)
+        rg = RowGroup(padded, positions, starts)
         return rg, rg.nbytes
 
     def prefetch(self, fn: Callable[[], Any]) -> cf.Future:
@@ -212,23 +257,13 @@ class ChunkStore:
             if b <= a:
                 continue
             rg = self.row_group(index, g)
-            toks.append(rg.tokens[a:b])
-            poss.append(_positions(rg.doc_starts, a, b))
+            toks.append(rg.padded[a + 1:b + 1])
+            poss.append(rg.positions[a:b])
         if len(toks) == 1:
             return toks[0], poss[0]
         if not toks:
             return np.zeros(0, np.int32), np.zeros(0, np.int32)
         return np.concatenate(toks), np.concatenate(poss)
-
-
-def _positions(doc_starts: np.ndarray, a: int, b: int) -> np.ndarray:
-    """Position within its document of each token ``a..b-1`` (doc_starts: token offsets, length docs+1)."""
-    d0 = int(np.searchsorted(doc_starts, a, side="right")) - 1
-    d1 = int(np.searchsorted(doc_starts, b - 1, side="right")) - 1
-    starts = doc_starts[d0:d1 + 1]
-    bounds = np.concatenate([[a], doc_starts[d0 + 1:d1 + 1], [b]])
-    base = np.repeat(starts, np.diff(bounds))
-    return (np.arange(a, b, dtype=np.int64) - base).astype(np.int32)
 
 
 def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str]:
@@ -269,3 +304,154 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
     except ValueError as e:
         problems.append(f"{cache.display(side)}: not valid JSON ({e})")
     return problems
+
+
+# --------------------------------------------------------------------------------------------------
+# Fast path for the token column: PLAIN-encoded int32 data pages are decompressed with pyarrow's codec
+# and the values taken as they are. Documents are delimited by the num_tokens column, so the list
+# structure (repetition/definition levels) is skipped instead of being reassembled. Anything else
+# (dictionary pages, other encodings or codecs) returns None and the caller uses pyarrow's reader.
+# The file's sha256 was verified against the ledger before this runs, and the decoded count is checked.
+
+_CODECS = {"ZSTD": "zstd", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "UNCOMPRESSED": None}
+
+
+class _Thrift:
+    """Minimal Thrift compact-protocol reader for Parquet page headers."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf, pos: int):
+        self.buf, self.pos = buf, pos
+
+    def varint(self) -> int:
+        shift = result = 0
+        buf = self.buf
+        while True:
+            b = buf[self.pos]
+            self.pos += 1
+            result |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return result
+            shift += 7
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def struct(self) -> dict:
+        """Read a struct: {field id: value}; nested structs become dicts, other containers are skipped."""
+        out, last = {}, 0
+        while True:
+            head = self.buf[self.pos]
+            self.pos += 1
+            if head == 0:
+                return out
+            ftype = head & 0x0F
+            delta = head >> 4
+            fid = last + delta if delta else self.zigzag()
+            last = fid
+            out[fid] = self.value(ftype)
+
+    def value(self, ftype: int):
+        if ftype == 1:
+            return True
+        if ftype == 2:
+            return False
+        if ftype == 3:
+            self.pos += 1
+            return self.buf[self.pos - 1]
+        if ftype in (4, 5, 6):
+            return self.zigzag()
+        if ftype == 7:
+            self.pos += 8
+            return None
+        if ftype == 8:
+            n = self.varint()
+            self.pos += n
+            return None
+        if ftype in (9, 10):
+            head = self.buf[self.pos]
+            self.pos += 1
+            n, et = head >> 4, head & 0x0F
+            if n == 15:
+                n = self.varint()
+            for _ in range(n):
+                self.value(et if et != 1 else 1)
+            return None
+        if ftype == 11:
+            n = self.varint()
+            if n:
+                kv = self.buf[self.pos]
+                self.pos += 1
+                for _ in range(n):
+                    self.value(kv >> 4)
+                    self.value(kv & 0x0F)
+            return None
+        if ftype == 12:
+            return self.struct()
+        raise ValueError(f"unknown thrift type {ftype}")
+
+
+def fast_token_values(data: bytes, col_meta, expect: int, lead: int = 0) -> np.ndarray | None:
+    """The int32 values of one token column chunk (after ``lead`` zeros), or None if it is not PLAIN data
+    pages this function can read."""
+    try:
+        if not str(col_meta.path_in_schema).startswith(fmt.TOKEN_COLUMN + "."):
+            return None
+        if col_meta.has_dictionary_page or col_meta.physical_type != "INT32":
+            return None
+        codec_name = str(col_meta.compression).upper()
+        if codec_name not in _CODECS:
+            return None
+        codec = _CODECS[codec_name]
+        start = col_meta.data_page_offset
+        end = start + col_meta.total_compressed_size
+        view = memoryview(data)
+        out = np.empty(expect + lead, np.int32)
+        out[:lead] = 0
+        got = 0
+        pos = start
+        while pos < end:
+            t = _Thrift(data, pos)
+            h = t.struct()
+            pos = t.pos
+            ptype, usize, csize = h.get(1), h.get(2), h.get(3)
+            body = view[pos:pos + csize]
+            pos += csize
+            if ptype == 0:  # DATA_PAGE (v1): levels and values compressed together
+                dph = h.get(5) or {}
+                if dph.get(2, 0) != 0:  # encoding must be PLAIN
+                    return None
+                raw = pa.decompress(body, decompressed_size=usize, codec=codec) if codec else pa.py_buffer(body)
+                raw = memoryview(raw)
+                p = 0
+                for _ in range(2):  # repetition levels, then definition levels: <int32 length><bytes>
+                    n = int.from_bytes(raw[p:p + 4], "little")
+                    p += 4 + n
+                values = raw[p:]
+            elif ptype == 3:  # DATA_PAGE_V2: levels uncompressed in front of the (maybe compressed) values
+                dph = h.get(8) or {}
+                if dph.get(4, 0) != 0:
+                    return None
+                lv = dph.get(5, 0) + dph.get(6, 0)
+                comp = dph.get(7, True)
+                rest = body[lv:]
+                if codec and comp:
+                    values = memoryview(pa.decompress(rest, decompressed_size=usize - lv, codec=codec))
+                else:
+                    values = rest
+            elif ptype == 2:
+                return None  # dictionary page: not PLAIN
+            else:
+                continue  # index pages carry no values
+            if len(values) % 4:
+                return None
+            n = len(values) // 4
+            if got + n > expect:
+                return None
+            out[lead + got:lead + got + n] = np.frombuffer(values, dtype="<i4")
+            got += n
+        return out if got == expect else None
+    except (ValueError, IndexError, KeyError, TypeError, OSError, pa.ArrowException):
+        return None

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from . import format as fmt
 from .cache import Cache
-from .chunks import validate_chunk
+from .chunks import int_values, validate_chunk
 from .reader import BATCH_KEYS, ReadOptions, Reader
 
 PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
@@ -29,7 +29,7 @@ def _doc_lengths(cache: Cache, indices, threads: int) -> np.ndarray:
         if int(cache.table.docs[c]) == 0:
             return np.zeros(0, np.int64)
         with cache.fs.open(cache.path(cache.table.paths[c]), "rb") as f:
-            return pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0).to_numpy().astype(np.int64)
+            return int_values(pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0)).astype(np.int64)
 
     with cf.ThreadPoolExecutor(threads) as pool:
         parts = list(pool.map(one, indices))

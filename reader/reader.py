@@ -17,6 +17,7 @@ Examples are built at read time:
 
 from __future__ import annotations
 
+import bisect
 import collections
 import concurrent.futures as cf
 import dataclasses
@@ -32,10 +33,61 @@ import pyarrow.parquet as pq
 from . import format as fmt
 from . import order
 from .cache import Cache, CacheNotReady
-from .chunks import ChunkStore, ChunkError
+from .chunks import ChunkError, ChunkStore, int_values
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask", "example_ids", "epochs", "valid")
 INDEX_DIR = "index"
+
+
+def locate_streams(idx: order.StreamIndex, streams: np.ndarray, positions: np.ndarray):
+    """Vectorized over streams too: ``idx.locate_many`` for unit ``positions[k]`` of stream ``streams[k]``.
+
+    Same answers as calling ``idx.locate_many(s, positions[streams == s])`` per stream (tested), with one
+    set of numpy calls per batch instead of one per stream.
+    """
+    s = np.asarray(streams, dtype=np.int64)
+    j = np.asarray(positions, dtype=np.int64)
+    if s.size == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    if (j < 0).any():
+        raise ValueError("stream positions must be non-negative")
+    if (s < 0).any() or (s >= idx.r).any():
+        raise ValueError(f"stream out of range [0, {idx.r})")
+    if idx.loop and idx.complete:
+        table = getattr(idx, "_chunkledger_epoch_table", None)
+        if table is None:
+            if idx.r * (idx._period + 1) > (1 << 22):  # huge R* * period: fall back to per-stream calls
+                return _locate_per_stream(idx, s, j)
+            table = np.stack([idx._epochs(int(x)) for x in range(idx.r)])  # [R*, period+1]
+            idx._chunkledger_epoch_table = table
+        per = table[s, -1]
+        if (per == 0).any():
+            idx.locate_many(int(s[per == 0][0]), [0])  # raises EmptyStream with the standard message
+        full, rem = np.divmod(j, per)
+        e_in = (table[s] <= rem[:, None]).sum(axis=1) - 1
+        epochs = full * idx._period + e_in
+        rem = rem - table[s, e_in]
+        rho = (s - epochs * idx.n) % idx.r
+    else:
+        epochs = np.zeros_like(j)
+        rho = s
+        total = idx._class_totals[s]
+        if (j >= total).any():
+            k = int(np.flatnonzero(j >= total)[0])
+            idx.locate_many(int(s[k]), [int(j[k])])  # raises NotYetAvailable / EndOfStream
+        rem = j
+    key = idx._starts[idx._class_first[rho]] + rem
+    slot = np.searchsorted(idx._starts, key, side="right") - 1
+    return epochs, idx._perm[slot], key - idx._starts[slot]
+
+
+def _locate_per_stream(idx, s, j):
+    e, c, o = (np.empty(s.size, np.int64) for _ in range(3))
+    for x in np.unique(s):
+        m = s == x
+        e[m], c[m], o[m] = idx.locate_many(int(x), j[m])
+    return e, c, o
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +107,8 @@ class ReadOptions:
         ``reader.order.shuffle_example_indices`` (issue 4). Training only.
       shuffle: an ``order.ShuffleConfig`` for finer control (window sizes ...); overrides shuffle_seed.
       memory_budget_bytes: bound on cached chunk bytes + decoded row groups.
-      prefetch_batches: batches assembled ahead of the consumer by ``iter_batches``.
-      prefetch_threads: background threads that fetch, verify, decode and assemble.
+      prefetch_batches: batches assembled ahead of the consumer by ``iter_batches`` (on one thread).
+      prefetch_threads: background threads that fetch, verify and decode upcoming row groups.
       index_cache: store the unpacked per-chunk example counts in ``ROOT/index/`` when writable.
     """
 
@@ -203,7 +255,7 @@ class Reader:
                     raise ChunkError(f"{self.cache.display(rel)}: {kind}: {size} bytes, the ledger says "
                                      f"{int(table.nbytes[c])}. Rerun the build (delete this chunk and its .json "
                                      "sidecar first) or run `python -m reader validate`.")
-                lengths = pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0).to_numpy()
+                lengths = int_values(pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0))
         except FileNotFoundError:
             raise ChunkError(f"{self.cache.display(rel)}: missing (listed in the ledger)") from None
         except ChunkError:
@@ -281,15 +333,30 @@ class Reader:
 
     def iter_batches(self, start: int = 0, count: int | None = None) -> Iterator[tuple[int, dict]]:
         """Yield ``(b, self.batch(b))`` for b = start, start+1, ... (``count`` batches, or until the end of
-        the eval pass, or forever when training), assembling upcoming batches on background threads."""
+        the eval pass, or forever when training).
+
+        Background work: the next ``prefetch_batches`` batches are assembled on a thread, and the row
+        groups that batch ``b + lookahead`` will need are fetched, verified and decoded on
+        ``prefetch_threads`` threads while batch ``b`` is served (``lookahead`` covers about one row group
+        of every stream, capped by the memory budget), so decoding overlaps serving.
+        """
         stop = None if count is None else start + int(count)
         ahead = max(1, self.options.prefetch_batches)
+        look = self.lookahead_batches()
         pending: collections.deque[tuple[int, cf.Future]] = collections.deque()
+        touches: collections.deque[cf.Future] = collections.deque()
         nxt = start
+        assembler = cf.ThreadPoolExecutor(1, thread_name_prefix="chunkledger-assemble")
         try:
             while True:
                 while len(pending) < ahead and (stop is None or nxt < stop) and self._batch_exists(nxt):
-                    pending.append((nxt, self.store.submit(self.batch, nxt)))
+                    pending.append((nxt, assembler.submit(self.batch, nxt)))
+                    ahead_b = nxt + look
+                    if look and (stop is None or ahead_b < stop):
+                        while touches and touches[0].done():
+                            touches.popleft()
+                        if len(touches) < 2 * self.options.prefetch_threads + 2:
+                            touches.append(self.store.submit(self._touch, ahead_b))
                     nxt += 1
                 if not pending:
                     return
@@ -298,6 +365,67 @@ class Reader:
         finally:
             for _, fut in pending:
                 fut.cancel()
+            for fut in touches:
+                fut.cancel()
+            assembler.shutdown(wait=False, cancel_futures=True)
+
+    def lookahead_batches(self) -> int:
+        """How many batches ahead ``iter_batches`` decodes: about one row group per stream, within budget."""
+        opts = self.options
+        rg_tokens = int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
+        streams = order.streams_of_reader(opts.num_streams, self.num_readers, self.reader_index)
+        local = len(streams) if streams is not None else opts.num_streams
+        # tokens each stream advances per batch (unpacked pieces are at most seq_len tokens)
+        per_batch = max(1.0, opts.batch_size * opts.seq_len / opts.num_streams / max(1, self.num_readers)
+                        * (self.num_readers if streams is None else 1))
+        want_tokens = rg_tokens
+        cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))  # a quarter of the budget ahead
+        return int(max(1, min(4096, math.ceil(min(want_tokens, cap_tokens) / per_batch))))
+
+    def _touch(self, b: int) -> None:
+        """Load the row groups batch ``b`` needs (prefetch; errors resurface when the batch is read)."""
+        try:
+            for c, g in self._needed(b):
+                self.store.row_group(c, g)
+        except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
+            pass
+
+    def _needed(self, b: int) -> list[tuple[int, int]]:
+        opts = self.options
+        L = opts.seq_len
+        idx = self.stream_index()
+        ex = b * opts.batch_size + self.my_rows
+        src = ex if self._shuffle_cfg is None else np.asarray(
+            order.shuffle_example_indices(ex, self._shuffle_cfg), dtype=np.int64)
+        s, j = order.split_example_index(src, opts.num_streams)
+        keys = set()
+        if opts.packed:
+            pos = np.concatenate([j * L, j * L + L - 1])
+            s = np.concatenate([s, s])
+            if not (idx.loop and idx.complete):
+                total = idx._class_totals[s]
+                keep = pos < total
+                s, pos = s[keep], pos[keep]
+            _, chunks, offs = locate_streams(idx, s, pos)
+            for c in np.unique(chunks):
+                meta = self.store.meta(int(c))
+                o = offs[chunks == c]
+                for g in np.unique(np.searchsorted(meta.rg_token_starts, o, side="right") - 1):
+                    keys.add((int(c), int(g)))
+        else:
+            if not (idx.loop and idx.complete):
+                keep = j < idx._class_totals[s]
+                s, j = s[keep], j[keep]
+            _, chunks, offs = locate_streams(idx, s, j)
+            for c in np.unique(chunks):
+                meta = self.store.meta(int(c))
+                cum = self._pieces_cum(int(c), meta)
+                o = offs[chunks == c]
+                doc = np.searchsorted(cum, o, side="right") - 1
+                tokoff = meta.doc_starts[doc] + (o - cum[doc]) * L
+                for g in np.unique(np.searchsorted(meta.rg_token_starts, tokoff, side="right") - 1):
+                    keys.add((int(c), int(g)))
+        return sorted(keys)
 
     # -- assembling examples ---------------------------------------------------------------------------
     def _examples(self, ex: np.ndarray) -> dict[str, np.ndarray]:
@@ -331,37 +459,96 @@ class Reader:
         return out
 
     def _fill_packed(self, idx, s, j, rows, out) -> None:
+        """Packed windows. Fast path (almost every row): the window lies inside one decoded row group, so
+        all such rows of a row group are gathered at once; the rest (windows that cross a row-group or
+        chunk boundary, or the padded end of an eval pass) are assembled piece by piece."""
         L = self.options.seq_len
-        for stream in np.unique(s):
-            m = s == stream
-            js, rs = j[m], rows[m]
-            uj, inv = np.unique(js, return_inverse=True)
-            breaks = np.flatnonzero(np.diff(uj) != 1) + 1
-            for run in np.split(np.arange(uj.size), breaks):
-                j0, j1 = int(uj[run[0]]), int(uj[run[-1]])
-                tok, inp, pos, ep = self._stream_range(idx, int(stream), j0 * L, (j1 + 1) * L)
-                k = j1 - j0 + 1
-                real = np.arange(k * L) < tok.size
-                pad = k * L - tok.size
+        n = rows.size
+        epochs, chunks, offs = locate_streams(idx, s, j * L)
+        out["epochs"][rows] = epochs
+        # plain Python over the (few) rows: cheaper than a dozen numpy calls per chunk
+        ends = (offs + L).tolist()
+        limits = idx.counts[chunks].tolist()
+        recs, slow = [], []
+        rg_starts: dict[int, list[int]] = {}
+        for k, (c, o, e, lim, r) in enumerate(zip(chunks.tolist(), offs.tolist(), ends, limits, rows.tolist())):
+            if e > lim:
+                slow.append(k)
+                continue
+            starts = rg_starts.get(c)
+            if starts is None:
+                starts = rg_starts[c] = self.store.meta(c).rg_token_starts_list
+            g = bisect.bisect_right(starts, o) - 1
+            if e > starts[g + 1]:
+                slow.append(k)
+                continue
+            recs.append((c, g, o - starts[g], r))
+        if recs:
+            recs.sort()
+            self._copy_windows(recs, out)
+        for k in slow:
+            self._fill_packed_row(idx, int(s[k]), int(j[k]), int(rows[k]), out)
 
-                def shape(a):
-                    return np.pad(a, (0, pad)).reshape(k, L) if pad else a.reshape(k, L)
+    def _copy_windows(self, recs, out) -> None:
+        """Copy windows that lie inside one row group. Consecutive windows of one row group that go to
+        equally spaced output rows (the usual case: a stream's rows of a batch) are one strided copy."""
+        L = self.options.seq_len
+        tg, ip, ps = out["targets"], out["inputs"], out["positions"]
+        n, i = len(recs), 0
+        done = np.zeros(tg.shape[0], bool)
+        while i < n:
+            c, g, a, r = recs[i]
+            k, step = 1, 0
+            if i + 1 < n:
+                c2, g2, a2, r2 = recs[i + 1]
+                step = r2 - r
+                if c2 == c and g2 == g and a2 == a + L and step > 0:
+                    k = 2
+                    while (i + k < n and recs[i + k][0] == c and recs[i + k][1] == g
+                           and recs[i + k][2] == a + k * L and recs[i + k][3] == r + k * step):
+                        k += 1
+            rg = self.store.row_group(c, g)
+            if k == 1:
+                tg[r] = rg.padded[a + 1:a + 1 + L]
+                ip[r] = rg.padded[a:a + L]
+                ps[r] = rg.positions[a:a + L]
+                done[r] = True
+            else:
+                dst = slice(r, r + (k - 1) * step + 1, step)
+                tg[dst] = rg.padded[a + 1:a + 1 + k * L].reshape(k, L)
+                ip[dst] = rg.padded[a:a + k * L].reshape(k, L)
+                ps[dst] = rg.positions[a:a + k * L].reshape(k, L)
+                done[dst] = True
+            i += k
+        # inputs at document starts are 0; segments count document starts within each row
+        if done.all():
+            flag = ps == 0
+            np.copyto(ip, 0, where=flag)
+            flag[:, 0] = True
+            np.cumsum(flag, axis=1, dtype=np.int32, out=out["segment_ids"])
+            out["loss_mask"][:] = True
+        else:
+            dst = np.flatnonzero(done)
+            flag = ps[dst] == 0
+            sub = ip[dst]
+            np.copyto(sub, 0, where=flag)
+            ip[dst] = sub
+            flag[:, 0] = True
+            out["segment_ids"][dst] = np.cumsum(flag, axis=1, dtype=np.int32)
+            out["loss_mask"][dst] = True
 
-                t2, i2, p2, r2 = shape(tok), shape(inp), shape(pos), real.reshape(k, L)
-                flag = p2 == 0
-                flag[:, 0] = True
-                seg = np.cumsum(flag, axis=1, dtype=np.int32)
-                seg *= r2
-                # rows of this run: every requested row whose j is in [j0, j1]
-                sel = np.flatnonzero((js >= j0) & (js <= j1))
-                local = js[sel] - j0
-                dst = rs[sel]
-                out["targets"][dst] = t2[local]
-                out["inputs"][dst] = i2[local]
-                out["positions"][dst] = p2[local]
-                out["segment_ids"][dst] = seg[local]
-                out["loss_mask"][dst] = r2[local]
-                out["epochs"][dst] = ep[local]
+    def _fill_packed_row(self, idx, s: int, j: int, row: int, out) -> None:
+        L = self.options.seq_len
+        tok, inp, pos, _ = self._stream_range(idx, s, j * L, (j + 1) * L)
+        m = tok.size
+        out["targets"][row, :m] = tok
+        out["inputs"][row, :m] = inp
+        out["positions"][row, :m] = pos
+        flag = pos == 0
+        if m:
+            flag[0] = True
+        out["segment_ids"][row, :m] = np.cumsum(flag, dtype=np.int32)
+        out["loss_mask"][row, :m] = True
 
     def _stream_range(self, idx: order.StreamIndex, s: int, lo: int, hi: int):
         """Stream ``s`` tokens [lo, hi) (fewer at the end of a single pass): tokens, inputs, positions, and the
@@ -411,12 +598,7 @@ class Reader:
     def _fill_unpacked(self, idx, s, j, rows, out) -> None:
         L = self.options.seq_len
         n = rows.size
-        epochs = np.empty(n, np.int64)
-        chunks = np.empty(n, np.int64)
-        offs = np.empty(n, np.int64)
-        for stream in np.unique(s):
-            m = s == stream
-            epochs[m], chunks[m], offs[m] = idx.locate_many(int(stream), j[m])
+        epochs, chunks, offs = locate_streams(idx, s, j)
         out["epochs"][rows] = epochs
         ar = np.arange(L, dtype=np.int64)
         for c in np.unique(chunks):
@@ -434,10 +616,10 @@ class Reader:
                 rg = self.store.row_group(int(c), int(g))
                 local = tokoff[mg] - meta.rg_token_starts[g]
                 real = ar[None, :] < length[mg][:, None]
-                gi = np.where(real, local[:, None] + ar[None, :], 0)
+                gi = np.where(real, local[:, None] + ar[None, :], -1)  # -1 -> padded[0] == 0
                 pos = np.where(real, start[mg][:, None] + ar[None, :], 0)
-                tgt = np.where(real, rg.tokens[gi], 0)
-                prev = np.where(real & (pos > 0), rg.tokens[np.maximum(gi - 1, 0)], 0)
+                tgt = rg.padded[gi + 1]
+                prev = np.where(pos > 0, rg.padded[np.maximum(gi, 0)], 0)
                 dst = rows[mc[mg]]
                 out["targets"][dst] = tgt
                 out["inputs"][dst] = prev

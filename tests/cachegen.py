@@ -60,15 +60,21 @@ def row_groups(lengths: Sequence[int], row_group_tokens: int) -> list[tuple[int,
     return groups
 
 
+# Like the pipeline's writer (PLAIN int32 tokens, zstd, no statistics); tests may pass other options.
+WRITER_OPTIONS = {"compression": "zstd", "use_dictionary": [fmt.SHARD_COLUMN], "write_statistics": False,
+                  "data_page_size": 1 << 20}
+
+
 def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offset: int = 0,
-                   row_group_tokens: int = 64, compression: str = "zstd") -> tuple[bytes, list[int]]:
+                   row_group_tokens: int = 64, writer_options: Mapping[str, Any] | None = None
+                   ) -> tuple[bytes, list[int]]:
     """The Parquet bytes of one chunk, and its token count per row group."""
     lengths = [len(d) for d in docs]
     groups = row_groups(lengths, row_group_tokens)
     rg_tokens = [int(sum(lengths[lo:hi])) for lo, hi in groups]
     schema = fmt.CHUNK_SCHEMA.with_metadata({fmt.ROW_GROUP_TOKENS_KEY: json.dumps(rg_tokens).encode()})
     sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(sink, schema, compression=compression) as w:
+    with pq.ParquetWriter(sink, schema, **dict(writer_options or WRITER_OPTIONS)) as w:
         for lo, hi in groups:
             part = docs[lo:hi]
             table = pa.table(
@@ -86,11 +92,13 @@ def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offse
 
 
 def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Sequence[int]], *,
-                chunk_bytes: int = 1000, row_group_tokens: int = 64, sidecar: bool = True) -> dict[str, Any]:
+                chunk_bytes: int = 1000, row_group_tokens: int = 64, sidecar: bool = True,
+                writer_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write one chunk's parquet (then its sidecar) atomically; return its ledger entry (no offsets)."""
     fs, base = _fs(root)
     lo = index_in_shard * chunk_bytes
-    data, _ = chunk_bytes_of(docs, shard=shard, first_offset=lo, row_group_tokens=row_group_tokens)
+    data, _ = chunk_bytes_of(docs, shard=shard, first_offset=lo, row_group_tokens=row_group_tokens,
+                             writer_options=writer_options)
     rel = fmt.chunk_path(shard, index_in_shard)
     _atomic_write(fs, base + "/" + rel, data)
     entry = {
@@ -141,7 +149,8 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
                           written: Iterable[int] | None = None,
                           done_shards: Iterable[int] | None = None,
                           chunk_bytes: int = 1000, row_group_tokens: int = 64,
-                          tokenizer: Mapping[str, Any] = DEFAULT_TOKENIZER) -> list[dict[str, Any]]:
+                          tokenizer: Mapping[str, Any] = DEFAULT_TOKENIZER,
+                          writer_options: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Write a valid cache at ``root``; return the chunk entries in global order.
 
     Args:
@@ -154,6 +163,7 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
       done_shards: compressed shards whose ``_DONE.json`` exists (default: all of them if finished,
         none otherwise).
       chunk_bytes, row_group_tokens: recorded in the ledger config; row groups follow row_group_tokens.
+      writer_options: ``pq.ParquetWriter`` keyword arguments (default ``WRITER_OPTIONS``).
     """
     cps = list(chunks_per_shard) if chunks_per_shard is not None else [len(chunks)]
     if sum(cps) != len(chunks):
@@ -168,7 +178,7 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
         shard, k = int(rr[i][0]), int(rr[i][1])
         if i in todo:
             entries.append(write_chunk(root, shard, k, docs, chunk_bytes=chunk_bytes,
-                                       row_group_tokens=row_group_tokens))
+                                       row_group_tokens=row_group_tokens, writer_options=writer_options))
         else:
             entries.append(None)
     if done_shards is None:

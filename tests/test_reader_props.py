@@ -174,12 +174,24 @@ def test_locality_each_reader_opens_only_its_streams_chunks(cache, packed, L, rs
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=4)
         opts = ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star)
+        units = _units(chunks, packed, L)
         for r in range(R):
             with Reader(root, opts, num_readers=R, reader_index=r) as rd:
-                epochs = [x["epochs"].max() for _, x in rd.iter_batches(b0, 3)]
+                got = list(rd.iter_batches(b0, 3))
+                assert [b for b, _ in got] == [b0, b0 + 1, b0 + 2]
                 streams = order.streams_of_reader(r_star, R, r)
-                last = int(max(epochs)) + 1
-                allowed = {p % n for s in streams for p in range(s, (last + 1) * n, r_star)}
+                # brute force: the chunks loop(all_chunks)[s::R*] visits until it has the units these rows need
+                ex = np.concatenate([b * B + order.reader_rows(B, R, r) for b in range(b0, b0 + 3)])
+                s_of, j_of = order.split_example_index(ex, r_star)
+                assert set(s_of.tolist()) <= set(streams)
+                allowed = set()
+                for s in set(s_of.tolist()):
+                    need = int(j_of[s_of == s].max() + 1) * (L if packed else 1)
+                    p, have = s, 0
+                    while have < need:
+                        allowed.add(p % n)
+                        have += units[p % n]
+                        p += r_star
                 assert rd.store.opened, "read something"
                 assert rd.store.opened <= allowed, (r, sorted(rd.store.opened), sorted(allowed))
 
@@ -261,3 +273,31 @@ def test_seek_to_batch_ten_million_is_cheap():
                 assert (x["epochs"] > 0).all()
                 assert len(rd.store.opened) <= 8  # only the chunks holding these rows were fetched
                 del ref
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=12), st.integers(1, 9), st.booleans(), st.booleans(),
+       st.data())
+def test_locate_streams_equals_locate_many_per_stream(counts, r_star, loop, complete, data):
+    from reader.reader import locate_streams
+    idx = order.StreamIndex(counts, r_star, loop=loop, complete=complete)
+    n = data.draw(st.integers(0, 30))
+    s = np.asarray(data.draw(st.lists(st.integers(0, r_star - 1), min_size=n, max_size=n)), np.int64)
+    j = np.asarray(data.draw(st.lists(st.integers(0, 200), min_size=n, max_size=n)), np.int64)
+
+    def per_stream():
+        e, c, o = (np.zeros(n, np.int64) for _ in range(3))
+        for x in np.unique(s):
+            m = s == x
+            e[m], c[m], o[m] = idx.locate_many(int(x), j[m])
+        return e, c, o
+
+    try:
+        want = per_stream()
+    except (order.EmptyStream, order.EndOfStream, order.NotYetAvailable) as err:
+        with pytest.raises(type(err)):
+            locate_streams(idx, s, j)
+        return
+    got = locate_streams(idx, s, j)
+    for a, b in zip(got, want):
+        assert np.array_equal(a, b)
