@@ -54,6 +54,7 @@ DEFAULT_COMPRESSION = "zstd"
 DEFAULT_COMPRESSION_LEVEL = 3
 TOKEN_ENCODING = "PLAIN"  # chosen by measurement, see docs/FORMAT.md
 METRICS_NAMESPACE = "chunkledger"
+TOKENIZER_FILE = "tokenizer.json"  # Hugging Face builds: the tokenizer's JSON, at the cache root
 BAD_FRACTION_MARKER = "too many bad records"
 
 
@@ -492,6 +493,12 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         summary = _summary(ledger, None, output) + " (already complete; nothing to do)"
         print(summary)
         return {"ledger": ledger, "summary": summary, "resumed": True, "already_complete": True}
+    if tok.kind == "huggingface":
+        # The cache carries its tokenizer; workers load it from there (see TokenizerSpec.shipped_as).
+        tok_path = fsutil.join(output, TOKENIZER_FILE)
+        if fsutil.read_bytes_or_none(tok_path) != tok.payload.encode("utf-8"):
+            fsutil.write_atomic(tok_path, tok.payload.encode("utf-8"))
+        tok = tok.shipped_as(tok_path)
     if old is None:
         fsutil.write_atomic(fsutil.join(output, fmt.LEDGER_NAME), fmt.dumps_ledger(plan).encode())
     else:

@@ -39,15 +39,17 @@ ENCODE_BATCH_CHARS = 4 << 20
 
 def parse_line(raw: bytes, text_key: str) -> tuple[str | None, str | None, str]:
     """``(text, None, "")`` for a good record, ``(None, reason, detail)`` for a bad one."""
-    if not raw.strip():
-        return None, "blank_line", ""
     try:
         s = raw.decode("utf-8")
     except UnicodeDecodeError as e:
+        if not raw.strip():
+            return None, "blank_line", ""
         return None, "invalid_utf8", f"{e.reason} at byte {e.start}"
     try:
         obj = json.loads(s)
     except ValueError as e:
+        if not raw.strip():  # checked only on failure: keeps the hot path free of a copy per line
+            return None, "blank_line", ""
         return None, "invalid_json", str(e)
     if not isinstance(obj, dict):
         return None, "not_an_object", f"top-level JSON {type(obj).__name__}"

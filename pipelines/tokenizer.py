@@ -85,6 +85,16 @@ class TokenizerSpec:
     eos_id: int | None
     hash: str
     payload: str = dataclasses.field(default="", repr=False)  # HF: tokenizer JSON
+    payload_path: str = ""  # HF: where workers read the tokenizer JSON from (instead of ``payload``)
+
+    def shipped_as(self, path: str) -> "TokenizerSpec":
+        """The same spec, with workers loading the tokenizer JSON from ``path`` (any Beam filesystem).
+
+        Keeps multi-megabyte tokenizer JSON out of the pickled DoFn: runners that ship the pipeline
+        to worker processes over gRPC (DirectRunner multi_processing, portable runners) slow down
+        badly with it.
+        """
+        return dataclasses.replace(self, payload="", payload_path=path)
 
     def identity(self) -> dict[str, Any]:
         """The ``tokenizer`` object of the ledger."""
@@ -98,7 +108,16 @@ class TokenizerSpec:
             return TiktokenEncoder(tiktoken.get_encoding(self.name))
         from tokenizers import Tokenizer
 
-        return HFEncoder(Tokenizer.from_str(self.payload))
+        payload = self.payload
+        if not payload and self.payload_path:
+            from apache_beam.io.filesystems import FileSystems
+
+            with FileSystems.open(self.payload_path) as f:
+                payload = f.read().decode("utf-8")
+            digest = "sha256:" + hashlib.sha256(payload.encode()).hexdigest()
+            if digest != self.hash:
+                raise TokenizerError(f"{self.payload_path}: tokenizer JSON does not match hash {self.hash}")
+        return HFEncoder(Tokenizer.from_str(payload))
 
 
 class Encoder:
@@ -114,10 +133,10 @@ class TiktokenEncoder(Encoder):
 
     def encode_one(self, text: str) -> np.ndarray:
         if len(text) <= PIECE_CHARS:
-            return self.enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=()).astype(np.int32)
+            return self.enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=()).view(np.int32)
         parts = [self.enc.encode_to_numpy(p, allowed_special=set(), disallowed_special=())
                  for p in split_for_encoding(text)]
-        return np.concatenate(parts).astype(np.int32)
+        return np.concatenate(parts).view(np.int32)
 
     def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [self.encode_one(t) for t in texts]

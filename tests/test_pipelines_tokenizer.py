@@ -126,6 +126,11 @@ def test_hf_tokenizer_end_to_end(tmp_path):
                      chunk_bytes=3000)
     ledger = res["ledger"]
     assert ledger["tokenizer"]["kind"] == "huggingface"
+    # the cache carries its tokenizer (workers load it from there), matching the recorded hash
+    import hashlib
+
+    shipped = open(os.path.join(out, "tokenizer.json"), "rb").read()
+    assert "sha256:" + hashlib.sha256(shipped).hexdigest() == ledger["tokenizer"]["hash"]
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(path)
