@@ -123,7 +123,7 @@ def _reader_options(reader) -> Any:
         got = getattr(reader, name, None)
         if got is not None:
             return got
-    raise TypeError(f"{type(reader).__name__} has no .opts; pass a reader.Reader or a cache path")
+    raise TypeError(f"{type(reader).__name__} has no .options; pass a reader.Reader or a cache path")
 
 
 class JaxLoader:

@@ -321,3 +321,21 @@ def test_int64_fields_never_wrap_silently(cache):
         JaxLoader(far, None, mesh, P("data")).global_batch(0)
     ok = JaxLoader(far, None, mesh, P("data"), fields=TOKEN_FIELDS + ("valid",)).global_batch(0)
     assert set(ok) == set(TOKEN_FIELDS) | {"valid"}
+
+
+def test_a_failed_read_surfaces_at_its_step(cache):
+    """An error while prefetching batch k is raised when the loop reaches step k, not earlier and not lost."""
+
+    class FailsAt3(CountingReader):
+        def rows(self, b, rows):
+            if b == 3:
+                raise TimeoutError("batch 3: cache not ready")
+            return super().rows(b, rows)
+
+    reader = FailsAt3(Reader(cache, options("packed"), num_readers=1, reader_index=0))
+    seen = []
+    with JaxLoader(reader, None, make_mesh((8,), ("data",)), P("data"), prefetch=3) as loader:
+        with pytest.raises(TimeoutError, match="batch 3"):
+            for b, _ in loader.iter_batches():
+                seen.append(b)
+    assert seen == [0, 1, 2]
