@@ -23,7 +23,10 @@ Figures (keys of the returned flat dict are ``<order>_<figure>``):
 * ``entropy``: entropy (bits) of ``|storage index difference|`` between neighbouring samples, where the
   storage index is the example's first token in the concatenated global chunk order, as in MosaicML
   Streaming's shuffle-quality simulator (``chunk_entropy``: the same over chunk indices);
-* ``*_steady``: the figure over the batches after ``ours`` reached its maximum window.
+* ``*_steady``: the figure over the batches after ``ours`` reached its maximum window;
+* ``ours_io_chunk_half_group_budget_amp``: ``ours`` with an LRU of half a group (the thrashing cliff);
+* ``*_reader_fetch`` (full mode): bytes the real ``reader.Reader`` fetched per token byte over one
+  maximum window, unshuffled and shuffled, next to the simulation's ``*_sim_chunk_window``.
 
     python -m benchmarks.shuffle_quality            # real text: builds a cache with the pipeline
     python -m benchmarks.shuffle_quality --quick    # tiny synthetic cache, seconds
@@ -311,13 +314,16 @@ def simulate_io(ex: Examples, lay: Layout, perm: np.ndarray, *, seq_len: int, bu
     """Bytes read from chunk files per byte of (int32) tokens served, for one reader host.
 
     The host serves positions ``t ≡ host (mod hosts)`` (rows ``k ≡ r (mod R)`` of every batch). An LRU
-    holds decoded row groups (``4 * tokens`` bytes) and, with ``whole_chunks``, the fetched chunk files.
+    holds decoded row groups (``DECODED_BYTES_PER_TOKEN * tokens`` bytes, as ``reader.chunks`` keeps
+    them) and, with ``whole_chunks``, the fetched chunk files; like ``ChunkStore.tokens``, every access
+    touches the chunk's bytes first (so an evicted chunk is fetched again even if the row group is
+    still cached).
     """
     served = perm[host::hosts]
     cache: collections.OrderedDict = collections.OrderedDict()
     used = 0
     read = 0
-    rg_dec = (lay.rg_tokens * 4).tolist()
+    rg_dec = (lay.rg_tokens * order.DECODED_BYTES_PER_TOKEN).tolist()
     rg_b = lay.rg_bytes.tolist()
     ch_b = lay.chunk_bytes.tolist()
     rg_ch = lay.rg_chunk.tolist()
@@ -337,7 +343,7 @@ def simulate_io(ex: Examples, lay: Layout, perm: np.ndarray, *, seq_len: int, bu
                 ck = ("c", rg_ch[g])
                 if ck in cache:
                     cache.move_to_end(ck)
-                elif ("r", g) not in cache:
+                else:
                     read += ch_b[rg_ch[g]]
                     put(ck, ch_b[rg_ch[g]])
             rk = ("r", g)
@@ -346,9 +352,6 @@ def simulate_io(ex: Examples, lay: Layout, perm: np.ndarray, *, seq_len: int, bu
             else:
                 if not whole_chunks:
                     read += rg_b[g]
-                elif ("c", rg_ch[g]) not in cache:  # evicted while we held the row group: refetch
-                    read += ch_b[rg_ch[g]]
-                    put(("c", rg_ch[g]), ch_b[rg_ch[g]])
                 put(rk, rg_dec[g])
     return read / (served.size * seq_len * 4)
 
@@ -364,7 +367,7 @@ class Params:
     batch_size: int
     row_group_tokens: int  # of the cache: ours derives its block size from it (ShuffleConfig.for_reader)
     max_window: int  # ours' maximum window, scaled down to the benchmark cache; also the eras' size
-    budget_groups: float = 2.0  # LRU budget = budget_groups * group_size * seq_len * 4 bytes
+    budget_groups: float = 2.0  # LRU budget = budget_groups * group_size * seq_len * 8 bytes (decoded)
     seed: int = 1234
 
 
@@ -400,7 +403,8 @@ def steady_batch(p: Params) -> int:
     return -(-int(starts[-1]) * p.num_streams // p.batch_size)
 
 
-def measure(lay: Layout, p: Params, *, plot: str | None = None, log=print) -> dict[str, Any]:
+def measure(lay: Layout, p: Params, *, plot: str | None = None, check_root: str | None = None,
+            log=print) -> dict[str, Any]:
     t0 = time.time()
     n_pass = lay.total_tokens // p.seq_len
     n = (n_pass // p.batch_size) * p.batch_size
@@ -408,7 +412,7 @@ def measure(lay: Layout, p: Params, *, plot: str | None = None, log=print) -> di
     span = max(int(v.max()) for v in ords.values()) + 1
     ex = compute_examples(lay, span, p.seq_len, p.num_streams)
     cfg = shuffle_config(p, p.num_streams)
-    budget = int(p.budget_groups * cfg.group_size * p.seq_len * 4)
+    budget = int(p.budget_groups * cfg.group_size * p.seq_len * order.DECODED_BYTES_PER_TOKEN)
     sb = steady_batch(p)
     out: dict[str, Any] = {
         "examples_per_pass": n_pass, "batches": n // p.batch_size, "batch_size": p.batch_size,
@@ -439,6 +443,10 @@ def measure(lay: Layout, p: Params, *, plot: str | None = None, log=print) -> di
             out[f"{name}_io_{model}_r4"] = simulate_io(ex, lay, perm, seq_len=p.seq_len, budget=budget,
                                                        whole_chunks=whole, hosts=4)
         log(f"shuffle_quality: {name} done ({time.time() - t0:.1f}s)")
+    # the cliff: an LRU smaller than one group's working set re-reads on nearly every access
+    out["ours_io_chunk_half_group_budget_amp"] = simulate_io(
+        ex, lay, ords["ours"], seq_len=p.seq_len, budget=budget // int(2 * p.budget_groups),
+        whole_chunks=True) / out["none_io_chunk"]
     for name in ords:
         for model in ("rg", "chunk"):
             for sfx in ("", "_r4"):
@@ -452,10 +460,43 @@ def measure(lay: Layout, p: Params, *, plot: str | None = None, log=print) -> di
     out["target_correlation_within_10pct"] = bool(all(tol))
     out["target_io_rg_amp_le_1_5"] = bool(out["ours_io_rg_amp"] <= 1.5)
     out["target_io_chunk_amp_le_1_5"] = bool(out["ours_io_chunk_amp"] <= 1.5)
+    if check_root:
+        out.update(reader_check(check_root, lay, p, budget, log=log))
     out["seconds"] = round(time.time() - t0, 2)
     if plot:
         _plot(series, p, sb, plot)
         out["plot"] = plot
+    return out
+
+
+def reader_check(root: str, lay: Layout, p: Params, budget: int, *, log=print) -> dict[str, Any]:
+    """Cross-check of the I/O simulation with the real ``reader.Reader`` (whole-chunk fetch, its own LRU):
+    read one maximum window of ``ours`` and the same batches unshuffled; report bytes fetched per token
+    byte served, and the simulation's figure for the same batches."""
+    from reader import ReadOptions, Reader
+
+    cfg = shuffle_config(p, p.num_streams)
+    b0 = steady_batch(p)
+    nb = max(1, cfg.max_window // p.batch_size)
+    t = np.arange(b0 * p.batch_size, (b0 + nb) * p.batch_size, dtype=np.int64)
+    perms = {"none": t, "ours": order.shuffle_example_indices(t, cfg)}
+    ex = compute_examples(lay, int(max(v.max() for v in perms.values())) + 1, p.seq_len, p.num_streams)
+    out: dict[str, Any] = {"reader_check_batches": nb, "reader_check_from_batch": b0}
+    for name, sh in (("none", None), ("ours", cfg)):
+        t0 = time.time()
+        opts = ReadOptions(seq_len=p.seq_len, batch_size=p.batch_size, ideal_readers=p.num_streams, shuffle=sh,
+                           memory_budget_bytes=budget)
+        with Reader(root, opts) as rd:
+            for _ in rd.iter_batches(b0, nb):
+                pass
+            fetched = rd.store.bytes_fetched
+        out[f"{name}_reader_fetch"] = fetched / (nb * p.batch_size * p.seq_len * 4)
+        out[f"{name}_reader_seconds"] = round(time.time() - t0, 2)
+        out[f"{name}_sim_chunk_window"] = simulate_io(ex, lay, perms[name], seq_len=p.seq_len, budget=budget,
+                                                      whole_chunks=True)
+        log(f"shuffle_quality: reader check {name} ({time.time() - t0:.1f}s)")
+    out["ours_reader_fetch_amp"] = out["ours_reader_fetch"] / out["none_reader_fetch"]
+    out["ours_sim_chunk_window_amp"] = out["ours_sim_chunk_window"] / out["none_sim_chunk_window"]
     return out
 
 
@@ -524,14 +565,18 @@ def real_cache(log=print) -> Path:
     return out
 
 
-def run(quick: bool = False, *, cache: str | None = None, plot: str | None = None, log=print) -> dict[str, Any]:
-    """Measure the four orders; returns a flat dict of figures (see the module docstring)."""
+def run(quick: bool = False, *, cache: str | None = None, plot: str | None = None, reader_check_on: bool = True,
+        log=print) -> dict[str, Any]:
+    """Measure the four orders; returns a flat dict of figures (see the module docstring). Full mode also
+    reads one window with the real Reader (``reader_check_on``) to check the I/O simulation."""
     if quick:
         lay = synthetic_layout(shards=4, tokens=3_000_000, chunk_tokens=40_000, rg_tokens=QUICK.row_group_tokens)
         p = QUICK
     else:
         p = FULL
-        lay = cache_layout(cache) if cache else cache_layout(str(real_cache(log=log)))
+        root = str(cache) if cache else str(real_cache(log=log))
+        lay = cache_layout(root)
+        return measure(lay, p, plot=plot, check_root=root if reader_check_on else None, log=log)
     return measure(lay, p, plot=plot, log=log)
 
 

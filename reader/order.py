@@ -304,8 +304,10 @@ class ShuffleConfig:
       block_size: examples per block: a block is ``block_size // lanes`` contiguous rows, i.e. that many
         contiguous positions of every stream, read as one unit.
       group_size: examples mixed together (``group_size // block_size`` blocks). This is what the
-        reader holds decoded at once: ``group_size * seq_len * 4`` bytes for packed int32 tokens
-        (512 MiB at the defaults and seq_len 2048, split over the hosts by stream).
+        reader holds decoded at once: ``group_size * seq_len * 8`` bytes as ``reader.chunks`` decodes
+        packed tokens (int32 tokens + int32 positions): 512 MiB at the defaults and seq_len 2048, split
+        over the hosts by stream. Give the reader a ``memory_budget_bytes`` of at least about twice
+        that (plus the chunk bytes it keeps): an LRU smaller than the group's working set thrashes.
       lanes: ``pi(i) ≡ i (mod lanes)``. Set it to ``R*`` (ideal_readers) so every example stays in its
         stream and each host keeps reading only its own streams; 1 mixes across streams.
     """
@@ -314,8 +316,8 @@ class ShuffleConfig:
     first_window: int = 1024
     growth: float = 2.0
     max_window: int = 1 << 22
-    block_size: int = 8192
-    group_size: int = 65536
+    block_size: int = 4096
+    group_size: int = 32768
     lanes: int = 1
 
     def __post_init__(self):
@@ -334,7 +336,7 @@ class ShuffleConfig:
     @classmethod
     def for_reader(cls, seed: int, *, seq_len: int, ideal_readers: int, batch_size: int,
                    row_group_tokens: int | None = None, examples_per_row_group: int | None = None,
-                   max_group_bytes: int = 1 << 30, **overrides) -> "ShuffleConfig":
+                   max_group_bytes: int = 1 << 29, **overrides) -> "ShuffleConfig":
         """Sizes derived from how the reader reads (a pure function of its arguments, so every host and
         every resume derives the same config; never pass a per-host memory budget here).
 
@@ -344,8 +346,9 @@ class ShuffleConfig:
         * a group has ``max(8, 2 * rows_per_batch)`` blocks, where ``rows_per_batch = ceil(batch_size /
           lanes)`` is how many examples of one stream a batch takes: with the rank-major interleave,
           two consecutive batches then draw from disjoint blocks;
-        * the group (``group_size * seq_len * 4`` bytes decoded, split over the hosts by stream) is kept
-          under ``max_group_bytes`` by shrinking blocks (more re-reading at block ends) if needed.
+        * the group (``group_size * seq_len * 8`` bytes decoded by ``reader.chunks``, split over the
+          hosts by stream) is kept under ``max_group_bytes`` by shrinking blocks (more re-reading at
+          block ends) if needed. The reader's ``memory_budget_bytes`` should be about twice that.
 
         ``examples_per_row_group`` overrides ``row_group_tokens / seq_len`` (unpacked examples are
         shorter than ``seq_len``). ``overrides`` set any field directly.
@@ -356,7 +359,7 @@ class ShuffleConfig:
             examples_per_row_group = -(-int(row_group_tokens) // int(seq_len)) if row_group_tokens else 64
         g = max(8, 2 * rows_per_batch)
         block_rows = max(64, 4 * int(examples_per_row_group))
-        max_rows = max(1, int(max_group_bytes) // (int(seq_len) * 4 * lanes * g))
+        max_rows = max(1, int(max_group_bytes) // (int(seq_len) * DECODED_BYTES_PER_TOKEN * lanes * g))
         block_rows = max(1, min(block_rows, max_rows))
         kw = dict(first_window=max(1024, 2 * int(batch_size)), growth=2.0, block_size=block_rows * lanes,
                   group_size=g * block_rows * lanes, lanes=lanes)
@@ -383,6 +386,7 @@ class ShuffleConfig:
 
 
 _MAX_GROWING_WINDOWS = 100_000
+DECODED_BYTES_PER_TOKEN = 8  # reader.chunks keeps int32 tokens + int32 positions per decoded token
 
 
 @functools.lru_cache(maxsize=64)
