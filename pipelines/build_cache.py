@@ -24,6 +24,8 @@ Options not listed by ``--help`` are passed to Beam (``--runner``, ``--project``
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import difflib
 import json
 import logging
 import math
@@ -140,23 +142,29 @@ def match_inputs(patterns: Sequence[str]) -> list[dict[str, Any]]:
             res = FileSystems.match([full])[0].metadata_list
         except Exception as e:  # BeamIOError for unreadable buckets, bad patterns
             raise BuildError(f"--input {pat!r}: cannot list files ({e})") from e
-        files = [m for m in res if not m.path.endswith("/")]
+        files = [m for m in res if not m.path.endswith("/") and not (not _is_remote(m.path) and os.path.isdir(m.path))]
         if not files:
             raise BuildError(f"--input {pat!r} matches no file; check the path or quote the glob")
         for m in files:
             found[m.path] = m.size_in_bytes
-    inputs = []
-    for shard, path in enumerate(sorted(found)):
+    paths = sorted(found)
+
+    def check(path: str) -> str | None:
         comp = fmt.compression_of(path)
         try:
             with fsutil.open_decompressed(path, comp) as f:
                 f.read(1)
-        except Exception as e:
-            raise BuildError(f"input file {path} is not readable as {comp} ({type(e).__name__}: {e}); "
-                             "fix its permissions/contents or leave it out of --input") from e
-        inputs.append({"shard": shard, "path": path, "size": found[path], "compression": comp,
-                       "chunks": None})
-    return inputs
+        except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
+            return (f"input file {path} is not readable as {comp} ({type(e).__name__}: {e}); "
+                    "fix its permissions/contents or leave it out of --input")
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        for problem in pool.map(check, paths):
+            if problem:
+                raise BuildError(problem)
+    return [{"shard": shard, "path": path, "size": found[path], "compression": fmt.compression_of(path),
+             "chunks": None} for shard, path in enumerate(paths)]
 
 
 def make_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -456,6 +464,27 @@ class BuildCache(beam.PTransform):
 # Entry points
 
 
+def _chunks_intact(output: str, ledger: dict[str, Any]) -> bool:
+    """Cheap check of a finished cache: every chunk file exists with its recorded size (one listing)."""
+    pattern = fsutil.join(output, f"{fmt.CHUNKS_DIR}/*/*.parquet")
+    try:
+        found = {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list}
+    except Exception:  # noqa: BLE001 - nothing matched
+        found = {}
+    return all(found.get(fsutil.join(output, c["path"])) == c["bytes"] for c in ledger["chunks"])
+
+
+def _check_typos(parser: argparse.ArgumentParser, pipeline_args: list[str]) -> None:
+    """Unknown options go to Beam, which ignores what it does not know; catch near-misses of ours."""
+    ours = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    for arg in pipeline_args:
+        if arg.startswith("--"):
+            name = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(name, ours, n=1, cutoff=0.85)
+            if close and close[0] != name:
+                raise BuildError(f"unknown option {name}; did you mean {close[0]}? (see --help)")
+
+
 def _pipeline_options(pipeline_args: list[str]) -> PipelineOptions:
     if not any(a == "--runner" or a.startswith("--runner=") for a in pipeline_args):
         pipeline_args = pipeline_args + ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
@@ -475,7 +504,9 @@ def _summary(ledger: dict[str, Any], seconds: float | None, output: str) -> str:
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Plan, run and finalize a build. Returns ``{"ledger": ..., "summary": str, "resumed": bool, ...}``."""
-    args, pipeline_args = build_arg_parser().parse_known_args(argv)
+    parser = build_arg_parser()
+    args, pipeline_args = parser.parse_known_args(argv)
+    _check_typos(parser, pipeline_args)
     output = args.output if _is_remote(args.output) else os.path.abspath(os.path.expanduser(args.output))
     t0 = time.time()
     inputs = match_inputs(args.input)
@@ -488,6 +519,10 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise BuildError(f"--append_eos: tokenizer {args.tokenizer!r} has no end-of-sequence token")
     plan = plan_ledger(tok.identity(), config, inputs)
     old = check_existing(output, plan)
+    if old is not None and old.get("finished") and not _chunks_intact(output, old):
+        LOG.warning("%s: ledger says finished but chunk files are missing or resized; rebuilding them", output)
+        fsutil.write_atomic(fsutil.join(output, fmt.LEDGER_NAME), fmt.dumps_ledger(plan).encode())
+        old = plan
     if old is not None and old.get("finished"):
         ledger = old
         summary = _summary(ledger, None, output) + " (already complete; nothing to do)"

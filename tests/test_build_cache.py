@@ -157,3 +157,22 @@ def test_rerun_of_finished_cache_is_a_noop(tmp_path):
     _, res = build(tmp_path, [a], chunk_bytes=2000)
     assert res["already_complete"]
     assert {p: os.path.getmtime(p) for p in glob.glob(os.path.join(out, "**"), recursive=True)} == before
+
+
+def test_finished_cache_with_missing_chunk_is_repaired(tmp_path):
+    a = write_shard(str(tmp_path / "a.jsonl"), [{"text": t} for t in sample_texts(30)])
+    out, _ = build(tmp_path, [a], chunk_bytes=3000)
+    from pipelines.testing import tree_bytes
+
+    before = tree_bytes(out)
+    victim = load_ledger(out)["chunks"][1]["path"]
+    os.remove(os.path.join(out, victim))
+    _, res = build(tmp_path, [a], chunk_bytes=3000)
+    assert not res["already_complete"] and res["resumed"]
+    assert tree_bytes(out) == before
+
+
+def test_misspelled_option_is_refused_not_passed_to_beam(tmp_path):
+    a = write_shard(str(tmp_path / "a.jsonl"), [{"text": "hello"}])
+    with pytest.raises(build_cache.BuildError, match="did you mean --chunk_bytes"):
+        build(tmp_path, [a], chunkbytes=3000)
