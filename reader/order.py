@@ -261,8 +261,9 @@ def unpacked_locate_in_chunk(doc_lengths: np.ndarray, seq_len: int, example_offs
 # ---- Permutations (shuffle)
 #
 # The growing-window shuffle (issue 4): ``shuffled_example[i] = example[pi(i)]``. ``pi`` is a bijection
-# of example indices that maps every window onto itself, computed per index by keyed Feistel networks
-# with cycle-walking (uint64 arithmetic throughout). No permutation array, no state beyond the index.
+# of example indices that maps every window onto itself, computed per index by keyed ciphers (Feistel
+# networks with cycle-walking, and a stratified Owen-style bit scramble; uint64 arithmetic throughout).
+# No permutation array, no state beyond the index. docs/FORMAT.md ("Shuffle") is the prose definition.
 #
 # Units. ``pi`` preserves ``i mod lanes``. With ``lanes = R*`` (ideal_readers; the reader sets this),
 # example ``i`` and ``pi(i)`` live in the same stream, so a host that serves streams ``s ≡ r (mod R)``
@@ -273,12 +274,14 @@ def unpacked_locate_in_chunk(doc_lengths: np.ndarray, seq_len: int, example_offs
 # Inside a window of ``n`` rows (``b`` rows per block, ``G`` blocks per group; a window smaller than
 # one group is cut into ``G`` blocks of ``n // G`` rows instead, and one of fewer than ``2G`` rows is a
 # single Feistel permutation):
-#   * (1) output slots are cut into groups of ``G*b`` consecutive slots; inside a full group, slot
-#     ``o`` takes rank ``c = o // G`` of block slot ``a = o % G`` (rank-major interleave: consecutive
-#     rows come from different blocks), and that rank is sent through a per-block *stratified*
-#     permutation of ``[0, b)`` (:func:`_spread`: the ranks a block serves close together in time land
-#     in different parts of it, so one document rarely shows up in nearby batches); a partial last group is one Feistel permutation; (2) block slots are sent through a
-#     Feistel permutation of the window's full blocks (a partial tail block stays in place).
+#   1. output slots are cut into groups of ``G*b`` consecutive slots. Inside a full group, slot ``o``
+#      takes rank ``c = o // G`` of block slot ``a = o % G`` (rank-major interleave: consecutive rows
+#      come from different blocks), and that rank goes through a per-block *stratified* permutation
+#      of ``[0, b)`` (:func:`_spread`: ranks a block serves close together in time land in different
+#      parts of it, so a document rarely shows up again in nearby batches). A partial last group is
+#      one Feistel permutation;
+#   2. block slots go through a Feistel permutation of the window's full blocks (a partial tail block
+#      stays in place).
 # So a reader consumes the window group by group; a group needs ``G`` blocks of ``b`` contiguous rows
 # (= ``b`` contiguous positions of every stream) decoded at once, and each block is read once.
 
@@ -394,7 +397,9 @@ def _window_table(first_window: int, growth: float, max_window: int, lanes: int)
     first = max(1, first_window // lanes)
     top = max(1, max_window // lanes)
     if growth == 1.0:
-        return np.zeros(1, dtype=np.int64), first  # fixed windows ("eras") of `first` rows
+        arr = np.zeros(1, dtype=np.int64)
+        arr.setflags(write=False)
+        return arr, first  # fixed windows ("eras") of `first` rows
     starts, w, s = [0], first, 0
     while w < top:
         s += w
@@ -404,7 +409,9 @@ def _window_table(first_window: int, growth: float, max_window: int, lanes: int)
             raise ValueError(f"ShuffleConfig growth {growth} is too close to 1 to reach max_window "
                              f"{max_window} from first_window {first_window}")
     # starts[k] = row start of window k; windows k >= len(starts) - 1 all have `top` rows.
-    return np.asarray(starts, dtype=np.int64), top
+    arr = np.asarray(starts, dtype=np.int64)
+    arr.setflags(write=False)  # cached and shared
+    return arr, top
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -449,7 +456,8 @@ def _feistel(x, n, key, *, inverse: bool = False) -> np.ndarray:
     Balanced Feistel network on ``2h`` bits (``4**h >= n``, so the domain is less than ``4n``) with
     cycle-walking back into ``[0, n)``. ``inverse=True`` gives the inverse permutation.
     """
-    x, n, key = np.broadcast_arrays(np.asarray(x, np.int64), np.asarray(n, np.int64), np.asarray(key, np.uint64))
+    x, n, key = np.broadcast_arrays(np.asarray(x, np.int64), np.asarray(n, np.int64),
+                                    np.asarray(key, np.uint64))
     shape = x.shape
     x, n, key = x.reshape(-1), n.reshape(-1), key.reshape(-1)
     if x.size == 0:
@@ -486,7 +494,8 @@ def _spread(x, n, key, *, inverse: bool = False) -> np.ndarray:
     is bit ``i`` of ``reverse(x)`` XOR a keyed hash of the bits above ``i``; values ``>= n`` are
     cycle-walked back into ``[0, n)``. Vectorized; ``inverse=True`` gives the inverse permutation.
     """
-    x, n, key = np.broadcast_arrays(np.asarray(x, np.int64), np.asarray(n, np.int64), np.asarray(key, np.uint64))
+    x, n, key = np.broadcast_arrays(np.asarray(x, np.int64), np.asarray(n, np.int64),
+                                    np.asarray(key, np.uint64))
     shape = x.shape
     x, n, key = x.reshape(-1), n.reshape(-1), key.reshape(-1)
     if x.size == 0:
@@ -499,7 +508,8 @@ def _spread(x, n, key, *, inverse: bool = False) -> np.ndarray:
     one = np.uint64(1)
 
     def flips(prefix_src, i, kk):  # keyed bit from the bits of prefix_src above i
-        return _mix64(kk ^ (_GOLDEN * np.uint64(i + 1)) ^ _mix64((prefix_src >> np.uint64(i + 1)) + np.uint64(i))) & one
+        prefix = _mix64((prefix_src >> np.uint64(i + 1)) + np.uint64(i))
+        return _mix64(kk ^ (_GOLDEN * np.uint64(i + 1)) ^ prefix) & one
 
     def rev(v, mm):
         r = np.zeros_like(v)
@@ -619,7 +629,8 @@ def _permute_rows(rows: np.ndarray, lane: np.ndarray, cfg: ShuffleConfig, row_li
             if inb.any():
                 bi = b[inb]
                 blk, off = p[inb] // bi, p[inb] % bi
-                r[inb] = _feistel(blk, nfull[inb], _key(seed, _TAG_BLOCKS, wb[inb]), inverse=inverse) * bi + off
+                key = _key(seed, _TAG_BLOCKS, wb[inb])
+                r[inb] = _feistel(blk, nfull[inb], key, inverse=inverse) * bi + off
             return r
 
         out[big] = block_step(group_step(jb)) if not inverse else group_step(block_step(jb))
