@@ -307,10 +307,13 @@ class ShuffleConfig:
       block_size: examples per block: a block is ``block_size // lanes`` contiguous rows, i.e. that many
         contiguous positions of every stream, read as one unit.
       group_size: examples mixed together (``group_size // block_size`` blocks). This is what the
-        reader holds decoded at once: ``group_size * seq_len * 8`` bytes as ``reader.chunks`` decodes
-        packed tokens (int32 tokens + int32 positions): 512 MiB at the defaults and seq_len 2048, split
-        over the hosts by stream. Give the reader a ``memory_budget_bytes`` of at least about twice
+        reader holds decoded at once: about ``group_size * seq_len * 8`` bytes as ``reader.chunks``
+        decodes packed tokens (int32 tokens + int32 positions), plus the partial row groups at block
+        ends; split over the hosts by stream. Give the reader a ``memory_budget_bytes`` of about twice
         that (plus the chunk bytes it keeps): an LRU smaller than the group's working set thrashes.
+      The defaults are what :meth:`for_reader` gives for the pipeline's default cache (1 Mi-token row
+      groups) at seq_len 2048, R* = 16, batch 64: 2 blocks of one row group per stream, 256 MiB + row
+      group ends decoded. Prefer :meth:`for_reader` with the cache's ``row_group_tokens``.
       lanes: ``pi(i) ≡ i (mod lanes)``. Set it to ``R*`` (ideal_readers) so every example stays in its
         stream and each host keeps reading only its own streams; 1 mixes across streams.
     """
@@ -319,8 +322,8 @@ class ShuffleConfig:
     first_window: int = 1024
     growth: float = 2.0
     max_window: int = 1 << 22
-    block_size: int = 4096
-    group_size: int = 32768
+    block_size: int = 8192
+    group_size: int = 16384
     lanes: int = 1
 
     def __post_init__(self):
@@ -341,17 +344,22 @@ class ShuffleConfig:
                    row_group_tokens: int | None = None, examples_per_row_group: int | None = None,
                    max_group_bytes: int = 1 << 29, **overrides) -> "ShuffleConfig":
         """Sizes derived from how the reader reads (a pure function of its arguments, so every host and
-        every resume derives the same config; never pass a per-host memory budget here).
+        every resume derives the same config; never pass a per-host, changing memory budget here).
 
         * ``lanes = ideal_readers``: examples stay in their stream (each host reads only its streams);
-        * a block is ``4`` row groups of every stream (at least 64 rows), so a block is read in whole
-          row groups and the partial row groups at its two ends add at most ~1/4 of extra reading;
-        * a group has ``max(8, 2 * rows_per_batch)`` blocks, where ``rows_per_batch = ceil(batch_size /
-          lanes)`` is how many examples of one stream a batch takes: with the rank-major interleave,
-          two consecutive batches then draw from disjoint blocks;
-        * the group (``group_size * seq_len * 8`` bytes decoded by ``reader.chunks``, split over the
-          hosts by stream) is kept under ``max_group_bytes`` by shrinking blocks (more re-reading at
-          block ends) if needed. The reader's ``memory_budget_bytes`` should be about twice that.
+        * blocks of ``4`` row groups of every stream (at least 64 rows): a block is read in whole row
+          groups, and the partial row groups at its two ends add about 1/4 of extra reading;
+        * ``max(8, 2 * rows_per_batch)`` blocks per group, ``rows_per_batch = ceil(batch_size / lanes)``
+          (the examples of one stream a batch takes): with the rank-major interleave two consecutive
+          batches then draw from disjoint blocks;
+        * memory: a group decodes about ``G * lanes * (block rows + one row group) * seq_len * 8`` bytes
+          (``reader.chunks`` keeps int32 tokens + positions; a block's ends decode whole row groups).
+          ``max_group_bytes`` bounds that for a host reading all ``lanes`` streams (a host serving a
+          fraction of the streams holds that fraction; with a fixed pod of R hosts pass R times the
+          per-host allowance). Over the bound, blocks shrink to one row group, then groups to 2 blocks,
+          then blocks below a row group (row groups then get decoded more than once per window).
+          The reader's ``memory_budget_bytes`` should be about twice the group's bytes: an LRU smaller
+          than a group's working set thrashes.
 
         ``examples_per_row_group`` overrides ``row_group_tokens / seq_len`` (unpacked examples are
         shorter than ``seq_len``). ``overrides`` set any field directly.
@@ -360,12 +368,21 @@ class ShuffleConfig:
         rows_per_batch = -(-int(batch_size) // lanes)
         if examples_per_row_group is None:
             examples_per_row_group = -(-int(row_group_tokens) // int(seq_len)) if row_group_tokens else 64
-        g = max(8, 2 * rows_per_batch)
-        block_rows = max(64, 4 * int(examples_per_row_group))
-        max_rows = max(1, int(max_group_bytes) // (int(seq_len) * DECODED_BYTES_PER_TOKEN * lanes * g))
-        block_rows = max(1, min(block_rows, max_rows))
-        kw = dict(first_window=max(1024, 2 * int(batch_size)), growth=2.0, block_size=block_rows * lanes,
-                  group_size=g * block_rows * lanes, lanes=lanes)
+        rg = max(1, int(examples_per_row_group))
+        per_row = int(seq_len) * DECODED_BYTES_PER_TOKEN * lanes
+
+        def mem(g: int, b: int) -> int:
+            return g * (b + min(b, rg)) * per_row
+
+        g, b = max(8, 2 * rows_per_batch), max(64, 4 * rg)
+        while mem(g, b) > max_group_bytes and b > rg:
+            b = max(rg, b // 2)
+        while mem(g, b) > max_group_bytes and g > 2:
+            g -= 1
+        while mem(g, b) > max_group_bytes and b > 1:
+            b = max(1, b // 2)
+        kw = dict(first_window=max(1024, 2 * int(batch_size)), growth=2.0, block_size=b * lanes,
+                  group_size=g * b * lanes, lanes=lanes)
         kw["max_window"] = max(1 << 22, 4 * kw["group_size"], kw["first_window"])
         kw.update(overrides)
         if "first_window" not in overrides:

@@ -80,7 +80,7 @@ def test_vectorized_equals_scalar_and_any_shape(cfg, idx):
 def test_window_sizes_grow_to_max_and_defaults_documented():
     cfg = ShuffleConfig(seed=0)
     assert (cfg.first_window, cfg.growth, cfg.max_window, cfg.block_size, cfg.group_size, cfg.lanes) == (
-        1024, 2.0, 1 << 22, 4096, 32768, 1)
+        1024, 2.0, 1 << 22, 8192, 16384, 1)
     wins = windows_upto(ShuffleConfig(seed=0, first_window=10, growth=2.0, max_window=100), 1000)
     sizes = [b - a for a, b in wins]
     assert sizes[:5] == [10, 20, 40, 80, 100] and set(sizes[4:-1]) == {100}
@@ -177,9 +177,16 @@ def test_for_reader_derives_sizes_from_how_the_reader_reads():
     assert cfg.lanes == 16 and cfg.seed == 7
     assert cfg.block_rows == 4 * 64  # 4 row groups of 64 examples per stream
     assert cfg.group_blocks == 8 and cfg.max_window >= 4 * cfg.group_size
+    roomy = ShuffleConfig.for_reader(7, seq_len=512, ideal_readers=16, batch_size=256, row_group_tokens=8192)
+    assert roomy.group_blocks == 2 * (256 // 16)  # two consecutive batches use disjoint blocks
+    # 1 Mi-token row groups: a group decodes whole row groups; kept under max_group_bytes (512 MiB)
     big = ShuffleConfig.for_reader(7, seq_len=2048, ideal_readers=16, batch_size=256, row_group_tokens=1 << 20)
-    assert big.group_blocks == 2 * (256 // 16)  # two consecutive batches use disjoint blocks
-    assert big.group_size * 2048 * 8 <= 1 << 29  # group kept under max_group_bytes by shrinking blocks
+    rg_rows = (1 << 20) // 2048
+    assert big.block_rows == rg_rows and big.group_blocks == 2
+    assert big.group_blocks * (big.block_rows + rg_rows) * 2048 * 8 * 16 <= 1 << 29
+    more = ShuffleConfig.for_reader(7, seq_len=2048, ideal_readers=16, batch_size=256, row_group_tokens=1 << 20,
+                                    max_group_bytes=1 << 32)
+    assert more.group_blocks > big.group_blocks
     assert ShuffleConfig.for_reader(7, seq_len=8, ideal_readers=2, batch_size=4, max_window=99).max_window == 99
 
 
@@ -228,3 +235,9 @@ def test_shuffle_quality_benchmark_quick_mode_measures_what_it_claims():
     assert res["ours_between_doc_steady"] < res["none_between_doc_steady"] / 10
     assert 0 < res["ours_displacement_max"] < res["full_displacement_max"]
     assert res["ours_io_chunk_half_group_budget_amp"] > 2 * res["ours_io_chunk_amp"]  # the documented cliff
+
+
+def test_defaults_are_for_reader_of_the_pipeline_default_cache():
+    d = ShuffleConfig(seed=3, lanes=16)
+    f = ShuffleConfig.for_reader(3, seq_len=2048, ideal_readers=16, batch_size=64, row_group_tokens=1 << 20)
+    assert d == f
