@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import collections
 import json
+import tempfile
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -35,6 +36,8 @@ BAD_REASONS = (
 TOKEN_LEAF = f"{fmt.TOKEN_COLUMN}.list.element"
 ENCODE_BATCH_DOCS = 256
 ENCODE_BATCH_CHARS = 4 << 20
+BAD_BUFFER_RECORDS = 4096  # dead letters held in memory before they are sorted into the spool
+BAD_SPOOL_MEMORY = 4 << 20  # the spool moves to a local temporary file beyond this
 
 
 def parse_line(raw: bytes, text_key: str) -> tuple[str | None, str | None, str]:
@@ -157,7 +160,8 @@ class ChunkBuilder:
         self.extra = 1 if self.eos_id is not None else 0
         self.writer_options = parquet_writer_options(config)
         self.counters = counters or Counters()
-        self.bad: list[dict[str, Any]] = []
+        self.bad_buffer: list[tuple[int, bytes]] = []  # (offset, dead-letter JSON line), not yet spooled
+        self.bad_spool = None  # SpooledTemporaryFile of sorted dead-letter lines (memory stays bounded)
         self.bad_reasons: collections.Counter = collections.Counter()
         self.pending_texts: list[str] = []
         self.pending_offsets: list[int] = []
@@ -179,6 +183,9 @@ class ChunkBuilder:
         text, reason, detail = parse_line(raw, self.text_key)
         if reason is not None:
             self._bad(offset, reason, detail, raw)
+            if len(self.bad_buffer) >= BAD_BUFFER_RECORDS:
+                self._encode_pending()  # its tokenizer errors precede every later line
+                self._spool_bad()
             return
         self.pending_texts.append(text)
         self.pending_offsets.append(offset)
@@ -188,8 +195,19 @@ class ChunkBuilder:
             self._encode_pending()
 
     def _bad(self, offset: int, reason: str, detail: str, raw: bytes) -> None:
-        self.bad.append(dead_letter(self.input_path, self.shard, offset, reason, detail, raw))
+        rec = dead_letter(self.input_path, self.shard, offset, reason, detail, raw)
+        self.bad_buffer.append((offset, (json.dumps(rec, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")))
         self.bad_reasons[reason] += 1
+
+    def _spool_bad(self) -> None:
+        """Move buffered dead letters, sorted by offset, to the spool (all earlier lines are settled)."""
+        if not self.bad_buffer:
+            return
+        if self.bad_spool is None:
+            self.bad_spool = tempfile.SpooledTemporaryFile(max_size=BAD_SPOOL_MEMORY)
+        self.bad_buffer.sort(key=lambda r: r[0])
+        self.bad_spool.write(b"".join(line for _, line in self.bad_buffer))
+        self.bad_buffer = []
 
     def _encode_pending(self) -> None:
         texts, offsets, raws = self.pending_texts, self.pending_offsets, self.pending_raws
@@ -241,12 +259,15 @@ class ChunkBuilder:
         self.writer.add_key_value_metadata({fmt.ROW_GROUP_TOKENS_KEY: json.dumps(self.row_group_token_counts)})
         self.writer.close()
         data = self.sink.getvalue().to_pybytes()
-        self.bad.sort(key=lambda r: r["offset"])
+        self.sink = None
+        self._spool_bad()
         dl_rel = None
-        if self.bad:
+        if self.bad_spool is not None:
             dl_rel = fmt.dead_letter_path(self.shard, self.index)
-            body = "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in self.bad)
-            fsutil.write_atomic(fsutil.join(self.root, dl_rel), body.encode("utf-8"))
+            self.bad_spool.seek(0)
+            fsutil.write_atomic_stream(fsutil.join(self.root, dl_rel), self.bad_spool)
+            self.bad_spool.close()
+            self.bad_spool = None
         rel = fmt.chunk_path(self.shard, self.index)
         fsutil.write_atomic(fsutil.join(self.root, rel), data)
         sidecar = {

@@ -147,3 +147,21 @@ def test_arg_parser_is_side_effect_free_and_documents_every_option():
     args, rest = parser.parse_known_args(["--input", "a", "--input", "b", "--output", "o", "--tokenizer", "t",
                                           "--chunk_bytes", "64KiB", "--runner=FnApiRunner"])
     assert args.input == ["a", "b"] and args.chunk_bytes == 65536 and rest == ["--runner=FnApiRunner"]
+
+
+def test_open_decompressed_reads_multi_member_gzip_and_multi_frame_zstd(tmp_path):
+    import gzip
+
+    import zstandard
+
+    from pipelines.fsutil import open_decompressed
+
+    parts = [b'{"text": "part %d"}\n' % i * 1000 for i in range(3)]
+    gz = tmp_path / "m.jsonl.gz"
+    gz.write_bytes(b"".join(gzip.compress(p) for p in parts))
+    zst = tmp_path / "m.jsonl.zst"
+    zst.write_bytes(b"".join(zstandard.ZstdCompressor().compress(p) for p in parts))
+    for path, comp in ((gz, "gzip"), (zst, "zstd")):
+        with open_decompressed(str(path), comp) as f:
+            got = b"".join(iter(lambda: f.read(777), b""))
+        assert got == b"".join(parts), comp
