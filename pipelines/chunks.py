@@ -48,6 +48,8 @@ def parse_line(raw: bytes, text_key: str) -> tuple[str | None, str | None, str]:
         if not raw.strip():
             return None, "blank_line", ""
         return None, "invalid_utf8", f"{e.reason} at byte {e.start}"
+    if s.startswith("\ufeff"):  # a byte-order mark (files saved by some Windows tools)
+        s = s[1:]
     try:
         obj = json.loads(s)
     except ValueError as e:
