@@ -348,6 +348,8 @@ class Reader:
         nxt = start
         assembler = cf.ThreadPoolExecutor(1, thread_name_prefix="chunkledger-assemble")
         try:
+            if stop is None or start < stop:
+                touches.extend(self._prefetch(start))  # the first batch's chunks load in parallel
             while True:
                 while len(pending) < ahead and (stop is None or nxt < stop) and self._batch_exists(nxt):
                     pending.append((nxt, assembler.submit(self.batch, nxt)))
@@ -355,8 +357,8 @@ class Reader:
                     if look and (stop is None or ahead_b < stop):
                         while touches and touches[0].done():
                             touches.popleft()
-                        if len(touches) < 2 * self.options.prefetch_threads + 2:
-                            touches.append(self.store.submit(self._touch, ahead_b))
+                        if len(touches) < 64:  # plan on the pool too: keep the consumer's thread free
+                            touches.append(self.store.submit(self._prefetch, ahead_b))
                     nxt += 1
                 if not pending:
                     return
@@ -382,15 +384,31 @@ class Reader:
         cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))  # a quarter of the budget ahead
         return int(max(1, min(4096, math.ceil(min(want_tokens, cap_tokens) / per_batch))))
 
-    def _touch(self, b: int) -> None:
-        """Load the row groups batch ``b`` needs (prefetch; errors resurface when the batch is read)."""
+    def _prefetch(self, b: int) -> list[cf.Future]:
+        """Start loading what batch ``b`` needs: one background task per chunk (fetch + verify, then decode
+        its needed row groups), so the chunks of a batch load in parallel. Errors are left for the real
+        read to report."""
         try:
-            for c, g in self._needed(b):
-                self.store.row_group(c, g)
+            plan = self._plan(b)
+        except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
+            return []
+        return [self.store.submit(self._load_chunk_part, c, offs) for c, offs in plan]
+
+    def _load_chunk_part(self, c: int, offs: np.ndarray) -> None:
+        try:
+            meta = self.store.meta(c)
+            if not self.options.packed:
+                cum = self._pieces_cum(c, meta)
+                doc = np.searchsorted(cum, offs, side="right") - 1
+                offs = meta.doc_starts[doc] + (offs - cum[doc]) * self.options.seq_len
+            for g in np.unique(np.searchsorted(meta.rg_token_starts, offs, side="right") - 1):
+                self.store.row_group(c, int(g))
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
             pass
 
-    def _needed(self, b: int) -> list[tuple[int, int]]:
+    def _plan(self, b: int) -> list[tuple[int, np.ndarray]]:
+        """``(chunk, unit offsets)`` that this reader's rows of batch ``b`` touch, in chunk order. Packed:
+        token offsets of each window's first and last token; unpacked: example offsets."""
         opts = self.options
         L = opts.seq_len
         idx = self.stream_index()
@@ -398,34 +416,16 @@ class Reader:
         src = ex if self._shuffle_cfg is None else np.asarray(
             order.shuffle_example_indices(ex, self._shuffle_cfg), dtype=np.int64)
         s, j = order.split_example_index(src, opts.num_streams)
-        keys = set()
         if opts.packed:
             pos = np.concatenate([j * L, j * L + L - 1])
             s = np.concatenate([s, s])
-            if not (idx.loop and idx.complete):
-                total = idx._class_totals[s]
-                keep = pos < total
-                s, pos = s[keep], pos[keep]
-            _, chunks, offs = locate_streams(idx, s, pos)
-            for c in np.unique(chunks):
-                meta = self.store.meta(int(c))
-                o = offs[chunks == c]
-                for g in np.unique(np.searchsorted(meta.rg_token_starts, o, side="right") - 1):
-                    keys.add((int(c), int(g)))
         else:
-            if not (idx.loop and idx.complete):
-                keep = j < idx._class_totals[s]
-                s, j = s[keep], j[keep]
-            _, chunks, offs = locate_streams(idx, s, j)
-            for c in np.unique(chunks):
-                meta = self.store.meta(int(c))
-                cum = self._pieces_cum(int(c), meta)
-                o = offs[chunks == c]
-                doc = np.searchsorted(cum, o, side="right") - 1
-                tokoff = meta.doc_starts[doc] + (o - cum[doc]) * L
-                for g in np.unique(np.searchsorted(meta.rg_token_starts, tokoff, side="right") - 1):
-                    keys.add((int(c), int(g)))
-        return sorted(keys)
+            pos = j
+        if not (idx.loop and idx.complete):
+            keep = pos < idx._class_totals[s]
+            s, pos = s[keep], pos[keep]
+        _, chunks, offs = locate_streams(idx, s, pos)
+        return [(int(c), offs[chunks == c]) for c in np.unique(chunks)]
 
     # -- assembling examples ---------------------------------------------------------------------------
     def _examples(self, ex: np.ndarray) -> dict[str, np.ndarray]:
