@@ -123,9 +123,12 @@ def cmd_validate(args) -> int:
 def cmd_batches(args) -> int:
     opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, packed=not args.unpacked,
                        ideal_readers=args.ideal_readers, eval_mode=args.eval, shuffle_seed=args.shuffle_seed)
+    if args.count < 0 or (args.count == 0 and not args.eval):
+        print("error: --count must be positive (0 = to the end, only with --eval)", file=sys.stderr)
+        return 2
     with Reader(args.path, opts, num_readers=args.num_readers, reader_index=args.reader_index,
                 wait_timeout_s=args.wait_timeout_s) as r:
-        got = list(r.iter_batches(start=args.start, count=args.count))
+        got = list(r.iter_batches(start=args.start, count=args.count or None))
     if not got:
         print(f"no batches: the eval pass has {r.num_batches} batches, --start was {args.start}", file=sys.stderr)
         return 1
@@ -175,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num_readers", type=int, default=1, help="R, reader hosts (must divide batch_size)")
     b.add_argument("--reader_index", type=int, default=0, help="r, this reader, in [0, R)")
     b.add_argument("--start", type=int, default=0, help="first batch (= training step)")
-    b.add_argument("--count", type=int, default=1, help="number of batches")
+    b.add_argument("--count", type=int, default=1, help="number of batches (0 with --eval: to the end of the pass)")
     b.add_argument("--eval", action="store_true", help="single pass in global order, last batch padded")
     b.add_argument("--shuffle_seed", type=int, default=None, help="growing-window shuffle seed (training)")
     b.add_argument("--wait_timeout_s", type=float, default=600.0,

@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import threading
 from typing import Any, Iterator
 
@@ -235,10 +236,14 @@ class Reader:
             body = fmt.dumps({"format": "chunkledger-unpacked-index", "seq_len": self.options.seq_len,
                               "fingerprint": fingerprint, "counts": counts.tolist()}).encode()
             try:
-                tmp = self.cache.path(rel) + f".tmp-{threading.get_ident()}"
-                self.cache.fs.makedirs(self.cache.path(INDEX_DIR), exist_ok=True)
-                self.cache.fs.pipe_file(tmp, body)
-                self.cache.fs.mv(tmp, self.cache.path(rel))
+                fs, final = self.cache.fs, self.cache.path(rel)
+                fs.makedirs(self.cache.path(INDEX_DIR), exist_ok=True)
+                if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+                    tmp = f"{final}.tmp-{os.getpid()}-{threading.get_ident()}"
+                    fs.pipe_file(tmp, body)
+                    os.replace(tmp, final)  # atomic: a concurrent reader sees the old or the new file
+                else:
+                    fs.pipe_file(final, body)  # object stores publish whole objects atomically
             except Exception:  # read-only cache: keep the table in memory only
                 pass
         return counts

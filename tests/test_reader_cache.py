@@ -169,3 +169,45 @@ def test_cachegen_writes_round_robin_shards_and_row_group_metadata(tmp):
     assert json.loads(pf.metadata.metadata[fmt.ROW_GROUP_TOKENS_KEY]) == [39, 5]
     assert pf.schema_arrow.remove_metadata() == fmt.CHUNK_SCHEMA
     assert json.load(open(os.path.join(tmp, fmt.sidecar_path(1, 1)))) == entries[2]
+
+
+def test_unpacked_index_is_cached_beside_the_ledger_and_checked(tmp):
+    chunks = _chunks(6, 6)
+    cachegen.write_synthetic_cache(tmp, chunks)
+    opts = ReadOptions(seq_len=5, batch_size=2, packed=False, ideal_readers=2)
+    with Reader(tmp, opts) as r:
+        want = r.batch(3)
+    path = os.path.join(tmp, "index", "unpacked-L5.json")
+    got = json.load(open(path))
+    assert got["counts"] == [sum(-(-len(d) // 5) for d in c) for c in chunks]
+    assert got["seq_len"] == 5
+
+    class NoColumnReads(Reader):
+        def _count_unpacked(self, table, c):
+            raise AssertionError("the cached index should have been used")
+
+    with NoColumnReads(tmp, opts) as r:
+        assert all(np.array_equal(r.batch(3)[k], want[k]) for k in want)
+    # a stale index (other chunks) is ignored and rewritten
+    got["fingerprint"] = "0" * 64
+    got["counts"] = [0] * len(chunks)
+    open(path, "w").write(json.dumps(got))
+    with Reader(tmp, opts) as r:
+        assert all(np.array_equal(r.batch(3)[k], want[k]) for k in want)
+    assert json.load(open(path))["fingerprint"] != "0" * 64
+
+
+def test_read_only_cache_keeps_the_unpacked_index_in_memory(tmp, monkeypatch):
+    chunks = _chunks(7, 4)
+    cachegen.write_synthetic_cache(tmp, chunks)
+    c = Cache(tmp)
+
+    def refuse(*a, **k):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(c.fs, "makedirs", refuse)  # (tests run as root, so chmod would not stop writes)
+    monkeypatch.setattr(c.fs, "pipe_file", refuse)
+    with Reader(c, ReadOptions(seq_len=5, batch_size=2, packed=False, ideal_readers=2)) as r:
+        x = r.batch(0)
+        assert x["valid"].all() and x["loss_mask"].any()
+    assert not os.path.exists(os.path.join(tmp, "index"))

@@ -71,6 +71,7 @@ def test_validate_as_a_subprocess_exits_nonzero(cache_dir):
     (["--unpacked", "--ideal_readers", "4", "--num_readers", "2", "--reader_index", "1"],
      dict(packed=False, ideal_readers=4)),
     (["--eval", "--start", "1", "--count", "50"], dict(eval_mode=True)),
+    (["--eval", "--start", "1", "--count", "0", "--unpacked"], dict(eval_mode=True, packed=False)),
     (["--shuffle_seed", "4", "--ideal_readers", "2", "--num_readers", "2", "--reader_index", "0"],
      dict(shuffle_seed=4, ideal_readers=2)),
 ])
