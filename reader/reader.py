@@ -187,6 +187,7 @@ class Reader:
         self._index_key: tuple[int, bool] | None = None
         self._unpacked_counts: dict[str, int] = {}  # chunk checksum -> unpacked examples (this seq_len)
         self._piece_cum: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self._perm_cache: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
 
     def close(self) -> None:
         self.store.close()
@@ -418,8 +419,7 @@ class Reader:
         L = opts.seq_len
         idx = self.stream_index()
         ex = b * opts.batch_size + self.my_rows
-        src = ex if self._shuffle_cfg is None else np.asarray(
-            order.shuffle_example_indices(ex, self._shuffle_cfg), dtype=np.int64)
+        src = self._source_indices(ex)
         s, j = order.split_example_index(src, opts.num_streams)
         if opts.packed:
             pos = np.concatenate([j * L, j * L + L - 1])
@@ -432,14 +432,30 @@ class Reader:
         _, chunks, offs = locate_streams(idx, s, pos)
         return [(int(c), offs[chunks == c]) for c in np.unique(chunks)]
 
+    def _source_indices(self, ex: np.ndarray) -> np.ndarray:
+        """``pi(ex)`` with a shuffle, else ``ex``. The prefetch planner and the assembler ask for the same
+        batches, so recent answers are kept (a few KB) instead of computing the cipher twice."""
+        if self._shuffle_cfg is None:
+            return ex
+        key = (int(ex[0]), ex.size, ex.tobytes()) if ex.size else None
+        with self._lock:
+            got = self._perm_cache.get(key)
+        if got is not None:
+            return got
+        src = np.asarray(order.shuffle_example_indices(ex, self._shuffle_cfg), dtype=np.int64)
+        src.setflags(write=False)
+        with self._lock:
+            self._perm_cache[key] = src
+            while len(self._perm_cache) > 4096:
+                self._perm_cache.popitem(last=False)
+        return src
+
     # -- assembling examples ---------------------------------------------------------------------------
     def _examples(self, ex: np.ndarray) -> dict[str, np.ndarray]:
         opts = self.options
         L, n = opts.seq_len, ex.size
         idx = self.stream_index()
-        src = ex
-        if self._shuffle_cfg is not None:
-            src = np.asarray(order.shuffle_example_indices(ex, self._shuffle_cfg), dtype=np.int64)
+        src = self._source_indices(ex)
         s, j = order.split_example_index(src, opts.num_streams)
         out = {
             "inputs": np.zeros((n, L), np.int32),
