@@ -15,6 +15,7 @@ import concurrent.futures as cf
 import dataclasses
 import json
 import threading
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -148,9 +149,11 @@ class ChunkStore:
         self.decodes = 0  # row groups decoded
         self.fast_decode = True  # PLAIN token pages: decompress and take the values (see fast_token_values)
         self._pool = cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
+        # a store dropped without close() still stops its threads
+        self._closer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closer()
 
     # -- LRU ------------------------------------------------------------------------------------------
     def _get(self, key: Any, load: Callable[[], tuple[Any, int]]) -> Any:
