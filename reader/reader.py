@@ -383,9 +383,8 @@ class Reader:
         rg_tokens = int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
         streams = order.streams_of_reader(opts.num_streams, self.num_readers, self.reader_index)
         local = len(streams) if streams is not None else opts.num_streams
-        # tokens each stream advances per batch (unpacked pieces are at most seq_len tokens)
-        per_batch = max(1.0, opts.batch_size * opts.seq_len / opts.num_streams / max(1, self.num_readers)
-                        * (self.num_readers if streams is None else 1))
+        # tokens each stream advances per global batch, whatever R (unpacked pieces are at most seq_len)
+        per_batch = max(1.0, opts.batch_size * opts.seq_len / opts.num_streams)
         want_tokens = rg_tokens
         cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))  # a quarter of the budget ahead
         return int(max(1, min(4096, math.ceil(min(want_tokens, cap_tokens) / per_batch))))
