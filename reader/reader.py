@@ -389,12 +389,18 @@ class Reader:
         cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))  # a quarter of the budget ahead
         return int(max(1, min(4096, math.ceil(min(want_tokens, cap_tokens) / per_batch))))
 
-    def _prefetch(self, b: int) -> list[cf.Future]:
+    def prefetch(self, b: int, rows=None) -> list[cf.Future]:
+        """Start loading, on the background threads, what rows ``rows`` (default: this reader's rows) of
+        batch ``b`` need, and return at once. For loaders that call :meth:`rows` themselves; use it a
+        few hundred batches ahead (:meth:`lookahead_batches`) so decoding overlaps serving."""
+        return self._prefetch(b, rows)
+
+    def _prefetch(self, b: int, rows=None) -> list[cf.Future]:
         """Start loading what batch ``b`` needs: one background task per chunk (fetch + verify, then decode
         its needed row groups), so the chunks of a batch load in parallel. Errors are left for the real
         read to report."""
         try:
-            plan = self._plan(b)
+            plan = self._plan(b, rows)
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
             return []
         return [self.store.submit(self._load_chunk_part, c, offs) for c, offs in plan]
@@ -411,13 +417,14 @@ class Reader:
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
             pass
 
-    def _plan(self, b: int) -> list[tuple[int, np.ndarray]]:
-        """``(chunk, unit offsets)`` that this reader's rows of batch ``b`` touch, in chunk order. Packed:
-        token offsets of each window's first and last token; unpacked: example offsets."""
+    def _plan(self, b: int, rows=None) -> list[tuple[int, np.ndarray]]:
+        """``(chunk, unit offsets)`` that rows ``rows`` (default: this reader's) of batch ``b`` touch, in
+        chunk order. Packed: token offsets of each window's first and last token; unpacked: example offsets."""
         opts = self.options
         L = opts.seq_len
         idx = self.stream_index()
-        ex = b * opts.batch_size + self.my_rows
+        rows = self.my_rows if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
+        ex = b * opts.batch_size + rows
         src = self._source_indices(ex)
         s, j = order.split_example_index(src, opts.num_streams)
         if opts.packed:

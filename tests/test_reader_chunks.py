@@ -139,3 +139,16 @@ def test_fast_token_decoding_equals_pyarrow(options):
                 assert np.array_equal(got, want)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_prefetch_loads_what_a_batch_needs_in_the_background(cache_dir):
+    root, chunks, entries = cache_dir
+    with Reader(root, ReadOptions(seq_len=8, batch_size=4, ideal_readers=2), num_readers=2, reader_index=1) as rd:
+        futs = rd.prefetch(3, rows=[0, 1, 2, 3])
+        assert futs
+        for f in futs:
+            f.result()
+        decoded, fetched = rd.store.decodes, rd.store.fetches
+        assert fetched > 0 and decoded > 0
+        rd.rows(3, [0, 1, 2, 3])  # everything it needs is already there
+        assert (rd.store.decodes, rd.store.fetches) == (decoded, fetched)
