@@ -13,7 +13,7 @@ from reader import EmptyStream, ReadOptions, Reader, order
 import cachegen
 
 KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
-SETTINGS = dict(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = dict(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
