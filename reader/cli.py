@@ -152,8 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("inspect", help="documents, tokens, chunks, tokenizer and length percentiles")
     q.add_argument("path", help="cache root (local path or gs://bucket/cache)")
-    q.add_argument("--max_chunks", type=int, default=0,
-                   help="read document lengths from at most this many chunks, spread evenly (0 = all)")
+    q.add_argument("--max_chunks", type=int, default=1000,
+                   help="read document lengths (for the percentiles) from at most this many chunks, spread "
+                        "evenly over the cache (default 1000; 0 = all). Counts always cover every chunk.")
     q.add_argument("--json", action="store_true", help="print JSON instead of text")
     q.add_argument("--threads", type=int, default=8, help="parallel chunk reads")
     q.set_defaults(fn=cmd_inspect)
