@@ -97,14 +97,12 @@ def test_real_cache_seek_equals_iterate_and_eval_covers_everything(built):
         assert len(got[0]) == len(got[1]) == nb
         toks, ids = [], []
         for b in range(nb):
-            rows = np.zeros(6, np.int64)
             batch = {}
             for r in range(2):
                 for key, v in got[r][b][1].items():
                     batch.setdefault(key, np.zeros((6,) + v.shape[1:], v.dtype))[order.reader_rows(6, 2, r)] = v
             toks.append(batch["targets"][batch["loss_mask"]])
             ids.append(batch["example_ids"][batch["valid"]])
-            del rows
         assert np.array_equal(np.concatenate(toks), every)  # every token of every document, once, in order
         ids = np.concatenate(ids)
         assert np.array_equal(ids, np.arange(ids.size))
