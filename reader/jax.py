@@ -308,14 +308,32 @@ class JaxLoader:
         pool = self._executor()
         window: collections.deque = collections.deque()
         nxt = b
+        # Reader.prefetch(b, rows) starts loading (on the reader's own threads) the row groups that batch b
+        # will need; we run it `look` batches ahead of the batch being built, like Reader.iter_batches does.
+        look = self._lookahead()
+        touches: collections.deque = collections.deque()
+
+        def touch(step):
+            try:
+                touches.extend(self.reader.prefetch(step, self.rows))
+            except Exception:  # noqa: BLE001 - a hint only; the real read reports any error
+                pass
 
         def refill():
             nonlocal nxt
             while len(window) < self.prefetch and (stop is None or nxt < stop):
                 window.append((nxt, pool.submit(self.global_batch, nxt)))
+                if look and (stop is None or nxt + look < stop):
+                    while touches and touches[0].done():
+                        touches.popleft()
+                    if len(touches) < 256:
+                        pool.submit(touch, nxt + look)
                 nxt += 1
 
         try:
+            if look:
+                for step in range(b, b + self.prefetch + 1 if stop is None else min(stop, b + self.prefetch + 1)):
+                    touch(step)  # the first window's chunks load in parallel
             refill()
             while window:
                 step, fut = window.popleft()
@@ -330,6 +348,15 @@ class JaxLoader:
         finally:
             for _, fut in window:
                 fut.cancel()
+            for fut in touches:
+                fut.cancel()
+
+    def _lookahead(self) -> int:
+        """Batches ahead to hint with ``Reader.prefetch`` (0: the reader has no such hint, or no rows here)."""
+        if self.rows.size == 0 or not hasattr(self.reader, "prefetch"):
+            return 0
+        get = getattr(self.reader, "lookahead_batches", None)
+        return int(get()) if callable(get) else self.prefetch + 1
 
     def __iter__(self) -> Iterator[dict]:
         """Batches from :attr:`start` on (just the dicts; use :meth:`iter_batches` for step numbers)."""

@@ -151,6 +151,7 @@ def test_multiprocess_global_batches(cache, tmp_path, nproc, mode):
             assert rec["rows"] == want_rows[p], (shape, names, spec, p)
             assert sorted(b for b, _ in rec["calls"][:steps]) == list(range(first, first + steps))
             assert all(rows == want_rows[p] for _, rows in rec["calls"])
+            assert rec["hints"] and all(rows == want_rows[p] for _, rows in rec["hints"])  # read-ahead too
             assert len(rec["calls"]) == steps + (first + steps - restart_at)
             assert [got["step"] for got in rec["batches"]] == list(range(first, first + steps))
             for bi, got in enumerate(rec["batches"]):

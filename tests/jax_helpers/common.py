@@ -16,6 +16,7 @@ class CountingReader:
         self.reader = reader
         self.options = reader.options
         self.calls: list[tuple[int, list[int]]] = []
+        self.hints: list[tuple[int, list[int]]] = []
         self._lock = threading.Lock()
 
     @property
@@ -26,6 +27,15 @@ class CountingReader:
         with self._lock:
             self.calls.append((int(b), [int(r) for r in rows]))
         return self.reader.rows(b, rows)
+
+    # read-ahead hints (Reader.prefetch): recorded separately, they load only the rows they are given
+    def lookahead_batches(self):
+        return self.reader.lookahead_batches()
+
+    def prefetch(self, b, rows):
+        with self._lock:
+            self.hints.append((int(b), [int(r) for r in rows]))
+        return self.reader.prefetch(b, rows)
 
 
 def spec_from_json(items):

@@ -65,6 +65,7 @@ def main(argv) -> int:
                                        sha(multihost_utils.process_allgather(per_segment, tiled=True))])
         loader.close()
         rec["calls"] = counting.calls
+        rec["hints"] = counting.hints
         result["setups"].append(rec)
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
