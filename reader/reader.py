@@ -41,54 +41,8 @@ INDEX_DIR = "index"
 
 
 def locate_streams(idx: order.StreamIndex, streams: np.ndarray, positions: np.ndarray):
-    """Vectorized over streams too: ``idx.locate_many`` for unit ``positions[k]`` of stream ``streams[k]``.
-
-    Same answers as calling ``idx.locate_many(s, positions[streams == s])`` per stream (tested), with one
-    set of numpy calls per batch instead of one per stream.
-    """
-    s = np.asarray(streams, dtype=np.int64)
-    j = np.asarray(positions, dtype=np.int64)
-    if s.size == 0:
-        z = np.zeros(0, np.int64)
-        return z, z, z
-    if (j < 0).any():
-        raise ValueError("stream positions must be non-negative")
-    if (s < 0).any() or (s >= idx.r).any():
-        raise ValueError(f"stream out of range [0, {idx.r})")
-    if idx.loop and idx.complete:
-        table = getattr(idx, "_chunkledger_epoch_table", None)
-        if table is None:
-            if idx.r * (idx._period + 1) > (1 << 22):  # huge R* * period: fall back to per-stream calls
-                return _locate_per_stream(idx, s, j)
-            table = np.stack([idx._epochs(int(x)) for x in range(idx.r)])  # [R*, period+1]
-            idx._chunkledger_epoch_table = table
-        per = table[s, -1]
-        if (per == 0).any():
-            idx.locate_many(int(s[per == 0][0]), [0])  # raises EmptyStream with the standard message
-        full, rem = np.divmod(j, per)
-        e_in = (table[s] <= rem[:, None]).sum(axis=1) - 1
-        epochs = full * idx._period + e_in
-        rem = rem - table[s, e_in]
-        rho = (s - epochs * idx.n) % idx.r
-    else:
-        epochs = np.zeros_like(j)
-        rho = s
-        total = idx._class_totals[s]
-        if (j >= total).any():
-            k = int(np.flatnonzero(j >= total)[0])
-            idx.locate_many(int(s[k]), [int(j[k])])  # raises NotYetAvailable / EndOfStream
-        rem = j
-    key = idx._starts[idx._class_first[rho]] + rem
-    slot = np.searchsorted(idx._starts, key, side="right") - 1
-    return epochs, idx._perm[slot], key - idx._starts[slot]
-
-
-def _locate_per_stream(idx, s, j):
-    e, c, o = (np.empty(s.size, np.int64) for _ in range(3))
-    for x in np.unique(s):
-        m = s == x
-        e[m], c[m], o[m] = idx.locate_many(int(x), j[m])
-    return e, c, o
+    """``idx.locate_streams``: locate unit ``positions[k]`` of stream ``streams[k]`` for a whole batch."""
+    return idx.locate_streams(streams, positions)
 
 
 @dataclasses.dataclass(frozen=True)
