@@ -350,11 +350,39 @@ def _line(doc: str) -> bytes:
     return (json.dumps({"text": doc}, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def build_corpus(out_dir: Path, size_bytes: int, shards: int, *, processes: int = 2, log=print) -> dict:
-    """Write (or reuse) ``shards`` jsonl shards totalling about ``size_bytes`` under ``out_dir``."""
+def _docs_of_corpus(corpus_dir: Path, size_bytes: int) -> tuple[list[str], dict]:
+    """The first documents of an existing corpus (in shard order), about ``size_bytes`` of them."""
+    m = json.loads((Path(corpus_dir) / "manifest.json").read_text())
+    docs, seen, total = [], set(), 0
+    for name in m["files"]:
+        with open(Path(corpus_dir) / name, "rb") as f:
+            for line in f:
+                d = json.loads(line)["text"]
+                if d in seen:
+                    continue
+                seen.add(d)
+                docs.append(d)
+                total += len(line)
+                if total >= size_bytes:
+                    break
+        if total >= size_bytes:
+            break
+    stats = {k: m[k] for k in ("source_files", "distinct_bytes_by_source") if k in m}
+    stats.update(distinct_docs=len(docs), distinct_bytes=total, derived_from=str(corpus_dir))
+    return docs, stats
+
+
+def build_corpus(out_dir: Path, size_bytes: int, shards: int, *, processes: int = 2, log=print,
+                 from_corpus: Path | None = None) -> dict:
+    """Write (or reuse) ``shards`` jsonl shards totalling about ``size_bytes`` under ``out_dir``.
+
+    With ``from_corpus``, the documents are the first ones of that (larger) corpus, so both corpora hold
+    the same kind of text.
+    """
     out_dir = Path(out_dir)
     manifest_path = out_dir / "manifest.json"
-    params = {"version": CORPUS_VERSION, "size_bytes": size_bytes, "shards": shards}
+    params = {"version": CORPUS_VERSION, "size_bytes": size_bytes, "shards": shards,
+              "from": str(from_corpus) if from_corpus else None}
     if manifest_path.exists():
         m = json.loads(manifest_path.read_text())
         if m.get("params") == params and all((out_dir / f).exists() for f in m["files"]):
@@ -364,8 +392,11 @@ def build_corpus(out_dir: Path, size_bytes: int, shards: int, *, processes: int 
         old.unlink()
     # For small corpora read only a bit more than needed; for large ones read everything available.
     limit = None if size_bytes > 50_000_000 else int(size_bytes * 1.2) + 100_000
-    docs, stats = _cached_docs(out_dir.parent / f"distinct-v{CORPUS_VERSION}-{limit or 'all'}.jsonl", limit,
-                               processes, log)
+    if from_corpus is not None:
+        docs, stats = _docs_of_corpus(from_corpus, size_bytes)
+    else:
+        docs, stats = _cached_docs(out_dir.parent / f"distinct-v{CORPUS_VERSION}-{limit or 'all'}.jsonl",
+                                   limit, processes, log)
     if not docs:
         raise RuntimeError("no source text found on this machine (looked in /usr/share/doc, man, info, Python)")
     lines = [_line(d) for d in docs]

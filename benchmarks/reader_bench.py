@@ -78,19 +78,24 @@ def warm(cache: Path) -> int:
     return n
 
 
-def read_reader(cache: Path, opts: ReadOptions, batches: int) -> tuple[float, list]:
-    """Seconds to iterate ``batches`` batches (from opening the reader), and the first two batches' targets."""
+def read_reader(cache: Path, opts: ReadOptions, batches: int, max_s: float | None = None):
+    """Seconds to iterate ``batches`` batches (from opening the reader), the first two batches' targets,
+    and the number of batches read (fewer if ``max_s`` ran out first)."""
     t = time.perf_counter()
     r = Reader(str(cache), opts)
     first = []
     sink = 0
+    done = 0
     for b, batch in r.iter_batches(0, batches):
         if b < 2:
             first.append(batch["targets"].copy())
         sink += int(batch["targets"][0, 0])  # touch the result
+        done += 1
+        if max_s is not None and time.perf_counter() - t > max_s:
+            break
     dt = time.perf_counter() - t
     r.close()
-    return dt, first
+    return dt, first, done
 
 
 # --------------------------------------------------------------------------------------------------
@@ -217,7 +222,8 @@ def time_seek(cache: Path, opts: ReadOptions, step: int) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
-def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float], seek_reps: int) -> dict:
+def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float], seek_reps: int,
+        budget_max_s: float = 20.0) -> dict:
     res: dict = {}
     seq_opts = ReadOptions(seq_len=L, batch_size=B, packed=True)
     shuf_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0)
@@ -234,9 +240,9 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
     # -- reader runs first (RSS before any memmap pages exist) --------------------------------------
     seq_s, shuf_s = [], []
     with RssSampler() as rss:
-        dt, seq_first = read_reader(cache, seq_opts, batches)
+        dt, seq_first, _ = read_reader(cache, seq_opts, batches)
         seq_s.append(dt)
-        dt, shuf_first = read_reader(cache, shuf_opts, batches)
+        dt, shuf_first, _ = read_reader(cache, shuf_opts, batches)
         shuf_s.append(dt)
     res["reader_peak_rss_mb"] = rss.peak / 1e6
     res["reader_rss_growth_mb"] = (rss.peak - rss_base) / 1e6
@@ -305,8 +311,9 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
     for mult in budgets:
         budget = int(seq_opts.memory_budget_bytes * mult)
         o = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, memory_budget_bytes=budget)
-        dt, _ = read_reader(cache, o, batches)
-        curve.append([budget / 1e6, tokens / dt])
+        dt, _, done = read_reader(cache, o, batches, max_s=budget_max_s)
+        curve.append([budget / 1e6, done * B * L / dt])
+        log(f"reader: shuffled, budget {budget / 1e6:.0f} MB: {done * B * L / dt / 1e6:.2f} M tok/s")
     res["reader_budget_curve"] = curve
     res["cache_bytes_read_for_warmup"] = cache_bytes
     return res
