@@ -377,7 +377,7 @@ def finished_ledger(plan: dict[str, Any], results: Iterable[dict[str, Any]]) -> 
         sc = sidecars.get((s, k))
         if sc is None:
             raise BuildError(f"internal: chunk {fmt.chunk_path(s, k)} is missing after the build")
-        entry = dict(sc)
+        entry = fmt.ledger_entry(sc)  # without the row-group index; with the sidecar's checksum
         entry["doc_offset"] = docs
         entry["token_offset"] = tokens
         docs += sc["docs"]

@@ -262,6 +262,9 @@ class ChunkBuilder:
         self.writer.close()
         data = self.sink.getvalue().to_pybytes()
         self.sink = None
+        # byte range + sha256 of each row group and of the footer: readers fetch and verify row groups alone
+        rg_index, footer = fmt.row_group_index(data)
+        assert [e[3] for e in rg_index] == self.row_group_token_counts, "row-group index disagrees with writer"
         self._spool_bad()
         dl_rel = None
         if self.bad_spool is not None:
@@ -282,12 +285,14 @@ class ChunkBuilder:
             "bytes": len(data),
             "checksum": fmt.checksum(data),
             "row_groups": len(self.row_group_token_counts),
+            "row_group_index": rg_index,
+            "footer": footer,
             "bad_records": sum(self.bad_reasons.values()),
             "bad_reasons": dict(sorted(self.bad_reasons.items())),
             "dead_letters": dl_rel,
         }
         fsutil.write_atomic(fsutil.join(self.root, fmt.sidecar_path(self.shard, self.index)),
-                            fmt.dumps(sidecar).encode())
+                            fmt.sidecar_bytes(sidecar))
         inc = self.counters.inc
         inc("documents", self.docs)
         inc("tokens", self.tokens)
@@ -311,6 +316,8 @@ def verify_chunk(root: str, shard: int, index: int) -> dict[str, Any] | None:
         return None
     if not isinstance(sidecar, dict) or sidecar.get("path") != fmt.chunk_path(shard, index):
         return None
+    if any(k not in sidecar for k in fmt.SIDECAR_ONLY_KEYS):
+        return None  # written before sidecars carried the row-group index: rebuild the chunk
     path = fsutil.join(root, sidecar["path"])
     if fsutil.file_size(path) != sidecar.get("bytes"):
         return None

@@ -274,6 +274,7 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
     t = cache.table
     rel = t.paths[index]
     problems = []
+    data = None
     try:
         try:
             data = cache.fs.cat_file(cache.path(rel))
@@ -295,13 +296,28 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
     shard, k = int(t.shard[index]), int(t.index_in_shard[index])
     side = fmt.sidecar_path(shard, k)
     try:
-        entry = json.loads(cache.fs.cat_file(cache.path(side)))
+        raw = cache.fs.cat_file(cache.path(side))
+        entry = json.loads(raw)
         if cache.complete:
-            want = {key: v for key, v in cache.ledger.raw["chunks"][index].items()
-                    if key not in ("doc_offset", "token_offset")}
-            if entry != want:
-                diff = sorted(key for key in set(entry) | set(want) if entry.get(key) != want.get(key))
+            want = dict(cache.ledger.raw["chunks"][index])
+            want_sum = want.pop("sidecar_checksum", None)
+            want.pop("doc_offset", None)
+            want.pop("token_offset", None)
+            got = {key: v for key, v in entry.items() if key not in fmt.SIDECAR_ONLY_KEYS}
+            if got != want:
+                diff = sorted(key for key in set(got) | set(want) if got.get(key) != want.get(key))
                 problems.append(f"{cache.display(side)}: sidecar differs from the ledger entry in {diff}")
+            elif want_sum is not None and fmt.checksum(raw) != want_sum:
+                problems.append(f"{cache.display(side)}: sidecar checksum {fmt.checksum(raw)}, the ledger says "
+                                f"{want_sum}")
+        if data is not None:
+            try:
+                index_want, footer_want = fmt.row_group_index(data)
+                if [entry.get("row_group_index"), entry.get("footer")] != [index_want, footer_want]:
+                    problems.append(f"{cache.display(side)}: row_group_index/footer do not match the chunk file "
+                                    "(or are missing: sidecar written by an older chunkledger; rebuild)")
+            except fmt.FormatError:
+                pass  # the chunk itself was reported above
     except FileNotFoundError:
         problems.append(f"{cache.display(side)}: sidecar missing")
     except ValueError as e:

@@ -94,7 +94,7 @@ def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offse
 def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Sequence[int]], *,
                 chunk_bytes: int = 1000, row_group_tokens: int = 64, sidecar: bool = True,
                 writer_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Write one chunk's parquet (then its sidecar) atomically; return its ledger entry (no offsets)."""
+    """Write one chunk's parquet (then its sidecar) atomically; return the sidecar dict."""
     fs, base = _fs(root)
     lo = index_in_shard * chunk_bytes
     data, _ = chunk_bytes_of(docs, shard=shard, first_offset=lo, row_group_tokens=row_group_tokens,
@@ -112,8 +112,9 @@ def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Seque
         "checksum": fmt.checksum(data),
         "bad_records": 0,
     }
+    entry["row_group_index"], entry["footer"] = fmt.row_group_index(data)
     if sidecar:
-        _atomic_write(fs, base + "/" + fmt.sidecar_path(shard, index_in_shard), fmt.dumps(entry).encode())
+        _atomic_write(fs, base + "/" + fmt.sidecar_path(shard, index_in_shard), fmt.sidecar_bytes(entry))
     return entry
 
 
@@ -122,7 +123,7 @@ def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_toke
     chunks = []
     doc_off = tok_off = 0
     for e in entries if finished else []:
-        chunks.append(dict(e, doc_offset=doc_off, token_offset=tok_off))
+        chunks.append(dict(fmt.ledger_entry(e), doc_offset=doc_off, token_offset=tok_off))
         doc_off += e["docs"]
         tok_off += e["tokens"]
     ledger = {

@@ -75,8 +75,22 @@ def check_cache(root: str, paths: list[str], chunk_bytes: int, append_eos: bool 
         assert c["doc_offset"] == doc_off and c["token_offset"] == tok_off
         data = open(os.path.join(root, c["path"]), "rb").read()
         assert len(data) == c["bytes"] and fmt.checksum(data) == c["checksum"]
-        side = json.load(open(os.path.join(root, fmt.sidecar_path(c["shard"], c["index_in_shard"]))))
-        assert side == {k: v for k, v in c.items() if k not in ("doc_offset", "token_offset")}
+        side_bytes = open(os.path.join(root, fmt.sidecar_path(c["shard"], c["index_in_shard"])), "rb").read()
+        side = json.loads(side_bytes)
+        assert fmt.checksum(side_bytes) == c["sidecar_checksum"]
+        assert {k: v for k, v in side.items() if k not in fmt.SIDECAR_ONLY_KEYS} == \
+            {k: v for k, v in c.items() if k not in ("doc_offset", "token_offset", "sidecar_checksum")}
+        assert "row_group_index" not in c and "footer" not in c  # the ledger stays small
+        # row-group byte ranges: contiguous from byte 4, each hashed, then the footer up to EOF
+        pos = 4
+        for off, length, ndocs, ntok, sha in side["row_group_index"]:
+            assert off == pos and fmt.checksum(data[off:off + length]) == sha
+            pos += length
+        assert [e[2] for e in side["row_group_index"]] == \
+            [pq.ParquetFile(os.path.join(root, c["path"])).metadata.row_group(g).num_rows
+             for g in range(len(side["row_group_index"]))]
+        assert side["footer"] == [pos, len(data) - pos, fmt.checksum(data[pos:])]
+        assert data[-4:] == b"PAR1" and sum(e[3] for e in side["row_group_index"]) == c["tokens"]
         pf = pq.ParquetFile(os.path.join(root, c["path"]))
         assert pf.schema_arrow.equals(fmt.CHUNK_SCHEMA, check_metadata=False)
         rg = json.loads(pf.metadata.metadata[fmt.ROW_GROUP_TOKENS_KEY])

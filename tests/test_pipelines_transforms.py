@@ -129,7 +129,7 @@ def test_finished_ledger_is_pure_and_ordered(tmp_path):
     with pipeline() as p:
         _ = p | bc.BuildCache(out, plan, tok, max_bad_fraction=1.0)
     ledger = json.load(open(f"{out}/{fmt.LEDGER_NAME}"))
-    sidecars = [{k: v for k, v in c.items() if k not in ("doc_offset", "token_offset")} for c in ledger["chunks"]]
+    sidecars = [json.load(open(f"{out}/{fmt.sidecar_path(c['shard'], c['index_in_shard'])}")) for c in ledger["chunks"]]
     done = {"chunks": ledger["inputs"][1]["chunks"], "uncompressed_bytes": ledger["inputs"][1]["uncompressed_bytes"]}
     results = [{"shard": s["shard"], "sidecars": [s], "done": None} for s in sidecars[::-1]]
     results.append({"shard": 1, "sidecars": [], "done": done})
