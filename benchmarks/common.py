@@ -32,6 +32,7 @@ class Monitored:
     peak_rss_tree_mb: float  # max over samples of the summed RSS of the whole process tree
     peak_rss_proc_mb: float  # max over samples and processes of one process's RSS
     samples: list = field(default_factory=list)  # [t, rss_tree_mb, cpu_cores, progress]
+    other_cores: float = 0.0  # mean cores used by OTHER processes on the machine meanwhile (contention)
     result: dict | None = None  # the child's BENCH_RESULT line, if any
     stdout_tail: str = ""
     stderr_tail: str = ""
@@ -61,6 +62,8 @@ def run_monitored(
         full_env.update(env)
     out_f = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{os.getpid()}-out.txt", "w+b")
     err_f = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{os.getpid()}-err.txt", "w+b")
+    sys0 = _busy_cpu_s()
+    tree_cpu = 0.0
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=full_env, cwd=str(cwd or REPO), stdout=out_f, stderr=err_f)
     root = psutil.Process(proc.pid)
@@ -71,7 +74,7 @@ def run_monitored(
     stop = threading.Event()
 
     def sample() -> None:
-        nonlocal peak_tree, peak_proc, t_prev
+        nonlocal peak_tree, peak_proc, t_prev, tree_cpu
         now = time.perf_counter()
         rss_sum = 0.0
         cpu_sum = 0.0
@@ -88,6 +91,7 @@ def run_monitored(
             cpu_sum += cpu - cpu_prev.get(p.pid, cpu)
             cpu_prev[p.pid] = cpu
         peak_tree = max(peak_tree, rss_sum)
+        tree_cpu += cpu_sum
         dt = max(1e-6, now - t_prev)
         t_prev = now
         prog = None
@@ -115,6 +119,7 @@ def run_monitored(
                 proc.wait()
                 raise RuntimeError(f"timed out after {timeout_s} s: {' '.join(cmd)}")
     wall = time.perf_counter() - t0
+    other = max(0.0, (_busy_cpu_s() - sys0 - tree_cpu) / max(wall, 1e-6))
     if progress is not None:
         try:
             samples.append([round(wall, 3), 0.0, 0.0, progress()])
@@ -137,6 +142,7 @@ def run_monitored(
         returncode=proc.returncode,
         peak_rss_tree_mb=peak_tree,
         peak_rss_proc_mb=peak_proc,
+        other_cores=other,
         samples=samples,
         result=result,
         stdout_tail=out[-3000:],
@@ -148,6 +154,12 @@ def run_monitored(
             f"--- stderr (tail) ---\n{m.stderr_tail}\n--- stdout (tail) ---\n{m.stdout_tail}"
         )
     return m
+
+
+def _busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (all processes) since boot."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
 
 
 def emit_result(obj: dict) -> None:

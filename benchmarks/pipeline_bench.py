@@ -117,6 +117,7 @@ def build(
         "tokens_per_s": tokens / m.wall_s,
         "peak_rss_tree_mb": m.peak_rss_tree_mb,
         "peak_rss_proc_mb": m.peak_rss_proc_mb,
+        "other_cores": m.other_cores,
         "parquet_bytes": parquet,
         "cache_bytes": total_bytes,
         "chunk_bytes": ledger["config"].get("chunk_bytes"),
@@ -127,5 +128,6 @@ def build(
     res.update(steady_state(m.samples, tokens))
     res.update(cpu_busy(m.samples))
     log(f"build: {tokens} tokens in {m.wall_s:.1f} s = {res['tokens_per_s'] / 1e6:.2f} M tok/s whole command, "
-        f"steady {((res['steady_tokens_per_s'] or 0) / 1e6):.2f} M tok/s, peak RSS tree {m.peak_rss_tree_mb:.0f} MB")
+        f"steady {((res['steady_tokens_per_s'] or 0) / 1e6):.2f} M tok/s, peak RSS tree {m.peak_rss_tree_mb:.0f} MB "
+        f"(other processes used {m.other_cores:.2f} cores meanwhile)")
     return res

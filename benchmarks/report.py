@@ -34,7 +34,10 @@ MAIN_ROWS = [
 ]
 
 SECONDARY_ROWS = [
-    ("limit_tokens_per_s", "the limit: tiktoken, 2 processes, texts in memory (best of 2 runs)", "rate"),
+    ("limit_tokens_per_s", "the limit: tiktoken, 2 processes, texts in memory (faster of the runs around our builds)", "rate"),
+    ("limit_tokens_per_s_a", "the limit, run before our builds", "rate"),
+    ("limit_tokens_per_s_b", "the limit, run after our builds (before HF datasets)", "rate"),
+    ("limit_tokens_per_s_c", "the limit, run after HF datasets", "rate"),
     ("raw_hf_tokens_per_s", "raw HF tokenizers, `encode_batch_fast`, 2 threads", "rate"),
     ("raw_hf_vs_raw", "raw HF tokenizers / the limit", "ratio"),
     ("pipeline_tokens_per_s", "our build, whole command (tiktoken, 2 workers)", "rate"),
@@ -48,10 +51,10 @@ SECONDARY_ROWS = [
     ("pipeline_1w_tokens_per_s", "our build, 1 worker, whole command", "rate"),
     ("pipeline_steady_scaling_2_vs_1", "steady state, 2 workers / 1 worker", "ratio"),
     ("hf_datasets_tokens_per_s", "HF datasets with tiktoken, whole command", "rate"),
-    ("hf_datasets_vs_raw", "HF datasets with tiktoken / the limit", "ratio"),
+    ("hf_datasets_vs_raw", "HF datasets with tiktoken / the limit (faster of the runs around it)", "ratio"),
     ("hf_datasets_map_tokens_per_s", "HF datasets with tiktoken, `.map` phase only", "rate"),
     ("hf_datasets_hf_tokens_per_s", "HF datasets with HF tokenizers, whole command", "rate"),
-    ("hf_datasets_hf_vs_raw", "HF datasets with HF tokenizers / the limit", "ratio"),
+    ("hf_datasets_hf_vs_raw_hf", "HF datasets with HF tokenizers / raw HF tokenizers", "ratio"),
     ("hf_datasets_bytes_per_token", "HF datasets' default Parquet, bytes per token", "num"),
     ("parquet_bytes_per_token", "our chunk Parquet files only, bytes per token", "num"),
     ("pipeline_peak_rss_mb", "pipeline peak RSS, whole process tree, main shards (MB)", "mb"),
@@ -266,6 +269,13 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
     for key, meaning, kind in SECONDARY_ROWS:
         if key in fig:
             lines.append(f"| `{key}` | {meaning} | {_fmt(fig[key], kind)} |")
+    other = sorted(k for k in fig if k.startswith("other_cores_during_"))
+    if other:
+        lines += ["", "### Contention (the machine is shared)", "",
+                  "Mean CPU cores used by *other* processes on the machine while each measurement ran "
+                  "(2 cores in all). Ratios between runs with very different contention are less reliable.", "",
+                  "| measurement | other cores |", "|---|---|"]
+        lines += [f"| {k[len('other_cores_during_'):]} | {fig[k]:.2f} |" for k in other]
     lines += ["", "## Missed targets: why, and what would close them", ""]
     if not missed:
         lines.append("None.")
@@ -313,7 +323,10 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "",
         "- **The limit**: the texts are loaded into memory, then 2 forked processes each encode half of them "
         "(split by characters) with tiktoken `cl100k_base` (`encode_ordinary`); tokens / time of the slower "
-        "process. Run at the start and at the end of the suite; the faster of the two is used (conservative).",
+        "process. Run before our builds, between our builds and HF datasets, and after HF datasets; each ratio "
+        "uses the faster of the limit runs adjacent to it (conservative). Order of the suite: limit, our build "
+        "(2 workers), our build (1 worker), limit, HF datasets (tiktoken), limit, raw HF tokenizers, our HF "
+        "build, HF datasets (HF tokenizers), small-shard build, reader, shuffle.",
         "- **Raw HF tokenizers**: `Tokenizer.encode_batch_fast` over batches of 1024 documents, "
         "`RAYON_NUM_THREADS=2`, with cl100k converted offline to a `tokenizer.json` by transformers' "
         "`TikTokenConverter` using the **original** (non-possessive) cl100k pattern, special tokens at "

@@ -72,15 +72,16 @@ def _env_offline() -> dict:
 
 def run_limit(corpus: Path) -> dict:
     m = run_monitored([_py(), "-m", "benchmarks.baselines", "limit", "--corpus", str(corpus)])
-    r = m.result
-    log(f"limit (tiktoken, 2 processes, in memory): {r['tokens_per_s'] / 1e6:.2f} M tok/s")
+    r = dict(m.result, other_cores=m.other_cores)
+    log(f"limit (tiktoken, 2 processes, in memory): {r['tokens_per_s'] / 1e6:.2f} M tok/s "
+        f"(other processes used {m.other_cores:.2f} cores meanwhile)")
     return r
 
 
 def run_raw_hf(corpus: Path, tokenizer_json: Path) -> dict:
     m = run_monitored([_py(), "-m", "benchmarks.baselines", "raw_hf", "--corpus", str(corpus),
                        "--tokenizer_json", str(tokenizer_json)], env={"RAYON_NUM_THREADS": "2"})
-    r = m.result
+    r = dict(m.result, other_cores=m.other_cores)
     log(f"raw HF tokenizers ({r['method']}, 2 threads): {r['tokens_per_s'] / 1e6:.2f} M tok/s")
     return r
 
@@ -93,7 +94,7 @@ def run_hf_datasets(corpus: Path, backend: str, work: Path, tokenizer_json: Path
            "--out", str(base / "out"), "--cache_dir", str(base / "cache"), "--tokenizer_json", str(tokenizer_json)]
     m = run_monitored(cmd, env=_env_offline())
     r = dict(m.result)
-    r.update(wall_s=m.wall_s, tokens=tokens, tokens_per_s=tokens / m.wall_s, peak_rss_tree_mb=m.peak_rss_tree_mb,
+    r.update(wall_s=m.wall_s, tokens=tokens, other_cores=m.other_cores, tokens_per_s=tokens / m.wall_s, peak_rss_tree_mb=m.peak_rss_tree_mb,
              bytes_per_token=r["parquet_bytes"] / tokens, map_tokens_per_s=tokens / r["map_s"])
     log(f"HF datasets ({backend}): {r['tokens_per_s'] / 1e6:.2f} M tok/s whole command "
         f"({r['wall_s']:.1f} s; map {r['map_s']:.1f} s)")
@@ -183,21 +184,26 @@ def main(argv=None) -> int:
     cache_tt = work / f"cache-{profile}-tiktoken"
     cache_hf = work / f"cache-{profile}-hf"
 
-    # -- side by side: limit, our build, raw HF, our HF build, HF datasets x2, 1 worker, small shards -------------
-    limit1 = run_limit(corpus)
+    # -- side by side. Pairs that form a ratio run back to back; the limit runs before and after the
+    # builds it is compared with, and the faster adjacent run is used (conservative). ----------------------------
+    limit_a = run_limit(corpus)
     builds["tiktoken_2w"] = pipeline_bench.build(inputs, cache_tt, "tiktoken:cl100k_base", workers=2)
+    builds["tiktoken_1w"] = pipeline_bench.build(inputs, work / f"cache-{profile}-tiktoken-1w", "tiktoken:cl100k_base",
+                                                 workers=1)
+    limit_b = run_limit(corpus)
+    hfd_tt = run_hf_datasets(corpus, "tiktoken", work, tokenizer_json, limit_a["tokens"])
+    limit_c = run_limit(corpus)
     raw_hf = run_raw_hf(hf_corpus, tokenizer_json)
     builds["hf_2w"] = pipeline_bench.build([str(hf_corpus / "shard-*.jsonl")], cache_hf, str(tokenizer_json),
                                            workers=2)
-    tokens_tt = builds["tiktoken_2w"]["tokens"]
-    tokens_hf = builds["hf_2w"]["tokens"]
-    hfd_tt = run_hf_datasets(corpus, "tiktoken", work, tokenizer_json, limit1["tokens"])
     hfd_hf = run_hf_datasets(hf_corpus, "hf", work, tokenizer_json, raw_hf["tokens"])
-    builds["tiktoken_1w"] = pipeline_bench.build(inputs, work / f"cache-{profile}-tiktoken-1w", "tiktoken:cl100k_base", workers=1)
     builds["tiktoken_2w_small_shards"] = pipeline_bench.build(
         [str(small / "shard-*.jsonl")], work / f"cache-{profile}-small-shards", "tiktoken:cl100k_base", workers=2)
-    limit2 = run_limit(corpus)
-    limit = limit1 if limit1["tokens_per_s"] >= limit2["tokens_per_s"] else limit2  # the faster one: conservative
+    tokens_tt = builds["tiktoken_2w"]["tokens"]
+    tokens_hf = builds["hf_2w"]["tokens"]
+    best = lambda *ls: max(ls, key=lambda r: r["tokens_per_s"])  # noqa: E731
+    limit = best(limit_a, limit_b)  # around our builds
+    limit_hfd = best(limit_b, limit_c)  # around HF datasets
 
     for name, b, m_ in (("tiktoken_2w", builds["tiktoken_2w"], cm), ("hf_2w", builds["hf_2w"], hm),
                         ("tiktoken_1w", builds["tiktoken_1w"], cm), ("tiktoken_2w_small_shards",
@@ -214,8 +220,10 @@ def main(argv=None) -> int:
     fig.update({
         "tokens": tokens_tt,
         "limit_tokens_per_s": limit["tokens_per_s"],
-        "limit_tokens_per_s_run1": limit1["tokens_per_s"],
-        "limit_tokens_per_s_run2": limit2["tokens_per_s"],
+        "limit_tokens_per_s_a": limit_a["tokens_per_s"],
+        "limit_tokens_per_s_b": limit_b["tokens_per_s"],
+        "limit_tokens_per_s_c": limit_c["tokens_per_s"],
+        "limit_around_hf_datasets_tokens_per_s": limit_hfd["tokens_per_s"],
         "raw_hf_tokens_per_s": raw_hf["tokens_per_s"],
         "pipeline_tokens_per_s": b2["tokens_per_s"],
         "pipeline_wall_s": b2["wall_s"],
@@ -232,8 +240,8 @@ def main(argv=None) -> int:
         "hf_datasets_map_tokens_per_s": hfd_tt["map_tokens_per_s"],
         "hf_datasets_hf_map_tokens_per_s": hfd_hf["map_tokens_per_s"],
         "hf_datasets_bytes_per_token": hfd_tt["bytes_per_token"],
-        "hf_datasets_vs_raw": hfd_tt["tokens_per_s"] / limit["tokens_per_s"],
-        "hf_datasets_hf_vs_raw": hfd_hf["tokens_per_s"] / limit["tokens_per_s"],
+        "hf_datasets_vs_raw": hfd_tt["tokens_per_s"] / limit_hfd["tokens_per_s"],
+        "hf_datasets_hf_vs_raw_hf": hfd_hf["tokens_per_s"] / raw_hf["tokens_per_s"],
         "hf_corpus_mb": hm["bytes"] / 1e6,
         "hf_tokens": tokens_hf,
         "raw_hf_vs_raw": raw_hf["tokens_per_s"] / limit["tokens_per_s"],
@@ -255,9 +263,15 @@ def main(argv=None) -> int:
         "pipeline_chunks": b2["chunks"],
         "pipeline_chunk_mb": (b2["chunk_bytes"] or 0) / 1e6,
     })
+    # Contention: mean cores used by other processes on this shared machine during each measurement.
+    for name, r in (("limit_a", limit_a), ("limit_b", limit_b), ("limit_c", limit_c), ("raw_hf", raw_hf),
+                    ("hf_datasets", hfd_tt), ("hf_datasets_hf", hfd_hf)):
+        fig[f"other_cores_during_{name}"] = r["other_cores"]
+    for name, b in builds.items():
+        fig[f"other_cores_during_pipeline_{name}"] = b["other_cores"]
     details["builds"] = {k: {kk: vv for kk, vv in v.items() if kk != "samples"} for k, v in builds.items()}
     details["samples"] = {k: v["samples"] for k, v in builds.items()}
-    details["baselines"] = {"limit": [limit1, limit2], "raw_hf": raw_hf, "hf_datasets_tiktoken": hfd_tt,
+    details["baselines"] = {"limit": [limit_a, limit_b, limit_c], "raw_hf": raw_hf, "hf_datasets_tiktoken": hfd_tt,
                             "hf_datasets_hf": hfd_hf}
     details["commands"] = build_commands(inputs, cache_tt, tokenizer_json, corpus, hf_corpus)
 
