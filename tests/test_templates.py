@@ -374,3 +374,37 @@ def test_top_level_make_template_delegates_to_templates():
     assert proc.returncode == 0, proc.stderr
     cmds = gcloud_commands(proc.stdout)
     assert len(cmds) == 3 and flag(cmds[2], "project") == ["p-1"] and flag(cmds[2], "region") == ["us-east1"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The launcher's view: templates/main.py describing a Dataflow job (as the Flex Template launcher does)
+
+
+def test_template_main_describes_a_dataflow_job_without_running_it(tmp_path, capsys):
+    pytest.importorskip("google.cloud.dataflow_v1beta3", reason="apache-beam[gcp] is not installed")
+    pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator (test extra) is not installed")
+    from gcs_emulator import GcsEmulator
+
+    image = "europe-west4-docker.pkg.dev/chunkledger-test/chunkledger/chunkledger-build-cache:t1"
+    job_file = tmp_path / "job.json"
+    with GcsEmulator(bucket="chunkledger-tpl") as emu:
+        emu.upload(ROOT / "pipelines" / "sample_corpus" / "part-03.jsonl.gz", "corpus/part-03.jsonl.gz")
+        # What the launcher passes: template parameters as --name=value, then the job's Beam options.
+        argv = [f"--input={emu.url('corpus/*.jsonl.gz')}", f"--output={emu.url('cache')}",
+                "--tokenizer=tiktoken:cl100k_base", "--append_eos=true", "--chunk_bytes=16KiB",
+                "--runner=DataflowRunner", "--project=chunkledger-test", "--region=europe-west4",
+                f"--temp_location={emu.url('tmp')}", f"--sdk_container_image={image}", "--sdk_location=container",
+                "--job_name=chunkledger-tpl", f"--template_location={job_file}"]
+        with emu.beam_env():
+            template_main.main(argv)  # no SystemExit: describing the job is the launcher's whole job
+        plan = json.loads(emu.gcsfs().cat_file(f"{emu.bucket}/cache/ledger.json"))
+    assert "job described, not run here" in capsys.readouterr().out
+    assert plan["finished"] is False and plan["config"]["append_eos"] is True
+    assert plan["config"]["chunk_bytes"] == 16 << 10
+    job = json.loads(job_file.read_text())
+    assert job["environment"]["workerPools"][0]["sdkHarnessContainerImages"][0]["containerImage"] == image
+
+    with pytest.raises(SystemExit) as e:  # a real error still fails the launch
+        template_main.main(["--input=/nonexistent/*.jsonl", "--output=/tmp/x", "--tokenizer=tiktoken:cl100k_base",
+                            "--runner=DataflowRunner", "--dry_run=True"])
+    assert e.value.code == 2
