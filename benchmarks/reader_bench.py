@@ -134,6 +134,35 @@ def write_flat_file(cache: Path, opts: ReadOptions, need_tokens: np.ndarray, out
     return base
 
 
+def decode_rate(cache: Path, min_s: float = 1.0) -> tuple[float, float]:
+    """One core, bytes already in memory: tokens/s of decoding the token column of whole row groups
+    (Parquet -> flat int32 numpy), and of that plus a sha256 of the chunk bytes (what a first read costs)."""
+    import hashlib
+
+    import pyarrow as pa
+
+    table = json.loads((cache / fmt.LEDGER_NAME).read_text())["chunks"]
+    blobs = [(cache / e["path"]).read_bytes() for e in table[: min(4, len(table))]]
+    n = 0
+    t = time.perf_counter()
+    while True:
+        for data in blobs:
+            pf = pq.ParquetFile(pa.BufferReader(data))
+            for g in range(pf.num_row_groups):
+                col = pf.read_row_group(g, columns=[fmt.TOKEN_COLUMN]).column(0)
+                n += col.combine_chunks().flatten().to_numpy().size
+        dt = time.perf_counter() - t
+        if dt >= min_s:
+            break
+    dec = n / dt
+    t = time.perf_counter()
+    for data in blobs:
+        hashlib.sha256(data).digest()
+    hash_s = time.perf_counter() - t
+    tokens = sum(e["tokens"] for e in table[: len(blobs)])
+    return dec, tokens / (tokens / dec + hash_s)
+
+
 def memmap_rate(mm: np.ndarray, offsets: np.ndarray, min_s: float = 0.5) -> float:
     """Tokens/s of slicing ``offsets`` ([batches, B]) windows of L tokens into int32 batches."""
     batches = offsets.shape[0]
@@ -290,6 +319,10 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
     del mm
     log(f"memmap: seq {res['memmap_tokens_per_s'] / 1e6:.0f} M tok/s, shuffled "
         f"{res['memmap_shuffled_tokens_per_s'] / 1e6:.0f} M tok/s")
+
+    res["parquet_decode_tokens_per_s_1core"], res["parquet_decode_and_verify_tokens_per_s_1core"] = decode_rate(cache)
+    res["parquet_decode_vs_memmap_1core"] = res["parquet_decode_tokens_per_s_1core"] / res["memmap_tokens_per_s"]
+    log(f"parquet decode (1 core, in memory): {res['parquet_decode_tokens_per_s_1core'] / 1e6:.0f} M tok/s")
 
     # -- seek -------------------------------------------------------------------------------------------
     far, near = [], []
