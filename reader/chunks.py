@@ -1,11 +1,16 @@
-"""Chunk data: fetch, verify, decode only the needed row groups, and keep it in a bounded LRU.
+"""Chunk data: fetch only the needed row groups by byte range, verify each, decode it, keep it in an LRU.
 
-A chunk file is fetched whole with fsspec (one request), its length and sha256 checksum are compared
-with the ledger (a truncated or corrupted file raises :class:`ChunkError` naming it), and its bytes stay
-in the LRU so that row groups can be decoded one at a time, using the ``ROW_GROUP_TOKENS_KEY``
-metadata to know which row groups a token range needs. Decoded row groups are flat ``int32`` token
-arrays plus document start offsets. Everything cached counts against ``memory_budget_bytes``;
-concurrent requests for the same item (the prefetch thread and the caller) share one load.
+A chunk is opened from three small pieces: its sidecar (verified against the finished ledger's
+``sidecar_checksum``; during a build the sidecar is what the writer published atomically after the
+Parquet file), the Parquet footer byte range named by the sidecar (verified against its sha256, then
+parsed for the column-chunk offsets) and the sidecar's ``row_group_index``. A row group is then one
+``fs.cat_file(path, start, end)`` of its byte range, whose sha256 is compared with the sidecar BEFORE
+anything is decoded: a truncated or corrupted chunk raises :class:`ChunkError` naming the file and the
+row group, and no wrong token is ever returned. Decoded row groups are flat ``int32`` token arrays plus
+positions and document starts; they, and the small per-chunk metadata, count against
+``memory_budget_bytes`` (fetched bytes are not kept). Concurrent requests for the same item (the
+prefetch threads and the caller) share one load. A sidecar written before sidecars carried the
+row-group index makes the store fetch that chunk whole and check the whole-file checksum instead.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import dataclasses
+import io
 import json
 import threading
 import weakref
@@ -45,20 +51,27 @@ class ChunkError(fmt.FormatError):
 
 @dataclasses.dataclass(frozen=True)
 class ChunkMeta:
-    """A verified chunk file: its bytes, row-group layout and document lengths (one chunk, not the cache)."""
+    """One chunk's verified layout: row-group byte ranges, checksums, counts and Parquet footer metadata."""
 
     index: int  # global chunk index
     path: str  # relative path
-    data: bytes
+    rg_ranges: np.ndarray  # int64 [G, 2]: (offset, length) of each row group in the file
+    rg_checksums: list  # sha256 of each row group's bytes
     rg_token_starts: np.ndarray  # int64 [G+1]: token offset of each row group inside the chunk
     rg_doc_starts: np.ndarray  # int64 [G+1]: document offset of each row group
-    doc_lengths: np.ndarray  # int64 [docs]
-    doc_starts: np.ndarray  # int64 [docs+1]: token offset of each document inside the chunk
-    file_meta: Any = None  # pyarrow FileMetaData of the chunk
+    file_meta: Any  # pyarrow FileMetaData (parsed from the verified footer)
+    footer: tuple  # (offset, bytes) of the footer
+    nbytes_file: int
+    data: bytes | None = None  # whole file: only for chunks whose sidecar has no row-group index
+
+    @property
+    def num_row_groups(self) -> int:
+        return len(self.rg_checksums)
 
     @property
     def nbytes(self) -> int:
-        return len(self.data) + 8 * (self.rg_token_starts.size * 2 + self.doc_lengths.size * 2 + 1)
+        return (len(self.footer[1]) + 100 * self.num_row_groups + 512
+                + (len(self.data) if self.data is not None else 0))
 
     @property
     def rg_token_starts_list(self) -> list[int]:
@@ -67,6 +80,32 @@ class ChunkMeta:
             got = self.rg_token_starts.tolist()
             object.__setattr__(self, "_rg_list", got)
         return got
+
+
+@dataclasses.dataclass(frozen=True)
+class DocIndex:
+    """Document lengths of a whole chunk (from its decoded row groups; unpacked reads need them)."""
+
+    doc_lengths: np.ndarray  # int64 [docs]
+    doc_starts: np.ndarray  # int64 [docs+1]: token offset of each document inside the chunk
+
+    @property
+    def nbytes(self) -> int:
+        return self.doc_lengths.nbytes + self.doc_starts.nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class WholeChunk:
+    """A chunk file fetched whole and verified against the ledger (``validate`` and old sidecars)."""
+
+    index: int
+    path: str
+    data: bytes
+    rg_token_starts: np.ndarray
+    rg_doc_starts: np.ndarray
+    doc_lengths: np.ndarray
+    doc_starts: np.ndarray
+    file_meta: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +138,7 @@ def _error(cache: Cache, rel: str, what: str) -> ChunkError:
     )
 
 
-def parse_chunk(cache: Cache, index: int, data: bytes, entry: dict[str, Any] | None = None) -> ChunkMeta:
+def parse_chunk(cache: Cache, index: int, data: bytes, entry: dict[str, Any] | None = None) -> WholeChunk:
     """Verify ``data`` (the bytes of global chunk ``index``) against the ledger and read its layout."""
     t = cache.table
     rel = t.paths[index]
@@ -130,11 +169,48 @@ def parse_chunk(cache: Cache, index: int, data: bytes, entry: dict[str, Any] | N
     rg_token_starts = np.concatenate([[0], np.cumsum(np.asarray(rg_tokens, dtype=np.int64))])
     if not np.array_equal(doc_starts[rg_doc_starts], rg_token_starts):
         raise _error(cache, rel, "row-group token counts disagree with the num_tokens column")
-    return ChunkMeta(index, rel, data, rg_token_starts, rg_doc_starts, lengths, doc_starts, pf.metadata)
+    return WholeChunk(index, rel, data, rg_token_starts, rg_doc_starts, lengths, doc_starts, pf.metadata)
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only some verified ranges are held, for pyarrow's
+    reader (the fallback decoder); reading anywhere else is an error, never zeros."""
+
+    def __init__(self, size: int, pieces: list[tuple[int, bytes]]):
+        super().__init__()
+        self._size, self._pieces, self._pos = size, pieces, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = offset if whence == 0 else (self._pos + offset if whence == 1 else self._size + offset)
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self._size - self._pos
+        for off, buf in self._pieces:
+            if off <= self._pos and self._pos + n <= off + len(buf):
+                out = buf[self._pos - off:self._pos - off + n]
+                self._pos += n
+                return bytes(out)
+        raise OSError(f"read of bytes [{self._pos}, {self._pos + n}) outside the verified ranges")
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
 
 
 class ChunkStore:
-    """Verified chunk bytes and decoded row groups, in an LRU bounded by ``memory_budget_bytes``."""
+    """Verified, decoded row groups (and per-chunk layouts) in an LRU bounded by ``memory_budget_bytes``."""
 
     def __init__(self, cache: Cache, *, memory_budget_bytes: int = 1 << 30, threads: int = 2):
         self.cache = cache
@@ -143,11 +219,12 @@ class ChunkStore:
         self._lru: collections.OrderedDict[Any, tuple[Any, int]] = collections.OrderedDict()
         self._inflight: dict[Any, cf.Future] = {}
         self._used = 0
-        self.opened: set[int] = set()  # global indices of chunks whose bytes were fetched
-        self.fetches = 0  # chunk files fetched (a refetch after eviction counts again)
-        self.bytes_fetched = 0
+        self.opened: set[int] = set()  # global indices of chunks whose metadata or data were fetched
+        self.fetches = 0  # row-group byte ranges (or whole legacy files) fetched; again after eviction
+        self.meta_fetches = 0  # chunks opened (sidecar + footer); again after eviction
+        self.bytes_fetched = 0  # every byte fetched: sidecars, footers, row groups
         self.decodes = 0  # row groups decoded
-        self.fast_decode = True  # PLAIN token pages: decompress and take the values (see fast_token_values)
+        self.fast_decode = True  # PLAIN pages: decompress and take the values (see fast_token_values)
         self._pool = cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
         # a store dropped without close() still stops its threads
         self._closer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
@@ -190,51 +267,166 @@ class ChunkStore:
     def used_bytes(self) -> int:
         return self._used
 
+    def _count(self, index: int, nbytes: int, *, data: bool | None) -> None:
+        """Tally a fetch: ``data`` True for chunk data, False for opening a chunk, None for its footer."""
+        with self._lock:
+            self.opened.add(index)
+            self.bytes_fetched += nbytes
+            if data:
+                self.fetches += 1
+            elif data is not None:
+                self.meta_fetches += 1
+
+    def _cat(self, rel: str, start: int | None = None, end: int | None = None) -> bytes:
+        try:
+            if start is None:
+                return self.cache.fs.cat_file(self.cache.path(rel))
+            return self.cache.fs.cat_file(self.cache.path(rel), start=start, end=end)
+        except FileNotFoundError:
+            raise _error(self.cache, rel, "missing") from None
+
     # -- loading ----------------------------------------------------------------------------------------
     def meta(self, index: int) -> ChunkMeta:
-        """The verified chunk ``index`` (fetched whole on first use)."""
+        """Chunk ``index``'s verified layout (sidecar + footer, fetched on first use)."""
         return self._get(("chunk", index), lambda: self._load_meta(index))
 
     def _load_meta(self, index: int):
-        rel = self.cache.table.paths[index]
+        t, cache = self.cache.table, self.cache
+        rel = t.paths[index]
+        side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
         try:
-            data = self.cache.fs.cat_file(self.cache.path(rel))
+            raw = cache.fs.cat_file(cache.path(side_rel))
         except FileNotFoundError:
-            raise _error(self.cache, rel, "missing") from None
-        with self._lock:
-            self.opened.add(index)
-            self.fetches += 1
-            self.bytes_fetched += len(data)
-        m = parse_chunk(self.cache, index, data)
+            raise _error(cache, side_rel, "sidecar missing") from None
+        self._count(index, len(raw), data=False)
+        want = t.sidecar_checksums[index] if t.sidecar_checksums is not None else None
+        if want is not None and fmt.checksum(raw) != want:
+            raise _error(cache, side_rel, f"sidecar checksum mismatch: file has {fmt.checksum(raw)}, the ledger "
+                                          f"says {want}")
+        try:
+            side = json.loads(raw)
+        except ValueError as e:
+            raise _error(cache, side_rel, f"sidecar is not valid JSON ({e})") from None
+        for key, got, exp in (("path", side.get("path"), rel), ("checksum", side.get("checksum"), t.checksums[index]),
+                              ("bytes", side.get("bytes"), int(t.nbytes[index])),
+                              ("docs", side.get("docs"), int(t.docs[index])),
+                              ("tokens", side.get("tokens"), int(t.tokens[index]))):
+            if got != exp:
+                raise _error(cache, side_rel, f"sidecar {key} is {got!r}, the ledger says {exp!r}")
+        if "row_group_index" not in side or "footer" not in side:
+            return self._load_whole(index)
+        size = int(t.nbytes[index])
+        try:
+            index_rows = side["row_group_index"]
+            f_off, f_len, f_sum = side["footer"]
+            rg_ranges = np.asarray([[int(e[0]), int(e[1])] for e in index_rows], dtype=np.int64).reshape(-1, 2)
+            rg_docs = np.asarray([int(e[2]) for e in index_rows], dtype=np.int64)
+            rg_tokens = np.asarray([int(e[3]) for e in index_rows], dtype=np.int64)
+            rg_sums = [str(e[4]) for e in index_rows]
+        except (TypeError, ValueError, IndexError, KeyError) as e:
+            raise _error(cache, side_rel, f"malformed row_group_index/footer ({e!r})") from None
+        ends = np.concatenate([[4], rg_ranges[:, 0] + rg_ranges[:, 1]])
+        if (not np.array_equal(rg_ranges[:, 0], ends[:-1]) or int(ends[-1]) != f_off or f_off + f_len != size
+                or int(rg_docs.sum()) != int(t.docs[index]) or int(rg_tokens.sum()) != int(t.tokens[index])):
+            raise _error(cache, side_rel, "row_group_index/footer inconsistent with the chunk's size, documents "
+                                          "or tokens")
+        # one byte past the recorded end: a file longer than recorded shows up here, at no extra request
+        footer = self._cat(rel, f_off, f_off + f_len + 1)
+        self._count(index, len(footer), data=None)
+        if len(footer) != f_len:
+            kind = "truncated" if len(footer) < f_len else "longer than recorded"
+            raise _error(cache, rel, f"{kind}: the footer at bytes [{f_off}, {f_off + f_len}) of a {size}-byte "
+                                     f"file read {len(footer)} bytes")
+        if fmt.checksum(footer) != f_sum:
+            raise _error(cache, rel, f"footer checksum mismatch (bytes [{f_off}, {size}))")
+        try:
+            fm = pq.read_metadata(pa.BufferReader(footer))
+            kv = fm.metadata or {}
+            kv_tokens = json.loads(kv[fmt.ROW_GROUP_TOKENS_KEY])
+            ok = (fm.num_row_groups == len(rg_sums) and kv_tokens == rg_tokens.tolist()
+                  and [fm.row_group(g).num_rows for g in range(fm.num_row_groups)] == rg_docs.tolist()
+                  and [list(r) for r in fmt.row_group_ranges(fm)] == rg_ranges.tolist())
+        except Exception as e:  # noqa: BLE001 - damaged metadata
+            raise _error(cache, rel, f"unreadable Parquet footer ({e})") from e
+        if not ok:
+            raise _error(cache, rel, "the Parquet footer disagrees with the sidecar's row_group_index")
+        m = ChunkMeta(index, rel, rg_ranges, rg_sums, np.concatenate([[0], np.cumsum(rg_tokens)]),
+                      np.concatenate([[0], np.cumsum(rg_docs)]), fm, (f_off, footer), size)
         return m, m.nbytes
+
+    def _load_whole(self, index: int):
+        """A chunk whose sidecar predates the row-group index: fetch it whole, verify, index it here."""
+        rel = self.cache.table.paths[index]
+        data = self._cat(rel)
+        self._count(index, len(data), data=True)
+        w = parse_chunk(self.cache, index, data)
+        rg_index, footer = fmt.row_group_index(data)
+        rg_ranges = np.asarray([e[:2] for e in rg_index], dtype=np.int64).reshape(-1, 2)
+        m = ChunkMeta(index, rel, rg_ranges, [e[4] for e in rg_index], w.rg_token_starts, w.rg_doc_starts,
+                      w.file_meta, (footer[0], data[footer[0]:]), len(data), data)
+        return m, m.nbytes
+
+    def doc_index(self, index: int) -> DocIndex:
+        """Every document length of chunk ``index`` (decodes each of its row groups; unpacked reads)."""
+        return self._get(("docs", index), lambda: self._load_doc_index(index))
+
+    def _load_doc_index(self, index: int):
+        m = self.meta(index)
+        parts = [np.diff(self.row_group(index, g).doc_starts) for g in range(m.num_row_groups)]
+        lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        d = DocIndex(lengths, np.concatenate([[0], np.cumsum(lengths)]))
+        return d, d.nbytes
 
     def row_group(self, index: int, group: int) -> RowGroup:
         return self._get(("rg", index, group), lambda: self._load_row_group(index, group))
 
+    def _fetch_row_group(self, m: ChunkMeta, group: int) -> bytes:
+        off, length = (int(x) for x in m.rg_ranges[group])
+        if m.data is not None:
+            buf = m.data[off:off + length]  # verified with the whole file
+        else:
+            buf = self._cat(m.path, off, off + length)
+            self._count(m.index, len(buf), data=True)
+        if len(buf) != length:
+            raise _error(self.cache, m.path, f"truncated: row group {group} at bytes [{off}, {off + length}) read "
+                                             f"{len(buf)} bytes")
+        if fmt.checksum(buf) != m.rg_checksums[group]:
+            raise _error(self.cache, m.path, f"checksum mismatch in row group {group} (bytes [{off}, "
+                                             f"{off + length}))")
+        return buf
+
     def _load_row_group(self, index: int, group: int):
         m = self.meta(index)
-        lo, hi = m.rg_doc_starts[group], m.rg_doc_starts[group + 1]
-        starts = m.doc_starts[lo:hi + 1] - m.doc_starts[lo]
-        expect = int(starts[-1])
-        padded = None
+        buf = self._fetch_row_group(m, group)  # verified before any decoding
+        base = int(m.rg_ranges[group, 0])
+        docs = int(m.rg_doc_starts[group + 1] - m.rg_doc_starts[group])
+        expect = int(m.rg_token_starts[group + 1] - m.rg_token_starts[group])
+        rgm = m.file_meta.row_group(group)
+        padded = lengths = None
         if self.fast_decode:
-            padded = fast_token_values(m.data, m.file_meta.row_group(group).column(0), expect, lead=1)
-        if padded is None:
+            lengths = fast_plain_values(buf, rgm.column(1), docs, base=base, column=fmt.LENGTH_COLUMN, levels=0)
+            if lengths is not None:
+                padded = fast_plain_values(buf, rgm.column(0), expect, lead=1, base=base)
+        if padded is None or lengths is None:
             try:
-                pf = pq.ParquetFile(pa.BufferReader(m.data))
-                col = pf.read_row_group(group, columns=[fmt.TOKEN_COLUMN]).column(0)
-                tokens = int_values(col.combine_chunks().flatten())
+                f = _RangeFile(m.nbytes_file, [(base, buf), m.footer])
+                pf = pq.ParquetFile(pa.PythonFile(f, mode="r"), metadata=m.file_meta)
+                tab = pf.read_row_group(group, columns=[fmt.TOKEN_COLUMN, fmt.LENGTH_COLUMN], use_threads=False)
+                tokens = int_values(tab.column(0).combine_chunks().flatten())
+                lengths = int_values(tab.column(1))
             except Exception as e:
                 raise _error(self.cache, m.path, f"row group {group} cannot be decoded ({e})") from e
-            if tokens.size != expect:
-                raise _error(self.cache, m.path, f"row group {group} holds {tokens.size} tokens, num_tokens "
-                                                 f"says {expect}")
             padded = np.empty(tokens.size + 1, np.int32)
             padded[0] = 0
             padded[1:] = tokens
+        if padded.size - 1 != expect or lengths.size != docs or int(lengths.sum(dtype=np.int64)) != expect:
+            raise _error(self.cache, m.path, f"row group {group} holds {padded.size - 1} tokens in {lengths.size} "
+                                             f"documents, the sidecar says {expect} in {docs}")
+        starts = np.zeros(docs + 1, np.int64)
+        np.cumsum(lengths, out=starts[1:])
         tokens = padded[1:]
         positions = np.arange(tokens.size, dtype=np.int32)
-        positions -= np.repeat(starts[:-1].astype(np.int32), np.diff(starts))
+        positions -= np.repeat(starts[:-1].astype(np.int32), lengths)
         with self._lock:
             self.decodes += 1
         rg = RowGroup(padded, positions, starts)
@@ -330,7 +522,8 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
 # and the values taken as they are. Documents are delimited by the num_tokens column, so the list
 # structure (repetition/definition levels) is skipped instead of being reassembled. Anything else
 # (dictionary pages, other encodings or codecs) returns None and the caller uses pyarrow's reader.
-# The file's sha256 was verified against the ledger before this runs, and the decoded count is checked.
+# The bytes were verified against their sha256 (row group range, or whole file) before this runs, and the
+# decoded counts are checked.
 
 _CODECS = {"ZSTD": "zstd", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "UNCOMPRESSED": None}
 
@@ -412,11 +605,23 @@ class _Thrift:
         raise ValueError(f"unknown thrift type {ftype}")
 
 
-def fast_token_values(data: bytes, col_meta, expect: int, lead: int = 0) -> np.ndarray | None:
+def fast_token_values(data, col_meta, expect: int, lead: int = 0, base: int = 0) -> np.ndarray | None:
     """The int32 values of one token column chunk (after ``lead`` zeros), or None if it is not PLAIN data
-    pages this function can read."""
+    pages this function can read. ``data`` holds the file's bytes from offset ``base`` on."""
+    return fast_plain_values(data, col_meta, expect, lead=lead, base=base)
+
+
+def fast_plain_values(data, col_meta, expect: int, *, lead: int = 0, base: int = 0,
+                      column: str = fmt.TOKEN_COLUMN, levels: int = 2) -> np.ndarray | None:
+    """The int32 values of one PLAIN column chunk of ``column`` (after ``lead`` zeros), or None.
+
+    ``data`` holds the file's bytes from offset ``base`` on (a row group's verified byte range, or the
+    whole file with ``base=0``). ``levels``: level blocks in front of v1 page values (2 for the
+    ``list<int32>`` token column: repetition and definition; 0 for a required top-level column).
+    """
     try:
-        if not str(col_meta.path_in_schema).startswith(fmt.TOKEN_COLUMN + "."):
+        path = str(col_meta.path_in_schema)
+        if not (path == column or path.startswith(column + ".")):
             return None
         if col_meta.has_dictionary_page or col_meta.physical_type != "INT32":
             return None
@@ -424,8 +629,10 @@ def fast_token_values(data: bytes, col_meta, expect: int, lead: int = 0) -> np.n
         if codec_name not in _CODECS:
             return None
         codec = _CODECS[codec_name]
-        start = col_meta.data_page_offset
+        start = col_meta.data_page_offset - base
         end = start + col_meta.total_compressed_size
+        if start < 0 or end > len(data):
+            return None
         view = memoryview(data)
         out = np.empty(expect + lead, np.int32)
         out[:lead] = 0
@@ -445,7 +652,7 @@ def fast_token_values(data: bytes, col_meta, expect: int, lead: int = 0) -> np.n
                 raw = pa.decompress(body, decompressed_size=usize, codec=codec) if codec else pa.py_buffer(body)
                 raw = memoryview(raw)
                 p = 0
-                for _ in range(2):  # repetition levels, then definition levels: <int32 length><bytes>
+                for _ in range(levels):  # repetition levels, then definition levels: <int32 length><bytes>
                     n = int.from_bytes(raw[p:p + 4], "little")
                     p += 4 + n
                 values = raw[p:]

@@ -363,9 +363,10 @@ class Reader:
         try:
             meta = self.store.meta(c)
             if not self.options.packed:
-                cum = self._pieces_cum(c, meta)
+                docs = self.store.doc_index(c)
+                cum = self._pieces_cum(c, docs)
                 doc = np.searchsorted(cum, offs, side="right") - 1
-                offs = meta.doc_starts[doc] + (offs - cum[doc]) * self.options.seq_len
+                offs = docs.doc_starts[doc] + (offs - cum[doc]) * self.options.seq_len
             for g in np.unique(np.searchsorted(meta.rg_token_starts, offs, side="right") - 1):
                 self.store.row_group(c, int(g))
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
@@ -562,13 +563,13 @@ class Reader:
         ep[win >= got] = -1
         return tok, inp, pos, ep
 
-    def _pieces_cum(self, c: int, meta) -> np.ndarray:
+    def _pieces_cum(self, c: int, docs) -> np.ndarray:
         with self._lock:
             got = self._piece_cum.get(c)
             if got is not None:
                 self._piece_cum.move_to_end(c)
                 return got
-        per = order.pieces_per_doc(meta.doc_lengths, self.options.seq_len)
+        per = order.pieces_per_doc(docs.doc_lengths, self.options.seq_len)
         cum = np.concatenate([[0], np.cumsum(per)])
         with self._lock:
             self._piece_cum[c] = cum
@@ -585,12 +586,13 @@ class Reader:
         for c in np.unique(chunks):
             mc = np.flatnonzero(chunks == c)
             meta = self.store.meta(int(c))
-            cum = self._pieces_cum(int(c), meta)
+            docs = self.store.doc_index(int(c))
+            cum = self._pieces_cum(int(c), docs)
             o = offs[mc]
             doc = np.searchsorted(cum, o, side="right") - 1
             start = (o - cum[doc]) * L
-            length = np.minimum(meta.doc_lengths[doc] - start, L)
-            tokoff = meta.doc_starts[doc] + start
+            length = np.minimum(docs.doc_lengths[doc] - start, L)
+            tokoff = docs.doc_starts[doc] + start
             group = np.searchsorted(meta.rg_token_starts, tokoff, side="right") - 1
             for g in np.unique(group):
                 mg = group == g

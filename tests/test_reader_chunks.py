@@ -1,5 +1,6 @@
 """Chunk fetching: checksums verified on first read, damaged files named, row groups decoded lazily, LRU budget."""
 
+import json
 import os
 import shutil
 import tempfile
@@ -23,31 +24,73 @@ def cache_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _damage(path, how):
+def _damage(path, how, at=None):
     data = bytearray(open(path, "rb").read())
     if how == "flip":
-        data[len(data) // 2] ^= 0x40
+        data[len(data) // 2 if at is None else at] ^= 0x40
     elif how == "truncate":
         data = data[: len(data) - 7]
+    elif how == "append":
+        data += b"\0"
     open(path, "wb").write(bytes(data))
 
 
-@pytest.mark.parametrize("how,match", [("flip", "checksum mismatch"), ("truncate", "truncated")])
+def _sidecar(root, entry):
+    return json.load(open(os.path.join(root, fmt.sidecar_path(entry["shard"], entry["index_in_shard"]))))
+
+
+@pytest.mark.parametrize("how,where,match", [
+    ("flip", "row group", "checksum mismatch in row group 0"),  # a byte of the first row group's range
+    ("flip", "footer", "footer checksum mismatch"),  # a byte of the thrift FileMetaData
+    ("truncate", None, "truncated"),
+    ("append", None, "longer than recorded"),
+])
 @pytest.mark.parametrize("packed", [True, False])
-def test_damaged_chunk_raises_naming_the_file(cache_dir, how, match, packed):
+def test_damaged_chunk_raises_naming_the_file(cache_dir, how, where, match, packed):
     root, chunks, entries = cache_dir
     victim = entries[0]["path"]
-    _damage(os.path.join(root, victim), how)
+    side = _sidecar(root, entries[0])
+    at = None
+    if where == "row group":
+        off, length = side["row_group_index"][0][:2]
+        at = off + length // 2
+    elif where == "footer":
+        at = side["footer"][0] + 10
+    _damage(os.path.join(root, victim), how, at)
     opts = ReadOptions(seq_len=8, batch_size=1, ideal_readers=1, packed=packed, index_cache=False)
     with Reader(root, opts) as rd:
         with pytest.raises(ChunkError, match=match) as e:
-            if packed:
-                rd.batch(0)
-            else:
-                rd.batch(0)
+            rd.batch(0)
         assert victim in str(e.value)
         with pytest.raises(ChunkError):  # again: never served later from a half-initialised cache either
             list(rd.iter_batches(0, 2))
+
+
+def test_damaged_sidecar_raises_naming_it(cache_dir):
+    root, chunks, entries = cache_dir
+    path = os.path.join(root, fmt.sidecar_path(0, 0))
+    side = _sidecar(root, entries[0])
+    side["row_group_index"][0][3] += 1  # a token count the ledger's sidecar_checksum does not cover
+    open(path, "w").write(fmt.dumps(side))
+    with Reader(root, ReadOptions(seq_len=8, batch_size=1, ideal_readers=1)) as rd:
+        with pytest.raises(ChunkError, match="sidecar checksum mismatch") as e:
+            rd.batch(0)
+        assert fmt.sidecar_path(0, 0) in str(e.value)
+
+
+def test_row_groups_are_fetched_by_byte_range(cache_dir):
+    """Reading one row group fetches the sidecar, the footer and that row group's bytes, not the file."""
+    root, chunks, entries = cache_dir
+    e = max(entries, key=lambda e: len(_sidecar(root, e)["row_group_index"]))
+    side = _sidecar(root, e)
+    c = entries.index(e)
+    with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
+        t, _ = rd.store.tokens(c, 0, 2)
+        assert t.tolist() == np.concatenate(chunks[c])[:2].tolist()
+        sidecar_bytes = os.path.getsize(os.path.join(root, fmt.sidecar_path(0, e["index_in_shard"])))
+        assert rd.store.fetches == 1 and rd.store.meta_fetches == 1
+        assert rd.store.bytes_fetched == sidecar_bytes + side["footer"][1] + side["row_group_index"][0][1]
+        assert rd.store.bytes_fetched - sidecar_bytes < e["bytes"]
 
 
 def test_missing_chunk_raises_naming_the_file(cache_dir):
@@ -80,7 +123,8 @@ def test_each_row_group_is_decoded_about_once_when_reading_sequentially(cache_di
         for b, _ in rd.iter_batches(0, tokens // 8 - 2):
             n += 1
         assert rd.store.decodes <= total_rgs
-        assert rd.store.fetches <= len(entries) and n > 0  # each chunk fetched (and verified) once
+        assert rd.store.fetches <= total_rgs and n > 0  # each row group fetched (and verified) once
+        assert rd.store.meta_fetches <= len(entries)  # each chunk opened once
 
 
 def test_memory_budget_bounds_the_cache(cache_dir):
@@ -91,7 +135,7 @@ def test_memory_budget_bounds_the_cache(cache_dir):
         for b, _ in rd.iter_batches(0, 60):
             largest = max(largest, max(v[1] for v in rd.store._lru.values()))
             assert rd.store.used_bytes <= budget + largest
-        assert rd.store.fetches > len(entries)  # evicted and fetched again (and verified again)
+        assert rd.store.meta_fetches > len(entries)  # evicted and fetched again (and verified again)
 
 
 def test_validate_chunk_reports_every_problem(cache_dir):
@@ -132,7 +176,11 @@ def test_fast_token_decoding_equals_pyarrow(options):
                     assert np.array_equal(a.padded, b.padded) and np.array_equal(a.positions, b.positions)
                 from reader.chunks import fast_token_values
                 n0 = int(m.rg_token_starts[1])
-                used = fast_token_values(m.data, m.file_meta.row_group(0).column(0), n0) is not None
+                data = open(os.path.join(d, m.path), "rb").read()
+                used = fast_token_values(data, m.file_meta.row_group(0).column(0), n0) is not None
+                off, length = (int(x) for x in m.rg_ranges[0])  # the same from the row group's range alone
+                again = fast_token_values(data[off:off + length], m.file_meta.row_group(0).column(0), n0, base=off)
+                assert (again is not None) == used
                 assert used == (options["compression"] != "lz4" and not options["use_dictionary"])
                 want = np.concatenate([np.asarray(x, np.int32) for x in chunks[c]])
                 got = np.concatenate([fast.store.row_group(c, g).tokens for g in range(len(m.rg_token_starts) - 1)])
@@ -152,3 +200,24 @@ def test_prefetch_loads_what_a_batch_needs_in_the_background(cache_dir):
         assert fetched > 0 and decoded > 0
         rd.rows(3, [0, 1, 2, 3])  # everything it needs is already there
         assert (rd.store.decodes, rd.store.fetches) == (decoded, fetched)
+
+
+def test_sidecars_without_row_group_index_fall_back_to_whole_files(cache_dir):
+    """A cache written before sidecars carried the row-group index still reads (whole files, verified)."""
+    root, chunks, entries = cache_dir
+    ledger = json.load(open(os.path.join(root, fmt.LEDGER_NAME)))
+    for c in ledger["chunks"]:
+        c.pop("sidecar_checksum")
+        path = os.path.join(root, fmt.sidecar_path(c["shard"], c["index_in_shard"]))
+        side = {k: v for k, v in json.load(open(path)).items() if k not in fmt.SIDECAR_ONLY_KEYS}
+        open(path, "w").write(fmt.dumps(side))
+    open(os.path.join(root, fmt.LEDGER_NAME), "w").write(fmt.dumps_ledger(ledger))
+    with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
+        want = np.concatenate([np.concatenate(c) for c in chunks])
+        got = np.concatenate([rd.batch(b)["targets"][0] for b in range(want.size // 4)])
+        assert got.tolist() == want[:got.size].tolist()
+        assert rd.store.fetches == len(entries)  # each file once, whole
+    _damage(os.path.join(root, entries[0]["path"]), "flip")
+    with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
+        with pytest.raises(ChunkError, match="checksum mismatch"):
+            rd.batch(0)

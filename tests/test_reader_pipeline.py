@@ -12,7 +12,7 @@ import pytest
 
 from reader import Cache, ReadOptions, Reader, order
 from reader import format as fmt
-from reader.chunks import fast_token_values
+from reader.chunks import fast_plain_values, fast_token_values
 
 import cachegen
 
@@ -43,7 +43,12 @@ def chunks_of(root):
 def test_real_cache_uses_the_fast_decoder(built):
     with Reader(built, ReadOptions(seq_len=8, batch_size=1, ideal_readers=1)) as rd:
         m = rd.store.meta(0)
-        assert fast_token_values(m.data, m.file_meta.row_group(0).column(0), int(m.rg_token_starts[1])) is not None
+        off, length = (int(x) for x in m.rg_ranges[0])
+        data = open(os.path.join(built, m.path), "rb").read()[off:off + length]
+        assert fast_token_values(data, m.file_meta.row_group(0).column(0), int(m.rg_token_starts[1]),
+                                 base=off) is not None
+        assert fast_plain_values(data, m.file_meta.row_group(0).column(1), int(m.rg_doc_starts[1]), base=off,
+                                 column=fmt.LENGTH_COLUMN, levels=0) is not None
 
 
 @pytest.mark.parametrize("packed", [True, False])
