@@ -234,16 +234,22 @@ def check_existing(output: str, plan: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def make_units(inputs: list[dict[str, Any]], chunk_bytes: int) -> list[dict[str, Any]]:
-    units = []
+    """Work units: one per chunk of an uncompressed shard, one per compressed shard.
+
+    Compressed shards come first, largest first: they are the longest units (better packing on runners
+    that start units in order) and their chunk counts gate the order a reader can follow mid-build.
+    """
+    streamed, ranges = [], []
     for inp in inputs:
         if inp["compression"] == "none":
             for k in range(inp["chunks"]):
-                units.append({"shard": inp["shard"], "path": inp["path"], "compression": "none", "index": k,
-                              "lo": k * chunk_bytes, "hi": min((k + 1) * chunk_bytes, inp["size"])})
+                ranges.append({"shard": inp["shard"], "path": inp["path"], "compression": "none", "index": k,
+                               "lo": k * chunk_bytes, "hi": min((k + 1) * chunk_bytes, inp["size"])})
         else:
-            units.append({"shard": inp["shard"], "path": inp["path"], "compression": inp["compression"],
-                          "index": None, "lo": 0, "hi": None})
-    return units
+            streamed.append({"shard": inp["shard"], "path": inp["path"], "compression": inp["compression"],
+                             "index": None, "lo": 0, "hi": None, "size": inp["size"]})
+    streamed.sort(key=lambda u: (-u["size"], u["shard"]))
+    return streamed + ranges
 
 
 # --------------------------------------------------------------------------------------------------
