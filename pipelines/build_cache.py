@@ -28,7 +28,6 @@ import concurrent.futures
 import difflib
 import json
 import logging
-import math
 import os
 import re
 import sys

@@ -8,7 +8,6 @@ import json
 import math
 import os
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import tiktoken

