@@ -2,13 +2,14 @@
 
 ``benchmarks/shuffle_quality.py`` measures quality on a real but small cache, with sizes scaled down.
 This script keeps the real sizes: seq_len 2048, R* = 16, batch 64, the reader's default 1 GiB memory
-budget, and a synthetic 4.3 B-token cache. The cache's chunks and row groups are either the pipeline
-defaults (64 MiB chunks of about 16 M tokens, 1 Mi-token row groups) or small ones (8 MiB chunks,
-128 Ki-token row groups).
+budget, and a synthetic 4.3 B-token cache. The cache's chunks and row groups are the pipeline
+defaults (64 MiB chunks of about 16 M tokens, 128 Ki-token row groups), the same with 1 Mi-token row
+groups (the default before), or small chunks (8 MiB chunks, 128 Ki-token row groups).
 
 It replays one maximum window (2^20 examples, about 2 B tokens) after the growth phase, through the
 same LRU model as ``shuffle_quality.simulate_io``. There are two ways to read. ``rg`` reads row groups
-by byte range. ``chunk`` fetches whole chunk files, as ``reader.chunks`` does today. Each host serves
+by byte range, as ``reader.chunks`` does. ``chunk`` fetches whole chunk files (the reader before
+byte-range reads; still what it does for sidecars without a row-group index). Each host serves
 the rows ``k ≡ r (mod R)`` of every batch. The figures are bytes read divided by what the unshuffled
 order reads over the same batches.
 
@@ -30,7 +31,8 @@ from reader import order
 
 SEQ_LEN, R_STAR, BATCH, BUDGET = 2048, 16, 64, 1 << 30
 CACHES = {  # name: (chunk tokens, row-group tokens)
-    "pipeline_defaults": (16 << 20, 1 << 20),
+    "pipeline_defaults": (16 << 20, 128 << 10),  # 64 MiB chunks, 128 Ki-token row groups (the default)
+    "rg_1mi": (16 << 20, 1 << 20),  # 64 MiB chunks, 1 Mi-token row groups (the default before)
     "small_chunks": (2 << 20, 128 << 10),
 }
 

