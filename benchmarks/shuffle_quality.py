@@ -18,7 +18,7 @@ Figures (keys of the returned flat dict are ``<order>_<figure>``):
 * ``io_rg`` / ``io_chunk``: bytes read from chunk files per byte of tokens served (int32), with an LRU
   of ``memory_budget`` bytes, when reading Parquet row groups by byte range (``rg``) or when fetching
   whole chunk files and decoding row groups from them (``chunk``, what ``reader.chunks.ChunkStore``
-  does today); ``io_rg_amp`` / ``io_chunk_amp``: the same divided by ``none``'s (the cost of streaming);
+  did before byte-range reads; ``rg`` is what it does now); ``io_rg_amp`` / ``io_chunk_amp``: the same divided by ``none``'s (the cost of streaming);
   ``io_*_r4``: the same for host 0 of 4 reader hosts;
 * ``entropy``: entropy (bits) of ``|storage index difference|`` between neighbouring samples, where the
   storage index is the example's first token in the concatenated global chunk order, as in MosaicML
@@ -26,7 +26,7 @@ Figures (keys of the returned flat dict are ``<order>_<figure>``):
 * ``*_steady``: the figure over the batches after ``ours`` reached its maximum window;
 * ``ours_io_chunk_half_group_budget_amp``: ``ours`` with an LRU of half a group (the thrashing cliff);
 * ``*_reader_fetch`` (full mode): bytes the real ``reader.Reader`` fetched per token byte over one
-  maximum window, unshuffled and shuffled, next to the simulation's ``*_sim_chunk_window``.
+  maximum window, unshuffled and shuffled, next to the simulation's ``*_sim_rg_window``.
 
     python -m benchmarks.shuffle_quality            # real text: builds a cache with the pipeline
     python -m benchmarks.shuffle_quality --quick    # tiny synthetic cache, seconds
@@ -466,9 +466,10 @@ def measure(lay: Layout, p: Params, *, plot: str | None = None, check_root: str 
 
 
 def reader_check(root: str, lay: Layout, p: Params, budget: int, *, log=print) -> dict[str, Any]:
-    """Cross-check of the I/O simulation with the real ``reader.Reader`` (whole-chunk fetch, its own LRU):
-    read one maximum window of ``ours`` and the same batches unshuffled; report bytes fetched per token
-    byte served, and the simulation's figure for the same batches."""
+    """Cross-check of the I/O simulation with the real ``reader.Reader`` (row groups by byte range, its
+    own LRU): read one maximum window of ``ours`` and the same batches unshuffled; report bytes fetched
+    per token byte served (sidecars and footers included), and the simulation's row-group figure for the
+    same batches (``*_sim_rg_window``)."""
     from reader import ReadOptions, Reader
 
     cfg = shuffle_config(p, p.num_streams)
@@ -488,11 +489,11 @@ def reader_check(root: str, lay: Layout, p: Params, budget: int, *, log=print) -
             fetched = rd.store.bytes_fetched
         out[f"{name}_reader_fetch"] = fetched / (nb * p.batch_size * p.seq_len * 4)
         out[f"{name}_reader_seconds"] = round(time.time() - t0, 2)
-        out[f"{name}_sim_chunk_window"] = simulate_io(ex, lay, perms[name], seq_len=p.seq_len, budget=budget,
-                                                      whole_chunks=True)
+        out[f"{name}_sim_rg_window"] = simulate_io(ex, lay, perms[name], seq_len=p.seq_len, budget=budget,
+                                                   whole_chunks=False)
         log(f"shuffle_quality: reader check {name} ({time.time() - t0:.1f}s)")
     out["ours_reader_fetch_amp"] = out["ours_reader_fetch"] / out["none_reader_fetch"]
-    out["ours_sim_chunk_window_amp"] = out["ours_sim_chunk_window"] / out["none_sim_chunk_window"]
+    out["ours_sim_rg_window_amp"] = out["ours_sim_rg_window"] / out["none_sim_rg_window"]
     return out
 
 
@@ -549,8 +550,14 @@ def real_cache(log=print) -> Path:
     corpus_mod.build_corpus(src, REAL_CORPUS_BYTES, 8, log=log)
     out = WORK / f"shuffle-cache-{REAL_CORPUS_BYTES // 1_000_000}mb-{REAL_CHUNK_BYTES}-{REAL_ROW_GROUP_TOKENS}"
     ledger = out / fmt.LEDGER_NAME
-    if ledger.exists() and json.loads(ledger.read_text()).get("finished"):
-        return out
+    if ledger.exists():
+        got = json.loads(ledger.read_text())
+        if got.get("finished") and all("sidecar_checksum" in c for c in got["chunks"][:1]):
+            return out
+        if got.get("finished"):  # built before sidecars carried the row-group index: the reader would
+            import shutil        # fetch whole files, so rebuild for byte-range reads
+            log(f"shuffle_quality: {out} predates row-group byte ranges; rebuilding it")
+            shutil.rmtree(out)
     from pipelines import build_cache
 
     log(f"shuffle_quality: building a cache of {REAL_CORPUS_BYTES / 1e6:.0f} MB of real text -> {out}")
