@@ -248,10 +248,11 @@ def make_units(inputs: list[dict[str, Any]], chunk_bytes: int) -> list[dict[str,
             for k in range(inp["chunks"]):
                 lo, hi = k * chunk_bytes, min((k + 1) * chunk_bytes, inp["size"])
                 units.append({"shard": inp["shard"], "path": inp["path"], "compression": "none", "index": k,
-                              "lo": lo, "hi": hi, "estimate": hi - lo})
+                              "lo": lo, "hi": hi, "size": inp["size"], "estimate": hi - lo})
         else:
             units.append({"shard": inp["shard"], "path": inp["path"], "compression": inp["compression"],
-                          "index": None, "lo": 0, "hi": None, "estimate": inp["size"] * COMPRESSION_RATIO_GUESS})
+                          "index": None, "lo": 0, "hi": None, "size": inp["size"],
+                          "estimate": inp["size"] * COMPRESSION_RATIO_GUESS})
     units.sort(key=lambda u: (-u["estimate"], u["shard"], u["index"] or 0))
     return units
 
@@ -314,10 +315,18 @@ class BuildChunksFn(beam.DoFn):
             sidecars, done = self._build_stream(unit)
             yield {"shard": unit["shard"], "sidecars": sidecars, "done": done}
 
+    @staticmethod
+    def _check_unchanged(unit: dict[str, Any]) -> None:
+        size = fsutil.file_size(unit["path"])
+        if size != unit["size"]:
+            raise BuildError(f"input file {unit['path']} changed during the build (planned size {unit['size']}, "
+                             f"now {size}); inputs must not change while a cache is built into the same --output")
+
     def _build_range(self, unit: dict[str, Any]) -> dict[str, Any]:
         b = self._builder(unit, unit["index"], unit["lo"])
         if isinstance(b, _SkipChunk):
             return b.sidecar
+        self._check_unchanged(unit)
         for off, raw in fsutil.iter_range_lines(unit["path"], unit["lo"], unit["hi"]):
             b.add(off, raw)
         return b.finish(unit["hi"])
@@ -332,6 +341,7 @@ class BuildChunksFn(beam.DoFn):
             if all(s is not None for s in sidecars):
                 self.counters.inc("chunks_skipped", len(sidecars))
                 return sidecars, done
+        self._check_unchanged(unit)
         sidecars: list[dict[str, Any]] = []
         cur = None
         with fsutil.open_decompressed(unit["path"], unit["compression"]) as f:

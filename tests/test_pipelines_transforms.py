@@ -166,3 +166,15 @@ def test_open_decompressed_reads_multi_member_gzip_and_multi_frame_zstd(tmp_path
         with open_decompressed(str(path), comp) as f:
             got = b"".join(iter(lambda: f.read(777), b""))
         assert got == b"".join(parts), comp
+
+
+def test_input_changed_after_planning_is_an_error_naming_the_file(tmp_path):
+    plan, tok, _, (a, b) = small_plan(tmp_path)
+    units = bc.make_units(plan["inputs"], plan["config"]["chunk_bytes"])
+    with open(a, "ab") as f:
+        f.write(b'{"text": "appended later"}\n')
+    fn = bc.BuildChunksFn(str(tmp_path / "out"), tok, plan["config"])
+    fn.setup()
+    unit = next(u for u in units if u["path"] == a)
+    with pytest.raises(bc.BuildError, match="a.jsonl changed during the build"):
+        list(fn.process(unit))
