@@ -173,3 +173,52 @@ def test_gs_build_killed_mid_write_resumes_to_the_same_bytes(corpus, local_cache
         res = build_cache.run(argv(emulator.url("corpus/*"), out, *FNAPI))
     assert res["resumed"]
     assert_same_cache(gs_tree(emulator, "killed"), local_tree(local_cache), emulator.url("corpus/"), str(d) + "/")
+
+
+def test_reading_a_gs_cache_during_its_build_matches_reading_after(emulator):
+    """A reader polling a gs:// cache through gcsfs while the build writes it gets the final batches."""
+    import time
+
+    out = emulator.url("live")
+    code = ("import sys; from apache_beam.internal.gcp import auth; "
+            "auth._Credentials._credentials_init = True; "
+            "from pipelines.build_cache import main; main(sys.argv[1:])")
+    env = dict(os.environ, STORAGE_EMULATOR_HOST=emulator.endpoint, GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
+    args = ["--input", emulator.url("corpus/*"), "--output", out, "--tokenizer", "tiktoken:cl100k_base",
+            "--chunk_bytes", "8192", *FNAPI]
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    so = emulator.storage_options
+    specs = {"train": ReadOptions(seq_len=50, batch_size=4, ideal_readers=2, index_cache=False),
+             "eval": ReadOptions(seq_len=50, batch_size=4, eval_mode=True, index_cache=False)}
+    try:
+        fs = emulator.gcsfs()
+        deadline = time.time() + 120
+        while True:
+            fs.invalidate_cache()
+            if fs.exists(f"{emulator.bucket}/live/ledger.json"):
+                break
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.time() < deadline, "the build never wrote its plan"
+            time.sleep(0.05)
+        live = {name: Reader(out, o, num_readers=2, reader_index=1, wait_timeout_s=180, poll_interval_s=0.05,
+                             storage_options=so) for name, o in specs.items()}
+        opened_during_build = not live["train"].cache.complete
+        runs = {name: [(b, x) for b, x in rd.iter_batches(0, 40)] for name, rd in live.items()}
+        for rd in live.values():
+            rd.close()
+        assert proc.wait(timeout=180) == 0, proc.stdout.read()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    assert opened_during_build, "the build finished before the reader opened it; nothing was tested"
+    for name, o in specs.items():
+        after = Reader(out, o, num_readers=2, reader_index=1, storage_options=so)
+        want = list(after.iter_batches(0, 40))
+        after.close()
+        assert [b for b, _ in runs[name]] == [b for b, _ in want]
+        for (_, x), (_, y) in zip(runs[name], want):
+            for k in x:
+                np.testing.assert_array_equal(x[k], y[k], err_msg=f"{name} {k}")
