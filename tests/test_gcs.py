@@ -3,7 +3,8 @@
 The pipeline reads gs:// shards and writes a gs:// cache (Beam's GCS filesystem pointed at the emulator);
 the reader reads it through gcsfs. Both must equal a local build of the same files: same chunk bytes,
 same ledger (but for the input paths it records), same batches. A build SIGKILLed mid-write on gs://
-(where a rename is copy + delete) resumes to the same bytes.
+(where a rename is copy + delete) resumes to the same bytes, and a reader following a running gs://
+build gets the batches it gets after the build.
 """
 
 from __future__ import annotations
