@@ -7,7 +7,7 @@ parsed for the column-chunk offsets) and the sidecar's ``row_group_index``. A ro
 ``fs.cat_file(path, start, end)`` of its byte range, whose sha256 is compared with the sidecar BEFORE
 anything is decoded: a truncated or corrupted chunk raises :class:`ChunkError` naming the file and the
 row group, and no wrong token is ever returned. Decoded row groups are flat ``int32`` token arrays plus
-positions and document starts; they, and the small per-chunk metadata, count against
+document starts (4 bytes per token); they, and the small per-chunk metadata, count against
 ``memory_budget_bytes`` (fetched bytes are not kept). Concurrent requests for the same item (the
 prefetch threads and the caller) share one load. A sidecar written before sidecars carried the
 row-group index makes the store fetch that chunk whole and check the whole-file checksum instead.
@@ -114,11 +114,12 @@ class RowGroup:
 
     ``padded[1:]`` are the row group's tokens (its documents concatenated) and ``padded[0] == 0``, so that
     ``padded[t]`` is the token before token ``t`` (the previous-token input of flat-tokens packing) with no
-    special case at the row group start; ``positions[t]`` is token ``t``'s position in its document.
+    special case at the row group start. Positions within documents are not stored (4 bytes per token
+    decoded, not 8): readers derive them from ``doc_starts`` for the windows they serve
+    (:meth:`positions_range`).
     """
 
     padded: np.ndarray  # int32 [n+1]
-    positions: np.ndarray  # int32 [n]
     doc_starts: np.ndarray  # int64 [docs+1], token offsets relative to the row group start
 
     @property
@@ -126,8 +127,22 @@ class RowGroup:
         return self.padded[1:]
 
     @property
+    def positions(self) -> np.ndarray:
+        """int32 [n]: each token's position within its document (computed on demand, not kept)."""
+        return self.positions_range(0, self.padded.size - 1)
+
+    def positions_range(self, lo: int, hi: int) -> np.ndarray:
+        """int32 [hi - lo]: positions within their documents of tokens ``[lo, hi)``."""
+        ds = self.doc_starts
+        k0 = int(np.searchsorted(ds, lo, side="right")) - 1
+        k1 = int(np.searchsorted(ds, hi, side="left"))
+        bounds = np.concatenate([[lo], ds[k0 + 1:k1], [hi]])
+        base = np.concatenate([[ds[k0]], ds[k0 + 1:k1]]) - lo
+        return (np.arange(hi - lo, dtype=np.int64) - np.repeat(base, np.diff(bounds))).astype(np.int32)
+
+    @property
     def nbytes(self) -> int:
-        return self.padded.nbytes + self.positions.nbytes + self.doc_starts.nbytes
+        return self.padded.nbytes + self.doc_starts.nbytes
 
 
 def _error(cache: Cache, rel: str, what: str) -> ChunkError:
@@ -424,12 +439,9 @@ class ChunkStore:
                                              f"documents, the sidecar says {expect} in {docs}")
         starts = np.zeros(docs + 1, np.int64)
         np.cumsum(lengths, out=starts[1:])
-        tokens = padded[1:]
-        positions = np.arange(tokens.size, dtype=np.int32)
-        positions -= np.repeat(starts[:-1].astype(np.int32), lengths)
         with self._lock:
             self.decodes += 1
-        rg = RowGroup(padded, positions, starts)
+        rg = RowGroup(padded, starts)
         return rg, rg.nbytes
 
     def prefetch(self, fn: Callable[[], Any]) -> cf.Future:
@@ -453,7 +465,7 @@ class ChunkStore:
                 continue
             rg = self.row_group(index, g)
             toks.append(rg.padded[a + 1:b + 1])
-            poss.append(rg.positions[a:b])
+            poss.append(rg.positions_range(a, b))
         if len(toks) == 1:
             return toks[0], poss[0]
         if not toks:

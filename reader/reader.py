@@ -34,10 +34,21 @@ import pyarrow.parquet as pq
 from . import format as fmt
 from . import order
 from .cache import Cache, CacheNotReady
-from .chunks import ChunkError, ChunkStore, int_values
+from .chunks import ChunkError, ChunkStore, RowGroup, int_values
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask", "example_ids", "epochs", "valid")
 INDEX_DIR = "index"
+
+
+_AR32: list = [np.zeros(0, np.int32)]
+
+
+def _arange32(n: int) -> np.ndarray:
+    """``np.arange(n, dtype=int32)``, cached (a batch needs one of batch x seq_len entries)."""
+    a = _AR32[0]
+    if a.size < n:
+        a = _AR32[0] = np.arange(n, dtype=np.int32)
+    return a[:n]
 
 
 def locate_streams(idx: order.StreamIndex, streams: np.ndarray, positions: np.ndarray):
@@ -306,6 +317,9 @@ class Reader:
         pending: collections.deque[tuple[int, cf.Future]] = collections.deque()
         touches: collections.deque[cf.Future] = collections.deque()
         nxt = start
+        # plan `stride` batches per background task (one vectorized locate), not one task per batch
+        stride = max(1, min(8, look // 2))
+        planned = start + 1  # first batch not planned yet
         assembler = cf.ThreadPoolExecutor(1, thread_name_prefix="chunkledger-assemble")
         try:
             if stop is None or start < stop:
@@ -314,11 +328,13 @@ class Reader:
                 while len(pending) < ahead and (stop is None or nxt < stop) and self._batch_exists(nxt):
                     pending.append((nxt, assembler.submit(self.batch, nxt)))
                     ahead_b = nxt + look
-                    if look and (stop is None or ahead_b < stop):
+                    if look and ahead_b >= planned and (stop is None or planned < stop):
                         while touches and touches[0].done():
                             touches.popleft()
+                        count = stride if stop is None else min(stride, stop - planned)
                         if len(touches) < 64:  # plan on the pool too: keep the consumer's thread free
-                            touches.append(self.store.submit(self._prefetch, ahead_b))
+                            touches.append(self.store.submit(self._prefetch, planned, None, count))
+                        planned += count
                     nxt += 1
                 if not pending:
                     return
@@ -349,12 +365,12 @@ class Reader:
         few hundred batches ahead (:meth:`lookahead_batches`) so decoding overlaps serving."""
         return self._prefetch(b, rows)
 
-    def _prefetch(self, b: int, rows=None) -> list[cf.Future]:
-        """Start loading what batch ``b`` needs: one background task per chunk (fetch + verify, then decode
-        its needed row groups), so the chunks of a batch load in parallel. Errors are left for the real
-        read to report."""
+    def _prefetch(self, b: int, rows=None, count: int = 1) -> list[cf.Future]:
+        """Start loading what batches ``b .. b+count-1`` need: one background task per chunk (fetch +
+        verify, then decode its needed row groups), so the chunks of a batch load in parallel. Errors are
+        left for the real read to report."""
         try:
-            plan = self._plan(b, rows)
+            plan = self._plan(b, rows, count)
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
             return []
         return [self.store.submit(self._load_chunk_part, c, offs) for c, offs in plan]
@@ -372,15 +388,14 @@ class Reader:
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
             pass
 
-    def _plan(self, b: int, rows=None) -> list[tuple[int, np.ndarray]]:
+    def _plan(self, b: int, rows=None, count: int = 1) -> list[tuple[int, np.ndarray]]:
         """``(chunk, unit offsets)`` that rows ``rows`` (default: this reader's) of batch ``b`` touch, in
         chunk order. Packed: token offsets of each window's first and last token; unpacked: example offsets."""
         opts = self.options
         L = opts.seq_len
         idx = self.stream_index()
         rows = self.my_rows if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
-        ex = b * opts.batch_size + rows
-        src = self._source_indices(ex)
+        src = self._source_indices_batches([(b + i) * opts.batch_size + rows for i in range(count)])
         s, j = order.split_example_index(src, opts.num_streams)
         if opts.packed:
             pos = np.concatenate([j * L, j * L + L - 1])
@@ -392,6 +407,29 @@ class Reader:
             s, pos = s[keep], pos[keep]
         _, chunks, offs = locate_streams(idx, s, pos)
         return [(int(c), offs[chunks == c]) for c in np.unique(chunks)]
+
+    def _source_indices_batches(self, exs: list[np.ndarray]) -> np.ndarray:
+        """``_source_indices`` of several batches' examples, concatenated: the cipher runs once for all the
+        batches not cached yet (its cost is mostly per call), and each batch's answer is cached for the
+        assembler."""
+        if self._shuffle_cfg is None or len(exs) == 1:
+            return np.concatenate([self._source_indices(ex) for ex in exs])
+        keys = [(int(ex[0]), ex.size, ex.tobytes()) if ex.size else None for ex in exs]
+        with self._lock:
+            got = [self._perm_cache.get(k) for k in keys]
+        todo = [i for i, g in enumerate(got) if g is None]
+        if todo:
+            allsrc = np.asarray(order.shuffle_example_indices(np.concatenate([exs[i] for i in todo]),
+                                                              self._shuffle_cfg), dtype=np.int64)
+            parts = np.split(allsrc, np.cumsum([exs[i].size for i in todo])[:-1])
+            with self._lock:
+                for i, src in zip(todo, parts):
+                    src.setflags(write=False)
+                    got[i] = src
+                    self._perm_cache[keys[i]] = src
+                while len(self._perm_cache) > 4096:
+                    self._perm_cache.popitem(last=False)
+        return np.concatenate(got)
 
     def _source_indices(self, ex: np.ndarray) -> np.ndarray:
         """``pi(ex)`` with a shuffle, else ``ex``. The prefetch planner and the assembler ask for the same
@@ -418,12 +456,14 @@ class Reader:
         idx = self.stream_index()
         src = self._source_indices(ex)
         s, j = order.split_example_index(src, opts.num_streams)
+        # packed rows are written whole (padding rows are zeroed below), so skip zero-filling them here
+        alloc = np.empty if opts.packed else np.zeros
         out = {
-            "inputs": np.zeros((n, L), np.int32),
-            "targets": np.zeros((n, L), np.int32),
-            "segment_ids": np.zeros((n, L), np.int32),
-            "positions": np.zeros((n, L), np.int32),
-            "loss_mask": np.zeros((n, L), bool),
+            "inputs": alloc((n, L), np.int32),
+            "targets": alloc((n, L), np.int32),
+            "segment_ids": alloc((n, L), np.int32),
+            "positions": alloc((n, L), np.int32),
+            "loss_mask": alloc((n, L), bool),
             "example_ids": ex.astype(np.int64, copy=True),
             "epochs": np.full(n, -1, np.int64),
             "valid": np.ones(n, bool),
@@ -433,6 +473,10 @@ class Reader:
             out["valid"] = j < limit
             out["example_ids"][~out["valid"]] = -1
         sel = np.flatnonzero(out["valid"])
+        if opts.packed and sel.size < n:
+            pad = np.flatnonzero(~out["valid"])
+            for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask"):
+                out[k][pad] = 0
         if sel.size:
             if opts.packed:
                 self._fill_packed(idx, s[sel], j[sel], sel, out)
@@ -472,12 +516,14 @@ class Reader:
             self._fill_packed_row(idx, int(s[k]), int(j[k]), int(rows[k]), out)
 
     def _copy_windows(self, recs, out) -> None:
-        """Copy windows that lie inside one row group. Consecutive windows of one row group that go to
-        equally spaced output rows (the usual case: a stream's rows of a batch) are one strided copy."""
+        """Windows that lie inside one row group. Consecutive windows of one row group that go to equally
+        spaced output rows (the usual case: a stream's rows of a batch) are one strided copy of targets and
+        inputs; positions, segment ids and the zero inputs at document starts come from the row groups'
+        document starts for the whole batch at once (a few hundred segments, not one pass per token)."""
         L = self.options.seq_len
-        tg, ip, ps = out["targets"], out["inputs"], out["positions"]
+        tg, ip = out["targets"], out["inputs"]
         n, i = len(recs), 0
-        done = np.zeros(tg.shape[0], bool)
+        groups: dict[tuple[int, int], RowGroup] = {}
         while i < n:
             c, g, a, r = recs[i]
             k, step = 1, 0
@@ -489,40 +535,71 @@ class Reader:
                     while (i + k < n and recs[i + k][0] == c and recs[i + k][1] == g
                            and recs[i + k][2] == a + k * L and recs[i + k][3] == r + k * step):
                         k += 1
-            rg = self.store.row_group(c, g)
+            rg = groups.get((c, g))
+            if rg is None:
+                rg = groups[(c, g)] = self.store.row_group(c, g)
             if k == 1:
                 tg[r] = rg.padded[a + 1:a + 1 + L]
                 ip[r] = rg.padded[a:a + L]
-                ps[r] = rg.positions[a:a + L]
-                done[r] = True
             else:
                 dst = slice(r, r + (k - 1) * step + 1, step)
                 tg[dst] = rg.padded[a + 1:a + 1 + k * L].reshape(k, L)
                 ip[dst] = rg.padded[a:a + k * L].reshape(k, L)
-                ps[dst] = rg.positions[a:a + k * L].reshape(k, L)
-                done[dst] = True
             i += k
-        # inputs at document starts are 0; segments count document starts within each row
-        if done.all():
-            flag = ps == 0
-            np.copyto(ip, 0, where=flag)
-            flag[:, 0] = True
-            np.cumsum(flag, axis=1, dtype=np.int32, out=out["segment_ids"])
+        self._segments(recs, groups, out)
+
+    def _segments(self, recs, groups, out) -> None:
+        """positions, segment_ids, loss_mask and the zero inputs at document starts of the rows in ``recs``
+        (windows inside one decoded row group each; ``recs`` sorted by row group)."""
+        L = self.options.seq_len
+        arr = np.asarray(recs, dtype=np.int64).reshape(-1, 4)
+        m = arr.shape[0]
+        shift = np.int64(1) << 40  # row groups side by side in one sorted array: key = u * shift + offset
+        keys = list(groups)
+        u = np.searchsorted(np.asarray([c * (1 << 24) + g for c, g in keys], np.int64),
+                            arr[:, 0] * (1 << 24) + arr[:, 1])
+        ds = np.concatenate([groups[kk].doc_starts + q * shift for q, kk in enumerate(keys)])
+        key = u * shift + arr[:, 2]
+        lo = np.searchsorted(ds, key, side="right") - 1  # the document holding each window's first token
+        hi = np.searchsorted(ds, key + L, side="left")  # ds[lo+1:hi]: document starts inside the window
+        cnt = hi - lo - 1
+        rows = arr[:, 3]
+        done = np.unique(rows)
+        ordinal = np.searchsorted(done, rows)
+        # segments: each window's first piece (at p = 0, position key - ds[lo]), then each document start
+        tot = int(cnt.sum())
+        owner = np.repeat(np.arange(m), cnt)
+        inner = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo + 1, cnt)
+        flat = np.concatenate([ordinal * L, ordinal[owner] * L + (ds[inner] - key[owner])])
+        pos0 = np.concatenate([key - ds[lo], np.zeros(tot, np.int64)])
+        o = np.argsort(flat, kind="stable")
+        flat, pos0 = flat[o], pos0[o]
+        size = done.size * L
+        lengths = np.diff(np.append(flat, size))
+        sidx = np.arange(flat.size)
+        first = np.maximum.accumulate(np.where(flat % L == 0, sidx, 0))
+        segnum = (sidx - first + 1).astype(np.int32)
+        every = done.size == out["targets"].shape[0]
+        ps = out["positions"] if every else np.empty((done.size, L), np.int32)
+        sg = out["segment_ids"] if every else np.empty((done.size, L), np.int32)
+        np.subtract(_arange32(size), np.repeat((flat - pos0).astype(np.int32), lengths), out=ps.reshape(-1))
+        np.copyto(sg.reshape(-1), np.repeat(segnum, lengths))
+        zero = flat[pos0 == 0]  # tokens that start a document: input 0
+        if every:
+            out["inputs"].reshape(-1)[zero] = 0
             out["loss_mask"][:] = True
         else:
-            dst = np.flatnonzero(done)
-            flag = ps[dst] == 0
-            sub = ip[dst]
-            np.copyto(sub, 0, where=flag)
-            ip[dst] = sub
-            flag[:, 0] = True
-            out["segment_ids"][dst] = np.cumsum(flag, axis=1, dtype=np.int32)
-            out["loss_mask"][dst] = True
+            out["positions"][done] = ps
+            out["segment_ids"][done] = sg
+            out["inputs"][done[zero // L], zero % L] = 0
+            out["loss_mask"][done] = True
 
     def _fill_packed_row(self, idx, s: int, j: int, row: int, out) -> None:
         L = self.options.seq_len
         tok, inp, pos, _ = self._stream_range(idx, s, j * L, (j + 1) * L)
         m = tok.size
+        for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask"):
+            out[k][row, m:] = 0
         out["targets"][row, :m] = tok
         out["inputs"][row, :m] = inp
         out["positions"][row, :m] = pos
