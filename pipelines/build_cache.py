@@ -523,6 +523,16 @@ def _summary(ledger: dict[str, Any], seconds: float | None, output: str) -> str:
     return s + f" -> {output}"
 
 
+def _only_describes_job(pipeline: beam.Pipeline) -> bool:
+    """True when Dataflow only writes a job description (a template, or --dry_run) and runs nothing."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, TestOptions
+
+    if type(pipeline.runner).__name__ != "DataflowRunner":
+        return False  # other runners ignore both options and really run
+    options = pipeline.options
+    return bool(options.view_as(GoogleCloudOptions).template_location or options.view_as(TestOptions).dry_run)
+
+
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Plan, run and finalize a build. Returns ``{"ledger": ..., "summary": str, "resumed": bool, ...}``."""
     parser = build_arg_parser()
@@ -563,6 +573,11 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     _ = p | "BuildCache" >> BuildCache(output, plan, tok, args.max_bad_fraction)
     try:
         result = p.run()
+        if _only_describes_job(p):
+            print(f"chunkledger: job description written, nothing ran (the plan is {output}/ledger.json; "
+                  "launching the job finishes the cache)")
+            return {"ledger": plan, "summary": "", "resumed": old is not None, "already_complete": False,
+                    "result": result, "submitted": False}
         result.wait_until_finish()
     except Exception as e:  # the runner wraps worker errors; surface ours cleanly
         text = str(e)

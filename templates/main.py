@@ -11,14 +11,13 @@ command-line form. Everything else is passed through unchanged.
 
 The launcher only *describes* the job: Beam writes the job graph (``--template_location``, or nothing
 with ``--dry_run``) and the Dataflow service runs it. The builder's last step runs inside that job (it
-rewrites ``ledger.json`` with ``"finished": true``), so here the plan ledger being unfinished after
-``p.run()`` is expected, not an error.
+rewrites ``ledger.json`` with ``"finished": true``); ``build_cache.run`` knows that and returns as soon as
+the description is written.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import Sequence
 
@@ -53,30 +52,12 @@ def template_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[
     return out
 
 
-def describes_only(beam_args: Sequence[str]) -> bool:
-    """True if Beam will write a job description instead of running the job (template launch, dry run)."""
-    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
-
-    opts = PipelineOptions(list(beam_args))
-    return bool(opts.view_as(GoogleCloudOptions).template_location or opts.view_as(TestOptions).dry_run)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     from pipelines import build_cache
 
-    argv = template_argv(list(sys.argv[1:] if argv is None else argv), build_cache.build_arg_parser())
-    _, beam_args = build_cache.build_arg_parser().parse_known_args(argv)
-    if not describes_only(beam_args):
-        build_cache.main(argv)
-        return
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        build_cache.run(argv)
-    except build_cache.BuildError as e:
-        if "not finished" not in str(e):  # a real error: bad input pattern, tokenizer, refused resume ...
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-    print("chunkledger: job described, not run here; the Dataflow job builds the chunks and finishes ledger.json")
+    # With --template_location / --dry_run the builder writes the job description and returns without
+    # waiting; the Dataflow job's last step finishes ledger.json.
+    build_cache.main(template_argv(list(sys.argv[1:] if argv is None else argv), build_cache.build_arg_parser()))
 
 
 if __name__ == "__main__":

@@ -177,8 +177,8 @@ def test_dataflow_job_description_offline(corpus, tmp_path):
         with emu.beam_env():
             # Writing a job description is not a build: the launcher plans (ledger.json, finished=false),
             # Beam translates and stages the pipeline and writes the job file, and nothing runs.
-            with contextlib.suppress(build_cache.BuildError):
-                build_cache.run(args)
+            res = build_cache.run(args)
+        assert res["submitted"] is False and res["ledger"]["finished"] is False
         plan = json.loads(emu.gcsfs().cat_file(f"{emu.bucket}/cache/ledger.json"))
         staged = {p.rsplit("/", 1)[-1]: p for p in emu.gcsfs().find(f"{emu.bucket}/staging")}
         assert "pipeline.pb" in staged, sorted(staged)

@@ -398,7 +398,7 @@ def test_template_main_describes_a_dataflow_job_without_running_it(tmp_path, cap
         with emu.beam_env():
             template_main.main(argv)  # no SystemExit: describing the job is the launcher's whole job
         plan = json.loads(emu.gcsfs().cat_file(f"{emu.bucket}/cache/ledger.json"))
-    assert "job described, not run here" in capsys.readouterr().out
+    assert "job description written, nothing ran" in capsys.readouterr().out
     assert plan["finished"] is False and plan["config"]["append_eos"] is True
     assert plan["config"]["chunk_bytes"] == 16 << 10
     job = json.loads(job_file.read_text())
