@@ -194,6 +194,36 @@ def _hf_eos(tok, config_eos: str | None) -> int | None:
     return None
 
 
+def _read_remote(path: str) -> str | None:
+    """The text of a file on any Beam filesystem, or None if it does not exist."""
+    from apache_beam.io.filesystems import FileSystems
+
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path, compression_type="uncompressed") as f:
+        return f.read().decode("utf-8")
+
+
+def _load_remote_hf(spec: str):
+    """A remote ``tokenizer.json`` file, or a remote directory holding one (and maybe tokenizer_config.json)."""
+    from tokenizers import Tokenizer
+
+    base = spec if not spec.endswith(".json") else spec.rsplit("/", 1)[0]
+    text = _read_remote(spec) if spec.endswith(".json") else _read_remote(base.rstrip("/") + "/tokenizer.json")
+    if text is None:
+        raise TokenizerError(f"tokenizer {spec!r}: no tokenizer.json there; give a remote tokenizer.json file "
+                             "or a directory holding one")
+    config_eos = None
+    cfg = _read_remote(base.rstrip("/") + "/tokenizer_config.json")
+    if cfg:
+        try:
+            eos = json.loads(cfg).get("eos_token")
+            config_eos = eos.get("content") if isinstance(eos, dict) else eos
+        except ValueError:
+            config_eos = None
+    return Tokenizer.from_str(text), config_eos
+
+
 def _resolve_hf(spec: str) -> TokenizerSpec:
     try:
         from tokenizers import Tokenizer
@@ -201,7 +231,10 @@ def _resolve_hf(spec: str) -> TokenizerSpec:
         raise TokenizerError("tokenizers is not installed: pip install 'chunkledger[pipeline]'") from e
     config_eos = None
     tok = None
-    if os.path.isfile(spec):
+    if "://" in spec:  # gs://bucket/tok/tokenizer.json or gs://bucket/tok/ (a Dataflow launch reads no local files)
+        tok, config_eos = _load_remote_hf(spec)
+        cfg = None
+    elif os.path.isfile(spec):
         tok = Tokenizer.from_file(spec)
         cfg = os.path.join(os.path.dirname(spec), "tokenizer_config.json")
     elif os.path.isdir(spec):

@@ -223,3 +223,28 @@ def test_reading_a_gs_cache_during_its_build_matches_reading_after(emulator):
         for (_, x), (_, y) in zip(runs[name], want):
             for k in x:
                 np.testing.assert_array_equal(x[k], y[k], err_msg=f"{name} {k}")
+
+
+def test_hf_tokenizer_on_gs_resolves_like_the_local_file(tmp_path, emulator):
+    """A Dataflow launch reads no local files: an HF tokenizer.json (or its directory) on gs:// works."""
+    from pipelines.testing import train_tiny_tokenizer
+    from pipelines.tokenizer import TokenizerError, resolve
+
+    local = train_tiny_tokenizer(str(tmp_path / "tokenizer.json"))
+    # <pad> is not an EOS the resolver would guess: getting it proves tokenizer_config.json was read.
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<pad>"}))
+    emulator.upload(local, "tok/tokenizer.json")
+    emulator.upload(tmp_path / "tokenizer_config.json", "tok/tokenizer_config.json")
+    with emulator.beam_env():
+        by_file = resolve(emulator.url("tok/tokenizer.json"))
+        by_dir = resolve(emulator.url("tok/"))
+        with pytest.raises(TokenizerError, match="no tokenizer.json"):
+            resolve(emulator.url("missing/"))
+    ref = resolve(local)
+    from tokenizers import Tokenizer
+
+    assert ref.eos_id == Tokenizer.from_file(local).token_to_id("<pad>")
+    for got in (by_file, by_dir):
+        assert (got.hash, got.vocab_size, got.eos_id) == (ref.hash, ref.vocab_size, ref.eos_id)
+    text = "The quick brown fox jumps over the lazy dog."
+    assert by_dir.load().encode_many([text])[0].tolist() == ref.load().encode_many([text])[0].tolist()
