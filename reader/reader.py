@@ -473,15 +473,15 @@ class Reader:
             out["valid"] = j < limit
             out["example_ids"][~out["valid"]] = -1
         sel = np.flatnonzero(out["valid"])
-        if opts.packed and sel.size < n:
-            pad = np.flatnonzero(~out["valid"])
-            for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask"):
-                out[k][pad] = 0
         if sel.size:
             if opts.packed:
                 self._fill_packed(idx, s[sel], j[sel], sel, out)
             else:
                 self._fill_unpacked(idx, s[sel], j[sel], sel, out)
+        if opts.packed and sel.size < n:  # after filling: the fill may write scratch values there
+            pad = np.flatnonzero(~out["valid"])
+            for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask"):
+                out[k][pad] = 0
         return out
 
     def _fill_packed(self, idx, s, j, rows, out) -> None:
@@ -495,7 +495,7 @@ class Reader:
         # plain Python over the (few) rows: cheaper than a dozen numpy calls per chunk
         ends = (offs + L).tolist()
         limits = idx.counts[chunks].tolist()
-        recs, slow = [], []
+        recs, slow, cross = [], [], []
         rg_starts: dict[int, list[int]] = {}
         for k, (c, o, e, lim, r) in enumerate(zip(chunks.tolist(), offs.tolist(), ends, limits, rows.tolist())):
             if e > lim:
@@ -506,14 +506,38 @@ class Reader:
                 starts = rg_starts[c] = self.store.meta(c).rg_token_starts_list
             g = bisect.bisect_right(starts, o) - 1
             if e > starts[g + 1]:
-                slow.append(k)
+                if g + 2 < len(starts) and e <= starts[g + 2]:
+                    cross.append((c, g, o - starts[g], starts[g + 1] - o, r))  # two row groups of one chunk
+                else:
+                    slow.append(k)
                 continue
             recs.append((c, g, o - starts[g], r))
         if recs:
             recs.sort()
-            self._copy_windows(recs, out)
+            self._copy_windows(recs, out)  # may write scratch values into the other rows: they come next
+        for c, g, a, la, r in cross:
+            self._fill_cross_row(c, g, a, la, r, out)
         for k in slow:
             self._fill_packed_row(idx, int(s[k]), int(j[k]), int(rows[k]), out)
+
+    def _fill_cross_row(self, c: int, g: int, a: int, la: int, r: int, out) -> None:
+        """A window from token ``a`` of row group ``g`` of chunk ``c`` (its last ``la`` tokens) into row
+        group ``g + 1`` (documents never span row groups, so a document starts at the boundary)."""
+        L = self.options.seq_len
+        rg1, rg2 = self.store.row_group(c, g), self.store.row_group(c, g + 1)
+        lb = L - la
+        out["targets"][r, :la] = rg1.padded[a + 1:a + 1 + la]
+        out["targets"][r, la:] = rg2.padded[1:1 + lb]
+        out["inputs"][r, :la] = rg1.padded[a:a + la]
+        out["inputs"][r, la:] = rg2.padded[:lb]
+        pos = out["positions"][r]
+        pos[:la] = rg1.positions_range(a, a + la)
+        pos[la:] = rg2.positions_range(0, lb)
+        flag = pos == 0
+        out["inputs"][r][flag] = 0
+        flag[0] = True
+        np.cumsum(flag, dtype=np.int32, out=out["segment_ids"][r])
+        out["loss_mask"][r] = True
 
     def _copy_windows(self, recs, out) -> None:
         """Windows that lie inside one row group. Consecutive windows of one row group that go to equally
@@ -554,6 +578,7 @@ class Reader:
         L = self.options.seq_len
         arr = np.asarray(recs, dtype=np.int64).reshape(-1, 4)
         m = arr.shape[0]
+        nrows = out["targets"].shape[0]
         shift = np.int64(1) << 40  # row groups side by side in one sorted array: key = u * shift + offset
         keys = list(groups)
         u = np.searchsorted(np.asarray([c * (1 << 24) + g for c, g in keys], np.int64),
@@ -564,35 +589,29 @@ class Reader:
         hi = np.searchsorted(ds, key + L, side="left")  # ds[lo+1:hi]: document starts inside the window
         cnt = hi - lo - 1
         rows = arr[:, 3]
-        done = np.unique(rows)
-        ordinal = np.searchsorted(done, rows)
-        # segments: each window's first piece (at p = 0, position key - ds[lo]), then each document start
+        # segments, as flat offsets into the [rows, L] outputs: each window's first piece (at column 0,
+        # position key - ds[lo]), then one per document start inside it. Runs continue over rows that
+        # are not in recs; those are written afterwards (crossing windows) or zeroed (padding).
         tot = int(cnt.sum())
         owner = np.repeat(np.arange(m), cnt)
         inner = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo + 1, cnt)
-        flat = np.concatenate([ordinal * L, ordinal[owner] * L + (ds[inner] - key[owner])])
+        flat = np.concatenate([rows * L, rows[owner] * L + (ds[inner] - key[owner])])
         pos0 = np.concatenate([key - ds[lo], np.zeros(tot, np.int64)])
         o = np.argsort(flat, kind="stable")
         flat, pos0 = flat[o], pos0[o]
-        size = done.size * L
+        starts_doc = flat[pos0 == 0]  # tokens that start a document: input 0
+        if flat[0] != 0:  # rows before the first window: scratch, overwritten later
+            flat, pos0 = np.concatenate([[0], flat]), np.concatenate([[0], pos0])
+        size = nrows * L
         lengths = np.diff(np.append(flat, size))
         sidx = np.arange(flat.size)
         first = np.maximum.accumulate(np.where(flat % L == 0, sidx, 0))
         segnum = (sidx - first + 1).astype(np.int32)
-        every = done.size == out["targets"].shape[0]
-        ps = out["positions"] if every else np.empty((done.size, L), np.int32)
-        sg = out["segment_ids"] if every else np.empty((done.size, L), np.int32)
-        np.subtract(_arange32(size), np.repeat((flat - pos0).astype(np.int32), lengths), out=ps.reshape(-1))
-        np.copyto(sg.reshape(-1), np.repeat(segnum, lengths))
-        zero = flat[pos0 == 0]  # tokens that start a document: input 0
-        if every:
-            out["inputs"].reshape(-1)[zero] = 0
-            out["loss_mask"][:] = True
-        else:
-            out["positions"][done] = ps
-            out["segment_ids"][done] = sg
-            out["inputs"][done[zero // L], zero % L] = 0
-            out["loss_mask"][done] = True
+        np.subtract(_arange32(size), np.repeat((flat - pos0).astype(np.int32), lengths),
+                    out=out["positions"].reshape(-1))
+        np.copyto(out["segment_ids"].reshape(-1), np.repeat(segnum, lengths))
+        out["inputs"].reshape(-1)[starts_doc] = 0
+        out["loss_mask"][:] = True
 
     def _fill_packed_row(self, idx, s: int, j: int, row: int, out) -> None:
         L = self.options.seq_len
