@@ -57,11 +57,12 @@ def _limit_worker(part, barrier, queue):
     enc.encode_ordinary("warm up the encoder")
     barrier.wait()
     t = time.perf_counter()
+    c = time.process_time()
     n = 0
     for x in part:
         n += len(enc.encode_ordinary(x))
     end = time.perf_counter()
-    queue.put((n, end - t, end))
+    queue.put((n, end - t, end, time.process_time() - c))
 
 
 def limit(corpus: Path, processes: int = 2) -> dict:
@@ -93,6 +94,8 @@ def limit(corpus: Path, processes: int = 2) -> dict:
         "seconds": wall,
         "tokens_per_s": tokens / wall,
         "per_process_tokens_per_s": [r[0] / r[1] for r in results],
+        "cpu_s": sum(r[3] for r in results),
+        "tokens_per_cpu_s": tokens / sum(r[3] for r in results),
     }
 
 
@@ -108,15 +111,19 @@ def raw_hf(corpus: Path, tokenizer_json: Path, batch_docs: int = 1024) -> dict:
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
     encode(["warm up the encoder"] * 4)
     t = time.perf_counter()
+    c = time.process_time()
     n = 0
     for i in range(0, len(texts), batch_docs):
         for e in encode(texts[i : i + batch_docs], add_special_tokens=False):
             n += len(e.ids)
     wall = time.perf_counter() - t
+    cpu = time.process_time() - c
     return {
         "tokens": n,
         "docs": len(texts),
         "seconds": wall,
+        "cpu_s": cpu,
+        "tokens_per_cpu_s": n / cpu,
         "tokens_per_s": n / wall,
         "method": encode.__name__,
         "rayon_threads": os.environ.get("RAYON_NUM_THREADS"),

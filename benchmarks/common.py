@@ -32,6 +32,7 @@ class Monitored:
     peak_rss_tree_mb: float  # max over samples of the summed RSS of the whole process tree
     peak_rss_proc_mb: float  # max over samples and processes of one process's RSS
     samples: list = field(default_factory=list)  # [t, rss_tree_mb, cpu_cores, progress]
+    cpu_s: float = 0.0  # CPU seconds used by the command's process tree
     other_cores: float = 0.0  # mean cores used by OTHER processes on the machine meanwhile (contention)
     result: dict | None = None  # the child's BENCH_RESULT line, if any
     stdout_tail: str = ""
@@ -143,6 +144,7 @@ def run_monitored(
         peak_rss_tree_mb=peak_tree,
         peak_rss_proc_mb=peak_proc,
         other_cores=other,
+        cpu_s=tree_cpu,
         samples=samples,
         result=result,
         stdout_tail=out[-3000:],

@@ -118,6 +118,8 @@ def build(
         "peak_rss_tree_mb": m.peak_rss_tree_mb,
         "peak_rss_proc_mb": m.peak_rss_proc_mb,
         "other_cores": m.other_cores,
+        "cpu_s": m.cpu_s,
+        "tokens_per_cpu_s": tokens / m.cpu_s if m.cpu_s else None,
         "parquet_bytes": parquet,
         "cache_bytes": total_bytes,
         "chunk_bytes": ledger["config"].get("chunk_bytes"),

@@ -39,6 +39,13 @@ SECONDARY_ROWS = [
     ("limit_tokens_per_s_b", "the limit, run after our builds (before HF datasets)", "rate"),
     ("limit_tokens_per_s_c", "the limit, run after HF datasets", "rate"),
     ("raw_hf_tokens_per_s", "raw HF tokenizers, `encode_batch_fast`, 2 threads", "rate"),
+    ("pipeline_cpu_vs_raw", "CPU efficiency (tokens per CPU-second, robust to contention): our build / the limit", "ratio"),
+    ("pipeline_hf_cpu_vs_raw_hf", "CPU efficiency: our HF build / raw HF tokenizers", "ratio"),
+    ("pipeline_cpu_vs_hf_datasets", "CPU efficiency: our build / HF datasets (tiktoken)", "ratio"),
+    ("pipeline_hf_cpu_vs_hf_datasets", "CPU efficiency: our HF build / HF datasets (HF tokenizers)", "ratio"),
+    ("limit_tokens_per_cpu_s", "the limit, tokens per CPU-second of encoding", "rate"),
+    ("pipeline_tokens_per_cpu_s", "our build, tokens per CPU-second (whole process tree, whole command)", "rate"),
+    ("hf_datasets_tokens_per_cpu_s", "HF datasets (tiktoken), tokens per CPU-second (whole command)", "rate"),
     ("raw_hf_vs_raw", "raw HF tokenizers / the limit", "ratio"),
     ("pipeline_tokens_per_s", "our build, whole command (tiktoken, 2 workers)", "rate"),
     ("pipeline_steady_tokens_per_s", "our build, steady state (busy part: first to last chunk)", "rate"),
@@ -343,6 +350,10 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "the first and the last chunk. Peak RSS = the largest sum of RSS over the command's whole process tree "
         "(launcher, job service, workers), sampled every 0.25 s with psutil. The token count of every "
         "build is checked against the baseline's (same texts, same tokenizer).",
+        "- **CPU efficiency** (supporting): tokens per CPU-second, from the CPU time of the whole process "
+        "tree (builds, HF datasets) or of the encoding loop (limit, raw HF). Other work on the machine "
+        "changes wall-time ratios a lot but CPU-time ratios little; idle time (start-up waits, an idle "
+        "worker at the tail) costs no CPU, so these ratios are upper bounds of the quiet-machine wall ratios.",
         "- **HF datasets**: `load_dataset(\"json\", data_files=..., split=\"train\", cache_dir=<fresh>)` -> "
         "`.map(tokenize, batched=True, num_proc=2, remove_columns=[\"text\"])` -> `.to_parquet(...)`, as its "
         "documentation recommends; with tiktoken (`encode_ordinary` per text) or with the converted "

@@ -94,7 +94,7 @@ def run_hf_datasets(corpus: Path, backend: str, work: Path, tokenizer_json: Path
            "--out", str(base / "out"), "--cache_dir", str(base / "cache"), "--tokenizer_json", str(tokenizer_json)]
     m = run_monitored(cmd, env=_env_offline())
     r = dict(m.result)
-    r.update(wall_s=m.wall_s, tokens=tokens, other_cores=m.other_cores, tokens_per_s=tokens / m.wall_s, peak_rss_tree_mb=m.peak_rss_tree_mb,
+    r.update(wall_s=m.wall_s, tokens=tokens, other_cores=m.other_cores, cpu_s=m.cpu_s, tokens_per_cpu_s=tokens / m.cpu_s, tokens_per_s=tokens / m.wall_s, peak_rss_tree_mb=m.peak_rss_tree_mb,
              bytes_per_token=r["parquet_bytes"] / tokens, map_tokens_per_s=tokens / r["map_s"])
     log(f"HF datasets ({backend}): {r['tokens_per_s'] / 1e6:.2f} M tok/s whole command "
         f"({r['wall_s']:.1f} s; map {r['map_s']:.1f} s)")
@@ -262,6 +262,22 @@ def main(argv=None) -> int:
         "pipeline_peak_rss_ratio_4x_shards": b2["peak_rss_tree_mb"] / bs["peak_rss_tree_mb"],
         "pipeline_chunks": b2["chunks"],
         "pipeline_chunk_mb": (b2["chunk_bytes"] or 0) / 1e6,
+    })
+    # CPU efficiency: tokens per CPU-second (whole command for builds and HF datasets; the encoding loop for
+    # the limit and raw HF). Robust to contention on a shared machine; ignores idle time, so it is an upper
+    # bound of the wall-time ratio on a quiet machine.
+    cpu_limit = max(r["tokens_per_cpu_s"] for r in (limit_a, limit_b, limit_c))
+    fig.update({
+        "limit_tokens_per_cpu_s": cpu_limit,
+        "raw_hf_tokens_per_cpu_s": raw_hf["tokens_per_cpu_s"],
+        "pipeline_tokens_per_cpu_s": b2["tokens_per_cpu_s"],
+        "pipeline_hf_tokens_per_cpu_s": bh["tokens_per_cpu_s"],
+        "hf_datasets_tokens_per_cpu_s": hfd_tt["tokens_per_cpu_s"],
+        "hf_datasets_hf_tokens_per_cpu_s": hfd_hf["tokens_per_cpu_s"],
+        "pipeline_cpu_vs_raw": b2["tokens_per_cpu_s"] / cpu_limit,
+        "pipeline_hf_cpu_vs_raw_hf": bh["tokens_per_cpu_s"] / raw_hf["tokens_per_cpu_s"],
+        "pipeline_cpu_vs_hf_datasets": b2["tokens_per_cpu_s"] / hfd_tt["tokens_per_cpu_s"],
+        "pipeline_hf_cpu_vs_hf_datasets": bh["tokens_per_cpu_s"] / hfd_hf["tokens_per_cpu_s"],
     })
     # Contention: mean cores used by other processes on this shared machine during each measurement.
     for name, r in (("limit_a", limit_a), ("limit_b", limit_b), ("limit_c", limit_c), ("raw_hf", raw_hf),
