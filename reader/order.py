@@ -513,20 +513,26 @@ def _ceil_log2(n: np.ndarray) -> np.ndarray:
     return k + (v > 0).astype(np.uint64)
 
 
+def _flat_domain(x, n, key, what: str):
+    """Broadcast ``x`` (int64), ``n`` (int64) and ``key`` (uint64) and flatten them; check ``0 <= x < n``."""
+    x, n, key = np.broadcast_arrays(np.asarray(x, np.int64), np.asarray(n, np.int64),
+                                    np.asarray(key, np.uint64))
+    shape = x.shape
+    x, n, key = x.reshape(-1), n.reshape(-1), key.reshape(-1)
+    if x.size and ((x < 0).any() or (x >= n).any()):
+        raise ValueError(f"{what}: input outside [0, n)")
+    return shape, x, n, key
+
+
 def _feistel(x, n, key, *, inverse: bool = False) -> np.ndarray:
     """A keyed bijection of ``[0, n)`` per element (``x``, ``n``, ``key`` broadcast; int64 out).
 
     Balanced Feistel network on ``2h`` bits (``4**h >= n``, so the domain is less than ``4n``) with
     cycle-walking back into ``[0, n)``. ``inverse=True`` gives the inverse permutation.
     """
-    x, n, key = np.broadcast_arrays(np.asarray(x, np.int64), np.asarray(n, np.int64),
-                                    np.asarray(key, np.uint64))
-    shape = x.shape
-    x, n, key = x.reshape(-1), n.reshape(-1), key.reshape(-1)
+    shape, x, n, key = _flat_domain(x, n, key, "feistel")
     if x.size == 0:
         return np.zeros(shape, dtype=np.int64)
-    if (x < 0).any() or (x >= n).any():
-        raise ValueError("feistel: input outside [0, n)")
     n_u = n.astype(np.uint64)
     h = np.maximum((_ceil_log2(n_u) + np.uint64(1)) >> np.uint64(1), np.uint64(1))
     mask = (np.uint64(1) << h) - np.uint64(1)
@@ -557,14 +563,9 @@ def _spread(x, n, key, *, inverse: bool = False) -> np.ndarray:
     is bit ``i`` of ``reverse(x)`` XOR a keyed hash of the bits above ``i``; values ``>= n`` are
     cycle-walked back into ``[0, n)``. Vectorized; ``inverse=True`` gives the inverse permutation.
     """
-    x, n, key = np.broadcast_arrays(np.asarray(x, np.int64), np.asarray(n, np.int64),
-                                    np.asarray(key, np.uint64))
-    shape = x.shape
-    x, n, key = x.reshape(-1), n.reshape(-1), key.reshape(-1)
+    shape, x, n, key = _flat_domain(x, n, key, "spread")
     if x.size == 0:
         return np.zeros(shape, dtype=np.int64)
-    if (x < 0).any() or (x >= n).any():
-        raise ValueError("spread: input outside [0, n)")
     n_u = n.astype(np.uint64)
     m = _ceil_log2(n_u)
     top = int(m.max())

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import threading
+import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import fsspec
@@ -205,6 +208,62 @@ def finish_cache(root: str, entries: Sequence[Mapping[str, Any]]) -> None:
                      row_group_tokens=plan["config"]["row_group_tokens"], tokenizer=plan["tokenizer"])
     ledger["config"] = plan["config"]
     _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
+
+
+def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per_shard: Sequence[int], *,
+                        compressed: Sequence[bool] | None = None, first: Sequence[int] = (0,), seed: int = 0,
+                        delay: float = 0.005, row_group_tokens: int = 9) -> threading.Thread:
+    """Simulate a running build of a local cache: the plan and chunks ``first`` now, the other chunks
+    (global indices) in a seeded random order on a thread, then ``_DONE.json`` of compressed shards and
+    the finished ledger. Returns the started thread (join it)."""
+    rr = order.round_robin_order(chunks_per_shard)
+    comp = list(compressed) if compressed is not None else [False] * len(chunks_per_shard)
+    write_synthetic_cache(root, chunks, finished=False, chunks_per_shard=chunks_per_shard, compressed=comp,
+                          written=list(first), row_group_tokens=row_group_tokens)
+    rest = [i for i in range(len(chunks)) if i not in set(first)]
+    random.Random(seed).shuffle(rest)
+
+    def run():
+        for i in rest:
+            time.sleep(delay)
+            write_chunk(root, int(rr[i][0]), int(rr[i][1]), chunks[i], row_group_tokens=row_group_tokens)
+        for s, is_comp in enumerate(comp):
+            if is_comp:
+                done = os.path.join(root, fmt.shard_done_path(s))
+                with open(done + ".tmp", "w") as f:
+                    f.write(fmt.dumps({"chunks": int(chunks_per_shard[s]),
+                                       "uncompressed_bytes": int(chunks_per_shard[s]) * 1000}))
+                os.replace(done + ".tmp", done)
+        time.sleep(delay)
+        entries = [json.load(open(os.path.join(root, fmt.sidecar_path(int(s), int(k))))) for s, k in rr]
+        finish_cache(root, entries)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def batches_during_and_after_build(tmp: str, chunks, chunks_per_shard, options, count: int, *,
+                                   compressed=None, first=(0,), seed: int = 0, num_readers: int = 2,
+                                   reader_index: int = 1):
+    """``(got, want)``: batches ``0..count-1`` read while :func:`build_in_background` writes the cache,
+    and the same batches read from a finished twin. Asserts the reader really saw the build running."""
+    from reader import Reader
+
+    done, live = os.path.join(tmp, "done"), os.path.join(tmp, "live")
+    write_synthetic_cache(done, chunks, chunks_per_shard=chunks_per_shard, compressed=compressed,
+                          row_group_tokens=9)
+    with Reader(done, options, num_readers=num_readers, reader_index=reader_index) as ref:
+        want = list(ref.iter_batches(0, count))
+    t = build_in_background(live, chunks, chunks_per_shard, compressed=compressed, first=first, seed=seed)
+    try:
+        with Reader(live, options, num_readers=num_readers, reader_index=reader_index, wait_timeout_s=60,
+                    poll_interval_s=0.01) as rd:
+            assert not rd.cache.complete
+            got = list(rd.iter_batches(0, count))
+    finally:
+        t.join()
+    return got, want
 
 
 def random_chunks(rng: np.random.Generator, num_chunks: int, *, max_docs: int = 6, max_len: int = 40,

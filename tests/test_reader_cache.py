@@ -5,8 +5,6 @@ import os
 import random
 import shutil
 import tempfile
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -70,51 +68,14 @@ def test_progress_view_is_the_longest_written_prefix_of_the_final_order(tmp):
     assert [(int(s), int(k)) for s, k in zip(c.table.shard, c.table.index_in_shard)] == final
 
 
-def _build_in_background(root, chunks, cps, comp, first, seed, delay=0.01):
-    """Simulate a running build: plan + `first` chunks now, the rest in random order, then finish."""
-    rr = order.round_robin_order(cps)
-    cachegen.write_synthetic_cache(root, chunks, finished=False, chunks_per_shard=cps, compressed=comp,
-                                   written=first, row_group_tokens=9)
-    rest = [i for i in range(len(chunks)) if i not in set(first)]
-    random.Random(seed).shuffle(rest)
-
-    def run():
-        for i in rest:
-            time.sleep(delay)
-            cachegen.write_chunk(root, int(rr[i][0]), int(rr[i][1]), chunks[i], row_group_tokens=9)
-        for s, is_comp in enumerate(comp):
-            if is_comp:
-                with open(os.path.join(root, fmt.shard_done_path(s)) + ".tmp", "w") as f:
-                    f.write(fmt.dumps({"chunks": cps[s], "uncompressed_bytes": cps[s] * 1000}))
-                os.replace(os.path.join(root, fmt.shard_done_path(s)) + ".tmp",
-                           os.path.join(root, fmt.shard_done_path(s)))
-        time.sleep(delay)
-        entries = [json.load(open(os.path.join(root, fmt.sidecar_path(int(s), int(k))))) for s, k in rr]
-        cachegen.finish_cache(root, entries)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t
-
-
 @pytest.mark.parametrize("packed,eval_mode,seed", [(True, False, 0), (False, False, 1), (True, True, 2),
                                                    (False, True, 3)])
 def test_reading_during_build_equals_reading_after(tmp, packed, eval_mode, seed):
     chunks = _chunks(10 + seed, 12)
     cps, comp = [5, 4, 3], [False, True, False]
-    done = os.path.join(tmp, "done")
-    live = os.path.join(tmp, "live")
-    cachegen.write_synthetic_cache(done, chunks, chunks_per_shard=cps, compressed=comp, row_group_tokens=9)
     opts = ReadOptions(seq_len=7, batch_size=4, packed=packed, ideal_readers=3, eval_mode=eval_mode)
-    with Reader(done, opts, num_readers=2, reader_index=1) as ref:
-        want = list(ref.iter_batches(0, 30))
-    t = _build_in_background(live, chunks, cps, comp, first=[0], seed=seed)
-    try:
-        with Reader(live, opts, num_readers=2, reader_index=1, wait_timeout_s=60, poll_interval_s=0.01) as rd:
-            assert not rd.cache.complete
-            got = list(rd.iter_batches(0, 30))
-    finally:
-        t.join()
+    got, want = cachegen.batches_during_and_after_build(tmp, chunks, cps, opts, 30, compressed=comp, first=[0],
+                                                        seed=seed)
     assert [b for b, _ in got] == [b for b, _ in want]
     for (_, x), (_, y) in zip(got, want):
         for k in x:

@@ -1,13 +1,10 @@
 """The reader's promises with the growing-window shuffle on (issue 4): reading during a build, the small
 first window, per-host locality with lanes = R*, and seeds that change what is read."""
 
-import json
 import os
 import random
 import shutil
 import tempfile
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -45,41 +42,12 @@ def _cfg(r_star, seed=11):
                                block_size=2 * r_star, group_size=8 * r_star, lanes=r_star)
 
 
-def _build_in_background(root, chunks, cps, first, seed, delay=0.005):
-    rr = order.round_robin_order(cps)
-    cachegen.write_synthetic_cache(root, chunks, finished=False, chunks_per_shard=cps, written=first,
-                                   row_group_tokens=9)
-    rest = [i for i in range(len(chunks)) if i not in set(first)]
-    random.Random(seed).shuffle(rest)
-
-    def run():
-        for i in rest:
-            time.sleep(delay)
-            cachegen.write_chunk(root, int(rr[i][0]), int(rr[i][1]), chunks[i], row_group_tokens=9)
-        entries = [json.load(open(os.path.join(root, fmt.sidecar_path(int(s), int(k))))) for s, k in rr]
-        cachegen.finish_cache(root, entries)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t
-
-
 @pytest.mark.parametrize("packed,seed", [(True, 0), (False, 1)])
 def test_shuffled_reading_during_build_equals_reading_after(tmp, packed, seed):
     chunks = _chunks(20 + seed, 12)
     cps = [5, 4, 3]
-    done, live = os.path.join(tmp, "done"), os.path.join(tmp, "live")
-    cachegen.write_synthetic_cache(done, chunks, chunks_per_shard=cps, row_group_tokens=9)
     opts = ReadOptions(seq_len=5, batch_size=4, packed=packed, ideal_readers=4, shuffle=_cfg(4, seed))
-    with Reader(done, opts, num_readers=2, reader_index=1) as ref:
-        want = list(ref.iter_batches(0, 25))
-    t = _build_in_background(live, chunks, cps, first=[0, 1], seed=seed)
-    try:
-        with Reader(live, opts, num_readers=2, reader_index=1, wait_timeout_s=60, poll_interval_s=0.01) as rd:
-            assert not rd.cache.complete
-            got = list(rd.iter_batches(0, 25))
-    finally:
-        t.join()
+    got, want = cachegen.batches_during_and_after_build(tmp, chunks, cps, opts, 25, first=[0, 1], seed=seed)
     assert [b for b, _ in got] == [b for b, _ in want]
     for (_, x), (_, y) in zip(got, want):
         for k in KEYS:
