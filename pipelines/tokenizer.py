@@ -106,6 +106,10 @@ class TokenizerSpec:
             import tiktoken
 
             return TiktokenEncoder(tiktoken.get_encoding(self.name))
+        # Beam runs one worker process per core; a Rayon pool per process sized to every core would make
+        # 2 workers on 2 cores run 4+ threads (measured 2x the CPU per token). Set RAYON_NUM_THREADS to
+        # override, before the first HF tokenizer is loaded in the process.
+        os.environ.setdefault("RAYON_NUM_THREADS", "1")
         from tokenizers import Tokenizer
 
         payload = self.payload
@@ -147,7 +151,8 @@ class HFEncoder(Encoder):
         self.tok = tok
 
     def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
-        encs = self.tok.encode_batch(list(texts), add_special_tokens=False)
+        # encode_batch_fast: the same ids without character offsets (measured ~1.35x less CPU per token).
+        encs = self.tok.encode_batch_fast(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int32) for e in encs]
 
 

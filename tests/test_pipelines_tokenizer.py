@@ -143,3 +143,22 @@ def test_hf_tokenizer_end_to_end(tmp_path):
             pos[shard] += len(json.dumps({"text": t}, ensure_ascii=False).encode()) + 1
     assert got == sorted(want)
     assert ledger["totals"]["docs"] == 40
+
+
+def test_hf_workers_use_one_rayon_thread_unless_the_user_sets_it(tmp_path):
+    """Beam gives one worker process per core; each must not start a Rayon pool as wide as the machine."""
+    import subprocess
+    import sys
+
+    from pipelines.testing import train_tiny_tokenizer
+
+    path = train_tiny_tokenizer(str(tmp_path / "tokenizer.json"))
+    code = ("import os; from pipelines.tokenizer import resolve; "
+            f"resolve({path!r}).load().encode_many(['a b c']); print(os.environ['RAYON_NUM_THREADS'])")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}
+    for env, want in ((base, "1"), (dict(base, RAYON_NUM_THREADS="3"), "3")):
+        out = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip().splitlines()[-1] == want
