@@ -125,7 +125,9 @@ def shuffle_quality(plot: Path, quick: bool) -> dict:
     t = time.perf_counter()
     out = fn(**kwargs)
     log(f"shuffle quality: {len(out)} figures in {time.perf_counter() - t:.1f} s")
-    return {(k if k.startswith("shuffle") else f"shuffle_{k}"): v for k, v in out.items()}
+    repo = str(Path(__file__).resolve().parents[1]) + os.sep  # figures name no paths of this machine
+    return {(k if k.startswith("shuffle") else f"shuffle_{k}"): (v.replace(repo, "") if isinstance(v, str) else v)
+            for k, v in out.items()}
 
 
 def main(argv=None) -> int:
