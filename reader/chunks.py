@@ -20,6 +20,7 @@ import concurrent.futures as cf
 import dataclasses
 import io
 import json
+import os
 import threading
 import weakref
 from typing import Any, Callable
@@ -224,6 +225,22 @@ class _RangeFile(io.RawIOBase):
         return len(data)
 
 
+_MAX_OPEN_FILES = 64
+
+
+def _protocols(fs) -> tuple:
+    p = getattr(fs, "protocol", ())
+    return p if isinstance(p, tuple) else (p,)
+
+
+def _shutdown(pool: cf.ThreadPoolExecutor, files: dict, lock: threading.Lock) -> None:
+    pool.shutdown(wait=False, cancel_futures=True)
+    with lock:
+        for f in files.values():
+            f.close()
+        files.clear()
+
+
 class ChunkStore:
     """Verified, decoded row groups (and per-chunk layouts) in an LRU bounded by ``memory_budget_bytes``."""
 
@@ -241,8 +258,12 @@ class ChunkStore:
         self.decodes = 0  # row groups decoded
         self.fast_decode = True  # PLAIN pages: decompress and take the values (see fast_token_values)
         self._pool = cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
-        # a store dropped without close() still stops its threads
-        self._closer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+        # Local caches: byte ranges are os.pread() calls on descriptors kept open (fsspec opens the file
+        # for every range, which costs as much as reading a row group). Other filesystems use fsspec.
+        self._files: collections.OrderedDict[str, io.FileIO] = collections.OrderedDict()
+        self._local = "file" in _protocols(cache.fs)
+        # a store dropped without close() still stops its threads and closes its files
+        self._closer = weakref.finalize(self, _shutdown, self._pool, self._files, self._lock)
 
     def close(self) -> None:
         self._closer()
@@ -296,9 +317,27 @@ class ChunkStore:
         try:
             if start is None:
                 return self.cache.fs.cat_file(self.cache.path(rel))
+            if self._local:
+                return self._pread(rel, start, end)
             return self.cache.fs.cat_file(self.cache.path(rel), start=start, end=end)
         except FileNotFoundError:
             raise _error(self.cache, rel, "missing") from None
+
+    def _pread(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a local file (fewer at its end), through a kept-open file. An evicted
+        file is only dropped from the table; it closes when the last thread reading it lets go, so a
+        descriptor is never closed (and its number reused) under a concurrent read."""
+        with self._lock:
+            f = self._files.get(rel)
+            if f is not None:
+                self._files.move_to_end(rel)
+        if f is None:
+            f = open(self.cache.path(rel), "rb", buffering=0)
+            with self._lock:
+                f = self._files.setdefault(rel, f)
+                while len(self._files) > _MAX_OPEN_FILES:
+                    self._files.popitem(last=False)
+        return os.pread(f.fileno(), max(0, end - start), start)
 
     # -- loading ----------------------------------------------------------------------------------------
     def meta(self, index: int) -> ChunkMeta:

@@ -221,3 +221,32 @@ def test_sidecars_without_row_group_index_fall_back_to_whole_files(cache_dir):
     with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
         with pytest.raises(ChunkError, match="checksum mismatch"):
             rd.batch(0)
+
+
+def test_local_files_stay_open_within_a_bound_and_close_with_the_reader(cache_dir, monkeypatch):
+    """Local row-group reads go through kept-open files: at most _MAX_OPEN_FILES of them, every byte still
+    verified (a file evicted under a concurrent read stays usable until that read ends), all closed by
+    close()."""
+    import concurrent.futures as cf
+
+    from reader import chunks as chunks_mod
+
+    monkeypatch.setattr(chunks_mod, "_MAX_OPEN_FILES", 2)
+    root, chunks, entries = cache_dir
+    with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1, memory_budget_bytes=1)) as rd:
+        store = rd.store
+        assert store._local
+
+        def read(c):
+            m = store.meta(c)
+            got = [store.row_group(c, g).tokens for g in range(m.num_row_groups)]
+            return np.concatenate(got).tolist()
+
+        with cf.ThreadPoolExecutor(4) as pool:
+            for _ in range(3):  # budget 1 byte: every call fetches (and verifies) again
+                for c, toks in zip(range(len(entries)), pool.map(read, range(len(entries)))):
+                    assert toks == np.concatenate(chunks[c]).tolist()
+                assert len(store._files) <= 2
+        files = list(store._files.values())
+        assert files and not any(f.closed for f in files)
+    assert all(f.closed for f in files) and not store._files
