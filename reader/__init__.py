@@ -12,10 +12,11 @@ from .cache import Cache, CacheNotReady
 from .chunks import ChunkError
 from .format import FormatError
 from .order import EmptyStream, EndOfStream, NotYetAvailable
-from .reader import BATCH_KEYS, ReadOptions, Reader
+from .reader import BATCH_KEYS, FLAT_KEYS, ReadOptions, Reader, expand_flat
 
 __all__ = [
     "BATCH_KEYS",
+    "FLAT_KEYS",
     "Cache",
     "CacheNotReady",
     "ChunkError",
@@ -25,4 +26,5 @@ __all__ = [
     "NotYetAvailable",
     "ReadOptions",
     "Reader",
+    "expand_flat",
 ]

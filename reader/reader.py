@@ -37,6 +37,9 @@ from .cache import Cache, CacheNotReady
 from .chunks import ChunkError, ChunkStore, RowGroup, int_values
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask", "example_ids", "epochs", "valid")
+# layout="flat": tokens uint32 [rows, L+1]; first_positions, num_tokens int32 [rows]; and the row fields
+FLAT_KEYS = ("tokens", "first_positions", "num_tokens", "example_ids", "epochs", "valid")
+LAYOUTS = ("arrays", "flat")
 INDEX_DIR = "index"
 
 
@@ -54,6 +57,60 @@ def _arange32(n: int) -> np.ndarray:
 def locate_streams(idx: order.StreamIndex, streams: np.ndarray, positions: np.ndarray):
     """``idx.locate_streams``: locate unit ``positions[k]`` of stream ``streams[k]`` for a whole batch."""
     return idx.locate_streams(streams, positions)
+
+
+def _window_runs(recs, L: int):
+    """Runs of ``recs`` (sorted ``(chunk, group, offset, row)`` windows inside one row group): yields
+    ``(chunk, group, offset, row, k, step)`` for ``k`` consecutive windows of one row group that go to
+    equally spaced rows ``row, row + step, ...`` (the usual case: a stream's rows of a batch), so each
+    run is one strided copy."""
+    n, i = len(recs), 0
+    while i < n:
+        c, g, a, r = recs[i]
+        k, step = 1, 0
+        if i + 1 < n:
+            c2, g2, a2, r2 = recs[i + 1]
+            step = r2 - r
+            if c2 == c and g2 == g and a2 == a + L and step > 0:
+                k = 2
+                while (i + k < n and recs[i + k][0] == c and recs[i + k][1] == g
+                       and recs[i + k][2] == a + k * L and recs[i + k][3] == r + k * step):
+                    k += 1
+        yield c, g, a, r, k, step
+        i += k
+
+
+def expand_flat(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The ``layout="arrays"`` batch of a ``layout="flat"`` one: equal, array for array, to what the same
+    reader returns with ``layout="arrays"``.
+
+    ``tokens[:, 1:]`` are the window's tokens as ``2 * token + start`` (seed 001's flat-tokens encoding;
+    ``start`` = 1 where a document begins); ``tokens[:, 0]`` is ``2 * previous token`` of the same
+    document, or 0 when the window begins a document. ``first_positions`` is the first token's position
+    in its document; ``num_tokens`` the real tokens of the row (``L`` except at the end of an eval pass
+    and in padding rows). ``reader.jax.expand_flat`` is the same function in jax.numpy.
+    """
+    tok = np.asarray(batch["tokens"], dtype=np.uint32)
+    n, L = tok.shape[0], tok.shape[1] - 1
+    start = (tok[:, 1:] & 1).astype(bool)
+    t = np.arange(L, dtype=np.int32)
+    real = t[None, :] < np.asarray(batch["num_tokens"])[:, None]
+    targets = (tok[:, 1:] >> 1).astype(np.int32)
+    inputs = (tok[:, :-1] >> 1).astype(np.int32)
+    inputs[start] = 0
+    segment_ids = np.cumsum(start, axis=1, dtype=np.int32)
+    segment_ids += (~start[:, :1]).astype(np.int32)
+    last = np.maximum.accumulate(np.where(start, t[None, :], -1), axis=1)
+    first = np.asarray(batch["first_positions"], dtype=np.int32)[:, None]
+    positions = np.where(last >= 0, t[None, :] - last, first + t[None, :]).astype(np.int32)
+    out = {"inputs": inputs, "targets": targets, "segment_ids": segment_ids, "positions": positions,
+           "loss_mask": real}
+    for k in ("inputs", "targets", "segment_ids", "positions"):
+        out[k][~real] = 0
+    for k in ("example_ids", "epochs", "valid"):
+        if k in batch:
+            out[k] = np.asarray(batch[k]).copy()
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +133,10 @@ class ReadOptions:
       prefetch_batches: batches assembled ahead of the consumer by ``iter_batches`` (on one thread).
       prefetch_threads: background threads that fetch, verify and decode upcoming row groups.
       index_cache: store the unpacked per-chunk example counts in ``ROOT/index/`` when writable.
+      layout: ``"arrays"`` (default): the five ``[rows, L]`` arrays of BATCH_KEYS. ``"flat"`` (packed
+        only): one ``uint32 [rows, L+1]`` array in seed 001's flat-tokens encoding plus two per-row
+        ints (FLAT_KEYS); about 4x fewer bytes to assemble and to send to an accelerator, where
+        :func:`expand_flat` (numpy) or ``reader.jax.expand_flat`` (jit) rebuilds the five arrays exactly.
     """
 
     seq_len: int = 2048
@@ -89,8 +150,14 @@ class ReadOptions:
     prefetch_batches: int = 2
     prefetch_threads: int = 2
     index_cache: bool = True
+    layout: str = "arrays"
 
     def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout == "flat" and not self.packed:
+            raise ValueError("layout='flat' encodes packed windows (document starts as a bit per token); "
+                             "unpacked examples use layout='arrays'")
         if self.seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
         if self.batch_size < 1:
@@ -456,6 +523,8 @@ class Reader:
         idx = self.stream_index()
         src = self._source_indices(ex)
         s, j = order.split_example_index(src, opts.num_streams)
+        if opts.layout == "flat":
+            return self._examples_flat(idx, ex, s, j)
         # packed rows are written whole (padding rows are zeroed below), so skip zero-filling them here
         alloc = np.empty if opts.packed else np.zeros
         out = {
@@ -488,8 +557,21 @@ class Reader:
         """Packed windows. Fast path (almost every row): the window lies inside one decoded row group, so
         all such rows of a row group are gathered at once; the rest (windows that cross a row-group or
         chunk boundary, or the padded end of an eval pass) are assembled piece by piece."""
+        recs, cross, slow = self._classify_windows(idx, s, j, rows, out)
+        if recs:
+            recs.sort()
+            self._copy_windows(recs, out)  # may write scratch values into the other rows: they come next
+        for c, g, a, la, r in cross:
+            self._fill_cross_row(c, g, a, la, r, out)
+        for k in slow:
+            self._fill_packed_row(idx, int(s[k]), int(j[k]), int(rows[k]), out)
+
+    def _classify_windows(self, idx, s, j, rows, out):
+        """Locate packed windows (setting ``out["epochs"]``) and sort them into ``recs`` (inside one row
+        group: ``(chunk, group, offset in group, row)``), ``cross`` (over two row groups of one chunk:
+        ``(chunk, group, offset, tokens in the first group, row)``) and ``slow`` (positions ``k`` of
+        the other windows: over chunks, or past the end of an eval pass)."""
         L = self.options.seq_len
-        n = rows.size
         epochs, chunks, offs = locate_streams(idx, s, j * L)
         out["epochs"][rows] = epochs
         # plain Python over the (few) rows: cheaper than a dozen numpy calls per chunk
@@ -512,13 +594,113 @@ class Reader:
                     slow.append(k)
                 continue
             recs.append((c, g, o - starts[g], r))
-        if recs:
-            recs.sort()
-            self._copy_windows(recs, out)  # may write scratch values into the other rows: they come next
-        for c, g, a, la, r in cross:
-            self._fill_cross_row(c, g, a, la, r, out)
-        for k in slow:
-            self._fill_packed_row(idx, int(s[k]), int(j[k]), int(rows[k]), out)
+        return recs, cross, slow
+
+    # -- layout="flat" ---------------------------------------------------------------------------------
+    def _examples_flat(self, idx, ex: np.ndarray, s: np.ndarray, j: np.ndarray) -> dict[str, np.ndarray]:
+        """Packed examples in the flat-tokens layout (see :func:`expand_flat`)."""
+        L, n = self.options.seq_len, ex.size
+        out = {
+            "tokens": np.empty((n, L + 1), np.uint32),
+            "first_positions": np.zeros(n, np.int32),
+            "num_tokens": np.full(n, L, np.int32),
+            "example_ids": ex.astype(np.int64, copy=True),
+            "epochs": np.full(n, -1, np.int64),
+            "valid": np.ones(n, bool),
+        }
+        if self.options.eval_mode:
+            limit = self._eval_limit(idx, j)
+            out["valid"] = j < limit
+            out["example_ids"][~out["valid"]] = -1
+        sel = np.flatnonzero(out["valid"])
+        if sel.size:
+            s, j = s[sel], j[sel]
+            recs, cross, slow = self._classify_windows(idx, s, j, sel, out)
+            if recs:
+                recs.sort()
+                self._flat_windows(recs, out)
+            for c, g, a, la, r in cross:
+                self._flat_cross_row(c, g, a, la, r, out)
+            for k in slow:
+                self._flat_packed_row(idx, int(s[k]), int(j[k]), int(sel[k]), out)
+        if sel.size < n:
+            pad = np.flatnonzero(~out["valid"])
+            out["tokens"][pad] = 0
+            out["num_tokens"][pad] = 0
+            out["first_positions"][pad] = 0
+        return out
+
+    def _flat_windows(self, recs, out) -> None:
+        """Windows inside one row group: ``tokens[r] = 2 * padded[a : a+L+1]`` (the previous token, then
+        the window), runs of a row group's consecutive windows in one strided pass; then the start bits
+        and first positions from the row groups' document starts, for the whole batch at once."""
+        L = self.options.seq_len
+        W = out["tokens"].view(np.int32)  # 2*token as int32 bits: the same bytes as the uint32 value
+        groups: dict[tuple[int, int], RowGroup] = {}
+        as_strided = np.lib.stride_tricks.as_strided
+        for c, g, a, r, k, step in _window_runs(recs, L):
+            rg = groups.get((c, g))
+            if rg is None:
+                rg = groups[(c, g)] = self.store.row_group(c, g)
+            if k == 1:
+                np.left_shift(rg.padded[a:a + L + 1], 1, out=W[r])
+            else:  # k overlapping windows of L+1 (each shares its first token with the previous window's last)
+                src = as_strided(rg.padded[a:], shape=(k, L + 1), strides=(L * 4, 4), writeable=False)
+                np.left_shift(src, 1, out=W[r:r + (k - 1) * step + 1:step])
+        arr = np.asarray(recs, dtype=np.int64).reshape(-1, 4)
+        rows = arr[:, 3]
+        shift = np.int64(1) << 40  # row groups side by side in one sorted array (as in _segments)
+        keys = list(groups)
+        u = np.searchsorted(np.asarray([c * (1 << 24) + g for c, g in keys], np.int64),
+                            arr[:, 0] * (1 << 24) + arr[:, 1])
+        ds = np.concatenate([groups[kk].doc_starts + q * shift for q, kk in enumerate(keys)])
+        key = u * shift + arr[:, 2]
+        lo = np.searchsorted(ds, key, side="right") - 1  # the document holding each window's first token
+        hi = np.searchsorted(ds, key + L, side="left")  # ds[lo+1:hi]: document starts inside the window
+        first = key - ds[lo]
+        out["first_positions"][rows] = first
+        cnt = hi - lo - 1
+        tot = int(cnt.sum())
+        owner = np.repeat(np.arange(rows.size), cnt)
+        inner = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo + 1, cnt)
+        flat = out["tokens"].reshape(-1)
+        flat[rows[owner] * (L + 1) + 1 + (ds[inner] - key[owner])] += np.uint32(1)
+        at_start = rows[first == 0]  # windows that begin a document: start bit, and no previous token
+        flat[at_start * (L + 1) + 1] += np.uint32(1)
+        flat[at_start * (L + 1)] = 0
+
+    def _flat_cross_row(self, c: int, g: int, a: int, la: int, r: int, out) -> None:
+        """A window over two row groups of one chunk (the second begins with a document)."""
+        L = self.options.seq_len
+        rg1, rg2 = self.store.row_group(c, g), self.store.row_group(c, g + 1)
+        row = out["tokens"][r].view(np.int32)
+        np.left_shift(rg1.padded[a:a + la + 1], 1, out=row[:la + 1])
+        np.left_shift(rg2.padded[1:1 + L - la], 1, out=row[la + 1:])
+        pos = np.concatenate([rg1.positions_range(a, a + la), rg2.positions_range(0, L - la)])
+        self._flat_marks(r, pos, out)
+
+    def _flat_packed_row(self, idx, s: int, j: int, r: int, out) -> None:
+        """Any other window (over chunks, or the padded last window of an eval pass)."""
+        L = self.options.seq_len
+        tok, inp, pos, _ = self._stream_range(idx, s, j * L, (j + 1) * L)
+        m = tok.size
+        row = out["tokens"][r].view(np.int32)
+        row[:] = 0
+        np.left_shift(tok, 1, out=row[1:m + 1])
+        if m:
+            row[0] = inp[0] * 2  # the previous token of the same document (0 at a document start)
+        out["num_tokens"][r] = m
+        self._flat_marks(r, pos, out)
+
+    @staticmethod
+    def _flat_marks(r: int, pos: np.ndarray, out) -> None:
+        """Start bits, first position and the previous-token slot of row ``r`` from its tokens' positions."""
+        row = out["tokens"][r]
+        starts = np.flatnonzero(pos == 0)
+        row[1 + starts] += np.uint32(1)
+        out["first_positions"][r] = pos[0] if pos.size else 0
+        if pos.size and pos[0] == 0:
+            row[0] = 0
 
     def _fill_cross_row(self, c: int, g: int, a: int, la: int, r: int, out) -> None:
         """A window from token ``a`` of row group ``g`` of chunk ``c`` (its last ``la`` tokens) into row
@@ -546,19 +728,8 @@ class Reader:
         document starts for the whole batch at once (a few hundred segments, not one pass per token)."""
         L = self.options.seq_len
         tg, ip = out["targets"], out["inputs"]
-        n, i = len(recs), 0
         groups: dict[tuple[int, int], RowGroup] = {}
-        while i < n:
-            c, g, a, r = recs[i]
-            k, step = 1, 0
-            if i + 1 < n:
-                c2, g2, a2, r2 = recs[i + 1]
-                step = r2 - r
-                if c2 == c and g2 == g and a2 == a + L and step > 0:
-                    k = 2
-                    while (i + k < n and recs[i + k][0] == c and recs[i + k][1] == g
-                           and recs[i + k][2] == a + k * L and recs[i + k][3] == r + k * step):
-                        k += 1
+        for c, g, a, r, k, step in _window_runs(recs, L):
             rg = groups.get((c, g))
             if rg is None:
                 rg = groups[(c, g)] = self.store.row_group(c, g)
@@ -569,7 +740,6 @@ class Reader:
                 dst = slice(r, r + (k - 1) * step + 1, step)
                 tg[dst] = rg.padded[a + 1:a + 1 + k * L].reshape(k, L)
                 ip[dst] = rg.padded[a:a + k * L].reshape(k, L)
-            i += k
         self._segments(recs, groups, out)
 
     def _segments(self, recs, groups, out) -> None:
