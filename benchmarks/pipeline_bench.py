@@ -1,8 +1,14 @@
 """Time one end-to-end cache build (``python -m pipelines.build_cache``) as a monitored subprocess.
 
 Whole-command figures include interpreter start-up, planning, Beam's worker start-up and the final
-ledger. The steady-state rate is measured on the busy part of the build: the progress probe counts the
-tokens of chunk sidecars as they appear, and the rate is taken between the first and the last chunk.
+ledger. The steady-state rate is measured on the busy part of the build, from the build's own timeline
+(``CHUNKLEDGER_TRACE``, see pipelines/trace.py): each worker process's rate is its tokens over the
+seconds it spent inside work units, and the steady state is the sum of the workers' rates (every worker
+busy). ``busy_s`` = tokens / steady rate; everything else in the wall time is fixed cost (before the
+first unit, after the last one) or tail (workers idle while another finishes its last units), itemized in
+``fixed``. Without a trace (an old build), the rate falls back to the slope of sidecar tokens between the
+first and the last chunk (biased high: it counts the first wave's work as if it had started at the first
+chunk's end).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import Monitored, dir_bytes, log, run_monitored
+from pipelines import trace as build_trace
 
 
 class SidecarProgress:
@@ -62,6 +69,80 @@ def steady_state(samples: list, total_tokens: int) -> dict:
             "last_chunk_s": None, "steady_method": "cpu busy"}
 
 
+def _union_s(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def trace_figures(events: list[dict], t_launch: float, wall_s: float, tokens: int) -> dict:
+    """Steady state and the itemized fixed seconds of one build, from its trace (see pipelines/trace.py).
+
+    ``t_launch``: unix time the command was started; ``wall_s``: its whole duration.
+    """
+    starts: dict[tuple, float] = {}
+    per_pid: dict[int, dict] = {}
+    for e in events:
+        key = (e["pid"], e.get("shard"), e.get("index"))
+        if e["event"] == "unit_start":
+            starts[key] = e["t"]
+        elif e["event"] == "unit_done" and key in starts:
+            w = per_pid.setdefault(e["pid"], {"intervals": [], "tokens": 0})
+            w["intervals"].append((starts.pop(key), e["t"]))
+            w["tokens"] += int(e.get("tokens") or 0)
+    if not per_pid:
+        return {}
+    rates = {pid: w["tokens"] / _union_s(w["intervals"]) for pid, w in per_pid.items() if _union_s(w["intervals"]) > 0}
+    steady = sum(rates.values())
+    if steady <= 0:
+        return {}
+    first = min(a for w in per_pid.values() for a, _ in w["intervals"]) - t_launch
+    last = max(b for w in per_pid.values() for _, b in w["intervals"]) - t_launch
+
+    def at(name: str, pick=min) -> float | None:
+        ts = [e["t"] - t_launch for e in events if e["event"] == name]
+        return pick(ts) if ts else None
+
+    proc_start = min((e["proc_start"] for e in events if e["event"] == "setup_start" and e.get("proc_start")),
+                     default=None)
+    busy = tokens / steady
+    fixed = {
+        "before_first_unit_s": first,
+        "after_last_unit_s": wall_s - last,
+        "tail_s": (last - first) - busy,  # inside the work span but not at the steady rate: unequal finish
+        "launcher_python_s": at("launcher_start"),
+        "launcher_imports_s": _diff(at("launcher_imported"), at("launcher_start")),
+        "plan_s": _diff(at("planned"), at("launcher_imported")),
+        "planned_to_worker_setup_s": _diff(at("setup_start"), at("planned")),
+        "first_worker_process_s": _diff(proc_start, t_launch),  # when the first worker process started
+        "worker_start_to_setup_s": _diff(at("setup_start"), _diff(proc_start, t_launch)),
+        "worker_setup_s": _diff(at("setup_done", max), at("setup_start")),
+        "setup_to_first_unit_s": _diff(first, at("setup_done")),
+        "last_unit_to_finalize_s": _diff(at("finalize_start"), last),
+        "finalize_s": _diff(at("finalize_done"), at("finalize_start")),
+        "runner_shutdown_s": _diff(at("run_done"), at("finalize_done")),
+        "launcher_exit_s": _diff(wall_s, at("launcher_exit")),
+    }
+    return {
+        "steady_tokens_per_s": steady,
+        "busy_s": busy,
+        "first_chunk_s": first,
+        "last_chunk_s": last,
+        "steady_method": "trace: sum of per-worker rates inside units",
+        "worker_tokens_per_s": sorted(rates.values()),
+        "workers_seen": len(per_pid),
+        "units": sum(len(w["intervals"]) for w in per_pid.values()),
+        "fixed": fixed,
+    }
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
 def cpu_busy(samples: list, threshold: float = 1.0) -> dict:
     """Seconds during which the process tree used at least ``threshold`` cores, and mean cores then."""
     busy, cores, prev_t = 0.0, 0.0, 0.0
@@ -99,8 +180,12 @@ def build(
     ]
     cmd += list(extra or [])
     progress = SidecarProgress(out)
+    trace_path = out.with_name(out.name + "-trace.jsonl")
+    trace_path.unlink(missing_ok=True)
     log(f"build: {workers} worker(s), {tokenizer} -> {out}")
-    m: Monitored = run_monitored(cmd, progress=progress, timeout_s=timeout_s)
+    t_launch = time.time()
+    m: Monitored = run_monitored(cmd, progress=progress, timeout_s=timeout_s,
+                                 env={build_trace.ENV: str(trace_path.resolve())})
     ledger = json.loads((out / "ledger.json").read_text())
     if not ledger.get("finished"):
         raise RuntimeError(f"build into {out} exited 0 but its ledger says finished=false")
@@ -127,9 +212,36 @@ def build(
         "samples": m.samples,
         "stderr_tail": m.stderr_tail[-1500:],
     }
-    res.update(steady_state(m.samples, tokens))
+    traced = trace_figures(build_trace.read(str(trace_path)), t_launch, m.wall_s, tokens) if trace_path.exists() else {}
+    res.update(traced or steady_state(m.samples, tokens))
+    res["startup_fraction"] = 1 - res["busy_s"] / m.wall_s
     res.update(cpu_busy(m.samples))
+    fx = res.get("fixed") or {}
     log(f"build: {tokens} tokens in {m.wall_s:.1f} s = {res['tokens_per_s'] / 1e6:.2f} M tok/s whole command, "
-        f"steady {((res['steady_tokens_per_s'] or 0) / 1e6):.2f} M tok/s, peak RSS tree {m.peak_rss_tree_mb:.0f} MB "
-        f"(other processes used {m.other_cores:.2f} cores meanwhile)")
+        f"steady {((res['steady_tokens_per_s'] or 0) / 1e6):.2f} M tok/s, start-up fraction "
+        f"{res['startup_fraction']:.3f}" + (f" (before the first unit {fx['before_first_unit_s']:.1f} s, tail "
+                                            f"{fx['tail_s']:.1f} s, after the last unit {fx['after_last_unit_s']:.1f} s)"
+                                            if fx else "") +
+        f", peak RSS tree {m.peak_rss_tree_mb:.0f} MB (other processes used {m.other_cores:.2f} cores meanwhile)")
     return res
+
+
+def main(argv=None) -> int:
+    """One timed build with its itemized fixed seconds (the same build ``make bench`` times)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--input", action="append", required=True, help="input glob (repeatable)")
+    ap.add_argument("--output", type=Path, required=True, help="cache directory (deleted first)")
+    ap.add_argument("--tokenizer", default="tiktoken:cl100k_base")
+    ap.add_argument("--workers", type=int, default=2)
+    a, extra = ap.parse_known_args(argv)
+    res = build(a.input, a.output, a.tokenizer, workers=a.workers, extra=extra)
+    keys = ("wall_s", "tokens", "tokens_per_s", "steady_tokens_per_s", "busy_s", "startup_fraction", "steady_method",
+            "worker_tokens_per_s", "units", "fixed", "other_cores", "peak_rss_tree_mb")
+    print(json.dumps({k: res.get(k) for k in keys}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -230,7 +230,12 @@ def main(argv=None) -> int:
         "pipeline_tokens_per_s": b2["tokens_per_s"],
         "pipeline_wall_s": b2["wall_s"],
         "pipeline_steady_tokens_per_s": b2["steady_tokens_per_s"],
-        "pipeline_startup_fraction": 1 - b2["busy_s"] / b2["wall_s"] if b2["busy_s"] else None,
+        # Start-up: the share of each timed build's whole command outside its steady state (the issue wants
+        # < 0.10 for every timed build); the fixed seconds of the 2-worker build are itemized in the details.
+        "pipeline_startup_fraction": b2["startup_fraction"],
+        "pipeline_1w_startup_fraction": b1["startup_fraction"],
+        "pipeline_hf_startup_fraction": bh["startup_fraction"],
+        "pipeline_startup_fraction_max": max(b2["startup_fraction"], b1["startup_fraction"], bh["startup_fraction"]),
         "pipeline_vs_raw": b2["tokens_per_s"] / limit["tokens_per_s"],
         "pipeline_steady_vs_raw": (b2["steady_tokens_per_s"] or 0) / limit["tokens_per_s"],
         "pipeline_hf_tokens_per_s": bh["tokens_per_s"],
@@ -265,6 +270,11 @@ def main(argv=None) -> int:
         "pipeline_chunks": b2["chunks"],
         "pipeline_chunk_mb": (b2["chunk_bytes"] or 0) / 1e6,
     })
+    for key, item in (("pipeline_fixed_before_s", "before_first_unit_s"), ("pipeline_fixed_after_s", "after_last_unit_s"),
+                      ("pipeline_tail_s", "tail_s")):
+        v = (b2.get("fixed") or {}).get(item)
+        if v is not None:  # from the build's trace (pipelines/trace.py)
+            fig[key] = v
     # CPU efficiency: tokens per CPU-second (whole command for builds and HF datasets; the encoding loop for
     # the limit and raw HF). Robust to contention on a shared machine; ignores idle time, so it is an upper
     # bound of the wall-time ratio on a quiet machine.

@@ -34,17 +34,23 @@ import sys
 import time
 from typing import Any, Iterable, Sequence
 
-import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics import Metrics
-from apache_beam.options.pipeline_options import PipelineOptions
+from . import trace
 
-from reader import format as fmt
-from reader.order import round_robin_order
+if __name__ == "__main__":
+    trace.event("launcher_start")  # before Beam is imported: the import is part of every build's fixed cost
 
-from . import fsutil
-from .chunks import ChunkBuilder, Counters, verify_chunk
-from .tokenizer import MAX_PIECE_CHARS, PIECE_CHARS, TokenizerError, TokenizerSpec, load_cached, resolve
+import apache_beam as beam  # noqa: E402
+from apache_beam.io.filesystems import FileSystems  # noqa: E402
+from apache_beam.metrics import Metrics  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+
+from reader import format as fmt  # noqa: E402
+from reader.order import round_robin_order  # noqa: E402
+
+from . import fsutil  # noqa: E402
+from .chunks import ChunkBuilder, Counters, verify_chunk  # noqa: E402
+from .tokenizer import (MAX_PIECE_CHARS, PIECE_CHARS, TokenizerError, TokenizerSpec, load_cached,  # noqa: E402
+                        resolve)
 
 LOG = logging.getLogger("chunkledger.build")
 
@@ -296,8 +302,10 @@ class BuildChunksFn(beam.DoFn):
         self.config = config
 
     def setup(self):
+        trace.event("setup_start", proc_start=trace.process_start())
         self.encoder = load_cached(self.tokenizer)
         self.counters = _BeamCounters()
+        trace.event("setup_done")
 
     def _builder(self, unit: dict[str, Any], index: int, lo: int):
         sidecar = verify_chunk(self.output, unit["shard"], index)
@@ -309,11 +317,16 @@ class BuildChunksFn(beam.DoFn):
                             counters=self.counters)
 
     def process(self, unit: dict[str, Any]) -> Iterable[dict[str, Any]]:
+        trace.event("unit_start", shard=unit["shard"], index=unit["index"])
         if unit["compression"] == "none":
-            yield {"shard": unit["shard"], "sidecars": [self._build_range(unit)], "done": None}
+            out = {"shard": unit["shard"], "sidecars": [self._build_range(unit)], "done": None}
         else:
             sidecars, done = self._build_stream(unit)
-            yield {"shard": unit["shard"], "sidecars": sidecars, "done": done}
+            out = {"shard": unit["shard"], "sidecars": sidecars, "done": done}
+        if trace.enabled():
+            trace.event("unit_done", shard=unit["shard"], index=unit["index"],
+                        tokens=sum(sc["tokens"] for sc in out["sidecars"]))
+        yield out
 
     @staticmethod
     def _check_unchanged(unit: dict[str, Any]) -> None:
@@ -455,10 +468,12 @@ class FinalizeLedgerFn(beam.DoFn):
         self.max_bad_fraction = max_bad_fraction
 
     def process(self, results: list[dict[str, Any]]):
+        trace.event("finalize_start")
         ledger = finished_ledger(self.plan, results)
         remove_temp_files(self.output)
         check_bad_fraction(ledger, self.max_bad_fraction, self.output)
         fsutil.write_atomic(fsutil.join(self.output, fmt.LEDGER_NAME), fmt.dumps_ledger(ledger).encode())
+        trace.event("finalize_done")
         yield ledger["totals"]
 
 
@@ -569,9 +584,11 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         fsutil.write_atomic(fsutil.join(output, fmt.LEDGER_NAME), fmt.dumps_ledger(plan).encode())
     else:
         LOG.warning("resuming the unfinished build in %s", output)
+    trace.event("planned")
     p = beam.Pipeline(options=_pipeline_options(pipeline_args))
     _ = p | "BuildCache" >> BuildCache(output, plan, tok, args.max_bad_fraction)
     try:
+        trace.event("run_start")
         result = p.run()
         if _only_describes_job(p):
             print(f"chunkledger: job description written, nothing ran (the plan is {output}/ledger.json; "
@@ -587,6 +604,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             end = text.find(".", end) + 1 if end >= 0 else len(text)
             raise BuildError(text[start:end]) from e
         raise
+    trace.event("run_done")
     raw = fsutil.read_bytes_or_none(fsutil.join(output, fmt.LEDGER_NAME))
     ledger = json.loads(raw) if raw else {}
     if not ledger.get("finished"):
@@ -601,11 +619,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Worker start-up notices forwarded by the local job service (harmless, and noisy on every run).
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+    trace.event("launcher_imported")
     try:
         run(argv)
     except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    trace.event("launcher_exit")
 
 
 if __name__ == "__main__":

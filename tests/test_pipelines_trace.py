@@ -1,0 +1,55 @@
+"""The optional build timeline (pipelines/trace.py): off by default, complete when on, never in the cache."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from pipelines import build_cache, trace
+from pipelines.testing import FNAPI, load_ledger, tree_digest
+
+SAMPLE = os.path.join(os.path.dirname(build_cache.__file__), "sample_corpus")
+
+
+def _build(out: str) -> dict:
+    argv = ["--input", os.path.join(SAMPLE, "*"), "--output", out, "--tokenizer", "tiktoken:cl100k_base",
+            "--chunk_bytes", "40000", *FNAPI]
+    return build_cache.run(argv)
+
+
+def test_event_writes_nothing_unless_enabled(tmp_path, monkeypatch):
+    path = tmp_path / "t.jsonl"
+    monkeypatch.delenv(trace.ENV, raising=False)
+    trace.event("unit_start", shard=0)
+    assert not trace.enabled() and not path.exists()
+    monkeypatch.setenv(trace.ENV, str(path))
+    trace.event("unit_start", shard=0, index=1)
+    trace.event("unit_done", shard=0, index=1, tokens=5)
+    ev = trace.read(str(path))
+    assert [e["event"] for e in ev] == ["unit_start", "unit_done"]
+    assert ev[1]["tokens"] == 5 and ev[0]["pid"] == os.getpid() and ev[0]["t"] <= ev[1]["t"]
+
+
+def test_traced_build_records_every_unit_and_the_same_bytes(tmp_path, monkeypatch):
+    monkeypatch.delenv(trace.ENV, raising=False)
+    plain = str(tmp_path / "plain")
+    _build(plain)
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(trace.ENV, str(path))
+    traced = str(tmp_path / "traced")
+    _build(traced)
+    # The trace is written outside the cache and changes no byte of it.
+    assert tree_digest(plain) == tree_digest(traced)
+    ledger = load_ledger(traced)
+    units = build_cache.make_units(ledger["inputs"], ledger["config"]["chunk_bytes"])
+    ev = trace.read(str(path))
+    done = [e for e in ev if e["event"] == "unit_done"]
+    assert sorted((e["shard"], e["index"]) for e in done) == sorted((u["shard"], u["index"]) for u in units)
+    assert len([e for e in ev if e["event"] == "unit_start"]) == len(units)
+    assert sum(e["tokens"] for e in done) == ledger["totals"]["tokens"]
+    names = [e["event"] for e in ev]
+    assert names.index("planned") < names.index("run_start") < names.index("setup_start")
+    assert names.index("finalize_start") < names.index("finalize_done") < names.index("run_done")
+    assert max(e["t"] for e in done) <= min(e["t"] for e in ev if e["event"] == "finalize_start")
+    assert all(abs(e["proc_start"] - e["t"]) < 3600 for e in ev if e["event"] == "setup_start")
+    assert not glob.glob(os.path.join(traced, "**", "*trace*"), recursive=True)
