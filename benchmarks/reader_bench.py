@@ -3,7 +3,8 @@
     python -m benchmarks.reader_bench --cache DIR --work DIR [--batches N] [--quick]
 
 - Sequential packed batches (seq_len 2048, batch 64, one process, local cache, warm page cache) from
-  ``Reader.iter_batches`` against slicing the very same windows out of a memmap of a flat uint32 token
+  ``Reader.iter_batches`` in the flat-tokens layout (``layout="flat"``, what JaxLoader uses; the
+  five-array layout is reported as ``reader_arrays_*``) against slicing the very same windows out of a memmap of a flat uint32 token
   file. The flat file is written from the cache in *stream-major* layout (stream ``s``'s tokens,
   following ``loop(all_chunks)[s::R*]``, one after the other), so the baseline's window of example
   ``(s, j)`` is one contiguous slice; its offsets are precomputed (as Megatron's sample index is).
@@ -78,6 +79,13 @@ def warm(cache: Path) -> int:
     return n
 
 
+def targets_of(batch: dict) -> np.ndarray:
+    """A batch's targets, from either layout (flat: ``tokens[:, 1:] >> 1``)."""
+    if "targets" in batch:
+        return batch["targets"].copy()
+    return (batch["tokens"][:, 1:] >> 1).astype(np.int32)
+
+
 def read_reader(cache: Path, opts: ReadOptions, batches: int, max_s: float | None = None):
     """Seconds to iterate ``batches`` batches (from opening the reader), the first two batches' targets,
     and the number of batches read (fewer if ``max_s`` ran out first)."""
@@ -88,8 +96,8 @@ def read_reader(cache: Path, opts: ReadOptions, batches: int, max_s: float | Non
     done = 0
     for b, batch in r.iter_batches(0, batches):
         if b < 2:
-            first.append(batch["targets"].copy())
-        sink += int(batch["targets"][0, 0])  # touch the result
+            first.append(targets_of(batch))
+        sink += int(batch["targets"][0, 0] if "targets" in batch else batch["tokens"][0, 1])  # touch it
         done += 1
         if max_s is not None and time.perf_counter() - t > max_s:
             break
@@ -254,8 +262,13 @@ def time_seek(cache: Path, opts: ReadOptions, step: int) -> float:
 def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float], seek_reps: int,
         budget_max_s: float = 20.0) -> dict:
     res: dict = {}
-    seq_opts = ReadOptions(seq_len=L, batch_size=B, packed=True)
-    shuf_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0)
+    # The headline layout is "flat" (seed 001's flat-tokens: one uint32 [B, L+1] array and two ints per
+    # row, what JaxLoader ships to devices); the five-array layout is measured too ("arrays").
+    seq_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, layout="flat")
+    shuf_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, layout="flat")
+    arr_opts = ReadOptions(seq_len=L, batch_size=B, packed=True)
+    arr_shuf_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0)
+    res["reader_layout"] = seq_opts.layout
     cfg = shuf_opts.shuffle_config()
     res["reader_ideal_readers"] = seq_opts.ideal_readers
     res["reader_memory_budget_mb"] = seq_opts.memory_budget_bytes / 1e6
@@ -267,12 +280,14 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
     res["reader_rss_before_mb"] = rss_base / 1e6
 
     # -- reader runs first (RSS before any memmap pages exist) --------------------------------------
-    seq_s, shuf_s = [], []
+    seq_s, shuf_s, arr_s, arr_shuf_s = [], [], [], []
     with RssSampler() as rss:
         dt, seq_first, _ = read_reader(cache, seq_opts, batches)
         seq_s.append(dt)
         dt, shuf_first, _ = read_reader(cache, shuf_opts, batches)
         shuf_s.append(dt)
+        arr_s.append(read_reader(cache, arr_opts, batches)[0])
+        arr_shuf_s.append(read_reader(cache, arr_shuf_opts, batches)[0])
     res["reader_peak_rss_mb"] = rss.peak / 1e6
     res["reader_rss_growth_mb"] = (rss.peak - rss_base) / 1e6
     log(f"reader: seq {batches * B * L / seq_s[0] / 1e6:.1f} M tok/s, shuffled "
@@ -309,7 +324,13 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
         mm_seq.append(memmap_rate(mm, off_seq))
         shuf_s.append(read_reader(cache, shuf_opts, batches)[0])
         mm_shf.append(memmap_rate(mm, off_shf))
+        arr_s.append(read_reader(cache, arr_opts, batches)[0])
+        arr_shuf_s.append(read_reader(cache, arr_shuf_opts, batches)[0])
     tokens = batches * B * L
+    res["reader_arrays_tokens_per_s"] = tokens / min(arr_s)
+    res["reader_arrays_vs_memmap"] = res["reader_arrays_tokens_per_s"] / max(mm_seq)
+    res["reader_arrays_shuffled_tokens_per_s"] = tokens / min(arr_shuf_s)
+    res["reader_arrays_shuffled_vs_memmap"] = res["reader_arrays_shuffled_tokens_per_s"] / max(mm_shf)
     res["reader_tokens_per_s"] = tokens / min(seq_s)
     res["memmap_tokens_per_s"] = max(mm_seq)
     res["reader_vs_memmap"] = res["reader_tokens_per_s"] / res["memmap_tokens_per_s"]
@@ -343,7 +364,8 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
     curve = []
     for mult in budgets:
         budget = int(seq_opts.memory_budget_bytes * mult)
-        o = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, memory_budget_bytes=budget)
+        o = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, memory_budget_bytes=budget,
+                        layout=seq_opts.layout)
         dt, _, done = read_reader(cache, o, batches, max_s=budget_max_s)
         curve.append([budget / 1e6, done * B * L / dt])
         log(f"reader: shuffled, budget {budget / 1e6:.0f} MB: {done * B * L / dt / 1e6:.2f} M tok/s")

@@ -637,16 +637,18 @@ class Reader:
         L = self.options.seq_len
         W = out["tokens"].view(np.int32)  # 2*token as int32 bits: the same bytes as the uint32 value
         groups: dict[tuple[int, int], RowGroup] = {}
-        as_strided = np.lib.stride_tricks.as_strided
+        shl = np.left_shift
         for c, g, a, r, k, step in _window_runs(recs, L):
             rg = groups.get((c, g))
             if rg is None:
                 rg = groups[(c, g)] = self.store.row_group(c, g)
+            p = rg.padded
             if k == 1:
-                np.left_shift(rg.padded[a:a + L + 1], 1, out=W[r])
-            else:  # k overlapping windows of L+1 (each shares its first token with the previous window's last)
-                src = as_strided(rg.padded[a:], shape=(k, L + 1), strides=(L * 4, 4), writeable=False)
-                np.left_shift(src, 1, out=W[r:r + (k - 1) * step + 1:step])
+                shl(p[a:a + L + 1], 1, out=W[r])
+            else:  # k consecutive windows: their tokens in one pass, their previous tokens in another
+                dst = W[r:r + (k - 1) * step + 1:step]
+                shl(p[a + 1:a + 1 + k * L].reshape(k, L), 1, out=dst[:, 1:])
+                shl(p[a:a + k * L:L], 1, out=dst[:, 0])
         arr = np.asarray(recs, dtype=np.int64).reshape(-1, 4)
         rows = arr[:, 3]
         shift = np.int64(1) << 40  # row groups side by side in one sorted array (as in _segments)
