@@ -23,6 +23,11 @@ How a process builds global batch ``b``:
 3. It assembles every field with ``jax.make_array_from_callback``; each device gets its slice of the
    process-local rows (and columns, if the sequence axis is sharded too).
 
+With ``ReadOptions(layout="flat")`` (packed examples) step 2 reads flat-tokens rows (one uint32
+``[rows, L+1]`` array and two ints per row, see :func:`reader.expand_flat`) and step 3 puts those on the
+devices and expands them there with a jit-ed :func:`expand_flat`: the loader returns the same five
+fields, equal bit for bit, for about a quarter of the host work and host-to-device bytes.
+
 No step communicates between processes, and the global value of batch ``b`` depends only on the cache
 and the :class:`~reader.ReadOptions`: it equals ``Reader(path, opts, num_readers=1).batch(b)`` and what the
 ``batches`` command writes, for any process count, mesh layout or partition spec.
@@ -48,6 +53,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 __all__ = [
     "JaxLoader",
+    "expand_flat",
     "TOKEN_FIELDS",
     "ROW_FIELDS",
     "process_rows",
@@ -112,6 +118,38 @@ def process_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int)
     if not per:
         return np.zeros(0, dtype=np.int64)
     return np.unique(np.concatenate(list(per.values())))
+
+
+# --------------------------------------------------------------------------------------------------
+# layout="flat" on the devices
+
+_FLAT_FIELDS = ("tokens", "first_positions", "num_tokens")
+
+
+def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """``reader.expand_flat`` in jax.numpy (jit-able): the five ``[B, L]`` token fields of a
+    ``layout="flat"`` batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``)."""
+    import jax.numpy as jnp
+
+    tok = jnp.asarray(batch["tokens"]).astype(jnp.uint32)
+    L = tok.shape[1] - 1
+    start = (tok[:, 1:] & 1).astype(bool)
+    t = jnp.arange(L, dtype=jnp.int32)[None, :]
+    real = t < jnp.asarray(batch["num_tokens"]).astype(jnp.int32)[:, None]
+    targets = (tok[:, 1:] >> 1).astype(jnp.int32)
+    inputs = jnp.where(start, 0, (tok[:, :-1] >> 1).astype(jnp.int32))
+    segment_ids = jnp.cumsum(start.astype(jnp.int32), axis=1) + (~start[:, :1]).astype(jnp.int32)
+    last = jax.lax.cummax(jnp.where(start, t, -1), axis=1)
+    first = jnp.asarray(batch["first_positions"]).astype(jnp.int32)[:, None]
+    positions = jnp.where(last >= 0, t - last, first + t)
+    zero = jnp.zeros_like(targets)
+    return {"inputs": jnp.where(real, inputs, zero), "targets": jnp.where(real, targets, zero),
+            "segment_ids": jnp.where(real, segment_ids, zero), "positions": jnp.where(real, positions, zero),
+            "loss_mask": real}
+
+
+def _expand_for_loader(tokens, first_positions, num_tokens):
+    return expand_flat({"tokens": tokens, "first_positions": first_positions, "num_tokens": num_tokens})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -196,6 +234,13 @@ class JaxLoader:
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; known: {TOKEN_FIELDS + ROW_FIELDS}")
         self.fields = tuple(fields)
+        # layout="flat": ship tokens [B, L+1] (uint32, flat-tokens) and two ints per row, then expand them
+        # on the devices (jit): about 4x fewer bytes from host to device than the five [B, L] arrays.
+        self.flat = getattr(self.opts, "layout", "arrays") == "flat"
+        if self.flat:
+            self._flat_sharding = NamedSharding(mesh, PartitionSpec(self.spec[0] if len(self.spec) else None,
+                                                                    None))
+            self._expand = jax.jit(_expand_for_loader, out_shardings=self.token_sharding)
         self.rows = process_rows(self.token_sharding, self.batch_size, self.seq_len)
         self._row_pos = self._local_positions()
         self.start = int(start)
@@ -244,17 +289,42 @@ class JaxLoader:
         return data
 
     def _assemble(self, data: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        if self.flat:
+            return self._assemble_flat(data)
+        return self._put(data, self.fields)
+
+    def _assemble_flat(self, data: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Flat-tokens rows -> device arrays -> the five token fields, expanded on the devices."""
+        want_tokens = [f for f in self.fields if f in TOKEN_FIELDS]
+        out = self._put(data, [f for f in self.fields if f in ROW_FIELDS] + (list(_FLAT_FIELDS) if want_tokens else []))
+        if want_tokens:
+            expanded = self._expand(*(out.pop(f) for f in _FLAT_FIELDS))
+            out.update({f: expanded[f] for f in want_tokens})
+        return out
+
+    def _put(self, data: Mapping[str, np.ndarray], fields: Sequence[str]) -> dict[str, jax.Array]:
         n, L = int(self.rows.size), self.seq_len
         out = {}
-        for name in self.fields:
+        for name in fields:
             if n == 0:  # no addressable shard: the callback is never called
-                dtype = np.bool_ if name in ("loss_mask", "valid") else np.int32
-                arr = np.zeros((0, L) if name in TOKEN_FIELDS else (0,), dtype)
+                dtype = {"loss_mask": np.bool_, "valid": np.bool_, "tokens": np.uint32}.get(name, np.int32)
+                arr = np.zeros((0, L + 1) if name == "tokens" else (0, L) if name in TOKEN_FIELDS else (0,), dtype)
             elif name not in data:
                 raise KeyError(f"the reader returned no field {name!r} (it returned {sorted(data)}); "
                                f"pass fields=... to JaxLoader to build fewer fields")
             else:
                 arr = np.asarray(data[name])
+            if name == "tokens":  # flat layout: [n, L+1], rows partitioned like the batch, columns whole
+                want = (n, L + 1)
+                if arr.shape != want:
+                    raise ValueError(f"reader field 'tokens' has shape {arr.shape}, expected {want}")
+
+                def cb_tokens(index, arr=arr):
+                    return arr[self._row_pos[(index[0].start, index[0].stop, index[0].step)]]
+
+                out[name] = jax.make_array_from_callback((self.batch_size, L + 1), self._flat_sharding,
+                                                         cb_tokens, dtype=arr.dtype)
+                continue
             per_token = name in TOKEN_FIELDS
             want = (n, L) if per_token else (n,)
             if arr.shape != want:

@@ -339,3 +339,41 @@ def test_a_failed_read_surfaces_at_its_step(cache):
             for b, _ in loader.iter_batches():
                 seen.append(b)
     assert seen == [0, 1, 2]
+
+
+@pytest.mark.parametrize("mode", ["packed", "packed_shuffled", "eval_packed"])
+@pytest.mark.parametrize("shape,names,spec", MESHES)
+def test_flat_layout_expands_on_the_devices_to_the_arrays_layout(cache, mode, shape, names, spec):
+    """layout="flat": the loader ships flat-tokens rows and expands them under jit; every field, and every
+    device's shard of it, equals the plain reader's arrays layout (also with the sequence axis sharded)."""
+    ref_reader = Reader(cache, options(mode))
+    mesh = make_mesh(shape, names)
+    with JaxLoader(cache, options(mode, layout="flat"), mesh, spec_from_json(spec), prefetch=0) as loader:
+        assert loader.flat
+        steps = [0, 1, 7] if ref_reader.num_batches is None else list(range(ref_reader.num_batches))
+        for b in steps:
+            ref = ref_reader.batch(b)
+            got = loader.global_batch(b)
+            assert set(got) == set(TOKEN_FIELDS + ROW_FIELDS)
+            for name in TOKEN_FIELDS:
+                arr = got[name]
+                assert arr.dtype == ref[name].dtype and arr.shape == (B, L), name
+                assert arr.sharding.is_equivalent_to(loader.token_sharding, 2), name
+                for shard in arr.addressable_shards:
+                    np.testing.assert_array_equal(np.asarray(shard.data), ref[name][shard.index],
+                                                  err_msg=f"{name} batch {b} device {shard.device}")
+            for name in ROW_FIELDS:
+                np.testing.assert_array_equal(np.asarray(got[name]), ref[name].astype(np.asarray(got[name]).dtype))
+
+
+def test_expand_flat_in_jax_equals_numpy(cache):
+    from reader import expand_flat as expand_np
+    from reader.jax import expand_flat as expand_jax
+
+    with Reader(cache, options("eval_packed", layout="flat")) as rd:
+        for b in range(rd.num_batches):
+            x = rd.batch(b)
+            want = expand_np(x)
+            got = jax.jit(expand_jax)({k: x[k] for k in ("tokens", "first_positions", "num_tokens")})
+            for k in TOKEN_FIELDS:
+                np.testing.assert_array_equal(np.asarray(got[k]), want[k], err_msg=f"{k} batch {b}")
