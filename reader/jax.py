@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import dataclasses
 import os
 import threading
 import time
@@ -172,6 +173,8 @@ class JaxLoader:
         ``num_readers=1``) or an existing ``Reader`` (its ``rows(b, rows)`` is used; its own
         ``num_readers`` does not matter, ``rows`` addresses global rows).
       opts: :class:`reader.ReadOptions` (required with a path; ignored with a Reader, which has its own).
+        With a path and packed examples the loader reads ``layout="flat"`` and expands on the devices
+        (same fields, bit for bit); pass a ``Reader`` to choose the layout yourself.
       mesh: the ``jax.sharding.Mesh`` of the job (all devices of all processes).
       spec: ``PartitionSpec`` of the ``[B, L]`` arrays, e.g. ``P("data", None)``, ``P(("data", "fsdp"),
         None)`` or ``P("data", "seq")``. Default: batch over every mesh axis. A ``NamedSharding`` also
@@ -205,6 +208,9 @@ class JaxLoader:
                 raise ValueError("JaxLoader(path, opts, mesh, spec): opts (reader.ReadOptions) is required with a path")
             from reader import Reader  # the plain reader; imported here to keep reader/__init__ jax-free
 
+            if opts.packed and getattr(opts, "layout", "flat") == "arrays":
+                # same fields, bit for bit (tests/test_reader_jax.py), for a quarter of the host work
+                opts = dataclasses.replace(opts, layout="flat")
             self.reader = Reader(os.fspath(source), opts, num_readers=1, reader_index=0, **dict(reader_kwargs or {}))
             self._owns_reader = True
         else:

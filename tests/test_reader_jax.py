@@ -348,6 +348,8 @@ def test_flat_layout_expands_on_the_devices_to_the_arrays_layout(cache, mode, sh
     device's shard of it, equals the plain reader's arrays layout (also with the sequence axis sharded)."""
     ref_reader = Reader(cache, options(mode))
     mesh = make_mesh(shape, names)
+    with JaxLoader(cache, options(mode), mesh, spec_from_json(spec), prefetch=0) as plain:
+        assert plain.flat  # a loader made from a path reads packed examples flat by default
     with JaxLoader(cache, options(mode, layout="flat"), mesh, spec_from_json(spec), prefetch=0) as loader:
         assert loader.flat
         steps = [0, 1, 7] if ref_reader.num_batches is None else list(range(ref_reader.num_batches))
