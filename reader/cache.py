@@ -28,6 +28,13 @@ _SIDECAR_RE = re.compile(r"shard-(\d{5})/chunk-(\d{6})\.json$")
 _DONE_RE = re.compile(r"shard-(\d{5})/" + re.escape(fmt.SHARD_DONE_NAME) + "$")
 
 
+def _cat_one(fs, path: str) -> dict:
+    try:
+        return {path: fs.cat_file(path)}
+    except FileNotFoundError:
+        return {}
+
+
 class CacheNotReady(TimeoutError):
     """Waited ``wait_timeout_s`` for a running build to write the chunks a read needs."""
 
@@ -49,6 +56,7 @@ class Cache:
         self.root = root.rstrip("/")
         self._lock = threading.Lock()
         self._sidecars: dict[tuple[int, int], dict] = {}
+        self._done_shards: dict[int, int] = {}  # compressed shard -> chunk count, from its _DONE.json
         self.complete = False
         self.generation = 0  # bumped whenever more of the cache becomes known
         self.table: fmt.ChunkTable = fmt.ChunkTable.from_entries([])
@@ -134,46 +142,53 @@ class Cache:
             )
 
     def _progress_table(self, plan: fmt.Ledger) -> fmt.ChunkTable:
+        """The chunks of the global order written so far, from the plan and the published sidecars.
+
+        A poll costs what changed, not the size of the build: uncompressed shards' chunk counts are in
+        the plan, so only the directories of compressed shards whose ``_DONE.json`` is not known yet are
+        listed; then the sidecars that extend the known prefix are fetched in order, a batch of paths at
+        a time, up to the first one that does not exist yet.
+        """
         inputs = plan.inputs
         n = len(inputs)
-        try:
-            listing = self.fs.find(self.path(fmt.CHUNKS_DIR))
-        except FileNotFoundError:
-            listing = []
-        present: set[tuple[int, int]] = set()
-        done: dict[int, str] = {}
-        for p in listing:
-            m = _SIDECAR_RE.search(p)
-            if m:
-                present.add((int(m.group(1)), int(m.group(2))))
-                continue
-            m = _DONE_RE.search(p)
-            if m:
-                done[int(m.group(1))] = p
         lower = np.zeros(n, dtype=np.int64)
         final = np.zeros(n, dtype=bool)
         for i, inp in enumerate(inputs):
             if inp.get("chunks") is not None:
                 lower[i], final[i] = int(inp["chunks"]), True
-        for s, p in done.items():
-            if s < n and not final[s]:
-                info = json.loads(self.fs.cat_file(p))
-                lower[s], final[s] = int(info["chunks"]), True
-        for s, k in present:
-            if s < n and not final[s]:
-                lower[s] = max(lower[s], k + 1)
+            elif i in self._done_shards:
+                lower[i], final[i] = self._done_shards[i], True
+        for i in np.flatnonzero(~final).tolist():  # a compressed shard still being streamed
+            try:
+                listing = self.fs.ls(self.path(fmt.shard_dir(i)), detail=False)
+            except FileNotFoundError:
+                listing = []
+            for p in listing:
+                m = _DONE_RE.search(p)
+                if m and int(m.group(1)) == i:
+                    info = json.loads(self.fs.cat_file(p))
+                    self._done_shards[i] = int(info["chunks"])
+                    lower[i], final[i] = self._done_shards[i], True
+                    break
+                m = _SIDECAR_RE.search(p)
+                if m and int(m.group(1)) == i:
+                    lower[i] = max(lower[i], int(m.group(2)) + 1)
         prefix = order.known_order_prefix(lower, final)
-        # longest prefix whose chunks are all written (sidecar present: parquet is in place before it)
         keys = [(int(s), int(k)) for s, k in prefix]
         upto = 0
-        while upto < len(keys) and keys[upto] in present:
+        while upto < len(keys) and keys[upto] in self._sidecars:
             upto += 1
-        missing = [k for k in keys[:upto] if k not in self._sidecars]
-        if missing:
-            paths = [self.path(fmt.sidecar_path(s, k)) for s, k in missing]
-            got = self.fs.cat(paths) if len(paths) > 1 else {paths[0]: self.fs.cat_file(paths[0])}
-            for (s, k), p in zip(missing, paths):
-                data = got[p] if p in got else got[next(q for q in got if q.endswith(p.lstrip("/")))]
+        batch = 16
+        while upto < len(keys):  # extend the prefix: sidecars are published after their chunk is in place
+            want = keys[upto:upto + batch]
+            paths = [self.path(fmt.sidecar_path(s, k)) for s, k in want]
+            got = self.fs.cat(paths, on_error="omit") if len(paths) > 1 else _cat_one(self.fs, paths[0])
+            for (s, k), p in zip(want, paths):
+                data = got.get(p)
+                if data is None:
+                    data = next((v for q, v in got.items() if q.endswith(p.lstrip("/"))), None)
+                if data is None or isinstance(data, Exception):
+                    break
                 try:
                     entry = json.loads(data)
                 except ValueError as e:
@@ -183,6 +198,11 @@ class Cache:
                         f"{self.display(fmt.sidecar_path(s, k))}: names chunk {entry.get('path')!r}, "
                         f"expected {fmt.chunk_path(s, k)!r}")
                 self._sidecars[(s, k)] = entry
+                upto += 1
+            else:
+                batch = min(batch * 2, 1024)  # all there: ask for more next time
+                continue
+            break
         return fmt.ChunkTable.from_entries([self._sidecars[k] for k in keys[:upto]])
 
     # -- waiting ------------------------------------------------------------------------------------

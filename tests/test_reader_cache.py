@@ -68,6 +68,36 @@ def test_progress_view_is_the_longest_written_prefix_of_the_final_order(tmp):
     assert [(int(s), int(k)) for s, k in zip(c.table.shard, c.table.index_in_shard)] == final
 
 
+def test_a_poll_reads_what_changed_not_the_whole_build(tmp):
+    """Following a build lists no directory of an uncompressed shard (their chunk counts are in the plan)
+    and fetches each sidecar once; only a compressed shard still being streamed is listed."""
+    chunks = _chunks(4, 40)
+    cps, comp = [10, 10, 10, 10], [False, False, False, True]
+    rr = order.round_robin_order(cps)
+    cachegen.write_synthetic_cache(tmp, chunks, finished=False, chunks_per_shard=cps, compressed=comp,
+                                   written=range(20))
+    c = Cache(tmp)
+    calls = []
+    real_ls, real_cat, real_cat_file, real_find = c.fs.ls, c.fs.cat, c.fs.cat_file, c.fs.find
+    c.fs.ls = lambda path, *a, **k: calls.append(("ls", path)) or real_ls(path, *a, **k)
+    c.fs.find = lambda path, *a, **k: calls.append(("find", path)) or real_find(path, *a, **k)
+    c.fs.cat = lambda paths, *a, **k: calls.extend(("cat", p) for p in paths) or real_cat(paths, *a, **k)
+    c.fs.cat_file = lambda path, *a, **k: calls.append(("cat", path)) or real_cat_file(path, *a, **k)
+    assert len(c.table) == 20
+    for i in range(20, 24):
+        cachegen.write_chunk(tmp, int(rr[i][0]), int(rr[i][1]), chunks[i])
+    calls.clear()
+    c.refresh()
+    assert len(c.table) == 24
+    listed = [p for op, p in calls if op in ("ls", "find")]
+    assert len(listed) == 1 and listed[0].endswith(fmt.shard_dir(3))  # the compressed shard only
+    fetched = [p for op, p in calls if op == "cat" and p.endswith(".json") and "ledger" not in p]
+    new = {os.path.join(tmp, fmt.sidecar_path(int(s), int(k))) for s, k in rr[20:24]}
+    assert new <= set(fetched)  # the four new sidecars ...
+    assert not any(p.endswith(fmt.sidecar_path(int(s), int(k))) for p in fetched for s, k in rr[:20])  # only
+    assert len(fetched) <= 4 + 16 + 1  # ... plus at most one batch of probes past the end (and the plan)
+
+
 @pytest.mark.parametrize("packed,eval_mode,seed", [(True, False, 0), (False, False, 1), (True, True, 2),
                                                    (False, True, 3)])
 def test_reading_during_build_equals_reading_after(tmp, packed, eval_mode, seed):
