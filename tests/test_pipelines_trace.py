@@ -53,3 +53,43 @@ def test_traced_build_records_every_unit_and_the_same_bytes(tmp_path, monkeypatc
     assert max(e["t"] for e in done) <= min(e["t"] for e in ev if e["event"] == "finalize_start")
     assert all(abs(e["proc_start"] - e["t"]) < 3600 for e in ev if e["event"] == "setup_start")
     assert not glob.glob(os.path.join(traced, "**", "*trace*"), recursive=True)
+
+
+def test_cli_build_with_two_worker_processes_is_traced_and_identical(tmp_path):
+    """The command line with 2 DirectRunner worker processes: launcher and both workers trace, the garbage
+    collector is back on after the launcher's imports, and the cache equals an in-process build."""
+    import subprocess
+    import sys
+
+    from pipelines.testing import DIRECT_MP2
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(build_cache.__file__)))
+    ref = str(tmp_path / "ref")
+    _build(ref)
+    out, path = str(tmp_path / "cli"), tmp_path / "cli-trace.jsonl"
+    env = dict(os.environ, **{trace.ENV: str(path)})
+    cmd = [sys.executable, "-m", "pipelines.build_cache", "--input", os.path.join(SAMPLE, "*"), "--output", out,
+           "--tokenizer", "tiktoken:cl100k_base", "--chunk_bytes", "40000", *DIRECT_MP2]
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert tree_digest(out) == tree_digest(ref)
+    ev = trace.read(str(path))
+    launcher = {e["pid"] for e in ev if e["event"] == "launcher_start"}
+    assert len(launcher) == 1 and launcher != {os.getpid()}
+    imported = next(e for e in ev if e["event"] == "launcher_imported")
+    assert imported["gc_enabled"] is True and imported["gc_frozen"] > 0
+    workers = {e["pid"] for e in ev if e["event"] == "unit_done"}
+    assert len(workers) == 2 and not workers & launcher
+    assert [e["event"] for e in ev][-2:] == ["run_done", "launcher_exit"]
+
+
+def test_freeze_long_lived_freezes_once_per_process():
+    import subprocess
+    import sys
+
+    code = ("import gc; from pipelines import build_cache as b; b.freeze_long_lived(); n = gc.get_freeze_count(); "
+            "junk = [[i] for i in range(10000)]; b.freeze_long_lived(); "
+            "assert n > 0 and gc.get_freeze_count() == n, (n, gc.get_freeze_count()); print('ok')")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(build_cache.__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
