@@ -80,6 +80,31 @@ def _window_runs(recs, L: int):
         i += k
 
 
+def _doc_starts_in_windows(recs, groups: dict, L: int):
+    """Document structure of windows that lie inside one decoded row group each.
+
+    ``recs``: ``(chunk, group, offset, row)`` per window, sorted; ``groups``: ``{(chunk, group): RowGroup}``.
+    Returns ``(rows, first, owner, offset)``: each window's output row and the position of its first
+    token in its document; and every document start strictly inside a window, as window index
+    ``owner[k]`` and column ``offset[k]``. One vectorized pass for the whole batch: the row groups'
+    document starts side by side in one sorted array (key = group number * 2**40 + token offset).
+    """
+    arr = np.asarray(recs, dtype=np.int64).reshape(-1, 4)
+    shift = np.int64(1) << 40
+    keys = list(groups)
+    u = np.searchsorted(np.asarray([c * (1 << 24) + g for c, g in keys], np.int64),
+                        arr[:, 0] * (1 << 24) + arr[:, 1])
+    ds = np.concatenate([groups[kk].doc_starts + q * shift for q, kk in enumerate(keys)])
+    key = u * shift + arr[:, 2]
+    lo = np.searchsorted(ds, key, side="right") - 1  # the document holding each window's first token
+    hi = np.searchsorted(ds, key + L, side="left")  # ds[lo+1:hi]: document starts inside the window
+    cnt = hi - lo - 1
+    tot = int(cnt.sum())
+    owner = np.repeat(np.arange(arr.shape[0]), cnt)
+    inner = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo + 1, cnt)
+    return arr[:, 3], key - ds[lo], owner, ds[inner] - key[owner]
+
+
 def expand_flat(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The ``layout="arrays"`` batch of a ``layout="flat"`` one: equal, array for array, to what the same
     reader returns with ``layout="arrays"``.
@@ -649,24 +674,10 @@ class Reader:
                 dst = W[r:r + (k - 1) * step + 1:step]
                 shl(p[a + 1:a + 1 + k * L].reshape(k, L), 1, out=dst[:, 1:])
                 shl(p[a:a + k * L:L], 1, out=dst[:, 0])
-        arr = np.asarray(recs, dtype=np.int64).reshape(-1, 4)
-        rows = arr[:, 3]
-        shift = np.int64(1) << 40  # row groups side by side in one sorted array (as in _segments)
-        keys = list(groups)
-        u = np.searchsorted(np.asarray([c * (1 << 24) + g for c, g in keys], np.int64),
-                            arr[:, 0] * (1 << 24) + arr[:, 1])
-        ds = np.concatenate([groups[kk].doc_starts + q * shift for q, kk in enumerate(keys)])
-        key = u * shift + arr[:, 2]
-        lo = np.searchsorted(ds, key, side="right") - 1  # the document holding each window's first token
-        hi = np.searchsorted(ds, key + L, side="left")  # ds[lo+1:hi]: document starts inside the window
-        first = key - ds[lo]
+        rows, first, owner, offset = _doc_starts_in_windows(recs, groups, L)
         out["first_positions"][rows] = first
-        cnt = hi - lo - 1
-        tot = int(cnt.sum())
-        owner = np.repeat(np.arange(rows.size), cnt)
-        inner = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo + 1, cnt)
         flat = out["tokens"].reshape(-1)
-        flat[rows[owner] * (L + 1) + 1 + (ds[inner] - key[owner])] += np.uint32(1)
+        flat[rows[owner] * (L + 1) + 1 + offset] += np.uint32(1)
         at_start = rows[first == 0]  # windows that begin a document: start bit, and no previous token
         flat[at_start * (L + 1) + 1] += np.uint32(1)
         flat[at_start * (L + 1)] = 0
@@ -748,27 +759,13 @@ class Reader:
         """positions, segment_ids, loss_mask and the zero inputs at document starts of the rows in ``recs``
         (windows inside one decoded row group each; ``recs`` sorted by row group)."""
         L = self.options.seq_len
-        arr = np.asarray(recs, dtype=np.int64).reshape(-1, 4)
-        m = arr.shape[0]
         nrows = out["targets"].shape[0]
-        shift = np.int64(1) << 40  # row groups side by side in one sorted array: key = u * shift + offset
-        keys = list(groups)
-        u = np.searchsorted(np.asarray([c * (1 << 24) + g for c, g in keys], np.int64),
-                            arr[:, 0] * (1 << 24) + arr[:, 1])
-        ds = np.concatenate([groups[kk].doc_starts + q * shift for q, kk in enumerate(keys)])
-        key = u * shift + arr[:, 2]
-        lo = np.searchsorted(ds, key, side="right") - 1  # the document holding each window's first token
-        hi = np.searchsorted(ds, key + L, side="left")  # ds[lo+1:hi]: document starts inside the window
-        cnt = hi - lo - 1
-        rows = arr[:, 3]
+        rows, first, owner, offset = _doc_starts_in_windows(recs, groups, L)
         # segments, as flat offsets into the [rows, L] outputs: each window's first piece (at column 0,
-        # position key - ds[lo]), then one per document start inside it. Runs continue over rows that
-        # are not in recs; those are written afterwards (crossing windows) or zeroed (padding).
-        tot = int(cnt.sum())
-        owner = np.repeat(np.arange(m), cnt)
-        inner = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo + 1, cnt)
-        flat = np.concatenate([rows * L, rows[owner] * L + (ds[inner] - key[owner])])
-        pos0 = np.concatenate([key - ds[lo], np.zeros(tot, np.int64)])
+        # position `first`), then one per document start inside it. Runs continue over rows that are
+        # not in recs; those are written afterwards (crossing windows) or zeroed (padding).
+        flat = np.concatenate([rows * L, rows[owner] * L + offset])
+        pos0 = np.concatenate([first, np.zeros(owner.size, np.int64)])
         o = np.argsort(flat, kind="stable")
         flat, pos0 = flat[o], pos0[o]
         starts_doc = flat[pos0 == 0]  # tokens that start a document: input 0
@@ -777,8 +774,8 @@ class Reader:
         size = nrows * L
         lengths = np.diff(np.append(flat, size))
         sidx = np.arange(flat.size)
-        first = np.maximum.accumulate(np.where(flat % L == 0, sidx, 0))
-        segnum = (sidx - first + 1).astype(np.int32)
+        row_first = np.maximum.accumulate(np.where(flat % L == 0, sidx, 0))
+        segnum = (sidx - row_first + 1).astype(np.int32)
         np.subtract(_arange32(size), np.repeat((flat - pos0).astype(np.int32), lengths),
                     out=out["positions"].reshape(-1))
         np.copyto(out["segment_ids"].reshape(-1), np.repeat(segnum, lengths))
