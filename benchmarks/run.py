@@ -24,12 +24,17 @@ from benchmarks.common import REPO, dir_bytes, log, machine_description, run_mon
 from benchmarks.corpus import build_corpus, load_texts
 
 PROFILES = {
-    # Full run: 640 MB of text (start-up < 10% of every timed build), 8 shards of 80 MB; the
-    # small-shard build for the memory figure uses 8 shards of 20 MB (4x smaller).
-    # The HF-tokenizers comparisons (3x slower than tiktoken) run on the first half of the corpus (4 of
-    # the same 80 MB shards): the same texts within each ratio, and the suite stays under 30 minutes.
-    "full": dict(size_mb=640, shards=8, small_size_mb=160, hf_size_mb=320, hf_shards=4, agreement_docs=1000,
-                 reader_batches=400,
+    # Full run: 1600 MB of text in 20 shards of 80 MB (each one 64 MiB work unit plus a 13 MB one: 40 units).
+    # Sized so that start-up stays under 10% of every timed build: the fixed seconds of a build (about 4-5 s
+    # here: the launcher's and 2 SDK workers' Python + Beam imports, planning, the job service, the last
+    # units' unequal finish; measured item by item in each build's details) are about 5% of the ~85 s
+    # 2-worker tiktoken build. The distinct text is 252 MB, repeated (see corpus_repeat_factor).
+    # The small-shard build for the memory figure uses 8 shards of 20 MB (4x smaller than the main shards).
+    # The HF-tokenizers comparisons (3x slower than tiktoken) run on the first 480 MB (6 shards of 80 MB):
+    # the same texts within each ratio, start-up also ~5% of that build, and the suite stays under 30 minutes
+    # (about 21 minutes on a quiet machine).
+    "full": dict(size_mb=1600, shards=20, corpus_name="corpus-full-1600mb", small_size_mb=160, small_shards=8,
+                 hf_size_mb=480, hf_shards=6, agreement_docs=1000, reader_batches=400,
                  reader_rounds=2, seek_reps=5, budgets="0.125,0.25,0.5,1,2", shuffle_quick=False),
     "quick": dict(size_mb=1.6, shards=4, small_size_mb=0.4, hf_size_mb=0.8, hf_shards=2, agreement_docs=100,
                   reader_batches=6,
@@ -155,11 +160,14 @@ def main(argv=None) -> int:
     fig: dict = {}
 
     # -- corpora ------------------------------------------------------------------------------------------
-    corpus = work / f"corpus-{profile}"
+    # Named by size: benchmarks/shuffle_quality.py keeps its own 640 MB "corpus-full" (its cache is built from it).
+    corpus_name = P.get("corpus_name", f"corpus-{profile}")
+    corpus = work / corpus_name
     cm = build_corpus(corpus, int(P["size_mb"] * 1e6), P["shards"], log=log)
-    small = work / f"corpus-{profile}-small-shards"
-    sm = build_corpus(small, int(P["small_size_mb"] * 1e6), P["shards"], log=log, from_corpus=corpus)
-    hf_corpus = work / f"corpus-{profile}-hf"
+    small = work / f"{corpus_name}-small-shards"
+    sm = build_corpus(small, int(P["small_size_mb"] * 1e6), P.get("small_shards", P["shards"]), log=log,
+                      from_corpus=corpus)
+    hf_corpus = work / f"{corpus_name}-hf"
     hm = build_corpus(hf_corpus, int(P["hf_size_mb"] * 1e6), P["hf_shards"], log=log, from_corpus=corpus)
     details["corpus"] = {k: v for k, v in cm.items() if k not in ("files",)}
     details["corpus_hf"] = {k: hm[k] for k in ("bytes", "docs", "shard_bytes", "repeat_factor")}
@@ -301,7 +309,7 @@ def main(argv=None) -> int:
     details["samples"] = {k: v["samples"] for k, v in builds.items()}
     details["baselines"] = {"limit": [limit_a, limit_b, limit_c], "raw_hf": raw_hf, "hf_datasets_tiktoken": hfd_tt,
                             "hf_datasets_hf": hfd_hf}
-    details["commands"] = build_commands(inputs, cache_tt, tokenizer_json, corpus, hf_corpus)
+    details["commands"] = build_commands(inputs, cache_tt, tokenizer_json, corpus, hf_corpus, P)
 
     # -- reader -----------------------------------------------------------------------------------------------------
     m = run_monitored([_py(), "-m", "benchmarks.reader_bench", "--cache", str(cache_tt), "--work",
@@ -336,13 +344,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def build_commands(inputs, cache_tt, tokenizer_json, corpus, hf_corpus) -> dict:
+def build_commands(inputs, cache_tt, tokenizer_json, corpus, hf_corpus, P) -> dict:
     rel = lambda p: os.path.relpath(p, REPO)  # noqa: E731
     common = "--runner DirectRunner --direct_running_mode=multi_processing"
     return {
         "suite": "make bench   (= .venv/bin/python -m benchmarks.run)",
         "quick": "make bench-quick   (= .venv/bin/python -m benchmarks.run --quick)",
-        "corpus": f".venv/bin/python -m benchmarks.corpus --size_mb 640 --shards 8 --out {rel(corpus)}",
+        "corpus": f".venv/bin/python -m benchmarks.corpus --size_mb {P['size_mb']:g} --shards {P['shards']} "
+                  f"--out {rel(corpus)}",
         "pipeline_tiktoken": f".venv/bin/python -m pipelines.build_cache --input '{rel(inputs[0])}' --output "
                              f"{rel(cache_tt)} --tokenizer tiktoken:cl100k_base {common} --direct_num_workers=2",
         "pipeline_hf": f".venv/bin/python -m pipelines.build_cache --input '{rel(hf_corpus)}/shard-*.jsonl' --output OUT "
