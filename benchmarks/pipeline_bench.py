@@ -238,7 +238,8 @@ def main(argv=None) -> int:
     a, extra = ap.parse_known_args(argv)
     res = build(a.input, a.output, a.tokenizer, workers=a.workers, extra=extra)
     keys = ("wall_s", "tokens", "tokens_per_s", "steady_tokens_per_s", "busy_s", "startup_fraction", "steady_method",
-            "worker_tokens_per_s", "units", "fixed", "other_cores", "peak_rss_tree_mb")
+            "worker_tokens_per_s", "units", "fixed", "cpu_s", "tokens_per_cpu_s", "cpu_busy_mean_cores", "other_cores",
+            "peak_rss_tree_mb")
     print(json.dumps({k: res.get(k) for k in keys}, indent=1))
     return 0
 
