@@ -22,7 +22,9 @@ MAIN_ROWS = [
     ("pipeline_vs_hf_datasets", "our build / HF `datasets` json→map(num_proc=2)→to_parquet, tiktoken", "ratio"),
     ("pipeline_hf_vs_hf_datasets", "the same, both with HF tokenizers (HF corpus)", "ratio"),
     ("pipeline_scaling_2_vs_1", "our build, 2 workers / 1 worker", "ratio"),
-    ("reader_vs_memmap", "packed sequential batches (L=2048, B=64) / memmap of a flat uint32 file", "ratio"),
+    ("pipeline_startup_fraction_max", "largest start-up share of any timed build (2 workers, 1 worker, HF)", "ratio"),
+    ("reader_vs_memmap", "packed sequential batches (L=2048, B=64, flat-tokens layout) / memmap of a flat "
+     "uint32 file", "ratio"),
     ("reader_tokens_per_s", "reader tokens/s, packed sequential (absolute floor)", "rate"),
     ("reader_shuffled_vs_memmap", "growing-window shuffle, default budget / memmap, same permutation", "ratio"),
     ("seek_far_vs_near", "open + first batch at step 10^6 / the same at step 0", "ratio"),
@@ -48,9 +50,15 @@ SECONDARY_ROWS = [
     ("hf_datasets_tokens_per_cpu_s", "HF datasets (tiktoken), tokens per CPU-second (whole command)", "rate"),
     ("raw_hf_vs_raw", "raw HF tokenizers / the limit", "ratio"),
     ("pipeline_tokens_per_s", "our build, whole command (tiktoken, 2 workers)", "rate"),
-    ("pipeline_steady_tokens_per_s", "our build, steady state (busy part: first to last chunk)", "rate"),
+    ("pipeline_steady_tokens_per_s", "our build, steady state (tokens / seconds the workers spent in work units)",
+     "rate"),
     ("pipeline_steady_vs_raw", "steady state / the limit", "ratio"),
-    ("pipeline_startup_fraction", "share of the whole command outside the steady state", "ratio"),
+    ("pipeline_startup_fraction", "share of the whole command outside the steady state (2 workers)", "ratio"),
+    ("pipeline_1w_startup_fraction", "the same, 1 worker", "ratio"),
+    ("pipeline_hf_startup_fraction", "the same, HF tokenizers build", "ratio"),
+    ("pipeline_fixed_before_s", "2-worker build: seconds before the first work unit starts", "s"),
+    ("pipeline_tail_s", "2-worker build: seconds one worker works alone at the end", "s"),
+    ("pipeline_fixed_after_s", "2-worker build: seconds after the last work unit (finalize, shutdown)", "s"),
     ("pipeline_wall_s", "our build, whole command", "s"),
     ("pipeline_hf_tokens_per_s", "our build with HF tokenizers, whole command", "rate"),
     ("pipeline_hf_steady_tokens_per_s", "our build with HF tokenizers, steady state", "rate"),
@@ -70,6 +78,10 @@ SECONDARY_ROWS = [
     ("pipeline_peak_rss_proc_mb_small_shards", "largest single process, shards 4x smaller (MB)", "mb"),
     ("memmap_tokens_per_s", "memmap baseline, sequential", "rate"),
     ("reader_shuffled_tokens_per_s", "reader, shuffled", "rate"),
+    ("reader_arrays_vs_memmap", "reader, five-array layout (inputs, targets, segment_ids, positions, loss_mask) "
+     "/ memmap", "ratio"),
+    ("reader_arrays_tokens_per_s", "reader, five-array layout, packed sequential", "rate"),
+    ("reader_arrays_shuffled_vs_memmap", "reader, five-array layout, shuffled / memmap", "ratio"),
     ("memmap_shuffled_tokens_per_s", "memmap baseline, same permutation", "rate"),
     ("parquet_decode_tokens_per_s_1core", "decoding the chunks' token column, 1 core, bytes in memory (pyarrow)", "rate"),
     ("parquet_decode_vs_memmap_1core", "that decode rate / memmap (the ceiling per decoding core)", "ratio"),
@@ -265,7 +277,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         tgt = "" if not t else (f"{t[1]} {t[0]:g}" if t[0] < 1e6 else f"{t[1]} {t[0] / 1e6:g} M tok/s")
         ok = None
         if t and isinstance(v, (int, float)) and math.isfinite(v):
-            ok = v >= t[0] if t[1] == ">=" else v <= t[0]
+            ok = {">=": v >= t[0], "<=": v <= t[0], "<": v < t[0]}[t[1]]
         mark = "" if ok is None else ("met" if ok else "**missed**")
         if ok is False:
             missed.append(key)
@@ -298,8 +310,8 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
     if has_pipe:
         lines += [f"![pipeline progress and CPU]({rel(p_pipe)})", "",
                   "Tokens in finished chunks (from the chunk sidecars as they appear) and CPU cores used by the "
-                  "whole process tree, for each build of the run. The steady-state rate is the slope between the "
-                  "first and the last chunk; the flat start is interpreter, planning and Beam worker start-up.", ""]
+                  "whole process tree, for each build of the run. The flat start is interpreter, planning and "
+                  "Beam worker start-up.", ""]
     if has_read:
         lines += [f"![reader tokens/s against memory budget]({rel(p_read)})", ""]
     lines += [
@@ -346,8 +358,10 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "- **Our builds**: `python -m pipelines.build_cache` as a subprocess, DirectRunner "
         "`--direct_running_mode=multi_processing --direct_num_workers=2` (1 for the scaling baseline), "
         "default chunking and compression, into an empty directory. Whole command = wall time of the "
-        "subprocess (interpreter start-up to exit). Steady state = slope of tokens in finished chunks between "
-        "the first and the last chunk. Peak RSS = the largest sum of RSS over the command's whole process tree "
+        "subprocess (interpreter start-up to exit). Steady state = tokens / the seconds the workers spent "
+        "inside work units, from the build's own timeline (`CHUNKLEDGER_TRACE`, off by default; a traced "
+        "build is byte-identical); start-up share = 1 - (tokens / steady rate) / whole command, itemized "
+        "as before the first unit, the tail (one worker alone) and after the last unit. Peak RSS = the largest sum of RSS over the command's whole process tree "
         "(launcher, job service, workers), sampled every 0.25 s with psutil. The token count of every "
         "build is checked against the baseline's (same texts, same tokenizer).",
         "- **CPU efficiency** (supporting): tokens per CPU-second, from the CPU time of the whole process "
@@ -360,7 +374,10 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "tokenizer through `transformers.PreTrainedTokenizerFast` (`return_attention_mask=False`). Whole "
         "command timed as a subprocess, with a fresh datasets cache (nothing reused between runs).",
         "- **Reader**: one process, warm page cache, `Reader.iter_batches` (background prefetch, default "
-        "options: R*=16, 1 GiB budget) over packed batches, seq_len 2048, batch 64. The memmap baseline "
+        "options: R*=16, 1 GiB budget) over packed batches, seq_len 2048, batch 64, in the flat-tokens "
+        "layout (`layout=\"flat\"`: one uint32 [64, 2049] array and two ints per row, what `JaxLoader` "
+        "ships to the devices and expands there, equal bit for bit to the five arrays); the five-array "
+        "layout is measured the same way (`reader_arrays_*`). The memmap baseline "
         "slices the very same windows (checked token for token on the first batches) out of a stream-major "
         "flat uint32 file with precomputed offsets, copying each batch into a fresh int32 array. Best of "
         "the rounds for both. Shuffled: `shuffle_seed=0` with the default window options; the memmap "

@@ -50,6 +50,7 @@ TARGETS = {
     "pipeline_vs_hf_datasets": (2.0, ">="),
     "pipeline_hf_vs_hf_datasets": (1.5, ">="),
     "pipeline_scaling_2_vs_1": (1.7, ">="),
+    "pipeline_startup_fraction_max": (0.10, "<"),
     "reader_vs_memmap": (0.25, ">="),
     "reader_tokens_per_s": (1e8, ">="),
     "reader_shuffled_vs_memmap": (0.2, ">="),
@@ -65,7 +66,7 @@ def met(key: str, value: float) -> bool | None:
     t = TARGETS.get(key)
     if t is None or value is None or not math.isfinite(value):
         return None
-    return value >= t[0] if t[1] == ">=" else value <= t[0]
+    return {">=": value >= t[0], "<=": value <= t[0], "<": value < t[0]}[t[1]]
 
 
 def _py() -> str:
