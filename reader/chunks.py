@@ -21,6 +21,7 @@ import dataclasses
 import io
 import json
 import os
+import sys
 import threading
 import weakref
 from typing import Any, Callable
@@ -122,6 +123,7 @@ class RowGroup:
 
     padded: np.ndarray  # int32 [n+1]
     doc_starts: np.ndarray  # int64 [docs+1], token offsets relative to the row group start
+    buf: np.ndarray | None = None  # the store's reusable buffer that ``padded`` is a view of, if any
 
     @property
     def tokens(self) -> np.ndarray:
@@ -143,7 +145,7 @@ class RowGroup:
 
     @property
     def nbytes(self) -> int:
-        return self.padded.nbytes + self.doc_starts.nbytes
+        return (self.buf if self.buf is not None else self.padded).nbytes + self.doc_starts.nbytes
 
 
 def _error(cache: Cache, rel: str, what: str) -> ChunkError:
@@ -226,6 +228,8 @@ class _RangeFile(io.RawIOBase):
 
 
 _MAX_OPEN_FILES = 64
+_MAX_RETIRED = 64  # row groups kept for their buffers after leaving the cache
+_BUFFER_STEP = 16384  # decode buffers are sized in steps of 64 KiB, so similar row groups share them
 
 
 def _protocols(fs) -> tuple:
@@ -257,6 +261,11 @@ class ChunkStore:
         self.bytes_fetched = 0  # every byte fetched: sidecars, footers, row groups
         self.decodes = 0  # row groups decoded
         self.fast_decode = True  # PLAIN pages: decompress and take the values (see fast_token_values)
+        # Decoded row groups that left the cache (evicted, or released as consumed by a sequential
+        # read): their buffers are reused for new decodes once nothing refers to them any more, so a
+        # long read writes into memory that is already mapped instead of faulting in fresh pages.
+        self._retired: collections.deque[RowGroup] = collections.deque()
+        self.fresh_buffers = 0  # decode buffers allocated (the rest were reused)
         self._pool = cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
         # Local caches: byte ranges are os.pread() calls on descriptors kept open (fsspec opens the file
         # for every range, which costs as much as reading a row group). Other filesystems use fsspec.
@@ -294,14 +303,50 @@ class ChunkStore:
             self._lru[key] = (value, nbytes)
             self._used += nbytes
             while self._used > self.budget and len(self._lru) > 1:
-                _, (_, n) = self._lru.popitem(last=False)
+                _, (old, n) = self._lru.popitem(last=False)
                 self._used -= n
+                self._retire(old)
         fut.set_result(value)
         return value
 
     @property
     def used_bytes(self) -> int:
         return self._used
+
+    def _retire(self, value: Any) -> None:
+        """Keep an evicted row group's buffer for reuse (lock held)."""
+        if isinstance(value, RowGroup) and value.buf is not None:
+            self._retired.append(value)
+            while len(self._retired) > _MAX_RETIRED:
+                self._retired.popleft()
+
+    def release(self, index: int, group: int) -> None:
+        """Drop row group ``group`` of chunk ``index`` from the cache now (a sequential read is past it);
+        its buffer is reused once nothing refers to it. Only a cache decision: a later read decodes it
+        again."""
+        with self._lock:
+            hit = self._lru.pop(("rg", index, group), None)
+            if hit is not None:
+                self._used -= hit[1]
+                self._retire(hit[0])
+
+    def _buffer(self, n: int) -> np.ndarray:
+        """An int32 buffer of at least ``n`` entries: a retired row group's, when no array, view or
+        object refers to it any more (CPython reference counts: the row group, its ``padded`` view and
+        the buffer are referenced only from here), else a new one."""
+        with self._lock:
+            for k in range(len(self._retired)):  # (not enumerate: its cached tuple would hold `rg`)
+                rg = self._retired[k]
+                buf = rg.buf
+                if not n <= buf.size <= n + _BUFFER_STEP:
+                    continue
+                # refs: rg -> the deque, `rg`, getrefcount's argument; padded -> rg and the argument;
+                # buf -> rg, padded's base, `buf`, the argument. Anything more is a live user.
+                if sys.getrefcount(rg) == 3 and sys.getrefcount(rg.padded) == 2 and sys.getrefcount(buf) == 4:
+                    del self._retired[k]
+                    return buf
+            self.fresh_buffers += 1
+        return np.empty(-(-n // _BUFFER_STEP) * _BUFFER_STEP, np.int32)
 
     def _count(self, index: int, nbytes: int, *, data: bool | None) -> None:
         """Tally a fetch: ``data`` True for chunk data, False for opening a chunk, None for its footer."""
@@ -457,10 +502,14 @@ class ChunkStore:
         expect = int(m.rg_token_starts[group + 1] - m.rg_token_starts[group])
         rgm = m.file_meta.row_group(group)
         padded = lengths = None
+        out = None
         if self.fast_decode:
             lengths = fast_plain_values(buf, rgm.column(1), docs, base=base, column=fmt.LENGTH_COLUMN, levels=0)
             if lengths is not None:
-                padded = fast_plain_values(buf, rgm.column(0), expect, lead=1, base=base)
+                out = self._buffer(expect + 1)
+                padded = fast_plain_values(buf, rgm.column(0), expect, lead=1, base=base, out=out)
+                if padded is None:
+                    out = None
         if padded is None or lengths is None:
             try:
                 f = _RangeFile(m.nbytes_file, [(base, buf), m.footer])
@@ -480,7 +529,7 @@ class ChunkStore:
         np.cumsum(lengths, out=starts[1:])
         with self._lock:
             self.decodes += 1
-        rg = RowGroup(padded, starts)
+        rg = RowGroup(padded, starts, out)
         return rg, rg.nbytes
 
     def prefetch(self, fn: Callable[[], Any]) -> cf.Future:
@@ -663,7 +712,8 @@ def fast_token_values(data, col_meta, expect: int, lead: int = 0, base: int = 0)
 
 
 def fast_plain_values(data, col_meta, expect: int, *, lead: int = 0, base: int = 0,
-                      column: str = fmt.TOKEN_COLUMN, levels: int = 2) -> np.ndarray | None:
+                      column: str = fmt.TOKEN_COLUMN, levels: int = 2, out: np.ndarray | None = None
+                      ) -> np.ndarray | None:
     """The int32 values of one PLAIN column chunk of ``column`` (after ``lead`` zeros), or None.
 
     ``data`` holds the file's bytes from offset ``base`` on (a row group's verified byte range, or the
@@ -685,7 +735,7 @@ def fast_plain_values(data, col_meta, expect: int, *, lead: int = 0, base: int =
         if start < 0 or end > len(data):
             return None
         view = memoryview(data)
-        out = np.empty(expect + lead, np.int32)
+        out = np.empty(expect + lead, np.int32) if out is None else out[:expect + lead]
         out[:lead] = 0
         got = 0
         pos = start

@@ -22,6 +22,7 @@ import collections
 import concurrent.futures as cf
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -245,6 +246,7 @@ class Reader:
         self._unpacked_counts: dict[str, int] = {}  # chunk checksum -> unpacked examples (this seq_len)
         self._piece_cum: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._perm_cache: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
+        self._released: dict[int, int] = {}  # chunk -> row groups before this one were released
 
     def close(self) -> None:
         self.store.close()
@@ -475,8 +477,10 @@ class Reader:
                 cum = self._pieces_cum(c, docs)
                 doc = np.searchsorted(cum, offs, side="right") - 1
                 offs = docs.doc_starts[doc] + (offs - cum[doc]) * self.options.seq_len
-            for g in np.unique(np.searchsorted(meta.rg_token_starts, offs, side="right") - 1):
-                self.store.row_group(c, int(g))
+            for g in np.unique(np.searchsorted(meta.rg_token_starts, offs, side="right") - 1).tolist():
+                if g < self._released.get(c, 0):  # a plan the reads have overtaken: already used and released
+                    continue
+                self.store.row_group(c, g)
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
             pass
 
@@ -590,6 +594,32 @@ class Reader:
             self._fill_cross_row(c, g, a, la, r, out)
         for k in slow:
             self._fill_packed_row(idx, int(s[k]), int(j[k]), int(rows[k]), out)
+        self._release_consumed(recs, cross)
+
+    def _release_consumed(self, recs, cross) -> None:
+        """Unshuffled packed reads move forward through each chunk: once a batch's windows start in row
+        group ``g`` of a chunk, its groups before ``g`` are not needed again this pass, so they leave the
+        cache at once and their buffers serve the next decodes (see ``ChunkStore.release``)."""
+        if self._shuffle_cfg is not None or not (recs or cross):
+            return
+        first: dict[int, int] = {}
+        for rec in itertools.chain(recs, cross):
+            c, g = rec[0], rec[1]
+            if g < first.get(c, g + 1):
+                first[c] = g
+        todo = []
+        with self._lock:
+            for c, g in first.items():
+                done = self._released.get(c, 0)
+                if g < done:  # a new pass over this chunk (or a jump back): start again from here
+                    self._released[c] = g
+                elif g > done:
+                    todo.extend((c, x) for x in range(done, g))
+                    self._released[c] = g
+            while len(self._released) > 4096:
+                self._released.pop(next(iter(self._released)))
+        for c, g in todo:
+            self.store.release(c, g)
 
     def _classify_windows(self, idx, s, j, rows, out):
         """Locate packed windows (setting ``out["epochs"]``) and sort them into ``recs`` (inside one row
@@ -648,6 +678,7 @@ class Reader:
                 self._flat_cross_row(c, g, a, la, r, out)
             for k in slow:
                 self._flat_packed_row(idx, int(s[k]), int(j[k]), int(sel[k]), out)
+            self._release_consumed(recs, cross)
         if sel.size < n:
             pad = np.flatnonzero(~out["valid"])
             out["tokens"][pad] = 0

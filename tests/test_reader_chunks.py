@@ -10,6 +10,7 @@ import pytest
 
 from reader import ChunkError, ReadOptions, Reader
 from reader import format as fmt
+from reader import order
 
 import cachegen
 
@@ -117,10 +118,14 @@ def test_each_row_group_is_decoded_about_once_when_reading_sequentially(cache_di
     for e in entries:
         import pyarrow.parquet as pq
         total_rgs += pq.ParquetFile(os.path.join(root, e["path"])).metadata.num_row_groups
-    tokens = sum(e["tokens"] for e in entries)
     with Reader(root, ReadOptions(seq_len=4, batch_size=2, ideal_readers=2)) as rd:
+        # stay inside the first pass of every stream: a stream that wraps around reads its first chunk
+        # again, and a sequential read has already released those row groups (decoded again, as intended)
+        one_pass = order.StreamIndex(rd.cache.table.tokens, 2, loop=False, complete=True)
+        batches = min(int(one_pass.stream_length(s)) for s in range(2)) // 4 - 1
+        assert batches > 10
         n = 0
-        for b, _ in rd.iter_batches(0, tokens // 8 - 2):
+        for b, _ in rd.iter_batches(0, batches):
             n += 1
         assert rd.store.decodes <= total_rgs
         assert rd.store.fetches <= total_rgs and n > 0  # each row group fetched (and verified) once
@@ -250,3 +255,48 @@ def test_local_files_stay_open_within_a_bound_and_close_with_the_reader(cache_di
         files = list(store._files.values())
         assert files and not any(f.closed for f in files)
     assert all(f.closed for f in files) and not store._files
+
+
+def test_buffers_of_released_row_groups_are_reused_only_when_nothing_refers_to_them(cache_dir):
+    root, chunks, entries = cache_dir
+    c = max(range(len(entries)), key=lambda i: len(_sidecar(root, entries[i])["row_group_index"]))
+    assert len(_sidecar(root, entries[c])["row_group_index"]) >= 3
+    with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
+        st = rd.store
+        held = st.row_group(c, 0).tokens[:5]  # a view into the decoded buffer, still alive below
+        want = held.copy()
+        st.release(c, 0)
+        st.row_group(c, 1)  # cannot take row group 0's buffer: `held` still uses it
+        assert st.fresh_buffers == 2
+        assert np.array_equal(held, want)
+        st.release(c, 1)  # nothing refers to row group 1 any more
+        rg2 = st.row_group(c, 2)
+        assert st.fresh_buffers == 2  # row group 2 was decoded into row group 1's buffer
+        assert np.array_equal(held, want)
+        got = np.concatenate(chunks[c])
+        lo, hi = (int(x) for x in st.meta(c).rg_token_starts[2:4])
+        assert rg2.tokens.tolist() == got[lo:hi].tolist()
+
+
+def test_a_sequential_read_releases_what_it_has_passed():
+    """Unshuffled packed reading keeps only the row groups ahead of its windows, and decodes into reused
+    buffers; a shuffled read leaves the cache to its LRU."""
+    root = tempfile.mkdtemp(prefix="cl-chunks-")
+    try:
+        chunks = cachegen.random_chunks(np.random.default_rng(8), 4, empty_prob=0.0, huge_prob=0.0,
+                                        max_docs=80, max_len=50)
+        cachegen.write_synthetic_cache(root, chunks, row_group_tokens=16)
+        with Reader(root, ReadOptions(seq_len=4, batch_size=2, ideal_readers=2)) as rd:
+            one_pass = order.StreamIndex(rd.cache.table.tokens, 2, loop=False, complete=True)
+            for b, _ in rd.iter_batches(0, min(int(one_pass.stream_length(s)) for s in range(2)) // 4 - 1):
+                pass
+            st = rd.store
+            assert st.decodes >= 30
+            assert st.fresh_buffers < st.decodes / 4  # the rest were decoded into reused buffers
+            assert len([k for k in st._lru if k[0] == "rg"]) < st.decodes / 4  # the cache holds what is ahead
+        with Reader(root, ReadOptions(seq_len=4, batch_size=2, ideal_readers=2, shuffle_seed=1)) as rd:
+            for b, _ in rd.iter_batches(0, 100):
+                pass
+            assert not rd._released and rd.store.fresh_buffers == rd.store.decodes
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
