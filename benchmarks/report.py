@@ -126,11 +126,18 @@ def _fmt(v, kind: str) -> str:
     return f"{v:.3g}"
 
 
-def _target(key: str, targets: dict) -> tuple[str, str]:
-    t = targets.get(key)
+def _target_text(t) -> str:
+    """A target ``(value, op)`` as the report prints it ("" when there is none)."""
     if not t:
-        return "", ""
-    return (f"{t[1]} {t[0]:g}" if t[0] < 1e6 else f"{t[1]} {t[0] / 1e6:g} M tok/s"), ""
+        return ""
+    return f"{t[1]} {t[0]:g}" if t[0] < 1e6 else f"{t[1]} {t[0] / 1e6:g} M tok/s"
+
+
+def _meets(v, t) -> bool | None:
+    """Whether figure ``v`` meets target ``(value, op)``; None without a target or a finite figure."""
+    if not t or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return {">=": v >= t[0], "<=": v <= t[0], "<": v < t[0]}[t[1]]
 
 
 def plot_pipeline(details: dict, path: Path) -> bool:
@@ -274,10 +281,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
     for key, meaning, kind in MAIN_ROWS:
         v = fig.get(key)
         t = targets.get(key)
-        tgt = "" if not t else (f"{t[1]} {t[0]:g}" if t[0] < 1e6 else f"{t[1]} {t[0] / 1e6:g} M tok/s")
-        ok = None
-        if t and isinstance(v, (int, float)) and math.isfinite(v):
-            ok = {">=": v >= t[0], "<=": v <= t[0], "<": v < t[0]}[t[1]]
+        tgt, ok = _target_text(t), _meets(v, t)
         mark = "" if ok is None else ("met" if ok else "**missed**")
         if ok is False:
             missed.append(key)

@@ -62,13 +62,6 @@ TARGETS = {
 }
 
 
-def met(key: str, value: float) -> bool | None:
-    t = TARGETS.get(key)
-    if t is None or value is None or not math.isfinite(value):
-        return None
-    return {">=": value >= t[0], "<=": value <= t[0], "<": value < t[0]}[t[1]]
-
-
 def _py() -> str:
     return sys.executable
 
