@@ -232,11 +232,6 @@ _MAX_RETIRED = 64  # row groups kept for their buffers after leaving the cache
 _BUFFER_STEP = 16384  # decode buffers are sized in steps of 64 KiB, so similar row groups share them
 
 
-def _protocols(fs) -> tuple:
-    p = getattr(fs, "protocol", ())
-    return p if isinstance(p, tuple) else (p,)
-
-
 def _shutdown(pool: cf.ThreadPoolExecutor, files: dict, lock: threading.Lock) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
     with lock:
@@ -270,7 +265,7 @@ class ChunkStore:
         # Local caches: byte ranges are os.pread() calls on descriptors kept open (fsspec opens the file
         # for every range, which costs as much as reading a row group). Other filesystems use fsspec.
         self._files: collections.OrderedDict[str, io.FileIO] = collections.OrderedDict()
-        self._local = "file" in _protocols(cache.fs)
+        self._local = cache.is_local
         # a store dropped without close() still stops its threads and closes its files
         self._closer = weakref.finalize(self, _shutdown, self._pool, self._files, self._lock)
 

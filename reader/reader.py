@@ -298,7 +298,7 @@ class Reader:
             try:
                 fs, final = self.cache.fs, self.cache.path(rel)
                 fs.makedirs(self.cache.path(INDEX_DIR), exist_ok=True)
-                if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+                if self.cache.is_local:
                     tmp = f"{final}.tmp-{os.getpid()}-{threading.get_ident()}"
                     fs.pipe_file(tmp, body)
                     os.replace(tmp, final)  # atomic: a concurrent reader sees the old or the new file
