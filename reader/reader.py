@@ -566,11 +566,7 @@ class Reader:
             "epochs": np.full(n, -1, np.int64),
             "valid": np.ones(n, bool),
         }
-        if opts.eval_mode:
-            limit = self._eval_limit(idx, j)  # waits (NotYetAvailable) while the end is unknown
-            out["valid"] = j < limit
-            out["example_ids"][~out["valid"]] = -1
-        sel = np.flatnonzero(out["valid"])
+        sel = self._valid_rows(idx, j, out)
         if sel.size:
             if opts.packed:
                 self._fill_packed(idx, s[sel], j[sel], sel, out)
@@ -651,6 +647,14 @@ class Reader:
             recs.append((c, g, o - starts[g], r))
         return recs, cross, slow
 
+    def _valid_rows(self, idx, j: np.ndarray, out) -> np.ndarray:
+        """Rows that hold an example; in eval mode the rows past the end of the pass become padding
+        (``valid`` False, ``example_ids`` -1). Waits (NotYetAvailable) while the end is unknown."""
+        if self.options.eval_mode:
+            out["valid"] = j < self._eval_limit(idx, j)
+            out["example_ids"][~out["valid"]] = -1
+        return np.flatnonzero(out["valid"])
+
     # -- layout="flat" ---------------------------------------------------------------------------------
     def _examples_flat(self, idx, ex: np.ndarray, s: np.ndarray, j: np.ndarray) -> dict[str, np.ndarray]:
         """Packed examples in the flat-tokens layout (see :func:`expand_flat`)."""
@@ -663,11 +667,7 @@ class Reader:
             "epochs": np.full(n, -1, np.int64),
             "valid": np.ones(n, bool),
         }
-        if self.options.eval_mode:
-            limit = self._eval_limit(idx, j)
-            out["valid"] = j < limit
-            out["example_ids"][~out["valid"]] = -1
-        sel = np.flatnonzero(out["valid"])
+        sel = self._valid_rows(idx, j, out)
         if sel.size:
             s, j = s[sel], j[sel]
             recs, cross, slow = self._classify_windows(idx, s, j, sel, out)
