@@ -52,6 +52,7 @@ class Cache:
 
     def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None):
         self.url = url
+        self.storage_options = dict(storage_options or {})
         self.fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         self.root = root.rstrip("/")
         self._lock = threading.Lock()

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import threading
+import weakref
 from typing import Any, Iterator
 
 import numpy as np
@@ -159,6 +160,12 @@ class ReadOptions:
       prefetch_batches: batches assembled ahead of the consumer by ``iter_batches`` (on one thread).
       prefetch_threads: background threads that fetch, verify and decode upcoming row groups.
       index_cache: store the unpacked per-chunk example counts in ``ROOT/index/`` when writable.
+      num_workers: 0 (default): batches are assembled in this process (on threads). W > 0: by W child
+        processes (:mod:`reader.workers`) that each decode and assemble every W-th of this reader's rows
+        into shared memory; ``iter_batches`` then returns views of that memory (the same values, bit
+        for bit). Use it when one core cannot keep up (about 100 M tokens/s per core); the batch size
+        must be a multiple of ``num_readers * num_workers``, and ``memory_budget_bytes`` is split
+        between the workers. Only ``iter_batches`` uses the workers; ``rows``/``batch`` stay in-process.
       layout: ``"arrays"`` (default): the five ``[rows, L]`` arrays of BATCH_KEYS. ``"flat"`` (packed
         only): one ``uint32 [rows, L+1]`` array in seed 001's flat-tokens encoding plus two per-row
         ints (FLAT_KEYS); about 4x fewer bytes to assemble and to send to an accelerator, where
@@ -177,6 +184,7 @@ class ReadOptions:
     prefetch_threads: int = 2
     index_cache: bool = True
     layout: str = "arrays"
+    num_workers: int = 0
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -184,6 +192,8 @@ class ReadOptions:
         if self.layout == "flat" and not self.packed:
             raise ValueError("layout='flat' encodes packed windows (document starts as a bit per token); "
                              "unpacked examples use layout='arrays'")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
         if self.seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
         if self.batch_size < 1:
@@ -247,8 +257,11 @@ class Reader:
         self._piece_cum: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._perm_cache: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
         self._released: dict[int, int] = {}  # chunk -> row groups before this one were released
+        self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 
     def close(self) -> None:
+        for pool in list(self._pools):
+            pool.close()
         self.store.close()
 
     def __enter__(self):
@@ -403,8 +416,17 @@ class Reader:
         Background work: the next ``prefetch_batches`` batches are assembled on a thread, and the row
         groups that batch ``b + lookahead`` will need are fetched, verified and decoded on
         ``prefetch_threads`` threads while batch ``b`` is served (``lookahead`` covers about one row group
-        of every stream, capped by the memory budget), so decoding overlaps serving.
+        of every stream, capped by the memory budget), so decoding overlaps serving. With ``num_workers > 0``
+        the batches come from worker processes instead (:class:`reader.workers.WorkerPool`): views of
+        shared memory that stay valid, unchanged, for as long as they are referenced.
         """
+        if self.options.num_workers > 0:
+            from .workers import WorkerPool
+
+            pool = WorkerPool(self, start, count)
+            self._pools.add(pool)
+            yield from pool
+            return
         stop = None if count is None else start + int(count)
         ahead = max(1, self.options.prefetch_batches)
         look = self.lookahead_batches()

@@ -1,0 +1,379 @@
+"""Reader worker processes: ``ReadOptions(num_workers=W)`` decodes and assembles batches in W processes.
+
+One reader process is bound by the GIL: decoding, verifying and assembling a batch take about a
+millisecond of CPU, and its threads overlap only part of it. With ``num_workers=W`` the reader's rows
+of every batch are split between W child processes, each an ordinary :class:`reader.Reader` with its
+own prefetch threads, and each writes its rows straight into a batch slot in shared memory. The parent
+only hands out slots and returns views of them.
+
+The split is the reader's own host split one level down: worker ``w`` of reader ``r`` (of ``R``) is
+reader ``r + R * w`` of ``R * W``. Its rows are every W-th of this reader's rows, and when ``R * W``
+divides ``R*`` its streams (hence its chunks) are its own, so no row group is decoded twice. Promise 2
+(the batch does not depend on the number of readers) is what makes the assembled batch identical,
+bit for bit, to what one process returns; the tests compare the two.
+
+Batches are views of a ring of shared-memory slots. A slot is refilled only once nothing refers to
+the batch that was in it (CPython reference counts, as for the chunk store's decode buffers). A batch
+that is kept (say, in a list) keeps its memory, and the ring gets a new slot instead, so a batch never
+changes under its holder.
+
+Workers are started as ``python -m reader.workers`` (not ``multiprocessing``), so a training script
+needs no ``if __name__ == "__main__"`` guard and no fork of a process that runs threads. A worker
+that fails raises its exception (with the worker's traceback as a note) in the consumer; a worker
+that dies is reported with its exit code; workers exit when the parent closes the iterator or dies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+import uuid
+from multiprocessing.connection import Connection
+from typing import Any, Iterator
+
+import numpy as np
+
+_OP_STOP, _OP_FILL, _OP_SLOT = 0, 1, 2  # parent -> worker
+_OP_READY, _OP_DONE, _OP_END, _OP_ERROR = 10, 11, 12, 13  # worker -> parent
+_FILL = struct.Struct("<Bqi")  # op, batch, slot
+_ALIGN = 64
+
+
+def batch_spec(options, rows: int) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """``(key, dtype, shape)`` of every array of a batch of ``rows`` rows, in the layout's key order."""
+    L = options.seq_len
+    if options.layout == "flat":
+        arrays = [("tokens", np.uint32, (rows, L + 1)), ("first_positions", np.int32, (rows,)),
+                  ("num_tokens", np.int32, (rows,))]
+    else:
+        arrays = [(k, np.int32, (rows, L)) for k in ("inputs", "targets", "segment_ids", "positions")]
+        arrays.append(("loss_mask", np.bool_, (rows, L)))
+    arrays += [("example_ids", np.int64, (rows,)), ("epochs", np.int64, (rows,)), ("valid", np.bool_, (rows,))]
+    return [(k, np.dtype(d), s) for k, d, s in arrays]
+
+
+def _layout(spec) -> tuple[list[tuple[str, np.dtype, tuple, int]], int]:
+    out, off = [], 0
+    for k, d, shape in spec:
+        out.append((k, d, shape, off))
+        off += -(-(d.itemsize * int(np.prod(shape))) // _ALIGN) * _ALIGN
+    return out, max(off, _ALIGN)
+
+
+def _shm_dir() -> str:
+    d = "/dev/shm"
+    return d if os.path.isdir(d) and os.access(d, os.W_OK) else tempfile.gettempdir()
+
+
+class _Slot:
+    """One batch's arrays in a shared file mapping (``path`` is unlinked once every worker mapped it)."""
+
+    def __init__(self, path: str, spec, create: bool):
+        layout, size = _layout(spec)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.path = path
+        self.linked = True
+        # the arrays keep the mapping alive (no explicit close: a caller's views may outlive the ring)
+        # np.ndarray over the mapping: each array is the base of every view of it, so its reference
+        # count tells whether a batch handed out is still alive (a reshape would hide the views)
+        self.arrays = {k: np.ndarray(s, d, buffer=mm, offset=off) for k, d, s, off in layout}
+        del mm
+
+    def unlink(self) -> None:
+        if self.linked:
+            self.linked = False
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def free(self) -> bool:
+        """True when no view of the slot's arrays is alive (refs: ``self.arrays`` and the argument)."""
+        arrays = self.arrays
+        for k in arrays:
+            if sys.getrefcount(arrays[k]) > 2:
+                return False
+        return True
+
+    def views(self) -> dict[str, np.ndarray]:
+        arrays = self.arrays
+        return {k: arrays[k].view() for k in arrays}
+
+
+class WorkerError(RuntimeError):
+    """A reader worker process exited without reporting an exception (killed, out of memory, ...)."""
+
+
+class WorkerPool:
+    """Batches ``start, start+1, ...`` of ``reader``'s rows, assembled by ``reader.options.num_workers``
+    child processes. Iterate it once; :meth:`close` (or the end of iteration) stops the workers."""
+
+    def __init__(self, reader, start: int = 0, count: int | None = None):
+        opts = reader.options
+        W = int(opts.num_workers)
+        R, r = reader.num_readers, reader.reader_index
+        B = opts.batch_size
+        if B % (R * W):
+            raise ValueError(f"num_workers={W}: batch_size {B} must be a multiple of num_readers x num_workers "
+                             f"= {R * W} (each worker serves every {W}th of this reader's rows)")
+        self.start = int(start)
+        self.stop = None if count is None else self.start + int(count)
+        self.rows = len(reader.my_rows)
+        self.spec = batch_spec(opts, self.rows)
+        self.num_workers = W
+        self.depth = max(1, opts.prefetch_batches) + 3  # slots; the workers run up to depth - 2 ahead
+        self._tag = f"chunkledger-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._nslot = 0
+        self._slots: list[_Slot] = []
+        self._retired: list[_Slot] = []  # replaced while a caller still held their batch
+        self._procs: list[subprocess.Popen] = []
+        self._conns: list[Connection] = []
+        self._closed = False
+        try:
+            self._slots = [self._new_slot() for _ in range(self.depth)]
+            wopts = dataclasses.replace(opts, num_workers=0,
+                                        memory_budget_bytes=max(1, opts.memory_budget_bytes // W))
+            env = dict(os.environ)
+            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+            for w in range(W):
+                mine, theirs = socket.socketpair()
+                try:
+                    p = subprocess.Popen([sys.executable, "-m", "reader.workers", str(theirs.fileno())],
+                                         pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+                finally:
+                    theirs.close()
+                self._procs.append(p)
+                self._conns.append(Connection(mine.detach()))
+                self._conns[-1].send({
+                    "cache": reader.cache.url, "storage_options": reader.cache.storage_options,
+                    "options": wopts, "num_readers": R * W, "reader_index": r + R * w,
+                    "wait_timeout_s": reader.wait_timeout_s, "poll_interval_s": reader.poll_interval_s,
+                    "start": self.start, "count": count, "worker": w, "workers": W, "spec": self.spec,
+                    "slots": [s.path for s in self._slots],
+                })
+            for w in range(W):
+                self._expect(w, _OP_READY)
+            for s in self._slots:  # every worker has mapped them: the names can go
+                s.unlink()
+            self._owner: dict[int, int] = {}  # batch -> slot
+            self._next_grant = self.start
+            for k in range(self.depth):
+                if not self._grant(k):
+                    break
+        except BaseException:
+            self.close()
+            raise
+
+    # -- slots ------------------------------------------------------------------------------------
+    def _new_slot(self) -> _Slot:
+        path = os.path.join(_shm_dir(), f"{self._tag}-{self._nslot}")
+        self._nslot += 1
+        return _Slot(path, self.spec, create=True)
+
+    def _grant(self, k: int) -> bool:
+        """Ask every worker to fill slot ``k`` with the next batch to grant; False past ``stop``."""
+        b = self._next_grant
+        if self.stop is not None and b >= self.stop:
+            return False
+        msg = _FILL.pack(_OP_FILL, b, k)
+        for c in self._conns:
+            c.send_bytes(msg)
+        self._owner[b] = k
+        self._next_grant += 1
+        return True
+
+    def _reclaim(self, b: int) -> None:
+        """Batch ``b`` was handed out earlier; reuse its slot for the next batch, or give the ring a new
+        slot if the caller still holds ``b``."""
+        k = self._owner.pop(b)
+        slot = self._slots[k]
+        if not slot.free():
+            self._retired.append(slot)
+            self._retired = [s for s in self._retired if not s.free()]
+            slot = self._slots[k] = self._new_slot()  # unlinked once the workers have filled it
+            msg = bytes([_OP_SLOT]) + struct.pack("<i", k) + slot.path.encode()
+            for c in self._conns:
+                c.send_bytes(msg)
+        self._grant(k)
+
+    # -- messages ------------------------------------------------------------------------------------
+    def _recv(self, w: int) -> bytes:
+        try:
+            return self._conns[w].recv_bytes()
+        except (EOFError, OSError):  # only the worker holds the other end: it has exited
+            proc = self._procs[w]
+            try:
+                code = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                code = "unknown (still running)"
+            raise WorkerError(f"reader worker {w} (pid {proc.pid}) exited with code {code} without a report; "
+                              "see its output above (out of memory? killed?)") from None
+
+    def _expect(self, w: int, op: int, b: int | None = None) -> bool:
+        """Receive worker ``w``'s next report; True for ``op`` (and batch ``b``), False for the end of the
+        data; raise the worker's exception on an error."""
+        msg = self._recv(w)
+        got = msg[0]
+        if got == _OP_ERROR:
+            exc, tb = pickle.loads(msg[1:])
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"(raised in reader worker {w}, pid {self._procs[w].pid}:)\n{tb}")
+            raise exc
+        if got == _OP_END:
+            return False
+        if got != op or (b is not None and _FILL.unpack(msg)[1] != b):
+            raise WorkerError(f"reader worker {w}: unexpected report {msg[:16]!r} (wanted op {op}, batch {b})")
+        return True
+
+    # -- iteration -------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        b = self.start
+        try:
+            while self.stop is None or b < self.stop:
+                if b not in self._owner:
+                    return
+                k = self._owner[b]
+                ended = False
+                for w in range(self.num_workers):
+                    if not self._expect(w, _OP_DONE, b):
+                        ended = True
+                if ended:
+                    return
+                slot = self._slots[k]
+                slot.unlink()  # a new slot's name is needed until the workers have mapped it
+                yield b, slot.views()
+                if b - 1 in self._owner and b - 1 >= self.start:  # the caller has let go of b - 1 by now
+                    self._reclaim(b - 1)
+                b += 1
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for c in self._conns:
+            try:
+                c.send_bytes(bytes([_OP_STOP]))
+            except OSError:
+                pass
+        for p in self._procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for c in self._conns:
+            c.close()
+        for s in self._slots + self._retired:
+            s.unlink()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+# --------------------------------------------------------------------------------------------------
+# The worker process
+
+
+def _send_error(conn: Connection, e: BaseException) -> None:
+    tb = traceback.format_exc()
+    try:
+        payload = pickle.dumps((e, tb))
+    except Exception:  # noqa: BLE001 - an exception that does not pickle travels as its text
+        payload = pickle.dumps((RuntimeError(f"{type(e).__name__}: {e}"), tb))
+    conn.send_bytes(bytes([_OP_ERROR]) + payload)
+
+
+def _serve(conn: Connection) -> None:
+    from .reader import Reader  # after the connection exists, so an import error is reported
+
+    setup: dict[str, Any] = conn.recv()
+    w, W, spec = setup["worker"], setup["workers"], setup["spec"]
+    reader = batches = None
+    try:
+        slots = {k: _Slot(p, spec, create=False) for k, p in enumerate(setup["slots"])}
+        mine = {k: {key: a[w::W] for key, a in s.arrays.items()} for k, s in slots.items()}
+        reader = Reader(setup["cache"], setup["options"], num_readers=setup["num_readers"],
+                        reader_index=setup["reader_index"], wait_timeout_s=setup["wait_timeout_s"],
+                        poll_interval_s=setup["poll_interval_s"], storage_options=setup["storage_options"])
+        batches = reader.iter_batches(setup["start"], setup["count"])
+    except BaseException as e:  # noqa: BLE001
+        _send_error(conn, e)
+        return
+    conn.send_bytes(bytes([_OP_READY]))
+    try:
+        while True:
+            try:
+                msg = conn.recv_bytes()
+            except EOFError:  # the parent is gone
+                return
+            op = msg[0]
+            if op == _OP_STOP:
+                return
+            if op == _OP_SLOT:
+                (k,) = struct.unpack_from("<i", msg, 1)
+                s = _Slot(msg[5:].decode(), spec, create=False)
+                mine[k] = {key: a[w::W] for key, a in s.arrays.items()}
+                continue
+            _, b, k = _FILL.unpack(msg)
+            try:
+                got, batch = next(batches)
+            except StopIteration:
+                conn.send_bytes(_FILL.pack(_OP_END, b, k))
+                continue
+            if got != b:
+                raise RuntimeError(f"reader worker {w}: produced batch {got}, the parent asked for {b}")
+            dst = mine[k]
+            for key, a in batch.items():
+                np.copyto(dst[key], a, casting="no")
+            conn.send_bytes(_FILL.pack(_OP_DONE, b, k))
+    except BaseException as e:  # noqa: BLE001
+        try:
+            _send_error(conn, e)
+        except OSError:
+            pass
+    finally:
+        if batches is not None:
+            batches.close()  # cancels its pending work
+        if reader is not None:
+            reader.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
+    conn = Connection(int(argv[0]))
+    try:
+        _serve(conn)
+    finally:
+        conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: interpreter exit joins the prefetch threads, which may be waiting on a running build.
+    os._exit(code)
