@@ -2,8 +2,10 @@
 
     python -m benchmarks.reader_bench --cache DIR --work DIR [--batches N] [--quick]
 
-- Sequential packed batches (seq_len 2048, batch 64, one process, local cache, warm page cache) from
-  ``Reader.iter_batches`` in the flat-tokens layout (``layout="flat"``, what JaxLoader uses; the
+- Sequential packed batches (seq_len 2048, batch 64, one reader, local cache, warm page cache) from
+  ``Reader.iter_batches`` with ``num_workers=2`` (``reader_*``; two worker processes assemble into shared
+  memory) and in one process (``reader_*_1p``), steady state (first batch to last; opening and worker
+  start-up reported apart), in the flat-tokens layout (``layout="flat"``, what JaxLoader uses; the
   five-array layout is reported as ``reader_arrays_*``) against slicing the very same windows out of a memmap of a flat uint32 token
   file. The flat file is written from the cache in *stream-major* layout (stream ``s``'s tokens,
   following ``loop(all_chunks)[s::R*]``, one after the other), so the baseline's window of example
@@ -22,6 +24,7 @@ Prints one ``BENCH_RESULT {json}`` line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -42,21 +45,33 @@ from reader import order
 
 L = 2048
 B = 64
+WORKERS = 2  # reader worker processes (ReadOptions.num_workers) of the headline figures
 
 
 class RssSampler:
     """Peak RSS of this process, sampled every ``interval_s`` on a thread."""
 
-    def __init__(self, interval_s: float = 0.02):
+    def __init__(self, interval_s: float = 0.02, children: bool = False):
         self.p = psutil.Process()
-        self.peak = self.p.memory_info().rss
+        self.children = children
+        self.peak = self.rss()
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
+    def rss(self) -> int:
+        n = self.p.memory_info().rss
+        if self.children:  # plus the worker processes
+            for c in self.p.children(recursive=True):
+                try:
+                    n += c.memory_info().rss
+                except psutil.Error:
+                    pass
+        return n
+
     def _run(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.p.memory_info().rss)
+            self.peak = max(self.peak, self.rss())
             time.sleep(self.interval_s)
 
     def __enter__(self):
@@ -66,7 +81,7 @@ class RssSampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._t.join()
-        self.peak = max(self.peak, self.p.memory_info().rss)
+        self.peak = max(self.peak, self.rss())
 
 
 def warm(cache: Path) -> int:
@@ -87,23 +102,28 @@ def targets_of(batch: dict) -> np.ndarray:
 
 
 def read_reader(cache: Path, opts: ReadOptions, batches: int, max_s: float | None = None):
-    """Seconds to iterate ``batches`` batches (from opening the reader), the first two batches' targets,
-    and the number of batches read (fewer if ``max_s`` ran out first)."""
+    """Iterate ``batches`` batches from a fresh reader. Returns ``(from_open_s, steady_s, first, done)``:
+    seconds from opening the reader to the last batch; seconds from the first batch to the last (the
+    steady state: opening and worker start-up excluded); the first two batches' targets; batches read
+    (fewer if ``max_s`` ran out first)."""
     t = time.perf_counter()
     r = Reader(str(cache), opts)
     first = []
     sink = 0
     done = 0
+    t_first = None
     for b, batch in r.iter_batches(0, batches):
         if b < 2:
             first.append(targets_of(batch))
         sink += int(batch["targets"][0, 0] if "targets" in batch else batch["tokens"][0, 1])  # touch it
         done += 1
+        if t_first is None:
+            t_first = time.perf_counter()
         if max_s is not None and time.perf_counter() - t > max_s:
             break
-    dt = time.perf_counter() - t
+    end = time.perf_counter()
     r.close()
-    return dt, first, done
+    return end - t, end - t_first, first, done
 
 
 # --------------------------------------------------------------------------------------------------
@@ -266,9 +286,20 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
     # row, what JaxLoader ships to devices); the five-array layout is measured too ("arrays").
     seq_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, layout="flat")
     shuf_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, layout="flat")
-    arr_opts = ReadOptions(seq_len=L, batch_size=B, packed=True)
-    arr_shuf_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0)
+    W = WORKERS
+    # name -> options; the headline figures (reader_*) use W worker processes, *_1p one process
+    configs = {
+        "reader": dataclasses.replace(seq_opts, num_workers=W),
+        "reader_shuffled": dataclasses.replace(shuf_opts, num_workers=W),
+        "reader_1p": seq_opts,
+        "reader_shuffled_1p": shuf_opts,
+        "reader_arrays": ReadOptions(seq_len=L, batch_size=B, packed=True, num_workers=W),
+        "reader_arrays_shuffled": ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, num_workers=W),
+        "reader_arrays_1p": ReadOptions(seq_len=L, batch_size=B, packed=True),
+        "reader_arrays_shuffled_1p": ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0),
+    }
     res["reader_layout"] = seq_opts.layout
+    res["reader_num_workers"] = W
     cfg = shuf_opts.shuffle_config()
     res["reader_ideal_readers"] = seq_opts.ideal_readers
     res["reader_memory_budget_mb"] = seq_opts.memory_budget_bytes / 1e6
@@ -280,18 +311,34 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
     res["reader_rss_before_mb"] = rss_base / 1e6
 
     # -- reader runs first (RSS before any memmap pages exist) --------------------------------------
-    seq_s, shuf_s, arr_s, arr_shuf_s = [], [], [], []
-    with RssSampler() as rss:
-        dt, seq_first, _ = read_reader(cache, seq_opts, batches)
-        seq_s.append(dt)
-        dt, shuf_first, _ = read_reader(cache, shuf_opts, batches)
-        shuf_s.append(dt)
-        arr_s.append(read_reader(cache, arr_opts, batches)[0])
-        arr_shuf_s.append(read_reader(cache, arr_shuf_opts, batches)[0])
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in configs}  # (from open, steady) seconds
+    firsts: dict[str, list] = {}
+
+    def one(name: str) -> None:
+        total, steady, first, _ = read_reader(cache, configs[name], batches)
+        runs[name].append((total, steady))
+        firsts.setdefault(name, first)
+
+    with RssSampler() as rss:  # one process: its RSS against its budget
+        one("reader_1p")
+        one("reader_shuffled_1p")
     res["reader_peak_rss_mb"] = rss.peak / 1e6
     res["reader_rss_growth_mb"] = (rss.peak - rss_base) / 1e6
-    log(f"reader: seq {batches * B * L / seq_s[0] / 1e6:.1f} M tok/s, shuffled "
-        f"{batches * B * L / shuf_s[0] / 1e6:.1f} M tok/s, peak RSS {rss.peak / 1e6:.0f} MB")
+    with RssSampler(children=True) as rss_w:  # the reader and its workers together
+        one("reader")
+        one("reader_shuffled")
+    res["reader_workers_peak_rss_mb"] = rss_w.peak / 1e6
+    for name in configs:
+        if not runs[name]:
+            one(name)
+    log(f"reader: seq {batches * B * L / runs['reader'][0][1] / 1e6:.1f} M tok/s ({W} workers), "
+        f"{batches * B * L / runs['reader_1p'][0][1] / 1e6:.1f} (one process); shuffled "
+        f"{batches * B * L / runs['reader_shuffled'][0][1] / 1e6:.1f}; peak RSS {rss.peak / 1e6:.0f} MB")
+    seq_first, shuf_first = firsts["reader"], firsts["reader_shuffled"]
+    for name, first in firsts.items():  # every configuration serves the same batches
+        ref = firsts["reader_shuffled" if "shuffled" in name else "reader"]
+        if not all(np.array_equal(a, b) for a, b in zip(first, ref)):
+            raise AssertionError(f"{name}: its first batches differ from the {W}-worker reader's")
 
     # -- memmap baseline ------------------------------------------------------------------------------
     s_seq, j_seq = example_sources(seq_opts, batches, None)
@@ -320,23 +367,21 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
 
     mm_seq, mm_shf = [memmap_rate(mm, off_seq)], [memmap_rate(mm, off_shf)]
     for _ in range(rounds - 1):
-        seq_s.append(read_reader(cache, seq_opts, batches)[0])
-        mm_seq.append(memmap_rate(mm, off_seq))
-        shuf_s.append(read_reader(cache, shuf_opts, batches)[0])
-        mm_shf.append(memmap_rate(mm, off_shf))
-        arr_s.append(read_reader(cache, arr_opts, batches)[0])
-        arr_shuf_s.append(read_reader(cache, arr_shuf_opts, batches)[0])
-    tokens = batches * B * L
-    res["reader_arrays_tokens_per_s"] = tokens / min(arr_s)
-    res["reader_arrays_vs_memmap"] = res["reader_arrays_tokens_per_s"] / max(mm_seq)
-    res["reader_arrays_shuffled_tokens_per_s"] = tokens / min(arr_shuf_s)
-    res["reader_arrays_shuffled_vs_memmap"] = res["reader_arrays_shuffled_tokens_per_s"] / max(mm_shf)
-    res["reader_tokens_per_s"] = tokens / min(seq_s)
+        for name in configs:
+            one(name)
+            if name == "reader":
+                mm_seq.append(memmap_rate(mm, off_seq))
+            elif name == "reader_shuffled":
+                mm_shf.append(memmap_rate(mm, off_shf))
+    tokens_steady = (batches - 1) * B * L
     res["memmap_tokens_per_s"] = max(mm_seq)
-    res["reader_vs_memmap"] = res["reader_tokens_per_s"] / res["memmap_tokens_per_s"]
-    res["reader_shuffled_tokens_per_s"] = tokens / min(shuf_s)
     res["memmap_shuffled_tokens_per_s"] = max(mm_shf)
-    res["reader_shuffled_vs_memmap"] = res["reader_shuffled_tokens_per_s"] / res["memmap_shuffled_tokens_per_s"]
+    for name in configs:
+        base_rate = res["memmap_shuffled_tokens_per_s" if "shuffled" in name else "memmap_tokens_per_s"]
+        res[f"{name}_tokens_per_s"] = tokens_steady / min(st for _, st in runs[name])
+        res[f"{name}_vs_memmap"] = res[f"{name}_tokens_per_s"] / base_rate
+        res[f"{name}_from_open_tokens_per_s"] = batches * B * L / min(t for t, _ in runs[name])
+        res[f"{name}_first_batch_s"] = min(t - st for t, st in runs[name])
     del mm
     log(f"memmap: seq {res['memmap_tokens_per_s'] / 1e6:.0f} M tok/s, shuffled "
         f"{res['memmap_shuffled_tokens_per_s'] / 1e6:.0f} M tok/s")
@@ -366,7 +411,7 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
         budget = int(seq_opts.memory_budget_bytes * mult)
         o = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, memory_budget_bytes=budget,
                         layout=seq_opts.layout)
-        dt, _, done = read_reader(cache, o, batches, max_s=budget_max_s)
+        dt, _, _, done = read_reader(cache, o, batches, max_s=budget_max_s)
         curve.append([budget / 1e6, done * B * L / dt])
         log(f"reader: shuffled, budget {budget / 1e6:.0f} MB: {done * B * L / dt / 1e6:.2f} M tok/s")
     res["reader_budget_curve"] = curve

@@ -23,10 +23,11 @@ MAIN_ROWS = [
     ("pipeline_hf_vs_hf_datasets", "the same, both with HF tokenizers (HF corpus)", "ratio"),
     ("pipeline_scaling_2_vs_1", "our build, 2 workers / 1 worker", "ratio"),
     ("pipeline_startup_fraction_max", "largest start-up share of any timed build (2 workers, 1 worker, HF)", "ratio"),
-    ("reader_vs_memmap", "packed sequential batches (L=2048, B=64, flat-tokens layout) / memmap of a flat "
-     "uint32 file", "ratio"),
+    ("reader_vs_memmap", "packed sequential batches (L=2048, B=64, flat-tokens layout; one reader with "
+     "{reader_num_workers} worker processes, steady state) / memmap of a flat uint32 file", "ratio"),
     ("reader_tokens_per_s", "reader tokens/s, packed sequential (absolute floor)", "rate"),
-    ("reader_shuffled_vs_memmap", "growing-window shuffle, default budget / memmap, same permutation", "ratio"),
+    ("reader_shuffled_vs_memmap", "growing-window shuffle, default budget, {reader_num_workers} workers / memmap, "
+     "same permutation", "ratio"),
     ("seek_far_vs_near", "open + first batch at step 10^6 / the same at step 0", "ratio"),
     ("ledger_open_s_100k", "seconds to open a synthetic ledger of 100k chunks with the reader", "s"),
     ("bytes_per_token", "cache size on disk (all files) per token", "num"),
@@ -77,16 +78,27 @@ SECONDARY_ROWS = [
     ("pipeline_peak_rss_proc_mb", "largest single process, main shards (MB)", "mb"),
     ("pipeline_peak_rss_proc_mb_small_shards", "largest single process, shards 4x smaller (MB)", "mb"),
     ("memmap_tokens_per_s", "memmap baseline, sequential", "rate"),
-    ("reader_shuffled_tokens_per_s", "reader, shuffled", "rate"),
-    ("reader_arrays_vs_memmap", "reader, five-array layout (inputs, targets, segment_ids, positions, loss_mask) "
-     "/ memmap", "ratio"),
+    ("reader_shuffled_tokens_per_s", "reader, shuffled ({reader_num_workers} workers)", "rate"),
+    ("reader_1p_vs_memmap", "reader in one process (`num_workers=0`), packed sequential / memmap", "ratio"),
+    ("reader_1p_tokens_per_s", "reader in one process, packed sequential", "rate"),
+    ("reader_shuffled_1p_vs_memmap", "reader in one process, shuffled / memmap", "ratio"),
+    ("reader_shuffled_1p_tokens_per_s", "reader in one process, shuffled", "rate"),
+    ("reader_from_open_tokens_per_s", "reader ({reader_num_workers} workers), packed sequential, from opening the "
+     "reader ({reader_batches} batches)", "rate"),
+    ("reader_first_batch_s", "its first batch after opening, worker start-up included (s)", "s"),
+    ("reader_1p_first_batch_s", "the same in one process (s)", "s"),
+    ("reader_arrays_vs_memmap", "reader, five-array layout (inputs, targets, segment_ids, positions, loss_mask), "
+     "{reader_num_workers} workers / memmap", "ratio"),
     ("reader_arrays_tokens_per_s", "reader, five-array layout, packed sequential", "rate"),
     ("reader_arrays_shuffled_vs_memmap", "reader, five-array layout, shuffled / memmap", "ratio"),
+    ("reader_arrays_1p_vs_memmap", "reader, five-array layout, one process / memmap", "ratio"),
+    ("reader_arrays_shuffled_1p_vs_memmap", "reader, five-array layout, one process, shuffled / memmap", "ratio"),
     ("memmap_shuffled_tokens_per_s", "memmap baseline, same permutation", "rate"),
     ("parquet_decode_tokens_per_s_1core", "decoding the chunks' token column, 1 core, bytes in memory (pyarrow)", "rate"),
     ("parquet_decode_vs_memmap_1core", "that decode rate / memmap (the ceiling per decoding core)", "ratio"),
     ("parquet_decode_and_verify_tokens_per_s_1core", "decode + sha256 of the chunk bytes, 1 core", "rate"),
-    ("reader_peak_rss_mb", "reader process peak RSS (MB)", "mb"),
+    ("reader_peak_rss_mb", "reader process peak RSS, one process (MB)", "mb"),
+    ("reader_workers_peak_rss_mb", "reader and its worker processes together, peak RSS (MB)", "mb"),
     ("reader_rss_before_mb", "the same process before reading (interpreter, numpy, pyarrow) (MB)", "mb"),
     ("reader_memory_budget_mb", "reader memory budget (default) (MB)", "mb"),
     ("seek_near_s", "open + first batch at step 0 (s)", "s"),
@@ -168,6 +180,14 @@ def plot_pipeline(details: dict, path: Path) -> bool:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
+
+
+def _meaning(text: str, fig: dict) -> str:
+    """A row's meaning with figures filled in (``{key}``), left as written when one is missing."""
+    try:
+        return text.format(**fig)
+    except (KeyError, ValueError):
+        return text
 
 
 def plot_reader_budget(details: dict, fig_: dict, path: Path) -> bool:
@@ -285,16 +305,12 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         mark = "" if ok is None else ("met" if ok else "**missed**")
         if ok is False:
             missed.append(key)
-        try:
-            meaning = meaning.format(**fig)
-        except (KeyError, ValueError):
-            pass
-        lines.append(f"| `{key}` | {meaning} | {_fmt(v, kind)} | {tgt} | {mark} |")
+        lines.append(f"| `{key}` | {_meaning(meaning, fig)} | {_fmt(v, kind)} | {tgt} | {mark} |")
     lines += shuffle_table(fig, plots, rel)
     lines += ["", "### Supporting figures", "", "| figure | meaning | value |", "|---|---|---|"]
     for key, meaning, kind in SECONDARY_ROWS:
         if key in fig:
-            lines.append(f"| `{key}` | {meaning} | {_fmt(fig[key], kind)} |")
+            lines.append(f"| `{key}` | {_meaning(meaning, fig)} | {_fmt(fig[key], kind)} |")
     other = sorted(k for k in fig if k.startswith("other_cores_during_"))
     if other:
         lines += ["", "### Contention (the machine is shared)", "",
@@ -377,8 +393,13 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "documentation recommends; with tiktoken (`encode_ordinary` per text) or with the converted "
         "tokenizer through `transformers.PreTrainedTokenizerFast` (`return_attention_mask=False`). Whole "
         "command timed as a subprocess, with a fresh datasets cache (nothing reused between runs).",
-        "- **Reader**: one process, warm page cache, `Reader.iter_batches` (background prefetch, default "
-        "options: R*=16, 1 GiB budget) over packed batches, seq_len 2048, batch 64, in the flat-tokens "
+        "- **Reader**: one reader (one host), warm page cache, `Reader.iter_batches` with "
+        "`num_workers=2`: two worker processes each decode and assemble every other row of each batch into "
+        "shared memory, and the reader hands out views of it (`reader/workers.py`); `num_workers=0` (one "
+        "process, background prefetch threads) is reported as `reader_*_1p`. Rates are the steady state, "
+        "from the first batch to the last of each run; opening the cache and starting the workers are "
+        "reported apart (`*_first_batch_s`, `*_from_open_tokens_per_s`) and by the seek figures. Default "
+        "options: R*=16, 1 GiB budget (split between the workers), packed batches, seq_len 2048, batch 64, in the flat-tokens "
         "layout (`layout=\"flat\"`: one uint32 [64, 2049] array and two ints per row, what `JaxLoader` "
         "ships to the devices and expands there, equal bit for bit to the five arrays); the five-array "
         "layout is measured the same way (`reader_arrays_*`). The memmap baseline "

@@ -36,7 +36,7 @@ PROFILES = {
     # percent slower finishes later: measured 0.3-5 s). The suite stays under 30 minutes (about 21 on a
     # quiet machine).
     "full": dict(size_mb=1600, shards=20, corpus_name="corpus-full-1600mb", small_size_mb=160, small_shards=8,
-                 hf_size_mb=640, hf_shards=8, agreement_docs=1000, reader_batches=400,
+                 hf_size_mb=640, hf_shards=8, agreement_docs=1000, reader_batches=1000,
                  reader_rounds=2, seek_reps=5, budgets="0.125,0.25,0.5,1,2", shuffle_quick=False),
     "quick": dict(size_mb=1.6, shards=4, small_size_mb=0.4, hf_size_mb=0.8, hf_shards=2, agreement_docs=100,
                   reader_batches=6,

@@ -43,6 +43,7 @@ BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask", "exa
 FLAT_KEYS = ("tokens", "first_positions", "num_tokens", "example_ids", "epochs", "valid")
 LAYOUTS = ("arrays", "flat")
 INDEX_DIR = "index"
+_GROUP = 4  # iter_batches assembles this many consecutive batches in one pass
 
 
 _AR32: list = [np.zeros(0, np.int32)]
@@ -158,7 +159,10 @@ class ReadOptions:
       shuffle: an ``order.ShuffleConfig`` for finer control (window sizes ...); overrides shuffle_seed.
       memory_budget_bytes: bound on cached chunk bytes + decoded row groups.
       prefetch_batches: batches assembled ahead of the consumer by ``iter_batches`` (on one thread).
-      prefetch_threads: background threads that fetch, verify and decode upcoming row groups.
+      prefetch_threads: background threads that fetch, verify and decode upcoming row groups. 0: the
+        assembling thread decodes what it needs when it needs it; the least CPU per batch (planning
+        ahead costs about a third more), so the better choice when worker processes supply the
+        parallelism on a local cache (``num_workers`` picks it for its workers then).
       index_cache: store the unpacked per-chunk example counts in ``ROOT/index/`` when writable.
       num_workers: 0 (default): batches are assembled in this process (on threads). W > 0: by W child
         processes (:mod:`reader.workers`) that each decode and assemble every W-th of this reader's rows
@@ -192,6 +196,8 @@ class ReadOptions:
         if self.layout == "flat" and not self.packed:
             raise ValueError("layout='flat' encodes packed windows (document starts as a bit per token); "
                              "unpacked examples use layout='arrays'")
+        if self.prefetch_threads < 0:
+            raise ValueError(f"prefetch_threads must be >= 0, got {self.prefetch_threads}")
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
         if self.seq_len < 1:
@@ -429,8 +435,9 @@ class Reader:
             return
         stop = None if count is None else start + int(count)
         ahead = max(1, self.options.prefetch_batches)
-        look = self.lookahead_batches()
-        pending: collections.deque[tuple[int, cf.Future]] = collections.deque()
+        look = self.lookahead_batches() if self.options.prefetch_threads > 0 else 0
+        pending: collections.deque[tuple[int, int, cf.Future]] = collections.deque()  # (b, batches, future)
+        queued = 0  # batches in `pending`
         touches: collections.deque[cf.Future] = collections.deque()
         nxt = start
         # plan `stride` batches per background task (one vectorized locate), not one task per batch
@@ -438,30 +445,49 @@ class Reader:
         planned = start + 1  # first batch not planned yet
         assembler = cf.ThreadPoolExecutor(1, thread_name_prefix="chunkledger-assemble")
         try:
-            if stop is None or start < stop:
+            if look and (stop is None or start < stop):
                 touches.extend(self._prefetch(start))  # the first batch's chunks load in parallel
             while True:
-                while len(pending) < ahead and (stop is None or nxt < stop) and self._batch_exists(nxt):
-                    pending.append((nxt, assembler.submit(self.batch, nxt)))
-                    ahead_b = nxt + look
-                    if look and ahead_b >= planned and (stop is None or planned < stop):
-                        while touches and touches[0].done():
-                            touches.popleft()
-                        count = stride if stop is None else min(stride, stop - planned)
-                        if len(touches) < 64:  # plan on the pool too: keep the consumer's thread free
-                            touches.append(self.store.submit(self._prefetch, planned, None, count))
-                        planned += count
-                    nxt += 1
+                while queued < ahead + _GROUP and (stop is None or nxt < stop) and self._batch_exists(nxt):
+                    g = 1
+                    while g < _GROUP and (stop is None or nxt + g < stop) and self._batch_exists(nxt + g):
+                        g += 1
+                    pending.append((nxt, g, assembler.submit(self._batch_group, nxt, g)))
+                    queued += g
+                    for _ in range(g):
+                        ahead_b = nxt + look
+                        if look and ahead_b >= planned and (stop is None or planned < stop):
+                            while touches and touches[0].done():
+                                touches.popleft()
+                            count = stride if stop is None else min(stride, stop - planned)
+                            if len(touches) < 64:  # plan on the pool too: keep the consumer's thread free
+                                touches.append(self.store.submit(self._prefetch, planned, None, count))
+                            planned += count
+                        nxt += 1
                 if not pending:
                     return
-                b, fut = pending.popleft()
-                yield b, fut.result()
+                b, g, fut = pending.popleft()
+                queued -= g
+                for i, x in enumerate(fut.result()):
+                    yield b + i, x
         finally:
-            for _, fut in pending:
+            for _, _, fut in pending:
                 fut.cancel()
             for fut in touches:
                 fut.cancel()
             assembler.shutdown(wait=False, cancel_futures=True)
+
+    def _batch_group(self, b: int, g: int) -> list[dict[str, np.ndarray]]:
+        """``[self.batch(b), ..., self.batch(b + g - 1)]`` assembled in one pass (the per-call costs of
+        locating and gathering are paid once for ``g`` batches); each batch is a view of its rows."""
+        if g == 1:
+            return [self.batch(b)]
+        B, rows = self.options.batch_size, self.my_rows
+        ex = (np.arange(b, b + g, dtype=np.int64)[:, None] * B + rows[None, :]).reshape(-1)
+        out = self.cache.wait(lambda: self._examples(ex), timeout_s=self.wait_timeout_s,
+                              poll_s=self.poll_interval_s, what=f"batches {b}..{b + g - 1}")
+        n = rows.size
+        return [{k: v[i * n:(i + 1) * n] for k, v in out.items()} for i in range(g)]
 
     def lookahead_batches(self) -> int:
         """How many batches ahead ``iter_batches`` decodes: about one row group per stream, within budget."""

@@ -25,6 +25,7 @@ REQUIRED = [
     "pipeline_vs_raw", "pipeline_hf_vs_raw_hf", "pipeline_vs_hf_datasets", "pipeline_hf_vs_hf_datasets",
     "pipeline_scaling_2_vs_1", "reader_vs_memmap", "reader_tokens_per_s", "memmap_tokens_per_s",
     "reader_shuffled_vs_memmap", "reader_shuffled_tokens_per_s", "memmap_shuffled_tokens_per_s",
+    "reader_1p_vs_memmap", "reader_shuffled_1p_vs_memmap", "reader_workers_peak_rss_mb",
     "seek_far_vs_near", "ledger_open_s_100k", "bytes_per_token", "pipeline_peak_rss_mb",
     "pipeline_peak_rss_mb_small_shards", "pipeline_peak_rss_ratio_4x_shards", "reader_peak_rss_mb",
     "reader_memory_budget_mb", "reader_rss_growth_vs_budget", "limit_tokens_per_s", "raw_hf_tokens_per_s",
