@@ -12,10 +12,11 @@ divides ``R*`` its streams (hence its chunks) are its own, so no row group is de
 (the batch does not depend on the number of readers) is what makes the assembled batch identical,
 bit for bit, to what one process returns; the tests compare the two.
 
-Batches are views of a ring of shared-memory slots. A slot is refilled only once nothing refers to
-the batch that was in it (CPython reference counts, as for the chunk store's decode buffers). A batch
-that is kept (say, in a list) keeps its memory, and the ring gets a new slot instead, so a batch never
-changes under its holder.
+Batches are views of a ring of shared-memory slots, each holding a group of consecutive batches
+(what one worker pass assembles). A slot is refilled only once nothing refers to any batch that was in
+it (CPython reference counts, as for the chunk store's decode buffers). A batch that is kept (say, in
+a list) keeps its memory, and the ring gets a new slot instead, so a batch never changes under its
+holder.
 
 Workers are started as ``python -m reader.workers`` (not ``multiprocessing``), so a training script
 needs no ``if __name__ == "__main__"`` guard and no fork of a process that runs threads. A worker
@@ -43,8 +44,8 @@ from typing import Any, Iterator
 import numpy as np
 
 _OP_STOP, _OP_FILL, _OP_SLOT = 0, 1, 2  # parent -> worker
-_OP_READY, _OP_DONE, _OP_END, _OP_ERROR = 10, 11, 12, 13  # worker -> parent
-_FILL = struct.Struct("<Bqi")  # op, batch, slot
+_OP_READY, _OP_DONE, _OP_ERROR = 10, 11, 13  # worker -> parent
+_FILL = struct.Struct("<Bqii")  # op, first batch, slot, batches (asked for, or filled)
 _ALIGN = 64
 
 
@@ -122,9 +123,15 @@ class WorkerError(RuntimeError):
 
 class WorkerPool:
     """Batches ``start, start+1, ...`` of ``reader``'s rows, assembled by ``reader.options.num_workers``
-    child processes. Iterate it once; :meth:`close` (or the end of iteration) stops the workers."""
+    child processes. Iterate it once; :meth:`close` (or the end of iteration) stops the workers.
+
+    A slot holds ``group`` consecutive batches (the workers assemble that many in one pass); the ring
+    has ``depth`` slots, all handed to the workers except the one whose batches the caller is reading.
+    """
 
     def __init__(self, reader, start: int = 0, count: int | None = None):
+        from .reader import _GROUP
+
         opts = reader.options
         W = int(opts.num_workers)
         R, r = reader.num_readers, reader.reader_index
@@ -134,14 +141,15 @@ class WorkerPool:
                              f"= {R * W} (each worker serves every {W}th of this reader's rows)")
         self.start = int(start)
         self.stop = None if count is None else self.start + int(count)
-        self.rows = len(reader.my_rows)
-        self.spec = batch_spec(opts, self.rows)
+        self.rows = len(reader.my_rows)  # per batch
+        self.group = _GROUP
+        self.spec = batch_spec(opts, self.group * self.rows)
         self.num_workers = W
-        self.depth = max(1, opts.prefetch_batches) + 3  # slots; the workers run up to depth - 2 ahead
+        self.depth = max(2, -(-max(1, opts.prefetch_batches) // self.group)) + 1  # slots
         self._tag = f"chunkledger-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._nslot = 0
         self._slots: list[_Slot] = []
-        self._retired: list[_Slot] = []  # replaced while a caller still held their batch
+        self._retired: list[_Slot] = []  # replaced while a caller still held one of their batches
         self._procs: list[subprocess.Popen] = []
         self._conns: list[Connection] = []
         self._closed = False
@@ -170,13 +178,13 @@ class WorkerPool:
                     "options": wopts, "num_readers": R * W, "reader_index": r + R * w,
                     "wait_timeout_s": reader.wait_timeout_s, "poll_interval_s": reader.poll_interval_s,
                     "start": self.start, "count": count, "worker": w, "workers": W, "spec": self.spec,
-                    "slots": [s.path for s in self._slots],
+                    "rows": self.rows, "slots": [s.path for s in self._slots],
                 })
             for w in range(W):
                 self._expect(w, _OP_READY)
             for s in self._slots:  # every worker has mapped them: the names can go
                 s.unlink()
-            self._owner: dict[int, int] = {}  # batch -> slot
+            self._owner: dict[int, tuple[int, int]] = {}  # first batch of a granted group -> (slot, batches)
             self._next_grant = self.start
             for k in range(self.depth):
                 if not self._grant(k):
@@ -192,21 +200,21 @@ class WorkerPool:
         return _Slot(path, self.spec, create=True)
 
     def _grant(self, k: int) -> bool:
-        """Ask every worker to fill slot ``k`` with the next batch to grant; False past ``stop``."""
+        """Ask every worker to fill slot ``k`` with the next group of batches; False past ``stop``."""
         b = self._next_grant
-        if self.stop is not None and b >= self.stop:
+        n = self.group if self.stop is None else min(self.group, self.stop - b)
+        if n <= 0:
             return False
-        msg = _FILL.pack(_OP_FILL, b, k)
+        msg = _FILL.pack(_OP_FILL, b, k, n)
         for c in self._conns:
             c.send_bytes(msg)
-        self._owner[b] = k
-        self._next_grant += 1
+        self._owner[b] = (k, n)
+        self._next_grant += n
         return True
 
-    def _reclaim(self, b: int) -> None:
-        """Batch ``b`` was handed out earlier; reuse its slot for the next batch, or give the ring a new
-        slot if the caller still holds ``b``."""
-        k = self._owner.pop(b)
+    def _reclaim(self, k: int) -> None:
+        """The caller is done with slot ``k``'s batches: give the slot the next group, or, if one of them
+        is still held, give the ring a new slot in its place."""
         slot = self._slots[k]
         if not slot.free():
             self._retired.append(slot)
@@ -230,9 +238,9 @@ class WorkerPool:
             raise WorkerError(f"reader worker {w} (pid {proc.pid}) exited with code {code} without a report; "
                               "see its output above (out of memory? killed?)") from None
 
-    def _expect(self, w: int, op: int, b: int | None = None) -> bool:
-        """Receive worker ``w``'s next report; True for ``op`` (and batch ``b``), False for the end of the
-        data; raise the worker's exception on an error."""
+    def _expect(self, w: int, op: int, b: int | None = None) -> int:
+        """Receive worker ``w``'s next report and return its batch count (``op`` with batch ``b``
+        expected); raise the worker's exception if it reports one."""
         msg = self._recv(w)
         got = msg[0]
         if got == _OP_ERROR:
@@ -240,32 +248,32 @@ class WorkerPool:
             if hasattr(exc, "add_note"):
                 exc.add_note(f"(raised in reader worker {w}, pid {self._procs[w].pid}:)\n{tb}")
             raise exc
-        if got == _OP_END:
-            return False
         if got != op or (b is not None and _FILL.unpack(msg)[1] != b):
-            raise WorkerError(f"reader worker {w}: unexpected report {msg[:16]!r} (wanted op {op}, batch {b})")
-        return True
+            raise WorkerError(f"reader worker {w}: unexpected report {msg[:24]!r} (wanted op {op}, batch {b})")
+        return _FILL.unpack(msg)[3] if b is not None else 0
 
     # -- iteration -------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         b = self.start
+        n = self.rows
+        prev = None  # the slot of the group read before this one
         try:
-            while self.stop is None or b < self.stop:
-                if b not in self._owner:
-                    return
-                k = self._owner[b]
-                ended = False
-                for w in range(self.num_workers):
-                    if not self._expect(w, _OP_DONE, b):
-                        ended = True
-                if ended:
-                    return
+            while b in self._owner:
+                k, want = self._owner.pop(b)
+                # batches the workers filled: fewer than asked only at the end of an eval pass
+                got = min(self._expect(w, _OP_DONE, b) for w in range(self.num_workers))
                 slot = self._slots[k]
-                slot.unlink()  # a new slot's name is needed until the workers have mapped it
-                yield b, slot.views()
-                if b - 1 in self._owner and b - 1 >= self.start:  # the caller has let go of b - 1 by now
-                    self._reclaim(b - 1)
-                b += 1
+                slot.unlink()  # a new slot's name is needed only until the workers have mapped it
+                arrays = slot.arrays
+                for i in range(got):
+                    yield b + i, {key: arrays[key][i * n:(i + 1) * n] for key in arrays}
+                    if prev is not None:  # the caller has let go of the previous group's last batch
+                        self._reclaim(prev)
+                        prev = None
+                if got < want:
+                    return  # the end of the data
+                prev = k
+                b += got
         finally:
             self.close()
 
@@ -328,11 +336,16 @@ def _serve(conn: Connection) -> None:
     from .reader import Reader  # after the connection exists, so an import error is reported
 
     setup: dict[str, Any] = conn.recv()
-    w, W, spec = setup["worker"], setup["workers"], setup["spec"]
+    w, W, spec, n = setup["worker"], setup["workers"], setup["spec"], setup["rows"]
     reader = batches = None
+
+    def rows_of(slot: _Slot) -> list[dict[str, np.ndarray]]:
+        """This worker's rows of each batch of a slot: every W-th row, from row w."""
+        per = spec[0][2][0] // n
+        return [{key: a[i * n + w:(i + 1) * n:W] for key, a in slot.arrays.items()} for i in range(per)]
+
     try:
-        slots = {k: _Slot(p, spec, create=False) for k, p in enumerate(setup["slots"])}
-        mine = {k: {key: a[w::W] for key, a in s.arrays.items()} for k, s in slots.items()}
+        slots = {k: rows_of(_Slot(p, spec, create=False)) for k, p in enumerate(setup["slots"])}
         reader = Reader(setup["cache"], setup["options"], num_readers=setup["num_readers"],
                         reader_index=setup["reader_index"], wait_timeout_s=setup["wait_timeout_s"],
                         poll_interval_s=setup["poll_interval_s"], storage_options=setup["storage_options"])
@@ -355,21 +368,22 @@ def _serve(conn: Connection) -> None:
                 return
             if op == _OP_SLOT:
                 (k,) = struct.unpack_from("<i", msg, 1)
-                s = _Slot(msg[5:].decode(), spec, create=False)
-                mine[k] = {key: a[w::W] for key, a in s.arrays.items()}
+                slots[k] = rows_of(_Slot(msg[5:].decode(), spec, create=False))
                 continue
-            _, b, k = _FILL.unpack(msg)
-            try:
-                got, batch = next(batches)
-            except StopIteration:
-                conn.send_bytes(_FILL.pack(_OP_END, b, k))
-                continue
-            if got != b:
-                raise RuntimeError(f"reader worker {w}: produced batch {got}, the parent asked for {b}")
-            dst = mine[k]
-            for key, a in batch.items():
-                np.copyto(dst[key], a, casting="no")
-            conn.send_bytes(_FILL.pack(_OP_DONE, b, k))
+            _, b, k, want = _FILL.unpack(msg)
+            done = 0
+            for i in range(want):
+                try:
+                    got, batch = next(batches)
+                except StopIteration:
+                    break
+                if got != b + i:
+                    raise RuntimeError(f"reader worker {w}: produced batch {got}, the parent asked for {b + i}")
+                dst = slots[k][i]
+                for key, a in batch.items():
+                    np.copyto(dst[key], a, casting="no")
+                done += 1
+            conn.send_bytes(_FILL.pack(_OP_DONE, b, k, done))
     except BaseException as e:  # noqa: BLE001
         try:
             _send_error(conn, e)
