@@ -42,6 +42,8 @@ BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask", "exa
 FLAT_KEYS = ("tokens", "first_positions", "num_tokens", "example_ids", "epochs", "valid")
 LAYOUTS = ("arrays", "flat")
 INDEX_DIR = "index"
+# shuffled reads: batches whose source indices one cipher call computes (see Reader._perm_batches)
+_PERM_BATCHES = 32
 
 
 _AR32: list = [np.zeros(0, np.int32)]
@@ -505,45 +507,64 @@ class Reader:
         return [(int(c), offs[chunks == c]) for c in np.unique(chunks)]
 
     def _source_indices_batches(self, exs: list[np.ndarray]) -> np.ndarray:
-        """``_source_indices`` of several batches' examples, concatenated: the cipher runs once for all the
-        batches not cached yet (its cost is mostly per call), and each batch's answer is cached for the
-        assembler."""
-        if self._shuffle_cfg is None or len(exs) == 1:
-            return np.concatenate([self._source_indices(ex) for ex in exs])
-        keys = [(int(ex[0]), ex.size, ex.tobytes()) if ex.size else None for ex in exs]
-        with self._lock:
-            got = [self._perm_cache.get(k) for k in keys]
-        todo = [i for i, g in enumerate(got) if g is None]
-        if todo:
-            allsrc = np.asarray(order.shuffle_example_indices(np.concatenate([exs[i] for i in todo]),
-                                                              self._shuffle_cfg), dtype=np.int64)
-            parts = np.split(allsrc, np.cumsum([exs[i].size for i in todo])[:-1])
-            with self._lock:
-                for i, src in zip(todo, parts):
-                    src.setflags(write=False)
-                    got[i] = src
-                    self._perm_cache[keys[i]] = src
-                while len(self._perm_cache) > 4096:
-                    self._perm_cache.popitem(last=False)
-        return np.concatenate(got)
+        """``_source_indices`` of several batches' examples, concatenated (see :meth:`_perm_batches`)."""
+        if self._shuffle_cfg is None:
+            return np.concatenate(exs)
+        return np.concatenate(self._perm_batches(exs))
 
     def _source_indices(self, ex: np.ndarray) -> np.ndarray:
         """``pi(ex)`` with a shuffle, else ``ex``. The prefetch planner and the assembler ask for the same
         batches, so recent answers are kept (a few KB) instead of computing the cipher twice."""
         if self._shuffle_cfg is None:
             return ex
-        key = (int(ex[0]), ex.size, ex.tobytes()) if ex.size else None
+        return self._perm_batches([ex])[0]
+
+    def _regular_batch(self, ex: np.ndarray) -> int | None:
+        """``b`` if ``ex`` is this reader's rows of batch ``b`` (``b * B + my_rows``), else None."""
+        rows = self.my_rows
+        if ex.size != rows.size or not ex.size:
+            return None
+        d = ex - rows
+        B = self.options.batch_size
+        b0 = int(d[0])
+        if b0 < 0 or b0 % B or not (d == b0).all():
+            return None
+        return b0 // B
+
+    def _perm_batches(self, exs: list[np.ndarray]) -> list[np.ndarray]:
+        """``pi`` of each array of ``exs``, cached. The cipher's cost is mostly per call (a few hundred
+        small numpy operations whatever the size), so a miss computes every missing array at once, and
+        when the last one is a regular batch ``b`` of this reader, batches ``b+1 .. b+_PERM_BATCHES-1``
+        too: the assembler and the prefetch planner then find almost every batch cached."""
+        keys = [(int(ex[0]), ex.size, ex.tobytes()) if ex.size else None for ex in exs]
         with self._lock:
-            got = self._perm_cache.get(key)
-        if got is not None:
+            got = [self._perm_cache.get(k) for k in keys]
+        todo = [i for i, g in enumerate(got) if g is None]
+        if not todo:
             return got
-        src = np.asarray(order.shuffle_example_indices(ex, self._shuffle_cfg), dtype=np.int64)
-        src.setflags(write=False)
+        arrs = [exs[i] for i in todo]
+        akeys = [keys[i] for i in todo]
+        last = self._regular_batch(exs[todo[-1]])
+        if last is not None:
+            B = self.options.batch_size
+            with self._lock:
+                for b in range(last + 1, last + _PERM_BATCHES):
+                    ex = b * B + self.my_rows
+                    k = (int(ex[0]), ex.size, ex.tobytes())
+                    if k not in self._perm_cache:
+                        arrs.append(ex)
+                        akeys.append(k)
+        allsrc = np.asarray(order.shuffle_example_indices(np.concatenate(arrs), self._shuffle_cfg), dtype=np.int64)
+        parts = np.split(allsrc, np.cumsum([a.size for a in arrs])[:-1])
         with self._lock:
-            self._perm_cache[key] = src
+            for k, src in zip(akeys, parts):
+                src.setflags(write=False)
+                self._perm_cache[k] = src
             while len(self._perm_cache) > 4096:
                 self._perm_cache.popitem(last=False)
-        return src
+        for i, src in zip(todo, parts):
+            got[i] = src
+        return got
 
     # -- assembling examples ---------------------------------------------------------------------------
     def _examples(self, ex: np.ndarray) -> dict[str, np.ndarray]:
