@@ -19,6 +19,7 @@ import collections
 import concurrent.futures as cf
 import dataclasses
 import io
+import itertools
 import json
 import os
 import sys
@@ -228,7 +229,8 @@ class _RangeFile(io.RawIOBase):
 
 
 _MAX_OPEN_FILES = 64
-_MAX_RETIRED = 64  # row groups kept for their buffers after leaving the cache
+_MAX_RETIRED = 64  # row groups kept for their buffers after leaving the cache, even with the cache full
+_RETIRED_SCAN = 16  # retired buffers of a size looked at per decode (those still referred to are skipped)
 _BUFFER_STEP = 16384  # decode buffers are sized in steps of 64 KiB, so similar row groups share them
 
 
@@ -259,7 +261,12 @@ class ChunkStore:
         # Decoded row groups that left the cache (evicted, or released as consumed by a sequential
         # read): their buffers are reused for new decodes once nothing refers to them any more, so a
         # long read writes into memory that is already mapped instead of faulting in fresh pages.
-        self._retired: collections.deque[RowGroup] = collections.deque()
+        # By buffer size (entries), oldest first. Up to _MAX_RETIRED are kept whatever the cache holds, more
+        # while the cache and they together stay within the budget (a read that releases what it has
+        # passed, e.g. a shuffled read at the end of a mixing group, keeps the cache well below it).
+        self._retired: dict[int, collections.OrderedDict[int, RowGroup]] = {}
+        self._retired_count = 0
+        self._retired_bytes = 0
         self.fresh_buffers = 0  # decode buffers allocated (the rest were reused)
         self._pool = cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
         # Local caches: byte ranges are os.pread() calls on descriptors kept open (fsspec opens the file
@@ -301,6 +308,7 @@ class ChunkStore:
                 _, (old, n) = self._lru.popitem(last=False)
                 self._used -= n
                 self._retire(old)
+            self._trim_retired()
         fut.set_result(value)
         return value
 
@@ -309,39 +317,78 @@ class ChunkStore:
         return self._used
 
     def _retire(self, value: Any) -> None:
-        """Keep an evicted row group's buffer for reuse (lock held)."""
+        """Keep an evicted or released row group's buffer for reuse (lock held; see _trim_retired)."""
         if isinstance(value, RowGroup) and value.buf is not None:
-            self._retired.append(value)
-            while len(self._retired) > _MAX_RETIRED:
-                self._retired.popleft()
+            self._retired.setdefault(value.buf.size, collections.OrderedDict())[id(value)] = value
+            self._retired_count += 1
+            self._retired_bytes += value.buf.nbytes
+
+    def _trim_retired(self) -> None:
+        """Forget retired buffers (oldest of the most common size first) beyond _MAX_RETIRED while the cache
+        and they together exceed the budget (lock held)."""
+        while self._retired_count > _MAX_RETIRED and self._used + self._retired_bytes > self.budget:
+            size = max(self._retired, key=lambda k: len(self._retired[k]))
+            bucket = self._retired[size]
+            bucket.popitem(last=False)
+            if not bucket:
+                del self._retired[size]
+            self._retired_count -= 1
+            self._retired_bytes -= size * 4
+
+    @property
+    def retired_buffers(self) -> int:
+        """Buffers of row groups that left the cache, kept for new decodes."""
+        return self._retired_count
 
     def release(self, index: int, group: int) -> None:
-        """Drop row group ``group`` of chunk ``index`` from the cache now (a sequential read is past it);
-        its buffer is reused once nothing refers to it. Only a cache decision: a later read decodes it
-        again."""
+        """Drop row group ``group`` of chunk ``index`` from the cache now (the read is past it); its buffer
+        is reused once nothing refers to it. Only a cache decision: a later read decodes it again."""
+        self.release_range(index, group, group + 1)
+
+    def release_range(self, index: int, lo: int, hi: int) -> int:
+        """:meth:`release` row groups ``lo .. hi-1`` of chunk ``index`` (those in the cache); returns how
+        many were there."""
+        got = 0
         with self._lock:
-            hit = self._lru.pop(("rg", index, group), None)
-            if hit is not None:
-                self._used -= hit[1]
-                self._retire(hit[0])
+            for group in range(lo, hi):
+                hit = self._lru.pop(("rg", index, group), None)
+                if hit is not None:
+                    self._used -= hit[1]
+                    self._retire(hit[0])
+                    got += 1
+            self._trim_retired()
+        return got
+
+    def cached_meta(self, index: int) -> ChunkMeta | None:
+        """Chunk ``index``'s layout if it is in the cache now (never fetches)."""
+        with self._lock:
+            hit = self._lru.get(("chunk", index))
+        return None if hit is None else hit[0]
 
     def _buffer(self, n: int) -> np.ndarray:
         """An int32 buffer of at least ``n`` entries: a retired row group's, when no array, view or
         object refers to it any more (CPython reference counts: the row group, its ``padded`` view and
         the buffer are referenced only from here), else a new one."""
+        size = -(-n // _BUFFER_STEP) * _BUFFER_STEP  # buffers are multiples of the step: n <= size <= n + step
         with self._lock:
-            for k in range(len(self._retired)):  # (not enumerate: its cached tuple would hold `rg`)
-                rg = self._retired[k]
-                buf = rg.buf
-                if not n <= buf.size <= n + _BUFFER_STEP:
+            for want in (size, size + _BUFFER_STEP) if size == n else (size,):
+                bucket = self._retired.get(want)
+                if not bucket:
                     continue
-                # refs: rg -> the deque, `rg`, getrefcount's argument; padded -> rg and the argument;
-                # buf -> rg, padded's base, `buf`, the argument. Anything more is a live user.
-                if sys.getrefcount(rg) == 3 and sys.getrefcount(rg.padded) == 2 and sys.getrefcount(buf) == 4:
-                    del self._retired[k]
-                    return buf
+                for key in list(itertools.islice(bucket, _RETIRED_SCAN)):  # oldest first
+                    rg = bucket[key]
+                    buf = rg.buf
+                    # refs: rg -> the bucket, `rg`, getrefcount's argument; padded -> rg and the argument;
+                    # buf -> rg, padded's base, `buf`, the argument. Anything more is a live user.
+                    if sys.getrefcount(rg) == 3 and sys.getrefcount(rg.padded) == 2 and sys.getrefcount(buf) == 4:
+                        del bucket[key]
+                        if not bucket:
+                            del self._retired[want]
+                        self._retired_count -= 1
+                        self._retired_bytes -= buf.nbytes
+                        return buf
             self.fresh_buffers += 1
-        return np.empty(-(-n // _BUFFER_STEP) * _BUFFER_STEP, np.int32)
+        return np.empty(size, np.int32)
 
     def _count(self, index: int, nbytes: int, *, data: bool | None) -> None:
         """Tally a fetch: ``data`` True for chunk data, False for opening a chunk, None for its footer."""

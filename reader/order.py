@@ -736,3 +736,56 @@ def unshuffle_example_indices(indices: np.ndarray, cfg: ShuffleConfig, *,
                               epoch_length: int | None = None) -> np.ndarray:
     """``pi^{-1}``: the shuffled position at which each original example index is served."""
     return _apply(indices, cfg, epoch_length, inverse=True)
+
+
+def shuffle_group_of_rows(rows: np.ndarray, cfg: ShuffleConfig):
+    """The mixing group of each output row (a row ``t`` is examples ``[t*lanes, (t+1)*lanes)``), without an
+    epoch length: arrays ``(window, lo, hi)``, the group's output rows being ``[lo, hi)`` (the same rows in
+    every lane). A window smaller than one group of full blocks, or of fewer than ``2`` rows per block,
+    is one group. ``pi`` maps a group's rows onto source rows that no other group uses (see
+    :func:`shuffle_group_sources`), so once a read has passed row ``hi - 1`` of every lane it reads,
+    that group's sources are not needed again. Added for the reader's cache (releasing row groups).
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    win, lo, hi = _row_windows(rows, cfg)
+    n = hi - lo
+    g_blocks = cfg.group_blocks
+    b = np.where(n >= cfg.block_rows * g_blocks, cfg.block_rows, n // g_blocks)
+    gsize = np.maximum(b, 1) * g_blocks
+    whole = b < 2
+    grp = np.where(whole, 0, (rows - lo) // gsize)
+    glo = np.where(whole, lo, lo + grp * gsize)
+    ghi = np.where(whole, hi, np.minimum(glo + gsize, hi))
+    return win, glo, ghi
+
+
+def shuffle_group_sources(row: int, lane: int, cfg: ShuffleConfig) -> np.ndarray:
+    """Source rows of lane ``lane`` that the mixing group holding output row ``row`` reads (no epoch
+    length): int64 ``[k, 2]`` row ranges ``[start, stop)``, sorted and merged. Equal to the set
+    ``{pi(t) // lanes : t in the group's rows of that lane}`` (brute-force tested); groups of one window
+    read disjoint sources whose union is the window. Added for the reader's cache.
+    """
+    r = np.asarray([int(row)], dtype=np.int64)
+    win, lo, hi = (int(x[0]) for x in _row_windows(r, cfg))
+    _, glo, ghi = (int(x[0]) for x in shuffle_group_of_rows(r, cfg))
+    n = hi - lo
+    g_blocks = cfg.group_blocks
+    b = cfg.block_rows if n >= cfg.block_rows * g_blocks else n // g_blocks
+    if b < 2:  # one Feistel permutation of the whole window
+        return np.asarray([[lo, hi]], dtype=np.int64)
+    nfull = n // b
+    slots = np.arange((glo - lo) // b, -(-(ghi - lo) // b), dtype=np.int64)
+    full = slots[slots < nfull]
+    wkey = _key(win, lane).astype(np.int64) if cfg.lanes > 1 else np.int64(win)
+    blocks = _feistel(full, np.int64(nfull), _key(cfg.seed, _TAG_BLOCKS, wkey)) if full.size else full
+    ranges = [(lo + int(x) * b, lo + (int(x) + 1) * b) for x in np.sort(blocks)]
+    if slots.size > full.size:  # the partial tail block stays in place
+        ranges.append((lo + nfull * b, hi))
+    ranges.sort()
+    merged: list[list[int]] = []
+    for a, z in ranges:
+        if merged and merged[-1][1] == a:
+            merged[-1][1] = z
+        else:
+            merged.append([a, z])
+    return np.asarray(merged, dtype=np.int64).reshape(-1, 2)

@@ -44,6 +44,8 @@ FLAT_KEYS = ("tokens", "first_positions", "num_tokens", "example_ids", "epochs",
 LAYOUTS = ("arrays", "flat")
 INDEX_DIR = "index"
 _GROUP = 4  # iter_batches assembles this many consecutive batches in one pass
+# shuffled reads: batches whose source indices one cipher call computes (see Reader._perm_batches)
+_PERM_BATCHES = 32
 
 
 _AR32: list = [np.zeros(0, np.int32)]
@@ -264,6 +266,11 @@ class Reader:
         self._perm_cache: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
         self._released: dict[int, int] = {}  # chunk -> row groups before this one were released
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
+        # shuffled packed reads: mixing groups being read (output row lo -> [hi, lanes read]) and the
+        # output row the reads have reached (see _release_groups)
+        self._groups: dict[int, list] = {}
+        self._group_span: tuple[int, int] = (0, 0)
+        self._passed_row = 0
 
     def close(self) -> None:
         for pool in list(self._pools):
@@ -515,9 +522,17 @@ class Reader:
             plan = self._plan(b, rows, count)
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
             return []
-        return [self.store.submit(self._load_chunk_part, c, offs) for c, offs in plan]
+        last_row = -1
+        cfg = self._shuffle_cfg
+        if cfg is not None and self.options.packed and cfg.lanes == self.options.num_streams:  # see _release_groups
+            rows = self.my_rows if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
+            if rows.size:
+                last_row = ((b + count - 1) * self.options.batch_size + int(rows.max())) // cfg.lanes
+        return [self.store.submit(self._load_chunk_part, c, offs, last_row) for c, offs in plan]
 
-    def _load_chunk_part(self, c: int, offs: np.ndarray) -> None:
+    def _load_chunk_part(self, c: int, offs: np.ndarray, last_row: int = -1) -> None:
+        if 0 <= last_row < self._passed_row:  # a shuffled plan the reads have overtaken: already served
+            return
         try:
             meta = self.store.meta(c)
             if not self.options.packed:
@@ -553,45 +568,64 @@ class Reader:
         return [(int(c), offs[chunks == c]) for c in np.unique(chunks)]
 
     def _source_indices_batches(self, exs: list[np.ndarray]) -> np.ndarray:
-        """``_source_indices`` of several batches' examples, concatenated: the cipher runs once for all the
-        batches not cached yet (its cost is mostly per call), and each batch's answer is cached for the
-        assembler."""
-        if self._shuffle_cfg is None or len(exs) == 1:
-            return np.concatenate([self._source_indices(ex) for ex in exs])
-        keys = [(int(ex[0]), ex.size, ex.tobytes()) if ex.size else None for ex in exs]
-        with self._lock:
-            got = [self._perm_cache.get(k) for k in keys]
-        todo = [i for i, g in enumerate(got) if g is None]
-        if todo:
-            allsrc = np.asarray(order.shuffle_example_indices(np.concatenate([exs[i] for i in todo]),
-                                                              self._shuffle_cfg), dtype=np.int64)
-            parts = np.split(allsrc, np.cumsum([exs[i].size for i in todo])[:-1])
-            with self._lock:
-                for i, src in zip(todo, parts):
-                    src.setflags(write=False)
-                    got[i] = src
-                    self._perm_cache[keys[i]] = src
-                while len(self._perm_cache) > 4096:
-                    self._perm_cache.popitem(last=False)
-        return np.concatenate(got)
+        """``_source_indices`` of several batches' examples, concatenated (see :meth:`_perm_batches`)."""
+        if self._shuffle_cfg is None:
+            return np.concatenate(exs)
+        return np.concatenate(self._perm_batches(exs))
 
     def _source_indices(self, ex: np.ndarray) -> np.ndarray:
         """``pi(ex)`` with a shuffle, else ``ex``. The prefetch planner and the assembler ask for the same
         batches, so recent answers are kept (a few KB) instead of computing the cipher twice."""
         if self._shuffle_cfg is None:
             return ex
-        key = (int(ex[0]), ex.size, ex.tobytes()) if ex.size else None
+        return self._perm_batches([ex])[0]
+
+    def _regular_batch(self, ex: np.ndarray) -> int | None:
+        """``b`` if ``ex`` is this reader's rows of batch ``b`` (``b * B + my_rows``), else None."""
+        rows = self.my_rows
+        if ex.size != rows.size or not ex.size:
+            return None
+        d = ex - rows
+        B = self.options.batch_size
+        b0 = int(d[0])
+        if b0 < 0 or b0 % B or not (d == b0).all():
+            return None
+        return b0 // B
+
+    def _perm_batches(self, exs: list[np.ndarray]) -> list[np.ndarray]:
+        """``pi`` of each array of ``exs``, cached. The cipher's cost is mostly per call (a few hundred
+        small numpy operations whatever the size), so a miss computes every missing array at once, and
+        when the last one is a regular batch ``b`` of this reader, batches ``b+1 .. b+_PERM_BATCHES-1``
+        too: the assembler and the prefetch planner then find almost every batch cached."""
+        keys = [(int(ex[0]), ex.size, ex.tobytes()) if ex.size else None for ex in exs]
         with self._lock:
-            got = self._perm_cache.get(key)
-        if got is not None:
+            got = [self._perm_cache.get(k) for k in keys]
+        todo = [i for i, g in enumerate(got) if g is None]
+        if not todo:
             return got
-        src = np.asarray(order.shuffle_example_indices(ex, self._shuffle_cfg), dtype=np.int64)
-        src.setflags(write=False)
+        arrs = [exs[i] for i in todo]
+        akeys = [keys[i] for i in todo]
+        last = self._regular_batch(exs[todo[-1]])
+        if last is not None:
+            B = self.options.batch_size
+            with self._lock:
+                for b in range(last + 1, last + _PERM_BATCHES):
+                    ex = b * B + self.my_rows
+                    k = (int(ex[0]), ex.size, ex.tobytes())
+                    if k not in self._perm_cache:
+                        arrs.append(ex)
+                        akeys.append(k)
+        allsrc = np.asarray(order.shuffle_example_indices(np.concatenate(arrs), self._shuffle_cfg), dtype=np.int64)
+        parts = np.split(allsrc, np.cumsum([a.size for a in arrs])[:-1])
         with self._lock:
-            self._perm_cache[key] = src
+            for k, src in zip(akeys, parts):
+                src.setflags(write=False)
+                self._perm_cache[k] = src
             while len(self._perm_cache) > 4096:
                 self._perm_cache.popitem(last=False)
-        return src
+        for i, src in zip(todo, parts):
+            got[i] = src
+        return got
 
     # -- assembling examples ---------------------------------------------------------------------------
     def _examples(self, ex: np.ndarray) -> dict[str, np.ndarray]:
@@ -601,7 +635,9 @@ class Reader:
         src = self._source_indices(ex)
         s, j = order.split_example_index(src, opts.num_streams)
         if opts.layout == "flat":
-            return self._examples_flat(idx, ex, s, j)
+            out = self._examples_flat(idx, ex, s, j)
+            self._release_groups(idx, ex)
+            return out
         # packed rows are written whole (padding rows are zeroed below), so skip zero-filling them here
         alloc = np.empty if opts.packed else np.zeros
         out = {
@@ -624,6 +660,7 @@ class Reader:
             pad = np.flatnonzero(~out["valid"])
             for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask"):
                 out[k][pad] = 0
+        self._release_groups(idx, ex)
         return out
 
     def _fill_packed(self, idx, s, j, rows, out) -> None:
@@ -664,6 +701,78 @@ class Reader:
                 self._released.pop(next(iter(self._released)))
         for c, g in todo:
             self.store.release(c, g)
+
+    def _release_groups(self, idx, ex: np.ndarray) -> None:
+        """Shuffled packed reads: once the reads have passed a mixing group of the growing-window shuffle
+        (``order.shuffle_group_of_rows``), the row groups that lie wholly inside its source blocks
+        (``order.shuffle_group_sources``) are not needed again this pass, and after the last group of a
+        window, neither are those wholly inside the window (and the one before it: the row group over their
+        boundary). They leave the cache at once, so new decodes reuse their buffers (memory already
+        mapped) instead of faulting in fresh pages. Row groups at block ends may serve another group: the
+        LRU keeps those. Only a cache decision: a read that jumps back decodes again."""
+        cfg = self._shuffle_cfg
+        if cfg is None or not self.options.packed or not ex.size or cfg.lanes != self.options.num_streams:
+            return  # (with lanes == R*, a lane's rows are its stream's positions)
+        lanes = cfg.lanes
+        rows = ex // lanes
+        t_min, t_max = int(rows.min()), int(rows.max())
+        with self._lock:
+            lo, hi = self._group_span
+            fast = lo <= t_min and t_max < hi and lo in self._groups
+        lane_set = np.unique(ex % lanes).tolist()
+        if fast:
+            spans = [(lo, hi)]
+        else:
+            _, glo, ghi = order.shuffle_group_of_rows(np.unique(rows), cfg)
+            spans = sorted(set(zip(glo.tolist(), ghi.tolist())))
+        finished = []
+        with self._lock:
+            for g_lo, g_hi in spans:
+                entry = self._groups.get(g_lo)
+                if entry is None:
+                    entry = self._groups[g_lo] = [g_hi, set()]
+                entry[1].update(lane_set)
+            self._group_span = spans[-1]
+            self._passed_row = t_min  # (a jump back lowers it again)
+            for g_lo in [g for g, (g_hi, _) in self._groups.items() if g_hi <= t_min]:
+                finished.append((g_lo, *self._groups.pop(g_lo)))
+            while len(self._groups) > 64:  # reads far apart (random access): stop tracking the oldest
+                self._groups.pop(next(iter(self._groups)))
+        for g_lo, g_hi, g_lanes in finished:
+            try:
+                self._release_group(idx, g_lo, g_hi, sorted(g_lanes))
+            except Exception:  # noqa: BLE001 - a cache decision never fails a read
+                pass
+
+    def _release_group(self, idx, g_lo: int, g_hi: int, lanes: list[int]) -> None:
+        cfg = self._shuffle_cfg
+        L = self.options.seq_len
+        _, w_lo, w_hi = (int(x[0]) for x in order.shuffle_window_of(np.asarray([g_lo * cfg.lanes]), cfg))
+        w_lo //= cfg.lanes
+        w_hi //= cfg.lanes
+        ranges = {lane: order.shuffle_group_sources(g_lo, lane, cfg).tolist() for lane in lanes}
+        if g_hi >= w_hi:  # the window's last group: the whole window, and the previous one
+            prev = w_lo
+            if w_lo > 0:
+                prev = int(order.shuffle_window_of(np.asarray([(w_lo - 1) * cfg.lanes]), cfg)[1][0]) // cfg.lanes
+            for lane in lanes:
+                ranges[lane].append([prev, w_hi])
+        for lane, rr in ranges.items():
+            s = lane % idx.r
+            for r0, r1 in rr:
+                self._release_stream_range(idx, s, r0 * L, r1 * L)
+
+    def _release_stream_range(self, idx, s: int, lo: int, hi: int) -> None:
+        """Release the cached row groups that lie wholly inside tokens ``[lo, hi)`` of stream ``s``."""
+        for _, c, a, b in idx.pieces(s, lo, hi):
+            meta = self.store.cached_meta(c)
+            if meta is None:  # not in the cache: neither are its row groups, most likely
+                continue
+            starts = meta.rg_token_starts
+            g0 = int(np.searchsorted(starts, a, side="left"))  # first row group starting at or after a
+            g1 = int(np.searchsorted(starts, b, side="right")) - 1  # row groups ending at or before b
+            if g1 > g0:
+                self.store.release_range(c, g0, g1)
 
     def _classify_windows(self, idx, s, j, rows, out):
         """Locate packed windows (setting ``out["epochs"]``) and sort them into ``recs`` (inside one row

@@ -241,3 +241,34 @@ def test_defaults_are_for_reader_of_the_pipeline_default_cache():
     d = ShuffleConfig(seed=3, lanes=16)
     f = ShuffleConfig.for_reader(3, seq_len=2048, ideal_readers=16, batch_size=64, row_group_tokens=1 << 20)
     assert d == f
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs(), st.integers(1, 600))
+def test_group_sources_are_exactly_what_the_group_reads(cfg, nrows):
+    # shuffle_group_of_rows / shuffle_group_sources (used by the reader to release consumed row groups):
+    # every output row lies in its group; a group's rows map onto exactly the listed source rows, in
+    # every lane; and the groups of a window read disjoint sources.
+    rows = np.arange(nrows)
+    win, glo, ghi = order.shuffle_group_of_rows(rows, cfg)
+    assert ((glo <= rows) & (rows < ghi)).all()
+    wwin, wlo, whi = order._row_windows(rows, cfg)
+    assert np.array_equal(win, wwin) and (glo >= wlo).all() and (ghi <= whi).all()
+    L = cfg.lanes
+    for lane in sorted({0, L - 1}):
+        src = shuffle_example_indices(rows * L + lane, cfg) // L
+        seen: dict[int, set] = {}
+        for g in np.unique(glo).tolist():
+            in_group = glo == g
+            hi = int(ghi[in_group][0])
+            if hi > nrows:  # group not wholly inside the sample
+                continue
+            rng = order.shuffle_group_sources(g, lane, cfg)
+            assert (np.diff(rng.reshape(-1)) > 0).all()  # sorted, merged, non-empty ranges
+            want = np.concatenate([np.arange(a, z) for a, z in rng.tolist()])
+            assert np.array_equal(np.sort(src[in_group]), want)
+            w = int(win[in_group][0])
+            assert not (seen.setdefault(w, set()) & set(want.tolist()))
+            seen[w] |= set(want.tolist())
+            # any row of the group names the same group
+            assert np.array_equal(order.shuffle_group_sources(hi - 1, lane, cfg), rng)

@@ -280,7 +280,7 @@ def test_buffers_of_released_row_groups_are_reused_only_when_nothing_refers_to_t
 
 def test_a_sequential_read_releases_what_it_has_passed():
     """Unshuffled packed reading keeps only the row groups ahead of its windows, and decodes into reused
-    buffers; a shuffled read leaves the cache to its LRU."""
+    buffers (shuffled reads: test_reader_shuffle.py)."""
     root = tempfile.mkdtemp(prefix="cl-chunks-")
     try:
         chunks = cachegen.random_chunks(np.random.default_rng(8), 4, empty_prob=0.0, huge_prob=0.0,
@@ -297,6 +297,38 @@ def test_a_sequential_read_releases_what_it_has_passed():
         with Reader(root, ReadOptions(seq_len=4, batch_size=2, ideal_readers=2, shuffle_seed=1)) as rd:
             for b, _ in rd.iter_batches(0, 100):
                 pass
-            assert not rd._released and rd.store.fresh_buffers == rd.store.decodes
+            assert not rd._released  # the per-chunk rule is for unshuffled reads only
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_released_buffers_are_kept_within_the_budget(cache_dir, monkeypatch):
+    """Beyond _MAX_RETIRED, released row groups' buffers are kept only while the cache and they together
+    fit the memory budget; kept ones serve new decodes (fresh_buffers stays put)."""
+    from reader import chunks as chunks_mod
+    root, chunks, entries = cache_dir
+    monkeypatch.setattr(chunks_mod, "_MAX_RETIRED", 2)
+    keys = [(c, g) for c in range(len(entries)) for g in range(len(_sidecar(root, entries[c])["row_group_index"]))]
+    assert len(keys) >= 8
+    with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
+        st = rd.store
+        for c, g in keys:
+            st.row_group(c, g)
+        assert st.fresh_buffers == len(keys)
+        for c, g in keys:
+            assert st.release_range(c, g, g + 1) == 1
+        assert st.retired_buffers == len(keys)  # a large budget keeps them all
+        for c, g in keys:  # decoded again into the released buffers
+            assert st.row_group(c, g).tokens.size == int(np.diff(st.meta(c).rg_token_starts)[g])
+        assert st.fresh_buffers == len(keys) and st.retired_buffers == 0
+        for c, g in keys:
+            st.release(c, g)
+        assert st.retired_buffers == len(keys)
+        st.budget = st.used_bytes + 5 * 4 * chunks_mod._BUFFER_STEP  # room for five buffers beside the cache
+        st.release(0, 10**6)  # (any release trims the kept buffers)
+        assert st.retired_buffers == 5
+        st.budget = 1
+        st.release(0, 10**6)
+        assert st.retired_buffers == 2  # _MAX_RETIRED, whatever the budget
+        st.row_group(*keys[0])
+        assert st.fresh_buffers == len(keys) and st.retired_buffers == 1

@@ -149,3 +149,68 @@ def test_R_invariance_and_seek_equals_iterate_with_shuffle(tmp, setup):
             again = one.rows(b, np.arange(B)[::-1])
             for k in KEYS:
                 assert np.array_equal(again[k], whole[b][k][::-1]), k
+
+
+def _release_setup(tmp):
+    chunks = cachegen.random_chunks(np.random.default_rng(21), 8, empty_prob=0.0, huge_prob=0.0,
+                                    max_docs=80, max_len=40)
+    cachegen.write_synthetic_cache(tmp, chunks, chunks_per_shard=[4, 4], row_group_tokens=16)
+    # rows of 4 tokens; blocks of 8 rows (32 tokens: about two row groups), groups of 4 blocks, windows
+    # of 4, 8, 16, 32 and then 64 rows (two groups)
+    cfg = order.ShuffleConfig(seed=5, first_window=8, growth=2.0, max_window=128, block_size=16,
+                              group_size=64, lanes=2)
+    return chunks, cfg
+
+
+@pytest.mark.parametrize("layout", ["flat", "arrays"])
+def test_a_shuffled_read_releases_the_mixing_groups_it_has_passed(tmp, monkeypatch, layout):
+    """Once the reads pass a mixing group, the row groups inside its source blocks leave the cache and
+    new decodes reuse their buffers; nothing is decoded more often than without releasing, and the
+    batches (also read again after the release) are the permuted plain examples."""
+    _, cfg = _release_setup(tmp)
+    B, N = 4, 126  # 2 rows of each stream per batch: 252 rows = windows 0..6, within one pass
+    opts = ReadOptions(seq_len=4, batch_size=B, ideal_readers=2, shuffle=cfg, layout=layout)
+    with Reader(tmp, opts) as rd:
+        assert 2 * N < min(int(rd.stream_index().epoch_units(s, 0)) // 4 for s in range(2))  # one pass
+        got = [rd.batch(b) for b in range(N)]
+        st = rd.store
+        released_decodes, fresh = st.decodes, st.fresh_buffers
+        cached = len([k for k in st._lru if k[0] == "rg"])
+        assert released_decodes >= 60
+        assert fresh < released_decodes / 2  # the rest were decoded into released row groups' buffers
+        assert cached < released_decodes / 3  # the cache holds the current window's groups, not all
+        again = [rd.batch(b) for b in (0, 7, 100)]  # released long ago: decoded again, same batches
+        assert st.decodes > released_decodes
+    monkeypatch.setattr(Reader, "_release_groups", lambda self, idx, ex: None)
+    with Reader(tmp, opts) as rd, Reader(tmp, ReadOptions(seq_len=4, batch_size=B, ideal_readers=2,
+                                                           layout=layout)) as plain:
+        for b in range(N):
+            want = rd.batch(b)
+            for k in want:
+                assert np.array_equal(got[b][k], want[k]), (b, k)
+        assert rd.store.decodes == released_decodes  # releasing never made a row group decode twice
+        assert rd.store.fresh_buffers == rd.store.decodes
+        for b, x in zip((0, 7, 100), again):
+            src = order.shuffle_example_indices(b * B + np.arange(B), cfg)
+            want = plain.examples(src)
+            for k in x:
+                if k != "example_ids":
+                    assert np.array_equal(x[k], want[k]), (b, k)
+
+
+def test_shuffled_prefetch_and_release_give_the_same_batches(tmp):
+    """With the background threads: iter_batches (prefetching, releasing) equals batch() one by one on a
+    reader that never releases, and the prefetch decodes into released buffers too."""
+    _, cfg = _release_setup(tmp)
+    opts = ReadOptions(seq_len=4, batch_size=4, ideal_readers=2, shuffle=cfg, layout="flat")
+    with Reader(tmp, opts) as rd, Reader(tmp, opts) as ref:
+        ref._release_groups = lambda idx, ex: None
+        n = 0
+        for b, x in rd.iter_batches(0, 220):
+            want = ref.batch(b)
+            for k in want:
+                assert np.array_equal(x[k], want[k]), (b, k)
+            n += 1
+        assert n == 220
+        assert rd.store.fresh_buffers < rd.store.decodes / 2
+        assert ref.store.fresh_buffers == ref.store.decodes
