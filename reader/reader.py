@@ -484,14 +484,15 @@ class Reader:
                 fut.cancel()
             assembler.shutdown(wait=False, cancel_futures=True)
 
-    def _batch_group(self, b: int, g: int) -> list[dict[str, np.ndarray]]:
+    def _batch_group(self, b: int, g: int, out: dict[str, np.ndarray] | None = None) -> list[dict[str, np.ndarray]]:
         """``[self.batch(b), ..., self.batch(b + g - 1)]`` assembled in one pass (the per-call costs of
-        locating and gathering are paid once for ``g`` batches); each batch is a view of its rows."""
-        if g == 1:
+        locating and gathering are paid once for ``g`` batches); each batch is a view of its rows.
+        ``out``: arrays of ``g * rows`` rows to assemble into (see :meth:`_examples`)."""
+        if g == 1 and out is None:
             return [self.batch(b)]
         B, rows = self.options.batch_size, self.my_rows
         ex = (np.arange(b, b + g, dtype=np.int64)[:, None] * B + rows[None, :]).reshape(-1)
-        out = self.cache.wait(lambda: self._examples(ex), timeout_s=self.wait_timeout_s,
+        out = self.cache.wait(lambda: self._examples(ex, out), timeout_s=self.wait_timeout_s,
                               poll_s=self.poll_interval_s, what=f"batches {b}..{b + g - 1}")
         n = rows.size
         return [{k: v[i * n:(i + 1) * n] for k, v in out.items()} for i in range(g)]
@@ -628,16 +629,23 @@ class Reader:
         return got
 
     # -- assembling examples ---------------------------------------------------------------------------
-    def _examples(self, ex: np.ndarray) -> dict[str, np.ndarray]:
+    def _examples(self, ex: np.ndarray, into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The examples ``ex`` as a batch dict. ``into``: arrays (any row strides; the worker processes
+        pass their rows of a shared-memory slot) that receive the result and are returned."""
         opts = self.options
         L, n = opts.seq_len, ex.size
         idx = self.stream_index()
         src = self._source_indices(ex)
         s, j = order.split_example_index(src, opts.num_streams)
-        if opts.layout == "flat":
-            out = self._examples_flat(idx, ex, s, j)
+        if opts.layout == "flat":  # written in place, row by row
+            out = self._examples_flat(idx, ex, s, j, into)
             self._release_groups(idx, ex)
             return out
+        if into is not None:
+            got = self._examples(ex)
+            for k, v in got.items():
+                np.copyto(into[k], v, casting="no")
+            return into
         # packed rows are written whole (padding rows are zeroed below), so skip zero-filling them here
         alloc = np.empty if opts.packed else np.zeros
         out = {
@@ -808,22 +816,32 @@ class Reader:
         """Rows that hold an example; in eval mode the rows past the end of the pass become padding
         (``valid`` False, ``example_ids`` -1). Waits (NotYetAvailable) while the end is unknown."""
         if self.options.eval_mode:
-            out["valid"] = j < self._eval_limit(idx, j)
+            out["valid"][...] = j < self._eval_limit(idx, j)
             out["example_ids"][~out["valid"]] = -1
         return np.flatnonzero(out["valid"])
 
     # -- layout="flat" ---------------------------------------------------------------------------------
-    def _examples_flat(self, idx, ex: np.ndarray, s: np.ndarray, j: np.ndarray) -> dict[str, np.ndarray]:
-        """Packed examples in the flat-tokens layout (see :func:`expand_flat`)."""
+    def _examples_flat(self, idx, ex: np.ndarray, s: np.ndarray, j: np.ndarray,
+                       into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Packed examples in the flat-tokens layout (see :func:`expand_flat`); into ``into`` if given
+        (rows may be strided: everything below writes whole rows or indexes [row, column])."""
         L, n = self.options.seq_len, ex.size
-        out = {
-            "tokens": np.empty((n, L + 1), np.uint32),
-            "first_positions": np.zeros(n, np.int32),
-            "num_tokens": np.full(n, L, np.int32),
-            "example_ids": ex.astype(np.int64, copy=True),
-            "epochs": np.full(n, -1, np.int64),
-            "valid": np.ones(n, bool),
-        }
+        if into is None:
+            out = {
+                "tokens": np.empty((n, L + 1), np.uint32),
+                "first_positions": np.zeros(n, np.int32),
+                "num_tokens": np.full(n, L, np.int32),
+                "example_ids": ex.astype(np.int64, copy=True),
+                "epochs": np.full(n, -1, np.int64),
+                "valid": np.ones(n, bool),
+            }
+        else:
+            out = into
+            out["first_positions"][:] = 0
+            out["num_tokens"][:] = L
+            out["example_ids"][:] = ex
+            out["epochs"][:] = -1
+            out["valid"][:] = True
         sel = self._valid_rows(idx, j, out)
         if sel.size:
             s, j = s[sel], j[sel]
@@ -864,11 +882,11 @@ class Reader:
                 shl(p[a:a + k * L:L], 1, out=dst[:, 0])
         rows, first, owner, offset = _doc_starts_in_windows(recs, groups, L)
         out["first_positions"][rows] = first
-        flat = out["tokens"].reshape(-1)
-        flat[rows[owner] * (L + 1) + 1 + offset] += np.uint32(1)
+        tok = out["tokens"]  # [row, column] indexing: rows may be strided (a worker's rows of a slot)
+        tok[rows[owner], 1 + offset] += np.uint32(1)
         at_start = rows[first == 0]  # windows that begin a document: start bit, and no previous token
-        flat[at_start * (L + 1) + 1] += np.uint32(1)
-        flat[at_start * (L + 1)] = 0
+        tok[at_start, 1] += np.uint32(1)
+        tok[at_start, 0] = 0
 
     def _flat_cross_row(self, c: int, g: int, a: int, la: int, r: int, out) -> None:
         """A window over two row groups of one chunk (the second begins with a document)."""

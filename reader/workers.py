@@ -317,21 +317,6 @@ def _send_error(conn: Connection, e: BaseException) -> None:
     conn.send_bytes(bytes([_OP_ERROR]) + payload)
 
 
-def _inline_batches(reader, start: int, count: int | None):
-    """``reader.iter_batches(start, count)`` without threads: groups of batches assembled on demand."""
-    from .reader import _GROUP
-
-    stop = None if count is None else start + count
-    b = start
-    while (stop is None or b < stop) and reader._batch_exists(b):
-        g = 1
-        while g < _GROUP and (stop is None or b + g < stop) and reader._batch_exists(b + g):
-            g += 1
-        for i, x in enumerate(reader._batch_group(b, g)):
-            yield b + i, x
-        b += g
-
-
 def _serve(conn: Connection) -> None:
     from .reader import Reader  # after the connection exists, so an import error is reported
 
@@ -339,19 +324,17 @@ def _serve(conn: Connection) -> None:
     w, W, spec, n = setup["worker"], setup["workers"], setup["spec"], setup["rows"]
     reader = batches = None
 
-    def rows_of(slot: _Slot) -> list[dict[str, np.ndarray]]:
-        """This worker's rows of each batch of a slot: every W-th row, from row w."""
-        per = spec[0][2][0] // n
-        return [{key: a[i * n + w:(i + 1) * n:W] for key, a in slot.arrays.items()} for i in range(per)]
+    def rows_of(slot: _Slot) -> dict[str, np.ndarray]:
+        """This worker's rows of a slot: every W-th row from row w (batch i's are [i * n/W, (i+1) * n/W))."""
+        return {key: a[w::W] for key, a in slot.arrays.items()}
 
     try:
         slots = {k: rows_of(_Slot(p, spec, create=False)) for k, p in enumerate(setup["slots"])}
         reader = Reader(setup["cache"], setup["options"], num_readers=setup["num_readers"],
                         reader_index=setup["reader_index"], wait_timeout_s=setup["wait_timeout_s"],
                         poll_interval_s=setup["poll_interval_s"], storage_options=setup["storage_options"])
-        if reader.options.prefetch_threads == 0:  # all on this thread: the least CPU per batch
-            batches = _inline_batches(reader, setup["start"], setup["count"])
-        else:
+        inline = reader.options.prefetch_threads == 0  # all on this thread: the least CPU per batch
+        if not inline:
             batches = reader.iter_batches(setup["start"], setup["count"])
     except BaseException as e:  # noqa: BLE001
         _send_error(conn, e)
@@ -371,18 +354,24 @@ def _serve(conn: Connection) -> None:
                 slots[k] = rows_of(_Slot(msg[5:].decode(), spec, create=False))
                 continue
             _, b, k, want = _FILL.unpack(msg)
+            per = n // W  # this worker's rows per batch
             done = 0
-            for i in range(want):
-                try:
-                    got, batch = next(batches)
-                except StopIteration:
-                    break
-                if got != b + i:
-                    raise RuntimeError(f"reader worker {w}: produced batch {got}, the parent asked for {b + i}")
-                dst = slots[k][i]
-                for key, a in batch.items():
-                    np.copyto(dst[key], a, casting="no")
-                done += 1
+            if inline:  # assembled straight into the slot, the whole group in one pass
+                while done < want and reader._batch_exists(b + done):
+                    done += 1
+                if done:
+                    reader._batch_group(b, done, {key: a[:done * per] for key, a in slots[k].items()})
+            else:
+                for i in range(want):
+                    try:
+                        got, batch = next(batches)
+                    except StopIteration:
+                        break
+                    if got != b + i:
+                        raise RuntimeError(f"reader worker {w}: produced batch {got}, the parent asked for {b + i}")
+                    for key, a in batch.items():
+                        np.copyto(slots[k][key][i * per:(i + 1) * per], a, casting="no")
+                    done += 1
             conn.send_bytes(_FILL.pack(_OP_DONE, b, k, done))
     except BaseException as e:  # noqa: BLE001
         try:

@@ -174,3 +174,18 @@ def test_batch_spec_is_what_the_reader_returns(cache):
         assert [k for k, _, _ in spec] == list(x)
         for k, d, s in spec:
             assert x[k].dtype == d and x[k].shape == s, k
+
+
+def test_workers_with_prefetch_threads_serve_the_same_batches(cache, monkeypatch):
+    """On a remote cache the workers keep their prefetch threads and copy iter_batches' batches into the
+    slots (here: a local cache the parent is told is remote)."""
+    from reader.cache import Cache
+
+    opts = ReadOptions(seq_len=16, batch_size=8, ideal_readers=4, layout="flat", shuffle_seed=2, num_workers=2)
+    want = in_process(cache, opts, 5, 30)
+    with Reader(cache, opts) as rd:
+        monkeypatch.setattr(Cache, "is_local", property(lambda self: False))
+        got = list(rd.iter_batches(5, 30))
+        monkeypatch.undo()
+    for (b, x), (_, y) in zip(got, want, strict=True):
+        same(x, y, b)
