@@ -235,7 +235,10 @@ def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per
                                        "uncompressed_bytes": int(chunks_per_shard[s]) * 1000}))
                 os.replace(done + ".tmp", done)
         time.sleep(delay)
-        entries = [json.load(open(os.path.join(root, fmt.sidecar_path(int(s), int(k))))) for s, k in rr]
+        entries = []
+        for s, k in rr:
+            with open(os.path.join(root, fmt.sidecar_path(int(s), int(k)))) as f:
+                entries.append(json.load(f))
         finish_cache(root, entries)
 
     t = threading.Thread(target=run)

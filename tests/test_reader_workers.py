@@ -103,9 +103,11 @@ def test_a_worker_error_is_raised_in_the_consumer_with_its_traceback(cache, tmp_
     bad = str(tmp_path / "bad")
     shutil.copytree(cache, bad)
     victim = sorted(glob.glob(os.path.join(bad, "chunks", "shard-00000", "chunk-*.parquet")))[1]
-    data = bytearray(open(victim, "rb").read())
+    with open(victim, "rb") as f:
+        data = bytearray(f.read())
     data[len(data) // 3] ^= 0xFF
-    open(victim, "wb").write(bytes(data))
+    with open(victim, "wb") as f:
+        f.write(bytes(data))
     opts = ReadOptions(seq_len=16, batch_size=8, ideal_readers=4, layout="flat", num_workers=2)
     with Reader(bad, opts) as rd:
         with pytest.raises(ChunkError) as e:
