@@ -84,10 +84,20 @@ class _Slot:
         fd = os.open(path, flags, 0o600)
         try:
             if create:
-                os.ftruncate(fd, size)
+                try:  # reserve the pages now: a full tmpfs must fail here, not with SIGBUS on first write
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as e:
+                    os.close(fd)
+                    fd = -1
+                    os.unlink(path)
+                    raise OSError(e.errno, f"cannot reserve {size} bytes of shared memory in "
+                                           f"{os.path.dirname(path)} for reader worker batches ({e.strerror}). "
+                                           "In Docker, raise --shm-size; or use fewer num_workers or "
+                                           "prefetch_batches.") from None
             mm = mmap.mmap(fd, size)
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         self.path = path
         self.linked = True
         # the arrays keep the mapping alive (no explicit close: a caller's views may outlive the ring)
@@ -112,10 +122,6 @@ class _Slot:
                 return False
         return True
 
-    def views(self) -> dict[str, np.ndarray]:
-        arrays = self.arrays
-        return {k: arrays[k].view() for k in arrays}
-
 
 class WorkerError(RuntimeError):
     """A reader worker process exited without reporting an exception (killed, out of memory, ...)."""
@@ -126,7 +132,8 @@ class WorkerPool:
     child processes. Iterate it once; :meth:`close` (or the end of iteration) stops the workers.
 
     A slot holds ``group`` consecutive batches (the workers assemble that many in one pass); the ring
-    has ``depth`` slots, all handed to the workers except the one whose batches the caller is reading.
+    has ``depth`` slots. A slot goes back to the workers when the caller has moved past its batches
+    and holds none of them (else a new slot takes its place in the ring).
     """
 
     def __init__(self, reader, start: int = 0, count: int | None = None):
@@ -205,9 +212,7 @@ class WorkerPool:
         n = self.group if self.stop is None else min(self.group, self.stop - b)
         if n <= 0:
             return False
-        msg = _FILL.pack(_OP_FILL, b, k, n)
-        for c in self._conns:
-            c.send_bytes(msg)
+        self._send(_FILL.pack(_OP_FILL, b, k, n))
         self._owner[b] = (k, n)
         self._next_grant += n
         return True
@@ -220,23 +225,43 @@ class WorkerPool:
             self._retired.append(slot)
             self._retired = [s for s in self._retired if not s.free()]
             slot = self._slots[k] = self._new_slot()  # unlinked once the workers have filled it
-            msg = bytes([_OP_SLOT]) + struct.pack("<i", k) + slot.path.encode()
-            for c in self._conns:
-                c.send_bytes(msg)
+            self._send(bytes([_OP_SLOT]) + struct.pack("<i", k) + slot.path.encode())
         self._grant(k)
 
     # -- messages ------------------------------------------------------------------------------------
+    def _send(self, msg: bytes) -> None:
+        for w, c in enumerate(self._conns):
+            try:
+                c.send_bytes(msg)
+            except OSError:  # the worker is gone: raise the error it reported, if it did
+                while True:
+                    try:
+                        got = self._conns[w].recv_bytes()
+                    except (EOFError, OSError):
+                        self._dead(w)
+                    if got[0] == _OP_ERROR:
+                        self._raise(w, got)
+
     def _recv(self, w: int) -> bytes:
         try:
             return self._conns[w].recv_bytes()
         except (EOFError, OSError):  # only the worker holds the other end: it has exited
-            proc = self._procs[w]
-            try:
-                code = proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                code = "unknown (still running)"
-            raise WorkerError(f"reader worker {w} (pid {proc.pid}) exited with code {code} without a report; "
-                              "see its output above (out of memory? killed?)") from None
+            self._dead(w)
+
+    def _raise(self, w: int, msg: bytes):
+        exc, tb = pickle.loads(msg[1:])
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"(raised in reader worker {w}, pid {self._procs[w].pid}:)\n{tb}")
+        raise exc
+
+    def _dead(self, w: int):
+        proc = self._procs[w]
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = "unknown (still running)"
+        raise WorkerError(f"reader worker {w} (pid {proc.pid}) exited with code {code} without a report; "
+                          "see its output above (out of memory? killed?)") from None
 
     def _expect(self, w: int, op: int, b: int | None = None) -> int:
         """Receive worker ``w``'s next report and return its batch count (``op`` with batch ``b``
@@ -244,10 +269,7 @@ class WorkerPool:
         msg = self._recv(w)
         got = msg[0]
         if got == _OP_ERROR:
-            exc, tb = pickle.loads(msg[1:])
-            if hasattr(exc, "add_note"):
-                exc.add_note(f"(raised in reader worker {w}, pid {self._procs[w].pid}:)\n{tb}")
-            raise exc
+            self._raise(w, msg)
         if got != op or (b is not None and _FILL.unpack(msg)[1] != b):
             raise WorkerError(f"reader worker {w}: unexpected report {msg[:24]!r} (wanted op {op}, batch {b})")
         return _FILL.unpack(msg)[3] if b is not None else 0
@@ -286,9 +308,9 @@ class WorkerPool:
                 c.send_bytes(bytes([_OP_STOP]))
             except OSError:
                 pass
-        for p in self._procs:
+        for p in self._procs:  # a worker finishes its current group first (it may be waiting on a build)
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

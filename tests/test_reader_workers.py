@@ -191,3 +191,20 @@ def test_workers_with_prefetch_threads_serve_the_same_batches(cache, monkeypatch
         monkeypatch.undo()
     for (b, x), (_, y) in zip(got, want, strict=True):
         same(x, y, b)
+
+
+def test_a_full_shared_memory_folder_is_a_clear_error_not_a_crash(cache, monkeypatch):
+    """posix_fallocate reserves the slot's pages up front: a full /dev/shm (Docker's 64 MB default) fails
+    with a message naming the fix, instead of SIGBUS when a worker first writes."""
+    import errno
+
+    def full(fd, off, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = shm_files()
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    opts = ReadOptions(seq_len=16, batch_size=8, ideal_readers=4, layout="flat", num_workers=2)
+    with Reader(cache, opts) as rd:
+        with pytest.raises(OSError, match="--shm-size"):
+            next(rd.iter_batches(0, 3))
+    assert not shm_files() - before
