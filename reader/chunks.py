@@ -521,6 +521,25 @@ class ChunkStore:
     def row_group(self, index: int, group: int) -> RowGroup:
         return self._get(("rg", index, group), lambda: self._load_row_group(index, group))
 
+    def row_groups(self, keys) -> dict[tuple[int, int], RowGroup]:
+        """``{(chunk, group): row_group(chunk, group)}`` for ``keys`` (in their order, duplicates once):
+        the cached ones under one lock, the rest through :meth:`row_group`."""
+        out: dict[tuple[int, int], Any] = dict.fromkeys(keys)
+        miss = []
+        with self._lock:
+            lru = self._lru
+            for key in out:
+                k = ("rg", *key)
+                hit = lru.get(k)
+                if hit is None:
+                    miss.append(key)
+                else:
+                    lru.move_to_end(k)
+                    out[key] = hit[0]
+        for c, g in miss:
+            out[(c, g)] = self.row_group(c, g)
+        return out
+
     def _fetch_row_group(self, m: ChunkMeta, group: int) -> bytes:
         off, length = (int(x) for x in m.rg_ranges[group])
         if m.data is not None:

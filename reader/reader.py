@@ -97,7 +97,9 @@ def _doc_starts_in_windows(recs, groups: dict, L: int):
     keys = list(groups)
     u = np.searchsorted(np.asarray([c * (1 << 24) + g for c, g in keys], np.int64),
                         arr[:, 0] * (1 << 24) + arr[:, 1])
-    ds = np.concatenate([groups[kk].doc_starts + q * shift for q, kk in enumerate(keys)])
+    dss = [groups[kk].doc_starts for kk in keys]
+    ds = np.concatenate(dss)  # a new array: shifted in place
+    ds += np.repeat(np.arange(len(dss), dtype=np.int64) * shift, [d.size for d in dss])
     key = u * shift + arr[:, 2]
     lo = np.searchsorted(ds, key, side="right") - 1  # the document holding each window's first token
     hi = np.searchsorted(ds, key + L, side="left")  # ds[lo+1:hi]: document starts inside the window
@@ -801,13 +803,11 @@ class Reader:
         and first positions from the row groups' document starts, for the whole batch at once."""
         L = self.options.seq_len
         W = out["tokens"].view(np.int32)  # 2*token as int32 bits: the same bytes as the uint32 value
-        groups: dict[tuple[int, int], RowGroup] = {}
+        runs = list(_window_runs(recs, L))
+        groups = self.store.row_groups([(c, g) for c, g, *_ in runs])  # (sorted: recs are)
         shl = np.left_shift
-        for c, g, a, r, k, step in _window_runs(recs, L):
-            rg = groups.get((c, g))
-            if rg is None:
-                rg = groups[(c, g)] = self.store.row_group(c, g)
-            p = rg.padded
+        for c, g, a, r, k, step in runs:
+            p = groups[(c, g)].padded
             if k == 1:
                 shl(p[a:a + L + 1], 1, out=W[r])
             else:  # k consecutive windows: their tokens in one pass, their previous tokens in another
@@ -881,11 +881,10 @@ class Reader:
         document starts for the whole batch at once (a few hundred segments, not one pass per token)."""
         L = self.options.seq_len
         tg, ip = out["targets"], out["inputs"]
-        groups: dict[tuple[int, int], RowGroup] = {}
-        for c, g, a, r, k, step in _window_runs(recs, L):
-            rg = groups.get((c, g))
-            if rg is None:
-                rg = groups[(c, g)] = self.store.row_group(c, g)
+        runs = list(_window_runs(recs, L))
+        groups = self.store.row_groups([(c, g) for c, g, *_ in runs])  # (sorted: recs are)
+        for c, g, a, r, k, step in runs:
+            rg = groups[(c, g)]
             if k == 1:
                 tg[r] = rg.padded[a + 1:a + 1 + L]
                 ip[r] = rg.padded[a:a + L]
