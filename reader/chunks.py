@@ -280,7 +280,9 @@ class ChunkStore:
         self._closer()
 
     # -- LRU ------------------------------------------------------------------------------------------
-    def _get(self, key: Any, load: Callable[[], tuple[Any, int]]) -> Any:
+    def _get(self, key: Any, load: Callable[[], tuple[Any, int]], wait: bool = True) -> Any:
+        """The cached value of ``key``, else ``load()`` it (once, whoever asks meanwhile waits for it);
+        ``wait=False``: return None instead of waiting for a load another thread runs."""
         with self._lock:
             hit = self._lru.get(key)
             if hit is not None:
@@ -292,7 +294,7 @@ class ChunkStore:
                 fut = cf.Future()
                 self._inflight[key] = fut
         if not owner:
-            return fut.result()
+            return fut.result() if wait else None
         try:
             value, nbytes = load()
         except BaseException as e:
@@ -520,6 +522,11 @@ class ChunkStore:
 
     def row_group(self, index: int, group: int) -> RowGroup:
         return self._get(("rg", index, group), lambda: self._load_row_group(index, group))
+
+    def warm_row_group(self, index: int, group: int) -> None:
+        """Prefetch: load row group ``group`` of chunk ``index`` unless it is cached or another thread is
+        loading it (then return at once, so the prefetch threads decode different row groups)."""
+        self._get(("rg", index, group), lambda: self._load_row_group(index, group), wait=False)
 
     def row_groups(self, keys) -> dict[tuple[int, int], RowGroup]:
         """``{(chunk, group): row_group(chunk, group)}`` for ``keys`` (in their order, duplicates once):

@@ -497,7 +497,7 @@ class Reader:
             for g in np.unique(np.searchsorted(meta.rg_token_starts, offs, side="right") - 1).tolist():
                 if g < self._released.get(c, 0):  # a plan the reads have overtaken: already used and released
                     continue
-                self.store.row_group(c, g)
+                self.store.warm_row_group(c, g)
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
             pass
 
