@@ -255,6 +255,7 @@ class Reader:
         # output row the reads have reached (see _release_groups)
         self._groups: dict[int, list] = {}
         self._group_span: tuple[int, int] = (0, 0)
+        self._lane_sets: dict[bytes, frozenset] = {}
         self._passed_row = 0
 
     def close(self) -> None:
@@ -670,10 +671,16 @@ class Reader:
         lanes = cfg.lanes
         rows = ex // lanes
         t_min, t_max = int(rows.min()), int(rows.max())
+        by_lane = ex % lanes
+        key = by_lane.tobytes()
+        lane_set = self._lane_sets.get(key)
+        if lane_set is None:  # (a reader's batches have one or a few lane patterns)
+            lane_set = frozenset(np.unique(by_lane).tolist())
+            if len(self._lane_sets) < 64:
+                self._lane_sets[key] = lane_set
         with self._lock:
             lo, hi = self._group_span
             fast = lo <= t_min and t_max < hi and lo in self._groups
-        lane_set = np.unique(ex % lanes).tolist()
         if fast:
             spans = [(lo, hi)]
         else:
@@ -685,7 +692,8 @@ class Reader:
                 entry = self._groups.get(g_lo)
                 if entry is None:
                     entry = self._groups[g_lo] = [g_hi, set()]
-                entry[1].update(lane_set)
+                if not lane_set <= entry[1]:
+                    entry[1] |= lane_set
             self._group_span = spans[-1]
             self._passed_row = t_min  # (a jump back lowers it again)
             for g_lo in [g for g, (g_hi, _) in self._groups.items() if g_hi <= t_min]:
@@ -704,7 +712,8 @@ class Reader:
         _, w_lo, w_hi = (int(x[0]) for x in order.shuffle_window_of(np.asarray([g_lo * cfg.lanes]), cfg))
         w_lo //= cfg.lanes
         w_hi //= cfg.lanes
-        ranges = {lane: order.shuffle_group_sources(g_lo, lane, cfg).tolist() for lane in lanes}
+        sources = order.shuffle_group_sources_of_lanes(g_lo, lanes, cfg)
+        ranges = {lane: rr.tolist() for lane, rr in zip(lanes, sources)}
         if g_hi >= w_hi:  # the window's last group: the whole window, and the previous one
             prev = w_lo
             if w_lo > 0:
