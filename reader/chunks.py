@@ -523,10 +523,20 @@ class ChunkStore:
     def row_group(self, index: int, group: int) -> RowGroup:
         return self._get(("rg", index, group), lambda: self._load_row_group(index, group))
 
-    def warm_row_group(self, index: int, group: int) -> None:
-        """Prefetch: load row group ``group`` of chunk ``index`` unless it is cached or another thread is
-        loading it (then return at once, so the prefetch threads decode different row groups)."""
-        self._get(("rg", index, group), lambda: self._load_row_group(index, group), wait=False)
+    def warm_row_groups(self, index: int, groups) -> None:
+        """Prefetch: load row groups ``groups`` of chunk ``index``, skipping those cached (they count as
+        used) and those another thread is loading (so the prefetch threads decode different row groups)."""
+        todo = []
+        with self._lock:
+            lru, inflight = self._lru, self._inflight
+            for group in groups:
+                key = ("rg", index, group)
+                if key in lru:
+                    lru.move_to_end(key)
+                elif key not in inflight:
+                    todo.append(group)
+        for group in todo:
+            self._get(("rg", index, group), lambda: self._load_row_group(index, group), wait=False)
 
     def row_groups(self, keys) -> dict[tuple[int, int], RowGroup]:
         """``{(chunk, group): row_group(chunk, group)}`` for ``keys`` (in their order, duplicates once):

@@ -495,10 +495,9 @@ class Reader:
                 cum = self._pieces_cum(c, docs)
                 doc = np.searchsorted(cum, offs, side="right") - 1
                 offs = docs.doc_starts[doc] + (offs - cum[doc]) * self.options.seq_len
-            for g in np.unique(np.searchsorted(meta.rg_token_starts, offs, side="right") - 1).tolist():
-                if g < self._released.get(c, 0):  # a plan the reads have overtaken: already used and released
-                    continue
-                self.store.warm_row_group(c, g)
+            groups = np.unique(np.searchsorted(meta.rg_token_starts, offs, side="right") - 1).tolist()
+            done = self._released.get(c, 0)  # a plan the reads have overtaken: groups already used and released
+            self.store.warm_row_groups(c, [g for g in groups if g >= done] if done else groups)
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
             pass
 
