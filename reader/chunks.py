@@ -280,7 +280,9 @@ class ChunkStore:
         self._closer()
 
     # -- LRU ------------------------------------------------------------------------------------------
-    def _get(self, key: Any, load: Callable[[], tuple[Any, int]]) -> Any:
+    def _get(self, key: Any, load: Callable[[], tuple[Any, int]], wait: bool = True) -> Any:
+        """The cached value of ``key``, else ``load()`` it (once, whoever asks meanwhile waits for it);
+        ``wait=False``: return None instead of waiting for a load another thread runs."""
         with self._lock:
             hit = self._lru.get(key)
             if hit is not None:
@@ -292,7 +294,7 @@ class ChunkStore:
                 fut = cf.Future()
                 self._inflight[key] = fut
         if not owner:
-            return fut.result()
+            return fut.result() if wait else None
         try:
             value, nbytes = load()
         except BaseException as e:
@@ -520,6 +522,40 @@ class ChunkStore:
 
     def row_group(self, index: int, group: int) -> RowGroup:
         return self._get(("rg", index, group), lambda: self._load_row_group(index, group))
+
+    def warm_row_groups(self, index: int, groups) -> None:
+        """Prefetch: load row groups ``groups`` of chunk ``index``, skipping those cached (they count as
+        used) and those another thread is loading (so the prefetch threads decode different row groups)."""
+        todo = []
+        with self._lock:
+            lru, inflight = self._lru, self._inflight
+            for group in groups:
+                key = ("rg", index, group)
+                if key in lru:
+                    lru.move_to_end(key)
+                elif key not in inflight:
+                    todo.append(group)
+        for group in todo:
+            self._get(("rg", index, group), lambda: self._load_row_group(index, group), wait=False)
+
+    def row_groups(self, keys) -> dict[tuple[int, int], RowGroup]:
+        """``{(chunk, group): row_group(chunk, group)}`` for ``keys`` (in their order, duplicates once):
+        the cached ones under one lock, the rest through :meth:`row_group`."""
+        out: dict[tuple[int, int], Any] = dict.fromkeys(keys)
+        miss = []
+        with self._lock:
+            lru = self._lru
+            for key in out:
+                k = ("rg", *key)
+                hit = lru.get(k)
+                if hit is None:
+                    miss.append(key)
+                else:
+                    lru.move_to_end(k)
+                    out[key] = hit[0]
+        for c, g in miss:
+            out[(c, g)] = self.row_group(c, g)
+        return out
 
     def _fetch_row_group(self, m: ChunkMeta, group: int) -> bytes:
         off, length = (int(x) for x in m.rg_ranges[group])

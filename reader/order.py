@@ -765,6 +765,12 @@ def shuffle_group_sources(row: int, lane: int, cfg: ShuffleConfig) -> np.ndarray
     ``{pi(t) // lanes : t in the group's rows of that lane}`` (brute-force tested); groups of one window
     read disjoint sources whose union is the window. Added for the reader's cache.
     """
+    return shuffle_group_sources_of_lanes(row, [lane], cfg)[0]
+
+
+def shuffle_group_sources_of_lanes(row: int, lanes, cfg: ShuffleConfig) -> list[np.ndarray]:
+    """:func:`shuffle_group_sources` for each lane of ``lanes`` (one vectorized cipher call)."""
+    lanes = [int(x) for x in lanes]
     r = np.asarray([int(row)], dtype=np.int64)
     win, lo, hi = (int(x[0]) for x in _row_windows(r, cfg))
     _, glo, ghi = (int(x[0]) for x in shuffle_group_of_rows(r, cfg))
@@ -772,20 +778,27 @@ def shuffle_group_sources(row: int, lane: int, cfg: ShuffleConfig) -> np.ndarray
     g_blocks = cfg.group_blocks
     b = cfg.block_rows if n >= cfg.block_rows * g_blocks else n // g_blocks
     if b < 2:  # one Feistel permutation of the whole window
-        return np.asarray([[lo, hi]], dtype=np.int64)
+        return [np.asarray([[lo, hi]], dtype=np.int64) for _ in lanes]
     nfull = n // b
     slots = np.arange((glo - lo) // b, -(-(ghi - lo) // b), dtype=np.int64)
     full = slots[slots < nfull]
-    wkey = _key(win, lane).astype(np.int64) if cfg.lanes > 1 else np.int64(win)
-    blocks = _feistel(full, np.int64(nfull), _key(cfg.seed, _TAG_BLOCKS, wkey)) if full.size else full
-    ranges = [(lo + int(x) * b, lo + (int(x) + 1) * b) for x in np.sort(blocks)]
-    if slots.size > full.size:  # the partial tail block stays in place
-        ranges.append((lo + nfull * b, hi))
-    ranges.sort()
-    merged: list[list[int]] = []
-    for a, z in ranges:
-        if merged and merged[-1][1] == a:
-            merged[-1][1] = z
-        else:
-            merged.append([a, z])
-    return np.asarray(merged, dtype=np.int64).reshape(-1, 2)
+    tail = [(lo + nfull * b, hi)] if slots.size > full.size else []  # a partial tail block stays in place
+    if full.size and lanes:
+        lane_arr = np.asarray(lanes, dtype=np.int64)[:, None]
+        wkey = _key(win, lane_arr).astype(np.int64) if cfg.lanes > 1 else np.full_like(lane_arr, win)
+        blocks = _feistel(np.broadcast_to(full, (len(lanes), full.size)), np.int64(nfull),
+                          _key(cfg.seed, _TAG_BLOCKS, wkey))
+        blocks.sort(axis=1)
+    else:
+        blocks = np.zeros((len(lanes), 0), dtype=np.int64)
+    out = []
+    for row_blocks in blocks.tolist():
+        ranges = sorted([(lo + x * b, lo + (x + 1) * b) for x in row_blocks] + tail)
+        merged: list[list[int]] = []
+        for a, z in ranges:
+            if merged and merged[-1][1] == a:
+                merged[-1][1] = z
+            else:
+                merged.append([a, z])
+        out.append(np.asarray(merged, dtype=np.int64).reshape(-1, 2))
+    return out

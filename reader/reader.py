@@ -99,7 +99,9 @@ def _doc_starts_in_windows(recs, groups: dict, L: int):
     keys = list(groups)
     u = np.searchsorted(np.asarray([c * (1 << 24) + g for c, g in keys], np.int64),
                         arr[:, 0] * (1 << 24) + arr[:, 1])
-    ds = np.concatenate([groups[kk].doc_starts + q * shift for q, kk in enumerate(keys)])
+    dss = [groups[kk].doc_starts for kk in keys]
+    ds = np.concatenate(dss)  # a new array: shifted in place
+    ds += np.repeat(np.arange(len(dss), dtype=np.int64) * shift, [d.size for d in dss])
     key = u * shift + arr[:, 2]
     lo = np.searchsorted(ds, key, side="right") - 1  # the document holding each window's first token
     hi = np.searchsorted(ds, key + L, side="left")  # ds[lo+1:hi]: document starts inside the window
@@ -270,6 +272,7 @@ class Reader:
         # output row the reads have reached (see _release_groups)
         self._groups: dict[int, list] = {}
         self._group_span: tuple[int, int] = (0, 0)
+        self._lane_sets: dict[bytes, frozenset] = {}
         self._passed_row = 0
 
     def close(self) -> None:
@@ -541,10 +544,9 @@ class Reader:
                 cum = self._pieces_cum(c, docs)
                 doc = np.searchsorted(cum, offs, side="right") - 1
                 offs = docs.doc_starts[doc] + (offs - cum[doc]) * self.options.seq_len
-            for g in np.unique(np.searchsorted(meta.rg_token_starts, offs, side="right") - 1).tolist():
-                if g < self._released.get(c, 0):  # a plan the reads have overtaken: already used and released
-                    continue
-                self.store.row_group(c, g)
+            groups = np.unique(np.searchsorted(meta.rg_token_starts, offs, side="right") - 1).tolist()
+            done = self._released.get(c, 0)  # a plan the reads have overtaken: groups already used and released
+            self.store.warm_row_groups(c, [g for g in groups if g >= done] if done else groups)
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
             pass
 
@@ -724,10 +726,16 @@ class Reader:
         lanes = cfg.lanes
         rows = ex // lanes
         t_min, t_max = int(rows.min()), int(rows.max())
+        by_lane = ex % lanes
+        key = by_lane.tobytes()
+        lane_set = self._lane_sets.get(key)
+        if lane_set is None:  # (a reader's batches have one or a few lane patterns)
+            lane_set = frozenset(np.unique(by_lane).tolist())
+            if len(self._lane_sets) < 64:
+                self._lane_sets[key] = lane_set
         with self._lock:
             lo, hi = self._group_span
             fast = lo <= t_min and t_max < hi and lo in self._groups
-        lane_set = np.unique(ex % lanes).tolist()
         if fast:
             spans = [(lo, hi)]
         else:
@@ -739,7 +747,8 @@ class Reader:
                 entry = self._groups.get(g_lo)
                 if entry is None:
                     entry = self._groups[g_lo] = [g_hi, set()]
-                entry[1].update(lane_set)
+                if not lane_set <= entry[1]:
+                    entry[1] |= lane_set
             self._group_span = spans[-1]
             self._passed_row = t_min  # (a jump back lowers it again)
             for g_lo in [g for g, (g_hi, _) in self._groups.items() if g_hi <= t_min]:
@@ -758,7 +767,8 @@ class Reader:
         _, w_lo, w_hi = (int(x[0]) for x in order.shuffle_window_of(np.asarray([g_lo * cfg.lanes]), cfg))
         w_lo //= cfg.lanes
         w_hi //= cfg.lanes
-        ranges = {lane: order.shuffle_group_sources(g_lo, lane, cfg).tolist() for lane in lanes}
+        sources = order.shuffle_group_sources_of_lanes(g_lo, lanes, cfg)
+        ranges = {lane: rr.tolist() for lane, rr in zip(lanes, sources)}
         if g_hi >= w_hi:  # the window's last group: the whole window, and the previous one
             prev = w_lo
             if w_lo > 0:
@@ -867,13 +877,11 @@ class Reader:
         and first positions from the row groups' document starts, for the whole batch at once."""
         L = self.options.seq_len
         W = out["tokens"].view(np.int32)  # 2*token as int32 bits: the same bytes as the uint32 value
-        groups: dict[tuple[int, int], RowGroup] = {}
+        runs = list(_window_runs(recs, L))
+        groups = self.store.row_groups([(c, g) for c, g, *_ in runs])  # (sorted: recs are)
         shl = np.left_shift
-        for c, g, a, r, k, step in _window_runs(recs, L):
-            rg = groups.get((c, g))
-            if rg is None:
-                rg = groups[(c, g)] = self.store.row_group(c, g)
-            p = rg.padded
+        for c, g, a, r, k, step in runs:
+            p = groups[(c, g)].padded
             if k == 1:
                 shl(p[a:a + L + 1], 1, out=W[r])
             else:  # k consecutive windows: their tokens in one pass, their previous tokens in another
@@ -947,11 +955,10 @@ class Reader:
         document starts for the whole batch at once (a few hundred segments, not one pass per token)."""
         L = self.options.seq_len
         tg, ip = out["targets"], out["inputs"]
-        groups: dict[tuple[int, int], RowGroup] = {}
-        for c, g, a, r, k, step in _window_runs(recs, L):
-            rg = groups.get((c, g))
-            if rg is None:
-                rg = groups[(c, g)] = self.store.row_group(c, g)
+        runs = list(_window_runs(recs, L))
+        groups = self.store.row_groups([(c, g) for c, g, *_ in runs])  # (sorted: recs are)
+        for c, g, a, r, k, step in runs:
+            rg = groups[(c, g)]
             if k == 1:
                 tg[r] = rg.padded[a + 1:a + 1 + L]
                 ip[r] = rg.padded[a:a + L]

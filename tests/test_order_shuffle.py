@@ -270,5 +270,8 @@ def test_group_sources_are_exactly_what_the_group_reads(cfg, nrows):
             w = int(win[in_group][0])
             assert not (seen.setdefault(w, set()) & set(want.tolist()))
             seen[w] |= set(want.tolist())
-            # any row of the group names the same group
+            # any row of the group names the same group; all lanes at once = lane by lane
             assert np.array_equal(order.shuffle_group_sources(hi - 1, lane, cfg), rng)
+            many = order.shuffle_group_sources_of_lanes(g, range(L), cfg)
+            assert np.array_equal(many[lane], rng)
+            assert all(np.array_equal(m, order.shuffle_group_sources(g, x, cfg)) for x, m in enumerate(many))

@@ -332,3 +332,20 @@ def test_released_buffers_are_kept_within_the_budget(cache_dir, monkeypatch):
         assert st.retired_buffers == 2  # _MAX_RETIRED, whatever the budget
         st.row_group(*keys[0])
         assert st.fresh_buffers == len(keys) and st.retired_buffers == 1
+
+
+def test_row_groups_looks_up_many_in_key_order(cache_dir):
+    root, chunks, entries = cache_dir
+    with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
+        st = rd.store
+        c = max(range(len(entries)), key=lambda i: len(_sidecar(root, entries[i])["row_group_index"]))
+        first = st.row_group(c, 1)  # cached; the others are loaded on the way
+        keys = [(c, 2), (c, 1), (c, 0), (c, 2)]
+        got = st.row_groups(keys)
+        assert list(got) == [(c, 2), (c, 1), (c, 0)] and got[(c, 1)] is first
+        assert st.decodes == 3
+        toks = np.concatenate(chunks[c])
+        starts = st.meta(c).rg_token_starts
+        for (_, g), rg in got.items():
+            assert rg is st.row_group(c, g)
+            assert rg.tokens.tolist() == toks[starts[g]:starts[g + 1]].tolist()
