@@ -528,12 +528,17 @@ class Reader:
                 lo, hi = int(glo[0]), int(ghi[0])
                 with self._lock:
                     new = lo not in self._prefetched_groups
-                if new:
-                    futs.extend(self._prefetch_group(lo, hi))
-                    with self._lock:
+                    if new:  # (two planning threads never both load a group)
                         self._prefetched_groups[lo] = True
                         while len(self._prefetched_groups) > 64:
                             self._prefetched_groups.popitem(last=False)
+                if new:
+                    try:
+                        futs.extend(self._prefetch_group(lo, hi))
+                    except BaseException:  # e.g. NotYetAvailable during a build: try again next time
+                        with self._lock:
+                            self._prefetched_groups.pop(lo, None)
+                        raise
                 with self._lock:
                     self._prefetched_span = (lo, hi)
             t = hi
