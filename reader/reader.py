@@ -534,6 +534,13 @@ class Reader:
                             self._prefetched_groups.popitem(last=False)
                 if new:
                     try:
+                        # first what the planned batches of the group need (the pool runs tasks in order),
+                        # then the rest of the group
+                        b0 = max(b, lo * cfg.lanes // B)
+                        n = min(b + count, -(-hi * cfg.lanes // B)) - b0
+                        if n > 0:
+                            futs.extend(self.store.submit(self._load_chunk_part, c, offs, hi - 1)
+                                        for c, offs in self._plan(b0, None, n))
                         futs.extend(self._prefetch_group(lo, hi))
                     except BaseException:  # e.g. NotYetAvailable during a build: try again next time
                         with self._lock:
