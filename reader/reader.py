@@ -908,15 +908,15 @@ class Reader:
         W = out["tokens"].view(np.int32)  # 2*token as int32 bits: the same bytes as the uint32 value
         runs = list(_window_runs(recs, L))
         groups = self.store.row_groups([(c, g) for c, g, *_ in runs])  # (sorted: recs are)
-        shl = np.left_shift
-        for c, g, a, r, k, step in runs:
+        for c, g, a, r, k, step in runs:  # the tokens as they are; doubled below, for the batch at once
             p = groups[(c, g)].padded
             if k == 1:
-                shl(p[a:a + L + 1], 1, out=W[r])
+                W[r] = p[a:a + L + 1]
             else:  # k consecutive windows: their tokens in one pass, their previous tokens in another
                 dst = W[r:r + (k - 1) * step + 1:step]
-                shl(p[a + 1:a + 1 + k * L].reshape(k, L), 1, out=dst[:, 1:])
-                shl(p[a:a + k * L:L], 1, out=dst[:, 0])
+                dst[:, 1:] = p[a + 1:a + 1 + k * L].reshape(k, L)
+                dst[:, 0] = p[a:a + k * L:L]
+        W <<= 1  # (rows not in recs hold scratch values here; the caller writes them afterwards)
         rows, first, owner, offset = _doc_starts_in_windows(recs, groups, L)
         out["first_positions"][rows] = first
         flat = out["tokens"].reshape(-1)
