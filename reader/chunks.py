@@ -389,6 +389,7 @@ class ChunkStore:
                         self._retired_count -= 1
                         self._retired_bytes -= buf.nbytes
                         return buf
+                    bucket.move_to_end(key)  # still in use: look at the others first next time
             self.fresh_buffers += 1
         return np.empty(size, np.int32)
 

@@ -274,6 +274,8 @@ class Reader:
         self._group_span: tuple[int, int] = (0, 0)
         self._lane_sets: dict[bytes, frozenset] = {}
         self._passed_row = 0
+        self._prefetched_groups: collections.OrderedDict[int, bool] = collections.OrderedDict()
+        self._prefetched_span: tuple[int, int] = (0, 0)
 
     def close(self) -> None:
         for pool in list(self._pools):
@@ -522,6 +524,11 @@ class Reader:
         """Start loading what batches ``b .. b+count-1`` need: one background task per chunk (fetch +
         verify, then decode its needed row groups), so the chunks of a batch load in parallel. Errors are
         left for the real read to report."""
+        if rows is None and self._whole_group_prefetch():
+            try:
+                return self._prefetch_groups(b, count)
+            except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
+                return []
         try:
             plan = self._plan(b, rows, count)
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
@@ -533,6 +540,91 @@ class Reader:
             if rows.size:
                 last_row = ((b + count - 1) * self.options.batch_size + int(rows.max())) // cfg.lanes
         return [self.store.submit(self._load_chunk_part, c, offs, last_row) for c, offs in plan]
+
+    def _whole_group_prefetch(self) -> bool:
+        """Shuffled packed reads where this reader reads whole lanes (``R`` divides ``R* == lanes``) and a
+        mixing group's row groups fit in half the memory budget: the prefetch loads each group's row
+        groups once, as the group comes into view, instead of planning every batch (a batch of a group
+        touches rows all over the group's blocks, and the group needs all of them within its first
+        batches anyway). See :meth:`_prefetch_groups`."""
+        got = self.__dict__.get("_whole_groups")
+        if got is None:
+            cfg, opts = self._shuffle_cfg, self.options
+            got = False
+            if (cfg is not None and opts.packed and cfg.lanes == opts.num_streams
+                    and cfg.lanes % self.num_readers == 0):
+                rows = cfg.block_rows * cfg.group_blocks
+                lanes = cfg.lanes // self.num_readers
+                rg_tokens = int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
+                # decoded bytes: the group's windows, plus a row group at each end of each block
+                need = lanes * 4 * (rows * opts.seq_len + 2 * cfg.group_blocks * rg_tokens)
+                got = need <= opts.memory_budget_bytes // 2
+            self._whole_groups = got
+        return got
+
+    def _prefetch_groups(self, b: int, count: int) -> list[cf.Future]:
+        """Load the row groups of every mixing group that batches ``b .. b+count-1`` (this reader's rows)
+        reach and that is not loaded yet: one background task per chunk."""
+        cfg, B = self._shuffle_cfg, self.options.batch_size
+        t = (b * B + int(self.my_rows.min())) // cfg.lanes
+        t_end = ((b + count - 1) * B + int(self.my_rows.max())) // cfg.lanes
+        futs: list[cf.Future] = []
+        while t <= t_end:
+            with self._lock:
+                lo, hi = self._prefetched_span
+            if not lo <= t < hi:
+                _, glo, ghi = order.shuffle_group_of_rows(np.asarray([t]), cfg)
+                lo, hi = int(glo[0]), int(ghi[0])
+                with self._lock:
+                    new = lo not in self._prefetched_groups
+                    if new:  # (two planning threads never both load a group)
+                        self._prefetched_groups[lo] = True
+                        while len(self._prefetched_groups) > 64:
+                            self._prefetched_groups.popitem(last=False)
+                if new:
+                    try:
+                        # first what the planned batches of the group need (the pool runs tasks in order),
+                        # then the rest of the group
+                        b0 = max(b, lo * cfg.lanes // B)
+                        n = min(b + count, -(-hi * cfg.lanes // B)) - b0
+                        if n > 0:
+                            futs.extend(self.store.submit(self._load_chunk_part, c, offs, hi - 1)
+                                        for c, offs in self._plan(b0, None, n))
+                        futs.extend(self._prefetch_group(lo, hi))
+                    except BaseException:  # e.g. NotYetAvailable during a build: try again next time
+                        with self._lock:
+                            self._prefetched_groups.pop(lo, None)
+                        raise
+                with self._lock:
+                    self._prefetched_span = (lo, hi)
+            t = hi
+        return futs
+
+    def _prefetch_group(self, lo: int, hi: int) -> list[cf.Future]:
+        cfg, L = self._shuffle_cfg, self.options.seq_len
+        lanes = list(range(self.reader_index % self.num_readers, cfg.lanes, self.num_readers))
+        idx = self.stream_index()
+        per_chunk: dict[int, list[tuple[int, int]]] = {}
+        for lane, ranges in zip(lanes, order.shuffle_group_sources_of_lanes(lo, lanes, cfg)):
+            for r0, r1 in ranges.tolist():
+                for _, c, a, z in idx.pieces(lane, r0 * L, r1 * L):
+                    per_chunk.setdefault(c, []).append((a, z))
+        return [self.store.submit(self._load_chunk_ranges, c, ranges, hi - 1) for c, ranges in per_chunk.items()]
+
+    def _load_chunk_ranges(self, c: int, ranges: list[tuple[int, int]], last_row: int) -> None:
+        """Prefetch the row groups of chunk ``c`` that hold tokens ``[a, z)`` for each range."""
+        if last_row < self._passed_row:  # the reads have passed the group: already served
+            return
+        try:
+            starts = self.store.meta(c).rg_token_starts
+            groups: set[int] = set()
+            for a, z in ranges:
+                g0 = int(np.searchsorted(starts, a, side="right")) - 1
+                g1 = int(np.searchsorted(starts, z - 1, side="right")) - 1
+                groups.update(range(g0, g1 + 1))
+            self.store.warm_row_groups(c, sorted(groups))
+        except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
+            pass
 
     def _load_chunk_part(self, c: int, offs: np.ndarray, last_row: int = -1) -> None:
         if 0 <= last_row < self._passed_row:  # a shuffled plan the reads have overtaken: already served
@@ -750,7 +842,10 @@ class Reader:
                 if not lane_set <= entry[1]:
                     entry[1] |= lane_set
             self._group_span = spans[-1]
-            self._passed_row = t_min  # (a jump back lowers it again)
+            if t_min < self._passed_row:  # a jump back: groups prefetched before may have been released
+                self._prefetched_groups.clear()
+                self._prefetched_span = (0, 0)
+            self._passed_row = t_min
             for g_lo in [g for g, (g_hi, _) in self._groups.items() if g_hi <= t_min]:
                 finished.append((g_lo, *self._groups.pop(g_lo)))
             while len(self._groups) > 64:  # reads far apart (random access): stop tracking the oldest
@@ -879,15 +974,15 @@ class Reader:
         W = out["tokens"].view(np.int32)  # 2*token as int32 bits: the same bytes as the uint32 value
         runs = list(_window_runs(recs, L))
         groups = self.store.row_groups([(c, g) for c, g, *_ in runs])  # (sorted: recs are)
-        shl = np.left_shift
-        for c, g, a, r, k, step in runs:
+        for c, g, a, r, k, step in runs:  # the tokens as they are; doubled below, for the batch at once
             p = groups[(c, g)].padded
             if k == 1:
-                shl(p[a:a + L + 1], 1, out=W[r])
+                W[r] = p[a:a + L + 1]
             else:  # k consecutive windows: their tokens in one pass, their previous tokens in another
                 dst = W[r:r + (k - 1) * step + 1:step]
-                shl(p[a + 1:a + 1 + k * L].reshape(k, L), 1, out=dst[:, 1:])
-                shl(p[a:a + k * L:L], 1, out=dst[:, 0])
+                dst[:, 1:] = p[a + 1:a + 1 + k * L].reshape(k, L)
+                dst[:, 0] = p[a:a + k * L:L]
+        W <<= 1  # (rows not in recs hold scratch values here; the caller writes them afterwards)
         rows, first, owner, offset = _doc_starts_in_windows(recs, groups, L)
         out["first_positions"][rows] = first
         tok = out["tokens"]  # [row, column] indexing: rows may be strided (a worker's rows of a slot)

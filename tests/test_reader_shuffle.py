@@ -214,3 +214,31 @@ def test_shuffled_prefetch_and_release_give_the_same_batches(tmp):
         assert n == 220
         assert rd.store.fresh_buffers < rd.store.decodes / 2
         assert ref.store.fresh_buffers == ref.store.decodes
+
+
+def test_shuffled_prefetch_loads_exactly_the_row_groups_of_each_mixing_group(tmp):
+    """The shuffled prefetch loads a mixing group's row groups when its first batch comes into view: the
+    row groups its batches read, no more, no fewer."""
+    _, cfg = _release_setup(tmp)
+    B = 4
+    opts = ReadOptions(seq_len=4, batch_size=B, ideal_readers=2, shuffle=cfg)
+    rows = np.arange(188)  # windows 0..6 (within one pass over the data)
+    _, glo, ghi = order.shuffle_group_of_rows(rows, cfg)
+    groups = sorted(set(zip(glo.tolist(), ghi.tolist())))
+    assert len(groups) >= 8 and any(hi - lo == 32 for lo, hi in groups)  # windows of two groups too
+    for lo, hi in groups:
+        first, last = lo * 2 // B, (hi * 2 - 1) // B
+        with Reader(tmp, opts) as ref:
+            for b in range(first, last + 1):
+                ref.batch(b)
+            want = {k for k in ref.store._lru if k[0] == "rg"}
+        with Reader(tmp, opts) as rd:
+            assert rd._whole_group_prefetch()
+            for fut in rd._prefetch(first):
+                fut.result()
+            got = {k for k in rd.store._lru if k[0] == "rg"}
+            assert got == want, (lo, hi)
+            decodes = rd.store.decodes
+            for b in range(first, last + 1):
+                rd.batch(b)
+            assert rd.store.decodes == decodes  # everything was there already
