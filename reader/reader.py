@@ -496,8 +496,11 @@ class Reader:
         if g == 1 and out is None:
             return [self.batch(b)]
         B, rows = self.options.batch_size, self.my_rows
-        ex = (np.arange(b, b + g, dtype=np.int64)[:, None] * B + rows[None, :]).reshape(-1)
-        out = self.cache.wait(lambda: self._examples(ex, out), timeout_s=self.wait_timeout_s,
+        exs = [(b + i) * B + rows for i in range(g)]
+        ex = np.concatenate(exs)
+        # shuffled: per batch, so the cipher runs for _PERM_BATCHES batches at once (see _perm_batches)
+        src = None if self._shuffle_cfg is None else np.concatenate(self._perm_batches(exs))
+        out = self.cache.wait(lambda: self._examples(ex, out, src), timeout_s=self.wait_timeout_s,
                               poll_s=self.poll_interval_s, what=f"batches {b}..{b + g - 1}")
         n = rows.size
         return [{k: v[i * n:(i + 1) * n] for k, v in out.items()} for i in range(g)]
@@ -723,20 +726,23 @@ class Reader:
         return got
 
     # -- assembling examples ---------------------------------------------------------------------------
-    def _examples(self, ex: np.ndarray, into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def _examples(self, ex: np.ndarray, into: dict[str, np.ndarray] | None = None,
+                  src: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The examples ``ex`` as a batch dict. ``into``: arrays (any row strides; the worker processes
-        pass their rows of a shared-memory slot) that receive the result and are returned."""
+        pass their rows of a shared-memory slot) that receive the result and are returned. ``src``:
+        ``_source_indices(ex)`` if the caller has it."""
         opts = self.options
         L, n = opts.seq_len, ex.size
         idx = self.stream_index()
-        src = self._source_indices(ex)
+        if src is None:
+            src = self._source_indices(ex)
         s, j = order.split_example_index(src, opts.num_streams)
         if opts.layout == "flat":  # written in place, row by row
             out = self._examples_flat(idx, ex, s, j, into)
             self._release_groups(idx, ex)
             return out
         if into is not None:
-            got = self._examples(ex)
+            got = self._examples(ex, src=src)
             for k, v in got.items():
                 np.copyto(into[k], v, casting="no")
             return into
