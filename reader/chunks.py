@@ -258,8 +258,9 @@ class ChunkStore:
         self.bytes_fetched = 0  # every byte fetched: sidecars, footers, row groups
         self.decodes = 0  # row groups decoded
         self.fast_decode = True  # PLAIN pages: decompress and take the values (see fast_token_values)
-        # Decoded row groups that left the cache (evicted, or released as consumed by a sequential
-        # read): their buffers are reused for new decodes once nothing refers to them any more, so a
+        # Decoded row groups that left the cache (evicted, or released by a read that has passed them:
+        # sequential reads row group by row group, shuffled reads mixing group by mixing group): their
+        # buffers are reused for new decodes once nothing refers to them any more, so a
         # long read writes into memory that is already mapped instead of faulting in fresh pages.
         # By buffer size (entries), oldest first. Up to _MAX_RETIRED are kept whatever the cache holds, more
         # while the cache and they together stay within the budget (a read that releases what it has

@@ -525,7 +525,8 @@ class Reader:
 
     def _prefetch(self, b: int, rows=None, count: int = 1) -> list[cf.Future]:
         """Start loading what batches ``b .. b+count-1`` need: one background task per chunk (fetch +
-        verify, then decode its needed row groups), so the chunks of a batch load in parallel. Errors are
+        verify, then decode its needed row groups), so the chunks of a batch load in parallel; shuffled
+        reads load whole mixing groups as they come into view (:meth:`_whole_group_prefetch`). Errors are
         left for the real read to report."""
         if rows is None and self._whole_group_prefetch():
             try:
