@@ -43,7 +43,7 @@ BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask", "exa
 FLAT_KEYS = ("tokens", "first_positions", "num_tokens", "example_ids", "epochs", "valid")
 LAYOUTS = ("arrays", "flat")
 INDEX_DIR = "index"
-_GROUP = 4  # iter_batches assembles this many consecutive batches in one pass
+_GROUP = 8  # iter_batches assembles up to this many consecutive batches in one pass
 # shuffled reads: batches whose source indices one cipher call computes (see Reader._perm_batches)
 _PERM_BATCHES = 32
 

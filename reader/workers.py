@@ -47,6 +47,7 @@ _OP_STOP, _OP_FILL, _OP_SLOT = 0, 1, 2  # parent -> worker
 _OP_READY, _OP_DONE, _OP_ERROR = 10, 11, 13  # worker -> parent
 _FILL = struct.Struct("<Bqii")  # op, first batch, slot, batches (asked for, or filled)
 _ALIGN = 64
+_SLOT_BYTES = 8 << 20
 
 
 def batch_spec(options, rows: int) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
@@ -149,7 +150,9 @@ class WorkerPool:
         self.start = int(start)
         self.stop = None if count is None else self.start + int(count)
         self.rows = len(reader.my_rows)  # per batch
-        self.group = _GROUP
+        batch_bytes = _layout(batch_spec(opts, self.rows))[1]
+        # batches per slot: a worker's pass, at most _SLOT_BYTES a slot (Docker's /dev/shm is 64 MB)
+        self.group = max(1, min(_GROUP, _SLOT_BYTES // batch_bytes))
         self.spec = batch_spec(opts, self.group * self.rows)
         self.num_workers = W
         self.depth = max(2, -(-max(1, opts.prefetch_batches) // self.group)) + 1  # slots
