@@ -2,9 +2,9 @@
 
 One reader process is bound by the GIL: decoding, verifying and assembling a batch take about a
 millisecond of CPU, and its threads overlap only part of it. With ``num_workers=W`` the reader's rows
-of every batch are split between W child processes, each an ordinary :class:`reader.Reader` with its
-own prefetch threads, and each writes its rows straight into a batch slot in shared memory. The parent
-only hands out slots and returns views of them.
+of every batch are split between W child processes, each an ordinary :class:`reader.Reader` (decoding
+on its own thread on a local cache, with prefetch threads on a remote one), and each assembles its rows
+straight into a slot of shared memory. The parent only hands out slots and returns views of them.
 
 The split is the reader's own host split one level down: worker ``w`` of reader ``r`` (of ``R``) is
 reader ``r + R * w`` of ``R * W``. Its rows are every W-th of this reader's rows, and when ``R * W``
