@@ -21,6 +21,7 @@ import bisect
 import collections
 import concurrent.futures as cf
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -499,7 +500,7 @@ class Reader:
         exs = [(b + i) * B + rows for i in range(g)]
         ex = np.concatenate(exs)
         # shuffled: per batch, so the cipher runs for _PERM_BATCHES batches at once (see _perm_batches)
-        src = None if self._shuffle_cfg is None else np.concatenate(self._perm_batches(exs))
+        src = ex if self._shuffle_cfg is None else self._source_indices_batches(exs)
         out = self.cache.wait(lambda: self._examples(ex, out, src), timeout_s=self.wait_timeout_s,
                               poll_s=self.poll_interval_s, what=f"batches {b}..{b + g - 1}")
         n = rows.size
@@ -526,9 +527,9 @@ class Reader:
     def _prefetch(self, b: int, rows=None, count: int = 1) -> list[cf.Future]:
         """Start loading what batches ``b .. b+count-1`` need: one background task per chunk (fetch +
         verify, then decode its needed row groups), so the chunks of a batch load in parallel; shuffled
-        reads load whole mixing groups as they come into view (:meth:`_whole_group_prefetch`). Errors are
+        reads load whole mixing groups as they come into view (:attr:`_whole_group_prefetch`). Errors are
         left for the real read to report."""
-        if rows is None and self._whole_group_prefetch():
+        if rows is None and self._whole_group_prefetch:
             try:
                 return self._prefetch_groups(b, count)
             except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
@@ -545,26 +546,23 @@ class Reader:
                 last_row = ((b + count - 1) * self.options.batch_size + int(rows.max())) // cfg.lanes
         return [self.store.submit(self._load_chunk_part, c, offs, last_row) for c, offs in plan]
 
+    @functools.cached_property
     def _whole_group_prefetch(self) -> bool:
         """Shuffled packed reads where this reader reads whole lanes (``R`` divides ``R* == lanes``) and a
         mixing group's row groups fit in half the memory budget: the prefetch loads each group's row
         groups once, as the group comes into view, instead of planning every batch (a batch of a group
         touches rows all over the group's blocks, and the group needs all of them within its first
         batches anyway). See :meth:`_prefetch_groups`."""
-        got = self.__dict__.get("_whole_groups")
-        if got is None:
-            cfg, opts = self._shuffle_cfg, self.options
-            got = False
-            if (cfg is not None and opts.packed and cfg.lanes == opts.num_streams
-                    and cfg.lanes % self.num_readers == 0):
-                rows = cfg.block_rows * cfg.group_blocks
-                lanes = cfg.lanes // self.num_readers
-                rg_tokens = int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
-                # decoded bytes: the group's windows, plus a row group at each end of each block
-                need = lanes * 4 * (rows * opts.seq_len + 2 * cfg.group_blocks * rg_tokens)
-                got = need <= opts.memory_budget_bytes // 2
-            self._whole_groups = got
-        return got
+        cfg, opts = self._shuffle_cfg, self.options
+        if not (cfg is not None and opts.packed and cfg.lanes == opts.num_streams
+                and cfg.lanes % self.num_readers == 0):
+            return False
+        rows = cfg.block_rows * cfg.group_blocks
+        lanes = cfg.lanes // self.num_readers
+        rg_tokens = int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
+        # decoded bytes: the group's windows, plus a row group at each end of each block
+        need = lanes * 4 * (rows * opts.seq_len + 2 * cfg.group_blocks * rg_tokens)
+        return need <= opts.memory_budget_bytes // 2
 
     def _prefetch_groups(self, b: int, count: int) -> list[cf.Future]:
         """Load the row groups of every mixing group that batches ``b .. b+count-1`` (this reader's rows)

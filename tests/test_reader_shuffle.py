@@ -233,7 +233,7 @@ def test_shuffled_prefetch_loads_exactly_the_row_groups_of_each_mixing_group(tmp
                 ref.batch(b)
             want = {k for k in ref.store._lru if k[0] == "rg"}
         with Reader(tmp, opts) as rd:
-            assert rd._whole_group_prefetch()
+            assert rd._whole_group_prefetch
             for fut in rd._prefetch(first):
                 fut.result()
             got = {k for k in rd.store._lru if k[0] == "rg"}
