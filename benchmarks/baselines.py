@@ -1,6 +1,7 @@
 """Baselines, each run as its own process by ``benchmarks.run`` (so start-up, RSS and threads are clean).
 
     python -m benchmarks.baselines limit   --corpus DIR            # tiktoken, 2 processes, texts in memory
+    python -m benchmarks.baselines limit   --corpus DIR --processes 1 --first_half   # one core (scaling)
     python -m benchmarks.baselines raw_hf  --corpus DIR --tokenizer_json F   # HF tokenizers, 2 threads
     python -m benchmarks.baselines hf_datasets --backend tiktoken|hf --corpus DIR --out DIR --cache_dir DIR
     python -m benchmarks.baselines memmap_file --cache DIR --out FILE         # flat uint32 token file
@@ -65,10 +66,16 @@ def _limit_worker(part, barrier, queue):
     queue.put((n, end - t, end, time.process_time() - c))
 
 
-def limit(corpus: Path, processes: int = 2) -> dict:
+def limit(corpus: Path, processes: int = 2, first_half: bool = False) -> dict:
+    """``processes`` processes each encode a share of the texts. ``first_half``: only the first half of
+    the texts (by characters), what process 0 encodes in the 2-process run; with ``processes=1`` this
+    measures how fast one core encodes when the other is idle, against that process's rate in the
+    2-process run (the machine's own 2-vs-1 scaling), in half the time of the whole corpus."""
     import multiprocessing as mp
 
     texts = _load_texts(corpus)
+    if first_half:
+        texts = _halves(texts)[0]
     nbytes = sum(len(t.encode("utf-8")) for t in texts)
     if processes == 2:
         parts = list(_halves(texts))
@@ -190,9 +197,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--cache_dir", type=Path)
     ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--first_half", action="store_true", help="limit: encode only the first half of the texts")
     a = ap.parse_args(argv)
     if a.what == "limit":
-        emit_result(limit(a.corpus, a.processes))
+        emit_result(limit(a.corpus, a.processes, a.first_half))
     elif a.what == "raw_hf":
         emit_result(raw_hf(a.corpus, a.tokenizer_json))
     else:

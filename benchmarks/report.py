@@ -21,7 +21,8 @@ MAIN_ROWS = [
     ("pipeline_hf_vs_raw_hf", "our build with HF tokenizers / raw HF `tokenizers` on 2 cores (HF corpus)", "ratio"),
     ("pipeline_vs_hf_datasets", "our build / HF `datasets` json→map(num_proc=2)→to_parquet, tiktoken", "ratio"),
     ("pipeline_hf_vs_hf_datasets", "the same, both with HF tokenizers (HF corpus)", "ratio"),
-    ("pipeline_scaling_2_vs_1", "our build, 2 workers / 1 worker", "ratio"),
+    ("pipeline_scaling_2_vs_1", "our build, 2 workers / 1 worker (tiktoken alone scales {limit_scaling_2_vs_1:.2f} "
+     "on this machine in the same run)", "ratio"),
     ("pipeline_startup_fraction_max", "largest start-up share of any timed build (2 workers, 1 worker, HF)", "ratio"),
     ("reader_vs_memmap", "packed sequential batches (L=2048, B=64, flat-tokens layout; one reader with "
      "{reader_num_workers} worker processes, steady state) / memmap of a flat uint32 file", "ratio"),
@@ -66,6 +67,12 @@ SECONDARY_ROWS = [
     ("pipeline_hf_steady_vs_raw_hf", "its steady state / raw HF tokenizers", "ratio"),
     ("pipeline_1w_tokens_per_s", "our build, 1 worker, whole command", "rate"),
     ("pipeline_steady_scaling_2_vs_1", "steady state, 2 workers / 1 worker", "ratio"),
+    ("limit_scaling_2_vs_1", "the machine's own scaling: the limit (2 processes) / tiktoken in 1 process (first half "
+     "of the texts, other core idle)", "ratio"),
+    ("limit_per_core_2p_vs_1p", "one core's tiktoken rate with the other core busy / with it idle (same texts)", "ratio"),
+    ("pipeline_scaling_vs_limit_scaling", "our build's 2-vs-1 scaling / the machine's (1 = scales as well as "
+     "tiktoken alone)", "ratio"),
+    ("limit_1p_tokens_per_s", "tiktoken, 1 process, first half of the texts, in memory", "rate"),
     ("hf_datasets_tokens_per_s", "HF datasets with tiktoken, whole command", "rate"),
     ("hf_datasets_vs_raw", "HF datasets with tiktoken / the limit (faster of the runs around it)", "ratio"),
     ("hf_datasets_map_tokens_per_s", "HF datasets with tiktoken, `.map` phase only", "rate"),
@@ -404,8 +411,10 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "ships to the devices and expands there, equal bit for bit to the five arrays); the five-array "
         "layout is measured the same way (`reader_arrays_*`). The memmap baseline "
         "slices the very same windows (checked token for token on the first batches) out of a stream-major "
-        "flat uint32 file with precomputed offsets, copying each batch into a fresh int32 array. Best of "
-        "the rounds for both. Shuffled: `shuffle_seed=0` with the default window options; the memmap "
+        "flat uint32 file with precomputed offsets, copying each batch into a fresh int32 array. Five rounds, "
+        "each reader configuration once per round and the memmap timed three times per round right after "
+        "the reader it is compared with; best of the rounds for the reader, best of all 15 timings for "
+        "memmap. Shuffled: `shuffle_seed=0` with the default window options; the memmap "
         "baseline uses the same permutation (`reader.order.shuffle_example_indices`), precomputed.",
         "- **Seek**: a fresh `Reader` then `batch(10**6)` against a fresh `Reader` then `batch(0)`, "
         "alternating, median of the repetitions.",

@@ -37,7 +37,7 @@ PROFILES = {
     # quiet machine).
     "full": dict(size_mb=1600, shards=20, corpus_name="corpus-full-1600mb", small_size_mb=160, small_shards=8,
                  hf_size_mb=640, hf_shards=8, agreement_docs=1000, reader_batches=1000,
-                 reader_rounds=2, seek_reps=5, budgets="0.125,0.25,0.5,1,2", shuffle_quick=False),
+                 reader_rounds=5, seek_reps=5, budgets="0.125,0.25,0.5,1,2", shuffle_quick=False),
     "quick": dict(size_mb=1.6, shards=4, small_size_mb=0.4, hf_size_mb=0.8, hf_shards=2, agreement_docs=100,
                   reader_batches=6,
                   reader_rounds=1, seek_reps=1, budgets="1", shuffle_quick=True),
@@ -71,10 +71,13 @@ def _env_offline() -> dict:
             "PYTHONWARNINGS": "ignore"}
 
 
-def run_limit(corpus: Path) -> dict:
-    m = run_monitored([_py(), "-m", "benchmarks.baselines", "limit", "--corpus", str(corpus)])
+def run_limit(corpus: Path, one_core: bool = False) -> dict:
+    """The limit (2 processes, all texts); ``one_core``: 1 process on the first half of the texts."""
+    extra = ["--processes", "1", "--first_half"] if one_core else []
+    m = run_monitored([_py(), "-m", "benchmarks.baselines", "limit", "--corpus", str(corpus)] + extra)
     r = dict(m.result, other_cores=m.other_cores)
-    log(f"limit (tiktoken, 2 processes, in memory): {r['tokens_per_s'] / 1e6:.2f} M tok/s "
+    what = "1 process, first half of the texts" if one_core else "2 processes"
+    log(f"limit (tiktoken, {what}, in memory): {r['tokens_per_s'] / 1e6:.2f} M tok/s "
         f"(other processes used {m.other_cores:.2f} cores meanwhile)")
     return r
 
@@ -196,6 +199,7 @@ def main(argv=None) -> int:
     builds["tiktoken_2w"] = pipeline_bench.build(inputs, cache_tt, "tiktoken:cl100k_base", workers=2)
     builds["tiktoken_1w"] = pipeline_bench.build(inputs, work / f"cache-{profile}-tiktoken-1w", "tiktoken:cl100k_base",
                                                  workers=1)
+    limit_1p = run_limit(corpus, one_core=True)  # the machine's own 2-vs-1 scaling, next to the 1-worker build
     limit_b = run_limit(corpus)
     hfd_tt = run_hf_datasets(corpus, "tiktoken", work, tokenizer_json, limit_a["tokens"])
     limit_c = run_limit(corpus)
@@ -261,6 +265,13 @@ def main(argv=None) -> int:
         "pipeline_1w_tokens_per_s": b1["tokens_per_s"],
         "pipeline_1w_steady_tokens_per_s": b1["steady_tokens_per_s"],
         "pipeline_scaling_2_vs_1": b2["tokens_per_s"] / b1["tokens_per_s"],
+        # how far 2 busy cores beat 1 on this machine for tiktoken itself: process 0's half of the texts
+        # alone, against the 2-process limit (each core slows down when both are busy)
+        "limit_1p_tokens_per_s": limit_1p["tokens_per_s"],
+        "limit_scaling_2_vs_1": limit["tokens_per_s"] / limit_1p["tokens_per_s"],
+        "limit_per_core_2p_vs_1p": limit["per_process_tokens_per_s"][0] / limit_1p["tokens_per_s"],
+        "pipeline_scaling_vs_limit_scaling": (b2["tokens_per_s"] / b1["tokens_per_s"])
+                                             / (limit["tokens_per_s"] / limit_1p["tokens_per_s"]),
         "pipeline_steady_scaling_2_vs_1": (b2["steady_tokens_per_s"] or 0) / (b1["steady_tokens_per_s"] or math.inf),
         "bytes_per_token": b2["cache_bytes"] / tokens_tt,
         "parquet_bytes_per_token": b2["parquet_bytes"] / tokens_tt,
@@ -296,14 +307,15 @@ def main(argv=None) -> int:
         "pipeline_hf_cpu_vs_hf_datasets": bh["tokens_per_cpu_s"] / hfd_hf["tokens_per_cpu_s"],
     })
     # Contention: mean cores used by other processes on this shared machine during each measurement.
-    for name, r in (("limit_a", limit_a), ("limit_b", limit_b), ("limit_c", limit_c), ("raw_hf", raw_hf),
+    for name, r in (("limit_a", limit_a), ("limit_b", limit_b), ("limit_c", limit_c), ("limit_1p", limit_1p),
+                    ("raw_hf", raw_hf),
                     ("hf_datasets", hfd_tt), ("hf_datasets_hf", hfd_hf)):
         fig[f"other_cores_during_{name}"] = r["other_cores"]
     for name, b in builds.items():
         fig[f"other_cores_during_pipeline_{name}"] = b["other_cores"]
     details["builds"] = {k: {kk: vv for kk, vv in v.items() if kk != "samples"} for k, v in builds.items()}
     details["samples"] = {k: v["samples"] for k, v in builds.items()}
-    details["baselines"] = {"limit": [limit_a, limit_b, limit_c], "raw_hf": raw_hf, "hf_datasets_tiktoken": hfd_tt,
+    details["baselines"] = {"limit": [limit_a, limit_b, limit_c], "limit_1p": limit_1p, "raw_hf": raw_hf, "hf_datasets_tiktoken": hfd_tt,
                             "hf_datasets_hf": hfd_hf}
     details["commands"] = build_commands(inputs, cache_tt, tokenizer_json, corpus, hf_corpus, P)
 
@@ -354,6 +366,7 @@ def build_commands(inputs, cache_tt, tokenizer_json, corpus, hf_corpus, P) -> di
                        f"--tokenizer {rel(tokenizer_json)} {common} --direct_num_workers=2",
         "pipeline_1_worker": "the tiktoken build with --direct_num_workers=1",
         "limit": f".venv/bin/python -m benchmarks.baselines limit --corpus {rel(corpus)}",
+        "limit_1p": f".venv/bin/python -m benchmarks.baselines limit --corpus {rel(corpus)} --processes 1 --first_half",
         "raw_hf": f"RAYON_NUM_THREADS=2 .venv/bin/python -m benchmarks.baselines raw_hf --corpus {rel(hf_corpus)} "
                   f"--tokenizer_json {rel(tokenizer_json)}",
         "hf_datasets_tiktoken": f".venv/bin/python -m benchmarks.baselines hf_datasets --backend tiktoken --corpus "
