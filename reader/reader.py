@@ -174,7 +174,10 @@ class ReadOptions:
         into shared memory; ``iter_batches`` then returns views of that memory (the same values, bit
         for bit). Use it when one core cannot keep up (about 100 M tokens/s per core); the batch size
         must be a multiple of ``num_readers * num_workers``, and ``memory_budget_bytes`` is split
-        between the workers. Only ``iter_batches`` uses the workers; ``rows``/``batch`` stay in-process.
+        between the workers. ``Reader.iter_batches`` and ``reader.jax.JaxLoader.iter_batches`` use the
+        workers (the loader's workers each serve every W-th of the rows its process's devices hold, so W
+        must divide that number of rows); ``rows``/``batch``/``examples`` and ``JaxLoader.global_batch``
+        stay in-process.
       layout: ``"arrays"`` (default): the five ``[rows, L]`` arrays of BATCH_KEYS. ``"flat"`` (packed
         only): one ``uint32 [rows, L+1]`` array in seed 001's flat-tokens encoding plus two per-row
         ints (FLAT_KEYS); about 4x fewer bytes to assemble and to send to an accelerator, where
