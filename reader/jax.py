@@ -36,6 +36,14 @@ Prefetch is a *sliding window*: while the step consumes batch ``b``, batches ``b
 in flight on a small thread pool, and taking batch ``b`` immediately submits batch ``b+prefetch+1``.
 There is never a "fetch N, then drain N" cycle, hence no stall at window edges. Resuming is
 ``iter_batches(start=step)``: the loader holds no other state.
+
+With ``ReadOptions(num_workers=W)`` step 2 of ``iter_batches`` runs in W worker processes instead
+(:class:`reader.workers.WorkerPool`): worker ``w`` decodes and assembles every W-th of this process's
+rows, ``rows[w::W]``, straight into a ring of shared-memory slots, ``ReadOptions.prefetch_batches`` (and
+at least two groups of batches) ahead, and step 3 puts those rows on the devices. The batches are the
+same, bit for bit. On CPU, ``jax.device_put`` may alias the shared memory instead of copying it; the
+array then holds a reference to the numpy rows, and a slot is refilled only once nothing refers to any
+of its rows (reference counts), so an array never changes under its holder.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import dataclasses
 import os
 import threading
 import time
+import weakref
 from typing import Any, Iterator, Mapping, Sequence
 
 import jax
@@ -184,6 +193,11 @@ class JaxLoader:
       workers: threads that build batches concurrently (default 1). One is enough when a batch is
         read faster than a step runs (the plain reader already fetches chunks on its own threads); more
         help only when single reads are latency-bound (remote storage, cold cache) and add GIL contention.
+        ``prefetch`` and ``workers`` apply to reads in this process; with ``ReadOptions(num_workers=W)``
+        (W > 0) :meth:`iter_batches` reads through W worker *processes* instead (each decodes and
+        assembles every W-th of :attr:`rows` into shared memory, ``prefetch_batches`` ahead; see the
+        module docstring), which needs a ``reader.Reader`` or a path as ``source``, and W must divide
+        the number of :attr:`rows`. ``global_batch`` always reads in this process.
       fields: fields to build (default: every field in :data:`TOKEN_FIELDS` and :data:`ROW_FIELDS`).
       reader_kwargs: extra keyword arguments for ``Reader(...)`` when ``source`` is a path
         (e.g. ``wait_timeout_s``).
@@ -219,6 +233,7 @@ class JaxLoader:
             self.reader = source
             self._owns_reader = False
         self.opts = _reader_options(self.reader)
+        self.num_workers = int(getattr(self.opts, "num_workers", 0) or 0)
         self.batch_size = int(self.opts.batch_size)
         self.seq_len = int(self.opts.seq_len)
         self.mesh = mesh
@@ -249,12 +264,26 @@ class JaxLoader:
             self._expand = jax.jit(_expand_for_loader, out_shardings=self.token_sharding)
         self.rows = process_rows(self.token_sharding, self.batch_size, self.seq_len)
         self._row_pos = self._local_positions()
+        if self.num_workers:
+            from reader import Reader
+
+            if not isinstance(self.reader, Reader):
+                raise TypeError(f"ReadOptions(num_workers={self.num_workers}) needs a reader.Reader or a cache path "
+                                f"as source (the worker processes open the cache themselves), got "
+                                f"{type(self.reader).__name__}; pass the Reader itself, or num_workers=0")
+            if self.rows.size % self.num_workers:
+                raise ValueError(
+                    f"ReadOptions(num_workers={self.num_workers}): the {self.rows.size} rows of each batch that "
+                    f"this process's devices hold (of batch_size {self.batch_size}, spec {self.spec}) do not split "
+                    f"evenly over {self.num_workers} worker processes; use a num_workers that divides "
+                    f"{self.rows.size}, or a batch_size that gives each process a multiple of {self.num_workers} rows")
         self.start = int(start)
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
         self.prefetch = int(prefetch)
         self.workers = max(1, int(workers if workers is not None else 1))
         self._pool: cf.ThreadPoolExecutor | None = None
+        self._worker_pools: weakref.WeakSet = weakref.WeakSet()  # open reader.workers.WorkerPools
         self._lock = threading.Lock()
         self.stats = {"batches": 0, "rows_loaded": 0, "fetch_seconds": 0.0, "wait_seconds": 0.0,
                       "max_wait_seconds": 0.0}
@@ -370,12 +399,17 @@ class JaxLoader:
 
         Stops after ``count`` batches, at the end of an eval pass, or never (training). ``prefetch``
         batches are always in flight behind the one being consumed; taking one submits the next
-        (sliding window). Resuming after a restart is ``iter_batches(start=restored_step)``.
+        (sliding window). Resuming after a restart is ``iter_batches(start=restored_step)``. With
+        ``ReadOptions(num_workers=W)`` worker processes read the batches instead (same values, bit for
+        bit); they stop when the iterator ends or is closed, or at :meth:`close`.
         """
         b = self.start if start is None else int(start)
         stop = None if count is None else b + int(count)
         if self.num_batches is not None:
             stop = self.num_batches if stop is None else min(stop, self.num_batches)
+        if self.num_workers and self.rows.size:
+            yield from self._iter_workers(b, stop)
+            return
         if self.prefetch == 0:
             while stop is None or b < stop:
                 yield b, self.global_batch(b)
@@ -427,6 +461,37 @@ class JaxLoader:
             for fut in touches:
                 fut.cancel()
 
+    def _iter_workers(self, b: int, stop: int | None) -> Iterator[tuple[int, dict]]:
+        """``iter_batches`` with ``ReadOptions(num_workers=W)``: this process's rows of each batch come
+        from W worker processes (views of shared memory) and are put on the devices here."""
+        from reader.workers import WorkerPool
+
+        if stop is not None and b >= stop:
+            return
+        t0 = time.perf_counter()  # (the workers' start-up is time the loop waits too)
+        pool = WorkerPool(self.reader, b, None if stop is None else stop - b, rows=self.rows)
+        self._worker_pools.add(pool)
+        try:
+            for step, data in pool:
+                t1 = time.perf_counter()
+                # jax may alias `data` (zero-copy on CPU): the arrays then reference it, which keeps the
+                # pool from refilling its slot while they live
+                batch = self._assemble(data)
+                del data
+                waited = time.perf_counter() - t0
+                with self._lock:
+                    self.stats["batches"] += 1
+                    self.stats["rows_loaded"] += int(self.rows.size)
+                    self.stats["fetch_seconds"] += t1 - t0
+                    self.stats["wait_seconds"] += waited
+                    self.stats["max_wait_seconds"] = max(self.stats["max_wait_seconds"], waited)
+                yield step, batch
+                del batch  # (a slot is refilled only once nothing refers to its batches)
+                t0 = time.perf_counter()
+        finally:
+            pool.close()  # stops the workers: the iterator was exhausted, closed early or failed
+            self._worker_pools.discard(pool)
+
     def _lookahead(self) -> int:
         """Batches ahead to hint with ``Reader.prefetch`` (0: the reader has no such hint, or no rows here)."""
         if self.rows.size == 0 or not hasattr(self.reader, "prefetch"):
@@ -440,6 +505,8 @@ class JaxLoader:
             yield batch
 
     def close(self) -> None:
+        for pool in list(self._worker_pools):
+            pool.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

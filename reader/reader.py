@@ -174,7 +174,10 @@ class ReadOptions:
         into shared memory; ``iter_batches`` then returns views of that memory (the same values, bit
         for bit). Use it when one core cannot keep up (about 100 M tokens/s per core); the batch size
         must be a multiple of ``num_readers * num_workers``, and ``memory_budget_bytes`` is split
-        between the workers. Only ``iter_batches`` uses the workers; ``rows``/``batch`` stay in-process.
+        between the workers. ``Reader.iter_batches`` and ``reader.jax.JaxLoader.iter_batches`` use the
+        workers (the loader's workers each serve every W-th of the rows its process's devices hold, so W
+        must divide that number of rows); ``rows``/``batch``/``examples`` and ``JaxLoader.global_batch``
+        stay in-process.
       layout: ``"arrays"`` (default): the five ``[rows, L]`` arrays of BATCH_KEYS. ``"flat"`` (packed
         only): one ``uint32 [rows, L+1]`` array in seed 001's flat-tokens encoding plus two per-row
         ints (FLAT_KEYS); about 4x fewer bytes to assemble and to send to an accelerator, where
@@ -246,16 +249,25 @@ class Reader:
         raising :class:`reader.cache.CacheNotReady`.
       poll_interval_s: how often to look for build progress while waiting.
       storage_options: passed to fsspec (e.g. ``{"token": ...}`` for gcsfs).
+      _rows: private (reader worker processes): serve only these rows of every batch, a sorted subset
+        of reader ``reader_index``'s rows, as :attr:`my_rows` (``batch``, ``iter_batches`` and the
+        prefetch plan use them; ``num_readers``/``reader_index`` still tell its streams and lanes).
     """
 
     def __init__(self, cache: str | Cache, options: ReadOptions | None = None, num_readers: int = 1,
                  reader_index: int = 0, wait_timeout_s: float = 600.0, *, poll_interval_s: float = 1.0,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, _rows=None):
         self.options = options or ReadOptions()
         self.cache = cache if isinstance(cache, Cache) else Cache(cache, storage_options=storage_options)
         self.num_readers = int(num_readers)
         self.reader_index = int(reader_index)
         self.my_rows = order.reader_rows(self.options.batch_size, self.num_readers, self.reader_index)
+        if _rows is not None:
+            rows = np.asarray(_rows, dtype=np.int64).reshape(-1)
+            if not rows.size or (np.diff(rows) <= 0).any() or not np.isin(rows, self.my_rows).all():
+                raise ValueError(f"_rows must be a non-empty, sorted subset of the rows of reader "
+                                 f"{self.reader_index} of {self.num_readers}; got {rows.tolist()}")
+            self.my_rows = rows
         self.wait_timeout_s = float(wait_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
         self._shuffle_cfg = self.options.shuffle_config()
@@ -555,7 +567,8 @@ class Reader:
         batches anyway). See :meth:`_prefetch_groups`."""
         cfg, opts = self._shuffle_cfg, self.options
         if not (cfg is not None and opts.packed and cfg.lanes == opts.num_streams
-                and cfg.lanes % self.num_readers == 0):
+                and cfg.lanes % self.num_readers == 0
+                and self.my_rows.size * self.num_readers == opts.batch_size):  # (not a worker's share of them)
             return False
         rows = cfg.block_rows * cfg.group_blocks
         lanes = cfg.lanes // self.num_readers

@@ -10,7 +10,9 @@ The split is the reader's own host split one level down: worker ``w`` of reader 
 reader ``r + R * w`` of ``R * W``. Its rows are every W-th of this reader's rows, and when ``R * W``
 divides ``R*`` its streams (hence its chunks) are its own, so no row group is decoded twice. Promise 2
 (the batch does not depend on the number of readers) is what makes the assembled batch identical,
-bit for bit, to what one process returns; the tests compare the two.
+bit for bit, to what one process returns; the tests compare the two. A caller may name the rows
+instead (``WorkerPool(reader, rows=...)``; :class:`reader.jax.JaxLoader` passes the rows that its
+process's devices hold): worker ``w`` then serves every W-th of those, ``rows[w::W]``.
 
 Batches are views of a ring of shared-memory slots, each holding a group of consecutive batches
 (what one worker pass assembles). A slot is refilled only once nothing refers to any batch that was in
@@ -129,27 +131,44 @@ class WorkerError(RuntimeError):
 
 
 class WorkerPool:
-    """Batches ``start, start+1, ...`` of ``reader``'s rows, assembled by ``reader.options.num_workers``
-    child processes. Iterate it once; :meth:`close` (or the end of iteration) stops the workers.
+    """Batches ``start, start+1, ...`` of ``reader``'s rows (or of the global rows ``rows``), assembled
+    by ``reader.options.num_workers`` child processes. Iterate it once; :meth:`close` (or the end of
+    iteration) stops the workers.
+
+    ``rows``: a sorted set of global rows to serve instead of ``reader.my_rows`` (``reader.jax.JaxLoader``
+    passes the rows its process's devices hold). Worker ``w`` serves ``rows[w::W]`` as the reader
+    ``i`` of ``N`` that holds them (``N`` = the gcd of ``B`` and their spacings: ``R*W`` for
+    ``reader.my_rows``, where worker ``w`` is reader ``r + R*w``; ``W`` for a block of consecutive rows);
+    when ``N`` divides ``R*`` the workers' streams, hence their chunks, are disjoint.
 
     A slot holds ``group`` consecutive batches (the workers assemble that many in one pass); the ring
     has ``depth`` slots. A slot goes back to the workers when the caller has moved past its batches
     and holds none of them (else a new slot takes its place in the ring).
     """
 
-    def __init__(self, reader, start: int = 0, count: int | None = None):
+    def __init__(self, reader, start: int = 0, count: int | None = None, rows=None):
         from .reader import _GROUP
 
         opts = reader.options
         W = int(opts.num_workers)
-        R, r = reader.num_readers, reader.reader_index
         B = opts.batch_size
-        if B % (R * W):
-            raise ValueError(f"num_workers={W}: batch_size {B} must be a multiple of num_readers x num_workers "
-                             f"= {R * W} (each worker serves every {W}th of this reader's rows)")
+        if rows is None:
+            R = reader.num_readers
+            if B % (R * W):
+                raise ValueError(f"num_workers={W}: batch_size {B} must be a multiple of num_readers x "
+                                 f"num_workers = {R * W} (each worker serves every {W}th of this reader's rows)")
+            rows = reader.my_rows
+        else:
+            rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+            if not rows.size or (np.diff(rows) <= 0).any() or rows[0] < 0 or rows[-1] >= B:
+                raise ValueError(f"rows must be a non-empty, sorted set of distinct rows in [0, batch_size={B})")
+            if rows.size % W:
+                raise ValueError(f"num_workers={W}: the {rows.size} rows of each batch read here do not split "
+                                 f"evenly over {W} workers (each serves every {W}th row); use a num_workers "
+                                 f"that divides {rows.size}, or a batch_size that gives a multiple of {W} rows")
         self.start = int(start)
         self.stop = None if count is None else self.start + int(count)
-        self.rows = len(reader.my_rows)  # per batch
+        self.rows = len(rows)  # per batch
         batch_bytes = _layout(batch_spec(opts, self.rows))[1]
         # batches per slot: a worker's pass, at most _SLOT_BYTES a slot (Docker's /dev/shm is 64 MB)
         self.group = max(1, min(_GROUP, _SLOT_BYTES // batch_bytes))
@@ -175,6 +194,8 @@ class WorkerPool:
             here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
             for w in range(W):
+                mine_rows = rows[w::W]
+                N = int(np.gcd.reduce(np.append(np.diff(mine_rows), B)))  # reader i of N holds them
                 mine, theirs = socket.socketpair()
                 try:
                     p = subprocess.Popen([sys.executable, "-m", "reader.workers", str(theirs.fileno())],
@@ -185,7 +206,8 @@ class WorkerPool:
                 self._conns.append(Connection(mine.detach()))
                 self._conns[-1].send({
                     "cache": reader.cache.url, "storage_options": reader.cache.storage_options,
-                    "options": wopts, "num_readers": R * W, "reader_index": r + R * w,
+                    "options": wopts, "num_readers": N, "reader_index": int(mine_rows[0]) % N,
+                    "my_rows": mine_rows,
                     "wait_timeout_s": reader.wait_timeout_s, "poll_interval_s": reader.poll_interval_s,
                     "start": self.start, "count": count, "worker": w, "workers": W, "spec": self.spec,
                     "rows": self.rows, "slots": [s.path for s in self._slots],
@@ -357,7 +379,8 @@ def _serve(conn: Connection) -> None:
         slots = {k: rows_of(_Slot(p, spec, create=False)) for k, p in enumerate(setup["slots"])}
         reader = Reader(setup["cache"], setup["options"], num_readers=setup["num_readers"],
                         reader_index=setup["reader_index"], wait_timeout_s=setup["wait_timeout_s"],
-                        poll_interval_s=setup["poll_interval_s"], storage_options=setup["storage_options"])
+                        poll_interval_s=setup["poll_interval_s"], storage_options=setup["storage_options"],
+                        _rows=setup["my_rows"])
         inline = reader.options.prefetch_threads == 0  # all on this thread: the least CPU per batch
         if not inline:
             batches = reader.iter_batches(setup["start"], setup["count"])

@@ -114,18 +114,21 @@ def _run_processes(cfg_path, nproc, out_dir, timeout_s, retry_port):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("nproc,mode", [(2, "packed_shuffled"), (4, "unpacked"), (2, "eval_packed")])
+@pytest.mark.parametrize("nproc,mode", [(2, "packed_shuffled"), (4, "unpacked"), (2, "eval_packed"),
+                                       (2, "packed_shuffled_workers")])
 def test_multiprocess_global_batches(cache, tmp_path, nproc, mode):
     opts = dict(seq_len=L, batch_size=B, ideal_readers=4)
     opts.update({"packed_shuffled": dict(packed=True, shuffle_seed=7), "unpacked": dict(packed=False),
-                 "eval_packed": dict(packed=True, eval_mode=True)}[mode])
+                 "eval_packed": dict(packed=True, eval_mode=True),
+                 # each process's rows (a block, or interleaved) through 2 reader worker processes
+                 "packed_shuffled_workers": dict(packed=True, shuffle_seed=7, num_workers=2)}[mode])
     reader = Reader(cache, ReadOptions(**opts), num_readers=1, reader_index=0)
     if reader.num_batches is None:
         first, steps, until_end = 0, 4, False
     else:  # eval: the last 3 batches, iterated until the pass ends (the last one is padded)
         first, steps, until_end = reader.num_batches - 3, 3, True
     restart_at = first + 2
-    setups = SETUPS if nproc == 2 and mode != "eval_packed" else SETUPS[1:3] + SETUPS[-1:]
+    setups = SETUPS if nproc == 2 and mode == "packed_shuffled" else SETUPS[1:3] + SETUPS[-1:]
     cfg = {"cache": cache, "opts": opts,
            "setups": [{"mesh_shape": list(s), "axis_names": n, "spec": p, "steps": steps, "first": first,
                        "until_end": until_end, "restart_at": restart_at} for s, n, p in setups]}
@@ -149,10 +152,13 @@ def test_multiprocess_global_batches(cache, tmp_path, nproc, mode):
             rec = res["setups"][si]
             # Each process reads only the rows its devices hold, once per batch (one rows() call).
             assert rec["rows"] == want_rows[p], (shape, names, spec, p)
-            assert sorted(b for b, _ in rec["calls"][:steps]) == list(range(first, first + steps))
-            assert all(rows == want_rows[p] for _, rows in rec["calls"])
-            assert rec["hints"] and all(rows == want_rows[p] for _, rows in rec["hints"])  # read-ahead too
-            assert len(rec["calls"]) == steps + (first + steps - restart_at)
+            if mode.endswith("_workers"):  # every batch came from the loader's 2 worker processes
+                assert rec["pools"] == [[2]] * steps
+            else:
+                assert sorted(b for b, _ in rec["calls"][:steps]) == list(range(first, first + steps))
+                assert all(rows == want_rows[p] for _, rows in rec["calls"])
+                assert rec["hints"] and all(rows == want_rows[p] for _, rows in rec["hints"])  # read-ahead too
+                assert len(rec["calls"]) == steps + (first + steps - restart_at)
             assert [got["step"] for got in rec["batches"]] == list(range(first, first + steps))
             for bi, got in enumerate(rec["batches"]):
                 for name, shards in got["shards"].items():

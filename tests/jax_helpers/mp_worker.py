@@ -14,7 +14,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [_TESTS, os.path.dirname(_TESTS)]  # tests/, and the checkout's own reader/ before an installed one
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -37,8 +38,9 @@ def main(argv) -> int:
     reader = Reader(cfg["cache"], ReadOptions(**cfg["opts"]), num_readers=1, reader_index=0)
     L = reader.options.seq_len
     toy = make_toy_step(L)
+    workers = reader.options.num_workers  # > 0: the loader reads through worker processes (a Reader only)
     for setup in cfg["setups"]:
-        counting = CountingReader(reader)
+        counting = reader if workers else CountingReader(reader)
         mesh = Mesh(np.array(jax.devices()).reshape(setup["mesh_shape"]), tuple(setup["axis_names"]))
         loader = JaxLoader(counting, None, mesh, spec_from_json(setup["spec"]), prefetch=2)
         rec = {"rows": loader.rows.tolist(), "batches": [], "toy": [], "toy_resumed": []}
@@ -52,6 +54,7 @@ def main(argv) -> int:
                         for name, arr in batch.items()}
             state, per_segment = toy(state, batch)
             rec["batches"].append({"step": step, "shards": shards, "global": gathered})
+            rec.setdefault("pools", []).append([len(p._procs) for p in loader._worker_pools])
             rec["toy"].append([int(multihost_utils.process_allgather(state, tiled=True)),
                                sha(multihost_utils.process_allgather(per_segment, tiled=True))])
         # Simulated restart: a fresh loader resumed at step k, with the state checkpointed after step k-1.
@@ -64,8 +67,8 @@ def main(argv) -> int:
             rec["toy_resumed"].append([step, int(multihost_utils.process_allgather(state, tiled=True)),
                                        sha(multihost_utils.process_allgather(per_segment, tiled=True))])
         loader.close()
-        rec["calls"] = counting.calls
-        rec["hints"] = counting.hints
+        rec["calls"] = getattr(counting, "calls", None)
+        rec["hints"] = getattr(counting, "hints", None)
         result["setups"].append(rec)
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
