@@ -23,6 +23,72 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+# --------------------------------------------------------------------------------------------------
+# Machine speed probes: this VM's cores and memory change speed from minute to minute (other tenants of the
+# host), by more than some gaps to a target. run_monitored samples both before every measured command, in
+# this (otherwise idle) process, so the report can show how the machine moved during the run.
+
+PROBES: list[dict] = []  # filled by run_monitored while probing is on (see probe())
+PROBING = False
+
+
+def _probe_data() -> tuple[bytes, int, "object"]:
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(0)
+    tokens = np.minimum(rng.zipf(1.2, 1 << 20), 100_000).astype(np.int32)  # token-like: Zipfian ids < 2^17
+    raw = tokens.tobytes()
+    return pa.compress(raw, codec="zstd", asbytes=True), len(raw), np.ones(64 << 18, np.int32)  # 64 MB
+
+
+_PROBE_DATA = None
+
+
+def probe(label: str, seconds: float = 0.25) -> dict:
+    """One core's zstd decompression rate (compute, like the reader's decoding) and a numpy copy rate
+    (memory, like the memmap baseline), each the best of 3 timings over about ``seconds``; appended to
+    :data:`PROBES`."""
+    global _PROBE_DATA
+    import numpy as np
+    import pyarrow as pa
+
+    if _PROBE_DATA is None:
+        _PROBE_DATA = _probe_data()
+    comp, n, arr = _PROBE_DATA
+    dst = np.empty_like(arr)
+
+    def rate(fn, nbytes):  # the best of 3 timings (a moment's interference is not the machine's speed)
+        fn()  # warm
+        best = 0.0
+        for _ in range(3):
+            k, t = 0, time.perf_counter()
+            while time.perf_counter() - t < seconds / 3:
+                fn()
+                k += 1
+            best = max(best, k * nbytes / (time.perf_counter() - t))
+        return best
+
+    rec = {"label": label, "t": time.strftime("%H:%M:%S"),
+           "zstd_decompress_mb_s": rate(lambda: pa.decompress(comp, decompressed_size=n, codec="zstd"), n) / 1e6,
+           "memcpy_gb_s": rate(lambda: np.copyto(dst, arr), arr.nbytes) / 1e9}
+    PROBES.append(rec)
+    return rec
+
+
+def _label(cmd: list[str]) -> str:
+    """A short name for a measured command: its module, subcommand and the flags that tell runs apart."""
+    words = [cmd[2] if len(cmd) > 2 and cmd[1] == "-m" else Path(cmd[0]).name]
+    if len(cmd) > 3 and not cmd[3].startswith("-"):
+        words.append(cmd[3])
+    for i, c in enumerate(cmd):
+        if c.startswith("--direct_num_workers") or c in ("--first_half",):
+            words.append(c)
+        elif c in ("--backend", "--tokenizer") and i + 1 < len(cmd):
+            words.append(f"{c} {Path(cmd[i + 1]).name}")
+    return " ".join(words)
+
+
 @dataclass
 class Monitored:
     """What one monitored command did."""
@@ -56,7 +122,10 @@ def run_monitored(
     timeout_s: float = 3600,
     check: bool = True,
 ) -> Monitored:
-    """Run ``cmd``; sample RSS and CPU of its process tree (and ``progress()``) every ``interval_s``."""
+    """Run ``cmd``; sample RSS and CPU of its process tree (and ``progress()``) every ``interval_s``.
+    While :data:`PROBING` is on, a speed :func:`probe` runs first (labelled with the command)."""
+    if PROBING:
+        probe(_label(cmd))
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONPATH", str(REPO))
     if env:

@@ -73,6 +73,9 @@ SECONDARY_ROWS = [
     ("pipeline_scaling_vs_limit_scaling", "our build's 2-vs-1 scaling / the machine's (1 = scales as well as "
      "tiktoken alone)", "ratio"),
     ("limit_1p_tokens_per_s", "tiktoken, 1 process, first half of the texts, in memory", "rate"),
+    ("probe_compute_min_vs_max", "the machine's compute speed during the run: slowest probe / fastest (see "
+     "\"Machine speed during the run\")", "ratio"),
+    ("probe_memory_min_vs_max", "the same for memory copies", "ratio"),
     ("hf_datasets_tokens_per_s", "HF datasets with tiktoken, whole command", "rate"),
     ("hf_datasets_vs_raw", "HF datasets with tiktoken / the limit (faster of the runs around it)", "ratio"),
     ("hf_datasets_map_tokens_per_s", "HF datasets with tiktoken, `.map` phase only", "rate"),
@@ -325,6 +328,19 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
                   "(2 cores in all). Ratios between runs with very different contention are less reliable.", "",
                   "| measurement | other cores |", "|---|---|"]
         lines += [f"| {k[len('other_cores_during_'):]} | {fig[k]:.2f} |" for k in other]
+    probes = details.get("speed_probes") or []
+    if probes:
+        top_c = max(q["zstd_decompress_mb_s"] for q in probes)
+        top_m = max(q["memcpy_gb_s"] for q in probes)
+        lines += ["", "### Machine speed during the run", "",
+                  "Before each measured command, the bench's own idle process times one core decompressing "
+                  "zstd (compute, like the reader's decoding and like tokenizing) and copying 64 MB with numpy "
+                  "(memory, like the memmap baseline), about 0.25 s each. Values are relative to the fastest "
+                  f"probe of the run ({top_c:.0f} MB/s; {top_m:.1f} GB/s). A ratio whose two sides met "
+                  "different speeds moves with them, and compute and memory do not always move together.", "",
+                  "| time | before | compute | memory |", "|---|---|---|---|"]
+        lines += [f"| {q['t']} | {q['label']} | {q['zstd_decompress_mb_s'] / top_c:.2f} | "
+                  f"{q['memcpy_gb_s'] / top_m:.2f} |" for q in probes]
     lines += ["", "## Missed targets: why, and what would close them", ""]
     if not missed:
         lines.append("None.")

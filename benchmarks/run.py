@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import hf_tokenizer, pipeline_bench
+from benchmarks import common, hf_tokenizer, pipeline_bench
 from benchmarks.common import REPO, dir_bytes, log, machine_description, run_monitored
 from benchmarks.corpus import build_corpus, load_texts
 
@@ -157,6 +157,8 @@ def main(argv=None) -> int:
     details: dict = {"profile": profile, "machine": machine_description(), "started": time.strftime(
         "%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     fig: dict = {}
+    common.PROBING = True  # a machine-speed probe before every measured command (see common.probe)
+    common.PROBES.clear()
 
     # -- corpora ------------------------------------------------------------------------------------------
     # Named by size: benchmarks/shuffle_quality.py keeps its own 640 MB "corpus-full" (its cache is built from it).
@@ -335,6 +337,12 @@ def main(argv=None) -> int:
     # -- shuffle quality (issue 4's figures) ----------------------------------------------------------------------
     fig.update(shuffle_quality(plots / "bench_shuffle_quality.png", P["shuffle_quick"]))
 
+    probes = list(common.PROBES)
+    details["speed_probes"] = probes
+    if probes:  # how far the machine moved during the run: slowest probe / fastest
+        for key, name in (("zstd_decompress_mb_s", "compute"), ("memcpy_gb_s", "memory")):
+            vals = [p[key] for p in probes]
+            fig[f"probe_{name}_min_vs_max"] = min(vals) / max(vals)
     fig["bench_total_s"] = time.perf_counter() - t_all
     details["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     details["targets"] = {k: list(v) for k, v in TARGETS.items()}

@@ -75,6 +75,17 @@ def test_quick_suite_produces_every_figure(tmp_path):
     assert (tmp_path / "bench_pipeline.png").stat().st_size > 0
     details = json.loads((tmp_path / "quick-details.json").read_text())
     assert details["profile"] == "quick" and details["samples"]
+    # The machine's own 2-vs-1 scaling is measured beside ours, and a speed probe ran before every
+    # measured command (limit x4, builds x4, HF datasets x2, raw HF, reader), each shown in the report.
+    assert fig["limit_1p_tokens_per_s"] > 0 and fig["limit_scaling_2_vs_1"] > 0
+    assert math.isclose(fig["pipeline_scaling_vs_limit_scaling"],
+                        fig["pipeline_scaling_2_vs_1"] / fig["limit_scaling_2_vs_1"])
+    probes = details["speed_probes"]
+    labels = [q["label"] for q in probes]
+    assert labels.count("benchmarks.baselines limit") == 3 and "benchmarks.baselines limit --first_half" in labels
+    assert len(probes) == 12 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
+    assert 0 < fig["probe_compute_min_vs_max"] <= 1 and 0 < fig["probe_memory_min_vs_max"] <= 1
+    assert "### Machine speed during the run" in text and text.count("| benchmarks.baselines limit |") == 3
     # Quick mode never touches the committed figures.
     assert out.parent == tmp_path
 
