@@ -300,7 +300,8 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         f"Run of {details.get('started', '?')} to {details.get('finished', '?')} "
         f"({fig.get('bench_total_s', 0) / 60:.1f} min), profile `{details.get('profile')}`. Every ratio is "
         "measured side by side in the same run, on the same texts: the machine is shared and noisy, so absolute "
-        "rates move between runs while ratios move much less.",
+        "rates move between runs. Ratios move less, but not always by less than the gap to a target, because "
+        "the machine's speed also changes within a run (see \"Machine speed during the run\").",
         "",
         "## Figures against their targets",
         "",
