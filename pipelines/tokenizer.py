@@ -257,7 +257,11 @@ def _resolve_hf(spec: str) -> TokenizerSpec:
     if tok is None:
         try:
             from transformers import AutoTokenizer
-
+        except ImportError as e:
+            raise TokenizerError(
+                f"tokenizer {spec!r}: not 'tiktoken:<encoding>' nor a tokenizer.json file or directory; loading "
+                "it as a Hugging Face hub name needs transformers: pip install 'chunkledger[hf]'") from e
+        try:
             hf = AutoTokenizer.from_pretrained(spec, use_fast=True)
         except Exception as e:
             raise TokenizerError(

@@ -266,32 +266,32 @@ def test_dockerfile_serves_as_launcher_and_worker_image():
             assert f"!{top}" in ignore or f"!{top}/" in ignore, f".gcloudignore would not upload {src}"
 
 
-def requirement_pins() -> dict[str, str]:
+def requirement_pins(path: Path = TEMPLATES / "requirements.txt") -> dict[str, str]:
     pins = {}
-    for line in (TEMPLATES / "requirements.txt").read_text().splitlines():
+    for line in path.read_text().splitlines():
         line = line.split("#")[0].strip()
         if not line:
             continue
-        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[\w,]+\])?==([\w.]+)", line)
-        assert m, f"templates/requirements.txt: {line!r} is not pinned as name==version"
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[\w,]+\])?==([\w.+]+)", line)
+        assert m, f"{path.name}: {line!r} is not pinned as name==version"
         pins[m.group(1).lower().replace("_", "-")] = m.group(3)
     return pins
 
 
-def test_requirements_are_pinned_to_the_tested_versions():
-    pins = requirement_pins()
+def test_requirements_are_the_locked_versions():
+    """The image installs what the tests run: every pin equals requirements.lock's (never PyPI's newest)."""
+    pins, lock = requirement_pins(), requirement_pins(ROOT / "requirements.lock")
     args, _, _ = dockerfile_args()
     assert pins["apache-beam"] == args["BEAM_VERSION"]
-    for name, version in pins.items():
-        installed = importlib.metadata.version(name)
-        assert installed == version, (
-            f"templates/requirements.txt pins {name}=={version} but the tests run {installed}; "
-            "update the pin (and rebuild the image)")
+    differ = {n: (v, lock.get(n)) for n, v in pins.items() if lock.get(n) != v}
+    assert not differ, (f"templates/requirements.txt differs from requirements.lock (image pin, lock pin): {differ}; "
+                        "regenerate both with `make lock`")
 
 
 def test_requirements_cover_the_runtime_dependencies():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    deps = list(meta["dependencies"]) + meta["optional-dependencies"]["pipeline"] + meta["optional-dependencies"]["gcs"]
+    extras = meta["optional-dependencies"]
+    deps = list(meta["dependencies"]) + extras["pipeline"] + extras["hf"] + extras["gcs"]
     names = {re.split(r"[\[<>=!~ ;]", d, maxsplit=1)[0].lower().replace("_", "-") for d in deps}
     missing = sorted(names - set(requirement_pins()))
     assert not missing, f"templates/requirements.txt lacks runtime dependencies of pyproject.toml: {missing}"
