@@ -1,24 +1,23 @@
-"""File helpers on Beam's FileSystems (local paths and gs:// alike): atomic writes, reads, line iteration."""
+"""File helpers on Beam's FileSystems (local paths and gs:// alike): atomic writes, reads, line iteration.
+
+Paths are joined with :func:`reader.format.join`, the one definition shared with the reader.
+"""
 
 from __future__ import annotations
 
 import gzip
 import io
-import os
 import posixpath
-import signal
 import uuid
 from typing import BinaryIO, Iterator
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from reader import format as fmt
+
 TMP_PREFIX = ".tmp-"
 READ_BLOCK = 1 << 20
-
-
-def join(root: str, rel: str) -> str:
-    return root.rstrip("/") + "/" + rel
 
 
 def exists(path: str) -> bool:
@@ -49,20 +48,6 @@ def temp_name(path: str) -> str:
     return f"{d}/{TMP_PREFIX}{uuid.uuid4().hex}-{base}"
 
 
-# Fault injection for the crash/resume tests: CHUNKLEDGER_TEST_KILL_AT="N:before_rename" (or
-# "N:after_rename") SIGKILLs this process during its N-th atomic write (1-based), leaving a temporary
-# file behind (before_rename) or a complete file without its successors (after_rename).
-_KILL_AT = os.environ.get("CHUNKLEDGER_TEST_KILL_AT", "")
-_writes = 0
-
-
-def _fault(stage: str) -> None:
-    if _KILL_AT:
-        n, _, at = _KILL_AT.partition(":")
-        if _writes == int(n) and at == stage:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 def write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` under a temporary name in the same directory, then rename over ``path``.
 
@@ -86,8 +71,6 @@ def write_atomic_stream(path: str, source: BinaryIO, block: int = 1 << 20) -> No
 
 
 def _write_atomic(path: str, fill) -> None:
-    global _writes
-    _writes += 1
     tmp = temp_name(path)
     f = FileSystems.create(tmp, mime_type="application/octet-stream",
                            compression_type=CompressionTypes.UNCOMPRESSED)
@@ -95,9 +78,26 @@ def _write_atomic(path: str, fill) -> None:
         fill(f)
     finally:
         f.close()
-    _fault("before_rename")
     FileSystems.rename([tmp], [path])
-    _fault("after_rename")
+
+
+def delete_if_exists(path: str) -> None:
+    """Remove ``path`` if it is there (a missing file is not an error)."""
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+
+
+def remove_temp_files(root: str) -> int:
+    """Delete the temporary files a crashed build left in a cache (where atomic writes put them)."""
+    patterns = [fmt.join(root, f"{TMP_PREFIX}*"),
+                fmt.join(root, f"{fmt.CHUNKS_DIR}/*/{TMP_PREFIX}*"),
+                fmt.join(root, f"{fmt.BAD_DIR}/*/{TMP_PREFIX}*")]
+    paths = []
+    for res in FileSystems.match(patterns):
+        paths.extend(m.path for m in res.metadata_list)
+    if paths:
+        FileSystems.delete(paths)
+    return len(paths)
 
 
 def file_size(path: str) -> int | None:

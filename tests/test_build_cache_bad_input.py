@@ -9,9 +9,9 @@ import os
 import pytest
 from apache_beam.metrics.metric import MetricsFilter
 
+from build_helpers import load_ledger, read_dead_letters, read_documents, sample_texts, tree_bytes, write_shard
 from pipelines import build_cache
 from pipelines.build_cache import BuildError
-from pipelines.testing import load_ledger, read_dead_letters, read_documents, sample_texts, tree_bytes, write_shard
 from test_build_cache import build, check_cache
 
 # (line bytes, reason) for every kind of malformed line

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
+from build_helpers import load_ledger, sample_texts, train_tiny_tokenizer, tree_bytes, write_shard
 from pipelines.build_cache import BuildError
-from pipelines.testing import load_ledger, sample_texts, train_tiny_tokenizer, tree_bytes, write_shard
 from test_build_cache import build, check_cache
 from test_build_cache_bad_input import mixed_lines
 
@@ -48,8 +48,8 @@ def argv(inputs_glob: str, out: str) -> list[str]:
 
 
 def run_killed(args: list[str], kill_at: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CHUNKLEDGER_TEST_KILL_AT=kill_at)
-    return subprocess.run([sys.executable, "-m", "pipelines.build_cache", *args], cwd=REPO, env=env,
+    """The command-line build in a subprocess, SIGKILLed at ``kill_at`` (see tests/kill_at.py)."""
+    return subprocess.run([sys.executable, os.path.join(REPO, "tests", "kill_at.py"), kill_at, *args], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipelines.testing import DIRECT_MP2, FNAPI, tree_bytes, write_shard
+from build_helpers import DIRECT_MP2, FNAPI, tree_bytes, write_shard
 from test_build_cache import build, check_cache
 from test_build_cache_bad_input import mixed_lines
 

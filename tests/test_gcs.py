@@ -22,12 +22,13 @@ import pytest
 pytest.importorskip("gcsfs", reason="the gcs extra (gcsfs) is not installed")
 pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator (test extra) is not installed")
 
+from build_helpers import write_shard  # noqa: E402
 from gcs_emulator import GcsEmulator  # noqa: E402
 from pipelines import build_cache  # noqa: E402
-from pipelines.testing import write_shard  # noqa: E402
 from reader import ReadOptions, Reader  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(REPO, "tests")
 SAMPLE = os.path.join(REPO, "pipelines", "sample_corpus")
 CHUNK = 40000
 FNAPI = ["--runner=FnApiRunner"]
@@ -156,9 +157,9 @@ def test_gs_build_killed_mid_write_resumes_to_the_same_bytes(corpus, local_cache
     # Run the build in a subprocess that connects to the emulator anonymously (no 20 s credential retries).
     code = ("import sys; from apache_beam.internal.gcp import auth; "
             "auth._Credentials._credentials_init = True; "
+            f"sys.path.insert(0, {TESTS!r}); import kill_at; kill_at.kill_at_write('7:before_rename'); "
             "from pipelines.build_cache import main; main(sys.argv[1:])")
-    env = dict(os.environ, STORAGE_EMULATOR_HOST=emulator.endpoint, CHUNKLEDGER_TEST_KILL_AT="7:before_rename",
-               GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
+    env = dict(os.environ, STORAGE_EMULATOR_HOST=emulator.endpoint, GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
     proc = subprocess.run([sys.executable, "-c", code, *argv(emulator.url("corpus/*"), out, *FNAPI)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
@@ -227,7 +228,7 @@ def test_reading_a_gs_cache_during_its_build_matches_reading_after(emulator):
 
 def test_hf_tokenizer_on_gs_resolves_like_the_local_file(tmp_path, emulator):
     """A Dataflow launch reads no local files: an HF tokenizer.json (or its directory) on gs:// works."""
-    from pipelines.testing import train_tiny_tokenizer
+    from build_helpers import train_tiny_tokenizer
     from pipelines.tokenizer import TokenizerError, resolve
 
     local = train_tiny_tokenizer(str(tmp_path / "tokenizer.json"))

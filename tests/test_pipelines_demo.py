@@ -7,8 +7,8 @@ import gzip
 import json
 import os
 
+from build_helpers import load_ledger, read_documents, tree_bytes
 from pipelines import demo
-from pipelines.testing import load_ledger, read_documents, tree_bytes
 
 
 def test_sample_corpus_is_small_varied_and_has_a_gzip_shard():

@@ -6,9 +6,12 @@ import gzip
 import json
 import tracemalloc
 
-from pipelines import build_cache as bc
-from pipelines.testing import read_dead_letters
+from build_helpers import read_dead_letters
+from pipelines.launcher import match_inputs
+from pipelines.options import build_arg_parser, chunk_config
+from pipelines.plan import make_plan, work_units
 from pipelines.tokenizer import resolve
+from pipelines.transforms import BuildChunksFn
 
 
 def test_streamed_gzip_shard_of_bad_lines_keeps_python_memory_bounded(tmp_path):
@@ -20,13 +23,13 @@ def test_streamed_gzip_shard_of_bad_lines_keeps_python_memory_bounded(tmp_path):
         for i in range(n_lines):
             f.write(good + b"\n" if i % 1000 == 0 else b'{"x": %d}\n' % i)
     size = sum(len(good) + 1 if i % 1000 == 0 else len(b'{"x": %d}' % i) + 1 for i in range(n_lines))
-    args = bc.build_arg_parser().parse_args(["--input", "x", "--output", "y", "--tokenizer", "tiktoken:cl100k_base",
+    args = build_arg_parser().parse_args(["--input", "x", "--output", "y", "--tokenizer", "tiktoken:cl100k_base",
                                              "--chunk_bytes", str(1 << 20)])
     tok = resolve("tiktoken:cl100k_base")
-    plan = bc.plan_ledger(tok.identity(), bc.make_config(args), bc.match_inputs([str(path)]))
-    (unit,) = bc.make_units(plan["inputs"], plan["config"]["chunk_bytes"])
+    plan = make_plan(tok.identity(), chunk_config(args), match_inputs([str(path)]))
+    (unit,) = work_units(plan)
     out = str(tmp_path / "out")
-    fn = bc.BuildChunksFn(out, tok, plan["config"])
+    fn = BuildChunksFn(out, tok, plan.config)
     fn.setup()
     tracemalloc.start()
     try:
@@ -34,9 +37,9 @@ def test_streamed_gzip_shard_of_bad_lines_keeps_python_memory_bounded(tmp_path):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert result["done"] == {"chunks": -(-size // (1 << 20)), "uncompressed_bytes": size}
-    assert sum(s["bad_records"] for s in result["sidecars"]) == n_lines - n_lines // 1000
-    assert sum(s["docs"] for s in result["sidecars"]) == n_lines // 1000
+    assert result.done == {"chunks": -(-size // (1 << 20)), "uncompressed_bytes": size}
+    assert sum(s["bad_records"] for s in result.sidecars) == n_lines - n_lines // 1000
+    assert sum(s["docs"] for s in result.sidecars) == n_lines // 1000
     # ~110k dead letters per chunk held as dicts would take far more than this
     print(f"peak Python memory {peak / 2**20:.1f} MiB")
     assert peak < 16 << 20, f"peak Python memory {peak / 2**20:.1f} MiB"

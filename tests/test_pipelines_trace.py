@@ -5,10 +5,9 @@ from __future__ import annotations
 import glob
 import os
 
+from build_helpers import FNAPI, REPO, SAMPLE_DIR as SAMPLE, load_ledger, tree_digest
 from pipelines import build_cache, trace
-from pipelines.testing import FNAPI, load_ledger, tree_digest
-
-SAMPLE = os.path.join(os.path.dirname(build_cache.__file__), "sample_corpus")
+from pipelines.plan import ChunkConfig, make_plan, work_units
 
 
 def _build(out: str) -> dict:
@@ -41,10 +40,11 @@ def test_traced_build_records_every_unit_and_the_same_bytes(tmp_path, monkeypatc
     # The trace is written outside the cache and changes no byte of it.
     assert tree_digest(plain) == tree_digest(traced)
     ledger = load_ledger(traced)
-    units = build_cache.make_units(ledger["inputs"], ledger["config"]["chunk_bytes"])
+    files = [(i["path"], i["size"]) for i in ledger["inputs"]]
+    units = work_units(make_plan(ledger["tokenizer"], ChunkConfig(**ledger["config"]), files))
     ev = trace.read(str(path))
     done = [e for e in ev if e["event"] == "unit_done"]
-    assert sorted((e["shard"], e["index"]) for e in done) == sorted((u["shard"], u["index"]) for u in units)
+    assert sorted((e["shard"], e["index"]) for e in done) == sorted((u.shard, u.index) for u in units)
     assert len([e for e in ev if e["event"] == "unit_start"]) == len(units)
     assert sum(e["tokens"] for e in done) == ledger["totals"]["tokens"]
     names = [e["event"] for e in ev]
@@ -61,16 +61,15 @@ def test_cli_build_with_two_worker_processes_is_traced_and_identical(tmp_path):
     import subprocess
     import sys
 
-    from pipelines.testing import DIRECT_MP2
+    from build_helpers import DIRECT_MP2
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(build_cache.__file__)))
     ref = str(tmp_path / "ref")
     _build(ref)
     out, path = str(tmp_path / "cli"), tmp_path / "cli-trace.jsonl"
     env = dict(os.environ, **{trace.ENV: str(path)})
     cmd = [sys.executable, "-m", "pipelines.build_cache", "--input", os.path.join(SAMPLE, "*"), "--output", out,
            "--tokenizer", "tiktoken:cl100k_base", "--chunk_bytes", "40000", *DIRECT_MP2]
-    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert tree_digest(out) == tree_digest(ref)
     ev = trace.read(str(path))
@@ -87,9 +86,8 @@ def test_freeze_long_lived_freezes_once_per_process():
     import subprocess
     import sys
 
-    code = ("import gc; from pipelines import build_cache as b; b.freeze_long_lived(); n = gc.get_freeze_count(); "
+    code = ("import gc; from pipelines import transforms as b; b.freeze_long_lived(); n = gc.get_freeze_count(); "
             "junk = [[i] for i in range(10000)]; b.freeze_long_lived(); "
             "assert n > 0 and gc.get_freeze_count() == n, (n, gc.get_freeze_count()); print('ok')")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(build_cache.__file__)))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

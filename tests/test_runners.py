@@ -24,8 +24,8 @@ import time
 
 import pytest
 
+from build_helpers import tree_bytes, write_shard
 from pipelines import build_cache
-from pipelines.testing import tree_bytes, write_shard
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "pipelines", "sample_corpus")

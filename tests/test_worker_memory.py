@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from pipelines.testing import sample_texts
+from build_helpers import sample_texts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL, LARGE = 10_000_000, 60_000_000  # input bytes (uncompressed)

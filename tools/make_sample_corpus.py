@@ -5,7 +5,7 @@ docstring followed by its public classes' and functions' docstrings) and license
 /usr/share/common-licenses. Deterministic for a given Python and machine; shards are written with a
 fixed gzip mtime so reruns produce the same bytes.
 
-    python -m pipelines.make_sample_corpus [--out pipelines/sample_corpus] [--max_bytes 450000]
+    python -m tools.make_sample_corpus [--out pipelines/sample_corpus] [--max_bytes 450000]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ MODULES = sorted(
                                            "lib2to3", "ensurepip", "venv", "pydoc_data"}
 )
 LICENSE_DIR = "/usr/share/common-licenses"
+SAMPLE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pipelines", "sample_corpus")
 
 
 def module_docs(name: str) -> list[tuple[str, str]]:
@@ -61,7 +62,7 @@ def license_docs() -> list[tuple[str, str]]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "sample_corpus"))
+    ap.add_argument("--out", default=SAMPLE_DIR, help="where to write the shards (default pipelines/sample_corpus)")
     ap.add_argument("--max_bytes", type=int, default=450_000, help="stop after this many bytes of jsonl")
     ap.add_argument("--max_doc_chars", type=int, default=12_000, help="truncate long documents")
     args = ap.parse_args(argv)

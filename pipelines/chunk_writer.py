@@ -270,11 +270,11 @@ class ChunkBuilder:
         if self.bad_spool is not None:
             dl_rel = fmt.dead_letter_path(self.shard, self.index)
             self.bad_spool.seek(0)
-            fsutil.write_atomic_stream(fsutil.join(self.root, dl_rel), self.bad_spool)
+            fsutil.write_atomic_stream(fmt.join(self.root, dl_rel), self.bad_spool)
             self.bad_spool.close()
             self.bad_spool = None
         rel = fmt.chunk_path(self.shard, self.index)
-        fsutil.write_atomic(fsutil.join(self.root, rel), data)
+        fsutil.write_atomic(fmt.join(self.root, rel), data)
         sidecar = {
             "path": rel,
             "shard": self.shard,
@@ -291,7 +291,7 @@ class ChunkBuilder:
             "bad_reasons": dict(sorted(self.bad_reasons.items())),
             "dead_letters": dl_rel,
         }
-        fsutil.write_atomic(fsutil.join(self.root, fmt.sidecar_path(self.shard, self.index)),
+        fsutil.write_atomic(fmt.join(self.root, fmt.sidecar_path(self.shard, self.index)),
                             fmt.sidecar_bytes(sidecar))
         inc = self.counters.inc
         inc("documents", self.docs)
@@ -307,7 +307,7 @@ class ChunkBuilder:
 
 def verify_chunk(root: str, shard: int, index: int) -> dict[str, Any] | None:
     """The sidecar of a complete chunk (its Parquet file matches size and checksum), else None."""
-    raw = fsutil.read_bytes_or_none(fsutil.join(root, fmt.sidecar_path(shard, index)))
+    raw = fsutil.read_bytes_or_none(fmt.join(root, fmt.sidecar_path(shard, index)))
     if raw is None:
         return None
     try:
@@ -318,12 +318,12 @@ def verify_chunk(root: str, shard: int, index: int) -> dict[str, Any] | None:
         return None
     if any(k not in sidecar for k in fmt.SIDECAR_ONLY_KEYS):
         return None  # written before sidecars carried the row-group index: rebuild the chunk
-    path = fsutil.join(root, sidecar["path"])
+    path = fmt.join(root, sidecar["path"])
     if fsutil.file_size(path) != sidecar.get("bytes"):
         return None
     data = fsutil.read_bytes_or_none(path)
     if data is None or fmt.checksum(data) != sidecar.get("checksum"):
         return None
-    if sidecar.get("dead_letters") and not fsutil.exists(fsutil.join(root, sidecar["dead_letters"])):
+    if sidecar.get("dead_letters") and not fsutil.exists(fmt.join(root, sidecar["dead_letters"])):
         return None
     return sidecar

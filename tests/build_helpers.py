@@ -1,4 +1,4 @@
-"""Helpers for tests and benchmarks of the builder: small corpora, independent cache readers, tree hashes.
+"""Helpers for the builder's tests: small corpora, independent cache readers, tree hashes.
 
 The cache reading here uses pyarrow directly (not ``reader/``), so builder tests check the files
 against the format spec independently of the reader library.
@@ -16,6 +16,8 @@ import pyarrow.parquet as pq
 
 from reader import format as fmt
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE_DIR = os.path.join(REPO, "pipelines", "sample_corpus")
 FNAPI = ["--runner=FnApiRunner"]
 DIRECT_MP2 = ["--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 
@@ -46,7 +48,7 @@ def sample_texts(n: int, seed: int = 0, min_words: int = 5, max_words: int = 400
     """Deterministic English-like texts of varied length (from the committed sample corpus's words)."""
     import random
 
-    here = os.path.join(os.path.dirname(__file__), "sample_corpus", "part-00.jsonl")
+    here = os.path.join(SAMPLE_DIR, "part-00.jsonl")
     with open(here, encoding="utf-8") as f:
         words = " ".join(json.loads(line)["text"] for line in f).split()
     rng = random.Random(seed)
@@ -121,3 +123,21 @@ def train_tiny_tokenizer(path: str, texts: Sequence[str] | None = None, vocab_si
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tok.save(path)
     return path
+
+
+def small_plan(tmp_path, chunk_bytes: int = 1500):
+    """Two shards (plain with one bad line, gzip) of 24 texts under ``tmp_path/in``, planned as the launcher
+    would: ``(plan, tokenizer, texts, (plain_path, gzip_path))``."""
+    from pipelines.launcher import match_inputs
+    from pipelines.options import build_arg_parser, chunk_config
+    from pipelines.plan import make_plan
+    from pipelines.tokenizer import resolve
+
+    texts = sample_texts(24, seed=11)
+    a = write_shard(str(tmp_path / "in" / "a.jsonl"), [{"text": t} for t in texts[:12]] + [b"oops"])
+    b = write_shard(str(tmp_path / "in" / "b.jsonl.gz"), [{"text": t} for t in texts[12:]])
+    args = build_arg_parser().parse_args(["--input", "x", "--output", "y", "--tokenizer", "tiktoken:cl100k_base",
+                                          "--chunk_bytes", str(chunk_bytes), "--max_bad_fraction", "1"])
+    tok = resolve("tiktoken:cl100k_base")
+    plan = make_plan(tok.identity(), chunk_config(args), match_inputs([str(tmp_path / "in" / "*")]))
+    return plan, tok, texts, (a, b)

@@ -1,6 +1,6 @@
 """Measure the builder's hot path in one process: a chunk built from a jsonl file vs the raw tokenizer.
 
-    python -m pipelines.profile_builder --input FILE.jsonl [--tokenizer tiktoken:cl100k_base] [--profile]
+    python -m tools.profile_builder --input FILE.jsonl [--tokenizer tiktoken:cl100k_base] [--profile]
 
 Prints tokens/s of (a) the tokenizer alone on the already-parsed texts (tiktoken ``encode_ordinary``,
 HF ``encode_batch``) and (b) ``ChunkBuilder`` reading, parsing, tokenizing and writing the same file as
@@ -17,10 +17,10 @@ import pstats
 import tempfile
 import time
 
-from . import fsutil
-from .build_cache import DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL, DEFAULT_ROW_GROUP_TOKENS, TOKEN_ENCODING
-from .chunks import ChunkBuilder
-from .tokenizer import HFEncoder, TiktokenEncoder, resolve
+from pipelines import fsutil
+from pipelines.chunk_writer import ChunkBuilder
+from pipelines.options import DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL, DEFAULT_ROW_GROUP_TOKENS, TOKEN_ENCODING
+from pipelines.tokenizer import HFEncoder, TiktokenEncoder, resolve
 
 
 def main(argv=None) -> None:

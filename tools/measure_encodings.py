@@ -1,7 +1,7 @@
 """Measure Parquet encodings of token chunks (bytes per token) to choose the chunk format.
 
-    python -m pipelines.measure_encodings [--max_docs 20000] [--row_group_tokens N]
-    python -m pipelines.measure_encodings --cache DIR --max_tokens 40000000 --only_default  # real text
+    python -m tools.measure_encodings [--max_docs 20000] [--row_group_tokens N]
+    python -m tools.measure_encodings --cache DIR --max_tokens 40000000 --only_default  # real text
 
 Corpus: every Python stdlib docstring document (as in make_sample_corpus, untruncated) plus the
 copyright files under /usr/share/doc, split into paragraphs with exact duplicates removed, tokenized with cl100k_base (offline). Writes ~1M-token row groups
@@ -19,9 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import tiktoken
 
+from pipelines.chunk_writer import TOKEN_LEAF, parquet_writer_options, row_group_table
+from pipelines.options import DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL, TOKEN_ENCODING
 from reader import format as fmt
 
-from .chunks import TOKEN_LEAF, row_group_table
 from .make_sample_corpus import MODULES, module_docs
 
 CANDIDATES = {
@@ -89,9 +90,6 @@ def main(argv=None) -> None:
     ap.add_argument("--max_tokens", type=int, default=0, help="with --cache: stop after this many tokens")
     ap.add_argument("--only_default", action="store_true", help="measure the builder default only")
     args = ap.parse_args(argv)
-    from .build_cache import DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL, TOKEN_ENCODING
-    from .chunks import parquet_writer_options
-
     if args.cache:
         arrays = documents_of_cache(args.cache, args.max_tokens)
         texts = arrays  # only counted below

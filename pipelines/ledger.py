@@ -1,0 +1,109 @@
+"""The finished ledger and the bad-record verdict: pure functions of the plan and the work units' results."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Mapping
+
+from reader import format as fmt
+from reader.order import round_robin_order
+
+from .errors import BuildError
+from .plan import BuildPlan, UnitResult
+
+
+def finished_ledger(plan: BuildPlan, results: Iterable[UnitResult]) -> dict[str, Any]:
+    """The final ledger (``finished`` true) from the plan and every work unit's result.
+
+    Any arrival order of ``results`` gives the same ledger. Raises BuildError if a chunk or a compressed
+    shard's chunk count is missing.
+    """
+    sidecars: dict[tuple[int, int], dict[str, Any]] = {}
+    done: dict[int, dict[str, int]] = {}
+    for r in results:
+        for sc in r.sidecars:
+            sidecars[(sc["shard"], sc["index_in_shard"])] = sc
+        if r.done is not None:
+            done[r.shard] = r.done
+    inputs = []
+    for planned in plan.inputs:
+        inp = planned.to_json()
+        if planned.compression == "none":
+            inp["uncompressed_bytes"] = planned.size
+        else:
+            d = done.get(planned.shard)
+            if d is None:
+                raise BuildError(f"internal: compressed shard {planned.path} was not completed")
+            inp["chunks"] = d["chunks"]
+            inp["uncompressed_bytes"] = d["uncompressed_bytes"]
+        inputs.append(inp)
+    order = round_robin_order([inp["chunks"] for inp in inputs])
+    chunks, docs, tokens = [], 0, 0
+    bad: dict[str, int] = {}
+    for s, k in order.tolist():
+        sc = sidecars.get((s, k))
+        if sc is None:
+            raise BuildError(f"internal: chunk {fmt.chunk_path(s, k)} is missing after the build")
+        entry = fmt.ledger_entry(sc)  # without the row-group index; with the sidecar's checksum
+        entry["doc_offset"] = docs
+        entry["token_offset"] = tokens
+        docs += sc["docs"]
+        tokens += sc["tokens"]
+        for reason, n in sc["bad_reasons"].items():
+            bad[reason] = bad.get(reason, 0) + n
+        chunks.append(entry)
+    ledger = plan.ledger()
+    ledger["finished"] = True
+    ledger["inputs"] = inputs
+    ledger["chunks"] = chunks
+    ledger["bad_records"] = dict(sorted(bad.items()))
+    ledger["totals"] = {
+        "docs": docs,
+        "tokens": tokens,
+        "chunks": len(chunks),
+        "bytes": sum(c["bytes"] for c in chunks),
+        "input_bytes": sum(i["size"] for i in inputs),
+        "uncompressed_bytes": sum(i["uncompressed_bytes"] for i in inputs),
+        "bad_records": sum(bad.values()),
+    }
+    return ledger
+
+
+@dataclasses.dataclass(frozen=True)
+class TooManyBadRecords:
+    """The verdict of a build whose bad lines exceed ``--max_bad_fraction`` (recorded in ``_FAILED.json``)."""
+
+    bad_records: int
+    lines: int  # input lines: documents plus bad records
+    max_bad_fraction: float
+    reasons: dict[str, int]  # reason -> count, as the ledger's bad_records
+
+    ERROR = "too_many_bad_records"
+
+    def message(self, output: str) -> str:
+        """The error the user sees: the counts, where the bad lines are, and the two ways on."""
+        bad, lines = self.bad_records, self.lines
+        reasons = ", ".join(f"{k}: {v}" for k, v in self.reasons.items())
+        return (
+            f"too many bad records: {bad} of {lines} input lines ({bad / lines:.4%}) are bad, above "
+            f"--max_bad_fraction={self.max_bad_fraction} ({reasons}). They are kept with their reasons under "
+            f"{fmt.join(output, fmt.BAD_DIR)}/. Fix the input, or rerun the same command with a higher "
+            "--max_bad_fraction: completed chunks are kept and the build just finalizes.")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.ERROR, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "TooManyBadRecords":
+        return cls(bad_records=int(obj["bad_records"]), lines=int(obj["lines"]),
+                   max_bad_fraction=float(obj["max_bad_fraction"]), reasons=dict(obj["reasons"]))
+
+
+def check_bad_fraction(ledger: Mapping[str, Any], max_bad_fraction: float) -> TooManyBadRecords | None:
+    """None if the finished ``ledger``'s share of bad lines is within ``max_bad_fraction``, else the verdict."""
+    bad = ledger["totals"]["bad_records"]
+    lines = bad + ledger["totals"]["docs"]
+    if lines and bad / lines > max_bad_fraction:
+        return TooManyBadRecords(bad_records=bad, lines=lines, max_bad_fraction=max_bad_fraction,
+                                 reasons=dict(ledger["bad_records"]))
+    return None
