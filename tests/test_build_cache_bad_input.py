@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import collections
 import json
 import os
 
@@ -97,7 +98,15 @@ def test_max_bad_fraction_fails_then_rerun_with_higher_threshold_finalizes(tmp_p
     assert "rerun" in str(e.value) and f"{len(bad)} of" in str(e.value)
     out = str(tmp_path / "cache")
     assert load_ledger(out)["finished"] is False
+    # The job's verdict is a file in the cache; run() reports it (not the runner's exception text).
+    with open(os.path.join(out, "_FAILED.json"), encoding="utf-8") as f:
+        failure = json.load(f)
+    reasons = collections.Counter(reason for _, reason, _ in bad)
+    assert failure == {"error": "too_many_bad_records", "bad_records": len(bad), "lines": len(bad) + 30,
+                       "max_bad_fraction": 0.01, "reasons": dict(reasons)}
+    assert str(e.value).startswith(f"too many bad records: {len(bad)} of {len(bad) + 30} input lines")
     _, res = build(tmp_path, [a], chunk_bytes=2000, max_bad_fraction=0.5)
+    assert not os.path.exists(os.path.join(out, "_FAILED.json"))
     assert res["resumed"] and res["ledger"]["finished"]
     clean, _ = build(tmp_path, [a], chunk_bytes=2000, max_bad_fraction=0.5, name="clean")
     assert tree_bytes(out) == tree_bytes(clean)
