@@ -36,8 +36,8 @@ from . import trace
 
 if __name__ == "__main__":
     trace.event("launcher_start")  # before Beam is imported: the import is part of every build's fixed cost
-    # Importing Beam creates about a million objects that live as long as the launcher; the cyclic garbage
-    # collector would walk them over and over while they are created.
+    # Importing Beam creates hundreds of thousands of objects that live as long as the launcher; the cyclic
+    # garbage collector would walk them over and over while they are created.
     gc.disable()
 
 import apache_beam as beam  # noqa: E402

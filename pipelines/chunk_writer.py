@@ -86,7 +86,7 @@ def dead_letter(file: str, shard: int, offset: int, reason: str, detail: str, ra
 
 
 def parquet_writer_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """ParquetWriter keyword arguments for a chunk, from the ledger config (measured choice: FORMAT.md)."""
+    """ParquetWriter keyword arguments for a chunk, from the ledger config (measured choice: docs/DESIGN.md)."""
     comp = config["compression"]
     opts: dict[str, Any] = {
         "compression": "none" if comp == "none" else comp,
