@@ -1,11 +1,12 @@
-"""Command line: ``python -m reader inspect|validate|batches|export|import-megatron ...`` (also ``chunkledger``).
+"""Command line: ``python -m reader inspect|validate|batches|export|import-... ...`` (also ``chunkledger``).
 
 * ``inspect``  what a cache holds: documents, tokens, chunks, tokenizer, length percentiles.
 * ``validate`` check every chunk against the ledger (size, sha256, Parquet layout, counts, sidecars);
   exits non-zero on any problem.
 * ``batches``  write one reader's rows of some batches to an ``.npz`` file, to look at any batch of a run.
 * ``export``   write a cache as Megatron ``.bin``/``.idx`` or seqax flat-tokens (``reader/export.py``).
-* ``import-megatron``  turn Megatron ``.bin``/``.idx`` files into a cache (``reader/import_megatron.py``).
+* ``import-megatron``, ``import-flat-tokens``  turn Megatron ``.bin``/``.idx`` files or a seqax flat-tokens
+  dataset into a cache (``reader/import_megatron.py``, ``reader/import_flat_tokens.py``).
 """
 
 from __future__ import annotations
@@ -189,10 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True, help="output .npz file")
     b.set_defaults(fn=cmd_batches)
 
-    from . import export, import_megatron  # Megatron .bin/.idx and seqax flat-tokens (docs/INTEROP.md)
+    from . import export, import_flat_tokens, import_megatron  # Megatron and seqax formats (docs/INTEROP.md)
 
     export.add_parser(sub)
     import_megatron.add_parser(sub)
+    import_flat_tokens.add_parser(sub)
     return p
 
 

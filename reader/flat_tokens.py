@@ -8,7 +8,10 @@ A flat-tokens *dataset* is a zarr group with the groups ``train`` and ``validati
     seq_starts      uint64[seq_count+1]   where each sequence starts in encoded_tokens, then token_count
     attrs.max_token_id  int               every token id is <= it (the largest id in the data; 0 if empty)
 
-One cache document = one sequence, in global order. Written as seqax's own writer does: zarr format 2,
+One cache document = one sequence, in global order. The format stores no end-of-sequence tokens (the
+start bit marks the boundaries), so the EOS that a cache built with ``--append_eos`` ends every document
+with is left out (``keep_eos=True`` keeps it); ``import-flat-tokens --append_eos`` puts it back, so a
+cache -> flat-tokens -> cache round trip gives the same tokens. Written as seqax's own writer does: zarr format 2,
 Blosc lz4 level 5 with bit shuffle, a ``Delta`` filter on ``seq_starts``, chunks of 4 Mi tokens and
 1 Mi sequence starts by default. A document of zero tokens (possible, though the builder does not
 produce one) is a sequence whose start equals the next one's. zarr is imported here only: it is the
@@ -74,10 +77,25 @@ def encode(lengths: np.ndarray, values: np.ndarray) -> np.ndarray:
     return enc
 
 
-def _write_split(group, cache, tokens_chunk: int, seq_chunk: int, numcodecs) -> dict[str, int]:
+def strip_eos(block, eos: int, cache) -> tuple[np.ndarray, np.ndarray]:
+    """``(lengths, values)`` of a block without the EOS that ends each of its documents."""
+    ends = np.cumsum(block.lengths, dtype=np.int64)
+    if bool((block.lengths <= 0).any()) or not bool((block.values[ends - 1] == eos).all()):
+        raise ExportError(f"{cache.display(cache.table.paths[block.chunk])}: a document does not end with the EOS "
+                          f"id {eos}, yet the ledger says append_eos; pass --keep_eos to export the tokens as they are")
+    keep = np.ones(block.values.size, bool)
+    keep[ends - 1] = False
+    return block.lengths - 1, block.values[keep]
+
+
+def _write_split(group, cache, tokens_chunk: int, seq_chunk: int, numcodecs, keep_eos: bool) -> dict[str, int]:
     comp = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)
     n_tokens = int(cache.table.tokens.sum()) if cache is not None else 0
     n_docs = int(cache.table.docs.sum()) if cache is not None else 0
+    eos = None
+    if cache is not None and cache.ledger.config.get("append_eos") and not keep_eos:
+        eos = cache.ledger.tokenizer.get("eos_id")
+        n_tokens -= n_docs
     tok_arr = group.create_array("encoded_tokens", shape=(n_tokens,), chunks=(tokens_chunk,), dtype="uint32",
                                  compressors=comp, fill_value=None)
     seq_arr = group.create_array("seq_starts", shape=(n_docs + 1,), chunks=(seq_chunk,), dtype="uint64",
@@ -89,14 +107,15 @@ def _write_split(group, cache, tokens_chunk: int, seq_chunk: int, numcodecs) -> 
         vocab = vocab_size_of(cache)
         for block in iter_blocks(cache):
             check_token_range(block, min(vocab, MAX_TOKEN_ID + 1), cache)
-            toks.append(encode(block.lengths, block.values))
-            starts = np.zeros(len(block.lengths), np.int64)
-            np.cumsum(block.lengths[:-1], out=starts[1:])
+            lengths, values = (block.lengths, block.values) if eos is None else strip_eos(block, eos, cache)
+            toks.append(encode(lengths, values))
+            starts = np.zeros(len(lengths), np.int64)
+            np.cumsum(lengths[:-1], out=starts[1:])
             seqs.append((starts + pos).astype(np.uint64))
-            if block.values.size:
-                max_id = max(max_id, int(block.values.max()))
-            pos += block.values.size
-            docs += len(block.lengths)
+            if values.size:
+                max_id = max(max_id, int(values.max()))
+            pos += values.size
+            docs += len(lengths)
     seqs.append(np.array([pos], np.uint64))
     if toks.close() != n_tokens or seqs.close() != n_docs + 1:
         raise ExportError(f"{cache.display(fmt.LEDGER_NAME)}: the chunks hold {docs} documents / {pos} tokens, "
@@ -106,7 +125,7 @@ def _write_split(group, cache, tokens_chunk: int, seq_chunk: int, numcodecs) -> 
 
 
 def export_flat_tokens(url: str, out: str, *, overwrite: bool = False, tokens_chunk_size: int = 1 << 22,
-                       seq_starts_chunk_size: int = 1 << 20) -> str:
+                       seq_starts_chunk_size: int = 1 << 20, keep_eos: bool = False) -> str:
     """Write a cache (or a directory of ``train``/``validation`` caches) as a flat-tokens zarr dataset.
 
     Args:
@@ -115,6 +134,7 @@ def export_flat_tokens(url: str, out: str, *, overwrite: bool = False, tokens_ch
         renamed into place when complete.
       overwrite: replace an existing ``out``.
       tokens_chunk_size, seq_starts_chunk_size: zarr chunk lengths (seqax's defaults).
+      keep_eos: keep the EOS that ends every document of a cache built with ``--append_eos``.
 
     Returns a one-line summary.
     """
@@ -137,7 +157,7 @@ def export_flat_tokens(url: str, out: str, *, overwrite: bool = False, tokens_ch
         root.attrs["chunkledger"] = {"tokenizer": dict(caches["train"].ledger.tokenizer)}
         for name in SPLITS:
             stats[name] = _write_split(root.create_group(name), caches.get(name), tokens_chunk_size,
-                                       seq_starts_chunk_size, numcodecs)
+                                       seq_starts_chunk_size, numcodecs, keep_eos)
         old = None
         if fs.exists(path):
             old = temp_name(path)
