@@ -108,11 +108,28 @@ def test_export_of_a_damaged_chunk_leaves_no_output(tmp_path, capsys):
     assert os.listdir(tmp_path / "out") == []  # neither final nor temporary files
 
 
-def test_export_of_tokens_outside_the_vocabulary(tmp_path, capsys):
-    ref.synthetic_cache(str(tmp_path / "c"), [[[1, 2]], [[3, 12]]], vocab_size=10)
-    rc, err = _run(capsys, "export", str(tmp_path / "c"), "--format", "megatron", "--out", str(tmp_path / "o/m"))
-    assert rc == 1 and "token id 12 is outside the tokenizer's vocabulary [0, 10)" in err
+@pytest.mark.parametrize("bad", [10, 12, -1])
+def test_export_of_tokens_outside_the_vocabulary(tmp_path, capsys, bad):
+    ref.synthetic_cache(str(tmp_path / "c"), [[[1, 2]], [[3, bad]]], vocab_size=10)
+    for name, out in (("megatron", "o/m"), ("flat-tokens", "o/d.zarr")):
+        rc, err = _run(capsys, "export", str(tmp_path / "c"), "--format", name, "--out", str(tmp_path / out))
+        assert rc == 1 and f"token id {bad} is outside the tokenizer's vocabulary [0, 10)" in err
     assert os.listdir(tmp_path / "o") == []
+
+
+def test_megatron_export_renames_the_idx_last(tmp_path, monkeypatch):
+    import reader.megatron as megatron
+
+    ref.synthetic_cache(str(tmp_path / "c"), [[[1, 2]]], vocab_size=10)
+    real, seen = megatron.rename, []
+
+    def recording(fs, src, dst):
+        seen.append((dst, os.path.exists(tmp_path / "m.bin"), os.path.exists(tmp_path / "m.idx")))
+        real(fs, src, dst)
+
+    monkeypatch.setattr(megatron, "rename", recording)
+    assert main(["export", str(tmp_path / "c"), "--format", "megatron", "--out", str(tmp_path / "m")]) == 0
+    assert seen == [(str(tmp_path / "m.bin"), False, False), (str(tmp_path / "m.idx"), True, False)]
 
 
 def test_export_refuses_existing_output_unless_overwrite(tmp_path, capsys):
