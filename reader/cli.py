@@ -1,4 +1,6 @@
-"""Command line: ``python -m reader inspect|validate|batches|export|import-... ...`` (also ``chunkledger``).
+"""Command line: ``python -m reader inspect|validate|batches|export|import-megatron|import-flat-tokens``.
+
+Also installed as the ``chunkledger`` script.
 
 * ``inspect``  what a cache holds: documents, tokens, chunks, tokenizer, length percentiles.
 * ``validate`` check every chunk against the ledger (size, sha256, Parquet layout, counts, sidecars);

@@ -201,8 +201,8 @@ def add_parser(sub) -> None:
                     "document, dtype uint16 if vocab_size < 65500 else int32, as Megatron's "
                     "DType.optimal_dtype). flat-tokens: a zarr v2 group with train/ and validation/ flat-tokens "
                     "arrays (a cache directory with train/ and validation/ sub-caches fills both; a plain cache "
-                    "fills train and leaves validation empty). megatron keeps the tokens as stored (EOS included if the "
-                    "cache was built with --append_eos); flat-tokens leaves that EOS out (the format marks sequence "
+                    "fills train and leaves validation empty). megatron keeps the tokens as stored (EOS included "
+                    "if the cache was built with --append_eos); flat-tokens leaves that EOS out (the format marks sequence "
                     "starts instead), unless --keep_eos. See docs/INTEROP.md.")
     e.add_argument("path", help="cache root (local path or gs://bucket/cache), or a directory holding train/ "
                                 "and validation/ caches (flat-tokens)")

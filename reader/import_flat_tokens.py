@@ -50,7 +50,8 @@ class FlatTokensSource:
         try:
             group = root[split]
         except KeyError:
-            raise ImportFailed(f"{self.where}: no such group (a flat-tokens dataset has train and validation)") from None
+            raise ImportFailed(f"{self.where}: no such group (a flat-tokens dataset has train and "
+                               "validation)") from None
         arrays = {}
         for key, dtype in (("encoded_tokens", np.uint32), ("seq_starts", np.uint64)):
             try:

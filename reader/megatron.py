@@ -25,7 +25,6 @@ import os
 import shutil
 import struct
 import tempfile
-from typing import Any
 
 import numpy as np
 
@@ -270,8 +269,3 @@ def read_span(index: MegatronIndex, seq_bounds: np.ndarray, f) -> tuple[np.ndarr
     tokens = np.frombuffer(raw, dtype=index.dtype.newbyteorder("<"))
     lengths = np.diff(seq_cum[np.asarray(seq_bounds, np.int64) - s_lo])
     return lengths, tokens
-
-
-def info(index: MegatronIndex) -> dict[str, Any]:
-    return {"prefix": index.prefix, "dtype": index.dtype.name, "sequences": index.num_sequences,
-            "documents": index.num_documents, "bin_bytes": index.bin_size}

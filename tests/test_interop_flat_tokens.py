@@ -5,7 +5,6 @@ import json
 import os
 
 import numpy as np
-import pytest
 import zarr
 
 import interop_ref as ref

@@ -56,6 +56,17 @@ def test_dtype_follows_megatron_optimal_dtype(tmp_path, vocab, code):
     assert got == docs
 
 
+def test_dtype_override(tmp_path, capsys):
+    docs = ref.synthetic_cache(str(tmp_path / "c"), [[[1, 999]]], vocab_size=1000)
+    assert main(["export", str(tmp_path / "c"), "--format", "megatron", "--out", str(tmp_path / "m"),
+                 "--dtype", "int32"]) == 0
+    assert ref.read_megatron(str(tmp_path / "m"))[0]["code"] == 4 and ref.read_megatron(str(tmp_path / "m"))[1] == docs
+    ref.synthetic_cache(str(tmp_path / "big"), [[[1]]], vocab_size=70000)
+    assert main(["export", str(tmp_path / "big"), "--format", "megatron", "--out", str(tmp_path / "n"),
+                 "--dtype", "uint16"]) == 1
+    assert "--dtype uint16: cannot hold the token ids" in capsys.readouterr().err
+
+
 def test_megatron_core_reads_the_export_and_writes_the_same_bytes(tmp_path):
     docs = ref.synthetic_cache(str(tmp_path / "c"), _chunks(seed=5, n=12), vocab_size=1000,
                                chunks_per_shard=[7, 5])
