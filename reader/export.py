@@ -202,8 +202,8 @@ def add_parser(sub) -> None:
                     "DType.optimal_dtype). flat-tokens: a zarr v2 group with train/ and validation/ flat-tokens "
                     "arrays (a cache directory with train/ and validation/ sub-caches fills both; a plain cache "
                     "fills train and leaves validation empty). megatron keeps the tokens as stored (EOS included "
-                    "if the cache was built with --append_eos); flat-tokens leaves that EOS out (the format marks sequence "
-                    "starts instead), unless --keep_eos. See docs/INTEROP.md.")
+                    "if the cache was built with --append_eos); flat-tokens leaves that EOS out (the format marks "
+                    "sequence starts instead), unless --keep_eos. See docs/INTEROP.md.")
     e.add_argument("path", help="cache root (local path or gs://bucket/cache), or a directory holding train/ "
                                 "and validation/ caches (flat-tokens)")
     e.add_argument("--format", required=True, choices=["megatron", "flat-tokens"], help="output format")
@@ -217,6 +217,8 @@ def add_parser(sub) -> None:
                    help="flat-tokens: zarr chunk length of encoded_tokens (default 4194304, as seqax)")
     e.add_argument("--seq_starts_chunk_size", type=int, default=1 << 20,
                    help="flat-tokens: zarr chunk length of seq_starts (default 1048576, as seqax)")
+    e.add_argument("--threads", type=int, default=2,
+                   help="chunks fetched and decoded ahead, in parallel (default 2; memory holds threads + 1 chunks)")
     e.add_argument("--keep_eos", action="store_true",
                    help="flat-tokens: keep the EOS that ends every document of a cache built with --append_eos "
                         "(by default it is left out: flat-tokens marks sequence starts with a bit instead)")
@@ -228,12 +230,13 @@ def cmd_export(args) -> int:
         from .megatron import export_megatron
 
         summary = export_megatron(args.path, args.out, overwrite=args.overwrite,
-                                  dtype=None if args.dtype == "auto" else args.dtype)
+                                  dtype=None if args.dtype == "auto" else args.dtype, threads=args.threads)
     else:
         from .flat_tokens import export_flat_tokens
 
         summary = export_flat_tokens(args.path, args.out, overwrite=args.overwrite,
                                      tokens_chunk_size=args.tokens_chunk_size,
-                                     seq_starts_chunk_size=args.seq_starts_chunk_size, keep_eos=args.keep_eos)
+                                     seq_starts_chunk_size=args.seq_starts_chunk_size, keep_eos=args.keep_eos,
+                                     threads=args.threads)
     print(summary, file=sys.stdout)
     return 0

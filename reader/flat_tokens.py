@@ -88,7 +88,8 @@ def strip_eos(block, eos: int, cache) -> tuple[np.ndarray, np.ndarray]:
     return block.lengths - 1, block.values[keep]
 
 
-def _write_split(group, cache, tokens_chunk: int, seq_chunk: int, numcodecs, keep_eos: bool) -> dict[str, int]:
+def _write_split(group, cache, tokens_chunk: int, seq_chunk: int, numcodecs, keep_eos: bool,
+                 threads: int) -> dict[str, int]:
     comp = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)
     n_tokens = int(cache.table.tokens.sum()) if cache is not None else 0
     n_docs = int(cache.table.docs.sum()) if cache is not None else 0
@@ -105,7 +106,7 @@ def _write_split(group, cache, tokens_chunk: int, seq_chunk: int, numcodecs, kee
     pos, docs, max_id = 0, 0, 0
     if cache is not None:
         vocab = vocab_size_of(cache)
-        for block in iter_blocks(cache):
+        for block in iter_blocks(cache, prefetch=threads):
             check_token_range(block, min(vocab, MAX_TOKEN_ID + 1), cache)
             lengths, values = (block.lengths, block.values) if eos is None else strip_eos(block, eos, cache)
             toks.append(encode(lengths, values))
@@ -125,7 +126,7 @@ def _write_split(group, cache, tokens_chunk: int, seq_chunk: int, numcodecs, kee
 
 
 def export_flat_tokens(url: str, out: str, *, overwrite: bool = False, tokens_chunk_size: int = 1 << 22,
-                       seq_starts_chunk_size: int = 1 << 20, keep_eos: bool = False) -> str:
+                       seq_starts_chunk_size: int = 1 << 20, keep_eos: bool = False, threads: int = 2) -> str:
     """Write a cache (or a directory of ``train``/``validation`` caches) as a flat-tokens zarr dataset.
 
     Args:
@@ -135,6 +136,7 @@ def export_flat_tokens(url: str, out: str, *, overwrite: bool = False, tokens_ch
       overwrite: replace an existing ``out``.
       tokens_chunk_size, seq_starts_chunk_size: zarr chunk lengths (seqax's defaults).
       keep_eos: keep the EOS that ends every document of a cache built with ``--append_eos``.
+      threads: chunks fetched and decoded ahead in parallel.
 
     Returns a one-line summary.
     """
@@ -157,7 +159,7 @@ def export_flat_tokens(url: str, out: str, *, overwrite: bool = False, tokens_ch
         root.attrs["chunkledger"] = {"tokenizer": dict(caches["train"].ledger.tokenizer)}
         for name in SPLITS:
             stats[name] = _write_split(root.create_group(name), caches.get(name), tokens_chunk_size,
-                                       seq_starts_chunk_size, numcodecs, keep_eos)
+                                       seq_starts_chunk_size, numcodecs, keep_eos, threads)
         old = None
         if fs.exists(path):
             old = temp_name(path)

@@ -180,7 +180,8 @@ def _choose_dtype(vocab_size: int, dtype: str | None, where: str) -> np.dtype:
     return dt
 
 
-def export_megatron(url: str, prefix: str, *, overwrite: bool = False, dtype: str | None = None) -> str:
+def export_megatron(url: str, prefix: str, *, overwrite: bool = False, dtype: str | None = None,
+                    threads: int = 2) -> str:
     """Write a finished cache as ``prefix.bin`` + ``prefix.idx`` (one sequence per document, global order).
 
     Args:
@@ -188,6 +189,7 @@ def export_megatron(url: str, prefix: str, *, overwrite: bool = False, dtype: st
       prefix: output path without extension (local or any fsspec URL).
       overwrite: replace existing output files (otherwise refuse).
       dtype: ``"uint16"`` / ``"int32"``, or None for Megatron's rule from the tokenizer's vocab_size.
+      threads: chunks fetched and decoded ahead in parallel.
 
     Returns a one-line summary. The ``.bin`` is renamed into place before the ``.idx``: an ``.idx`` with
     its final name always describes a complete ``.bin``.
@@ -213,7 +215,7 @@ def export_megatron(url: str, prefix: str, *, overwrite: bool = False, dtype: st
         with fs.open(bin_tmp, "wb") as fb, tempfile.TemporaryFile(dir=local_dir) as lens_f, \
                 tempfile.TemporaryFile(dir=local_dir) as ptrs_f:
             pos, docs, tokens = 0, 0, 0
-            for block in iter_blocks(cache):
+            for block in iter_blocks(cache, prefetch=threads):
                 check_token_range(block, vocab, cache)
                 fb.write(block.values.astype(dt).tobytes())
                 lens_f.write(block.lengths.astype("<i4").tobytes())
