@@ -13,10 +13,9 @@ import tempfile
 from typing import Any, Callable, Mapping
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from reader import format as fmt
+from reader.chunk_file import ChunkParquet, make_sidecar, row_group_table
 
 from . import fsutil
 
@@ -33,7 +32,6 @@ BAD_REASONS = (
     "tokenizer_error",  # the tokenizer failed on the text for another reason
 )
 
-TOKEN_LEAF = f"{fmt.TOKEN_COLUMN}.list.element"
 ENCODE_BATCH_DOCS = 256
 ENCODE_BATCH_CHARS = 4 << 20
 BAD_BUFFER_RECORDS = 4096  # dead letters held in memory before they are sorted into the spool
@@ -85,54 +83,6 @@ def dead_letter(file: str, shard: int, offset: int, reason: str, detail: str, ra
     return rec
 
 
-def parquet_writer_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """ParquetWriter keyword arguments for a chunk, from the ledger config (measured choice: docs/DESIGN.md)."""
-    comp = config["compression"]
-    opts: dict[str, Any] = {
-        "compression": "none" if comp == "none" else comp,
-        "use_dictionary": [fmt.SHARD_COLUMN],
-        "write_statistics": False,
-        "store_schema": True,
-        "data_page_size": 1 << 20,
-    }
-    if config.get("compression_level") is not None and comp in ("zstd", "gzip", "brotli"):
-        opts["compression_level"] = int(config["compression_level"])
-    enc = config.get("token_encoding", "PLAIN")
-    if enc != "PLAIN":
-        # Column options must name the leaf path; the bare column name is silently ignored by pyarrow.
-        opts["column_encoding"] = {TOKEN_LEAF: enc, fmt.LENGTH_COLUMN: "PLAIN", fmt.OFFSET_COLUMN: "DELTA_BINARY_PACKED"}
-    else:
-        opts["column_encoding"] = {fmt.OFFSET_COLUMN: "DELTA_BINARY_PACKED"}
-    return opts
-
-
-_TOKEN_TYPE = fmt.CHUNK_SCHEMA.field(fmt.TOKEN_COLUMN).type
-
-
-def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eos_id: int | None) -> pa.Table:
-    """One row group: documents' token arrays (EOS appended when ``eos_id`` is not None)."""
-    n = len(arrays)
-    if eos_id is not None:
-        eos = np.array([eos_id], dtype=np.int32)
-        parts = []
-        for a in arrays:
-            parts.append(a)
-            parts.append(eos)
-        lengths = np.fromiter((len(a) + 1 for a in arrays), dtype=np.int32, count=n)
-    else:
-        parts = arrays
-        lengths = np.fromiter((len(a) for a in arrays), dtype=np.int32, count=n)
-    values = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
-    offs = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offs[1:])
-    tokens = pa.ListArray.from_arrays(pa.array(offs), pa.array(values, type=pa.int32()), type=_TOKEN_TYPE)
-    return pa.Table.from_arrays(
-        [tokens, pa.array(lengths, type=pa.int32()), pa.array(np.full(n, shard, dtype=np.int32)),
-         pa.array(np.asarray(offsets, dtype=np.int64))],
-        schema=fmt.CHUNK_SCHEMA,
-    )
-
-
 class Counters:
     """Local tallies flushed to Beam metrics once per chunk (not per document)."""
 
@@ -160,7 +110,6 @@ class ChunkBuilder:
         self.row_group_tokens = int(config["row_group_tokens"])
         self.eos_id = eos_id if config["append_eos"] else None
         self.extra = 1 if self.eos_id is not None else 0
-        self.writer_options = parquet_writer_options(config)
         self.counters = counters or Counters()
         self.bad_buffer: list[tuple[int, bytes]] = []  # (offset, dead-letter JSON line), not yet spooled
         self.bad_spool = None  # SpooledTemporaryFile of sorted dead-letter lines (memory stays bounded)
@@ -172,12 +121,8 @@ class ChunkBuilder:
         self.rg_arrays: list[np.ndarray] = []
         self.rg_offsets: list[int] = []
         self.rg_tokens = 0
-        self.row_group_token_counts: list[int] = []
-        self.docs = 0
-        self.tokens = 0
         self.input_bytes = 0
-        self.sink = pa.BufferOutputStream()
-        self.writer = pq.ParquetWriter(self.sink, fmt.CHUNK_SCHEMA, **self.writer_options)
+        self.parquet = ChunkParquet(config)
 
     # -- lines ------------------------------------------------------------------------------------
     def add(self, offset: int, raw: bytes) -> None:
@@ -248,23 +193,14 @@ class ChunkBuilder:
         if not self.rg_arrays:
             return
         table = row_group_table(self.rg_arrays, self.shard, self.rg_offsets, self.eos_id)
-        self.writer.write_table(table, row_group_size=len(table))
-        self.row_group_token_counts.append(self.rg_tokens)
-        self.docs += len(self.rg_arrays)
-        self.tokens += self.rg_tokens
+        self.parquet.write(table, self.rg_tokens)
         self.rg_arrays, self.rg_offsets, self.rg_tokens = [], [], 0
 
     # -- output -----------------------------------------------------------------------------------
     def finish(self, hi: int) -> dict[str, Any]:
         self._encode_pending()
         self._flush_row_group()
-        self.writer.add_key_value_metadata({fmt.ROW_GROUP_TOKENS_KEY: json.dumps(self.row_group_token_counts)})
-        self.writer.close()
-        data = self.sink.getvalue().to_pybytes()
-        self.sink = None
-        # byte range + sha256 of each row group and of the footer: readers fetch and verify row groups alone
-        rg_index, footer = fmt.row_group_index(data)
-        assert [e[3] for e in rg_index] == self.row_group_token_counts, "row-group index disagrees with writer"
+        data, rg_index, footer = self.parquet.finish()
         self._spool_bad()
         dl_rel = None
         if self.bad_spool is not None:
@@ -275,27 +211,14 @@ class ChunkBuilder:
             self.bad_spool = None
         rel = fmt.chunk_path(self.shard, self.index)
         fsutil.write_atomic(fmt.join(self.root, rel), data)
-        sidecar = {
-            "path": rel,
-            "shard": self.shard,
-            "index_in_shard": self.index,
-            "byte_range": [self.lo, hi],
-            "docs": self.docs,
-            "tokens": self.tokens,
-            "bytes": len(data),
-            "checksum": fmt.checksum(data),
-            "row_groups": len(self.row_group_token_counts),
-            "row_group_index": rg_index,
-            "footer": footer,
-            "bad_records": sum(self.bad_reasons.values()),
-            "bad_reasons": dict(sorted(self.bad_reasons.items())),
-            "dead_letters": dl_rel,
-        }
+        sidecar = make_sidecar(shard=self.shard, index_in_shard=self.index, byte_range=[self.lo, hi], data=data,
+                               row_group_index=rg_index, footer=footer, docs=self.parquet.docs,
+                               tokens=self.parquet.tokens, bad_reasons=self.bad_reasons, dead_letters=dl_rel)
         fsutil.write_atomic(fmt.join(self.root, fmt.sidecar_path(self.shard, self.index)),
                             fmt.sidecar_bytes(sidecar))
         inc = self.counters.inc
-        inc("documents", self.docs)
-        inc("tokens", self.tokens)
+        inc("documents", sidecar["docs"])
+        inc("tokens", sidecar["tokens"])
         inc("input_bytes", self.input_bytes)
         inc("output_bytes", len(data))
         inc("bad_records", sidecar["bad_records"])

@@ -36,6 +36,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+# The ledger's tokenizer identity is computed in reader/ (the Megatron import records the same one).
+from reader.tokenizer_id import EOS_CANDIDATES as _EOS_CANDIDATES  # noqa: F401
+from reader.tokenizer_id import hash_hf_json, hash_tiktoken as _hash_tiktoken, hf_eos as _hf_eos
+
 # Long-document splitting (recorded in the ledger config: it defines the tokens of degenerate texts).
 PIECE_CHARS = 65_536
 MAX_PIECE_CHARS = 131_072
@@ -43,9 +47,6 @@ MAX_PIECE_CHARS = 131_072
 # A safe cut position p: text[p-1] is a word character and text[p] a space or tab, or text[p-1] is a
 # newline and text[p] a word character. Zero-width so ``m.start()`` is the cut.
 _SAFE_CUT = re.compile(r"(?<=\w)(?=[ \t])|(?<=\n)(?=\w)")
-
-_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
-
 
 class TokenizerError(ValueError):
     """The tokenizer spec cannot be resolved."""
@@ -160,17 +161,6 @@ class HFEncoder(Encoder):
 # Resolving a spec (launcher side)
 
 
-def _hash_tiktoken(enc) -> str:
-    h = hashlib.sha256()
-    h.update(enc._pat_str.encode())
-    h.update(json.dumps(sorted(enc._special_tokens.items())).encode())
-    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
-        h.update(rank.to_bytes(4, "little"))
-        h.update(len(token).to_bytes(2, "little"))
-        h.update(token)
-    return "sha256:" + h.hexdigest()
-
-
 def _resolve_tiktoken(spec: str, encoding: str) -> TokenizerSpec:
     try:
         import tiktoken
@@ -189,14 +179,6 @@ def _resolve_tiktoken(spec: str, encoding: str) -> TokenizerSpec:
     return TokenizerSpec(spec=spec, kind="tiktoken", name=name, vocab_size=int(enc.n_vocab),
                          eos_id=int(enc.eot_token) if enc.eot_token is not None else None,
                          hash=_hash_tiktoken(enc))
-
-
-def _hf_eos(tok, config_eos: str | None) -> int | None:
-    for cand in ([config_eos] if config_eos else []) + list(_EOS_CANDIDATES):
-        tid = tok.token_to_id(cand)
-        if tid is not None:
-            return int(tid)
-    return None
 
 
 def _read_remote(path: str) -> str | None:
@@ -276,7 +258,7 @@ def _resolve_hf(spec: str) -> TokenizerSpec:
     return TokenizerSpec(spec=spec, kind="huggingface", name=spec,
                          vocab_size=int(tok.get_vocab_size(with_added_tokens=True)),
                          eos_id=_hf_eos(tok, config_eos),
-                         hash="sha256:" + hashlib.sha256(payload.encode()).hexdigest(), payload=payload)
+                         hash=hash_hf_json(payload), payload=payload)
 
 
 def resolve(spec: str) -> TokenizerSpec:

@@ -1,9 +1,14 @@
-"""Command line: ``python -m reader inspect|validate|batches PATH ...`` (also the ``chunkledger`` script).
+"""Command line: ``python -m reader inspect|validate|batches|export|import-megatron|import-flat-tokens``.
+
+Also installed as the ``chunkledger`` script.
 
 * ``inspect``  what a cache holds: documents, tokens, chunks, tokenizer, length percentiles.
 * ``validate`` check every chunk against the ledger (size, sha256, Parquet layout, counts, sidecars);
   exits non-zero on any problem.
 * ``batches``  write one reader's rows of some batches to an ``.npz`` file, to look at any batch of a run.
+* ``export``   write a cache as Megatron ``.bin``/``.idx`` or seqax flat-tokens (``reader/export.py``).
+* ``import-megatron``, ``import-flat-tokens``  turn Megatron ``.bin``/``.idx`` files or a seqax flat-tokens
+  dataset into a cache (``reader/import_megatron.py``, ``reader/import_flat_tokens.py``).
 """
 
 from __future__ import annotations
@@ -186,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="while a build runs: seconds to wait for chunks not yet written")
     b.add_argument("--out", required=True, help="output .npz file")
     b.set_defaults(fn=cmd_batches)
+
+    from . import export, import_flat_tokens, import_megatron  # Megatron and seqax formats (docs/INTEROP.md)
+
+    export.add_parser(sub)
+    import_megatron.add_parser(sub)
+    import_flat_tokens.add_parser(sub)
     return p
 
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import tiktoken
 
-from pipelines.chunk_writer import TOKEN_LEAF, parquet_writer_options, row_group_table
+from reader.chunk_file import TOKEN_LEAF, parquet_writer_options, row_group_table
 from pipelines.options import DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL, TOKEN_ENCODING
 from reader import format as fmt
 

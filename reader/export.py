@@ -1,0 +1,242 @@
+"""Exporting a cache to other training-data formats: ``python -m reader export CACHE --format F --out PATH``.
+
+Formats:
+
+* ``megatron``: Megatron-Core's indexed dataset, ``PATH.bin`` + ``PATH.idx`` (``reader/megatron.py``).
+* ``flat-tokens``: seqax's zarr flat-tokens dataset, groups ``train`` and ``validation``
+  (``reader/flat_tokens.py``).
+
+Both stream the cache in global order (ledger chunk order, documents in chunk order), one Parquet row
+group at a time, with every chunk file checked against the ledger's size and sha256 before it is
+decoded; memory stays bounded by a few chunk files whatever the cache's size. Outputs are written under
+temporary names and renamed into place at the end, so a file (or zarr directory) with the final name is
+complete. The reference is ``docs/INTEROP.md``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import os
+import sys
+import uuid
+from typing import Iterator
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import format as fmt
+from .cache import Cache
+
+TMP_PREFIX = ".tmp-"
+SPLITS = ("train", "validation")
+
+
+class ExportError(fmt.FormatError):
+    """An export cannot run or its input is damaged; the message names the file and the fix."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading a finished cache in global order
+
+
+def open_finished(url: str) -> Cache:
+    """The cache at ``url``; raises :class:`ExportError` unless its build has finished."""
+    cache = Cache(url)
+    if not cache.complete:
+        raise ExportError(f"{cache.display(fmt.LEDGER_NAME)}: the build has not finished (finished: false). "
+                          "Export needs a finished cache: wait for the build, or rerun the build command.")
+    return cache
+
+
+def split_caches(url: str) -> dict[str, str]:
+    """The caches of a dataset: ``{"train": url}`` for a plain cache, or ``train``/``validation`` for a
+    directory holding those sub-caches (each with its own ledger)."""
+    fs, root = fsspec.core.url_to_fs(url)
+    root = root.rstrip("/")
+    if fs.exists(root + "/" + fmt.LEDGER_NAME):
+        return {"train": url}
+    found = {s: url.rstrip("/") + "/" + s for s in SPLITS if fs.exists(f"{root}/{s}/{fmt.LEDGER_NAME}")}
+    if "train" not in found:
+        raise ExportError(f"{url.rstrip('/')}/{fmt.LEDGER_NAME}: no ledger here, nor in train/ and validation/ "
+                          "sub-caches. Is this a chunkledger cache root?")
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """The documents of one row group: ``lengths[i]`` tokens each, concatenated in ``values``."""
+
+    chunk: int  # global chunk index
+    lengths: np.ndarray  # int32 [docs]
+    values: np.ndarray  # int32 [tokens]
+
+
+def _column_numpy(column, dtype) -> np.ndarray:
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _read_verified(cache: Cache, c: int) -> bytes:
+    rel = cache.table.paths[c]
+    try:
+        data = cache.fs.cat_file(cache.path(rel))
+    except FileNotFoundError:
+        raise ExportError(f"{cache.display(rel)}: missing (listed in the ledger). Rerun the build command to "
+                          "rewrite it.") from None
+    if len(data) != int(cache.table.nbytes[c]) or fmt.checksum(data) != cache.table.checksums[c]:
+        raise ExportError(f"{cache.display(rel)}: size or sha256 differs from the ledger (damaged or replaced). "
+                          "Run `python -m reader validate` on the cache; delete the chunk and its .json sidecar "
+                          "and rerun the build to repair it.")
+    return data
+
+
+def _blocks_of(cache: Cache, c: int, data: bytes) -> list[Block]:
+    rel = cache.table.paths[c]
+    pf = pq.ParquetFile(pa.BufferReader(data))
+    out, docs, tokens = [], 0, 0
+    for g in range(pf.metadata.num_row_groups):
+        t = pf.read_row_group(g, columns=[fmt.TOKEN_COLUMN, fmt.LENGTH_COLUMN])
+        lists = t.column(0).combine_chunks()
+        values = _column_numpy(lists.flatten(), np.int32)
+        lengths = _column_numpy(t.column(1), np.int32)
+        offsets = _column_numpy(lists.offsets, np.int64)
+        if len(values) != int(lengths.sum(dtype=np.int64)) or not np.array_equal(np.diff(offsets), lengths):
+            raise ExportError(f"{cache.display(rel)}: row group {g}: {fmt.LENGTH_COLUMN} disagrees with the token "
+                              "lists (damaged chunk; rebuild it)")
+        docs += len(lengths)
+        tokens += len(values)
+        out.append(Block(c, lengths, values))
+    if docs != int(cache.table.docs[c]) or tokens != int(cache.table.tokens[c]):
+        raise ExportError(f"{cache.display(rel)}: holds {docs} documents / {tokens} tokens, the ledger says "
+                          f"{int(cache.table.docs[c])} / {int(cache.table.tokens[c])}")
+    return out
+
+
+def iter_blocks(cache: Cache, *, prefetch: int = 2) -> Iterator[Block]:
+    """Every document of a finished cache in global order, a row group at a time (verified reads).
+
+    The next ``prefetch`` chunk files are fetched and decoded in the background while the caller
+    consumes the current one, so memory holds at most ``prefetch + 1`` chunks.
+    """
+    n = len(cache.table)
+    todo = [c for c in range(n) if int(cache.table.docs[c]) > 0]
+
+    def load(c: int) -> list[Block]:
+        return _blocks_of(cache, c, _read_verified(cache, c))
+
+    with cf.ThreadPoolExecutor(max(1, prefetch)) as pool:
+        pending = [pool.submit(load, c) for c in todo[:prefetch + 1]]
+        nxt = len(pending)
+        while pending:
+            blocks = pending.pop(0).result()
+            if nxt < len(todo):
+                pending.append(pool.submit(load, todo[nxt]))
+                nxt += 1
+            yield from blocks
+
+
+def check_token_range(block: Block, vocab_size: int, cache: Cache) -> None:
+    """Token ids must lie in ``[0, vocab_size)``; else an error naming the chunk file."""
+    if block.values.size and (int(block.values.min()) < 0 or int(block.values.max()) >= vocab_size):
+        bad = int(block.values.max()) if int(block.values.max()) >= vocab_size else int(block.values.min())
+        raise ExportError(f"{cache.display(cache.table.paths[block.chunk])}: token id {bad} is outside the "
+                          f"tokenizer's vocabulary [0, {vocab_size}) recorded in the ledger")
+
+
+def vocab_size_of(cache: Cache) -> int:
+    v = cache.ledger.tokenizer.get("vocab_size")
+    if not isinstance(v, int) or v <= 0:
+        raise ExportError(f"{cache.display(fmt.LEDGER_NAME)}: tokenizer.vocab_size is missing or not a positive "
+                          "integer; the output dtype is chosen from it")
+    return v
+
+
+# --------------------------------------------------------------------------------------------------
+# Atomic outputs
+
+
+def temp_name(path: str) -> str:
+    """A temporary name in the same directory as ``path`` (renamed onto ``path`` when complete)."""
+    d, base = os.path.split(path.rstrip("/"))
+    return f"{d}/{TMP_PREFIX}{uuid.uuid4().hex[:12]}-{base}" if d else f"{TMP_PREFIX}{uuid.uuid4().hex[:12]}-{base}"
+
+
+def output_fs(path: str):
+    """``(fs, path)`` of an output location; local directories are created."""
+    fs, p = fsspec.core.url_to_fs(path)
+    parent = p.rstrip("/").rsplit("/", 1)[0] if "/" in p.rstrip("/") else ""
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    return fs, p
+
+
+def rename(fs, src: str, dst: str) -> None:
+    """Move ``src`` onto ``dst`` (atomic on a local filesystem)."""
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        os.replace(src, dst)
+    else:
+        fs.mv(src, dst, recursive=True)
+
+
+def remove_quietly(fs, path: str) -> None:
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+
+
+def add_parser(sub) -> None:
+    """The ``export`` subcommand of ``python -m reader``."""
+    e = sub.add_parser(
+        "export", help="write a cache as Megatron .bin/.idx or seqax flat-tokens (zarr)",
+        description="Write a finished cache's documents, in global order, in another training-data format. "
+                    "megatron: PREFIX.bin + PREFIX.idx (Megatron-Core IndexedDataset, one sequence per "
+                    "document, dtype uint16 if vocab_size < 65500 else int32, as Megatron's "
+                    "DType.optimal_dtype). flat-tokens: a zarr v2 group with train/ and validation/ flat-tokens "
+                    "arrays (a cache directory with train/ and validation/ sub-caches fills both; a plain cache "
+                    "fills train and leaves validation empty). megatron keeps the tokens as stored (EOS included "
+                    "if the cache was built with --append_eos); flat-tokens leaves that EOS out (the format marks "
+                    "sequence starts instead), unless --keep_eos. See docs/INTEROP.md.")
+    e.add_argument("path", help="cache root (local path or gs://bucket/cache), or a directory holding train/ "
+                                "and validation/ caches (flat-tokens)")
+    e.add_argument("--format", required=True, choices=["megatron", "flat-tokens"], help="output format")
+    e.add_argument("--out", required=True,
+                   help="megatron: output prefix (writes OUT.bin and OUT.idx); flat-tokens: the zarr directory "
+                        "(e.g. data.zarr)")
+    e.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    e.add_argument("--dtype", choices=["auto", "uint16", "int32"], default="auto",
+                   help="megatron: token dtype of the .bin (default auto: Megatron's rule from vocab_size)")
+    e.add_argument("--tokens_chunk_size", type=int, default=1 << 22,
+                   help="flat-tokens: zarr chunk length of encoded_tokens (default 4194304, as seqax)")
+    e.add_argument("--seq_starts_chunk_size", type=int, default=1 << 20,
+                   help="flat-tokens: zarr chunk length of seq_starts (default 1048576, as seqax)")
+    e.add_argument("--threads", type=int, default=2,
+                   help="chunks fetched and decoded ahead, in parallel (default 2; memory holds threads + 1 chunks)")
+    e.add_argument("--keep_eos", action="store_true",
+                   help="flat-tokens: keep the EOS that ends every document of a cache built with --append_eos "
+                        "(by default it is left out: flat-tokens marks sequence starts with a bit instead)")
+    e.set_defaults(fn=cmd_export)
+
+
+def cmd_export(args) -> int:
+    if args.format == "megatron":
+        from .megatron import export_megatron
+
+        summary = export_megatron(args.path, args.out, overwrite=args.overwrite,
+                                  dtype=None if args.dtype == "auto" else args.dtype, threads=args.threads)
+    else:
+        from .flat_tokens import export_flat_tokens
+
+        summary = export_flat_tokens(args.path, args.out, overwrite=args.overwrite,
+                                     tokens_chunk_size=args.tokens_chunk_size,
+                                     seq_starts_chunk_size=args.seq_starts_chunk_size, keep_eos=args.keep_eos,
+                                     threads=args.threads)
+    print(summary, file=sys.stdout)
+    return 0
