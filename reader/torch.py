@@ -22,8 +22,10 @@ for items in turn (worker ``i % k`` makes the ``i``-th item, and ``in_order=True
 returns them in that order). So worker ``w`` of ``k`` serves the global batches ``first + w``,
 ``first + w + k``, ... with its own :class:`reader.Reader`, opened inside the worker, and the loader
 yields ``first, first + 1, ...`` with no gap and no repeat; an eval pass ends when every worker has
-passed its end. Whole batches per worker rather than a share of each batch's rows: a DataLoader item
-must be a whole batch, and a worker that makes whole batches needs no exchange with the others. The
+passed its end. A worker assembles a few of its batches per reader call and hints the reader to load the
+next ones' row groups ahead. Whole batches per worker rather than a share of each batch's rows: a
+DataLoader item must be a whole batch, and a worker that makes whole batches needs no exchange with the
+others. The
 price is that every worker decodes the row groups of its rank's streams (each reads every k-th batch
 of the same windows) and holds its own ``memory_budget_bytes``; with ``num_workers=0`` the dataset
 reads in your process through ``Reader.iter_batches``, and ``ReadOptions(num_workers=W)`` then splits
@@ -51,7 +53,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import order
+from . import ReadOptions, Reader, order
 
 __all__ = ["TokenBatches", "as_tensors", "expand_flat", "resume_step", "STATE_KEY"]
 
@@ -59,6 +61,7 @@ STATE_KEY = "chunkledger_torch"  # marks (and versions) a TokenBatches.state_dic
 _STATE_VERSION = 1
 _FLAT_FIELDS = ("tokens", "first_positions", "num_tokens")
 _MAX_HINTS = 256  # Reader.prefetch futures kept in flight by a DataLoader worker
+_WORKER_GROUP = 4  # batches a DataLoader worker assembles per reader call (the per-call costs, paid once)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -228,8 +231,6 @@ class TokenBatches(IterableDataset):
 
     def __init__(self, source, opts=None, rank: int | None = None, world_size: int | None = None, *,
                  start: int = 0, reader_kwargs: Mapping[str, Any] | None = None):
-        from reader import ReadOptions  # (reader/__init__ stays torch-free; this module imports it lazily)
-
         self.source = os.fspath(source) if isinstance(source, os.PathLike) else source
         if not isinstance(self.source, str):
             raise TypeError(f"source must be a cache path or URL (each DataLoader worker opens its own reader), "
@@ -268,8 +269,6 @@ class TokenBatches(IterableDataset):
     # -- the reader of this process ---------------------------------------------------------------
     def _open(self):
         if self._reader is None or self._reader_pid != os.getpid():
-            from reader import Reader
-
             # a reader inherited through fork belongs to the parent (its threads do not exist here)
             self._reader = Reader(self.source, self.options, num_readers=self.world_size,
                                   reader_index=self.rank, **self.reader_kwargs)
@@ -299,11 +298,11 @@ class TokenBatches(IterableDataset):
         """Eval mode: the items the next iteration yields. Training streams have no length (TypeError)."""
         if not self.options.eval_mode:
             raise TypeError("a training TokenBatches loops forever and has no len(); eval_mode=True has one")
-        first, _ = self._first(self._resume, 0, 1)
+        first, _ = self._first(self._resume, 0)
         return max(0, self.num_batches - first)
 
     # -- iteration --------------------------------------------------------------------------------
-    def _first(self, resume, w: int, k: int) -> tuple[int, int]:
+    def _first(self, resume, w: int) -> tuple[int, int]:
         """(this worker's first batch, the iteration's first global batch)."""
         if resume is None:
             return self.start + w, self.start
@@ -315,7 +314,7 @@ class TokenBatches(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         resume, self._resume = self._resume, None  # a loaded state applies to the next iteration only
         w, k = _worker()
-        first, start = self._first(resume, w, k)
+        first, start = self._first(resume, w)
         return self._iterate(first, start, w, k)
 
     def iter_from(self, step: int) -> Iterator[dict[str, Any]]:
@@ -352,10 +351,12 @@ class TokenBatches(IterableDataset):
                 it.close()
             st["finished"] = True
             return
-        # DataLoader worker w of k: batches first, first + k, ...; the reader loads ahead on its threads
+        # DataLoader worker w of k: batches first, first + k, ...; the reader loads ahead on its threads,
+        # and _WORKER_GROUP of them are assembled in one call (what Reader.iter_batches does for its own)
         end = reader.num_batches  # eval: the pass's size (waits for the build); training: None
         look = int(reader.lookahead_batches()) if hasattr(reader, "lookahead_batches") else k
         ahead = max(1, -(-look // k))  # own batches ahead
+        B, rows, n = int(self.options.batch_size), self.rows, int(self.rows.size)
         hints: collections.deque = collections.deque()
 
         def hint(step: int) -> None:
@@ -371,15 +372,23 @@ class TokenBatches(IterableDataset):
 
         b = first
         try:
-            for j in range(ahead):
+            for j in range(min(ahead, _WORKER_GROUP)):
                 hint(b + j * k)
-            while end is None or b < end:
-                hint(b + ahead * k)
-                item = as_tensors(reader.batch(b))
-                item["step"] = b
-                st["next"] = b + k
-                yield item
-                b += k
+            while True:
+                steps = [b + j * k for j in range(_WORKER_GROUP) if end is None or b + j * k < end]
+                if not steps:
+                    break
+                for step in steps:
+                    hint(step + ahead * k)
+                # rows(step, rows) of each step, in one call: the same examples, b * B + row
+                data = reader.examples(np.concatenate([step * B + rows for step in steps]))
+                for i, step in enumerate(steps):
+                    item = as_tensors({key: v[i * n:(i + 1) * n] for key, v in data.items()})
+                    item["step"] = step
+                    st["next"] = step + k
+                    yield item
+                del data
+                b += _WORKER_GROUP * k
         finally:
             for f in hints:
                 f.cancel()
@@ -398,7 +407,7 @@ class TokenBatches(IterableDataset):
         if self._resume is None and st is not None and st["pid"] == os.getpid() and st["worker"] == (w, k):
             step, start, finished = st["next"], st["start"], st["finished"]
         else:
-            (step, start), finished = self._first(self._resume, w, k), False
+            (step, start), finished = self._first(self._resume, w), False
         return {STATE_KEY: _STATE_VERSION, "step": int(step), "start": int(start), "worker_id": w,
                 "num_workers": k, "finished": bool(finished), "rank": self.rank, "world_size": self.world_size}
 
@@ -427,7 +436,12 @@ class TokenBatches(IterableDataset):
             step = int(state["step"])
             if step < 0:
                 raise ValueError(f"state step must be >= 0, got {step}")
-            if get_worker_info() is not None and saved == (w, k) and "start" in state:
+            if get_worker_info() is not None and "start" in state:
+                if saved != (w, k):
+                    raise ValueError(
+                        f"StatefulDataLoader.load_state_dict restores a loader onto the num_workers it was saved "
+                        f"with ({saved[1]}; this loader has {k}). To resume on another worker count, pass the saved "
+                        f"state to TokenBatches.load_state_dict(state) instead and start a fresh loader")
                 # StatefulDataLoader restoring one worker (same num_workers): its own batches, as they were
                 self._resume = ("worker", step, int(state["start"]))
                 return
@@ -435,6 +449,5 @@ class TokenBatches(IterableDataset):
                 resume_step(state)  # raises: one worker's state does not give the global step
             self._resume = None if state.get("finished") else ("global", step, None)
             return
-        finished = bool(state.get("_iterator_finished", False)) if isinstance(state, Mapping) else False
-        step = resume_step(state)
-        self._resume = None if finished else ("global", step, None)
+        step = resume_step(state)  # a StatefulDataLoader's state (any num_workers)
+        self._resume = None if state.get("_iterator_finished") else ("global", step, None)

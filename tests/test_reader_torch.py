@@ -214,6 +214,19 @@ def test_stateful_dataloader_resumes_on_any_worker_count(cache, saved_workers, e
                 assert_item_equals(item, ref.batch(b), step=b)
 
 
+def test_a_native_restore_onto_another_worker_count_says_how_to_resume(cache):
+    pytest.importorskip("torchdata")
+    loader = stateful(TokenBatches(cache, options("shuffled")), 2)
+    it = iter(loader)
+    next(it)
+    sd = loader.state_dict()
+    del it
+    other = stateful(TokenBatches(cache, options("shuffled")), 1)
+    other.load_state_dict(sd)
+    with pytest.raises(ValueError, match=r"saved with \(2; this loader has 1\).*TokenBatches.load_state_dict"):
+        next(iter(other))
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateful_eval_pass_resumes_to_its_end_and_a_finished_state_starts_a_new_pass(cache, workers):
     pytest.importorskip("torchdata")
