@@ -17,19 +17,16 @@ batch ``b`` does not depend on ``W``, on the DataLoader's ``num_workers`` or on 
 state of a run is one number, the next global batch, and it restores onto any world size and any
 worker count.
 
-How DataLoader workers split the work. A ``DataLoader`` over an ``IterableDataset`` asks its workers
-for items in turn (worker ``i % k`` makes the ``i``-th item, and ``in_order=True``, the default,
-returns them in that order). So worker ``w`` of ``k`` serves the global batches ``first + w``,
-``first + w + k``, ... with its own :class:`reader.Reader`, opened inside the worker, and the loader
-yields ``first, first + 1, ...`` with no gap and no repeat; an eval pass ends when every worker has
-passed its end. A worker assembles a few of its batches per reader call and hints the reader to load the
-next ones' row groups ahead. Whole batches per worker rather than a share of each batch's rows: a
-DataLoader item must be a whole batch, and a worker that makes whole batches needs no exchange with the
-others. The
-price is that every worker decodes the row groups of its rank's streams (each reads every k-th batch
-of the same windows) and holds its own ``memory_budget_bytes``; with ``num_workers=0`` the dataset
-reads in your process through ``Reader.iter_batches``, and ``ReadOptions(num_workers=W)`` then splits
-each batch's rows between W reader processes that decode only their own streams (see README).
+How DataLoader workers split the work. A ``DataLoader`` over an ``IterableDataset`` asks its ``k``
+workers for items in turn and (``in_order=True``, the default) returns them in that order, so worker
+``w`` serves global batches ``first + w``, ``first + w + k``, ... with its own :class:`reader.Reader`
+(opened in the worker), and the loader yields ``first, first + 1, ...`` with no gap and no repeat. Whole
+batches per worker, not shares of rows: a DataLoader item must be a whole batch, and such a worker needs
+nothing from the others. The price: each worker decodes its rank's row groups (it reads every k-th batch
+of the same windows) and holds its own ``memory_budget_bytes``. With ``num_workers=0`` the dataset reads
+in your process through ``Reader.iter_batches``, where ``ReadOptions(num_workers=W)`` splits each batch's
+rows between W reader processes by stream, so nothing is decoded twice. An item leaves a worker as one
+buffer (torch would send each tensor through its own shared-memory segment).
 
 State. ``state_dict()`` is ``{"step": next global batch, ...}``. torchdata's ``StatefulDataLoader`` keeps
 one such dict per worker (each worker's own next batch) plus the number of items it has yielded;
@@ -83,6 +80,36 @@ def as_tensors(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         if not a.flags.writeable:
             a = a.copy()
         out[k] = torch.from_numpy(a)
+    return out
+
+
+class _OneBuffer(dict):
+    """An item made in a DataLoader worker. It pickles (on its way to the training process) as ONE
+    buffer with every tensor a view of it: torch sends each tensor through its own shared-memory segment
+    and file descriptor, a fixed cost per tensor that exceeds copying a batch. The training process gets
+    a plain dict."""
+
+    def __copy__(self):  # the worker's default_convert copies the item: keep the type
+        return _OneBuffer(self)
+
+    def __reduce__(self):
+        layout, extra, size = [], {}, 0
+        for k, v in self.items():
+            if isinstance(v, torch.Tensor):
+                n = v.numel() * v.element_size()
+                layout.append((k, v.dtype, tuple(v.shape), size, n))
+                size += -(-n // 64) * 64  # aligned for every dtype's view
+            else:
+                extra[k] = v
+        buf = torch.empty(size, dtype=torch.uint8)
+        for k, dtype, shape, off, n in layout:
+            buf[off:off + n].view(dtype).view(shape).copy_(self[k])
+        return _from_buffer, (buf, layout, extra)
+
+
+def _from_buffer(buf: torch.Tensor, layout: list, extra: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {k: buf[off:off + n].view(dtype).view(shape) for k, dtype, shape, off, n in layout}
+    out.update(extra)
     return out
 
 
@@ -338,11 +365,12 @@ class TokenBatches(IterableDataset):
 
     def _batches(self, st: dict, first: int, k: int) -> Iterator[dict[str, Any]]:
         reader = self._open()
+        wrap = _OneBuffer if get_worker_info() is not None else dict  # items leave a worker by pickle
         if k == 1:  # every batch in turn: the reader's own pipeline (prefetch thread, reader workers)
             it = reader.iter_batches(first)
             try:
                 for b, data in it:
-                    item = as_tensors(data)
+                    item = wrap(as_tensors(data))
                     item["step"] = int(b)
                     del data
                     st["next"] = int(b) + 1  # before the yield: a state taken after this item resumes after it
@@ -383,7 +411,7 @@ class TokenBatches(IterableDataset):
                 # rows(step, rows) of each step, in one call: the same examples, b * B + row
                 data = reader.examples(np.concatenate([step * B + rows for step in steps]))
                 for i, step in enumerate(steps):
-                    item = as_tensors({key: v[i * n:(i + 1) * n] for key, v in data.items()})
+                    item = wrap(as_tensors({key: v[i * n:(i + 1) * n] for key, v in data.items()}))
                     item["step"] = step
                     st["next"] = step + k
                     yield item

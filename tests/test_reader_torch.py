@@ -92,6 +92,9 @@ def test_dataloader_yields_exactly_the_readers_batches(cache, mode, num_workers)
             assert len(got) == n == len(ds) and not ref.batch(n - 1)["valid"].all()
         for b, item in enumerate(got):
             assert_item_equals(item, ref.batch(b), step=b)
+            assert type(item) is dict
+            if num_workers:  # the item crossed from the worker as one buffer, every field a view of it
+                assert len({t.untyped_storage().data_ptr() for k, t in item.items() if k != "step"}) == 1
 
 
 @pytest.mark.parametrize("mode,num_workers", [("shuffled", 2), ("eval_flat", 2), ("unpacked", 0)])
