@@ -246,7 +246,7 @@ class TokenBatches(IterableDataset):
         ``world_size``. ``num_workers`` (reader worker processes) applies only when the dataset iterates
         in your process (DataLoader ``num_workers=0``).
       rank, world_size: this rank's place among the data-parallel ranks. Default: ``torch.distributed``'s
-        rank and world size when it is initialized, else 0 and 1. With tensor or pipeline parallelism,
+        rank and world size when it is initialized, else 0 and 1 (an error if ``WORLD_SIZE`` says > 1). With tensor or pipeline parallelism,
         pass the data-parallel rank and size (ranks that must see the same data pass the same rank).
       start: the global batch an iteration begins at (a resumed run passes its saved step).
       reader_kwargs: keyword arguments for ``Reader`` (``wait_timeout_s``, ``poll_interval_s``,
@@ -265,6 +265,12 @@ class TokenBatches(IterableDataset):
         self.options = opts if opts is not None else ReadOptions()
         dist = _distributed()
         if rank is None and world_size is None:
+            launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+            if dist is None and launched > 1:  # torchrun started this rank, but the group is not up yet
+                raise ValueError(
+                    f"WORLD_SIZE={launched} (torchrun) but torch.distributed is not initialized, so this rank's "
+                    f"rows are unknown: call torch.distributed.init_process_group() before TokenBatches(...), "
+                    f"or pass rank= and world_size=")
             rank, world_size = dist or (0, 1)
         elif world_size is None:
             if dist is None:

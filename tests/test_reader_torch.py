@@ -119,7 +119,7 @@ def test_each_rank_gets_its_rows_and_together_the_global_batch(cache, mode, num_
                 assert np.array_equal(whole, v), (k, b)
 
 
-def test_batch_size_must_split_over_the_world(cache):
+def test_batch_size_must_split_over_the_world(cache, monkeypatch):
     with pytest.raises(ValueError, match=r"batch_size=4\) is the GLOBAL batch and must be a multiple of world_size 3"):
         TokenBatches(cache, options("shuffled"), rank=0, world_size=3)
     with pytest.raises(ValueError, match="rank 2 out of range for world_size 2"):
@@ -130,6 +130,10 @@ def test_batch_size_must_split_over_the_world(cache):
     assert (ds.rank, ds.world_size) == (0, 1)
     with pytest.raises(TypeError, match="no len"):
         len(ds)
+    monkeypatch.setenv("WORLD_SIZE", "8")  # torchrun's, before init_process_group: every rank would be rank 0
+    with pytest.raises(ValueError, match="WORLD_SIZE=8.*init_process_group"):
+        TokenBatches(cache, options("shuffled"))
+    assert TokenBatches(cache, options("shuffled"), rank=3, world_size=4).rows.tolist() == [3]
 
 
 def test_start_iter_from_and_a_loaded_step_apply_once(cache):
