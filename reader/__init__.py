@@ -1,6 +1,7 @@
 """chunkledger reader: deterministic sharded reads of a chunkledger cache.
 
-Light by design: numpy, pyarrow and fsspec only (gcsfs for gs://, jax optional in reader.jax).
+Light by design: numpy, pyarrow and fsspec only (gcsfs for gs://; jax optional in reader.jax, torch in
+reader.torch).
 
     from reader import ReadOptions, Reader
     r = Reader("gs://bucket/cache", ReadOptions(seq_len=2048, batch_size=64), num_readers=8, reader_index=3)

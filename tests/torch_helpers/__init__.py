@@ -1,0 +1,1 @@
+"""Helpers for the reader.torch tests (item comparison, the torch.distributed worker process)."""
