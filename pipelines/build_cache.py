@@ -49,7 +49,7 @@ from apache_beam.metrics import Metrics  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from reader import format as fmt  # noqa: E402
-from reader.order import round_robin_order  # noqa: E402
+from reader.streams import round_robin_order  # noqa: E402
 
 from . import fsutil  # noqa: E402
 from .chunks import ChunkBuilder, Counters, verify_chunk  # noqa: E402

@@ -18,8 +18,11 @@ import pyarrow.parquet as pq
 
 from . import format as fmt
 from .cache import Cache
-from .chunks import int_values, validate_chunk
-from .reader import BATCH_KEYS, ReadOptions, Reader
+from .options import ReadOptions
+from .pages import int_values
+from .reader import Reader
+from .schema import BATCH_KEYS
+from .validate import validate_chunk
 
 PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
 

