@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .schema import empty_batch
+from .schema import TOKEN_FIELDS, empty_batch
 
 _AR32: list = [np.zeros(0, np.int32)]
 
@@ -102,7 +102,7 @@ class ArraysWriter:
         np.cumsum(flag, dtype=np.int32, out=out["segment_ids"][r, :m])
         out["loss_mask"][r, :m] = True
         if m < self.L:
-            for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask"):
+            for k in TOKEN_FIELDS:
                 out[k][r, m:] = 0
 
     def write_pieces(self, out, dst: np.ndarray, padded: np.ndarray, local: np.ndarray, first: np.ndarray,
@@ -120,7 +120,7 @@ class ArraysWriter:
         out["loss_mask"][dst] = real
 
     def pad(self, out, rows: np.ndarray) -> None:
-        for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask"):
+        for k in TOKEN_FIELDS:
             out[k][rows] = 0
 
 
