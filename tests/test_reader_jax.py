@@ -184,6 +184,15 @@ def test_iteration_equals_global_batch_and_plain_iterator(cache):
         np.testing.assert_array_equal(np.asarray(again[name]), np.asarray(got[2][1][name]))
 
 
+def test_the_former_workers_argument_is_threads(cache):
+    """JaxLoader(workers=n) still works (threads: reader workers are ReadOptions.num_workers processes)."""
+    mesh = make_mesh((8,), ("data",))
+    with pytest.warns(DeprecationWarning, match="threads="):
+        loader = JaxLoader(cache, options("packed"), mesh, P("data"), workers=3)
+    with loader:
+        assert loader.threads == 3 and loader.num_workers == 0
+
+
 class WindowProbe:
     """Reader proxy that records which batches have been requested, for the sliding-window test."""
 
@@ -350,6 +359,8 @@ def test_flat_layout_expands_on_the_devices_to_the_arrays_layout(cache, mode, sh
     mesh = make_mesh(shape, names)
     with JaxLoader(cache, options(mode), mesh, spec_from_json(spec), prefetch=0) as plain:
         assert plain.flat  # a loader made from a path reads packed examples flat by default
+    with JaxLoader(ref_reader, None, mesh, spec_from_json(spec), prefetch=0) as own:
+        assert not own.flat  # a Reader passed as source keeps its own layout ("arrays" by default)
     with JaxLoader(cache, options(mode, layout="flat"), mesh, spec_from_json(spec), prefetch=0) as loader:
         assert loader.flat
         steps = [0, 1, 7] if ref_reader.num_batches is None else list(range(ref_reader.num_batches))
