@@ -29,8 +29,8 @@ SLAB_BATCHES = 8  # a slab: consecutive batches assembled in one pass (iter_batc
 
 
 def window_runs(recs, L: int):
-    """Runs of ``recs`` (sorted ``(chunk, group, offset, row)`` windows inside one row group): yields
-    ``(chunk, group, offset, row, k, step)`` for ``k`` consecutive windows of one row group that go to
+    """Runs of ``recs`` (sorted ``(chunk, row group, offset, row)`` windows inside one row group): yields
+    ``(chunk, row group, offset, row, k, step)`` for ``k`` consecutive windows of one row group that go to
     equally spaced rows ``row, row + step, ...`` (the usual case: a stream's rows of a batch), so each
     run is one strided copy."""
     n, i = len(recs), 0
@@ -52,7 +52,7 @@ def window_runs(recs, L: int):
 def doc_starts_in_windows(recs, groups: dict, L: int):
     """Document structure of windows that lie inside one decoded row group each.
 
-    ``recs``: ``(chunk, group, offset, row)`` per window, sorted; ``groups``: ``{(chunk, group): RowGroup}``.
+    ``recs``: ``(chunk, row group, offset, row)`` per window, sorted; ``groups``: ``{(chunk, row group): RowGroup}``.
     Returns ``(rows, first, owner, offset)``: each window's output row and the position of its first
     token in its document; and every document start strictly inside a window, as window index
     ``owner[k]`` and column ``offset[k]``. One vectorized pass for the whole batch: the row groups'

@@ -123,7 +123,7 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
     want = t.sidecar_checksums[index] if t.sidecar_checksums is not None else None
     if want is not None and fmt.checksum(raw) != want:
         raise chunk_error(cache, side_rel, f"sidecar checksum mismatch: file has {fmt.checksum(raw)}, the ledger "
-                                      f"says {want}")
+                          f"says {want}")
     try:
         side = json.loads(raw)
     except ValueError as e:
@@ -150,14 +150,14 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
     if (not np.array_equal(rg_ranges[:, 0], ends[:-1]) or int(ends[-1]) != f_off or f_off + f_len != size
             or int(rg_docs.sum()) != int(t.docs[index]) or int(rg_tokens.sum()) != int(t.tokens[index])):
         raise chunk_error(cache, side_rel, "row_group_index/footer inconsistent with the chunk's size, documents "
-                                      "or tokens")
+                          "or tokens")
     # one byte past the recorded end: a file longer than recorded shows up here, at no extra request
     footer = fetch(rel, f_off, f_off + f_len + 1)
     tally(index, len(footer), data=None)
     if len(footer) != f_len:
         kind = "truncated" if len(footer) < f_len else "longer than recorded"
         raise chunk_error(cache, rel, f"{kind}: the footer at bytes [{f_off}, {f_off + f_len}) of a {size}-byte "
-                                 f"file read {len(footer)} bytes")
+                          f"file read {len(footer)} bytes")
     if fmt.checksum(footer) != f_sum:
         raise chunk_error(cache, rel, f"footer checksum mismatch (bytes [{f_off}, {size}))")
     try:

@@ -46,7 +46,7 @@ class ArraysWriter:
         """Every token array is written whole by the walk."""
 
     def copy_windows(self, out, runs, groups) -> None:
-        """Targets and inputs of each run ``(chunk, group, offset, row, k, step)``: ``k`` consecutive
+        """Targets and inputs of each run ``(chunk, row group, offset, row, k, step)``: ``k`` consecutive
         windows of one row group into rows ``row, row + step, ...``, as one strided copy."""
         L = self.L
         tg, ip = out["targets"], out["inputs"]

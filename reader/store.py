@@ -60,13 +60,12 @@ class ChunkStore:
         self.bytes_fetched = 0  # every byte fetched: sidecars, footers, row groups
         self.decodes = 0  # row groups decoded
         self.fast_decode = True  # PLAIN pages: decompress and take the values (reader.pages)
-        # Decoded row groups that left the cache (evicted, or released by a read that has passed them:
-        # sequential reads row group by row group, shuffled reads mixing group by mixing group): their
-        # buffers are reused for new decodes once nothing refers to them any more, so a
-        # long read writes into memory that is already mapped instead of faulting in fresh pages.
-        # By buffer size (entries), oldest first. Up to _MAX_RETIRED are kept whatever the cache holds, more
-        # while the cache and they together stay within the budget (a read that releases what it has
-        # passed, e.g. a shuffled read at the end of a mixing group, keeps the cache well below it).
+        # Decoded row groups that left the cache (evicted, or released by a read that has passed them,
+        # see reader.release): their buffers are reused for new decodes once nothing refers to them any
+        # more, so a long read writes into memory that is already mapped instead of faulting in fresh
+        # pages. By buffer size (entries), oldest first. Up to _MAX_RETIRED are kept whatever the cache
+        # holds, more while the cache and they together stay within the budget (a read that releases
+        # what it has passed, e.g. a shuffled read at the end of a mix, keeps the cache well below it).
         self._retired: dict[int, collections.OrderedDict[int, RowGroup]] = {}
         self._retired_count = 0
         self._retired_bytes = 0
@@ -294,10 +293,10 @@ class ChunkStore:
             self._count(m.index, len(buf), data=True)
         if len(buf) != length:
             raise chunk_error(self.cache, m.path, f"truncated: row group {group} at bytes [{off}, {off + length}) read "
-                                             f"{len(buf)} bytes")
+                              f"{len(buf)} bytes")
         if fmt.checksum(buf) != m.rg_checksums[group]:
             raise chunk_error(self.cache, m.path, f"checksum mismatch in row group {group} (bytes [{off}, "
-                                             f"{off + length}))")
+                              f"{off + length}))")
         return buf
 
     def _load_row_group(self, index: int, group: int):
@@ -314,7 +313,7 @@ class ChunkStore:
             raise chunk_error(self.cache, m.path, f"row group {group} cannot be decoded ({e})") from e
         if padded.size - 1 != expect or lengths.size != docs or int(lengths.sum(dtype=np.int64)) != expect:
             raise chunk_error(self.cache, m.path, f"row group {group} holds {padded.size - 1} tokens in {lengths.size} "
-                                             f"documents, the sidecar says {expect} in {docs}")
+                              f"documents, the sidecar says {expect} in {docs}")
         starts = np.zeros(docs + 1, np.int64)
         np.cumsum(lengths, out=starts[1:])
         with self._lock:
@@ -322,11 +321,8 @@ class ChunkStore:
         rg = RowGroup(padded, starts, out)
         return rg, rg.nbytes
 
-    def prefetch(self, fn: Callable[[], Any]) -> cf.Future:
-        """Run ``fn`` (which touches the store) on the background pool."""
-        return self._pool.submit(fn)
-
     def submit(self, fn: Callable[..., Any], *args) -> cf.Future:
+        """Run ``fn(*args)`` on the store's background threads (``prefetch_threads``; prefetch work)."""
         return self._pool.submit(fn, *args)
 
     # -- token ranges -------------------------------------------------------------------------------------

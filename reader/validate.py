@@ -57,7 +57,7 @@ def parse_chunk(cache: Cache, index: int, data: bytes, entry: dict[str, Any] | N
         raise chunk_error(cache, rel, f"{len(rg_rows)} row groups but {len(rg_tokens)} row-group token counts")
     if lengths.size != int(t.docs[index]) or int(lengths.sum()) != int(t.tokens[index]):
         raise chunk_error(cache, rel, f"{lengths.size} documents / {int(lengths.sum())} tokens, the ledger says "
-                                 f"{int(t.docs[index])} / {int(t.tokens[index])}")
+                          f"{int(t.docs[index])} / {int(t.tokens[index])}")
     rg_doc_starts = np.concatenate([[0], np.cumsum(rg_rows, dtype=np.int64)])
     doc_starts = np.concatenate([[0], np.cumsum(lengths)])
     rg_token_starts = np.concatenate([[0], np.cumsum(np.asarray(rg_tokens, dtype=np.int64))])

@@ -1,7 +1,8 @@
 """Reader worker processes: ``ReadOptions(num_workers=W)`` decodes and assembles batches in W processes.
 
-One reader process is bound by the GIL: decoding, verifying and assembling a batch take about a
-millisecond of CPU, and its threads overlap only part of it. With ``num_workers=W`` the reader's rows
+One reader process is bound by the GIL: its threads overlap decoding, verifying and assembling only
+in part (zstd, sha256 and reads release the GIL; the glue between them does not; docs/DESIGN.md has
+the measurements). With ``num_workers=W`` the reader's rows
 of every batch are split between W child processes, each an ordinary :class:`reader.Reader` (decoding
 on its own thread on a local cache, with prefetch threads on a remote one), and each assembles its rows
 straight into a slot of shared memory. The parent only hands out slots and returns views of them.
@@ -172,8 +173,8 @@ class WorkerPool:
         try:
             self._slots = [self._new_slot() for _ in range(self.depth)]
             # On a local cache the workers decode inline (prefetch_threads=0): CPU, not I/O, is what
-            # they share, and planning ahead costs about a third more CPU per batch. Remote caches keep
-            # the prefetch threads, which hide the fetch latency.
+            # they share, and planning ahead costs CPU. Remote caches keep the prefetch threads, which
+            # hide the fetch latency.
             wopts = dataclasses.replace(opts, num_workers=0,
                                         prefetch_threads=0 if reader.cache.is_local else opts.prefetch_threads,
                                         memory_budget_bytes=max(1, opts.memory_budget_bytes // W))
