@@ -132,6 +132,7 @@ class JaxLoader:
       fields: fields to build (default: every field in :data:`TOKEN_FIELDS` and :data:`ROW_FIELDS`).
       reader_kwargs: extra keyword arguments for ``Reader(...)`` when ``source`` is a path
         (e.g. ``wait_timeout_s``).
+      workers: the former name of ``threads`` (deprecated: "workers" are reader worker processes).
 
     Attributes: ``batch_size``, ``seq_len``, ``token_sharding``, ``row_sharding``, ``rows`` (the global
     rows this process reads), ``num_batches`` (eval: finite; training: None), ``stats``.
