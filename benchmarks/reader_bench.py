@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from benchmarks.common import emit_result, log
 from reader import Reader, ReadOptions
 from reader import format as fmt
-from reader import order
+from reader import shuffle, streams
 
 L = 2048
 B = 64
@@ -132,8 +132,8 @@ def read_reader(cache: Path, opts: ReadOptions, batches: int, max_s: float | Non
 
 def example_sources(opts: ReadOptions, batches: int, shuffle_cfg) -> tuple[np.ndarray, np.ndarray]:
     ex = np.arange(batches * B, dtype=np.int64)
-    src = order.shuffle_example_indices(ex, shuffle_cfg) if shuffle_cfg is not None else ex
-    return order.split_example_index(np.asarray(src, np.int64), opts.num_streams)
+    src = shuffle.shuffle_example_indices(ex, shuffle_cfg) if shuffle_cfg is not None else ex
+    return streams.split_example_index(np.asarray(src, np.int64), opts.num_streams)
 
 
 def write_flat_file(cache: Path, opts: ReadOptions, need_tokens: np.ndarray, out: Path) -> np.ndarray:
@@ -226,7 +226,7 @@ def synthetic_ledger(root: Path, chunks: int, template: dict, shards: int = 100)
     if path.exists():
         return root
     per = [chunks // shards + (1 if i < chunks % shards else 0) for i in range(shards)]
-    rr = order.round_robin_order(np.asarray(per))
+    rr = streams.round_robin_order(np.asarray(per))
     entries = []
     doc_off = tok_off = 0
     rng = np.random.default_rng(0)

@@ -4,7 +4,7 @@ Orders, all served at the same batch size from the same packed streams (``R*`` i
 
 * ``none``  : no shuffle (the round-robin stream order);
 * ``eras``  : fixed-size windows ("eras", Levanter style), each a full random permutation of its examples;
-* ``ours``  : the growing-window shuffle of ``reader.order`` (``ShuffleConfig``), ``lanes = R*``;
+* ``ours``  : the growing-window shuffle of ``reader.shuffle`` (``ShuffleConfig``), ``lanes = R*``;
 * ``ours_lanes1``: the same with ``lanes = 1`` (what a reader gets if it leaves ``lanes`` at its default);
 * ``full``  : a full random permutation of one pass over all examples.
 
@@ -17,14 +17,14 @@ Figures (keys of the returned flat dict are ``<order>_<figure>``):
 * ``between_doc``: fraction of the documents seen in batch b that reappear in batch b+1;
 * ``io_rg`` / ``io_chunk``: bytes read from chunk files per byte of tokens served (int32), with an LRU
   of ``memory_budget`` bytes, when reading Parquet row groups by byte range (``rg``) or when fetching
-  whole chunk files and decoding row groups from them (``chunk``, what ``reader.chunks.ChunkStore``
+  whole chunk files and decoding row groups from them (``chunk``, what ``reader.store.ChunkStore``
   did before byte-range reads; ``rg`` is what it does now); ``io_rg_amp`` / ``io_chunk_amp``: the same divided by ``none``'s (the cost of streaming);
   ``io_*_r4``: the same for host 0 of 4 reader hosts;
 * ``entropy``: entropy (bits) of ``|storage index difference|`` between neighbouring samples, where the
   storage index is the example's first token in the concatenated global chunk order, as in MosaicML
   Streaming's shuffle-quality simulator (``chunk_entropy``: the same over chunk indices);
 * ``*_steady``: the figure over the batches after ``ours`` reached its maximum window;
-* ``ours_io_chunk_half_group_budget_amp``: ``ours`` with an LRU of half a group (the thrashing cliff);
+* ``ours_io_chunk_half_mix_budget_amp``: ``ours`` with an LRU of half a mix (the thrashing cliff);
 * ``*_reader_fetch`` (full mode): bytes the real ``reader.Reader`` fetched per token byte over one
   maximum window, unshuffled and shuffled, next to the simulation's ``*_sim_rg_window``.
 
@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from reader import format as fmt
-from reader import order
+from reader import shuffle, streams
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "benchmarks" / "work"
@@ -119,7 +119,7 @@ def synthetic_layout(*, shards: int, tokens: int, chunk_tokens: int, rg_tokens: 
         nchunks = int(starts[-1] // chunk_tokens) + 1 if lens.size else 0
         cuts = np.searchsorted(starts, np.arange(nchunks + 1) * chunk_tokens)
         per_shard.append((lens, starts, cuts))
-    rr = order.round_robin_order([c.size - 1 for _, _, c in per_shard])
+    rr = streams.round_robin_order([c.size - 1 for _, _, c in per_shard])
     chunk_tok, chunk_shard, docs, rgs, rg_chunk = [], [], [], [], []
     for g, (s, kk) in enumerate(rr.tolist()):
         lens, starts, cuts = per_shard[s]
@@ -201,9 +201,9 @@ def _expand(lo: np.ndarray, hi: np.ndarray):
 
 
 def compute_examples(lay: Layout, num_examples: int, seq_len: int, num_streams: int) -> Examples:
-    idx = order.StreamIndex(lay.chunk_tokens, num_streams, loop=True)
+    idx = streams.StreamIndex(lay.chunk_tokens, num_streams, loop=True)
     x = np.arange(num_examples, dtype=np.int64)
-    s, j = order.split_example_index(x, num_streams)
+    s, j = streams.split_example_index(x, num_streams)
     e1, c1, o1, e2, c2, o2 = (np.zeros(num_examples, np.int64) for _ in range(6))
     for st in range(num_streams):
         m = s == st
@@ -310,7 +310,7 @@ def simulate_io(ex: Examples, lay: Layout, perm: np.ndarray, *, seq_len: int, bu
     """Bytes read from chunk files per byte of (int32) tokens served, for one reader host.
 
     The host serves positions ``t ≡ host (mod hosts)`` (rows ``k ≡ r (mod R)`` of every batch). An LRU
-    holds decoded row groups (``DECODED_BYTES_PER_TOKEN * tokens`` bytes, as ``reader.chunks`` keeps
+    holds decoded row groups (``DECODED_BYTES_PER_TOKEN * tokens`` bytes, as ``reader.store`` keeps
     them) and, with ``whole_chunks``, the fetched chunk files; like ``ChunkStore.tokens``, every access
     touches the chunk's bytes first (so an evicted chunk is fetched again even if the row group is
     still cached).
@@ -319,7 +319,7 @@ def simulate_io(ex: Examples, lay: Layout, perm: np.ndarray, *, seq_len: int, bu
     cache: collections.OrderedDict = collections.OrderedDict()
     used = 0
     read = 0
-    rg_dec = (lay.rg_tokens * order.DECODED_BYTES_PER_TOKEN).tolist()
+    rg_dec = (lay.rg_tokens * shuffle.DECODED_BYTES_PER_TOKEN).tolist()
     rg_b = lay.rg_bytes.tolist()
     ch_b = lay.chunk_bytes.tolist()
     rg_ch = lay.rg_chunk.tolist()
@@ -363,7 +363,7 @@ class Params:
     batch_size: int
     row_group_tokens: int  # of the cache: ours derives its block size from it (ShuffleConfig.for_reader)
     max_window: int  # ours' maximum window, scaled down to the benchmark cache; also the eras' size
-    budget_groups: float = 2.0  # LRU budget = budget_groups * group_size * seq_len * 8 bytes (decoded)
+    budget_mixes: float = 2.0  # LRU budget = budget_mixes * mix_size * seq_len * 8 bytes (decoded)
     seed: int = 1234
 
 
@@ -371,8 +371,8 @@ QUICK = Params(seq_len=128, num_streams=8, batch_size=32, row_group_tokens=1024,
 FULL = Params(seq_len=512, num_streams=16, batch_size=64, row_group_tokens=32768, max_window=65536)
 
 
-def shuffle_config(p: Params, lanes: int) -> order.ShuffleConfig:
-    cfg = order.ShuffleConfig.for_reader(p.seed, seq_len=p.seq_len, ideal_readers=p.num_streams,
+def shuffle_config(p: Params, lanes: int) -> shuffle.ShuffleConfig:
+    cfg = shuffle.ShuffleConfig.for_reader(p.seed, seq_len=p.seq_len, ideal_readers=p.num_streams,
                                          batch_size=p.batch_size, row_group_tokens=p.row_group_tokens,
                                          max_window=p.max_window)
     if lanes == 1:  # same sizes in examples, examples free to change stream
@@ -382,13 +382,13 @@ def shuffle_config(p: Params, lanes: int) -> order.ShuffleConfig:
 
 def orders(p: Params, n: int) -> dict[str, np.ndarray]:
     t = np.arange(n, dtype=np.int64)
-    eras = order.ShuffleConfig(seed=p.seed, first_window=p.max_window, growth=1.0, max_window=p.max_window,
-                               block_size=1, group_size=p.max_window)
+    eras = shuffle.ShuffleConfig(seed=p.seed, first_window=p.max_window, growth=1.0, max_window=p.max_window,
+                               block_size=1, mix_size=p.max_window)
     return {
         "none": t,
-        "eras": order.shuffle_example_indices(t, eras),
-        "ours": order.shuffle_example_indices(t, shuffle_config(p, p.num_streams)),
-        "ours_lanes1": order.shuffle_example_indices(t, shuffle_config(p, 1)),
+        "eras": shuffle.shuffle_example_indices(t, eras),
+        "ours": shuffle.shuffle_example_indices(t, shuffle_config(p, p.num_streams)),
+        "ours_lanes1": shuffle.shuffle_example_indices(t, shuffle_config(p, 1)),
         "full": np.random.default_rng(p.seed).permutation(n).astype(np.int64),
     }
 
@@ -408,7 +408,7 @@ def measure(lay: Layout, p: Params, *, plot: str | None = None, check_root: str 
     span = max(int(v.max()) for v in ords.values()) + 1
     ex = compute_examples(lay, span, p.seq_len, p.num_streams)
     cfg = shuffle_config(p, p.num_streams)
-    budget = int(p.budget_groups * cfg.group_size * p.seq_len * order.DECODED_BYTES_PER_TOKEN)
+    budget = int(p.budget_mixes * cfg.mix_size * p.seq_len * shuffle.DECODED_BYTES_PER_TOKEN)
     sb = steady_batch(p)
     out: dict[str, Any] = {
         "examples_per_pass": n_pass, "batches": n // p.batch_size, "batch_size": p.batch_size,
@@ -439,9 +439,9 @@ def measure(lay: Layout, p: Params, *, plot: str | None = None, check_root: str 
             out[f"{name}_io_{model}_r4"] = simulate_io(ex, lay, perm, seq_len=p.seq_len, budget=budget,
                                                        whole_chunks=whole, hosts=4)
         log(f"shuffle_quality: {name} done ({time.time() - t0:.1f}s)")
-    # the cliff: an LRU smaller than one group's working set re-reads on nearly every access
-    out["ours_io_chunk_half_group_budget_amp"] = simulate_io(
-        ex, lay, ords["ours"], seq_len=p.seq_len, budget=budget // int(2 * p.budget_groups),
+    # the cliff: an LRU smaller than one mix's working set re-reads on nearly every access
+    out["ours_io_chunk_half_mix_budget_amp"] = simulate_io(
+        ex, lay, ords["ours"], seq_len=p.seq_len, budget=budget // int(2 * p.budget_mixes),
         whole_chunks=True) / out["none_io_chunk"]
     for name in ords:
         for model in ("rg", "chunk"):
@@ -476,7 +476,7 @@ def reader_check(root: str, lay: Layout, p: Params, budget: int, *, log=print) -
     b0 = steady_batch(p)
     nb = max(1, cfg.max_window // p.batch_size)
     t = np.arange(b0 * p.batch_size, (b0 + nb) * p.batch_size, dtype=np.int64)
-    perms = {"none": t, "ours": order.shuffle_example_indices(t, cfg)}
+    perms = {"none": t, "ours": shuffle.shuffle_example_indices(t, cfg)}
     ex = compute_examples(lay, int(max(v.max() for v in perms.values())) + 1, p.seq_len, p.num_streams)
     out: dict[str, Any] = {"reader_check_batches": nb, "reader_check_from_batch": b0}
     for name, sh in (("none", None), ("ours", cfg)):

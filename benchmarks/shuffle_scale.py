@@ -8,7 +8,7 @@ groups (the default before), or small chunks (8 MiB chunks, 128 Ki-token row gro
 
 It replays one maximum window (2^20 examples, about 2 B tokens) after the growth phase, through the
 same LRU model as ``shuffle_quality.simulate_io``. There are two ways to read. ``rg`` reads row groups
-by byte range, as ``reader.chunks`` does. ``chunk`` fetches whole chunk files (the reader before
+by byte range, as ``reader.store`` does. ``chunk`` fetches whole chunk files (the reader before
 byte-range reads; still what it does for sidecars without a row-group index). Each host serves
 the rows ``k ≡ r (mod R)`` of every batch. The figures are bytes read divided by what the unshuffled
 order reads over the same batches.
@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from benchmarks import shuffle_quality as sq
-from reader import order
+from reader import shuffle
 
 SEQ_LEN, R_STAR, BATCH, BUDGET = 2048, 16, 64, 1 << 30
 CACHES = {  # name: (chunk tokens, row-group tokens)
@@ -37,10 +37,10 @@ CACHES = {  # name: (chunk tokens, row-group tokens)
 }
 
 
-def configs(rg_tokens: int, max_window: int) -> dict[str, order.ShuffleConfig]:
+def configs(rg_tokens: int, max_window: int) -> dict[str, shuffle.ShuffleConfig]:
     return {
-        "default": order.ShuffleConfig(seed=1, max_window=max_window, lanes=R_STAR),
-        "for_reader": order.ShuffleConfig.for_reader(1, seq_len=SEQ_LEN, ideal_readers=R_STAR, batch_size=BATCH,
+        "default": shuffle.ShuffleConfig(seed=1, max_window=max_window, lanes=R_STAR),
+        "for_reader": shuffle.ShuffleConfig.for_reader(1, seq_len=SEQ_LEN, ideal_readers=R_STAR, batch_size=BATCH,
                                                      row_group_tokens=rg_tokens, max_window=max_window),
     }
 
@@ -59,15 +59,15 @@ def run(quick: bool = False, log=print) -> dict:
         first = int(starts[-1]) * R_STAR  # first example of the first maximum window
         first -= first % BATCH
         t = np.arange(first, first + max_window, dtype=np.int64)
-        perms = {"none": t, **{k: order.shuffle_example_indices(t, c) for k, c in cfgs.items()}}
+        perms = {"none": t, **{k: shuffle.shuffle_example_indices(t, c) for k, c in cfgs.items()}}
         span = int(max(v.max() for v in perms.values())) + 1
         lay = sq.synthetic_layout(shards=8, tokens=int(span * SEQ_LEN * 1.02), chunk_tokens=chunk_tokens,
                                   rg_tokens=rg_tokens)
         ex = sq.compute_examples(lay, span, SEQ_LEN, R_STAR)
         for k, c in cfgs.items():
             out[f"{cname}_{k}_block_size"] = c.block_size
-            out[f"{cname}_{k}_group_size"] = c.group_size
-            out[f"{cname}_{k}_group_decoded_mib"] = c.group_size * SEQ_LEN * order.DECODED_BYTES_PER_TOKEN >> 20
+            out[f"{cname}_{k}_mix_size"] = c.mix_size
+            out[f"{cname}_{k}_mix_decoded_mib"] = c.mix_size * SEQ_LEN * shuffle.DECODED_BYTES_PER_TOKEN >> 20
         for model, whole in (("rg", False), ("chunk", True)):
             for hosts in HOSTS:
                 base = None

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Iterable, Mapping
 
 from reader import format as fmt
-from reader.order import round_robin_order
+from reader.streams import round_robin_order
 
 from .errors import BuildError
 from .plan import BuildPlan, UnitResult

@@ -10,10 +10,12 @@ reader.torch).
 """
 
 from .cache import Cache, CacheNotReady
-from .chunks import ChunkError
 from .format import FormatError
-from .order import EmptyStream, EndOfStream, NotYetAvailable
-from .reader import BATCH_KEYS, FLAT_KEYS, ReadOptions, Reader, expand_flat
+from .options import ReadOptions
+from .reader import Reader
+from .schema import BATCH_KEYS, FLAT_KEYS, expand_flat
+from .streams import EmptyStream, EndOfStream, NotYetAvailable
+from .validate import ChunkError
 
 __all__ = [
     "BATCH_KEYS",

@@ -3,7 +3,7 @@
 A finished cache is described entirely by ``ledger.json``. While a build runs, ``ledger.json`` is the
 launcher's *plan* (``finished: false``, no chunks); the reader then combines the plan's inputs, the
 chunk sidecars and the ``_DONE.json`` files of compressed shards into the prefix of the global chunk
-order that is already fixed (:func:`reader.order.known_order_prefix`) and whose chunks are all written.
+order that is already fixed (:func:`reader.streams.known_order_prefix`) and whose chunks are all written.
 That prefix is, by construction, a prefix of the final ledger's chunk list, so anything read from it is
 what will be read after the build. :meth:`Cache.refresh` polls for progress.
 """
@@ -20,7 +20,7 @@ import fsspec
 import numpy as np
 
 from . import format as fmt
-from . import order
+from . import streams
 
 T = TypeVar("T")
 
@@ -119,7 +119,7 @@ class Cache:
         if len(t) and (t.shard.min() < 0 or t.shard.max() >= max(n_inputs, 1)):
             raise fmt.FormatError(f"{where}: chunk entries name shards outside the {n_inputs} inputs")
         per_shard = np.bincount(t.shard, minlength=n_inputs) if len(t) else np.zeros(n_inputs, np.int64)
-        expect = order.round_robin_order(per_shard)
+        expect = streams.round_robin_order(per_shard)
         got = np.stack([t.shard.astype(np.int64), t.index_in_shard.astype(np.int64)], axis=1) if len(t) \
             else np.zeros((0, 2), np.int64)
         if expect.shape != got.shape or not np.array_equal(expect, got):
@@ -180,7 +180,7 @@ class Cache:
                 m = _SIDECAR_RE.search(p)
                 if m and int(m.group(1)) == i:
                     lower[i] = max(lower[i], int(m.group(2)) + 1)
-        prefix = order.known_order_prefix(lower, final)
+        prefix = streams.known_order_prefix(lower, final)
         keys = [(int(s), int(k)) for s, k in prefix]
         upto = 0
         while upto < len(keys) and keys[upto] in self._sidecars:
@@ -215,7 +215,7 @@ class Cache:
     # -- waiting ------------------------------------------------------------------------------------
     def wait(self, attempt: Callable[[], T], *, timeout_s: float, poll_s: float = 1.0,
              what: str = "data") -> T:
-        """Run ``attempt`` until it stops raising :class:`order.NotYetAvailable`, refreshing between tries.
+        """Run ``attempt`` until it stops raising :class:`streams.NotYetAvailable`, refreshing between tries.
 
         Raises :class:`CacheNotReady` after ``timeout_s`` seconds without success.
         """
@@ -224,7 +224,7 @@ class Cache:
             gen = self.generation
             try:
                 return attempt()
-            except order.NotYetAvailable as e:
+            except streams.NotYetAvailable as e:
                 if self.generation != gen:  # another thread saw progress meanwhile: retry at once
                     continue
                 if self.complete:
@@ -244,6 +244,6 @@ class Cache:
     def wait_complete(self, *, timeout_s: float, poll_s: float = 1.0, what: str = "this") -> None:
         def attempt():
             if not self.complete:
-                raise order.NotYetAvailable("the total size is known only when the build finishes")
+                raise streams.NotYetAvailable("the total size is known only when the build finishes")
 
         self.wait(attempt, timeout_s=timeout_s, poll_s=poll_s, what=what)

@@ -23,8 +23,11 @@ import pyarrow.parquet as pq
 
 from . import format as fmt
 from .cache import Cache
-from .chunks import int_values, validate_chunk
-from .reader import BATCH_KEYS, ReadOptions, Reader
+from .options import ReadOptions
+from .pages import int_values
+from .reader import Reader
+from .schema import BATCH_KEYS
+from .validate import validate_chunk
 
 PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
 
@@ -192,9 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True, help="output .npz file")
     b.set_defaults(fn=cmd_batches)
 
-    from . import export, import_flat_tokens, import_megatron  # Megatron and seqax formats (docs/INTEROP.md)
+    from . import export_cli, import_flat_tokens, import_megatron  # Megatron and seqax formats (docs/INTEROP.md)
 
-    export.add_parser(sub)
+    export_cli.add_parser(sub)
     import_megatron.add_parser(sub)
     import_flat_tokens.add_parser(sub)
     return p

@@ -27,7 +27,7 @@ import numpy as np
 from . import format as fmt
 from .chunk_file import ChunkParquet, flat_row_group_table, ledger_chunks, make_sidecar
 from .export import TMP_PREFIX, output_fs, remove_quietly, rename, temp_name
-from .order import round_robin_order
+from .streams import round_robin_order
 
 DEFAULT_CHUNK_TOKENS = 1 << 24  # about what the builder's default 64 MiB chunk of jsonl text holds
 DEFAULT_ROW_GROUP_TOKENS = 128 << 10  # the builder's default

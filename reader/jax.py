@@ -1,6 +1,6 @@
 """Global batches as sharded ``jax.Array``s, one loader per JAX process (optional extra: ``jax``).
 
-This is the only module of ``reader/`` that imports jax. On every host (JAX process) of a training job::
+Only this module and :mod:`reader.jax_sharding` import jax. On every host (JAX process) of a training job::
 
     from jax.sharding import PartitionSpec as P
     from reader.jax import JaxLoader
@@ -23,7 +23,8 @@ How a process builds global batch ``b``:
 3. It assembles every field with ``jax.make_array_from_callback``; each device gets its slice of the
    process-local rows (and columns, if the sequence axis is sharded too).
 
-With ``ReadOptions(layout="flat")`` (packed examples) step 2 reads flat-tokens rows (one uint32
+With ``layout="flat"`` (packed examples; the loader's default when it opens the cache itself) step 2
+reads flat-tokens rows (one uint32
 ``[rows, L+1]`` array and two ints per row, see :func:`reader.expand_flat`) and step 3 puts those on the
 devices and expands them there with a jit-ed :func:`expand_flat`: the loader returns the same five
 fields, equal bit for bit, for about a quarter of the host work and host-to-device bytes.
@@ -37,7 +38,7 @@ in flight on a small thread pool, and taking batch ``b`` immediately submits bat
 There is never a "fetch N, then drain N" cycle, hence no stall at window edges. Resuming is
 ``iter_batches(start=step)``: the loader holds no other state.
 
-With ``ReadOptions(num_workers=W)`` step 2 of ``iter_batches`` runs in W worker processes instead
+With ``ReadOptions(num_workers=W)`` step 2 of ``iter_batches`` runs in W reader workers instead
 (:class:`reader.workers.WorkerPool`): worker ``w`` decodes and assembles every W-th of this process's
 rows, ``rows[w::W]``, straight into a ring of shared-memory slots, ``ReadOptions.prefetch_batches`` (and
 at least two groups of batches) ahead, and step 3 puts those rows on the devices. The batches are the
@@ -54,12 +55,19 @@ import dataclasses
 import os
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .jax_sharding import batch_axes, batch_shardings, device_rows, expand_flat, process_rows, slice_rows
+from .options import ReadOptions
+from .reader import Reader
+from .schema import FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS
+from .workers import WorkerPool
 
 __all__ = [
     "JaxLoader",
@@ -71,91 +79,13 @@ __all__ = [
     "batch_shardings",
 ]
 
-# Fields of a batch (see reader.Reader.rows): [B, L] per-token arrays and [B] per-row arrays. The int64
-# per-row fields (example_ids, epochs) become int32 jax.Arrays unless jax_enable_x64 is on.
-TOKEN_FIELDS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
-ROW_FIELDS = ("example_ids", "epochs", "valid")
+# The layout the loader reads packed examples in when it opens the cache itself: same fields, bit for
+# bit, as "arrays", for a quarter of the host work and host-to-device bytes (expanded on the devices).
+# A Reader passed as source keeps its own layout (ReadOptions.layout, "arrays" by default).
+LOADER_LAYOUT = "flat"
 
-
-# --------------------------------------------------------------------------------------------------
-# Which rows live where
-
-
-def _batch_axes(spec: PartitionSpec) -> tuple[str, ...]:
-    if len(spec) == 0 or spec[0] is None:
-        return ()
-    first = spec[0]
-    return tuple(first) if isinstance(first, (tuple, list)) else (first,)
-
-
-def batch_shardings(mesh: Mesh, spec: PartitionSpec | None = None) -> tuple[NamedSharding, NamedSharding]:
-    """``(token_sharding, row_sharding)`` for ``[B, L]`` and ``[B]`` arrays.
-
-    ``spec`` partitions ``[B, L]``; its first entry (one mesh axis name, a tuple of names, or None) is the
-    batch axis. Default: the batch axis spans every mesh axis (pure data parallelism), ``L`` unsharded.
-    Per-row arrays (``valid``, ``epochs``, ``example_ids``) use the same batch partitioning.
-    """
-    if spec is None:
-        spec = PartitionSpec(tuple(mesh.axis_names), None)
-    if not isinstance(spec, PartitionSpec):
-        spec = PartitionSpec(*spec)
-    if len(spec) > 2:
-        raise ValueError(f"spec {spec} has {len(spec)} entries; a batch is [batch, seq_len] (2 at most)")
-    for name in _batch_axes(spec) + ((spec[1],) if len(spec) > 1 and isinstance(spec[1], str) else ()):
-        if name not in mesh.axis_names:
-            raise ValueError(f"spec {spec} names mesh axis {name!r}; the mesh has axes {mesh.axis_names}")
-    token_spec = PartitionSpec(spec[0] if len(spec) else None, spec[1] if len(spec) > 1 else None)
-    row_spec = PartitionSpec(token_spec[0])
-    return NamedSharding(mesh, token_spec), NamedSharding(mesh, row_spec)
-
-
-def _slice_rows(index, batch_size: int) -> np.ndarray:
-    return np.arange(batch_size, dtype=np.int64)[index[0]]
-
-
-def device_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int) -> dict:
-    """``{device: global rows}`` for every device of this process that holds part of a ``[B, L]`` batch."""
-    imap = sharding.addressable_devices_indices_map((batch_size, seq_len))
-    return {d: _slice_rows(idx, batch_size) for d, idx in imap.items()}
-
-
-def process_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int) -> np.ndarray:
-    """Sorted, unique global rows of a ``[B, L]`` batch that this process's devices hold.
-
-    The only rows this process reads. Rows replicated over several local devices appear once.
-    """
-    per = device_rows(sharding, batch_size, seq_len)
-    if not per:
-        return np.zeros(0, dtype=np.int64)
-    return np.unique(np.concatenate(list(per.values())))
-
-
-# --------------------------------------------------------------------------------------------------
-# layout="flat" on the devices
-
-_FLAT_FIELDS = ("tokens", "first_positions", "num_tokens")
-
-
-def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """``reader.expand_flat`` in jax.numpy (jit-able): the five ``[B, L]`` token fields of a
-    ``layout="flat"`` batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``)."""
-    import jax.numpy as jnp
-
-    tok = jnp.asarray(batch["tokens"]).astype(jnp.uint32)
-    L = tok.shape[1] - 1
-    start = (tok[:, 1:] & 1).astype(bool)
-    t = jnp.arange(L, dtype=jnp.int32)[None, :]
-    real = t < jnp.asarray(batch["num_tokens"]).astype(jnp.int32)[:, None]
-    targets = (tok[:, 1:] >> 1).astype(jnp.int32)
-    inputs = jnp.where(start, 0, (tok[:, :-1] >> 1).astype(jnp.int32))
-    segment_ids = jnp.cumsum(start.astype(jnp.int32), axis=1) + (~start[:, :1]).astype(jnp.int32)
-    last = jax.lax.cummax(jnp.where(start, t, -1), axis=1)
-    first = jnp.asarray(batch["first_positions"]).astype(jnp.int32)[:, None]
-    positions = jnp.where(last >= 0, t - last, first + t)
-    zero = jnp.zeros_like(targets)
-    return {"inputs": jnp.where(real, inputs, zero), "targets": jnp.where(real, targets, zero),
-            "segment_ids": jnp.where(real, segment_ids, zero), "positions": jnp.where(real, positions, zero),
-            "loss_mask": real}
+# The fields (reader.schema): TOKEN_FIELDS are [B, L] arrays, ROW_FIELDS [B] arrays. The int64 per-row
+# fields (example_ids, epochs) become int32 jax.Arrays unless jax_enable_x64 is on.
 
 
 def _expand_for_loader(tokens, first_positions, num_tokens):
@@ -182,25 +112,27 @@ class JaxLoader:
         ``num_readers=1``) or an existing ``Reader`` (its ``rows(b, rows)`` is used; its own
         ``num_readers`` does not matter, ``rows`` addresses global rows).
       opts: :class:`reader.ReadOptions` (required with a path; ignored with a Reader, which has its own).
-        With a path and packed examples the loader reads ``layout="flat"`` and expands on the devices
-        (same fields, bit for bit); pass a ``Reader`` to choose the layout yourself.
+        With a path and packed examples the loader reads :data:`LOADER_LAYOUT` (``"flat"``) whatever
+        ``opts.layout`` says, and expands on the devices (same fields, bit for bit); pass a ``Reader``
+        to choose the layout yourself.
       mesh: the ``jax.sharding.Mesh`` of the job (all devices of all processes).
       spec: ``PartitionSpec`` of the ``[B, L]`` arrays, e.g. ``P("data", None)``, ``P(("data", "fsdp"),
         None)`` or ``P("data", "seq")``. Default: batch over every mesh axis. A ``NamedSharding`` also
         works (then ``mesh`` may be None).
       start: first step of ``iter(loader)`` (a resumed job passes its restored step).
       prefetch: batches kept in flight ahead of the one being consumed (0 = synchronous).
-      workers: threads that build batches concurrently (default 1). One is enough when a batch is
+      threads: threads that build batches concurrently (default 1). One is enough when a batch is
         read faster than a step runs (the plain reader already fetches chunks on its own threads); more
         help only when single reads are latency-bound (remote storage, cold cache) and add GIL contention.
-        ``prefetch`` and ``workers`` apply to reads in this process; with ``ReadOptions(num_workers=W)``
-        (W > 0) :meth:`iter_batches` reads through W worker *processes* instead (each decodes and
+        ``prefetch`` and ``threads`` apply to reads in this process; with ``ReadOptions(num_workers=W)``
+        (W > 0) :meth:`iter_batches` reads through W reader workers (processes) instead (each decodes and
         assembles every W-th of :attr:`rows` into shared memory, ``prefetch_batches`` ahead; see the
         module docstring), which needs a ``reader.Reader`` or a path as ``source``, and W must divide
         the number of :attr:`rows`. ``global_batch`` always reads in this process.
       fields: fields to build (default: every field in :data:`TOKEN_FIELDS` and :data:`ROW_FIELDS`).
       reader_kwargs: extra keyword arguments for ``Reader(...)`` when ``source`` is a path
         (e.g. ``wait_timeout_s``).
+      workers: the former name of ``threads`` (deprecated: "workers" are reader worker processes).
 
     Attributes: ``batch_size``, ``seq_len``, ``token_sharding``, ``row_sharding``, ``rows`` (the global
     rows this process reads), ``num_batches`` (eval: finite; training: None), ``stats``.
@@ -208,8 +140,13 @@ class JaxLoader:
 
     def __init__(self, source, opts=None, mesh: Mesh | None = None,
                  spec: PartitionSpec | NamedSharding | None = None, *,
-                 start: int = 0, prefetch: int = 2, workers: int | None = None,
-                 fields: Sequence[str] | None = None, reader_kwargs: Mapping[str, Any] | None = None):
+                 start: int = 0, prefetch: int = 2, threads: int | None = None,
+                 fields: Sequence[str] | None = None, reader_kwargs: Mapping[str, Any] | None = None,
+                 workers: int | None = None):
+        if workers is not None:  # the former name of `threads`
+            warnings.warn("JaxLoader(workers=) is now threads= (reader workers are processes: "
+                          "ReadOptions.num_workers)", DeprecationWarning, stacklevel=2)
+            threads = workers if threads is None else threads
         if isinstance(spec, NamedSharding):
             if mesh is not None and mesh != spec.mesh:
                 raise ValueError("pass either a mesh and a PartitionSpec, or a NamedSharding (not another mesh)")
@@ -220,11 +157,8 @@ class JaxLoader:
         if isinstance(source, (str, os.PathLike)):
             if opts is None:
                 raise ValueError("JaxLoader(path, opts, mesh, spec): opts (reader.ReadOptions) is required with a path")
-            from reader import Reader  # the plain reader; imported here to keep reader/__init__ jax-free
-
-            if opts.packed and getattr(opts, "layout", "flat") == "arrays":
-                # same fields, bit for bit (tests/test_reader_jax.py), for a quarter of the host work
-                opts = dataclasses.replace(opts, layout="flat")
+            if opts.packed and opts.layout != LOADER_LAYOUT:
+                opts = dataclasses.replace(opts, layout=LOADER_LAYOUT)
             self.reader = Reader(os.fspath(source), opts, num_readers=1, reader_index=0, **dict(reader_kwargs or {}))
             self._owns_reader = True
         else:
@@ -239,7 +173,7 @@ class JaxLoader:
         self.mesh = mesh
         self.token_sharding, self.row_sharding = batch_shardings(mesh, spec)
         self.spec = self.token_sharding.spec
-        n_shards = int(np.prod([mesh.shape[a] for a in _batch_axes(self.spec)], dtype=np.int64))
+        n_shards = int(np.prod([mesh.shape[a] for a in batch_axes(self.spec)], dtype=np.int64))
         if self.batch_size % n_shards:
             raise ValueError(
                 f"batch_size {self.batch_size} is not divisible by the {n_shards} batch shards of spec "
@@ -257,7 +191,7 @@ class JaxLoader:
         self.fields = tuple(fields)
         # layout="flat": ship tokens [B, L+1] (uint32, flat-tokens) and two ints per row, then expand them
         # on the devices (jit): about 4x fewer bytes from host to device than the five [B, L] arrays.
-        self.flat = getattr(self.opts, "layout", "arrays") == "flat"
+        self.flat = getattr(self.opts, "layout", ReadOptions.layout) == "flat"
         if self.flat:
             self._flat_sharding = NamedSharding(mesh, PartitionSpec(self.spec[0] if len(self.spec) else None,
                                                                     None))
@@ -265,8 +199,6 @@ class JaxLoader:
         self.rows = process_rows(self.token_sharding, self.batch_size, self.seq_len)
         self._row_pos = self._local_positions()
         if self.num_workers:
-            from reader import Reader
-
             if not isinstance(self.reader, Reader):
                 raise TypeError(f"ReadOptions(num_workers={self.num_workers}) needs a reader.Reader or a cache path "
                                 f"as source (the worker processes open the cache themselves), got "
@@ -281,7 +213,7 @@ class JaxLoader:
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
         self.prefetch = int(prefetch)
-        self.workers = max(1, int(workers if workers is not None else 1))
+        self.threads = max(1, int(threads if threads is not None else 1))
         self._pool: cf.ThreadPoolExecutor | None = None
         self._worker_pools: weakref.WeakSet = weakref.WeakSet()  # open reader.workers.WorkerPools
         self._lock = threading.Lock()
@@ -298,7 +230,7 @@ class JaxLoader:
                 key = (idx[0].start, idx[0].stop, idx[0].step)
                 if key in out:
                     continue
-                want = _slice_rows(idx, self.batch_size)
+                want = slice_rows(idx, self.batch_size)
                 pos = np.searchsorted(self.rows, want)
                 if pos.size and pos[-1] - pos[0] + 1 == pos.size and (np.diff(pos) == 1).all():
                     out[key] = slice(int(pos[0]), int(pos[-1]) + 1)
@@ -331,9 +263,9 @@ class JaxLoader:
     def _assemble_flat(self, data: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """Flat-tokens rows -> device arrays -> the five token fields, expanded on the devices."""
         want_tokens = [f for f in self.fields if f in TOKEN_FIELDS]
-        out = self._put(data, [f for f in self.fields if f in ROW_FIELDS] + (list(_FLAT_FIELDS) if want_tokens else []))
+        out = self._put(data, [f for f in self.fields if f in ROW_FIELDS] + (list(FLAT_FIELDS) if want_tokens else []))
         if want_tokens:
-            expanded = self._expand(*(out.pop(f) for f in _FLAT_FIELDS))
+            expanded = self._expand(*(out.pop(f) for f in FLAT_FIELDS))
             out.update({f: expanded[f] for f in want_tokens})
         return out
 
@@ -341,9 +273,8 @@ class JaxLoader:
         n, L = int(self.rows.size), self.seq_len
         out = {}
         for name in fields:
-            if n == 0:  # no addressable shard: the callback is never called
-                dtype = {"loss_mask": np.bool_, "valid": np.bool_, "tokens": np.uint32}.get(name, np.int32)
-                arr = np.zeros((0, L + 1) if name == "tokens" else (0, L) if name in TOKEN_FIELDS else (0,), dtype)
+            if n == 0:  # no addressable shard: the callback is never called; the schema gives the type
+                arr = np.zeros(FIELDS[name].shape(0, L), FIELDS[name].dtype)
             elif name not in data:
                 raise KeyError(f"the reader returned no field {name!r} (it returned {sorted(data)}); "
                                f"pass fields=... to JaxLoader to build fewer fields")
@@ -391,7 +322,7 @@ class JaxLoader:
     # -- iteration with a sliding prefetch window ----------------------------------------------
     def _executor(self) -> cf.ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="chunkledger-jax")
+            self._pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="chunkledger-jax")
         return self._pool
 
     def iter_batches(self, start: int | None = None, count: int | None = None) -> Iterator[tuple[int, dict]]:
@@ -464,8 +395,6 @@ class JaxLoader:
     def _iter_workers(self, b: int, stop: int | None) -> Iterator[tuple[int, dict]]:
         """``iter_batches`` with ``ReadOptions(num_workers=W)``: this process's rows of each batch come
         from W worker processes (views of shared memory) and are put on the devices here."""
-        from reader.workers import WorkerPool
-
         if stop is not None and b >= stop:
             return
         t0 = time.perf_counter()  # (the workers' start-up is time the loop waits too)

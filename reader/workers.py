@@ -1,26 +1,28 @@
 """Reader worker processes: ``ReadOptions(num_workers=W)`` decodes and assembles batches in W processes.
 
-One reader process is bound by the GIL: decoding, verifying and assembling a batch take about a
-millisecond of CPU, and its threads overlap only part of it. With ``num_workers=W`` the reader's rows
+One reader process is bound by the GIL: its threads overlap decoding, verifying and assembling only
+in part (zstd, sha256 and reads release the GIL; the glue between them does not; docs/DESIGN.md has
+the measurements). With ``num_workers=W`` the reader's rows
 of every batch are split between W child processes, each an ordinary :class:`reader.Reader` (decoding
 on its own thread on a local cache, with prefetch threads on a remote one), and each assembles its rows
 straight into a slot of shared memory. The parent only hands out slots and returns views of them.
 
 The split is the reader's own host split one level down: worker ``w`` of reader ``r`` (of ``R``) is
 reader ``r + R * w`` of ``R * W``. Its rows are every W-th of this reader's rows, and when ``R * W``
-divides ``R*`` its streams (hence its chunks) are its own, so no row group is decoded twice. Promise 2
-(the batch does not depend on the number of readers) is what makes the assembled batch identical,
-bit for bit, to what one process returns; the tests compare the two. A caller may name the rows
+divides ``R*`` its streams (hence its chunks) are its own, so no row group is decoded twice. A batch
+does not depend on the number of readers, which makes the assembled batch identical, bit for bit, to
+what one process returns; the tests compare the two. A caller may name the rows
 instead (``WorkerPool(reader, rows=...)``; :class:`reader.jax.JaxLoader` passes the rows that its
 process's devices hold): worker ``w`` then serves every W-th of those, ``rows[w::W]``.
 
-Batches are views of a ring of shared-memory slots, each holding a group of consecutive batches
-(what one worker pass assembles). A slot is refilled only once nothing refers to any batch that was in
+Batches are views of a ring of shared-memory slots, each holding a slab of consecutive batches
+(what one worker pass assembles, ``Reader.batches``). A slot is refilled only once nothing refers to any batch that was in
 it (CPython reference counts, as for the chunk store's decode buffers). A batch that is kept (say, in
 a list) keeps its memory, and the ring gets a new slot instead, so a batch never changes under its
 holder.
 
-Workers are started as ``python -m reader.workers`` (not ``multiprocessing``), so a training script
+This module is the parent's side and the protocol; the workers run :mod:`reader.worker_process`,
+started as ``python -m reader.worker_process`` (not ``multiprocessing``), so a training script
 needs no ``if __name__ == "__main__"`` guard and no fork of a process that runs threads. A worker
 that fails raises its exception (with the worker's traceback as a note) in the consumer; a worker
 that dies is reported with its exit code; workers exit when the parent closes the iterator or dies.
@@ -32,40 +34,28 @@ import dataclasses
 import mmap
 import os
 import pickle
-import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
-import traceback
 import uuid
 from multiprocessing.connection import Connection
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 
-_OP_STOP, _OP_FILL, _OP_SLOT = 0, 1, 2  # parent -> worker
-_OP_READY, _OP_DONE, _OP_ERROR = 10, 11, 13  # worker -> parent
-_FILL = struct.Struct("<Bqii")  # op, first batch, slot, batches (asked for, or filled)
+from .assemble import SLAB_BATCHES
+from .schema import batch_spec
+
+OP_STOP, OPFILL, OP_SLOT = 0, 1, 2  # parent -> worker
+OP_READY, OP_DONE, OP_ERROR = 10, 11, 13  # worker -> parent
+FILL = struct.Struct("<Bqii")  # op, first batch, slot, batches (asked for, or filled)
 _ALIGN = 64
 _SLOT_BYTES = 8 << 20
 
 
-def batch_spec(options, rows: int) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
-    """``(key, dtype, shape)`` of every array of a batch of ``rows`` rows, in the layout's key order."""
-    L = options.seq_len
-    if options.layout == "flat":
-        arrays = [("tokens", np.uint32, (rows, L + 1)), ("first_positions", np.int32, (rows,)),
-                  ("num_tokens", np.int32, (rows,))]
-    else:
-        arrays = [(k, np.int32, (rows, L)) for k in ("inputs", "targets", "segment_ids", "positions")]
-        arrays.append(("loss_mask", np.bool_, (rows, L)))
-    arrays += [("example_ids", np.int64, (rows,)), ("epochs", np.int64, (rows,)), ("valid", np.bool_, (rows,))]
-    return [(k, np.dtype(d), s) for k, d, s in arrays]
-
-
-def _layout(spec) -> tuple[list[tuple[str, np.dtype, tuple, int]], int]:
+def _slot_layout(spec) -> tuple[list[tuple[str, np.dtype, tuple, int]], int]:
     out, off = [], 0
     for k, d, shape in spec:
         out.append((k, d, shape, off))
@@ -78,11 +68,11 @@ def _shm_dir() -> str:
     return d if os.path.isdir(d) and os.access(d, os.W_OK) else tempfile.gettempdir()
 
 
-class _Slot:
+class Slot:
     """One batch's arrays in a shared file mapping (``path`` is unlinked once every worker mapped it)."""
 
     def __init__(self, path: str, spec, create: bool):
-        layout, size = _layout(spec)
+        layout, size = _slot_layout(spec)
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
@@ -141,14 +131,12 @@ class WorkerPool:
     ``reader.my_rows``, where worker ``w`` is reader ``r + R*w``; ``W`` for a block of consecutive rows);
     when ``N`` divides ``R*`` the workers' streams, hence their chunks, are disjoint.
 
-    A slot holds ``group`` consecutive batches (the workers assemble that many in one pass); the ring
+    A slot holds a slab of ``slab`` consecutive batches (the workers assemble them in one pass); the ring
     has ``depth`` slots. A slot goes back to the workers when the caller has moved past its batches
     and holds none of them (else a new slot takes its place in the ring).
     """
 
     def __init__(self, reader, start: int = 0, count: int | None = None, rows=None):
-        from .reader import _GROUP
-
         opts = reader.options
         W = int(opts.num_workers)
         B = opts.batch_size
@@ -169,24 +157,24 @@ class WorkerPool:
         self.start = int(start)
         self.stop = None if count is None else self.start + int(count)
         self.rows = len(rows)  # per batch
-        batch_bytes = _layout(batch_spec(opts, self.rows))[1]
+        batch_bytes = _slot_layout(batch_spec(opts.layout, opts.seq_len, self.rows))[1]
         # batches per slot: a worker's pass, at most _SLOT_BYTES a slot (Docker's /dev/shm is 64 MB)
-        self.group = max(1, min(_GROUP, _SLOT_BYTES // batch_bytes))
-        self.spec = batch_spec(opts, self.group * self.rows)
+        self.slab = max(1, min(SLAB_BATCHES, _SLOT_BYTES // batch_bytes))
+        self.spec = batch_spec(opts.layout, opts.seq_len, self.slab * self.rows)
         self.num_workers = W
-        self.depth = max(2, -(-max(1, opts.prefetch_batches) // self.group)) + 1  # slots
+        self.depth = max(2, -(-max(1, opts.prefetch_batches) // self.slab)) + 1  # slots
         self._tag = f"chunkledger-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._nslot = 0
-        self._slots: list[_Slot] = []
-        self._retired: list[_Slot] = []  # replaced while a caller still held one of their batches
+        self._slots: list[Slot] = []
+        self._retired: list[Slot] = []  # replaced while a caller still held one of their batches
         self._procs: list[subprocess.Popen] = []
         self._conns: list[Connection] = []
         self._closed = False
         try:
             self._slots = [self._new_slot() for _ in range(self.depth)]
             # On a local cache the workers decode inline (prefetch_threads=0): CPU, not I/O, is what
-            # they share, and planning ahead costs about a third more CPU per batch. Remote caches keep
-            # the prefetch threads, which hide the fetch latency.
+            # they share, and planning ahead costs CPU. Remote caches keep the prefetch threads, which
+            # hide the fetch latency.
             wopts = dataclasses.replace(opts, num_workers=0,
                                         prefetch_threads=0 if reader.cache.is_local else opts.prefetch_threads,
                                         memory_budget_bytes=max(1, opts.memory_budget_bytes // W))
@@ -198,7 +186,7 @@ class WorkerPool:
                 N = int(np.gcd.reduce(np.append(np.diff(mine_rows), B)))  # reader i of N holds them
                 mine, theirs = socket.socketpair()
                 try:
-                    p = subprocess.Popen([sys.executable, "-m", "reader.workers", str(theirs.fileno())],
+                    p = subprocess.Popen([sys.executable, "-m", "reader.worker_process", str(theirs.fileno())],
                                          pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
                 finally:
                     theirs.close()
@@ -213,10 +201,10 @@ class WorkerPool:
                     "rows": self.rows, "slots": [s.path for s in self._slots],
                 })
             for w in range(W):
-                self._expect(w, _OP_READY)
+                self._expect(w, OP_READY)
             for s in self._slots:  # every worker has mapped them: the names can go
                 s.unlink()
-            self._owner: dict[int, tuple[int, int]] = {}  # first batch of a granted group -> (slot, batches)
+            self._owner: dict[int, tuple[int, int]] = {}  # first batch of a granted slab -> (slot, batches)
             self._next_grant = self.start
             for k in range(self.depth):
                 if not self._grant(k):
@@ -226,31 +214,31 @@ class WorkerPool:
             raise
 
     # -- slots ------------------------------------------------------------------------------------
-    def _new_slot(self) -> _Slot:
+    def _new_slot(self) -> Slot:
         path = os.path.join(_shm_dir(), f"{self._tag}-{self._nslot}")
         self._nslot += 1
-        return _Slot(path, self.spec, create=True)
+        return Slot(path, self.spec, create=True)
 
     def _grant(self, k: int) -> bool:
-        """Ask every worker to fill slot ``k`` with the next group of batches; False past ``stop``."""
+        """Ask every worker to fill slot ``k`` with the next slab of batches; False past ``stop``."""
         b = self._next_grant
-        n = self.group if self.stop is None else min(self.group, self.stop - b)
+        n = self.slab if self.stop is None else min(self.slab, self.stop - b)
         if n <= 0:
             return False
-        self._send(_FILL.pack(_OP_FILL, b, k, n))
+        self._send(FILL.pack(OPFILL, b, k, n))
         self._owner[b] = (k, n)
         self._next_grant += n
         return True
 
     def _reclaim(self, k: int) -> None:
-        """The caller is done with slot ``k``'s batches: give the slot the next group, or, if one of them
+        """The caller is done with slot ``k``'s batches: give the slot the next slab, or, if one of them
         is still held, give the ring a new slot in its place."""
         slot = self._slots[k]
         if not slot.free():
             self._retired.append(slot)
             self._retired = [s for s in self._retired if not s.free()]
             slot = self._slots[k] = self._new_slot()  # unlinked once the workers have filled it
-            self._send(bytes([_OP_SLOT]) + struct.pack("<i", k) + slot.path.encode())
+            self._send(bytes([OP_SLOT]) + struct.pack("<i", k) + slot.path.encode())
         self._grant(k)
 
     # -- messages ------------------------------------------------------------------------------------
@@ -264,7 +252,7 @@ class WorkerPool:
                         got = self._conns[w].recv_bytes()
                     except (EOFError, OSError):
                         self._dead(w)
-                    if got[0] == _OP_ERROR:
+                    if got[0] == OP_ERROR:
                         self._raise(w, got)
 
     def _recv(self, w: int) -> bytes:
@@ -293,28 +281,28 @@ class WorkerPool:
         expected); raise the worker's exception if it reports one."""
         msg = self._recv(w)
         got = msg[0]
-        if got == _OP_ERROR:
+        if got == OP_ERROR:
             self._raise(w, msg)
-        if got != op or (b is not None and _FILL.unpack(msg)[1] != b):
+        if got != op or (b is not None and FILL.unpack(msg)[1] != b):
             raise WorkerError(f"reader worker {w}: unexpected report {msg[:24]!r} (wanted op {op}, batch {b})")
-        return _FILL.unpack(msg)[3] if b is not None else 0
+        return FILL.unpack(msg)[3] if b is not None else 0
 
     # -- iteration -------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         b = self.start
         n = self.rows
-        prev = None  # the slot of the group read before this one
+        prev = None  # the slot of the slab read before this one
         try:
             while b in self._owner:
                 k, want = self._owner.pop(b)
                 # batches the workers filled: fewer than asked only at the end of an eval pass
-                got = min(self._expect(w, _OP_DONE, b) for w in range(self.num_workers))
+                got = min(self._expect(w, OP_DONE, b) for w in range(self.num_workers))
                 slot = self._slots[k]
                 slot.unlink()  # a new slot's name is needed only until the workers have mapped it
                 arrays = slot.arrays
                 for i in range(got):
                     yield b + i, {key: arrays[key][i * n:(i + 1) * n] for key in arrays}
-                    if prev is not None:  # the caller has let go of the previous group's last batch
+                    if prev is not None:  # the caller has let go of the previous slab's last batch
                         self._reclaim(prev)
                         prev = None
                 if got < want:
@@ -330,10 +318,10 @@ class WorkerPool:
         self._closed = True
         for c in self._conns:
             try:
-                c.send_bytes(bytes([_OP_STOP]))
+                c.send_bytes(bytes([OP_STOP]))
             except OSError:
                 pass
-        for p in self._procs:  # a worker finishes its current group first (it may be waiting on a build)
+        for p in self._procs:  # a worker finishes its current slab first (it may be waiting on a build)
             try:
                 p.wait(timeout=2)
             except subprocess.TimeoutExpired:
@@ -349,104 +337,3 @@ class WorkerPool:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
-
-
-# --------------------------------------------------------------------------------------------------
-# The worker process
-
-
-def _send_error(conn: Connection, e: BaseException) -> None:
-    tb = traceback.format_exc()
-    try:
-        payload = pickle.dumps((e, tb))
-    except Exception:  # noqa: BLE001 - an exception that does not pickle travels as its text
-        payload = pickle.dumps((RuntimeError(f"{type(e).__name__}: {e}"), tb))
-    conn.send_bytes(bytes([_OP_ERROR]) + payload)
-
-
-def _serve(conn: Connection) -> None:
-    from .reader import Reader  # after the connection exists, so an import error is reported
-
-    setup: dict[str, Any] = conn.recv()
-    w, W, spec, n = setup["worker"], setup["workers"], setup["spec"], setup["rows"]
-    reader = batches = None
-
-    def rows_of(slot: _Slot) -> dict[str, np.ndarray]:
-        """This worker's rows of a slot: every W-th row from row w (batch i's are [i * n/W, (i+1) * n/W))."""
-        return {key: a[w::W] for key, a in slot.arrays.items()}
-
-    try:
-        slots = {k: rows_of(_Slot(p, spec, create=False)) for k, p in enumerate(setup["slots"])}
-        reader = Reader(setup["cache"], setup["options"], num_readers=setup["num_readers"],
-                        reader_index=setup["reader_index"], wait_timeout_s=setup["wait_timeout_s"],
-                        poll_interval_s=setup["poll_interval_s"], storage_options=setup["storage_options"],
-                        _rows=setup["my_rows"])
-        inline = reader.options.prefetch_threads == 0  # all on this thread: the least CPU per batch
-        if not inline:
-            batches = reader.iter_batches(setup["start"], setup["count"])
-    except BaseException as e:  # noqa: BLE001
-        _send_error(conn, e)
-        return
-    conn.send_bytes(bytes([_OP_READY]))
-    try:
-        while True:
-            try:
-                msg = conn.recv_bytes()
-            except EOFError:  # the parent is gone
-                return
-            op = msg[0]
-            if op == _OP_STOP:
-                return
-            if op == _OP_SLOT:
-                (k,) = struct.unpack_from("<i", msg, 1)
-                slots[k] = rows_of(_Slot(msg[5:].decode(), spec, create=False))
-                continue
-            _, b, k, want = _FILL.unpack(msg)
-            per = n // W  # this worker's rows per batch
-            done = 0
-            if inline:  # assembled straight into the slot, the whole group in one pass
-                while done < want and reader._batch_exists(b + done):
-                    done += 1
-                if done:
-                    reader._batch_group(b, done, {key: a[:done * per] for key, a in slots[k].items()})
-            else:
-                for i in range(want):
-                    try:
-                        got, batch = next(batches)
-                    except StopIteration:
-                        break
-                    if got != b + i:
-                        raise RuntimeError(f"reader worker {w}: produced batch {got}, the parent asked for {b + i}")
-                    for key, a in batch.items():
-                        np.copyto(slots[k][key][i * per:(i + 1) * per], a, casting="no")
-                    done += 1
-            conn.send_bytes(_FILL.pack(_OP_DONE, b, k, done))
-    except BaseException as e:  # noqa: BLE001
-        try:
-            _send_error(conn, e)
-        except OSError:
-            pass
-    finally:
-        if batches is not None:
-            batches.close()  # cancels its pending work
-        if reader is not None:
-            reader.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
-    conn = Connection(int(argv[0]))
-    try:
-        _serve(conn)
-    finally:
-        conn.close()
-    return 0
-
-
-if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Not sys.exit: interpreter exit joins the prefetch threads, which may be waiting on a running build.
-    os._exit(code)

@@ -3,7 +3,7 @@
 ``write_synthetic_cache(root, chunks)`` writes every chunk in ``chunks`` (given in GLOBAL order; each
 chunk is a list of documents, each document a sequence of token ids) as a Parquet file with
 ``format.CHUNK_SCHEMA`` and ``ROW_GROUP_TOKENS_KEY`` metadata, its sidecar, and a ledger whose chunk
-list is that order. Shard numbers are assigned so that ``order.round_robin_order`` reproduces the
+list is that order. Shard numbers are assigned so that ``streams.round_robin_order`` reproduces the
 given order: by default one shard holds every chunk; pass ``chunks_per_shard`` to spread them
 (chunk ``i`` of the given list then becomes ``round_robin_order(chunks_per_shard)[i]``).
 
@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reader import format as fmt
-from reader import order
+from reader import streams
 
 DEFAULT_TOKENIZER = {"spec": "synthetic", "kind": "synthetic", "vocab_size": 1 << 20, "eos_id": 0,
                      "hash": "synthetic"}
@@ -173,7 +173,7 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
     if sum(cps) != len(chunks):
         raise ValueError(f"chunks_per_shard sums to {sum(cps)} but {len(chunks)} chunks were given")
     comp = list(compressed) if compressed is not None else [False] * len(cps)
-    rr = order.round_robin_order(cps)
+    rr = streams.round_robin_order(cps)
     fs, base = _fs(root)
     fs.makedirs(base, exist_ok=True)
     todo = set(range(len(chunks))) if (finished or written is None) else set(written)
@@ -216,7 +216,7 @@ def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per
     """Simulate a running build of a local cache: the plan and chunks ``first`` now, the other chunks
     (global indices) in a seeded random order on a thread, then ``_DONE.json`` of compressed shards and
     the finished ledger. Returns the started thread (join it)."""
-    rr = order.round_robin_order(chunks_per_shard)
+    rr = streams.round_robin_order(chunks_per_shard)
     comp = list(compressed) if compressed is not None else [False] * len(chunks_per_shard)
     write_synthetic_cache(root, chunks, finished=False, chunks_per_shard=chunks_per_shard, compressed=comp,
                           written=list(first), row_group_tokens=row_group_tokens)

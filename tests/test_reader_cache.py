@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from reader import Cache, CacheNotReady, FormatError, ReadOptions, Reader, order
+from reader import Cache, CacheNotReady, FormatError, ReadOptions, Reader, streams
 from reader import format as fmt
 
 import cachegen
@@ -39,7 +39,7 @@ def test_finished_cache_table_is_the_ledger(tmp):
 def test_progress_view_is_the_longest_written_prefix_of_the_final_order(tmp):
     chunks = _chunks(1, 9)
     cps, comp = [2, 3, 4], [False, True, True]
-    final = [tuple(x) for x in order.round_robin_order(cps).tolist()]
+    final = [tuple(x) for x in streams.round_robin_order(cps).tolist()]
     # written: chunks 0, 1, 2, 4, 5 of the global order; shard 2 (compressed) has no _DONE yet
     cachegen.write_synthetic_cache(tmp, chunks, finished=False, chunks_per_shard=cps, compressed=comp,
                                    written=[0, 1, 2, 4, 5])
@@ -73,7 +73,7 @@ def test_a_poll_reads_what_changed_not_the_whole_build(tmp):
     and fetches each sidecar once; only a compressed shard still being streamed is listed."""
     chunks = _chunks(4, 40)
     cps, comp = [10, 10, 10, 10], [False, False, False, True]
-    rr = order.round_robin_order(cps)
+    rr = streams.round_robin_order(cps)
     cachegen.write_synthetic_cache(tmp, chunks, finished=False, chunks_per_shard=cps, compressed=comp,
                                    written=range(20))
     c = Cache(tmp)

@@ -172,7 +172,7 @@ def test_iteration_equals_global_batch_and_plain_iterator(cache):
     opts = options("packed")
     mesh = make_mesh((8,), ("data",))
     plain = Reader(cache, opts, num_readers=1, reader_index=0)
-    with JaxLoader(cache, opts, mesh, P("data"), start=4, prefetch=3, workers=2) as loader:
+    with JaxLoader(cache, opts, mesh, P("data"), start=4, prefetch=3, threads=2) as loader:
         got = list(loader.iter_batches(count=5))
         again = loader.global_batch(6)
     assert [b for b, _ in got] == [4, 5, 6, 7, 8]
@@ -182,6 +182,15 @@ def test_iteration_equals_global_batch_and_plain_iterator(cache):
             np.testing.assert_array_equal(np.asarray(bt[name]), pbt[name])
     for name in TOKEN_FIELDS:
         np.testing.assert_array_equal(np.asarray(again[name]), np.asarray(got[2][1][name]))
+
+
+def test_the_former_workers_argument_is_threads(cache):
+    """JaxLoader(workers=n) still works (threads: reader workers are ReadOptions.num_workers processes)."""
+    mesh = make_mesh((8,), ("data",))
+    with pytest.warns(DeprecationWarning, match="threads="):
+        loader = JaxLoader(cache, options("packed"), mesh, P("data"), workers=3)
+    with loader:
+        assert loader.threads == 3 and loader.num_workers == 0
 
 
 class WindowProbe:
@@ -204,13 +213,13 @@ class WindowProbe:
         assert ok, f"batches {sorted(set(steps) - set(self.requested))} were never requested"
 
 
-@pytest.mark.parametrize("prefetch,workers", [(1, 1), (3, 1), (4, 4)])
-def test_prefetch_is_a_sliding_window(cache, prefetch, workers):
+@pytest.mark.parametrize("prefetch,threads", [(1, 1), (3, 1), (4, 4)])
+def test_prefetch_is_a_sliding_window(cache, prefetch, threads):
     """While the step holds batch b, exactly batches b+1..b+prefetch are requested: the window is refilled
     one batch at a time (a 'fetch N, drain N' loader would leave b+1.. unrequested at window edges)."""
     probe = WindowProbe(Reader(cache, options("packed"), num_readers=1, reader_index=0))
     loader = JaxLoader(probe, None, make_mesh((8,), ("data",)), P("data"), start=10, prefetch=prefetch,
-                       workers=workers)
+                       threads=threads)
     n = 3 * prefetch + 2
     it = loader.iter_batches(count=n)
     for b, _batch in it:
@@ -272,7 +281,7 @@ def test_reads_while_the_build_runs(tmp_path):
     import time
 
     from cachegen import finish_cache, write_chunk
-    from reader import order
+    from reader import streams
 
     rng = np.random.default_rng(99)
     chunks = random_chunks(rng, 12)
@@ -280,7 +289,7 @@ def test_reads_while_the_build_runs(tmp_path):
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     write_synthetic_cache(full, chunks, chunks_per_shard=cps)
     entries = write_synthetic_cache(part, chunks, chunks_per_shard=cps, finished=False, written=range(2))
-    rr = order.round_robin_order(cps)
+    rr = streams.round_robin_order(cps)
 
     def finish_build():
         time.sleep(0.2)
@@ -350,6 +359,8 @@ def test_flat_layout_expands_on_the_devices_to_the_arrays_layout(cache, mode, sh
     mesh = make_mesh(shape, names)
     with JaxLoader(cache, options(mode), mesh, spec_from_json(spec), prefetch=0) as plain:
         assert plain.flat  # a loader made from a path reads packed examples flat by default
+    with JaxLoader(ref_reader, None, mesh, spec_from_json(spec), prefetch=0) as own:
+        assert not own.flat  # a Reader passed as source keeps its own layout ("arrays" by default)
     with JaxLoader(cache, options(mode, layout="flat"), mesh, spec_from_json(spec), prefetch=0) as loader:
         assert loader.flat
         steps = [0, 1, 7] if ref_reader.num_batches is None else list(range(ref_reader.num_batches))

@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from reader import Cache, ReadOptions, Reader, order
+from reader import Cache, ReadOptions, Reader, streams
 from reader import format as fmt
-from reader.chunks import fast_plain_values, fast_token_values
+from reader.pages import fast_plain_values, fast_token_values
 
 import cachegen
 
@@ -72,11 +72,11 @@ def test_real_cache_batches_equal_reference_for_every_R(built, packed):
                     with Reader(built, opts, num_readers=R, reader_index=r) as rd:
                         mine = rd.batch(b)
                         for key, v in mine.items():
-                            union.setdefault(key, np.zeros_like(glob[key]))[order.reader_rows(B, R, r)] = v
+                            union.setdefault(key, np.zeros_like(glob[key]))[streams.reader_rows(B, R, r)] = v
                         if b == steps[-1] and R in (2, 4, 8):  # locality: R | R* or R* | R
-                            streams = order.streams_of_reader(r_star, R, r)
+                            own = streams.streams_of_reader(r_star, R, r)
                             n = len(chunks)
-                            assert all(any((c - s) % r_star == (-e * n) % r_star for s in streams
+                            assert all(any((c - s) % r_star == (-e * n) % r_star for s in own
                                            for e in range(0, 64)) for c in rd.store.opened)
                 for key in glob:
                     assert np.array_equal(union[key], glob[key]), (b, R, key)
@@ -105,7 +105,7 @@ def test_real_cache_seek_equals_iterate_and_eval_covers_everything(built):
             batch = {}
             for r in range(2):
                 for key, v in got[r][b][1].items():
-                    batch.setdefault(key, np.zeros((6,) + v.shape[1:], v.dtype))[order.reader_rows(6, 2, r)] = v
+                    batch.setdefault(key, np.zeros((6,) + v.shape[1:], v.dtype))[streams.reader_rows(6, 2, r)] = v
             toks.append(batch["targets"][batch["loss_mask"]])
             ids.append(batch["example_ids"][batch["valid"]])
         assert np.array_equal(np.concatenate(toks), every)  # every token of every document, once, in order

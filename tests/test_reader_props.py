@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from reader import EmptyStream, ReadOptions, Reader, order
+from reader import EmptyStream, ReadOptions, Reader, shuffle, streams
 
 import cachegen
 
@@ -87,7 +87,7 @@ def test_batches_match_reference_and_are_R_invariant(cache, packed, L, r_star, R
             union = {k: np.zeros_like(v) for k, v in glob.items()}
             for r, rd in enumerate(readers):
                 mine = rd.batch(b)
-                rows = order.reader_rows(B, R, r)
+                rows = streams.reader_rows(B, R, r)
                 for k in union:
                     union[k][rows] = mine[k]
             for k in glob:
@@ -103,11 +103,11 @@ def test_seek_equals_iterate(cache, packed, L, r_star, R, start, shuffled):
     chunks, cps = cache
     assume(not has_empty_stream(chunks, r_star, packed, L))
     B = 2 * R
-    shuffle = order.ShuffleConfig(seed=7, first_window=3, max_window=20, block_size=2, group_size=4,
-                                  lanes=r_star) if shuffled else None
+    cfg = shuffle.ShuffleConfig(seed=7, first_window=3, max_window=20, block_size=2, mix_size=4,
+                                lanes=r_star) if shuffled else None
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=5)
-        opts = ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star, shuffle=shuffle,
+        opts = ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star, shuffle=cfg,
                            prefetch_batches=3)
         with Reader(root, opts, num_readers=R, reader_index=R - 1) as a, \
                 Reader(root, opts, num_readers=R, reader_index=R - 1) as c:
@@ -142,7 +142,7 @@ def test_eval_pass_covers_every_document_once(cache, packed, L, R, per_reader):
         for r, got in enumerate(per_reader_batches):
             for b, x in got:
                 for k, v in x.items():
-                    glob.setdefault((b, k), np.zeros((B,) + v.shape[1:], v.dtype))[order.reader_rows(B, R, r)] = v
+                    glob.setdefault((b, k), np.zeros((B,) + v.shape[1:], v.dtype))[streams.reader_rows(B, R, r)] = v
         valid = np.concatenate([glob[(b, "valid")] for b in range(nb)])
         n = ref.num_examples()
         assert valid[:n].all() and not valid[n:].any()  # only the final partial batch is padded
@@ -179,11 +179,11 @@ def test_locality_each_reader_opens_only_its_streams_chunks(cache, packed, L, rs
             with Reader(root, opts, num_readers=R, reader_index=r) as rd:
                 got = list(rd.iter_batches(b0, 3))
                 assert [b for b, _ in got] == [b0, b0 + 1, b0 + 2]
-                streams = order.streams_of_reader(r_star, R, r)
+                mine = streams.streams_of_reader(r_star, R, r)
                 # brute force: the chunks loop(all_chunks)[s::R*] visits until it has the units these rows need
-                ex = np.concatenate([b * B + order.reader_rows(B, R, r) for b in range(b0, b0 + 3)])
-                s_of, j_of = order.split_example_index(ex, r_star)
-                assert set(s_of.tolist()) <= set(streams)
+                ex = np.concatenate([b * B + streams.reader_rows(B, R, r) for b in range(b0, b0 + 3)])
+                s_of, j_of = streams.split_example_index(ex, r_star)
+                assert set(s_of.tolist()) <= set(mine)
                 allowed = set()
                 for s in set(s_of.tolist()):
                     need = int(j_of[s_of == s].max() + 1) * (L if packed else 1)
@@ -227,7 +227,7 @@ def test_shuffled_rows_are_permuted_examples_and_R_invariant(cache, packed, L, r
     chunks, cps = cache
     assume(not has_empty_stream(chunks, r_star, packed, L))
     B = 2 * R
-    cfg = order.ShuffleConfig(seed=seed, first_window=4, max_window=32, block_size=2, group_size=8, lanes=r_star)
+    cfg = shuffle.ShuffleConfig(seed=seed, first_window=4, max_window=32, block_size=2, mix_size=8, lanes=r_star)
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=5)
         plain = Reader(root, ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star))
@@ -235,7 +235,7 @@ def test_shuffled_rows_are_permuted_examples_and_R_invariant(cache, packed, L, r
         full = Reader(root, opts)
         for b in (0, 3, 11):
             got = full.rows(b, np.arange(B))
-            src = order.shuffle_example_indices(b * B + np.arange(B), cfg)
+            src = shuffle.shuffle_example_indices(b * B + np.arange(B), cfg)
             want = plain.examples(src)
             for k in KEYS + ("epochs",):
                 assert np.array_equal(got[k], want[k]), k
@@ -244,7 +244,7 @@ def test_shuffled_rows_are_permuted_examples_and_R_invariant(cache, packed, L, r
                 with Reader(root, opts, num_readers=R, reader_index=r) as rd:
                     mine = rd.batch(b)
                     for k in KEYS:
-                        assert np.array_equal(mine[k], got[k][order.reader_rows(B, R, r)])
+                        assert np.array_equal(mine[k], got[k][streams.reader_rows(B, R, r)])
         full.close()
         plain.close()
 
@@ -273,31 +273,3 @@ def test_seek_to_batch_ten_million_is_cheap():
                 assert (x["epochs"] > 0).all()
                 assert len(rd.store.opened) <= 8  # only the chunks holding these rows were fetched
                 del ref
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 5), min_size=1, max_size=12), st.integers(1, 9), st.booleans(), st.booleans(),
-       st.data())
-def test_locate_streams_equals_locate_many_per_stream(counts, r_star, loop, complete, data):
-    from reader.reader import locate_streams
-    idx = order.StreamIndex(counts, r_star, loop=loop, complete=complete)
-    n = data.draw(st.integers(0, 30))
-    s = np.asarray(data.draw(st.lists(st.integers(0, r_star - 1), min_size=n, max_size=n)), np.int64)
-    j = np.asarray(data.draw(st.lists(st.integers(0, 200), min_size=n, max_size=n)), np.int64)
-
-    def per_stream():
-        e, c, o = (np.zeros(n, np.int64) for _ in range(3))
-        for x in np.unique(s):
-            m = s == x
-            e[m], c[m], o[m] = idx.locate_many(int(x), j[m])
-        return e, c, o
-
-    try:
-        want = per_stream()
-    except (order.EmptyStream, order.EndOfStream, order.NotYetAvailable) as err:
-        with pytest.raises(type(err)):
-            locate_streams(idx, s, j)
-        return
-    got = locate_streams(idx, s, j)
-    for a, b in zip(got, want):
-        assert np.array_equal(a, b)

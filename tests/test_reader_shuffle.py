@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from reader import CacheNotReady, EmptyStream, ReadOptions, Reader, format as fmt, order
+from reader import CacheNotReady, EmptyStream, ReadOptions, Reader, format as fmt, shuffle, streams
+from reader.release import ReleasePolicy
 
 import cachegen
 
@@ -38,8 +39,8 @@ def _chunks(seed, n, max_docs=5):
 
 
 def _cfg(r_star, seed=11):
-    return order.ShuffleConfig(seed=seed, first_window=4 * r_star, growth=2.0, max_window=32 * r_star,
-                               block_size=2 * r_star, group_size=8 * r_star, lanes=r_star)
+    return shuffle.ShuffleConfig(seed=seed, first_window=4 * r_star, growth=2.0, max_window=32 * r_star,
+                               block_size=2 * r_star, mix_size=8 * r_star, lanes=r_star)
 
 
 @pytest.mark.parametrize("packed,seed", [(True, 0), (False, 1)])
@@ -59,7 +60,7 @@ def test_first_window_is_readable_from_the_first_chunks_alone(tmp):
     stream, so its batches are served while only chunks 0..R*-1 exist; the next window needs more."""
     r_star, L, B = 2, 4, 4
     chunks = [[np.arange(100 * c + 1, 100 * c + 41, dtype=np.int32)] for c in range(6)]  # 10 examples each
-    cfg = order.ShuffleConfig(seed=3, first_window=8, growth=2.0, max_window=64, block_size=2, group_size=4,
+    cfg = shuffle.ShuffleConfig(seed=3, first_window=8, growth=2.0, max_window=64, block_size=2, mix_size=4,
                               lanes=r_star)
     opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, shuffle=cfg)
     full = os.path.join(tmp, "full")
@@ -87,9 +88,9 @@ def test_each_host_reads_only_its_streams_with_shuffle(tmp, r_star, R):
     for r in range(R):
         with Reader(tmp, opts, num_readers=R, reader_index=r) as rd:
             epochs = [int(x["epochs"].max()) for _, x in rd.iter_batches(0, 12)]
-            streams = order.streams_of_reader(r_star, R, r)
+            mine = streams.streams_of_reader(r_star, R, r)
             last = max(epochs) + 1
-            allowed = {p % n for s in streams for p in range(s, (last + 1) * n, r_star)}
+            allowed = {p % n for s in mine for p in range(s, (last + 1) * n, r_star)}
             assert rd.store.opened and rd.store.opened <= allowed, (r, sorted(rd.store.opened))
 
 
@@ -118,9 +119,9 @@ def shuffled_setups(draw):
     chunks = _chunks(seed, n, max_docs=4)
     r_star = draw(st.sampled_from([1, 2, 4]))
     R = draw(st.sampled_from([d for d in (1, 2, 4, 8) if d % r_star == 0 or r_star % d == 0]))
-    cfg = order.ShuffleConfig(seed=draw(st.integers(0, 2**40)), first_window=draw(st.integers(1, 12)),
+    cfg = shuffle.ShuffleConfig(seed=draw(st.integers(0, 2**40)), first_window=draw(st.integers(1, 12)),
                               growth=draw(st.sampled_from([1.0, 1.5, 2.0])), max_window=draw(st.integers(12, 60)),
-                              block_size=draw(st.integers(1, 6)), group_size=draw(st.integers(1, 24)), lanes=r_star)
+                              block_size=draw(st.integers(1, 6)), mix_size=draw(st.integers(1, 24)), lanes=r_star)
     return chunks, r_star, R, cfg, draw(st.booleans()), draw(st.integers(1, 6)), draw(st.integers(0, 40))
 
 
@@ -140,7 +141,7 @@ def test_R_invariance_and_seek_equals_iterate_with_shuffle(tmp, setup):
             assume(False)  # a stream that never yields anything is a clear error, tested elsewhere
         for r in range(R):
             with Reader(root, opts, num_readers=R, reader_index=r) as rd:
-                rows = order.reader_rows(B, R, r)
+                rows = streams.reader_rows(B, R, r)
                 for b, got in rd.iter_batches(start, 3):  # seek to `start`, then iterate
                     for k in KEYS:
                         assert np.array_equal(got[k], whole[b][k][rows]), (r, b, k)
@@ -156,15 +157,15 @@ def _release_setup(tmp):
                                     max_docs=80, max_len=40)
     cachegen.write_synthetic_cache(tmp, chunks, chunks_per_shard=[4, 4], row_group_tokens=16)
     # rows of 4 tokens; blocks of 8 rows (32 tokens: about two row groups), groups of 4 blocks, windows
-    # of 4, 8, 16, 32 and then 64 rows (two groups)
-    cfg = order.ShuffleConfig(seed=5, first_window=8, growth=2.0, max_window=128, block_size=16,
-                              group_size=64, lanes=2)
+    # of 4, 8, 16, 32 and then 64 rows (two mixes)
+    cfg = shuffle.ShuffleConfig(seed=5, first_window=8, growth=2.0, max_window=128, block_size=16,
+                              mix_size=64, lanes=2)
     return chunks, cfg
 
 
 @pytest.mark.parametrize("layout", ["flat", "arrays"])
-def test_a_shuffled_read_releases_the_mixing_groups_it_has_passed(tmp, monkeypatch, layout):
-    """Once the reads pass a mixing group, the row groups inside its source blocks leave the cache and
+def test_a_shuffled_read_releases_the_mixes_it_has_passed(tmp, monkeypatch, layout):
+    """Once the reads pass a mix, the row groups inside its source blocks leave the cache and
     new decodes reuse their buffers; nothing is decoded more often than without releasing, and the
     batches (also read again after the release) are the permuted plain examples."""
     _, cfg = _release_setup(tmp)
@@ -178,10 +179,10 @@ def test_a_shuffled_read_releases_the_mixing_groups_it_has_passed(tmp, monkeypat
         cached = len([k for k in st._lru if k[0] == "rg"])
         assert released_decodes >= 60
         assert fresh < released_decodes / 2  # the rest were decoded into released row groups' buffers
-        assert cached < released_decodes / 3  # the cache holds the current window's groups, not all
+        assert cached < released_decodes / 3  # the cache holds the current window's mixes, not all
         again = [rd.batch(b) for b in (0, 7, 100)]  # released long ago: decoded again, same batches
         assert st.decodes > released_decodes
-    monkeypatch.setattr(Reader, "_release_groups", lambda self, idx, ex: None)
+    monkeypatch.setattr(ReleasePolicy, "examples_read", lambda self, ex: None)
     with Reader(tmp, opts) as rd, Reader(tmp, ReadOptions(seq_len=4, batch_size=B, ideal_readers=2,
                                                            layout=layout)) as plain:
         for b in range(N):
@@ -191,7 +192,7 @@ def test_a_shuffled_read_releases_the_mixing_groups_it_has_passed(tmp, monkeypat
         assert rd.store.decodes == released_decodes  # releasing never made a row group decode twice
         assert rd.store.fresh_buffers == rd.store.decodes
         for b, x in zip((0, 7, 100), again):
-            src = order.shuffle_example_indices(b * B + np.arange(B), cfg)
+            src = shuffle.shuffle_example_indices(b * B + np.arange(B), cfg)
             want = plain.examples(src)
             for k in x:
                 if k != "example_ids":
@@ -204,7 +205,7 @@ def test_shuffled_prefetch_and_release_give_the_same_batches(tmp):
     _, cfg = _release_setup(tmp)
     opts = ReadOptions(seq_len=4, batch_size=4, ideal_readers=2, shuffle=cfg, layout="flat")
     with Reader(tmp, opts) as rd, Reader(tmp, opts) as ref:
-        ref._release_groups = lambda idx, ex: None
+        ref.release.examples_read = lambda ex: None
         n = 0
         for b, x in rd.iter_batches(0, 220):
             want = ref.batch(b)
@@ -216,25 +217,25 @@ def test_shuffled_prefetch_and_release_give_the_same_batches(tmp):
         assert ref.store.fresh_buffers == ref.store.decodes
 
 
-def test_shuffled_prefetch_loads_exactly_the_row_groups_of_each_mixing_group(tmp):
-    """The shuffled prefetch loads a mixing group's row groups when its first batch comes into view: the
+def test_shuffled_prefetch_loads_exactly_the_row_groups_of_each_mix(tmp):
+    """The shuffled prefetch loads a mix's row groups when its first batch comes into view: the
     row groups its batches read, no more, no fewer."""
     _, cfg = _release_setup(tmp)
     B = 4
     opts = ReadOptions(seq_len=4, batch_size=B, ideal_readers=2, shuffle=cfg)
     rows = np.arange(188)  # windows 0..6 (within one pass over the data)
-    _, glo, ghi = order.shuffle_group_of_rows(rows, cfg)
-    groups = sorted(set(zip(glo.tolist(), ghi.tolist())))
-    assert len(groups) >= 8 and any(hi - lo == 32 for lo, hi in groups)  # windows of two groups too
-    for lo, hi in groups:
+    _, glo, ghi = shuffle.mix_of_rows(rows, cfg)
+    mixes = sorted(set(zip(glo.tolist(), ghi.tolist())))
+    assert len(mixes) >= 8 and any(hi - lo == 32 for lo, hi in mixes)  # windows of two mixes too
+    for lo, hi in mixes:
         first, last = lo * 2 // B, (hi * 2 - 1) // B
         with Reader(tmp, opts) as ref:
             for b in range(first, last + 1):
                 ref.batch(b)
             want = {k for k in ref.store._lru if k[0] == "rg"}
         with Reader(tmp, opts) as rd:
-            assert rd._whole_group_prefetch
-            for fut in rd._prefetch(first):
+            assert rd.prefetcher.whole_mixes
+            for fut in rd.prefetcher.prefetch(first):
                 fut.result()
             got = {k for k in rd.store._lru if k[0] == "rg"}
             assert got == want, (lo, hi)

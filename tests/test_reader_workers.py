@@ -1,4 +1,4 @@
-"""ReadOptions(num_workers=W): batches assembled by worker processes into shared memory (reader/workers.py)."""
+"""ReadOptions(num_workers=W): batches assembled by reader workers into shared memory (reader/workers.py)."""
 
 import dataclasses
 import gc
@@ -165,17 +165,6 @@ def test_workers_read_a_running_build_like_one_process(tmp_path):
     assert len(got) == len(want) == 30
     for (b, x), (_, y) in zip(got, want):
         same(x, y, b)
-
-
-def test_batch_spec_is_what_the_reader_returns(cache):
-    for opts in (ReadOptions(seq_len=9, batch_size=4, ideal_readers=2, layout="flat"),
-                 ReadOptions(seq_len=9, batch_size=4, ideal_readers=2, packed=False)):
-        with Reader(cache, opts) as rd:
-            x = rd.batch(2)
-        spec = rw.batch_spec(opts, 4)
-        assert [k for k, _, _ in spec] == list(x)
-        for k, d, s in spec:
-            assert x[k].dtype == d and x[k].shape == s, k
 
 
 def test_workers_with_prefetch_threads_serve_the_same_batches(cache, monkeypatch):

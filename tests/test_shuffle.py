@@ -1,4 +1,4 @@
-"""Property tests for the growing-window shuffle in reader.order (issue 4)."""
+"""Property tests for the growing-window shuffle (reader.shuffle, reader.ciphers)."""
 
 import json
 import subprocess
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from reader import order
-from reader.order import ShuffleConfig, shuffle_example_indices, shuffle_window_of, unshuffle_example_indices
+from reader import ciphers, shuffle
+from reader.shuffle import ShuffleConfig, shuffle_example_indices, shuffle_window_of, unshuffle_example_indices
 
 
 @st.composite
@@ -18,11 +18,11 @@ def configs(draw):
     first = draw(st.integers(1, 40))
     maxw = draw(st.integers(first, 300))
     block = draw(st.integers(1, 30))
-    group = draw(st.integers(1, 120))
+    mix = draw(st.integers(1, 120))
     growth = draw(st.sampled_from([1.0, 1.3, 1.5, 2.0, 3.0]))
     seed = draw(st.integers(-(2**70), 2**70))
     return ShuffleConfig(seed=seed, first_window=first, growth=growth, max_window=maxw,
-                         block_size=block, group_size=group, lanes=lanes)
+                         block_size=block, mix_size=mix, lanes=lanes)
 
 
 def windows_upto(cfg, n, epoch_length=None):
@@ -79,7 +79,7 @@ def test_vectorized_equals_scalar_and_any_shape(cfg, idx):
 
 def test_window_sizes_grow_to_max_and_defaults_documented():
     cfg = ShuffleConfig(seed=0)
-    assert (cfg.first_window, cfg.growth, cfg.max_window, cfg.block_size, cfg.group_size, cfg.lanes) == (
+    assert (cfg.first_window, cfg.growth, cfg.max_window, cfg.block_size, cfg.mix_size, cfg.lanes) == (
         1024, 2.0, 1 << 22, 8192, 16384, 1)
     wins = windows_upto(ShuffleConfig(seed=0, first_window=10, growth=2.0, max_window=100), 1000)
     sizes = [b - a for a, b in wins]
@@ -114,7 +114,7 @@ def _order(cfg, n):
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**64 - 1))
 def test_different_seeds_give_different_orders(seed):
-    base = dict(first_window=64, max_window=4096, block_size=32, group_size=512)
+    base = dict(first_window=64, max_window=4096, block_size=32, mix_size=512)
     a = _order(ShuffleConfig(seed=seed, **base), 20000)
     b = _order(ShuffleConfig(seed=seed + 1, **base), 20000)
     _, lo, hi = shuffle_window_of(np.arange(20000), ShuffleConfig(seed=seed, **base))
@@ -126,7 +126,7 @@ def test_different_seeds_give_different_orders(seed):
 def test_each_pass_over_the_data_gets_a_different_permutation():
     # With max-size windows tiling [0, inf), the k-th window of every later pass is a different
     # permutation of its (relative) positions: compare the pattern pi(i) - start across windows.
-    cfg = ShuffleConfig(seed=9, first_window=1000, growth=1.0, max_window=1000, block_size=10, group_size=100)
+    cfg = ShuffleConfig(seed=9, first_window=1000, growth=1.0, max_window=1000, block_size=10, mix_size=100)
     p = _order(cfg, 5000).reshape(5, 1000) - (np.arange(5) * 1000)[:, None]
     assert len({tuple(row) for row in p.tolist()}) == 5
     # and a finite epoch_length changes only the clipped last window
@@ -134,10 +134,10 @@ def test_each_pass_over_the_data_gets_a_different_permutation():
     assert (q[:4000] == _order(cfg, 4000)).all() and sorted(q[4000:].tolist()) == list(range(4000, 4500))
 
 
-def test_io_structure_blocks_are_contiguous_and_groups_bounded():
-    # At max window: every group of `group_size` consecutive outputs draws from exactly
-    # group_size/block_size blocks of block_size contiguous examples, each block once and whole.
-    cfg = ShuffleConfig(seed=2, first_window=4096, growth=1.0, max_window=4096, block_size=64, group_size=512)
+def test_io_structure_blocks_are_contiguous_and_mixes_bounded():
+    # At max window: every mix of `mix_size` consecutive outputs draws from exactly
+    # mix_size/block_size blocks of block_size contiguous examples, each block once and whole.
+    cfg = ShuffleConfig(seed=2, first_window=4096, growth=1.0, max_window=4096, block_size=64, mix_size=512)
     p = _order(cfg, 4096 * 3)
     for g in range(0, p.size, 512):
         blocks = p[g:g + 512] // 64
@@ -148,20 +148,20 @@ def test_io_structure_blocks_are_contiguous_and_groups_bounded():
 
 
 def test_lanes_keep_streams_but_do_not_move_in_lockstep():
-    cfg = ShuffleConfig(seed=4, first_window=256, growth=1.0, max_window=256, block_size=16, group_size=64, lanes=4)
+    cfg = ShuffleConfig(seed=4, first_window=256, growth=1.0, max_window=256, block_size=16, mix_size=64, lanes=4)
     p = _order(cfg, 1024).reshape(-1, 4)  # rows of 4 lanes
     assert (p % 4 == np.arange(4)).all()
     rows = p // 4
     assert not (rows == rows[:, :1]).all()
 
 
-GOLDEN_CFG = dict(seed=12345, first_window=16, growth=2.0, max_window=256, block_size=8, group_size=32, lanes=2)
+GOLDEN_CFG = dict(seed=12345, first_window=16, growth=2.0, max_window=256, block_size=8, mix_size=32, lanes=2)
 
 
 def test_identical_across_processes_and_pinned():
     idx = [0, 1, 2, 15, 16, 17, 100, 1000, 10**6, 10**12]
     here = shuffle_example_indices(np.array(idx), ShuffleConfig(**GOLDEN_CFG)).tolist()
-    code = ("import json, numpy as np; from reader.order import ShuffleConfig, shuffle_example_indices; "
+    code = ("import json, numpy as np; from reader.shuffle import ShuffleConfig, shuffle_example_indices; "
             f"print(json.dumps(shuffle_example_indices(np.array({idx}), ShuffleConfig(**{GOLDEN_CFG!r})).tolist()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "random", "PATH": "/usr/bin:/bin"}, cwd=".")
@@ -176,17 +176,17 @@ def test_for_reader_derives_sizes_from_how_the_reader_reads():
     cfg = ShuffleConfig.for_reader(7, seq_len=512, ideal_readers=16, batch_size=64, row_group_tokens=32768)
     assert cfg.lanes == 16 and cfg.seed == 7
     assert cfg.block_rows == 4 * 64  # 4 row groups of 64 examples per stream
-    assert cfg.group_blocks == 8 and cfg.max_window >= 4 * cfg.group_size
+    assert cfg.mix_blocks == 8 and cfg.max_window >= 4 * cfg.mix_size
     roomy = ShuffleConfig.for_reader(7, seq_len=512, ideal_readers=16, batch_size=256, row_group_tokens=8192)
-    assert roomy.group_blocks == 2 * (256 // 16)  # two consecutive batches use disjoint blocks
-    # 1 Mi-token row groups: a group decodes whole row groups; kept under max_group_bytes (512 MiB)
+    assert roomy.mix_blocks == 2 * (256 // 16)  # two consecutive batches use disjoint blocks
+    # 1 Mi-token row groups: a group decodes whole row groups; kept under max_mix_bytes (512 MiB)
     big = ShuffleConfig.for_reader(7, seq_len=2048, ideal_readers=16, batch_size=256, row_group_tokens=1 << 20)
     rg_rows = (1 << 20) // 2048
-    assert big.block_rows == rg_rows and big.group_blocks == 2
-    assert big.group_blocks * (big.block_rows + rg_rows) * 2048 * 8 * 16 <= 1 << 29
+    assert big.block_rows == rg_rows and big.mix_blocks == 2
+    assert big.mix_blocks * (big.block_rows + rg_rows) * 2048 * 8 * 16 <= 1 << 29
     more = ShuffleConfig.for_reader(7, seq_len=2048, ideal_readers=16, batch_size=256, row_group_tokens=1 << 20,
-                                    max_group_bytes=1 << 32)
-    assert more.group_blocks > big.group_blocks
+                                    max_mix_bytes=1 << 32)
+    assert more.mix_blocks > big.mix_blocks
     assert ShuffleConfig.for_reader(7, seq_len=8, ideal_readers=2, batch_size=4, max_window=99).max_window == 99
 
 
@@ -200,8 +200,8 @@ def test_consecutive_batches_draw_from_disjoint_blocks(seed, lanes_batch, window
     starts = np.unique(lo)
     a, b = int(starts[window]), int(starts[window + 1])
     p = shuffle_example_indices(np.arange(a, b), cfg)
-    block = (p // cfg.lanes - a // cfg.lanes) // (cfg.block_rows if b - a >= cfg.group_size else
-                                                  (b - a) // cfg.lanes // cfg.group_blocks)
+    block = (p // cfg.lanes - a // cfg.lanes) // (cfg.block_rows if b - a >= cfg.mix_size else
+                                                  (b - a) // cfg.lanes // cfg.mix_blocks)
     lane = p % cfg.lanes
     for t in range(0, p.size - 2 * batch + 1, batch):  # batches t/batch and t/batch + 1 (aligned)
         key = block[t:t + 2 * batch] * cfg.lanes + lane[t:t + 2 * batch]
@@ -212,9 +212,9 @@ def test_consecutive_batches_draw_from_disjoint_blocks(seed, lanes_batch, window
 @given(st.integers(1, 3000), st.integers(0, 2**64 - 1))
 def test_spread_is_a_stratified_bijection(n, key):
     x = np.arange(n)
-    y = order._spread(x, n, np.uint64(key))
+    y = ciphers.spread(x, n, np.uint64(key))
     assert sorted(y.tolist()) == list(range(n))
-    assert (order._spread(y, n, np.uint64(key), inverse=True) == x).all()
+    assert (ciphers.spread(y, n, np.uint64(key), inverse=True) == x).all()
     m = max(1, (n - 1).bit_length())
     if n == 1 << m and m >= 3:  # no cycle-walking: aligned runs of 2**j ranks hit distinct strata
         for j in (1, 2, 3):
@@ -234,7 +234,7 @@ def test_shuffle_quality_benchmark_quick_mode_measures_what_it_claims():
     assert res["ours_within_doc_steady"] < res["eras_within_doc_steady"] < res["none_within_doc_steady"]
     assert res["ours_between_doc_steady"] < res["none_between_doc_steady"] / 10
     assert 0 < res["ours_displacement_max"] < res["full_displacement_max"]
-    assert res["ours_io_chunk_half_group_budget_amp"] > 2 * res["ours_io_chunk_amp"]  # the documented cliff
+    assert res["ours_io_chunk_half_mix_budget_amp"] > 2 * res["ours_io_chunk_amp"]  # the documented cliff
 
 
 def test_defaults_are_for_reader_of_the_pipeline_default_cache():
@@ -245,33 +245,33 @@ def test_defaults_are_for_reader_of_the_pipeline_default_cache():
 
 @settings(max_examples=60, deadline=None)
 @given(configs(), st.integers(1, 600))
-def test_group_sources_are_exactly_what_the_group_reads(cfg, nrows):
-    # shuffle_group_of_rows / shuffle_group_sources (used by the reader to release consumed row groups):
-    # every output row lies in its group; a group's rows map onto exactly the listed source rows, in
-    # every lane; and the groups of a window read disjoint sources.
+def test_mix_sources_are_exactly_what_the_mix_reads(cfg, nrows):
+    # mix_of_rows / mix_sources (used by the reader to release consumed row groups):
+    # every output row lies in its mix; a mix's rows map onto exactly the listed source rows, in
+    # every lane; and the mixes of a window read disjoint sources.
     rows = np.arange(nrows)
-    win, glo, ghi = order.shuffle_group_of_rows(rows, cfg)
+    win, glo, ghi = shuffle.mix_of_rows(rows, cfg)
     assert ((glo <= rows) & (rows < ghi)).all()
-    wwin, wlo, whi = order._row_windows(rows, cfg)
+    wwin, wlo, whi = shuffle._row_windows(rows, cfg)
     assert np.array_equal(win, wwin) and (glo >= wlo).all() and (ghi <= whi).all()
     L = cfg.lanes
     for lane in sorted({0, L - 1}):
         src = shuffle_example_indices(rows * L + lane, cfg) // L
         seen: dict[int, set] = {}
         for g in np.unique(glo).tolist():
-            in_group = glo == g
-            hi = int(ghi[in_group][0])
-            if hi > nrows:  # group not wholly inside the sample
+            in_mix = glo == g
+            hi = int(ghi[in_mix][0])
+            if hi > nrows:  # mix not wholly inside the sample
                 continue
-            rng = order.shuffle_group_sources(g, lane, cfg)
+            rng = shuffle.mix_sources(g, lane, cfg)
             assert (np.diff(rng.reshape(-1)) > 0).all()  # sorted, merged, non-empty ranges
             want = np.concatenate([np.arange(a, z) for a, z in rng.tolist()])
-            assert np.array_equal(np.sort(src[in_group]), want)
-            w = int(win[in_group][0])
+            assert np.array_equal(np.sort(src[in_mix]), want)
+            w = int(win[in_mix][0])
             assert not (seen.setdefault(w, set()) & set(want.tolist()))
             seen[w] |= set(want.tolist())
-            # any row of the group names the same group; all lanes at once = lane by lane
-            assert np.array_equal(order.shuffle_group_sources(hi - 1, lane, cfg), rng)
-            many = order.shuffle_group_sources_of_lanes(g, range(L), cfg)
+            # any row of the mix names the same mix; all lanes at once = lane by lane
+            assert np.array_equal(shuffle.mix_sources(hi - 1, lane, cfg), rng)
+            many = shuffle.mix_sources_of_lanes(g, range(L), cfg)
             assert np.array_equal(many[lane], rng)
-            assert all(np.array_equal(m, order.shuffle_group_sources(g, x, cfg)) for x, m in enumerate(many))
+            assert all(np.array_equal(m, shuffle.mix_sources(g, x, cfg)) for x, m in enumerate(many))

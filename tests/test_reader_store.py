@@ -1,4 +1,4 @@
-"""Chunk fetching: checksums verified on first read, damaged files named, row groups decoded lazily, LRU budget."""
+"""reader.store: checksums verified on first read, damaged files named, row groups decoded lazily, LRU budget."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import pytest
 
 from reader import ChunkError, ReadOptions, Reader
 from reader import format as fmt
-from reader import order
+from reader import streams
 
 import cachegen
 
@@ -121,7 +121,7 @@ def test_each_row_group_is_decoded_about_once_when_reading_sequentially(cache_di
     with Reader(root, ReadOptions(seq_len=4, batch_size=2, ideal_readers=2)) as rd:
         # stay inside the first pass of every stream: a stream that wraps around reads its first chunk
         # again, and a sequential read has already released those row groups (decoded again, as intended)
-        one_pass = order.StreamIndex(rd.cache.table.tokens, 2, loop=False, complete=True)
+        one_pass = streams.StreamIndex(rd.cache.table.tokens, 2, loop=False, complete=True)
         batches = min(int(one_pass.stream_length(s)) for s in range(2)) // 4 - 1
         assert batches > 10
         n = 0
@@ -141,57 +141,6 @@ def test_memory_budget_bounds_the_cache(cache_dir):
             largest = max(largest, max(v[1] for v in rd.store._lru.values()))
             assert rd.store.used_bytes <= budget + largest
         assert rd.store.meta_fetches > len(entries)  # evicted and fetched again (and verified again)
-
-
-def test_validate_chunk_reports_every_problem(cache_dir):
-    from reader.cache import Cache
-    from reader.chunks import validate_chunk
-    root, _, entries = cache_dir
-    c = Cache(root)
-    assert all(validate_chunk(c, i) == [] for i in range(len(entries)))
-    _damage(os.path.join(root, entries[1]["path"]), "flip")
-    os.remove(os.path.join(root, fmt.sidecar_path(0, 3)))
-    assert "checksum mismatch" in " ".join(validate_chunk(c, 1))
-    assert "sidecar missing" in " ".join(validate_chunk(c, 3))
-
-
-@pytest.mark.parametrize("options", [
-    dict(compression="zstd", use_dictionary=False, write_statistics=False),
-    dict(compression="none", use_dictionary=False),
-    dict(compression="snappy", use_dictionary=False, data_page_size=64),
-    dict(compression="gzip", use_dictionary=False, data_page_version="2.0", data_page_size=100),
-    dict(compression="zstd", use_dictionary=False, data_page_version="2.0", write_statistics=True),
-    dict(compression="zstd", use_dictionary=True),  # dictionary pages: pyarrow's reader (fallback)
-    dict(compression="lz4", use_dictionary=False),  # codec the fast path does not handle: fallback
-])
-def test_fast_token_decoding_equals_pyarrow(options):
-    rng = np.random.default_rng(3)
-    chunks = cachegen.random_chunks(rng, 3, empty_prob=0.0, max_docs=12, max_len=200, huge_prob=0.2)
-    chunks[1].insert(2, np.zeros(0, np.int32))  # an empty document inside a row group
-    d = tempfile.mkdtemp(prefix="cl-fast-")
-    try:
-        cachegen.write_synthetic_cache(d, chunks, row_group_tokens=150, writer_options=options)
-        with Reader(d, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as fast, \
-                Reader(d, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as slow:
-            slow.store.fast_decode = False
-            for c in range(3):
-                m = fast.store.meta(c)
-                for g in range(len(m.rg_token_starts) - 1):
-                    a, b = fast.store.row_group(c, g), slow.store.row_group(c, g)
-                    assert np.array_equal(a.padded, b.padded) and np.array_equal(a.positions, b.positions)
-                from reader.chunks import fast_token_values
-                n0 = int(m.rg_token_starts[1])
-                data = open(os.path.join(d, m.path), "rb").read()
-                used = fast_token_values(data, m.file_meta.row_group(0).column(0), n0) is not None
-                off, length = (int(x) for x in m.rg_ranges[0])  # the same from the row group's range alone
-                again = fast_token_values(data[off:off + length], m.file_meta.row_group(0).column(0), n0, base=off)
-                assert (again is not None) == used
-                assert used == (options["compression"] != "lz4" and not options["use_dictionary"])
-                want = np.concatenate([np.asarray(x, np.int32) for x in chunks[c]])
-                got = np.concatenate([fast.store.row_group(c, g).tokens for g in range(len(m.rg_token_starts) - 1)])
-                assert np.array_equal(got, want)
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_prefetch_loads_what_a_batch_needs_in_the_background(cache_dir):
@@ -234,9 +183,9 @@ def test_local_files_stay_open_within_a_bound_and_close_with_the_reader(cache_di
     close()."""
     import concurrent.futures as cf
 
-    from reader import chunks as chunks_mod
+    from reader import store as store_mod
 
-    monkeypatch.setattr(chunks_mod, "_MAX_OPEN_FILES", 2)
+    monkeypatch.setattr(store_mod, "_MAX_OPEN_FILES", 2)
     root, chunks, entries = cache_dir
     with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1, memory_budget_bytes=1)) as rd:
         store = rd.store
@@ -289,7 +238,7 @@ def test_a_sequential_read_releases_what_it_has_passed():
                                         max_docs=160, max_len=50)
         cachegen.write_synthetic_cache(root, chunks, row_group_tokens=16)
         with Reader(root, ReadOptions(seq_len=4, batch_size=2, ideal_readers=2)) as rd:
-            one_pass = order.StreamIndex(rd.cache.table.tokens, 2, loop=False, complete=True)
+            one_pass = streams.StreamIndex(rd.cache.table.tokens, 2, loop=False, complete=True)
             for b, _ in rd.iter_batches(0, min(int(one_pass.stream_length(s)) for s in range(2)) // 4 - 1):
                 pass
             st = rd.store
@@ -299,7 +248,7 @@ def test_a_sequential_read_releases_what_it_has_passed():
         with Reader(root, ReadOptions(seq_len=4, batch_size=2, ideal_readers=2, shuffle_seed=1)) as rd:
             for b, _ in rd.iter_batches(0, 100):
                 pass
-            assert not rd._released  # the per-chunk rule is for unshuffled reads only
+            assert not rd.release._released  # the per-chunk rule is for unshuffled reads only
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -307,9 +256,9 @@ def test_a_sequential_read_releases_what_it_has_passed():
 def test_released_buffers_are_kept_within_the_budget(cache_dir, monkeypatch):
     """Beyond _MAX_RETIRED, released row groups' buffers are kept only while the cache and they together
     fit the memory budget; kept ones serve new decodes (fresh_buffers stays put)."""
-    from reader import chunks as chunks_mod
+    from reader import store as store_mod
     root, chunks, entries = cache_dir
-    monkeypatch.setattr(chunks_mod, "_MAX_RETIRED", 2)
+    monkeypatch.setattr(store_mod, "_MAX_RETIRED", 2)
     keys = [(c, g) for c in range(len(entries)) for g in range(len(_sidecar(root, entries[c])["row_group_index"]))]
     assert len(keys) >= 8
     with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
@@ -326,7 +275,7 @@ def test_released_buffers_are_kept_within_the_budget(cache_dir, monkeypatch):
         for c, g in keys:
             st.release(c, g)
         assert st.retired_buffers == len(keys)
-        st.budget = st.used_bytes + 5 * 4 * chunks_mod._BUFFER_STEP  # room for five buffers beside the cache
+        st.budget = st.used_bytes + 5 * 4 * store_mod._BUFFER_STEP  # room for five buffers beside the cache
         st.release(0, 10**6)  # (any release trims the kept buffers)
         assert st.retired_buffers == 5
         st.budget = 1

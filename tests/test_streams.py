@@ -1,4 +1,4 @@
-"""Property tests for reader.order against brute-force definitions from seed 000."""
+"""Property tests for reader.streams (and reader.unpacked) against brute-force definitions from seed 000."""
 
 import itertools
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from reader import order
+from reader import streams, unpacked
 
 
 def brute_round_robin(counts):
@@ -19,14 +19,14 @@ def brute_round_robin(counts):
 
 @given(st.lists(st.integers(0, 6), max_size=7))
 def test_round_robin_matches_definition(counts):
-    assert [tuple(x) for x in order.round_robin_order(counts).tolist()] == brute_round_robin(counts)
+    assert [tuple(x) for x in streams.round_robin_order(counts).tolist()] == brute_round_robin(counts)
 
 
 @given(st.lists(st.integers(0, 5), min_size=1, max_size=6), st.data())
 def test_known_prefix_is_prefix_of_final_order(counts, data):
     final = data.draw(st.lists(st.booleans(), min_size=len(counts), max_size=len(counts)))
     lower = [n if f else data.draw(st.integers(0, n)) for n, f in zip(counts, final)]
-    prefix = [tuple(x) for x in order.known_order_prefix(lower, final).tolist()]
+    prefix = [tuple(x) for x in streams.known_order_prefix(lower, final).tolist()]
     full = brute_round_robin(counts)
     assert prefix == full[: len(prefix)]
     if all(final):
@@ -47,11 +47,11 @@ def brute_stream_units(counts, r_star, s, epochs):
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=9), st.integers(1, 7), st.data())
 def test_locate_matches_looped_stream(counts, r_star, data):
     s = data.draw(st.integers(0, r_star - 1))
-    idx = order.StreamIndex(counts, r_star, loop=True)
+    idx = streams.StreamIndex(counts, r_star, loop=True)
     epochs = 3 * r_star  # enough passes to cover several periods
     ref = brute_stream_units(counts, r_star, s, epochs)
     if not ref:
-        with pytest.raises(order.EmptyStream):
+        with pytest.raises(streams.EmptyStream):
             idx.locate(s, 0)
         return
     js = np.arange(len(ref))
@@ -63,13 +63,13 @@ def test_locate_matches_looped_stream(counts, r_star, data):
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=9), st.integers(1, 7), st.data())
 def test_single_pass_and_pieces(counts, r_star, data):
     s = data.draw(st.integers(0, r_star - 1))
-    idx = order.StreamIndex(counts, r_star, loop=False)
+    idx = streams.StreamIndex(counts, r_star, loop=False)
     ref = brute_stream_units(counts, r_star, s, 1)
     assert idx.stream_length(s) == len(ref)
     if ref:
         e, c, o = idx.locate_many(s, np.arange(len(ref)))
         assert list(zip(e.tolist(), c.tolist(), o.tolist())) == ref
-    with pytest.raises(order.EndOfStream):
+    with pytest.raises(streams.EndOfStream):
         idx.locate(s, len(ref))
     # pieces cover exactly the units, in order, and stop at the end
     start = data.draw(st.integers(0, len(ref)))
@@ -79,15 +79,15 @@ def test_single_pass_and_pieces(counts, r_star, data):
 
 
 def test_incomplete_index_waits_past_known_prefix():
-    idx = order.StreamIndex([3, 2, 4], 2, loop=True, complete=False)
-    assert idx.locate(0, 6) == order.Location(0, 2, 3)  # chunks 0 and 2 are stream 0's epoch 0
-    with pytest.raises(order.NotYetAvailable):
+    idx = streams.StreamIndex([3, 2, 4], 2, loop=True, complete=False)
+    assert idx.locate(0, 6) == streams.Location(0, 2, 3)  # chunks 0 and 2 are stream 0's epoch 0
+    with pytest.raises(streams.NotYetAvailable):
         idx.locate(0, 7)
 
 
 def test_huge_position_is_cheap():
     counts = np.random.default_rng(0).integers(0, 1000, size=100_000)
-    idx = order.StreamIndex(counts, 64)
+    idx = streams.StreamIndex(counts, 64)
     loc = idx.locate(5, 10**12)
     assert 0 <= loc.offset < counts[loc.chunk]
     assert loc.chunk % 64 == (5 - loc.epoch * len(counts)) % 64
@@ -96,17 +96,44 @@ def test_huge_position_is_cheap():
 @given(st.integers(1, 16), st.integers(1, 16), st.integers(0, 50))
 def test_readers_partition_every_batch(r_star, num_readers, b):
     batch_size = num_readers * 3
-    rows = [order.reader_rows(batch_size, num_readers, r) for r in range(num_readers)]
+    rows = [streams.reader_rows(batch_size, num_readers, r) for r in range(num_readers)]
     assert sorted(np.concatenate(rows).tolist()) == list(range(batch_size))
-    streams = order.streams_of_reader(r_star, num_readers, 0)
-    if streams is not None:
-        idx = order.batch_example_indices(b, batch_size)[rows[0]]
-        assert set(order.split_example_index(idx, r_star)[0].tolist()) <= set(streams)
+    mine = streams.streams_of_reader(r_star, num_readers, 0)
+    if mine is not None:
+        idx = streams.batch_example_indices(b, batch_size)[rows[0]]
+        assert set(streams.split_example_index(idx, r_star)[0].tolist()) <= set(mine)
 
 
 def test_unpacked_pieces():
     lengths = np.array([5, 1, 9])
-    assert order.pieces_per_doc(lengths, 4).tolist() == [2, 1, 3]
-    doc, lo, hi = order.unpacked_locate_in_chunk(lengths, 4, np.arange(6))
+    assert unpacked.pieces_per_doc(lengths, 4).tolist() == [2, 1, 3]
+    doc, lo, hi = unpacked.unpacked_locate_in_chunk(lengths, 4, np.arange(6))
     assert list(zip(doc.tolist(), lo.tolist(), hi.tolist())) == [
         (0, 0, 4), (0, 4, 5), (1, 0, 1), (2, 0, 4), (2, 4, 8), (2, 8, 9)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=12), st.integers(1, 9), st.booleans(), st.booleans(),
+       st.data())
+def test_locate_streams_equals_locate_many_per_stream(counts, r_star, loop, complete, data):
+    idx = streams.StreamIndex(counts, r_star, loop=loop, complete=complete)
+    n = data.draw(st.integers(0, 30))
+    s = np.asarray(data.draw(st.lists(st.integers(0, r_star - 1), min_size=n, max_size=n)), np.int64)
+    j = np.asarray(data.draw(st.lists(st.integers(0, 200), min_size=n, max_size=n)), np.int64)
+
+    def per_stream():
+        e, c, o = (np.zeros(n, np.int64) for _ in range(3))
+        for x in np.unique(s):
+            m = s == x
+            e[m], c[m], o[m] = idx.locate_many(int(x), j[m])
+        return e, c, o
+
+    try:
+        want = per_stream()
+    except (streams.EmptyStream, streams.EndOfStream, streams.NotYetAvailable) as err:
+        with pytest.raises(type(err)):
+            idx.locate_streams(s, j)
+        return
+    got = idx.locate_streams(s, j)
+    for a, b in zip(got, want):
+        assert np.array_equal(a, b)

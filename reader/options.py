@@ -1,0 +1,98 @@
+"""``ReadOptions``: how to turn a cache into batches (nothing here is baked into the cache)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .schema import LAYOUTS
+from .shuffle import ShuffleConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """How to turn a cache into batches. Nothing here is baked into the cache.
+
+    Attributes:
+      seq_len: tokens per example (L).
+      batch_size: examples per GLOBAL batch (B); must be a multiple of the number of readers.
+      packed: True: moving windows over concatenated documents; False: one document piece per example.
+      ideal_readers: R*, the number of streams. Keep it fixed for a run's lifetime (the order depends on
+        it). Pick a power of two >= the largest number of reader hosts you expect (hosts R with R | R* or
+        R* | R read only their own chunks). Ignored in eval mode (one stream).
+      eval_mode: a single pass in global chunk order: no loop, no shuffle; the last batch is padded with
+        ``valid == False`` rows and iteration ends.
+      shuffle_seed: if set, ``shuffled_example[i] = example[pi(i)]`` with ``pi`` the growing-window
+        shuffle (:func:`reader.shuffle.shuffle_example_indices`, default sizes, ``lanes = R*``).
+        Training only.
+      shuffle: a :class:`reader.shuffle.ShuffleConfig` for finer control (window sizes ...); overrides
+        shuffle_seed.
+      memory_budget_bytes: bound on cached chunk bytes + decoded row groups.
+      prefetch_batches: batches assembled ahead of the consumer by ``iter_batches`` (on one thread).
+      prefetch_threads: background threads that fetch, verify and decode upcoming row groups. 0: the
+        assembling thread decodes what it needs when it needs it; the least CPU per batch (planning
+        ahead costs more), so the better choice when reader workers supply the parallelism on a local
+        cache (``num_workers`` picks it for its workers then).
+      index_cache: store the unpacked per-chunk example counts in ``ROOT/index/`` when writable.
+      num_workers: 0 (default): batches are assembled in this process (on threads). W > 0: by W reader
+        workers, child processes (:mod:`reader.workers`) that each decode and assemble every W-th of
+        this reader's rows into shared memory; ``iter_batches`` then returns views of that memory (the
+        same values, bit for bit). Use it when one core cannot keep up; the batch size must be a
+        multiple of ``num_readers * num_workers``, and ``memory_budget_bytes`` is split between the
+        workers. ``Reader.iter_batches`` and ``reader.jax.JaxLoader.iter_batches`` use the workers (the
+        loader's workers each serve every W-th of the rows its process's devices hold, so W must
+        divide that number of rows); ``rows``/``batch``/``examples`` and ``JaxLoader.global_batch``
+        stay in-process.
+      layout: ``"arrays"`` (default): the five ``[rows, L]`` arrays of ``reader.schema.BATCH_KEYS``.
+        ``"flat"`` (packed only): one ``uint32 [rows, L+1]`` array in seed 001's flat-tokens encoding
+        plus two per-row ints (``reader.schema.FLAT_KEYS``); about 4x fewer bytes to assemble and to
+        send to an accelerator, where :func:`reader.expand_flat` (numpy) or ``reader.jax.expand_flat``
+        (jit) rebuilds the five arrays exactly.
+    """
+
+    seq_len: int = 2048
+    batch_size: int = 64
+    packed: bool = True
+    ideal_readers: int = 16
+    eval_mode: bool = False
+    shuffle_seed: int | None = None
+    shuffle: Any = None
+    memory_budget_bytes: int = 1 << 30
+    prefetch_batches: int = 2
+    prefetch_threads: int = 2
+    index_cache: bool = True
+    layout: str = "arrays"
+    num_workers: int = 0
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout == "flat" and not self.packed:
+            raise ValueError("layout='flat' encodes packed windows (document starts as a bit per token); "
+                             "unpacked examples use layout='arrays'")
+        if self.prefetch_threads < 0:
+            raise ValueError(f"prefetch_threads must be >= 0, got {self.prefetch_threads}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.ideal_readers < 1:
+            raise ValueError(f"ideal_readers must be >= 1, got {self.ideal_readers}")
+        if self.eval_mode and (self.shuffle_seed is not None or self.shuffle is not None):
+            raise ValueError("eval_mode reads every document once in global order; it never shuffles. "
+                             "Drop shuffle_seed/shuffle or eval_mode.")
+
+    @property
+    def num_streams(self) -> int:
+        return 1 if self.eval_mode else self.ideal_readers
+
+    def shuffle_config(self) -> ShuffleConfig | None:
+        """The shuffle config, or None when not shuffling."""
+        if self.shuffle is not None:
+            return self.shuffle
+        if self.shuffle_seed is None:
+            return None
+        # lanes = R*: every example stays in its stream, so hosts keep reading only their own chunks.
+        return ShuffleConfig(seed=int(self.shuffle_seed), lanes=self.num_streams)

@@ -1,0 +1,283 @@
+"""The stream index: global chunk order, streams and examples. Pure functions, no I/O.
+
+Which chunk and offset holds unit ``j`` of stream ``s``: the pipeline (chunk order), the reader, the
+JAX loader and the benchmarks all ask this module, so they agree by construction. The shuffle is
+:mod:`reader.shuffle`; :mod:`reader.order` combines both into "which tokens is example ``i``".
+
+Terms (seed 000, "Reproducible Sharded Reading for Training"):
+
+* **Global chunk order.** Chunks are ordered round-robin across input shards, in shard order; a shard
+  that has run out of chunks drops out of later rounds (:func:`round_robin_order`).
+* **Streams.** With ``R*`` ideal readers, stream ``s`` is ``loop(all_chunks)[s::R*]``. Each stream turns
+  its chunks into a sequence of *units*: tokens (packed examples), documents, or unpacked examples.
+* **Examples.** ``example[i] = stream_examples[i % R*][i // R*]``; global batch ``b`` is
+  ``example[b*B : (b+1)*B]``; with ``R`` readers, reader ``r`` serves rows ``k ≡ r (mod R)`` of it.
+
+The key fact used for O(log N) seeking: position ``p`` of the looped chunk list is chunk ``p mod N`` of
+epoch ``p // N``. Stream ``s`` holds the positions ``p ≡ s (mod R*)``, so within epoch ``e`` it visits
+exactly the chunks ``c ≡ (s - e*N) (mod R*)``, in increasing order. Sorting chunks by
+``(c mod R*, c)`` ("class-major order") makes every stream-epoch a contiguous run, so one prefix-sum
+array of length ``N + 1`` answers every seek with a binary search, and the per-stream sequence of
+epochs is periodic with period ``R* / gcd(N, R*)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterator, Sequence
+
+import numpy as np
+
+
+class NotYetAvailable(LookupError):
+    """The answer depends on chunks the (still running) build has not written yet."""
+
+
+class EndOfStream(IndexError):
+    """A single-pass (non-looping) stream has no unit at that position."""
+
+
+class EmptyStream(ValueError):
+    """A looping stream that never yields anything (every chunk it visits is empty)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Global chunk order
+
+
+def round_robin_order(chunks_per_shard: Sequence[int]) -> np.ndarray:
+    """Global chunk order as an ``(N, 2)`` int64 array of ``(shard, index_in_shard)``.
+
+    Round ``j`` lists chunk ``j`` of every shard that has more than ``j`` chunks, in shard order.
+    """
+    counts = np.asarray(chunks_per_shard, dtype=np.int64)
+    if counts.size == 0 or counts.sum() == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    shard = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    k = np.arange(shard.size, dtype=np.int64) - np.repeat(starts, counts)
+    perm = np.lexsort((shard, k))  # by round k, then shard
+    return np.stack([shard[perm], k[perm]], axis=1)
+
+
+def known_order_prefix(lower_bounds: Sequence[int], final: Sequence[bool]) -> np.ndarray:
+    """The prefix of the global chunk order that is already fixed while a build runs.
+
+    ``lower_bounds[i]`` chunks of shard ``i`` are known to exist; ``final[i]`` says the count is exact
+    (uncompressed shards: from their size at planning time; compressed ones: once fully read). Round
+    ``j`` is fixed once every shard with a non-final count is known to have more than ``j`` chunks.
+    """
+    lb = np.asarray(lower_bounds, dtype=np.int64)
+    fin = np.asarray(final, dtype=bool)
+    open_bounds = lb[~fin]
+    rounds = int(open_bounds.min()) if open_bounds.size else (int(lb.max()) if lb.size else 0)
+    return round_robin_order(np.minimum(lb, rounds))
+
+
+# --------------------------------------------------------------------------------------------------
+# Streams
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    epoch: int
+    chunk: int  # global chunk index
+    offset: int  # unit offset inside that chunk
+
+
+class StreamIndex:
+    """Maps (stream, unit position) to (epoch, chunk, offset within chunk) in O(log N).
+
+    Args:
+      counts: units per chunk in global chunk order (tokens, documents or unpacked examples).
+      num_streams: ``R*``, the number of ideal readers.
+      loop: True for training streams (``loop(all_chunks)[s::R*]``, infinite); False for a single pass
+        (epoch 0 only; positions past the end raise :class:`EndOfStream`).
+      complete: False while the build is running: ``counts`` then covers only the known prefix of the
+        order, only epoch 0 can be answered, and anything past the known part raises
+        :class:`NotYetAvailable` (the caller waits and retries with a longer prefix).
+    """
+
+    def __init__(self, counts: Sequence[int] | np.ndarray, num_streams: int, *, loop: bool = True,
+                 complete: bool = True):
+        if num_streams < 1:
+            raise ValueError(f"num_streams (ideal_readers) must be >= 1, got {num_streams}")
+        self.counts = np.asarray(counts, dtype=np.int64)
+        if (self.counts < 0).any():
+            raise ValueError("unit counts must be non-negative")
+        self.n = int(self.counts.size)
+        self.r = int(num_streams)
+        self.loop = loop
+        self.complete = complete
+        c = np.arange(self.n, dtype=np.int64)
+        self._perm = np.lexsort((c, c % self.r))  # class-major order of chunks
+        self._starts = np.concatenate([[0], np.cumsum(self.counts[self._perm])])  # N+1
+        # First class-major slot of each class rho (classes with no chunk get an empty run).
+        class_sizes = np.bincount(c % self.r, minlength=self.r) if self.n else np.zeros(self.r, np.int64)
+        self._class_first = np.concatenate([[0], np.cumsum(class_sizes)])  # R+1
+        self._class_totals = self._starts[self._class_first[1:]] - self._starts[self._class_first[:-1]]
+        self._period = self.r // math.gcd(self.n, self.r) if self.n else 1
+        self._epoch_cum: dict[int, np.ndarray] = {}
+
+    # -- per-stream epoch bookkeeping ------------------------------------------------------------
+    def _rho(self, s: int, epoch: int | np.ndarray):
+        return (s - epoch * self.n) % self.r
+
+    def _epochs(self, s: int) -> np.ndarray:
+        """Cumulative units of stream ``s`` over one period of epochs (length period + 1)."""
+        got = self._epoch_cum.get(s)
+        if got is None:
+            rhos = self._rho(s, np.arange(self._period, dtype=np.int64))
+            got = np.concatenate([[0], np.cumsum(self._class_totals[rhos])])
+            self._epoch_cum[s] = got
+        return got
+
+    def epoch_units(self, s: int, epoch: int) -> int:
+        """Units stream ``s`` yields in ``epoch``."""
+        return int(self._class_totals[self._rho(s, epoch)])
+
+    def pass_units(self, streams) -> np.ndarray:
+        """Units of each stream of ``streams`` in epoch 0 (all of a single-pass stream; vectorized)."""
+        return self._class_totals[np.asarray(streams, dtype=np.int64)]
+
+    def stream_length(self, s: int) -> float:
+        """Units in stream ``s``: infinite (``math.inf``) for a looping stream that is not empty."""
+        self._check_stream(s)
+        if self.loop and self.complete:
+            return math.inf if self._epochs(s)[-1] > 0 else 0
+        return int(self._class_totals[s]) if s < self.r else 0
+
+    def _check_stream(self, s: int) -> None:
+        if not 0 <= s < self.r:
+            raise ValueError(f"stream {s} out of range [0, {self.r})")
+
+    # -- locating units ---------------------------------------------------------------------------
+    def locate_many(self, s: int, positions: np.ndarray | Sequence[int]):
+        """Vectorized :meth:`locate`: returns arrays ``(epochs, chunks, offsets)``."""
+        self._check_stream(s)
+        j = np.asarray(positions, dtype=np.int64)
+        if (j < 0).any():
+            raise ValueError("stream positions must be non-negative")
+        if self.loop and self.complete:
+            ecum = self._epochs(s)
+            per = int(ecum[-1])
+            if per == 0:
+                raise EmptyStream(
+                    f"stream {s} of {self.r} never yields anything: every chunk it visits is empty. "
+                    f"Use fewer ideal_readers (now {self.r}) than non-empty chunks ({int((self.counts > 0).sum())})."
+                )
+            full, rem = np.divmod(j, per)
+            e_in = np.searchsorted(ecum, rem, side="right") - 1
+            epochs = full * self._period + e_in
+            rem = rem - ecum[e_in]
+            rho = self._rho(s, epochs)
+        else:
+            epochs = np.zeros_like(j)
+            rho = np.full_like(j, s)
+            total = int(self._class_totals[s]) if s < self.r else 0
+            if j.size and int(j.max()) >= total:
+                bad = int(j.max())
+                if not self.complete:
+                    raise NotYetAvailable(f"stream {s} position {bad}: needs chunks not yet written")
+                raise EndOfStream(f"stream {s} has {total} units; position {bad} is past its end")
+            rem = j
+        key = self._starts[self._class_first[rho]] + rem
+        slot = np.searchsorted(self._starts, key, side="right") - 1
+        return epochs, self._perm[slot], key - self._starts[slot]
+
+    def locate(self, s: int, position: int) -> Location:
+        e, c, o = self.locate_many(s, [position])
+        return Location(int(e[0]), int(c[0]), int(o[0]))
+
+    def locate_streams(self, streams, positions):
+        """:meth:`locate_many` vectorized over streams too: unit ``positions[k]`` of stream ``streams[k]``.
+
+        Same answers (and errors) as calling ``locate_many`` once per stream, with one set of numpy calls
+        for a whole batch.
+        """
+        s = np.asarray(streams, dtype=np.int64)
+        j = np.asarray(positions, dtype=np.int64)
+        if s.size == 0:
+            z = np.zeros(0, np.int64)
+            return z, z, z
+        if (j < 0).any():
+            raise ValueError("stream positions must be non-negative")
+        if (s < 0).any() or (s >= self.r).any():
+            raise ValueError(f"stream out of range [0, {self.r})")
+        if self.loop and self.complete:
+            if self.r * (self._period + 1) > (1 << 22):  # huge R* x period: one call per stream
+                e, c, o = (np.empty(s.size, np.int64) for _ in range(3))
+                for x in np.unique(s):
+                    m = s == x
+                    e[m], c[m], o[m] = self.locate_many(int(x), j[m])
+                return e, c, o
+            table = self.__dict__.get("_epoch_table")
+            if table is None:
+                table = np.stack([self._epochs(x) for x in range(self.r)])  # [R*, period + 1]
+                self._epoch_table = table
+            per = table[s, -1]
+            if (per == 0).any():
+                self.locate_many(int(s[per == 0][0]), [0])  # raises EmptyStream
+            full, rem = np.divmod(j, per)
+            e_in = (table[s] <= rem[:, None]).sum(axis=1) - 1
+            epochs = full * self._period + e_in
+            rem = rem - table[s, e_in]
+            rho = (s - epochs * self.n) % self.r
+        else:
+            epochs = np.zeros_like(j)
+            rho = s
+            total = self._class_totals[s]
+            if (j >= total).any():
+                k = int(np.flatnonzero(j >= total)[0])
+                self.locate_many(int(s[k]), [int(j[k])])  # raises NotYetAvailable / EndOfStream
+            rem = j
+        key = self._starts[self._class_first[rho]] + rem
+        slot = np.searchsorted(self._starts, key, side="right") - 1
+        return epochs, self._perm[slot], key - self._starts[slot]
+
+    def pieces(self, s: int, start: int, stop: int) -> Iterator[tuple[int, int, int, int]]:
+        """The pieces ``(epoch, chunk, lo, hi)`` that hold units ``[start, stop)`` of stream ``s``, in order.
+
+        For a single-pass stream the pieces stop at the stream's end (the caller pads).
+        """
+        pos = start
+        if not (self.loop and self.complete):
+            stop = min(stop, self.stream_length(s)) if self.complete else stop
+        while pos < stop:
+            loc = self.locate(s, pos)
+            take = min(int(self.counts[loc.chunk]) - loc.offset, stop - pos)
+            yield loc.epoch, loc.chunk, loc.offset, loc.offset + take
+            pos += take
+
+
+# --------------------------------------------------------------------------------------------------
+# Examples, batches and readers
+
+
+def split_example_index(i, num_streams: int):
+    """Global example ``i`` -> ``(stream, position in stream)`` (works on numpy arrays too)."""
+    return i % num_streams, i // num_streams
+
+
+def batch_example_indices(batch: int, batch_size: int) -> np.ndarray:
+    """Global example indices of global batch ``batch``."""
+    return batch * batch_size + np.arange(batch_size, dtype=np.int64)
+
+
+def reader_rows(batch_size: int, num_readers: int, reader_index: int) -> np.ndarray:
+    """Rows of each global batch served by reader ``reader_index`` of ``num_readers``: ``k ≡ r (mod R)``."""
+    if num_readers < 1 or not 0 <= reader_index < num_readers:
+        raise ValueError(f"reader_index {reader_index} out of range for num_readers {num_readers}")
+    if batch_size % num_readers:
+        raise ValueError(f"batch_size {batch_size} must be a multiple of num_readers {num_readers}")
+    return np.arange(reader_index, batch_size, num_readers, dtype=np.int64)
+
+
+def streams_of_reader(num_streams: int, num_readers: int, reader_index: int) -> list[int] | None:
+    """The streams a reader touches when ``R`` divides ``R*`` or ``R*`` divides ``R``; None otherwise."""
+    if num_streams % num_readers == 0:
+        return list(range(reader_index, num_streams, num_readers))
+    if num_readers % num_streams == 0:
+        return [reader_index % num_streams]
+    return None
