@@ -19,28 +19,20 @@ import json
 import sys
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from . import format as fmt
 from .cache import Cache
 from .options import ReadOptions
-from .pages import int_values
 from .reader import Reader
 from .schema import BATCH_KEYS
-from .validate import validate_chunk
+from .validate import chunk_doc_lengths, validate_chunk, validate_ledger
 
 PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
 
 
 def _doc_lengths(cache: Cache, indices, threads: int) -> np.ndarray:
-    def one(c):
-        if int(cache.table.docs[c]) == 0:
-            return np.zeros(0, np.int64)
-        with cache.fs.open(cache.path(cache.table.paths[c]), "rb") as f:
-            return int_values(pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0)).astype(np.int64)
-
     with cf.ThreadPoolExecutor(threads) as pool:
-        parts = list(pool.map(one, indices))
+        parts = list(pool.map(lambda c: chunk_doc_lengths(cache, c), indices))
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
@@ -99,20 +91,7 @@ def cmd_validate(args) -> int:
         print(f"PROBLEM {e}")
         return 1
     t = cache.table
-    problems: list[str] = []
-    if cache.complete:
-        totals = cache.ledger.totals
-        for key, want in (("docs", int(t.docs.sum())), ("tokens", int(t.tokens.sum())), ("chunks", len(t))):
-            if key in totals and int(totals[key]) != want:
-                problems.append(f"{cache.display(fmt.LEDGER_NAME)}: totals.{key} = {totals[key]}, the chunk "
-                                f"entries sum to {want}")
-        raw = cache.ledger.raw["chunks"]
-        doc_off, tok_off = t.doc_offsets, t.token_offsets
-        for i, e in enumerate(raw):
-            if e.get("doc_offset") != int(doc_off[i]) or e.get("token_offset") != int(tok_off[i]):
-                problems.append(f"{cache.display(fmt.LEDGER_NAME)}: chunk {i} ({e['path']}) has wrong "
-                                "doc_offset/token_offset")
-                break
+    problems = validate_ledger(cache)
     with cf.ThreadPoolExecutor(args.threads) as pool:
         for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick), range(len(t))):
             problems += got
