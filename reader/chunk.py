@@ -116,7 +116,7 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
     rel = t.paths[index]
     side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
     try:
-        raw = cache.fs.cat_file(cache.path(side_rel))
+        raw = cache.cat(side_rel)
     except FileNotFoundError:
         raise chunk_error(cache, side_rel, "sidecar missing") from None
     tally(index, len(raw), data=False)

@@ -20,8 +20,10 @@ import sys
 
 import numpy as np
 
+from . import cli_support
 from . import format as fmt
 from .cache import Cache
+from .export import write_file
 from .options import ReadOptions
 from .reader import Reader
 from .schema import BATCH_KEYS
@@ -87,7 +89,7 @@ def cmd_inspect(args) -> int:
 def cmd_validate(args) -> int:
     try:
         cache = Cache(args.path)
-    except (fmt.FormatError, FileNotFoundError) as e:
+    except fmt.DamagedCache as e:  # a damaged ledger is a problem found; not a cache at all is an error (2)
         print(f"PROBLEM {e}")
         return 1
     t = cache.table
@@ -126,7 +128,7 @@ def cmd_batches(args) -> int:
         "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size, "packed": not args.unpacked,
         "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
         "num_readers": args.num_readers, "reader_index": args.reader_index}, sort_keys=True))
-    np.savez_compressed(args.out, **arrays)
+    write_file(args.out, lambda f: np.savez_compressed(f, **arrays))  # exactly --out (numpy would add .npz)
     print(f"wrote {args.out}: batches {arrays['batch_index'][0]}..{arrays['batch_index'][-1]}, "
           f"{len(r.my_rows)} rows each, keys {', '.join(sorted(arrays))}")
     return 0
@@ -179,16 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     export_cli.add_parser(sub)
     import_megatron.add_parser(sub)
     import_flat_tokens.add_parser(sub)
+    cli_support.finish_parsers(p, sub)  # --debug, examples and exit status in every --help
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except (fmt.FormatError, FileNotFoundError, TimeoutError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return cli_support.run(args.fn, args)
 
 
 if __name__ == "__main__":

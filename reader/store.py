@@ -207,11 +207,9 @@ class ChunkStore:
 
     def _cat(self, rel: str, start: int | None = None, end: int | None = None) -> bytes:
         try:
-            if start is None:
-                return self.cache.fs.cat_file(self.cache.path(rel))
-            if self._local:
+            if start is not None and self._local:
                 return self._pread(rel, start, end)
-            return self.cache.fs.cat_file(self.cache.path(rel), start=start, end=end)
+            return self.cache.cat(rel, start, end)
         except FileNotFoundError:
             raise chunk_error(self.cache, rel, "missing") from None
 

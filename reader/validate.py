@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import format as fmt
+from . import remote
 from .cache import Cache
 from .pages import int_values
 
@@ -31,7 +32,7 @@ from .pages import int_values
 _LEDGER_ONLY_KEYS = ("doc_offset", "token_offset", "sidecar_checksum")
 
 
-class ChunkError(fmt.FormatError):
+class ChunkError(fmt.DamagedCache):
     """A chunk file is missing, truncated, corrupted, or does not match its ledger entry."""
 
 
@@ -152,9 +153,9 @@ def chunk_doc_lengths(cache: Cache, index: int) -> np.ndarray:
         lengths = int_values(col).astype(np.int64)
     except FileNotFoundError:
         raise chunk_error(cache, rel, "missing (listed in the ledger)") from None
-    except OSError:
-        raise  # the storage, not the file (reader.remote names it)
     except Exception as e:  # pyarrow raises several types for damaged files
+        if remote.is_storage_error(e):
+            raise remote.storage_error(cache.display(rel), e, anonymous=cache.anonymous) from e
         raise chunk_error(cache, rel, f"not a readable Parquet chunk ({arrow_message(e)})") from e
     if lengths.size != int(t.docs[index]) or int(lengths.sum()) != int(t.tokens[index]):
         raise chunk_error(cache, rel, f"its {fmt.LENGTH_COLUMN} column holds {lengths.size} documents / "
@@ -189,7 +190,7 @@ def validate_ledger(cache: Cache) -> list[str]:
 
 def _read(cache: Cache, rel: str) -> bytes | None:
     try:
-        return cache.fs.cat_file(cache.path(rel))
+        return cache.cat(rel)
     except FileNotFoundError:
         return None
 

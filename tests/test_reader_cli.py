@@ -109,5 +109,5 @@ def test_help_explains_every_command():
 
 
 def test_errors_are_one_line_and_nonzero(tmp_path, capsys):
-    assert main(["inspect", str(tmp_path)]) == 1
-    assert "no ledger here" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path)]) == 2
+    assert "not a chunkledger cache" in capsys.readouterr().err
