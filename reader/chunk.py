@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from . import format as fmt
 from .cache import Cache
-from .validate import chunk_error, parse_chunk
+from .validate import chunk_error, parse_chunk, size_mismatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,8 +182,7 @@ def _size_problem(cache: Cache, rel: str, size: int, f_off: int, f_len: int, got
     except Exception:  # noqa: BLE001 - the size is a detail of the message
         actual = f_off + got if 0 < got < f_len else None
     if actual is not None and actual != size:
-        return (f"truncated at {actual:,} of {size:,} bytes" if actual < size
-                else f"longer than recorded: {actual:,} bytes, {size:,} recorded (appended to or replaced)")
+        return size_mismatch(actual, size)
     kind = "truncated" if got < f_len else "longer than recorded"
     return f"{kind}: the footer at bytes [{f_off}, {f_off + f_len}) of a {size}-byte file read {got} bytes"
 

@@ -51,6 +51,15 @@ def arrow_message(e: BaseException) -> str:
     return msg.replace(" '<Buffer>'", "").strip() or type(e).__name__
 
 
+def size_mismatch(size: int, want_bytes: int) -> str | None:
+    """What a file of ``size`` bytes is, when ``want_bytes`` were recorded (None if they agree)."""
+    if size < want_bytes:
+        return f"truncated at {size:,} of {want_bytes:,} bytes"
+    if size > want_bytes:
+        return f"longer than recorded: {size:,} bytes, {want_bytes:,} recorded (appended to or replaced)"
+    return None
+
+
 def file_mismatch(data: bytes, want_bytes: int, want_checksum: str, index: list | None = None,
                   footer: list | None = None) -> str | None:
     """What is wrong with a chunk file's bytes, precisely, or None if size and sha256 match.
@@ -62,10 +71,8 @@ def file_mismatch(data: bytes, want_bytes: int, want_checksum: str, index: list 
         or whether the footer holds the damage; None to report only the whole-file mismatch.
     """
     n = len(data)
-    if n < want_bytes:
-        return f"truncated at {n:,} of {want_bytes:,} bytes"
-    if n > want_bytes:
-        return f"longer than recorded: {n:,} bytes, {want_bytes:,} recorded (appended to or replaced)"
+    if n != want_bytes:
+        return size_mismatch(n, want_bytes)
     got = fmt.checksum(data)
     if got == want_checksum:
         return None
@@ -156,7 +163,11 @@ def chunk_doc_lengths(cache: Cache, index: int) -> np.ndarray:
     except Exception as e:  # pyarrow raises several types for damaged files
         if remote.is_storage_error(e):
             raise remote.storage_error(cache.display(rel), e, anonymous=cache.anonymous) from e
-        raise chunk_error(cache, rel, f"not a readable Parquet chunk ({arrow_message(e)})") from e
+        try:  # the usual cause, said precisely (the size costs one more request, on this error path only)
+            wrong = size_mismatch(int(cache.fs.size(cache.path(rel))), int(t.nbytes[index]))
+        except Exception:  # noqa: BLE001 - fall back to pyarrow's words
+            wrong = None
+        raise chunk_error(cache, rel, wrong or f"not a readable Parquet chunk ({arrow_message(e)})") from e
     if lengths.size != int(t.docs[index]) or int(lengths.sum()) != int(t.tokens[index]):
         raise chunk_error(cache, rel, f"its {fmt.LENGTH_COLUMN} column holds {lengths.size} documents / "
                           f"{int(lengths.sum())} tokens, the ledger says {int(t.docs[index])} / {int(t.tokens[index])}")
