@@ -4,8 +4,8 @@ errors, ``--debug``.
 Exit status: 0 done; 1 the cache is damaged (``validate``: problems found; any command: a chunk,
 sidecar or ledger that does not match, :class:`reader.format.DamagedCache`); 2 anything else that
 stopped the command: a bad path or option, storage that cannot be reached, an output that exists...
-The message (one or two lines on stderr) names the file or option and the fix; ``--debug`` shows the
-traceback instead. An exception that is none of these is a bug and keeps its traceback.
+The message (one or two lines on stderr) names the file or option and the fix; ``--debug`` prints the
+traceback instead (same exit status). An exception that is none of these is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import functools
 import logging
 import sys
 import textwrap
+import traceback
 from typing import Callable
 
 from . import format as fmt
@@ -135,8 +136,11 @@ def run(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> in
         return fn(args)
     except Exception as e:  # noqa: BLE001 - classified below; unknown ones are re-raised
         code = exit_code(e)
-        if debug or code is None:
+        if code is None:
             raise
+        if debug:
+            traceback.print_exc()
+            return code
         where = " or ".join(str(w) for w in (getattr(args, "path", None), getattr(args, "out", None)) if w)
         print(f"error: {message(e, where)}", file=sys.stderr)
         return code

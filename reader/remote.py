@@ -48,7 +48,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     credentials found, an anonymous filesystem (``anonymous`` True) instead of gcsfs's slow probing."""
     opts = dict(storage_options or {})
     anonymous = False
-    if protocol_of(url) in GCS_PROTOCOLS and "token" not in opts and not os.environ.get("STORAGE_EMULATOR_HOST"):
+    if protocol_of(url) in GCS_PROTOCOLS and "token" not in opts:
         if not _gcs_credentials_available(url):
             opts["token"] = "anon"
             anonymous = True
