@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from . import format as fmt
 from .cache import Cache
-from .validate import chunk_error, parse_chunk, size_mismatch
+from .validate import arrow_message, chunk_error, parse_chunk, size_mismatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +167,7 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
               and [fm.row_group(g).num_rows for g in range(fm.num_row_groups)] == rg_docs.tolist()
               and [list(r) for r in fmt.row_group_ranges(fm)] == rg_ranges.tolist())
     except Exception as e:  # noqa: BLE001 - damaged metadata
-        raise chunk_error(cache, rel, f"unreadable Parquet footer ({e})") from e
+        raise chunk_error(cache, rel, f"unreadable Parquet footer ({arrow_message(e)})") from e
     if not ok:
         raise chunk_error(cache, rel, "the Parquet footer disagrees with the sidecar's row_group_index")
     m = ChunkMeta(index, rel, rg_ranges, rg_sums, np.concatenate([[0], np.cumsum(rg_tokens)]),

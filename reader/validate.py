@@ -243,12 +243,14 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
     side_trusted = side is not None and entry is None  # during a build the table is the sidecars
     ledger_blamed = False
     if entry is not None and side is not None:
-        side_sum_ok = entry.get("sidecar_checksum") in (None, fmt.checksum(raw))
+        recorded = entry.get("sidecar_checksum")  # None in ledgers written before sidecars were checksummed
+        side_vouched = recorded is not None and recorded == fmt.checksum(raw)
+        side_sum_ok = recorded is None or side_vouched
         got, want = _fields(side), _fields(entry)
         differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
         file_backs_side = (data is not None and len(data) == side.get("bytes")
                            and fmt.checksum(data) == side.get("checksum"))
-        if differ and (side_sum_ok or file_backs_side):
+        if differ and (side_vouched or file_backs_side):
             # the sidecar is vouched for (by the ledger's own sidecar_checksum, or by the chunk file): the
             # ledger entry is the odd one out
             ledger_blamed = True
@@ -259,8 +261,8 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
             problems.append(f"{shown(ledger_rel)}: the entry of chunk {index} ({rel}) says {says}; {witness} "
                             f"say {other}. The ledger was changed after the build: restore it, or rebuild")
         elif differ:
-            problems.append(f"{shown(side_rel)}: damaged sidecar: differs from the ledger entry in {differ} "
-                            f"(and its sha256 from the ledger's sidecar_checksum)")
+            problems.append(f"{shown(side_rel)}: damaged sidecar: differs from the ledger entry in {differ}"
+                            + (" (and its sha256 from the ledger's sidecar_checksum)" if recorded else ""))
         elif not side_sum_ok:
             # same entry fields: the damage is in the row-group index, the footer entry or the layout
             canonical = raw == fmt.sidecar_bytes(side)
