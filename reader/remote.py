@@ -18,6 +18,7 @@ a refused request says that no credentials were found.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import os
 import socket
 import time
@@ -80,6 +81,12 @@ def _gcs_credentials_available(url: str) -> bool:
                 return True
     except OSError:
         pass
+    return _on_google_cloud()
+
+
+@functools.lru_cache(maxsize=1)
+def _on_google_cloud() -> bool:
+    """Whether the GCE metadata server answers (asked once per process: a machine does not move)."""
     req = urllib.request.Request("http://169.254.169.254/computeMetadata/v1/", headers={"Metadata-Flavor": "Google"})
     try:
         with urllib.request.urlopen(req, timeout=METADATA_TIMEOUT_S) as r:
