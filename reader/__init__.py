@@ -10,12 +10,14 @@ reader.torch).
 """
 
 from .cache import Cache, CacheNotReady
-from .format import FormatError
+from .format import DamagedCache, FormatError
 from .options import ReadOptions
 from .reader import Reader
+from .remote import StorageError
 from .schema import BATCH_KEYS, FLAT_KEYS, expand_flat
 from .streams import EmptyStream, EndOfStream, NotYetAvailable
 from .validate import ChunkError
+from .whatis import NotACache
 
 __all__ = [
     "BATCH_KEYS",
@@ -23,11 +25,14 @@ __all__ = [
     "Cache",
     "CacheNotReady",
     "ChunkError",
+    "DamagedCache",
     "EmptyStream",
     "EndOfStream",
     "FormatError",
+    "NotACache",
     "NotYetAvailable",
     "ReadOptions",
     "Reader",
+    "StorageError",
     "expand_flat",
 ]

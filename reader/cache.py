@@ -16,11 +16,10 @@ import threading
 import time
 from typing import Any, Callable, Mapping, TypeVar
 
-import fsspec
 import numpy as np
 
 from . import format as fmt
-from . import streams
+from . import remote, streams, whatis
 
 T = TypeVar("T")
 
@@ -53,8 +52,11 @@ class Cache:
     def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None):
         self.url = url
         self.storage_options = dict(storage_options or {})
-        self.fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        self.fs, root, self.anonymous = remote.filesystem(url, self.storage_options)
         self.root = root.rstrip("/")
+        if not self.is_local:  # bounded first contact: a dead network or missing credentials fail in seconds
+            remote.check_open(self.fs, url, self.path(fmt.LEDGER_NAME), self.display(fmt.LEDGER_NAME),
+                              anonymous=self.anonymous)
         self._lock = threading.Lock()
         self._sidecars: dict[tuple[int, int], dict] = {}
         self._done_shards: dict[int, int] = {}  # compressed shard -> chunk count, from its _DONE.json
@@ -79,20 +81,37 @@ class Cache:
         """The path as a user would type it (with the URL scheme), for error messages."""
         return self.url.rstrip("/") + "/" + rel
 
+    def cat(self, rel: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes of a file of the cache (``[start, end)`` of them). A missing file raises
+        ``FileNotFoundError``; a storage failure, a :class:`reader.remote.StorageError` naming the file."""
+        try:
+            return self.fs.cat_file(self.path(rel), start=start, end=end)
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            if remote.is_storage_error(e):
+                raise remote.storage_error(self.display(rel), e, anonymous=self.anonymous) from e
+            raise
+
     # -- loading ----------------------------------------------------------------------------------
     def _read_ledger(self) -> fmt.Ledger:
         where = self.display(fmt.LEDGER_NAME)
         try:
             text = self.fs.cat_file(self.path(fmt.LEDGER_NAME))
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"{where}: no ledger here. Is {self.url!r} a chunkledger cache root? The build writes "
-                "ledger.json before it starts (python -m pipelines.build_cache ...)."
-            ) from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise whatis.not_a_cache(self.fs, self.root, self.url) from None
         return fmt.Ledger.parse(text, where=where)
 
     def refresh(self) -> bool:
         """Re-read the ledger (and, while the build runs, sidecars). Returns True if more chunks are known."""
+        try:
+            return self._refresh()
+        except Exception as e:
+            if remote.is_storage_error(e):
+                raise remote.storage_error(self.url, e, anonymous=self.anonymous) from e
+            raise
+
+    def _refresh(self) -> bool:
         with self._lock:
             if self.complete:
                 return False
@@ -117,20 +136,20 @@ class Cache:
         where = self.display(fmt.LEDGER_NAME)
         n_inputs = len(ledger.inputs)
         if len(t) and (t.shard.min() < 0 or t.shard.max() >= max(n_inputs, 1)):
-            raise fmt.FormatError(f"{where}: chunk entries name shards outside the {n_inputs} inputs")
+            raise fmt.DamagedCache(f"{where}: chunk entries name shards outside the {n_inputs} inputs")
         per_shard = np.bincount(t.shard, minlength=n_inputs) if len(t) else np.zeros(n_inputs, np.int64)
         expect = streams.round_robin_order(per_shard)
         got = np.stack([t.shard.astype(np.int64), t.index_in_shard.astype(np.int64)], axis=1) if len(t) \
             else np.zeros((0, 2), np.int64)
         if expect.shape != got.shape or not np.array_equal(expect, got):
-            raise fmt.FormatError(
+            raise fmt.DamagedCache(
                 f"{where}: the chunk list is not in round-robin order over the input shards; the ledger "
                 "does not match the format (rebuild the cache)."
             )
         for i, inp in enumerate(ledger.inputs):
             n = inp.get("chunks")
             if n is not None and int(n) != int(per_shard[i]):
-                raise fmt.FormatError(
+                raise fmt.DamagedCache(
                     f"{where}: input shard {i} ({inp.get('path')}) should have {n} chunks, the ledger lists "
                     f"{int(per_shard[i])}"
                 )
@@ -142,7 +161,7 @@ class Cache:
         if n and (old.paths[:n] != table.paths[:n] or old.checksums[:n] != table.checksums[:n]):
             bad = next(i for i in range(n) if old.paths[i] != table.paths[i]
                        or old.checksums[i] != table.checksums[i])
-            raise fmt.FormatError(
+            raise fmt.DamagedCache(
                 f"{self.display(table.paths[bad])}: this chunk changed while the cache was being read "
                 f"(ledger/sidecar checksum {table.checksums[bad]}, earlier {old.checksums[bad]}). Was the "
                 "cache rebuilt with a different configuration into the same directory?"
@@ -199,9 +218,9 @@ class Cache:
                 try:
                     entry = json.loads(data)
                 except ValueError as e:
-                    raise fmt.FormatError(f"{self.display(fmt.sidecar_path(s, k))}: not valid JSON ({e})") from e
+                    raise fmt.DamagedCache(f"{self.display(fmt.sidecar_path(s, k))}: not valid JSON ({e})") from e
                 if entry.get("path") != fmt.chunk_path(s, k):
-                    raise fmt.FormatError(
+                    raise fmt.DamagedCache(
                         f"{self.display(fmt.sidecar_path(s, k))}: names chunk {entry.get('path')!r}, "
                         f"expected {fmt.chunk_path(s, k)!r}")
                 self._sidecars[(s, k)] = entry

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from . import format as fmt
 from .cache import Cache
-from .validate import chunk_error, parse_chunk
+from .validate import arrow_message, chunk_error, parse_chunk, size_mismatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +116,7 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
     rel = t.paths[index]
     side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
     try:
-        raw = cache.fs.cat_file(cache.path(side_rel))
+        raw = cache.cat(side_rel)
     except FileNotFoundError:
         raise chunk_error(cache, side_rel, "sidecar missing") from None
     tally(index, len(raw), data=False)
@@ -133,7 +133,8 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
                           ("docs", side.get("docs"), int(t.docs[index])),
                           ("tokens", side.get("tokens"), int(t.tokens[index]))):
         if got != exp:
-            raise chunk_error(cache, side_rel, f"sidecar {key} is {got!r}, the ledger says {exp!r}")
+            raise chunk_error(cache, side_rel, f"sidecar {key} is {got!r}, {fmt.LEDGER_NAME} says {exp!r} (one of the "
+                              "two was changed after the build; `python -m reader validate` tells which)")
     if "row_group_index" not in side or "footer" not in side:
         return _open_whole(cache, index, fetch, tally)
     size = int(t.nbytes[index])
@@ -155,9 +156,7 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
     footer = fetch(rel, f_off, f_off + f_len + 1)
     tally(index, len(footer), data=None)
     if len(footer) != f_len:
-        kind = "truncated" if len(footer) < f_len else "longer than recorded"
-        raise chunk_error(cache, rel, f"{kind}: the footer at bytes [{f_off}, {f_off + f_len}) of a {size}-byte "
-                          f"file read {len(footer)} bytes")
+        raise chunk_error(cache, rel, _size_problem(cache, rel, size, f_off, f_len, len(footer)))
     if fmt.checksum(footer) != f_sum:
         raise chunk_error(cache, rel, f"footer checksum mismatch (bytes [{f_off}, {size}))")
     try:
@@ -168,12 +167,25 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
               and [fm.row_group(g).num_rows for g in range(fm.num_row_groups)] == rg_docs.tolist()
               and [list(r) for r in fmt.row_group_ranges(fm)] == rg_ranges.tolist())
     except Exception as e:  # noqa: BLE001 - damaged metadata
-        raise chunk_error(cache, rel, f"unreadable Parquet footer ({e})") from e
+        raise chunk_error(cache, rel, f"unreadable Parquet footer ({arrow_message(e)})") from e
     if not ok:
         raise chunk_error(cache, rel, "the Parquet footer disagrees with the sidecar's row_group_index")
     m = ChunkMeta(index, rel, rg_ranges, rg_sums, np.concatenate([[0], np.cumsum(rg_tokens)]),
                   np.concatenate([[0], np.cumsum(rg_docs)]), fm, (f_off, footer), size)
     return m, m.nbytes
+
+
+def _size_problem(cache: Cache, rel: str, size: int, f_off: int, f_len: int, got: int) -> str:
+    """A short or long read of the footer: the file's real size (one more request, on this error path only)."""
+    try:
+        actual = int(cache.fs.size(cache.path(rel)))
+    except Exception:  # noqa: BLE001 - the size is a detail of the message
+        actual = f_off + got if 0 < got < f_len else None
+    if actual is not None and actual != size:
+        return size_mismatch(actual, size)
+    kind = "truncated" if got < f_len else "longer than recorded"
+    return f"{kind}: the footer at bytes [{f_off}, {f_off + f_len}) of a {size}-byte file read {got} bytes"
+
 
 def _open_whole(cache: Cache, index: int, fetch, tally):
     """A chunk whose sidecar predates the row-group index: fetch it whole, verify, index it here."""

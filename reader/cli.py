@@ -19,28 +19,22 @@ import json
 import sys
 
 import numpy as np
-import pyarrow.parquet as pq
 
+from . import cli_support
 from . import format as fmt
 from .cache import Cache
+from .export import write_file
 from .options import ReadOptions
-from .pages import int_values
 from .reader import Reader
 from .schema import BATCH_KEYS
-from .validate import validate_chunk
+from .validate import chunk_doc_lengths, validate_chunk, validate_ledger
 
 PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
 
 
 def _doc_lengths(cache: Cache, indices, threads: int) -> np.ndarray:
-    def one(c):
-        if int(cache.table.docs[c]) == 0:
-            return np.zeros(0, np.int64)
-        with cache.fs.open(cache.path(cache.table.paths[c]), "rb") as f:
-            return int_values(pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0)).astype(np.int64)
-
     with cf.ThreadPoolExecutor(threads) as pool:
-        parts = list(pool.map(one, indices))
+        parts = list(pool.map(lambda c: chunk_doc_lengths(cache, c), indices))
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
@@ -95,24 +89,11 @@ def cmd_inspect(args) -> int:
 def cmd_validate(args) -> int:
     try:
         cache = Cache(args.path)
-    except (fmt.FormatError, FileNotFoundError) as e:
+    except fmt.DamagedCache as e:  # a damaged ledger is a problem found; not a cache at all is an error (2)
         print(f"PROBLEM {e}")
         return 1
     t = cache.table
-    problems: list[str] = []
-    if cache.complete:
-        totals = cache.ledger.totals
-        for key, want in (("docs", int(t.docs.sum())), ("tokens", int(t.tokens.sum())), ("chunks", len(t))):
-            if key in totals and int(totals[key]) != want:
-                problems.append(f"{cache.display(fmt.LEDGER_NAME)}: totals.{key} = {totals[key]}, the chunk "
-                                f"entries sum to {want}")
-        raw = cache.ledger.raw["chunks"]
-        doc_off, tok_off = t.doc_offsets, t.token_offsets
-        for i, e in enumerate(raw):
-            if e.get("doc_offset") != int(doc_off[i]) or e.get("token_offset") != int(tok_off[i]):
-                problems.append(f"{cache.display(fmt.LEDGER_NAME)}: chunk {i} ({e['path']}) has wrong "
-                                "doc_offset/token_offset")
-                break
+    problems = validate_ledger(cache)
     with cf.ThreadPoolExecutor(args.threads) as pool:
         for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick), range(len(t))):
             problems += got
@@ -147,7 +128,7 @@ def cmd_batches(args) -> int:
         "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size, "packed": not args.unpacked,
         "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
         "num_readers": args.num_readers, "reader_index": args.reader_index}, sort_keys=True))
-    np.savez_compressed(args.out, **arrays)
+    write_file(args.out, lambda f: np.savez_compressed(f, **arrays))  # exactly --out (numpy would add .npz)
     print(f"wrote {args.out}: batches {arrays['batch_index'][0]}..{arrays['batch_index'][-1]}, "
           f"{len(r.my_rows)} rows each, keys {', '.join(sorted(arrays))}")
     return 0
@@ -200,16 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     export_cli.add_parser(sub)
     import_megatron.add_parser(sub)
     import_flat_tokens.add_parser(sub)
+    cli_support.finish_parsers(p, sub)  # --debug, examples and exit status in every --help
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except (fmt.FormatError, FileNotFoundError, TimeoutError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return cli_support.run(args.fn, args)
 
 
 if __name__ == "__main__":

@@ -19,15 +19,18 @@ import concurrent.futures as cf
 import dataclasses
 import os
 import uuid
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import format as fmt
+from . import remote
 from .cache import Cache
+from .remote import protocol_of
+from .validate import chunk_error, file_mismatch
+from .whatis import not_a_cache
 
 TMP_PREFIX = ".tmp-"
 SPLITS = ("train", "validation")
@@ -53,14 +56,16 @@ def open_finished(url: str) -> Cache:
 def split_caches(url: str) -> dict[str, str]:
     """The caches of a dataset: ``{"train": url}`` for a plain cache, or ``train``/``validation`` for a
     directory holding those sub-caches (each with its own ledger)."""
-    fs, root = fsspec.core.url_to_fs(url)
+    fs, root, anonymous = remote.filesystem(url)
     root = root.rstrip("/")
+    if protocol_of(url) != "file":
+        remote.check_open(fs, url, f"{root}/{fmt.LEDGER_NAME}", f"{url.rstrip('/')}/{fmt.LEDGER_NAME}",
+                          anonymous=anonymous)
     if fs.exists(root + "/" + fmt.LEDGER_NAME):
         return {"train": url}
     found = {s: url.rstrip("/") + "/" + s for s in SPLITS if fs.exists(f"{root}/{s}/{fmt.LEDGER_NAME}")}
     if "train" not in found:
-        raise ExportError(f"{url.rstrip('/')}/{fmt.LEDGER_NAME}: no ledger here, nor in train/ and validation/ "
-                          "sub-caches. Is this a chunkledger cache root?")
+        raise not_a_cache(fs, root, url)
     return found
 
 
@@ -81,14 +86,12 @@ def _column_numpy(column, dtype) -> np.ndarray:
 def _read_verified(cache: Cache, c: int) -> bytes:
     rel = cache.table.paths[c]
     try:
-        data = cache.fs.cat_file(cache.path(rel))
+        data = cache.cat(rel)
     except FileNotFoundError:
-        raise ExportError(f"{cache.display(rel)}: missing (listed in the ledger). Rerun the build command to "
-                          "rewrite it.") from None
-    if len(data) != int(cache.table.nbytes[c]) or fmt.checksum(data) != cache.table.checksums[c]:
-        raise ExportError(f"{cache.display(rel)}: size or sha256 differs from the ledger (damaged or replaced). "
-                          "Run `python -m reader validate` on the cache; delete the chunk and its .json sidecar "
-                          "and rerun the build to repair it.")
+        raise chunk_error(cache, rel, "missing (listed in the ledger)") from None
+    wrong = file_mismatch(data, int(cache.table.nbytes[c]), cache.table.checksums[c])
+    if wrong:
+        raise chunk_error(cache, rel, wrong)
     return data
 
 
@@ -163,9 +166,18 @@ def temp_name(path: str) -> str:
     return f"{d}/{TMP_PREFIX}{uuid.uuid4().hex[:12]}-{base}" if d else f"{TMP_PREFIX}{uuid.uuid4().hex[:12]}-{base}"
 
 
+def output_location(path: str):
+    """``(fs, path)`` of an output location; an unreachable remote location fails in seconds with a
+    :class:`reader.remote.StorageError` naming it."""
+    fs, p, anonymous = remote.filesystem(path)
+    if protocol_of(path) != "file":  # bounded first contact, as for a cache (reader.remote)
+        remote.check_open(fs, path, p, path, anonymous=anonymous)
+    return fs, p
+
+
 def output_fs(path: str):
-    """``(fs, path)`` of an output location; local directories are created."""
-    fs, p = fsspec.core.url_to_fs(path)
+    """:func:`output_location`, with the local directories leading to it created."""
+    fs, p = output_location(path)
     parent = p.rstrip("/").rsplit("/", 1)[0] if "/" in p.rstrip("/") else ""
     if parent:
         fs.makedirs(parent, exist_ok=True)
@@ -178,6 +190,22 @@ def rename(fs, src: str, dst: str) -> None:
         os.replace(src, dst)
     else:
         fs.mv(src, dst, recursive=True)
+
+
+def write_file(path: str, write: Callable[[Any], None]) -> None:
+    """Write the file ``path`` (exactly that name, local or fsspec URL) through ``write(f)``: under a
+    temporary name beside it, renamed onto ``path`` once complete (nothing half-written is left)."""
+    fs, p = output_fs(path)
+    if fs.isdir(p):
+        raise IsADirectoryError(f"{path}: is a directory; give a file name, e.g. {path.rstrip('/')}/batches.npz")
+    tmp = temp_name(p)
+    try:
+        with fs.open(tmp, "wb") as f:
+            write(f)
+        rename(fs, tmp, p)
+    except BaseException:
+        remove_quietly(fs, tmp)
+        raise
 
 
 def remove_quietly(fs, path: str) -> None:

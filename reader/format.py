@@ -77,6 +77,11 @@ class FormatError(ValueError):
     """A cache does not match its ledger, or a ledger is not one this version can read."""
 
 
+class DamagedCache(FormatError):
+    """A file of a cache (its ledger, a sidecar, a chunk) is damaged or disagrees with the others; the
+    message names it, and ``python -m reader validate`` lists every such problem."""
+
+
 # --------------------------------------------------------------------------------------------------
 # Names
 
@@ -293,9 +298,9 @@ class Ledger:
         try:
             raw = json.loads(text)
         except ValueError as e:
-            raise FormatError(f"{where}: not valid JSON ({e}); the file is damaged or half-written") from e
+            raise DamagedCache(f"{where}: not valid JSON ({e}); the file is damaged or half-written") from e
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
-            raise FormatError(f"{where}: not a chunkledger ledger (missing \"format\": \"{FORMAT_NAME}\")")
+            raise DamagedCache(f"{where}: not a chunkledger ledger (missing \"format\": \"{FORMAT_NAME}\")")
         version = raw.get("format_version")
         if version != FORMAT_VERSION:
             raise FormatError(
@@ -304,11 +309,11 @@ class Ledger:
             )
         for key in ("tokenizer", "config", "inputs"):
             if key not in raw:
-                raise FormatError(f"{where}: missing required key {key!r}")
+                raise DamagedCache(f"{where}: missing required key {key!r}")
         try:
             table = ChunkTable.from_entries(raw.get("chunks", []))
         except (KeyError, TypeError, ValueError) as e:
-            raise FormatError(f"{where}: malformed chunk entry ({e!r})") from e
+            raise DamagedCache(f"{where}: malformed chunk entry ({e!r})") from e
         return Ledger(raw=raw, chunks=table)
 
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 from typing import Any, Protocol, Sequence
 
-import fsspec
 import numpy as np
 
 from . import format as fmt
 from .chunk_file import ChunkParquet, flat_row_group_table, ledger_chunks, make_sidecar
-from .export import TMP_PREFIX, output_fs, remove_quietly, rename, temp_name
+from .export import TMP_PREFIX, output_fs, output_location, remove_quietly, rename, temp_name
 from .streams import round_robin_order
 
 DEFAULT_CHUNK_TOKENS = 1 << 24  # about what the builder's default 64 MiB chunk of jsonl text holds
@@ -158,7 +157,7 @@ def write_chunk(fs, root: str, src: Source, shard: int, k: int, docs: tuple[int,
 
 def is_finished(out: str) -> bool:
     """True if ``out`` holds a finished ledger (a rerun of the import then has nothing to do)."""
-    fs, path = fsspec.core.url_to_fs(out.rstrip("/") + "/" + fmt.LEDGER_NAME)
+    fs, path = output_location(out.rstrip("/") + "/" + fmt.LEDGER_NAME)
     try:
         return bool(fmt.Ledger.parse(fs.cat_file(path)).finished)
     except (FileNotFoundError, fmt.FormatError):

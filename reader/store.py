@@ -27,7 +27,7 @@ from . import format as fmt
 from .cache import Cache
 from .chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
 from .pages import decode_row_group
-from .validate import chunk_error
+from .validate import arrow_message, chunk_error
 
 
 _MAX_OPEN_FILES = 64
@@ -207,11 +207,9 @@ class ChunkStore:
 
     def _cat(self, rel: str, start: int | None = None, end: int | None = None) -> bytes:
         try:
-            if start is None:
-                return self.cache.fs.cat_file(self.cache.path(rel))
-            if self._local:
+            if start is not None and self._local:
                 return self._pread(rel, start, end)
-            return self.cache.fs.cat_file(self.cache.path(rel), start=start, end=end)
+            return self.cache.cat(rel, start, end)
         except FileNotFoundError:
             raise chunk_error(self.cache, rel, "missing") from None
 
@@ -310,7 +308,7 @@ class ChunkStore:
                 buf, base=base, group=group, file_meta=m.file_meta, file_size=m.nbytes_file, footer=m.footer,
                 docs=docs, tokens=expect, buffer=self._buffer, fast=self.fast_decode)
         except Exception as e:
-            raise chunk_error(self.cache, m.path, f"row group {group} cannot be decoded ({e})") from e
+            raise chunk_error(self.cache, m.path, f"row group {group} cannot be decoded ({arrow_message(e)})") from e
         if padded.size - 1 != expect or lengths.size != docs or int(lengths.sum(dtype=np.int64)) != expect:
             raise chunk_error(self.cache, m.path, f"row group {group} holds {padded.size - 1} tokens in {lengths.size} "
                               f"documents, the sidecar says {expect} in {docs}")

@@ -19,10 +19,11 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from . import format as fmt
+from . import remote
 from .cache import Cache
 from .chunk import DocIndex
 from .pages import int_values
-from .validate import ChunkError
+from .validate import ChunkError, arrow_message, size_mismatch
 
 INDEX_DIR = "index"
 _CUM_CACHE = 256  # chunks whose cumulative piece counts are kept
@@ -115,17 +116,18 @@ class UnpackedIndex:
             with cache.fs.open(cache.path(rel), "rb") as f:
                 size = f.size if getattr(f, "size", None) is not None else cache.fs.size(cache.path(rel))
                 if int(size) != int(table.nbytes[c]):
-                    kind = "truncated" if size < table.nbytes[c] else "longer than recorded"
-                    raise ChunkError(f"{cache.display(rel)}: {kind}: {size} bytes, the ledger says "
-                                     f"{int(table.nbytes[c])}. Rerun the build (delete this chunk and its .json "
-                                     "sidecar first) or run `python -m reader validate`.")
+                    raise ChunkError(f"{cache.display(rel)}: {size_mismatch(int(size), int(table.nbytes[c]))}. "
+                                     "Rerun the build (delete this chunk and its .json sidecar first) or run "
+                                     "`python -m reader validate`.")
                 lengths = int_values(pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0))
         except FileNotFoundError:
             raise ChunkError(f"{cache.display(rel)}: missing (listed in the ledger)") from None
         except ChunkError:
             raise
         except Exception as e:
-            raise ChunkError(f"{cache.display(rel)}: cannot read its num_tokens column ({e}); run "
+            if remote.is_storage_error(e):
+                raise remote.storage_error(cache.display(rel), e, anonymous=cache.anonymous) from e
+            raise ChunkError(f"{cache.display(rel)}: cannot read its num_tokens column ({arrow_message(e)}); run "
                              "`python -m reader validate`") from e
         if lengths.size != int(table.docs[c]) or int(lengths.sum()) != int(table.tokens[c]):
             raise ChunkError(f"{cache.display(rel)}: {lengths.size} documents / {int(lengths.sum())} "

@@ -49,7 +49,7 @@ def test_truncated_bin(tmp_path, capsys):
     with open(prefix + ".bin", "r+b") as f:
         f.truncate(os.path.getsize(prefix + ".bin") - 4)
     rc, err = _import(capsys, prefix, tmp_path / "c")
-    assert rc == 1 and f"{prefix}.bin: 20 bytes" in err and "truncated" in err
+    assert rc == 2 and f"{prefix}.bin: 20 bytes" in err and "truncated" in err
     assert _nothing_complete(tmp_path / "c")
 
 
@@ -65,7 +65,7 @@ def test_bad_idx_header(tmp_path, capsys, offset, value, message):
         f.seek(offset)
         f.write(value)
     rc, err = _import(capsys, prefix, tmp_path / "c")
-    assert rc == 1 and f"{prefix}.idx: " in err and message in err
+    assert rc == 2 and f"{prefix}.idx: " in err and message in err
     assert not os.path.exists(tmp_path / "c")
 
 
@@ -74,25 +74,25 @@ def test_truncated_idx_and_missing_files(tmp_path, capsys):
     with open(prefix + ".idx", "r+b") as f:
         f.truncate(os.path.getsize(prefix + ".idx") - 8)
     rc, err = _import(capsys, prefix, tmp_path / "c")
-    assert rc == 1 and f"{prefix}.idx: " in err and "truncated or damaged" in err
+    assert rc == 2 and f"{prefix}.idx: " in err and "truncated or damaged" in err
     rc, err = _import(capsys, str(tmp_path / "nope"), tmp_path / "c")
-    assert rc == 1 and f"{tmp_path / 'nope'}.idx: no such file" in err
+    assert rc == 2 and f"{tmp_path / 'nope'}.idx: no such file" in err
 
 
 def test_uint16_data_claimed_for_a_100k_vocabulary(tmp_path, capsys):
     prefix = _pair(tmp_path, code=8)
     rc, err = _import(capsys, prefix, tmp_path / "c")
-    assert rc == 1 and f"{prefix}.idx: dtype uint16 holds ids up to 65535" in err and "100277" in err
+    assert rc == 2 and f"{prefix}.idx: dtype uint16 holds ids up to 65535" in err and "100277" in err
     assert not os.path.exists(tmp_path / "c")
 
 
 def test_token_ids_outside_the_vocabulary(tmp_path, capsys, tiny):
     prefix = _pair(tmp_path, docs=((1, 2), (3, 399), (5, 400, 6)), code=4)
     rc, err = _import(capsys, prefix, tmp_path / "c", tokenizer=tiny)
-    assert rc == 1 and f"{prefix}.bin: document 2 holds token id 400, outside the vocabulary [0, 400)" in err
+    assert rc == 2 and f"{prefix}.bin: document 2 holds token id 400, outside the vocabulary [0, 400)" in err
     assert _nothing_complete(tmp_path / "c")
     rc, err = _run(capsys, "export", str(tmp_path / "c"), "--format", "megatron", "--out", str(tmp_path / "m"))
-    assert rc == 1 and "has not finished" in err
+    assert rc == 2 and "has not finished" in err
 
 
 def test_export_of_a_damaged_chunk_leaves_no_output(tmp_path, capsys):
@@ -104,7 +104,7 @@ def test_export_of_a_damaged_chunk_leaves_no_output(tmp_path, capsys):
     victim.write_bytes(bytes(data))
     for fmt_name, out in (("megatron", tmp_path / "out" / "m"), ("flat-tokens", tmp_path / "out" / "d.zarr")):
         rc, err = _run(capsys, "export", str(tmp_path / "c"), "--format", fmt_name, "--out", str(out))
-        assert rc == 1 and f"{victim}: size or sha256 differs from the ledger" in err
+        assert rc == 1 and f"{victim}: checksum mismatch" in err  # 1: the cache is damaged
     assert os.listdir(tmp_path / "out") == []  # neither final nor temporary files
 
 
@@ -113,7 +113,7 @@ def test_export_of_tokens_outside_the_vocabulary(tmp_path, capsys, bad):
     ref.synthetic_cache(str(tmp_path / "c"), [[[1, 2]], [[3, bad]]], vocab_size=10)
     for name, out in (("megatron", "o/m"), ("flat-tokens", "o/d.zarr")):
         rc, err = _run(capsys, "export", str(tmp_path / "c"), "--format", name, "--out", str(tmp_path / out))
-        assert rc == 1 and f"token id {bad} is outside the tokenizer's vocabulary [0, 10)" in err
+        assert rc == 2 and f"token id {bad} is outside the tokenizer's vocabulary [0, 10)" in err
     assert os.listdir(tmp_path / "o") == []
 
 
@@ -136,7 +136,7 @@ def test_export_refuses_existing_output_unless_overwrite(tmp_path, capsys):
     ref.synthetic_cache(str(tmp_path / "c"), [[[1, 2]]], vocab_size=10)
     (tmp_path / "m.idx").write_bytes(b"old")
     rc, err = _run(capsys, "export", str(tmp_path / "c"), "--format", "megatron", "--out", str(tmp_path / "m"))
-    assert rc == 1 and f"{tmp_path / 'm.idx'} exists; pass --overwrite" in err
+    assert rc == 2 and f"{tmp_path / 'm.idx'} exists; pass --overwrite" in err
     assert main(["export", str(tmp_path / "c"), "--format", "megatron", "--out", str(tmp_path / "m"),
                  "--overwrite"]) == 0
     assert ref.read_megatron(str(tmp_path / "m"))[1] == [[1, 2]]
@@ -155,7 +155,7 @@ def test_zarr_group_missing_an_array(tmp_path, capsys):
     shutil.rmtree(d / "train" / "seq_starts")
     rc, err = _run(capsys, "import-flat-tokens", str(d), "--tokenizer", "tiktoken:cl100k_base", "--out",
                    str(tmp_path / "imp"))
-    assert rc == 1 and f"{d}/train/seq_starts: missing array" in err
+    assert rc == 2 and f"{d}/train/seq_starts: missing array" in err
     assert not os.path.exists(tmp_path / "imp")
 
 
@@ -180,5 +180,5 @@ def test_damaged_flat_tokens(tmp_path, capsys, damage, message):
         g.create_array("encoded_tokens", shape=vals.shape, dtype="int64")[:] = vals.astype(np.int64)
     rc, err = _run(capsys, "import-flat-tokens", str(d), "--tokenizer", "tiktoken:cl100k_base", "--out",
                    str(tmp_path / "imp"))
-    assert rc == 1 and message in err and str(d) in err
+    assert rc == 2 and message in err and str(d) in err
     assert _nothing_complete(tmp_path / "imp")

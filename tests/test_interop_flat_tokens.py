@@ -94,7 +94,7 @@ def test_round_trips(tmp_path):
 def test_output_exists_and_overwrite(tmp_path):
     ref.synthetic_cache(str(tmp_path / "c"), [[[1, 2]]], vocab_size=10)
     _export(tmp_path / "c", tmp_path / "d.zarr")
-    assert main(["export", str(tmp_path / "c"), "--format", "flat-tokens", "--out", str(tmp_path / "d.zarr")]) == 1
+    assert main(["export", str(tmp_path / "c"), "--format", "flat-tokens", "--out", str(tmp_path / "d.zarr")]) == 2
     ref.synthetic_cache(str(tmp_path / "c2"), [[[3, 4, 5]]], vocab_size=10)
     root = _export(tmp_path / "c2", tmp_path / "d.zarr", "--overwrite")
     assert ref.check_flat_tokens_array(root["train"]) == [[3, 4, 5]]
@@ -106,6 +106,6 @@ def test_missing_zarr_names_the_extra(tmp_path, monkeypatch, capsys):
 
     ref.synthetic_cache(str(tmp_path / "c"), [[[1]]], vocab_size=10)
     monkeypatch.setitem(sys.modules, "zarr", None)
-    assert main(["export", str(tmp_path / "c"), "--format", "flat-tokens", "--out", str(tmp_path / "d.zarr")]) == 1
+    assert main(["export", str(tmp_path / "c"), "--format", "flat-tokens", "--out", str(tmp_path / "d.zarr")]) == 2
     assert "pip install 'chunkledger[export]'" in capsys.readouterr().err
     assert not (tmp_path / "d.zarr").exists()

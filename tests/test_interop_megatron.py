@@ -63,7 +63,7 @@ def test_dtype_override(tmp_path, capsys):
     assert ref.read_megatron(str(tmp_path / "m"))[0]["code"] == 4 and ref.read_megatron(str(tmp_path / "m"))[1] == docs
     ref.synthetic_cache(str(tmp_path / "big"), [[[1]]], vocab_size=70000)
     assert main(["export", str(tmp_path / "big"), "--format", "megatron", "--out", str(tmp_path / "n"),
-                 "--dtype", "uint16"]) == 1
+                 "--dtype", "uint16"]) == 2
     assert "--dtype uint16: cannot hold the token ids" in capsys.readouterr().err
 
 
@@ -214,7 +214,7 @@ def test_rerun_after_interruption_gives_identical_bytes(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         import_megatron(*args, str(tmp_path / "crash"), chunk_tokens=200, threads=1)
     assert json.loads((tmp_path / "crash" / fmt.LEDGER_NAME).read_text())["finished"] is False
-    assert main(["export", str(tmp_path / "crash"), "--format", "megatron", "--out", str(tmp_path / "x")]) == 1
+    assert main(["export", str(tmp_path / "crash"), "--format", "megatron", "--out", str(tmp_path / "x")]) == 2
     monkeypatch.setattr(importer, "write_chunk", real)
     import_megatron(*args, str(tmp_path / "crash"), chunk_tokens=200)
     assert tree_bytes(str(tmp_path / "crash")) == tree_bytes(str(tmp_path / "clean"))

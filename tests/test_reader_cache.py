@@ -127,7 +127,7 @@ def test_waiting_past_the_written_part_times_out_with_a_clear_error(tmp):
 
 
 def test_missing_ledger_names_the_path(tmp):
-    with pytest.raises(FileNotFoundError, match="no ledger here"):
+    with pytest.raises(FileNotFoundError, match="not a chunkledger cache.*empty"):
         Cache(tmp)
 
 

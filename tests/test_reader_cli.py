@@ -108,6 +108,90 @@ def test_help_explains_every_command():
         assert flag in p.stdout
 
 
-def test_errors_are_one_line_and_nonzero(tmp_path, capsys):
-    assert main(["inspect", str(tmp_path)]) == 1
-    assert "no ledger here" in capsys.readouterr().err
+def test_batches_out_is_written_under_exactly_that_name(cache_dir, capsys):
+    root, _, d = cache_dir
+    out = os.path.join(d, "out", "step2")  # no .npz suffix, in a directory that does not exist yet
+    assert main(["batches", root, "--seq_len", "6", "--batch_size", "4", "--start", "2", "--out", out]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out}: batches 2..2")
+    assert os.listdir(os.path.join(d, "out")) == ["step2"]  # not step2.npz, no temporary file left
+    with Reader(root, ReadOptions(seq_len=6, batch_size=4)) as r:
+        assert np.array_equal(np.load(out)["targets"][0], r.batch(2)["targets"])
+
+
+def _user_errors(root, d):
+    os.makedirs(os.path.join(d, "empty"), exist_ok=True)
+    open(os.path.join(d, "m.idx"), "wb").close()
+    shard = os.path.join(d, "part-00.jsonl")
+    open(shard, "w").write('{"text": "x"}\n')
+    return [  # (argv, what the message must name)
+        (["inspect", os.path.join(d, "nope")], f"{d}/nope: does not exist"),
+        (["validate", os.path.join(d, "empty")], f"{d}/empty: not a chunkledger cache"),
+        (["batches", shard, "--seq_len", "4", "--batch_size", "2", "--out", os.path.join(d, "x.npz")],
+         f"{shard}: not a chunkledger cache (a cache is a directory): this is a jsonl file"),
+        (["batches", root, "--seq_len", "4", "--batch_size", "3", "--num_readers", "2", "--out",
+          os.path.join(d, "x.npz")], "batch_size 3 must be a multiple of num_readers 2"),
+        (["batches", root, "--seq_len", "4", "--batch_size", "2", "--out", d], f"{d}: is a directory"),
+        (["export", root, "--format", "megatron", "--out", os.path.join(d, "m")],
+         f"{d}/m.idx exists; pass --overwrite"),
+        (["export", os.path.join(d, "empty"), "--format", "megatron", "--out", os.path.join(d, "q")],
+         f"{d}/empty: not a chunkledger cache"),
+        (["import-megatron", os.path.join(d, "nope"), "--tokenizer", "tiktoken:cl100k_base", "--out",
+          os.path.join(d, "imp")], f"{d}/nope.idx: no such file"),
+        (["import-flat-tokens", os.path.join(d, "nope.zarr"), "--tokenizer", "tiktoken:cl100k_base", "--out",
+          os.path.join(d, "imp")], f"{d}/nope.zarr: not a zarr group"),
+    ]
+
+
+def test_user_errors_exit_2_with_one_or_two_lines(cache_dir, capsys):
+    root, _, d = cache_dir
+    seen = set()
+    for argv, named in _user_errors(root, d):
+        assert main(argv) == 2, argv
+        out = capsys.readouterr()
+        lines = out.err.strip().splitlines()
+        assert 1 <= len(lines) <= 2 and lines[0].startswith("error: "), (argv, out.err)
+        assert named in out.err, (argv, out.err)
+        seen.add(argv[0])
+    assert seen == {"inspect", "validate", "batches", "export", "import-megatron", "import-flat-tokens"}
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["batches", "C", "--seq_len", "0", "--batch_size", "2", "--out", "x"], "argument --seq_len: must be at least 1"),
+    (["inspect", "C", "--threads", "0"], "argument --threads: must be at least 1, got 0"),
+    (["export", "C", "--format", "parquet", "--out", "x"], "argument --format: invalid choice: 'parquet'"),
+    (["import-megatron", "p", "--out", "x"], "the following arguments are required: --tokenizer"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_arguments_exit_2_with_two_lines(argv, said, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and said in lines[0] and lines[1].endswith("--help)"), lines
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    args = [sys.executable, "-m", "reader", "inspect", str(tmp_path)]
+    plain = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    assert plain.stderr.strip().splitlines() == [f"error: {tmp_path}: not a chunkledger cache (no ledger.json "
+                                                 "here): the directory is empty. Pass the --output directory of a "
+                                                 "build (python -m pipelines.build_cache --input 'SHARDS' --output "
+                                                 "CACHE --tokenizer SPEC); it holds ledger.json"]
+    for debug in (args + ["--debug"], args[:3] + ["--debug"] + args[3:]):  # after or before the command
+        loud = subprocess.run(debug, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert loud.returncode == 2 and "Traceback" in loud.stderr and "NotACache" in loud.stderr
+
+
+@pytest.mark.parametrize("command", ["inspect", "validate", "batches", "export", "import-megatron",
+                                     "import-flat-tokens"])
+def test_help_explains_the_command_with_an_example(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    description = text.split("\n\n")[1]
+    assert len(description.split()) >= 20, description  # says what the command does
+    example = text.split("\nexample")[1]  # the "example(s):" section
+    assert f"python -m reader {command} " in example
+    assert "exit status: 0 done; 1 the cache is damaged" in text and "--debug" in text
