@@ -49,6 +49,9 @@ class Placement:
       first_positions: int64 [k] (unpacked) or None (packed: derived from the documents' starts).
       spill: packed rows whose tokens do not lie in one chunk: ``{k: [(epoch, chunk, lo, hi), ...]}``,
         the row's pieces in order (fewer than L tokens at the end of an eval pass).
+      components: int32 [n]: each row's mixture component (-1 for padding rows), or None: a single
+        cache (component 0). In a mixture, ``chunks`` are the mixture's chunk ids (see
+        :mod:`reader.mixture_io`) and ``streams``/``positions``/``epochs`` the components' own.
     """
 
     examples: np.ndarray
@@ -62,6 +65,7 @@ class Placement:
     lengths: np.ndarray
     first_positions: np.ndarray | None
     spill: dict[int, list[tuple[int, int, int, int]]]
+    components: np.ndarray | None = None
 
 
 class ExampleOrder:
