@@ -120,37 +120,57 @@ class MixPlan:
         return None
 
 
+def _block_counts(plan: MixPlan, s: np.ndarray, lane: np.ndarray, tau: np.ndarray):
+    """``(before, cum)`` of lane-blocks ``(s, lane, tau)``: int64 [m, C] items of each component in the
+    lane's earlier blocks of the segment, and int64 [m, C + 1] cumulative counts inside the block."""
+    C = plan.num_components
+    m = len(s)
+    f = np.empty((m, 2, C + 1), np.int64)
+    for j, (sj, lj, tj) in enumerate(zip(s.tolist(), lane.tolist(), tau.tolist())):
+        f[j, 0], f[j, 1] = plan.cumulative(sj, lj, tj), plan.cumulative(sj, lj, tj + 1)
+    cum = f[:, 1] - f[:, 0]
+    if (np.diff(cum, axis=1) < 0).any():
+        raise ValueError("a nonzero weight below 1 / block gives a negative block count (validate the plan)")
+    return np.diff(f[:, 0], axis=1), cum
+
+
+def block_labels(plan: MixPlan, s: np.ndarray, lane: np.ndarray, tau: np.ndarray, upto: np.ndarray,
+                 cum: np.ndarray | None = None) -> np.ndarray:
+    """The components at positions ``0 .. upto[j] - 1`` of each lane-block ``j`` = ``(s, lane, tau)[j]``,
+    concatenated (int64): position ``q`` holds ``A[pi(q)]``, ``A`` the block's labels in sorted order
+    and ``pi`` the keyed Feistel permutation of ``[0, b)``. One cipher call for all blocks."""
+    b, C = plan.block, plan.num_components
+    m = len(s)
+    if cum is None:
+        cum = _block_counts(plan, s, lane, tau)[1]
+    upto = np.asarray(upto, dtype=np.int64)
+    blk = np.repeat(np.arange(m, dtype=np.int64), upto)
+    pos = np.arange(blk.size, dtype=np.int64) - np.repeat(np.cumsum(upto) - upto, upto)
+    keys = hash_key(plan.seed, _TAG_ARRANGE, s, lane, tau)
+    src = feistel(pos, b, np.broadcast_to(keys, (m,))[blk])
+    # which cumulative interval pi(q) falls in: blocks side by side (offset j * b) in one search
+    edges = (cum[:, 1:] + np.arange(m, dtype=np.int64)[:, None] * b).reshape(-1)
+    return np.searchsorted(edges, src + blk * b, side="right") - blk * C
+
+
 def arrange(plan: MixPlan, s: np.ndarray, lane: np.ndarray, tau: np.ndarray):
     """The arrangement of lane-blocks ``(s, lane, tau)`` (arrays of ``m``): ``(labels, ranks, before)``.
 
-    ``labels`` int32 [m, b]: the component at each position; ``ranks`` int64 [m, b]: how many items of
-    the same component precede it in the block; ``before`` int64 [m, C]: ``G_c(tau)``, the items of each
-    component in the lane's earlier blocks of the segment. One cipher call for all blocks.
+    ``labels`` int32 [m, b]: the component at each position (:func:`block_labels`); ``ranks`` int64
+    [m, b]: how many items of the same component precede it in the block; ``before`` int64 [m, C]:
+    ``G_c(tau)``, the items of each component in the lane's earlier blocks of the segment.
     """
     b, C = plan.block, plan.num_components
     m = len(s)
-    before = np.empty((m, C), np.int64)
-    cum = np.empty((m, C + 1), np.int64)  # cumulative counts inside the block
-    for j, (sj, lj, tj) in enumerate(zip(s.tolist(), lane.tolist(), tau.tolist())):
-        f0, f1 = plan.cumulative(sj, lj, tj), plan.cumulative(sj, lj, tj + 1)
-        before[j] = np.diff(np.asarray(f0, dtype=np.int64))
-        cum[j] = np.asarray(f1, dtype=np.int64) - np.asarray(f0, dtype=np.int64)
-    if (np.diff(cum, axis=1) < 0).any():
-        raise ValueError("a nonzero weight below 1 / block gives a negative block count (validate the plan)")
-    keys = hash_key(plan.seed, _TAG_ARRANGE, s, lane, tau)
-    src = feistel(np.broadcast_to(np.arange(b, dtype=np.int64), (m, b)), b, keys[:, None])
-    # labels: which cumulative interval pi(q) falls in; blocks side by side (offset j * b) in one search
-    offs = np.arange(m, dtype=np.int64)[:, None] * b
-    edges = (cum[:, 1:] + offs).reshape(-1)
-    labels = np.searchsorted(edges, (src + offs).reshape(-1), side="right").reshape(m, b) - offs // b * C
-    labels = labels.astype(np.int32)
+    before, cum = _block_counts(plan, s, lane, tau)
+    labels = block_labels(plan, s, lane, tau, np.full(m, b, np.int64), cum).reshape(m, b)
     # ranks among equal labels, in position order: a stable sort of (block, label)
-    key = (offs // b * C + labels).reshape(-1)
+    key = (np.arange(m, dtype=np.int64)[:, None] * C + labels).reshape(-1)
     order = np.argsort(key, kind="stable")
     ks = key[order]
     ranks = np.empty(m * b, np.int64)
     ranks[order] = np.arange(m * b, dtype=np.int64) - np.searchsorted(ks, ks, side="left")
-    return labels, ranks.reshape(m, b), before
+    return labels.astype(np.int32), ranks.reshape(m, b), before
 
 
 class MixIndex:
@@ -167,7 +187,9 @@ class MixIndex:
         self._lock = threading.Lock()
         self._blocks: collections.OrderedDict[int, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
         self._cap = cache_blocks or max(256, 4 * plan.lanes)
-        self._bases: dict[tuple[int, int], np.ndarray] = {}
+        zero = np.zeros((plan.lanes, plan.num_components), np.int64)
+        zero.setflags(write=False)
+        self._bases: list[np.ndarray] = [zero]  # per segment, computed in order on first use
 
     # -- positions ------------------------------------------------------------------------------------
     def _where(self, ex: np.ndarray):
@@ -180,25 +202,39 @@ class MixIndex:
         return s, lane, tau, q
 
     # -- the items each lane consumed before a segment ------------------------------------------------
-    def base(self, s: int, lane: int) -> np.ndarray:
-        """Items of each component that lane ``lane`` holds before segment ``s`` (int64 [C])."""
-        with self._lock:
-            got = self._bases.get((s, lane))
-        if got is not None:
-            return got
+    def _prefix_counts(self, s: np.ndarray, lane: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Items of each component in the first ``u`` positions of segment ``s`` in lane ``lane`` (arrays
+        of ``m``; int64 [m, C]): whole blocks in closed form, one arrangement per partial block."""
         plan = self.plan
-        acc = np.zeros(plan.num_components, np.int64) if s == 0 else self.base(s - 1, lane).copy()
-        if s > 0:
-            n = plan.lane_start(s, lane) - plan.lane_start(s - 1, lane)
-            tau, q = divmod(n, plan.block)
-            acc += plan.counts(s - 1, lane, tau)
-            if q:
-                labels, _, _ = arrange(plan, np.asarray([s - 1]), np.asarray([lane]), np.asarray([tau]))
-                acc += np.bincount(labels[0, :q], minlength=plan.num_components)
-        acc.setflags(write=False)
+        C, b = plan.num_components, plan.block
+        tau, q = np.divmod(u, b)
+        out = np.stack([plan.counts(x, y, z) for x, y, z in zip(s.tolist(), lane.tolist(), tau.tolist())]) \
+            if s.size else np.zeros((0, C), np.int64)
+        part = np.flatnonzero(q > 0)
+        if part.size:
+            labels = block_labels(plan, s[part], lane[part], tau[part], q[part])
+            lab = labels + np.repeat(np.arange(part.size, dtype=np.int64) * C, q[part])
+            out[part] += np.bincount(lab, minlength=part.size * C).reshape(part.size, C)
+        return out
+
+    def bases(self, s: int) -> np.ndarray:
+        """Items of each component that every lane holds before segment ``s`` (int64 [R*, C])."""
         with self._lock:
-            self._bases[(s, lane)] = acc
-        return acc
+            have = len(self._bases)
+            if s < have:
+                return self._bases[s]
+            acc = self._bases[-1]
+        R = self.plan.lanes
+        lanes = np.arange(R, dtype=np.int64)
+        for x in range(have, s + 1):  # (two threads may both compute a segment: the same values)
+            n = np.asarray([self.plan.lane_start(x, y) - self.plan.lane_start(x - 1, y) for y in range(R)], np.int64)
+            acc = acc + self._prefix_counts(np.full(R, x - 1, np.int64), lanes, n)
+            acc.setflags(write=False)
+            with self._lock:
+                if len(self._bases) == x:
+                    self._bases.append(acc)
+        with self._lock:
+            return self._bases[s]
 
     # -- blocks ---------------------------------------------------------------------------------------
     def _entries(self, keys: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -214,7 +250,7 @@ class MixIndex:
             sl, tau = mk >> _TAU_BITS, mk & ((1 << _TAU_BITS) - 1)
             s, lane = sl // self.plan.lanes, sl % self.plan.lanes
             labels, ranks, before = arrange(self.plan, s, lane, tau)
-            bases = [self.base(int(x), int(y)) for x, y in zip(s.tolist(), lane.tolist())]
+            bases = [self.bases(int(x))[int(y)] for x, y in zip(s.tolist(), lane.tolist())]
             with self._lock:
                 for i, j in enumerate(miss):
                     lab = labels[i]
@@ -260,17 +296,10 @@ class MixIndex:
     # -- totals -----------------------------------------------------------------------------------------
     def consumed(self, end: int) -> np.ndarray:
         """Items of each component among global examples ``[0, end)`` (int64 [C]); O(R* (S + b))."""
-        plan = self.plan
-        R = plan.lanes
-        out = np.zeros(plan.num_components, np.int64)
-        for lane in range(R):
-            t = max(0, -((lane - end) // R))  # positions of the lane below `end`
-            if t == 0:
-                continue
-            s = int(np.searchsorted(self._starts, t * R + lane, side="right")) - 1
-            tau, q = divmod(t - plan.lane_start(s, lane), plan.block)
-            out += self.base(s, lane) + plan.counts(s, lane, tau)
-            if q:
-                labels, _, _ = arrange(plan, np.asarray([s]), np.asarray([lane]), np.asarray([tau]))
-                out += np.bincount(labels[0, :q], minlength=plan.num_components)
-        return out
+        R = self.plan.lanes
+        lanes = np.arange(R, dtype=np.int64)
+        t = np.maximum(0, -((lanes - int(end)) // R))  # positions of each lane below `end`
+        s = np.searchsorted(self._starts, t * R + lanes, side="right") - 1  # the segment of position t
+        u = t + (lanes - self._starts[s]) // R
+        before = np.stack([self.bases(int(x))[y] for y, x in enumerate(s.tolist())])
+        return (before + self._prefix_counts(s, lanes, u)).sum(axis=0)
