@@ -28,6 +28,7 @@ from .store import ChunkStore
 from .streams import NotYetAvailable
 
 T = TypeVar("T")
+_SOURCES_AHEAD = 32  # batches of a shuffled component's cipher answers computed at once
 
 
 def tokenizer_identity(tok: Mapping[str, Any]) -> tuple:
@@ -66,8 +67,11 @@ class Mixture:
                 raise MixtureError(f"{self.url}: components[{i}].path ({c.name!r}): cannot open the cache at "
                                    f"{c.url}: {e}") from e
 
-        with cf.ThreadPoolExecutor(min(8, len(comps))) as pool:  # remote ledgers: fetched in parallel
-            self.caches: list[Cache] = list(pool.map(open_one, range(len(comps))))
+        if all("://" not in c.url or c.url.startswith("file://") for c in comps):
+            self.caches: list[Cache] = [open_one(i) for i in range(len(comps))]
+        else:  # remote ledgers: fetched in parallel
+            with cf.ThreadPoolExecutor(min(8, len(comps))) as pool:
+                self.caches = list(pool.map(open_one, range(len(comps))))
         ids = [tokenizer_identity(c.ledger.tokenizer) for c in self.caches]
         for i in range(1, len(ids)):
             if ids[i] != ids[0]:
@@ -137,7 +141,13 @@ class MixtureOrder:
         self.mixture = mixture
         self.options = options
         self.rows = rows
-        self.components = [ExampleOrder(cache, options, store, rows) for cache, store in zip(mixture.caches, stores)]
+        # a shuffled component's cipher answers are computed ahead for the examples it serves next: about
+        # _SOURCES_AHEAD batches at its largest weight w, plus w of a block of every lane (how far its
+        # lanes drift apart inside blocks)
+        spec, B, R = mixture.spec, options.batch_size, options.num_streams
+        wmax = [max(ws) for ws in zip(*(spec.normalised(s) for s in range(len(spec.segments))))]
+        self.components = [ExampleOrder(cache, options, store, rows, ahead=int(w * (_SOURCES_AHEAD * B + spec.block * R)) + R)
+                           for cache, store, w in zip(mixture.caches, stores, wmax)]
         self.num_components = len(self.components)
         self.index = None if options.eval_mode else MixIndex(mixture.spec.plan(options.num_streams, options.batch_size))
 
@@ -199,7 +209,7 @@ class MixtureOrder:
         streams, positions, epochs, chunks, starts, lengths = (np.empty(m, np.int64) for _ in range(6))
         first = None if self.options.packed else np.empty(m, np.int64)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
-        for c in np.unique(comp[rows]).tolist():
+        for c in np.flatnonzero(np.bincount(comp[rows], minlength=C)).tolist():
             sel = np.flatnonzero(comp == c)
             sub = self.components[c].locate(k[sel])
             if sub.rows.size != sel.size:

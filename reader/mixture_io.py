@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import itertools
 import os
 from typing import Any, Mapping
 
@@ -131,24 +132,29 @@ class MixtureRelease:
         self.by_mix = any(p.by_mix for p in policies)
 
     def windows_read(self, recs, cross) -> None:
-        """The assembler's hook: windows ``(chunk, row group, ...)`` in the mixture's chunk space."""
+        """The assembler's hook: windows ``(chunk, row group, ...)`` in the mixture's chunk space. (A
+        policy only looks at the first row group read of each chunk: that is all that is routed.)"""
         if not self.by_chunk or not (recs or cross):
             return
-        parts: dict[int, tuple[list, list]] = {}
-        for out, items in ((0, recs), (1, cross)):
-            for rec in items:
-                q, c = divmod(rec[0], self.C)
-                parts.setdefault(c, ([], []))[out].append((q, *rec[1:]))
-        for c, (r, x) in parts.items():
-            self.policies[c].windows_read(r, x)
+        first: dict[int, int] = {}
+        for rec in itertools.chain(recs, cross):
+            c, g = rec[0], rec[1]
+            if g < first.get(c, g + 1):
+                first[c] = g
+        parts: dict[int, list[tuple[int, int]]] = {}
+        for chunk, g in first.items():
+            q, c = divmod(chunk, self.C)
+            parts.setdefault(c, []).append((q, g))
+        for c, part in parts.items():
+            self.policies[c].windows_read(part, [])
 
     def examples_read(self, ex: np.ndarray) -> None:
         """After a read of global examples ``ex``: each shuffled component releases the mixes it passed."""
         if not self.by_mix or not ex.size:
             return
         comp, k = self.order.assign(ex)
-        for c in np.unique(comp).tolist():
-            if c >= 0 and self.policies[c].by_mix:
+        for c in np.flatnonzero(np.bincount(comp[comp >= 0], minlength=self.C)).tolist():
+            if self.policies[c].by_mix:
                 self.policies[c].examples_read(k[comp == c])
 
 
@@ -173,9 +179,8 @@ class MixturePrefetcher:
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable (eval during a build): the read waits
             return []
         futs: list[cf.Future] = []
-        for c in np.unique(comp).tolist():
-            if c >= 0:
-                futs += self.prefetchers[c].prefetch_examples([k[comp == c]], whole=mine)
+        for c in np.flatnonzero(np.bincount(comp[comp >= 0], minlength=len(self.prefetchers))).tolist():
+            futs += self.prefetchers[c].prefetch_examples([k[comp == c]], whole=mine)
         return futs
 
 

@@ -1,0 +1,120 @@
+"""A mixture of caches against one cache read alone, in one process run, on one built cache.
+
+    python -m benchmarks.mixture_bench --cache DIR --work DIR [--batches N] [--rounds R] [--quick]
+
+- Read speed: a mixture of 4 components (weights 0.4 / 0.3 / 0.2 / 0.1; every component is the
+  benchmark cache, opened apart, so each has its own store and decodes its own row groups and only the
+  page cache is shared) against the cache alone, packed, seq_len 2048, batch 64, the flat-tokens
+  layout, sequential and shuffled, with 2 reader workers and in one process. Runs alternate (cache,
+  mixture, cache, ...) and each figure is the best steady state of its rounds, so both see the same
+  machine. ``reader_mixture_vs_single`` is the headline (sequential, 2 workers).
+- Opening: ``Reader(mixture)`` over C synthetic ledgers of N chunks each (50 x 10k; 8 x 1k with --quick)
+  plus seeking to step 10**6 (where every row of that batch is, without reading chunks), against
+  opening the C ledgers one after the other with ``Reader(cache)``: the mixture's own cost is the
+  ratio's excess over 1.
+
+Prints one ``BENCH_RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import emit_result, log
+from benchmarks.reader_bench import B, L, WORKERS, read_reader, synthetic_ledger, warm
+from reader import Reader, ReadOptions
+from reader import format as fmt
+
+WEIGHTS = (0.4, 0.3, 0.2, 0.1)
+
+
+def write_mixture(path: Path, caches: list[Path], weights) -> Path:
+    doc = {"mixture": 1, "components": [{"name": f"c{i}", "path": str(c), "weight": w}
+                                        for i, (c, w) in enumerate(zip(caches, weights))]}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def read_speed(cache: Path, work: Path, batches: int, rounds: int) -> dict:
+    mix = write_mixture(work / "mix4.json", [cache] * len(WEIGHTS), WEIGHTS)
+    configs = {
+        "": ReadOptions(seq_len=L, batch_size=B, layout="flat", num_workers=WORKERS),
+        "_shuffled": ReadOptions(seq_len=L, batch_size=B, layout="flat", shuffle_seed=0, num_workers=WORKERS),
+        "_1p": ReadOptions(seq_len=L, batch_size=B, layout="flat"),
+        "_shuffled_1p": ReadOptions(seq_len=L, batch_size=B, layout="flat", shuffle_seed=0),
+    }
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, opts in configs.items():
+            for key, src in ((f"single{name}", cache), (f"mixture{name}", mix)):
+                _, steady, _, done = read_reader(src, opts, batches)
+                best[key] = min(best.get(key, float("inf")), steady / max(1, done - 1))
+    res = {"mixture_weights": "/".join(str(w) for w in WEIGHTS), "mixture_batches": batches}
+    for name in configs:
+        single, mixture = best[f"single{name}"], best[f"mixture{name}"]
+        res[f"reader_mixture{name}_tokens_per_s"] = B * L / mixture
+        res[f"reader_single{name}_tokens_per_s"] = B * L / single
+        res[f"reader_mixture{name}_vs_single"] = single / mixture
+    # the mixture serves each component's rows in proportion: the largest gap on its first 16 batches
+    with Reader(str(mix), configs["_1p"]) as r:
+        comp = np.concatenate([r.batch(b)["components"] for b in range(16)])
+    share = np.bincount(comp, minlength=len(WEIGHTS)) / comp.size
+    res["mixture_share_max_error"] = float(np.abs(share - np.asarray(WEIGHTS)).max())
+    return res
+
+
+def open_speed(work: Path, components: int, chunks: int, template: dict) -> dict:
+    roots = [synthetic_ledger(work / f"ledger-{i:02d}", chunks, template) for i in range(components)]
+    mix = write_mixture(work / f"mix-{components}x{chunks}.json", roots, [1 + i % 7 for i in range(components)])
+    opts = ReadOptions(seq_len=L, batch_size=1024, ideal_readers=64, shuffle_seed=0)
+    far = 10**6
+
+    def open_mixture() -> float:
+        t = time.perf_counter()
+        with Reader(str(mix), opts) as r:
+            r.order.locate(far * 1024 + np.arange(1024))  # every row of batch 10**6, located
+        return time.perf_counter() - t
+
+    def open_ledgers() -> float:
+        t = time.perf_counter()
+        for root in roots:
+            with Reader(str(root), opts) as r:
+                r.stream_index()
+        return time.perf_counter() - t
+
+    mixed = min(open_mixture() for _ in range(2))
+    alone = min(open_ledgers() for _ in range(2))
+    return {f"mixture_open_s_{components}x{chunks // 1000}k": mixed, "mixture_open_components": components,
+            "mixture_open_chunks_per_component": chunks, "mixture_open_ledgers_alone_s": alone,
+            "mixture_open_vs_ledgers": mixed / alone}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", required=True, type=Path)
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--batches", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="a small opening test (8 ledgers of 1k chunks)")
+    a = ap.parse_args(argv)
+    a.work.mkdir(parents=True, exist_ok=True)
+    warm(a.cache)
+    res = read_speed(a.cache, a.work, a.batches, a.rounds)
+    log(f"mixture of 4 / single cache: sequential {res['reader_mixture_vs_single']:.3f}, shuffled "
+        f"{res['reader_mixture_shuffled_vs_single']:.3f} ({WORKERS} workers); one process "
+        f"{res['reader_mixture_1p_vs_single']:.3f}, {res['reader_mixture_shuffled_1p_vs_single']:.3f}")
+    template = json.loads((a.cache / fmt.LEDGER_NAME).read_text())
+    res.update(open_speed(a.work, *((8, 1000) if a.quick else (50, 10_000)), template))
+    log(f"mixture open: {res['mixture_open_vs_ledgers']:.2f} x opening its ledgers alone")
+    emit_result(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
