@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import itertools
 import os
 from typing import Any, Mapping
 
@@ -73,16 +72,19 @@ class MixtureStore:
         return s.row_group(q, group)
 
     def row_groups(self, keys) -> dict[tuple[int, int], Any]:
-        """``{(chunk, group): row group}`` for ``keys``, each component's through its store's ``row_groups``."""
-        by: dict[int, list[tuple[int, int]]] = {}
-        for chunk, g in keys:
-            by.setdefault(chunk % self.C, []).append((chunk, g))
-        got: dict[tuple[int, int], Any] = {}
-        for c, ks in by.items():
-            part = self.stores[c].row_groups([(chunk // self.C, g) for chunk, g in ks])
-            for chunk, g in ks:
-                got[(chunk, g)] = part[(chunk // self.C, g)]
-        return {key: got[key] for key in dict.fromkeys(keys)}
+        """``{(chunk, group): row group}`` for ``keys``, in their order (the assembler's are sorted and it
+        relies on that), duplicates once; each component's through its store's ``row_groups`` (its
+        cached ones under one lock)."""
+        C = self.C
+        out: dict[tuple[int, int], Any] = dict.fromkeys(keys)
+        by: list[list[tuple[int, int]]] = [[] for _ in range(C)]
+        for key in out:
+            by[key[0] % C].append(key)
+        for c, ks in enumerate(by):
+            if ks:
+                part = self.stores[c].row_groups([(chunk // C, g) for chunk, g in ks])
+                out.update(zip(ks, part.values()))  # (ks are distinct: one value each, in order)
+        return out
 
     def tokens(self, chunk: int, lo: int, hi: int):
         s, q = self._where(chunk)
@@ -95,6 +97,10 @@ class MixtureStore:
     def release_range(self, chunk: int, lo: int, hi: int) -> int:
         s, q = self._where(chunk)
         return s.release_range(q, lo, hi)
+
+    def touch_row_groups(self, chunk: int, groups) -> list[int]:
+        s, q = self._where(chunk)
+        return s.touch_row_groups(q, groups)
 
     def warm_row_groups(self, chunk: int, groups) -> None:
         s, q = self._where(chunk)
@@ -132,12 +138,14 @@ class MixtureRelease:
         self.by_mix = any(p.by_mix for p in policies)
 
     def windows_read(self, recs, cross) -> None:
-        """The assembler's hook: windows ``(chunk, row group, ...)`` in the mixture's chunk space. (A
-        policy only looks at the first row group read of each chunk: that is all that is routed.)"""
+        """The assembler's hook: windows ``(chunk, row group, ...)`` in the mixture's chunk space, ``recs``
+        sorted (the assembler sorts them). A policy only looks at the first row group read in each
+        chunk, so only that is routed."""
         if not self.by_chunk or not (recs or cross):
             return
-        first: dict[int, int] = {}
-        for rec in itertools.chain(recs, cross):
+        # sorted: a chunk's first record has its smallest row group; dict() keeps the last value given
+        first = dict(zip([r[0] for r in reversed(recs)], [r[1] for r in reversed(recs)]))
+        for rec in cross:
             c, g = rec[0], rec[1]
             if g < first.get(c, g + 1):
                 first[c] = g

@@ -102,7 +102,21 @@ class Prefetcher:
         last_row = -1
         if self.release.by_mix:
             last_row = max(int(e.max()) for e in exs) // self.order.shuffle.lanes
-        return [self.store.submit(self._load_chunk_part, c, offs, last_row) for c, offs in plan]
+        futs = []
+        for c, offs in plan:
+            if self.order.unpacked is None and last_row < 0:  # packed: skip a chunk whose row groups are all there
+                meta = self.store.cached_meta(c)
+                if meta is not None and not self._missing(c, meta.rg_token_starts, offs):
+                    continue
+            futs.append(self.store.submit(self._load_chunk_part, c, offs, last_row))
+        return futs
+
+    def _missing(self, c: int, starts: np.ndarray, tokens: np.ndarray) -> list[int]:
+        """Row groups holding ``tokens`` of chunk ``c`` that are neither cached nor loading (the cached ones
+        are marked used), past those the reads have released."""
+        groups = np.unique(np.searchsorted(starts, tokens, side="right") - 1).tolist()
+        done = self.release.released_before(c)  # a plan the reads have overtaken: already used
+        return self.store.touch_row_groups(c, [g for g in groups if g >= done] if done else groups)
 
     def _prefetch_mixes(self, exs: list[np.ndarray]) -> list[cf.Future]:
         """Load the row groups of every mix that examples ``exs`` reach and that is not loaded yet: one
@@ -175,10 +189,7 @@ class Prefetcher:
         if 0 <= last_row < self.release.passed_row:  # a shuffled plan the reads have overtaken
             return
         try:
-            starts = self.store.meta(c).rg_token_starts
             tokens = self.order.token_offsets(c, offs)
-            groups = np.unique(np.searchsorted(starts, tokens, side="right") - 1).tolist()
-            done = self.release.released_before(c)  # a plan the reads have overtaken: already used
-            self.store.warm_row_groups(c, [g for g in groups if g >= done] if done else groups)
+            self.store.warm_row_groups(c, self._missing(c, self.store.meta(c).rg_token_starts, tokens))
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
             pass

@@ -261,9 +261,9 @@ class ChunkStore:
     def row_group(self, index: int, group: int) -> RowGroup:
         return self._get(("rg", index, group), lambda: self._load_row_group(index, group))
 
-    def warm_row_groups(self, index: int, groups) -> None:
-        """Prefetch: load row groups ``groups`` of chunk ``index``, skipping those cached (they count as
-        used) and those another thread is loading (so the prefetch threads decode different row groups)."""
+    def touch_row_groups(self, index: int, groups) -> list[int]:
+        """Of row groups ``groups`` of chunk ``index``: mark the cached ones used (LRU) and return the others
+        that no thread is loading, i.e. what a prefetch still has to load."""
         todo = []
         with self._lock:
             lru, inflight = self._lru, self._inflight
@@ -273,7 +273,12 @@ class ChunkStore:
                     lru.move_to_end(key)
                 elif key not in inflight:
                     todo.append(group)
-        for group in todo:
+        return todo
+
+    def warm_row_groups(self, index: int, groups) -> None:
+        """Prefetch: load row groups ``groups`` of chunk ``index``, skipping those cached (they count as
+        used) and those another thread is loading (so the prefetch threads decode different row groups)."""
+        for group in self.touch_row_groups(index, groups):
             self._get(("rg", index, group), lambda: self._load_row_group(index, group), wait=False)
 
     def row_groups(self, keys) -> dict[tuple[int, int], RowGroup]:
