@@ -109,7 +109,11 @@ SECONDARY_ROWS = [
     ("reader_mixture_tokens_per_s", "mixture of 4, packed sequential, {reader_num_workers} workers", "rate"),
     ("reader_mixture_shuffled_vs_single", "mixture of 4 / the cache alone, shuffled, {reader_num_workers} workers "
      "(each component decodes its own first mix: a start-up cost per component)", "ratio"),
+    ("reader_mixture_cpu_vs_single", "mixture of 4 / the cache alone, sequential, {reader_num_workers} workers, "
+     "tokens per CPU-second of the process tree", "ratio"),
+    ("reader_mixture_shuffled_cpu_vs_single", "the same, shuffled", "ratio"),
     ("reader_mixture_1p_vs_single", "mixture of 4 / the cache alone, sequential, one process", "ratio"),
+    ("reader_mixture_1p_cpu_vs_single", "the same, tokens per CPU-second", "ratio"),
     ("reader_mixture_shuffled_1p_vs_single", "mixture of 4 / the cache alone, shuffled, one process", "ratio"),
     ("mixture_share_max_error", "largest gap between a component's share of the mixture's first 16 batches and "
      "its weight", "num"),
