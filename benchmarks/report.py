@@ -108,7 +108,8 @@ SECONDARY_ROWS = [
     ("memmap_shuffled_tokens_per_s", "memmap baseline, same permutation", "rate"),
     ("reader_mixture_tokens_per_s", "mixture of 4, packed sequential, {reader_num_workers} workers", "rate"),
     ("reader_mixture_shuffled_vs_single", "mixture of 4 / the cache alone, shuffled, {reader_num_workers} workers "
-     "(each component decodes its own first mix: a start-up cost per component)", "ratio"),
+     "(each component decodes the mixes it is in, whole: over {mixture_batches} batches the heavier components "
+     "end partway into a second mix, a cost that shrinks as runs get longer)", "ratio"),
     ("reader_mixture_cpu_vs_single", "mixture of 4 / the cache alone, sequential, {reader_num_workers} workers, "
      "tokens per CPU-second of the process tree", "ratio"),
     ("reader_mixture_shuffled_cpu_vs_single", "the same, shuffled", "ratio"),

@@ -176,9 +176,9 @@ def arrange(plan: MixPlan, s: np.ndarray, lane: np.ndarray, tau: np.ndarray):
 class MixIndex:
     """Global example -> (component, component example) for one :class:`MixPlan`, with caches.
 
-    Block arrangements (``b`` labels and component indices each) are kept for the ``cache_blocks``
-    most recent lane-blocks; the items each lane consumed before each segment (``C`` ints per segment
-    and lane) once computed. Thread-safe.
+    Block arrangements (``b`` labels and component indices each, about ``10 b`` bytes) are kept for the
+    ``cache_blocks`` most recent lane-blocks (default: two per lane); the items each lane consumed
+    before each segment (``C`` ints per segment and lane) once computed. Thread-safe.
     """
 
     def __init__(self, plan: MixPlan, cache_blocks: int | None = None):
@@ -186,7 +186,8 @@ class MixIndex:
         self._starts = np.asarray(plan.starts, dtype=np.int64)
         self._lock = threading.Lock()
         self._blocks: collections.OrderedDict[int, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
-        self._cap = cache_blocks or max(256, 4 * plan.lanes)
+        self._cap = cache_blocks or max(64, 2 * plan.lanes)  # reads move forward: a block or two per lane
+        self._label_dtype = np.int16 if plan.num_components < (1 << 15) else np.int32
         zero = np.zeros((plan.lanes, plan.num_components), np.int64)
         zero.setflags(write=False)
         self._bases: list[np.ndarray] = [zero]  # per segment, computed in order on first use
@@ -253,8 +254,8 @@ class MixIndex:
             bases = [self.bases(int(x))[int(y)] for x, y in zip(s.tolist(), lane.tolist())]
             with self._lock:
                 for i, j in enumerate(miss):
-                    lab = labels[i]
-                    items = (bases[i] + before[i])[lab] + ranks[i]
+                    items = (bases[i] + before[i])[labels[i]] + ranks[i]
+                    lab = labels[i].astype(self._label_dtype)
                     lab.setflags(write=False)
                     items.setflags(write=False)
                     got[j] = self._blocks[int(mk[i])] = (lab, items)

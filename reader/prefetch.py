@@ -105,7 +105,7 @@ class Prefetcher:
             last_row = max(int(e.max()) for e in exs) // self.order.shuffle.lanes
         futs = []
         for c, offs in plan:
-            if self.order.unpacked is None and last_row < 0:  # packed: skip a chunk whose row groups are all there
+            if self.order.unpacked is None:  # packed: skip a chunk whose row groups are all there (or loading)
                 meta = self.store.cached_meta(c)
                 if meta is not None and not self._missing(c, meta.rg_token_starts_list, offs):
                     continue
