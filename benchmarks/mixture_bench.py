@@ -92,7 +92,8 @@ def read_speed(cache: Path, work: Path, batches: int, rounds: int) -> dict:
         res[f"reader_mixture{name}_tokens_per_s"] = B * L / mixture[0]
         res[f"reader_single{name}_tokens_per_s"] = B * L / single[0]
         res[f"reader_mixture{name}_vs_single"] = single[0] / mixture[0]
-        res[f"reader_mixture{name}_cpu_vs_single"] = single[1] / mixture[1]  # tokens per CPU-second
+        # tokens per CPU-second (a tiny quick run may measure no CPU tick at all)
+        res[f"reader_mixture{name}_cpu_vs_single"] = max(single[1], 1e-9) / max(mixture[1], 1e-9)
     # the mixture serves each component's rows in proportion: the largest gap on its first 16 batches
     with Reader(str(mix), configs["_1p"]) as r:
         comp = np.concatenate([r.batch(b)["components"] for b in range(16)])
