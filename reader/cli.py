@@ -61,8 +61,8 @@ def mixture_summary(path: str, opts: ReadOptions, steps: int | None) -> dict:
                       "documents": int(t.docs.sum()), "tokens": int(t.tokens.sum())})
     segs = [{"start_batch": start, "weights": dict(zip(spec.names, spec.normalised(s)))}
             for s, (start, _) in enumerate(spec.segments)]
-    info = {"path": path, "seed": spec.seed, "block": spec.block, "tokenizer": dict(mix.caches[0].ledger.tokenizer),
-            "components": comps, "segments": segs}
+    info = {"path": path, "seed": spec.seed, "block": spec.block,
+            "tokenizer": dict(mix.caches[0].ledger.tokenizer), "components": comps, "segments": segs}
     if steps is not None:
         drawn = MixIndex(spec.plan(opts.num_streams, opts.batch_size)).consumed(steps * opts.batch_size)
         info["steps"] = {"steps": steps, "seq_len": opts.seq_len, "batch_size": opts.batch_size,
@@ -93,9 +93,11 @@ def cmd_inspect_mixture(args) -> int:
     print(f"{'component':<{w}}  {'tokens':>16}  {'documents':>13}  {'chunks':>8}  state     path")
     for c in comps:
         state = "finished" if c["finished"] else "BUILDING"
-        print(f"{c['name']:<{w}}  {c['tokens']:>16,}  {c['documents']:>13,}  {c['chunks']:>8,}  {state:<8}  {c['path']}")
+        print(f"{c['name']:<{w}}  {c['tokens']:>16,}  {c['documents']:>13,}  {c['chunks']:>8,}  {state:<8}  "
+              f"{c['path']}")
     print()
-    print(f"{'weights':<{w}}  " + "  ".join(f"{'from batch ' + format(g['start_batch'], ','):>18}" for g in info["segments"]))
+    heads = (f"{'from batch ' + format(g['start_batch'], ','):>18}" for g in info["segments"])
+    print(f"{'weights':<{w}}  " + "  ".join(heads))
     for n in names:
         print(f"{n:<{w}}  " + "  ".join(f"{g['weights'][n]:>18.4f}" for g in info["segments"]))
     st = info.get("steps")

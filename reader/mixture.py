@@ -146,7 +146,8 @@ class MixtureOrder:
         # lanes drift apart inside blocks)
         spec, B, R = mixture.spec, options.batch_size, options.num_streams
         wmax = [max(ws) for ws in zip(*(spec.normalised(s) for s in range(len(spec.segments))))]
-        self.components = [ExampleOrder(cache, options, store, rows, ahead=int(w * (_SOURCES_AHEAD * B + spec.block * R)) + R)
+        self.components = [ExampleOrder(cache, options, store, rows,
+                                        ahead=int(w * (_SOURCES_AHEAD * B + spec.block * R)) + R)
                            for cache, store, w in zip(mixture.caches, stores, wmax)]
         self.num_components = len(self.components)
         self.index = None if options.eval_mode else MixIndex(mixture.spec.plan(options.num_streams, options.batch_size))

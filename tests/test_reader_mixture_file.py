@@ -50,7 +50,8 @@ def error_of(root, doc, name="bad.json") -> str:
 
 BAD = [
     ("unknown top-level key", lambda: good(weights=[1]), ["unknown key 'weights'", "allowed: mixture, components"]),
-    ("unknown component key", lambda: good(components=[{"name": "web", "path": "c0", "weight": 1, "epochs": 2}], schedule=[]),
+    ("unknown component key", lambda: good(components=[{"name": "web", "path": "c0", "weight": 1, "epochs": 2}],
+                                           schedule=[]),
      ["components[0]", "'epochs'"]),
     ("unknown schedule key", lambda: good(schedule=[{"start_batch": 5, "weights": {"web": 1}, "warmup": 3}]),
      ["schedule[0]", "'warmup'"]),
@@ -64,7 +65,8 @@ BAD = [
      ["schedule[0].weights", "every weight is 0"]),
     ("weight below the block minimum", lambda: good(components=[{"name": "web", "path": "c0", "weight": 1},
                                                                 {"name": "code", "path": "c1", "weight": 0.0005}]),
-     ["components[1].weight", "'code'", "block minimum 1/1024", "larger \"block\" (e.g. 2048)"]),
+     ["components[1].weight", "'code'", "block minimum 1/1024",
+      "larger \"block\" (e.g. 2048)"]),
     ("schedule weight below the block minimum", lambda: good(block=16, schedule=[
         {"start_batch": 5, "weights": {"web": 1, "code": 0.01}}]),
      ["schedule[0].weights.code", "1/16"]),
