@@ -29,6 +29,8 @@ MAIN_ROWS = [
     ("reader_tokens_per_s", "reader tokens/s, packed sequential (absolute floor)", "rate"),
     ("reader_shuffled_vs_memmap", "growing-window shuffle, default budget, {reader_num_workers} workers / memmap, "
      "same permutation", "ratio"),
+    ("reader_mixture_vs_single", "a mixture of 4 components (weights 0.4/0.3/0.2/0.1, each the benchmark cache "
+     "with its own store) / the cache alone, packed sequential, {reader_num_workers} workers, alternating runs", "ratio"),
     ("seek_far_vs_near", "open + first batch at step 10^6 / the same at step 0", "ratio"),
     ("ledger_open_s_100k", "seconds to open a synthetic ledger of 100k chunks with the reader", "s"),
     ("bytes_per_token", "cache size on disk (all files) per token", "num"),
@@ -104,6 +106,23 @@ SECONDARY_ROWS = [
     ("reader_arrays_1p_vs_memmap", "reader, five-array layout, one process / memmap", "ratio"),
     ("reader_arrays_shuffled_1p_vs_memmap", "reader, five-array layout, one process, shuffled / memmap", "ratio"),
     ("memmap_shuffled_tokens_per_s", "memmap baseline, same permutation", "rate"),
+    ("reader_mixture_tokens_per_s", "mixture of 4, packed sequential, {reader_num_workers} workers", "rate"),
+    ("reader_mixture_shuffled_vs_single", "mixture of 4 / the cache alone, shuffled, {reader_num_workers} workers "
+     "(each component decodes the mixes it is in, whole: over {mixture_batches} batches the heavier components "
+     "end partway into a second mix, a cost that shrinks as runs get longer)", "ratio"),
+    ("reader_mixture_cpu_vs_single", "mixture of 4 / the cache alone, sequential, {reader_num_workers} workers, "
+     "tokens per CPU-second of the process tree", "ratio"),
+    ("reader_mixture_shuffled_cpu_vs_single", "the same, shuffled", "ratio"),
+    ("reader_mixture_1p_vs_single", "mixture of 4 / the cache alone, sequential, one process", "ratio"),
+    ("reader_mixture_1p_cpu_vs_single", "the same, tokens per CPU-second", "ratio"),
+    ("reader_mixture_shuffled_1p_vs_single", "mixture of 4 / the cache alone, shuffled, one process", "ratio"),
+    ("mixture_share_max_error", "largest gap between a component's share of the mixture's first 16 batches and "
+     "its weight", "num"),
+    ("mixture_open_s_50x10k", "seconds to open a mixture of 50 synthetic ledgers of 10k chunks and locate "
+     "batch 10^6", "s"),
+    ("mixture_open_s_8x1k", "seconds to open a mixture of 8 synthetic ledgers of 1k chunks and locate batch 10^6",
+     "s"),
+    ("mixture_open_vs_ledgers", "that / opening its ledgers one by one with Reader(cache)", "ratio"),
     ("parquet_decode_tokens_per_s_1core", "decoding the chunks' token column, 1 core, bytes in memory (pyarrow)", "rate"),
     ("parquet_decode_vs_memmap_1core", "that decode rate / memmap (the ceiling per decoding core)", "ratio"),
     ("parquet_decode_and_verify_tokens_per_s_1core", "decode + sha256 of the chunk bytes, 1 core", "rate"),

@@ -54,6 +54,7 @@ TARGETS = {
     "reader_vs_memmap": (0.25, ">="),
     "reader_tokens_per_s": (1e8, ">="),
     "reader_shuffled_vs_memmap": (0.2, ">="),
+    "reader_mixture_vs_single": (0.9, ">="),
     "seek_far_vs_near": (1.5, "<="),
     "ledger_open_s_100k": (1.0, "<="),
     "bytes_per_token": (1.5, "<="),
@@ -334,6 +335,14 @@ def main(argv=None) -> int:
         f"shuffled {rb['reader_shuffled_vs_memmap']:.3f}; seek far/near {rb['seek_far_vs_near']:.2f}; "
         f"ledger 100k open {rb['ledger_open_s_100k']:.2f} s")
 
+    # -- a mixture of 4 components against the cache alone (benchmarks/mixture_bench.py) -------------------------
+    m = run_monitored([_py(), "-m", "benchmarks.mixture_bench", "--cache", str(cache_tt), "--work",
+                       str(work / f"reader-{profile}" / "mixture"), "--batches", str(P["reader_batches"]),
+                       "--rounds", str(min(3, P["reader_rounds"]))] + (["--quick"] if a.quick else []))
+    fig.update(m.result)
+    log(f"mixture of 4 / single cache: {fig['reader_mixture_vs_single']:.3f} (shuffled "
+        f"{fig['reader_mixture_shuffled_vs_single']:.3f}); opening {fig['mixture_open_vs_ledgers']:.2f} x its ledgers")
+
     # -- shuffle quality (issue 4's figures) ----------------------------------------------------------------------
     fig.update(shuffle_quality(plots / "bench_shuffle_quality.png", P["shuffle_quick"]))
 
@@ -382,6 +391,7 @@ def build_commands(inputs, cache_tt, tokenizer_json, corpus, hf_corpus, P) -> di
         "hf_datasets_hf": f".venv/bin/python -m benchmarks.baselines hf_datasets --backend hf --corpus "
                           f"{rel(hf_corpus)} --out OUT --cache_dir FRESH_DIR --tokenizer_json {rel(tokenizer_json)}",
         "reader": f".venv/bin/python -m benchmarks.reader_bench --cache {rel(cache_tt)} --work benchmarks/work/reader",
+        "mixture": f".venv/bin/python -m benchmarks.mixture_bench --cache {rel(cache_tt)} --work benchmarks/work/mixture",
     }
 
 

@@ -1,4 +1,4 @@
-"""chunkledger reader: deterministic sharded reads of a chunkledger cache.
+"""chunkledger reader: deterministic sharded reads of a chunkledger cache, or of a weighted mixture of caches.
 
 Light by design: numpy, pyarrow and fsspec only (gcsfs for gs://; jax optional in reader.jax, torch in
 reader.torch).
@@ -11,6 +11,7 @@ reader.torch).
 
 from .cache import Cache, CacheNotReady
 from .format import DamagedCache, FormatError
+from .mixture_file import MixtureError
 from .options import ReadOptions
 from .reader import Reader
 from .remote import StorageError
@@ -29,6 +30,7 @@ __all__ = [
     "EmptyStream",
     "EndOfStream",
     "FormatError",
+    "MixtureError",
     "NotACache",
     "NotYetAvailable",
     "ReadOptions",

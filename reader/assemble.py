@@ -110,13 +110,16 @@ class Assembler:
         out["epochs"][:] = -1
         out["epochs"][pl.rows] = pl.epochs
         out["valid"][:] = pl.valid
+        out["components"][:] = 0 if pl.components is None else pl.components
         if pl.rows.size:
             if self.packed:
                 self._packed(pl, out)
             else:
                 self._unpacked(pl, out)
         if pl.rows.size < n:  # last: the walk may write scratch values there
-            w.pad(out, np.flatnonzero(~pl.valid))
+            pad = np.flatnonzero(~pl.valid)
+            w.pad(out, pad)
+            out["components"][pad] = -1
         return out
 
     def _packed(self, pl: Placement, out) -> None:

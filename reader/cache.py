@@ -232,33 +232,17 @@ class Cache:
         return fmt.ChunkTable.from_entries([self._sidecars[k] for k in keys[:upto]])
 
     # -- waiting ------------------------------------------------------------------------------------
+    def progress(self) -> str:
+        """What a running build has made readable so far (for messages)."""
+        return f"{len(self.table)} chunks of the global order are available so far"
+
     def wait(self, attempt: Callable[[], T], *, timeout_s: float, poll_s: float = 1.0,
              what: str = "data") -> T:
         """Run ``attempt`` until it stops raising :class:`streams.NotYetAvailable`, refreshing between tries.
 
         Raises :class:`CacheNotReady` after ``timeout_s`` seconds without success.
         """
-        t0 = time.monotonic()
-        while True:
-            gen = self.generation
-            try:
-                return attempt()
-            except streams.NotYetAvailable as e:
-                if self.generation != gen:  # another thread saw progress meanwhile: retry at once
-                    continue
-                if self.complete:
-                    raise
-                if self.refresh():
-                    continue
-                waited = time.monotonic() - t0
-                if waited >= timeout_s:
-                    raise CacheNotReady(
-                        f"{self.url}: the build is still running and has not written the chunks needed for "
-                        f"{what} ({e}); {len(self.table)} chunks of the global order are available so far. "
-                        f"Waited {waited:.0f} s (wait_timeout_s={timeout_s}). Check that the build is alive "
-                        "or raise wait_timeout_s."
-                    ) from e
-                time.sleep(min(poll_s, max(0.0, timeout_s - waited)))
+        return wait_for(self, attempt, timeout_s=timeout_s, poll_s=poll_s, what=what)
 
     def wait_complete(self, *, timeout_s: float, poll_s: float = 1.0, what: str = "this") -> None:
         def attempt():
@@ -266,3 +250,30 @@ class Cache:
                 raise streams.NotYetAvailable("the total size is known only when the build finishes")
 
         self.wait(attempt, timeout_s=timeout_s, poll_s=poll_s, what=what)
+
+
+def wait_for(source, attempt: Callable[[], T], *, timeout_s: float, poll_s: float = 1.0, what: str = "data") -> T:
+    """Run ``attempt`` until it stops raising :class:`streams.NotYetAvailable`, refreshing ``source``
+    between tries (a :class:`Cache`, or anything with its ``url``, ``generation``, ``complete``,
+    ``refresh()`` and ``progress()``: a mixture's caches). Raises :class:`CacheNotReady` after
+    ``timeout_s`` seconds without success."""
+    t0 = time.monotonic()
+    while True:
+        gen = source.generation
+        try:
+            return attempt()
+        except streams.NotYetAvailable as e:
+            if source.generation != gen:  # another thread saw progress meanwhile: retry at once
+                continue
+            if source.complete:
+                raise
+            if source.refresh():
+                continue
+            waited = time.monotonic() - t0
+            if waited >= timeout_s:
+                raise CacheNotReady(
+                    f"{source.url}: the build is still running and has not written the chunks needed for "
+                    f"{what} ({e}); {source.progress()}. Waited {waited:.0f} s (wait_timeout_s={timeout_s}). "
+                    "Check that the build is alive or raise wait_timeout_s."
+                ) from e
+            time.sleep(min(poll_s, max(0.0, timeout_s - waited)))

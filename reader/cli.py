@@ -2,7 +2,8 @@
 
 Also installed as the ``chunkledger`` script.
 
-* ``inspect``  what a cache holds: documents, tokens, chunks, tokenizer, length percentiles.
+* ``inspect``  what a cache holds: documents, tokens, chunks, tokenizer, length percentiles; for a
+  mixture file, each component's weights per schedule segment and the passes N steps take.
 * ``validate`` check every chunk against the ledger (size, sha256, Parquet layout, counts, sidecars);
   exits non-zero on any problem.
 * ``batches``  write one reader's rows of some batches to an ``.npz`` file, to look at any batch of a run.
@@ -24,6 +25,9 @@ from . import cli_support
 from . import format as fmt
 from .cache import Cache
 from .export import write_file
+from .mixing import MixIndex
+from .mixture import Mixture
+from .mixture_file import is_mixture_path
 from .options import ReadOptions
 from .reader import Reader
 from .schema import BATCH_KEYS
@@ -38,7 +42,74 @@ def _doc_lengths(cache: Cache, indices, threads: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
+def mixture_summary(path: str, opts: ReadOptions, steps: int | None) -> dict:
+    """What ``inspect`` prints for a mixture file: each component's size, its weight per schedule
+    segment and, for ``steps`` global batches of ``opts``, the examples, tokens and passes drawn from it
+    (packed: ``seq_len`` tokens per example)."""
+    mix = Mixture(path)
+    spec = mix.spec
+    comps = []
+    for c, cache in zip(spec.components, mix.caches):
+        t = cache.table
+        comps.append({"name": c.name, "path": c.url, "finished": cache.complete, "chunks": len(t),
+                      "documents": int(t.docs.sum()), "tokens": int(t.tokens.sum())})
+    segs = [{"start_batch": start, "weights": dict(zip(spec.names, spec.normalised(s)))}
+            for s, (start, _) in enumerate(spec.segments)]
+    info = {"path": path, "seed": spec.seed, "block": spec.block,
+            "tokenizer": dict(mix.caches[0].ledger.tokenizer), "components": comps, "segments": segs}
+    if steps is not None:
+        drawn = MixIndex(spec.plan(opts.num_streams, opts.batch_size)).consumed(steps * opts.batch_size)
+        info["steps"] = {"steps": steps, "seq_len": opts.seq_len, "batch_size": opts.batch_size,
+                         "ideal_readers": opts.ideal_readers, "examples": steps * opts.batch_size}
+        for comp, n in zip(comps, drawn.tolist()):
+            comp["examples_drawn"] = n
+            comp["tokens_drawn"] = n * opts.seq_len
+            comp["passes"] = n * opts.seq_len / comp["tokens"] if comp["tokens"] else None
+    return info
+
+
+def cmd_inspect_mixture(args) -> int:
+    if args.steps is not None and args.steps < 0:
+        print("error: --steps must be >= 0", file=sys.stderr)
+        return 2
+    opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, ideal_readers=args.ideal_readers)
+    info = mixture_summary(args.path, opts, args.steps)
+    if args.json:
+        print(fmt.dumps(info), end="")
+        return 0
+    comps, names = info["components"], [c["name"] for c in info["components"]]
+    w = max(9, *(len(n) for n in names))
+    print(f"mixture     {args.path}  ({len(comps)} components, seed {info['seed']}, block {info['block']})")
+    tok = info["tokenizer"]
+    print(f"tokenizer   {tok.get('spec')} (kind={tok.get('kind')}, vocab_size={tok.get('vocab_size')}, "
+          f"hash={str(tok.get('hash'))[:16]})")
+    print()
+    print(f"{'component':<{w}}  {'tokens':>16}  {'documents':>13}  {'chunks':>8}  state     path")
+    for c in comps:
+        state = "finished" if c["finished"] else "BUILDING"
+        print(f"{c['name']:<{w}}  {c['tokens']:>16,}  {c['documents']:>13,}  {c['chunks']:>8,}  {state:<8}  "
+              f"{c['path']}")
+    print()
+    heads = (f"{'from batch ' + format(g['start_batch'], ','):>18}" for g in info["segments"])
+    print(f"{'weights':<{w}}  " + "  ".join(heads))
+    for n in names:
+        print(f"{n:<{w}}  " + "  ".join(f"{g['weights'][n]:>18.4f}" for g in info["segments"]))
+    st = info.get("steps")
+    if st is not None:
+        print()
+        print(f"{st['steps']:,} steps x batch_size {st['batch_size']} (seq_len {st['seq_len']}, ideal_readers "
+              f"{st['ideal_readers']}): {st['examples']:,} examples, {st['examples'] * st['seq_len']:,} tokens")
+        print(f"{'component':<{w}}  {'examples':>16}  {'tokens':>18}  passes")
+        for c in comps:
+            passes = "-" if c["passes"] is None else f"{c['passes']:.3f}"
+            note = "" if c["finished"] else "  (of the tokens written so far: the build is running)"
+            print(f"{c['name']:<{w}}  {c['examples_drawn']:>16,}  {c['tokens_drawn']:>18,}  {passes}{note}")
+    return 0
+
+
 def cmd_inspect(args) -> int:
+    if is_mixture_path(args.path):
+        return cmd_inspect_mixture(args)
     cache = Cache(args.path)
     t = cache.table
     n = len(t)
@@ -139,8 +210,22 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    q = sub.add_parser("inspect", help="documents, tokens, chunks, tokenizer and length percentiles")
-    q.add_argument("path", help="cache root (local path or gs://bucket/cache)")
+    q = sub.add_parser("inspect", help="documents, tokens, chunks, tokenizer and length percentiles; for a "
+                                       "mixture file, each component's weights and passes",
+                       description="A cache: documents, tokens, chunks, tokenizer and length percentiles. A mixture "
+                                   "file (*.json): each component's tokens and weight per schedule segment, and "
+                                   "with --steps N how many examples, tokens and passes (epochs) over each "
+                                   "component N training steps draw (packed examples of --seq_len tokens).")
+    q.add_argument("path", help="cache root (local path or gs://bucket/cache), or a mixture file (*.json)")
+    q.add_argument("--steps", type=int, default=None,
+                   help="mixture: show what N global batches draw from each component")
+    q.add_argument("--seq_len", type=int, default=ReadOptions.seq_len,
+                   help=f"mixture with --steps: tokens per example (default {ReadOptions.seq_len})")
+    q.add_argument("--batch_size", type=int, default=ReadOptions.batch_size,
+                   help=f"mixture with --steps: GLOBAL batch size, also where schedule segments start "
+                        f"(default {ReadOptions.batch_size})")
+    q.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
+                   help=f"mixture with --steps: R* of the run (default {ReadOptions.ideal_readers})")
     q.add_argument("--max_chunks", type=int, default=1000,
                    help="read document lengths (for the percentiles) from at most this many chunks, spread "
                         "evenly over the cache (default 1000; 0 = all). Counts always cover every chunk.")
@@ -159,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    f"{', '.join(BATCH_KEYS)}, plus batch_index [count] and rows (this reader's "
                                    "row numbers within each global batch). Same arguments as the training "
                                    "run give the same arrays.")
-    b.add_argument("path", help="cache root (local path or gs://bucket/cache)")
+    b.add_argument("path", help="cache root (local path or gs://bucket/cache), or a mixture file (*.json)")
     b.add_argument("--seq_len", type=int, required=True, help="tokens per example (L)")
     b.add_argument("--batch_size", type=int, required=True, help="GLOBAL batch size (B)")
     b.add_argument("--unpacked", action="store_true", help="one document piece per row instead of packing")

@@ -31,6 +31,7 @@ from .unpacked import UnpackedIndex
 # per call: a few hundred small numpy operations whatever the size)
 _SOURCE_BATCHES_AHEAD = 32
 _SOURCE_CACHE = 4096  # arrays of source indices kept
+_SOURCE_WINDOWS = 4  # windows of source indices kept (``ahead``: mixture components)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,9 @@ class Placement:
       first_positions: int64 [k] (unpacked) or None (packed: derived from the documents' starts).
       spill: packed rows whose tokens do not lie in one chunk: ``{k: [(epoch, chunk, lo, hi), ...]}``,
         the row's pieces in order (fewer than L tokens at the end of an eval pass).
+      components: int32 [n]: each row's mixture component (-1 for padding rows), or None: a single
+        cache (component 0). In a mixture, ``chunks`` are the mixture's chunk ids (see
+        :mod:`reader.mixture_io`) and ``streams``/``positions``/``epochs`` the components' own.
     """
 
     examples: np.ndarray
@@ -62,6 +66,7 @@ class Placement:
     lengths: np.ndarray
     first_positions: np.ndarray | None
     spill: dict[int, list[tuple[int, int, int, int]]]
+    components: np.ndarray | None = None
 
 
 class ExampleOrder:
@@ -72,13 +77,24 @@ class ExampleOrder:
       options: the :class:`reader.ReadOptions`.
       store: the chunk store; unpacked examples need their chunks' document lengths from it.
       rows: the rows of each global batch this reader serves (a hint: the cipher runs ahead for them).
+      ahead: for a component of a mixture (whose examples are not whole batches): the cipher answers
+        are computed for windows of this many examples ahead of those asked for, on the arithmetic
+        progression this reader's examples lie on (see :meth:`sources`).
     """
 
-    def __init__(self, cache: Cache, options: ReadOptions, store: ChunkStore, rows: np.ndarray):
+    def __init__(self, cache: Cache, options: ReadOptions, store: ChunkStore, rows: np.ndarray,
+                 ahead: int | None = None):
         self.cache = cache
         self.options = options
         self.store = store
         self.rows = rows
+        self.ahead = ahead
+        # rows i = rho (mod n) of every batch: examples of stream s = i mod R* = rho (mod g), g = gcd(n, R*),
+        # and a shuffle with lanes = R* keeps that (a mixture component's examples k = s (mod R*) too)
+        n = int(np.gcd.reduce(np.append(np.diff(rows), options.batch_size))) if rows.size else 1
+        self._step = int(np.gcd(n, options.num_streams))
+        self._residue = int(rows[0]) % self._step if rows.size else 0
+        self._windows: list[tuple[int, np.ndarray]] = []
         self.shuffle = options.shuffle_config()
         self.unpacked = None if options.packed else UnpackedIndex(cache, options.seq_len,
                                                                   index_cache=options.index_cache)
@@ -135,6 +151,8 @@ class ExampleOrder:
         """
         if self.shuffle is None:
             return exs
+        if self.ahead is not None:
+            return [self._window_sources(ex) for ex in exs]
         keys = [(int(ex[0]), ex.size, ex.tobytes()) if ex.size else None for ex in exs]
         with self._lock:
             got = [self._sources.get(k) for k in keys]
@@ -164,6 +182,29 @@ class ExampleOrder:
         for i, src in zip(todo, parts):
             got[i] = src
         return got
+
+    def _window_sources(self, ex: np.ndarray) -> np.ndarray:
+        """``pi(ex)`` from a window of answers computed ahead: ``pi`` of ``k0, k0 + g, ..., k0 + g m`` for
+        ``m`` reaching ``ahead`` examples past ``ex``; a few windows are kept (reads and prefetch plans
+        ask for different places)."""
+        if not ex.size:
+            return ex
+        g = self._step
+        with self._lock:
+            wins = list(self._windows)
+        for k0, arr in wins:
+            d = ex - k0
+            if int(d.min()) >= 0 and int(d.max()) // g < arr.size and not (d % g).any():
+                return arr[d // g]
+        if ((ex - self._residue) % g).any():  # not this reader's progression (rows a loader names)
+            return np.asarray(shuffle_example_indices(ex, self.shuffle), dtype=np.int64)
+        k0 = int(ex.min())
+        m = (int(ex.max()) - k0 + self.ahead) // g + 1
+        arr = np.asarray(shuffle_example_indices(k0 + g * np.arange(m, dtype=np.int64), self.shuffle), dtype=np.int64)
+        arr.setflags(write=False)
+        with self._lock:
+            self._windows = ([(k0, arr)] + self._windows)[:_SOURCE_WINDOWS]
+        return arr[(ex - k0) // g]
 
     def _regular_batch(self, ex: np.ndarray) -> int | None:
         """``b`` if ``ex`` is ``b * B + rows``, else None."""

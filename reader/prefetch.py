@@ -13,6 +13,7 @@ anyway. Errors are left for the real read to report: a prefetch never fails a ru
 
 from __future__ import annotations
 
+import bisect
 import collections
 import concurrent.futures as cf
 import math
@@ -81,24 +82,50 @@ class Prefetcher:
     def prefetch(self, b: int, rows=None, count: int = 1) -> list[cf.Future]:
         """Start loading what rows ``rows`` (default: this reader's) of batches ``b .. b+count-1`` need;
         return the background tasks' futures at once."""
+        B = self.options.batch_size
+        mine = rows is None
+        rows = self.rows if mine else np.asarray(rows, dtype=np.int64).reshape(-1)
+        return self.prefetch_examples([(b + i) * B + rows for i in range(count)], whole=mine)
+
+    def prefetch_examples(self, exs: list[np.ndarray], whole: bool = True) -> list[cf.Future]:
+        """Start loading what examples ``exs`` (arrays, in reading order) need; ``whole``: they are this
+        reader's rows of some batches (or a mixture's items of one component in them), so whole mixes
+        may be loaded. Returns the background tasks' futures at once."""
+        exs = [e for e in exs if e.size]
+        if not exs:
+            return []
         try:
-            if rows is None and self.whole_mixes:
-                return self._prefetch_mixes(b, count)
-            rows = self.rows if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
-            plan = self.order.plan([(b + i) * self.options.batch_size + rows for i in range(count)])
+            if whole and self.whole_mixes:
+                return self._prefetch_mixes(exs)
+            plan = self.order.plan(exs)
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
             return []
         last_row = -1
-        if self.release.by_mix and rows.size:
-            last_row = ((b + count - 1) * self.options.batch_size + int(rows.max())) // self.order.shuffle.lanes
-        return [self.store.submit(self._load_chunk_part, c, offs, last_row) for c, offs in plan]
+        if self.release.by_mix:
+            last_row = max(int(e.max()) for e in exs) // self.order.shuffle.lanes
+        futs = []
+        for c, offs in plan:
+            if self.order.unpacked is None:  # packed: skip a chunk whose row groups are all there (or loading)
+                meta = self.store.cached_meta(c)
+                if meta is not None and not self._missing(c, meta.rg_token_starts_list, offs):
+                    continue
+            futs.append(self.store.submit(self._load_chunk_part, c, offs, last_row))
+        return futs
 
-    def _prefetch_mixes(self, b: int, count: int) -> list[cf.Future]:
-        """Load the row groups of every mix that batches ``b .. b+count-1`` (this reader's rows) reach
-        and that is not loaded yet: one background task per chunk."""
-        cfg, B = self.order.shuffle, self.options.batch_size
-        t = (b * B + int(self.rows.min())) // cfg.lanes
-        t_end = ((b + count - 1) * B + int(self.rows.max())) // cfg.lanes
+    def _missing(self, c: int, starts: list[int], tokens: np.ndarray) -> list[int]:
+        """Row groups holding ``tokens`` of chunk ``c`` that are neither cached nor loading (the cached ones
+        are marked used), past those the reads have released. (A plan names a few tokens per chunk:
+        bisect over the row-group starts costs less than numpy's per-call overhead.)"""
+        done = self.release.released_before(c)  # a plan the reads have overtaken: already used
+        groups = sorted({g for g in (bisect.bisect_right(starts, t) - 1 for t in tokens.tolist()) if g >= done})
+        return self.store.touch_row_groups(c, groups)
+
+    def _prefetch_mixes(self, exs: list[np.ndarray]) -> list[cf.Future]:
+        """Load the row groups of every mix that examples ``exs`` reach and that is not loaded yet: one
+        background task per chunk."""
+        cfg = self.order.shuffle
+        t = min(int(e.min()) for e in exs) // cfg.lanes
+        t_end = max(int(e.max()) for e in exs) // cfg.lanes
         futs: list[cf.Future] = []
         while t <= t_end:
             with self._lock:
@@ -118,14 +145,12 @@ class Prefetcher:
                             self._mixes.popitem(last=False)
                 if new:
                     try:
-                        # first what the planned batches of the mix need (the pool runs tasks in order),
-                        # then the rest of the mix
-                        b0 = max(b, lo * cfg.lanes // B)
-                        n = min(b + count, -(-hi * cfg.lanes // B)) - b0
-                        if n > 0:
-                            plan = self.order.plan([(b0 + i) * B + self.rows for i in range(n)])
+                        # first what the planned examples in the mix need (the pool runs tasks in
+                        # order), then the rest of the mix
+                        inside = [e for e in exs if int(e.min()) // cfg.lanes < hi and int(e.max()) // cfg.lanes >= lo]
+                        if inside:
                             futs.extend(self.store.submit(self._load_chunk_part, c, offs, hi - 1)
-                                        for c, offs in plan)
+                                        for c, offs in self.order.plan(inside))
                         futs.extend(self._prefetch_mix(lo, hi))
                     except BaseException:  # e.g. NotYetAvailable during a build: try again next time
                         with self._lock:
@@ -166,10 +191,7 @@ class Prefetcher:
         if 0 <= last_row < self.release.passed_row:  # a shuffled plan the reads have overtaken
             return
         try:
-            starts = self.store.meta(c).rg_token_starts
             tokens = self.order.token_offsets(c, offs)
-            groups = np.unique(np.searchsorted(starts, tokens, side="right") - 1).tolist()
-            done = self.release.released_before(c)  # a plan the reads have overtaken: already used
-            self.store.warm_row_groups(c, [g for g in groups if g >= done] if done else groups)
+            self.store.warm_row_groups(c, self._missing(c, self.store.meta(c).rg_token_starts_list, tokens))
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
             pass

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import os
 import weakref
 from typing import Iterator
 
@@ -30,6 +31,8 @@ import numpy as np
 
 from .assemble import SLAB_BATCHES, Assembler
 from .cache import Cache
+from .mixture_file import is_mixture_path
+from .mixture_io import open_mixture
 from .options import ReadOptions
 from .order import ExampleOrder
 from .prefetch import Prefetcher
@@ -43,7 +46,9 @@ class Reader:
     """Reads GLOBAL batches (or this reader's rows of them) of a cache; see the module docstring.
 
     Args:
-      cache: cache root (local path or fsspec URL such as ``gs://b/cache``) or an open :class:`Cache`.
+      cache: cache root (local path or fsspec URL such as ``gs://b/cache``), an open :class:`Cache`, or a
+        mixture file (``*.json``, :mod:`reader.mixture`): rows then come from several caches by weight,
+        each row's ``components`` naming its cache.
       options: :class:`ReadOptions`.
       num_readers, reader_index: this host is reader ``reader_index`` of ``num_readers`` (R, r).
       wait_timeout_s: while the build runs, how long to wait for a chunk that is not written yet before
@@ -56,13 +61,20 @@ class Reader:
 
     Attributes: ``options``, ``cache``, ``store`` (I/O counters: ``bytes_fetched``, ``fetches``, ...),
     ``order`` (which tokens each example is), ``my_rows`` (the rows of each global batch served here).
+    For a mixture, ``cache`` is the :class:`reader.mixture.Mixture` (its component caches in
+    ``cache.caches``), ``store`` a :class:`reader.mixture_io.MixtureStore` (``store.stores``) and
+    ``order`` a :class:`reader.mixture.MixtureOrder`.
     """
 
     def __init__(self, cache: str | Cache, options: ReadOptions | None = None, num_readers: int = 1,
                  reader_index: int = 0, wait_timeout_s: float = 600.0, *, poll_interval_s: float = 1.0,
                  storage_options: dict | None = None, serve_rows=None):
         self.options = opts = options or ReadOptions()
-        self.cache = cache if isinstance(cache, Cache) else Cache(cache, storage_options=storage_options)
+        source = os.fspath(cache) if isinstance(cache, os.PathLike) else cache
+        if isinstance(source, Cache):
+            self.cache = source
+        else:
+            self.cache = None if is_mixture_path(source) else Cache(source, storage_options=storage_options)
         self.num_readers = int(num_readers)
         self.reader_index = int(reader_index)
         self.my_rows = reader_rows(opts.batch_size, self.num_readers, self.reader_index)
@@ -74,13 +86,17 @@ class Reader:
             self.my_rows = rows
         self.wait_timeout_s = float(wait_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
-        self.store = ChunkStore(self.cache, memory_budget_bytes=opts.memory_budget_bytes,
-                                threads=opts.prefetch_threads)
-        self.order = ExampleOrder(self.cache, opts, self.store, self.my_rows)
-        self.release = ReleasePolicy(self.store, self.order, opts)
+        if self.cache is None:  # a mixture file: the same parts, one per component behind each
+            self.cache, self.store, self.order, self.release, self.prefetcher = open_mixture(
+                source, opts, self.my_rows, self.num_readers, self.reader_index, storage_options=storage_options)
+        else:
+            self.store = ChunkStore(self.cache, memory_budget_bytes=opts.memory_budget_bytes,
+                                    threads=opts.prefetch_threads)
+            self.order = ExampleOrder(self.cache, opts, self.store, self.my_rows)
+            self.release = ReleasePolicy(self.store, self.order, opts)
+            self.prefetcher = Prefetcher(self.cache, self.store, self.order, opts, self.release, self.my_rows,
+                                         self.num_readers, self.reader_index)
         self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read)
-        self.prefetcher = Prefetcher(self.cache, self.store, self.order, opts, self.release, self.my_rows,
-                                     self.num_readers, self.reader_index)
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 
     def close(self) -> None:

@@ -9,9 +9,10 @@ rows and ``seq_len`` = L tokens per row holds, in this key order:
 * ``layout="flat"`` (packed only): one ``uint32 [rows, L+1]`` array ``tokens`` in seed 001's
   flat-tokens encoding and two per-row ints (:data:`FLAT_FIELDS`, decoded by :func:`expand_flat`),
   then the row fields;
-* the per-row fields of :data:`ROW_FIELDS`: ``example_ids``, ``epochs``, ``valid``.
+* the per-row fields of :data:`ROW_FIELDS`: ``example_ids``, ``epochs``, ``valid``, ``components``.
 
-A field that later work adds (a mixture's ``components`` int32 per row, say) is one more entry here.
+``components`` tells which cache of a mixture (:mod:`reader.mixture`) a row comes from; a single cache
+is a mixture of one, so its rows say 0 (and padding rows -1, in both).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ ROW_ARRAYS = (
     _f("example_ids", np.int64, None, "global example index served in the row (-1: padding)"),
     _f("epochs", np.int64, None, "epoch of the row's first token (-1: padding)"),
     _f("valid", np.bool_, None, "False for the padding rows at the end of an eval pass"),
+    _f("components", np.int32, None, "the row's component in a mixture (its index in the mixture file); "
+                                     "0 for a single cache; -1: padding"),
 )
 
 TOKEN_FIELDS = tuple(f.name for f in TOKEN_ARRAYS)

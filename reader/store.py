@@ -36,8 +36,9 @@ _RETIRED_SCAN = 16  # retired buffers of a size looked at per decode (those stil
 _BUFFER_STEP = 16384  # decode buffers are sized in steps of 64 KiB, so similar row groups share them
 
 
-def _shutdown(pool: cf.ThreadPoolExecutor, files: dict, lock: threading.Lock) -> None:
-    pool.shutdown(wait=False, cancel_futures=True)
+def _shutdown(pool: cf.ThreadPoolExecutor | None, files: dict, lock: threading.Lock) -> None:
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
     with lock:
         for f in files.values():
             f.close()
@@ -45,9 +46,18 @@ def _shutdown(pool: cf.ThreadPoolExecutor, files: dict, lock: threading.Lock) ->
 
 
 class ChunkStore:
-    """Verified, decoded row groups (and per-chunk layouts) in an LRU bounded by ``memory_budget_bytes``."""
+    """Verified, decoded row groups (and per-chunk layouts) in an LRU bounded by ``memory_budget_bytes``.
 
-    def __init__(self, cache: Cache, *, memory_budget_bytes: int = 1 << 30, threads: int = 2):
+    Args:
+      cache: the open cache.
+      memory_budget_bytes: bound on decoded row groups and chunk layouts kept.
+      threads: background threads for :meth:`submit` (prefetch work).
+      executor: a thread pool to use instead of starting ``threads`` (the stores of a mixture's
+        components share one); the store does not shut it down.
+    """
+
+    def __init__(self, cache: Cache, *, memory_budget_bytes: int = 1 << 30, threads: int = 2,
+                 executor: cf.ThreadPoolExecutor | None = None):
         self.cache = cache
         self.budget = int(memory_budget_bytes)
         self._lock = threading.Lock()
@@ -70,13 +80,14 @@ class ChunkStore:
         self._retired_count = 0
         self._retired_bytes = 0
         self.fresh_buffers = 0  # decode buffers allocated (the rest were reused)
-        self._pool = cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
+        own = executor is None
+        self._pool = executor or cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
         # Local caches: byte ranges are os.pread() calls on descriptors kept open (fsspec opens the file
         # for every range, which costs as much as reading a row group). Other filesystems use fsspec.
         self._files: collections.OrderedDict[str, io.FileIO] = collections.OrderedDict()
         self._local = cache.is_local
         # a store dropped without close() still stops its threads and closes its files
-        self._closer = weakref.finalize(self, _shutdown, self._pool, self._files, self._lock)
+        self._closer = weakref.finalize(self, _shutdown, self._pool if own else None, self._files, self._lock)
 
     def close(self) -> None:
         self._closer()
@@ -248,9 +259,9 @@ class ChunkStore:
     def row_group(self, index: int, group: int) -> RowGroup:
         return self._get(("rg", index, group), lambda: self._load_row_group(index, group))
 
-    def warm_row_groups(self, index: int, groups) -> None:
-        """Prefetch: load row groups ``groups`` of chunk ``index``, skipping those cached (they count as
-        used) and those another thread is loading (so the prefetch threads decode different row groups)."""
+    def touch_row_groups(self, index: int, groups) -> list[int]:
+        """Of row groups ``groups`` of chunk ``index``: mark the cached ones used (LRU) and return the others
+        that no thread is loading, i.e. what a prefetch still has to load."""
         todo = []
         with self._lock:
             lru, inflight = self._lru, self._inflight
@@ -260,7 +271,12 @@ class ChunkStore:
                     lru.move_to_end(key)
                 elif key not in inflight:
                     todo.append(group)
-        for group in todo:
+        return todo
+
+    def warm_row_groups(self, index: int, groups) -> None:
+        """Prefetch: load row groups ``groups`` of chunk ``index``, skipping those cached (they count as
+        used) and those another thread is loading (so the prefetch threads decode different row groups)."""
+        for group in self.touch_row_groups(index, groups):
             self._get(("rg", index, group), lambda: self._load_row_group(index, group), wait=False)
 
     def row_groups(self, keys) -> dict[tuple[int, int], RowGroup]:

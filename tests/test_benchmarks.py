@@ -25,6 +25,7 @@ REQUIRED = [
     "pipeline_vs_raw", "pipeline_hf_vs_raw_hf", "pipeline_vs_hf_datasets", "pipeline_hf_vs_hf_datasets",
     "pipeline_scaling_2_vs_1", "reader_vs_memmap", "reader_tokens_per_s", "memmap_tokens_per_s",
     "reader_shuffled_vs_memmap", "reader_shuffled_tokens_per_s", "memmap_shuffled_tokens_per_s",
+    "reader_mixture_vs_single", "reader_mixture_shuffled_vs_single", "mixture_open_vs_ledgers",
     "reader_1p_vs_memmap", "reader_shuffled_1p_vs_memmap", "reader_workers_peak_rss_mb",
     "seek_far_vs_near", "ledger_open_s_100k", "bytes_per_token", "pipeline_peak_rss_mb",
     "pipeline_peak_rss_mb_small_shards", "pipeline_peak_rss_ratio_4x_shards", "reader_peak_rss_mb",
@@ -76,14 +77,14 @@ def test_quick_suite_produces_every_figure(tmp_path):
     details = json.loads((tmp_path / "quick-details.json").read_text())
     assert details["profile"] == "quick" and details["samples"]
     # The machine's own 2-vs-1 scaling is measured beside ours, and a speed probe ran before every
-    # measured command (limit x4, builds x4, HF datasets x2, raw HF, reader), each shown in the report.
+    # measured command (limit x4, builds x4, HF datasets x2, raw HF, reader, mixture), each shown in the report.
     assert fig["limit_1p_tokens_per_s"] > 0 and fig["limit_scaling_2_vs_1"] > 0
     assert math.isclose(fig["pipeline_scaling_vs_limit_scaling"],
                         fig["pipeline_scaling_2_vs_1"] / fig["limit_scaling_2_vs_1"])
     probes = details["speed_probes"]
     labels = [q["label"] for q in probes]
     assert labels.count("benchmarks.baselines limit") == 3 and "benchmarks.baselines limit --first_half" in labels
-    assert len(probes) == 12 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
+    assert len(probes) == 13 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
     assert 0 < fig["probe_compute_min_vs_max"] <= 1 and 0 < fig["probe_memory_min_vs_max"] <= 1
     assert "### Machine speed during the run" in text and text.count("| benchmarks.baselines limit |") == 3
     # Quick mode never touches the committed figures.

@@ -16,7 +16,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 MAX_LINES = 450
 # batch keys: a tuple or list literal naming several of them outside reader/schema.py is a second schema
 SCHEMA_KEYS = {"inputs", "targets", "segment_ids", "positions", "loss_mask", "tokens", "first_positions",
-               "num_tokens", "example_ids", "epochs", "valid"}
+               "num_tokens", "example_ids", "epochs", "valid", "components"}
 
 
 def read_modules(root: str = ROOT) -> dict[str, str]:
