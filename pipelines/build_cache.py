@@ -187,11 +187,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     debug = "--debug" in argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
-    recent, saved_level = faults.RecentLogs(), root.level
+    recent, saved_level, quiet = faults.RecentLogs(), root.level, faults.HideRunnerTracebacks()
+    consoles = [h for h in root.handlers if isinstance(h, logging.StreamHandler)]
     root.addHandler(recent)
     if debug:
         root.setLevel(logging.INFO)
     else:
+        for h in consoles:
+            h.addFilter(quiet)
         # Worker start-up notices forwarded by the local job service (harmless, and noisy on every run).
         logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     trace.event("launcher_imported", gc_enabled=gc.isenabled(), gc_frozen=gc.get_freeze_count())
@@ -220,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         root.removeHandler(recent)
         root.setLevel(saved_level)
+        for h in consoles:
+            h.removeFilter(quiet)
     trace.event("launcher_exit")
 
 

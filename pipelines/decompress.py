@@ -33,6 +33,7 @@ ZSTD_MAGIC = 0xFD2FB528
 ZSTD_SKIPPABLE_MASK, ZSTD_SKIPPABLE_MAGIC = 0xFFFFFFF0, 0x184D2A50
 _DID_BYTES = (0, 1, 2, 4)  # Dictionary_ID field size by its 2-bit flag
 _FCS_BYTES = (0, 2, 4, 8)  # Frame_Content_Size field size by its 2-bit flag (flag 0: 1 byte if single segment)
+READ_PIECE = 64 << 10  # uncompressed bytes asked of a decoder at a time: the resolution of a damage's offset
 
 
 class ZstdFrameChecker:
@@ -143,20 +144,28 @@ class CheckedInput(io.RawIOBase):
         return True
 
     def read(self, n: int = -1) -> bytes:
-        try:
-            data = self._decoder.read(n)
-        except (EOFError, gzip.BadGzipFile, zlib.error, ValueError) as e:
-            raise DamagedInput(self.path, self.position, _reason(e)) from e
-        except Exception as e:  # zstandard.ZstdError (imported lazily)
-            if type(e).__name__ == "ZstdError":
-                raise DamagedInput(self.path, self.position, f"zstd: {e}") from e
-            raise
-        if not data and self._checker is not None and n != 0 and not self._checker.complete:
+        if n is None or n < 0:
+            return b"".join(iter(lambda: self.read(READ_PIECE), b""))
+        pieces, got = [], 0
+        while got < n:  # in pieces, so that an error's offset is exact to a piece
+            try:
+                data = self._decoder.read(min(n - got, READ_PIECE))
+            except (EOFError, gzip.BadGzipFile, zlib.error, ValueError) as e:
+                raise DamagedInput(self.path, self.position + got, _reason(e)) from e
+            except Exception as e:  # zstandard.ZstdError (imported lazily)
+                if type(e).__name__ == "ZstdError":
+                    raise DamagedInput(self.path, self.position + got, f"zstd: {e}") from e
+                raise
+            if not data:
+                break
+            pieces.append(data)
+            got += len(data)
+        if not got and n and self._checker is not None and not self._checker.complete:
             raise DamagedInput(self.path, self.position,
                                f"the zstd stream ends inside a frame (truncated after {self._checker.offset} "
                                "compressed bytes)")
-        self.position += len(data)
-        return data
+        self.position += got
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def readinto(self, b) -> int:
         data = self.read(len(b))

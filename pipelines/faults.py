@@ -96,6 +96,16 @@ class RecentLogs(logging.Handler):
             pass
 
 
+class HideRunnerTracebacks(logging.Filter):
+    """Keeps the console to the point: a worker's error that a runner logs with its traceback (the launcher
+    reports its cause in one or two lines, and :class:`RecentLogs` keeps the record for the log file)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not record.name.startswith("apache_beam"):
+            return True
+        return not (record.exc_info or "Traceback (most recent call last)" in record.getMessage())
+
+
 def write_log(exc: BaseException, argv: Sequence[str], recent: RecentLogs | None) -> str | None:
     """Write the command, the recent log records and the traceback to a file; its path (None if impossible)."""
     name = f"chunkledger-build-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"

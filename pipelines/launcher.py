@@ -20,7 +20,7 @@ from reader import format as fmt
 
 from . import faults, fsutil, remote, status
 from .decompress import open_input
-from .errors import BuildError, EnvironmentFault
+from .errors import BuildError, DamagedInput, EnvironmentFault
 from .ledger import EmptyInput
 from .options import Arguments, absolute, chunk_config, is_remote
 from .plan import BuildPlan, MatchedFile, make_plan, reconcile
@@ -84,6 +84,8 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
         try:
             with open_input(path, comp) as f:
                 f.read(1)
+        except DamagedInput as e:
+            return str(e)
         except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
             return (f"input file {path} is not readable as {comp} ({type(e).__name__}: {e}); "
                     "fix its permissions/contents or leave it out of --input")
