@@ -35,6 +35,7 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+import threading
 import time
 from typing import Any, Sequence
 
@@ -190,11 +191,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     recent, saved_level, quiet = faults.RecentLogs(), root.level, faults.HideRunnerTracebacks()
     consoles = [h for h in root.handlers if isinstance(h, logging.StreamHandler)]
     root.addHandler(recent)
+    saved_hook = threading.excepthook
     if debug:
         root.setLevel(logging.INFO)
     else:
         for h in consoles:
             h.addFilter(quiet)
+        threading.excepthook = recent.thread_exception  # a runner's threads dying with a killed worker
         # Worker start-up notices forwarded by the local job service (harmless, and noisy on every run).
         logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     trace.event("launcher_imported", gc_enabled=gc.isenabled(), gc_frozen=gc.get_freeze_count())
@@ -225,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         root.setLevel(saved_level)
         for h in consoles:
             h.removeFilter(quiet)
+        threading.excepthook = saved_hook
     trace.event("launcher_exit")
 
 

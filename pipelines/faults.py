@@ -95,6 +95,12 @@ class RecentLogs(logging.Handler):
         except Exception:  # noqa: BLE001 - logging must never fail the build
             pass
 
+    def thread_exception(self, args) -> None:
+        """A ``threading.excepthook``: a runner thread's dying traceback goes here, not to the console."""
+        text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+        name = args.thread.name if args.thread is not None else "?"
+        self.records.append(f"{time.strftime('%Y-%m-%d %H:%M:%S')} exception in thread {name}:\n{text}")
+
 
 class HideRunnerTracebacks(logging.Filter):
     """Keeps the console to the point: a worker's error that a runner logs with its traceback (the launcher

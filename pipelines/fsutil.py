@@ -79,12 +79,14 @@ def _write_atomic(path: str, fill) -> None:
             fill(f)
         finally:
             f.close()
-    except BaseException:
+    except BaseException as e:
         # A full disk or a lost connection: give the space back now (a crash leaves it to the next run).
         try:
             FileSystems.delete([tmp])
         except Exception:  # noqa: BLE001 - the original error matters, not this one
             pass
+        if isinstance(e, OSError) and e.errno and not e.filename:
+            raise OSError(e.errno, e.strerror, path) from e  # name the file (a write() error does not)
         raise
     FileSystems.rename([tmp], [path])
 

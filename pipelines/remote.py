@@ -90,11 +90,11 @@ def check_access(urls: Iterable[str]) -> None:
             raise EnvironmentFault(f"gs://{bucket}: access denied ({who}): {_short(e)}. "
                                    f"{CREDENTIALS_HINT}") from e
         except Exception as e:  # noqa: BLE001 - RetryError, connection errors: all mean "not reachable"
-            why = f"{anonymous}, and " if anonymous else ""
+            why = f"; {anonymous}" if anonymous else ""
             raise EnvironmentFault(
-                f"gs://{bucket}: Cloud Storage did not answer ({why}gave up after {time.time() - t0:.1f}s, "
-                f"requests of at most {REQUEST_SECONDS:.0f}s retried for at most {CHECK_SECONDS:.0f}s): "
-                f"{_short(e)}. {CREDENTIALS_HINT}") from e
+                f"gs://{bucket}: Cloud Storage did not answer within {time.time() - t0:.1f}s (requests of at most "
+                f"{REQUEST_SECONDS:.0f}s, retried for at most {CHECK_SECONDS:.0f}s{why}): {_short(e)}. "
+                f"{CREDENTIALS_HINT}") from e
 
 
 def crc32c_of(paths: Iterable[str], patterns: Iterable[str]) -> dict[str, str]:
