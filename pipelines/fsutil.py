@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-import time
 import uuid
-from typing import Any, BinaryIO, Iterator
+from typing import BinaryIO, Iterator
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -251,15 +250,3 @@ class SpanHasher:
         start = end if self._start is None else self._start
         return [start, end], "sha256:" + self._h.hexdigest()
 
-
-def describe(path: str) -> dict[str, Any]:
-    """What a filesystem says about ``path`` (size, modification time), for messages; {} if unknown."""
-    try:
-        res = FileSystems.match([path])[0].metadata_list
-    except Exception:  # noqa: BLE001
-        return {}
-    if not res:
-        return {}
-    m = res[0]
-    return {"size": m.size_in_bytes, "modified": time.strftime("%Y-%m-%d %H:%M:%S",
-                                                                time.localtime(m.last_updated_in_seconds or 0))}

@@ -83,7 +83,8 @@ class BuildLock:
 
 
 def _refuse(output: str, holder: dict) -> BuildError:
-    who = f"process {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+    who = (f"process {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}" if holder
+           else "a launcher writing its lock just now")
     return BuildError(
         f"another build ({who}) is writing into {output}. Wait for it to finish, or stop it, then rerun the "
         f"same command. If no build is running there any more (its machine went down), delete "
