@@ -26,7 +26,7 @@ LEVELED_CODECS = ("zstd", "gzip", "brotli")
 # drown the build in per-file overhead. CHUNKLEDGER_MIN_CHUNK_BYTES lowers the floor (tests, tiny examples).
 MIN_CHUNK_BYTES = 64 << 10
 MAX_CHUNK_BYTES = 4 << 30  # a worker holds one chunk's Parquet bytes (~1/4 of its input) in memory
-MIN_ROW_GROUP_TOKENS = 1 << 10  # smaller row groups cost more in Parquet headers than they hold
+MIN_ROW_GROUP_TOKENS = 256  # smaller row groups cost more in Parquet headers than they hold
 MAX_ROW_GROUP_TOKENS = 1 << 28  # int32 list offsets of one row group; a reader decodes a whole row group
 # Our options' near-misses among the arguments left over (an unknown option is an error either way).
 SUGGEST_CUTOFF = 0.6
@@ -112,7 +112,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         "64KiB to 4GiB.")
     p.add_argument("--row_group_tokens", type=parse_row_group_tokens, default=DEFAULT_ROW_GROUP_TOKENS,
                    metavar="N",
-                   help="Cut a Parquet row group once it holds at least N tokens (default 131072, from 1024 to "
+                   help="Cut a Parquet row group once it holds at least N tokens (default 131072, from 256 to "
                         "2^28); the unit a reader fetches (by byte range) and decodes at a time.")
     p.add_argument("--parquet_compression", default=DEFAULT_COMPRESSION,
                    choices=["zstd", "snappy", "gzip", "lz4", "brotli", "none"],

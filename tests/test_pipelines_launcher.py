@@ -27,7 +27,12 @@ def test_match_inputs_sorts_paths_and_reads_sizes(tmp_path):
         match_inputs([str(tmp_path / "nothing*")])
 
 
-def test_links_and_duplicate_patterns_are_one_shard_with_a_note(tmp_path, caplog):
+def test_links_and_duplicate_patterns_are_one_shard_with_a_note(tmp_path, caplog, monkeypatch):
+    import logging
+
+    # a library configuring logging earlier in the session may have disabled existing loggers
+    monkeypatch.setattr(logging.getLogger("chunkledger.build"), "disabled", False)
+    caplog.set_level(logging.WARNING, logger="chunkledger.build")
     a = write_shard(str(tmp_path / "in" / "a.jsonl"), [{"text": "one"}])
     os.symlink(a, tmp_path / "in" / "z-link.jsonl")
     os.link(a, tmp_path / "in" / "y-hard.jsonl")
