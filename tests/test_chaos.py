@@ -77,12 +77,22 @@ def argv(inputs: str, out: str, *extra: str) -> list[str]:
             "--max_bad_fraction", "1.0", "--runner=FnApiRunner", *extra]
 
 
-def cli(args: list[str], kill_at: str | None = None, **popen) -> subprocess.Popen:
+LOG_DIR = ""  # the builders' failure logs go here, not to the system's temporary directory
+
+
+@pytest.fixture(scope="module", autouse=True)
+def log_dir(tmp_path_factory):
+    global LOG_DIR
+    LOG_DIR = str(tmp_path_factory.mktemp("chaos_logs"))
+    yield LOG_DIR
+
+def cli(args: list[str], kill_at: str | None = None, env: dict | None = None) -> subprocess.Popen:
     """The command-line build in a subprocess (``kill_at``: SIGKILL it at that write, see tests/kill_at.py)."""
     cmd = [sys.executable, os.path.join(REPO, "tests", "kill_at.py"), kill_at] if kill_at else \
         [sys.executable, "-m", "pipelines.build_cache"]
+    env = dict(env or os.environ, TMPDIR=LOG_DIR)
     return subprocess.Popen([*cmd, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **popen)
+                            env=env)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
@@ -317,7 +327,9 @@ def test_read_only_output_and_output_that_is_a_file(corpus, tmp_path):
         _umount(mnt)
     errors = [ln for ln in text.splitlines() if not ln.startswith("WARNING")]
     assert code == 1 and errors[0].startswith(f"error: read-only file system: {mnt}/cache"), text
-    assert len(errors) == 2 and errors[1].startswith("(details: "), text
+    assert len(errors) == 2 and errors[1].startswith(f"(details: {LOG_DIR}/chunkledger-build-"), text
+    log = errors[1][len("(details: "):].split(";")[0]
+    assert "Traceback" in open(log).read()  # the traceback the console did not show
     record("read-only --output", "exit 1, path named, log file named")
     (tmp_path / "afile").write_text("x")
     code, text = finish(cli(argv(str(corpus / "*"), str(tmp_path / "afile"))))
