@@ -20,8 +20,14 @@ Steps:
    ledger with ``"finished": true`` (a pure function of the inputs and the configuration), or
    ``_FAILED.json``. :func:`run` reads that verdict once the runner returns or raises.
 
-Options not listed by ``--help`` are passed to Beam (``--runner``, ``--project``, ...). Without
-``--runner`` the local DirectRunner runs with one worker process per CPU.
+Options not listed by ``--help`` are passed to Beam (``--runner``, ``--project``, ...); an option that
+is neither ours nor Beam's is an error. Without ``--runner`` the local DirectRunner runs with one worker
+process per CPU.
+
+Exit codes: 0 finished; 2 refused (bad options or input, too many bad lines, another build's cache);
+1 the environment failed (disk full, permissions, network, a worker killed) or an unexpected error:
+rerunning the same command resumes. A traceback goes to a log file named in the error (``--debug``
+prints it instead).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+import threading
 import time
 from typing import Any, Sequence
 
@@ -42,11 +49,11 @@ if __name__ == "__main__":
 
 import apache_beam as beam  # noqa: E402
 
-from . import status  # noqa: E402
-from .errors import BuildError  # noqa: E402
-from .launcher import prepare  # noqa: E402
-from .options import build_arg_parser, parse_args, pipeline_options  # noqa: E402
-from .transforms import BuildCache  # noqa: E402
+from . import faults, lock, status  # noqa: E402
+from .errors import BuildError, EnvironmentFault  # noqa: E402
+from .launcher import Prepared, plan_build, reconcile_output  # noqa: E402
+from .options import Arguments, build_arg_parser, parse_args, pipeline_options  # noqa: E402
+from .transforms import METRICS_NAMESPACE, BuildCache  # noqa: E402
 
 if __name__ == "__main__":
     gc.freeze()  # what was imported lives as long as the process: never walk it again
@@ -54,14 +61,46 @@ if __name__ == "__main__":
 
 __all__ = ["BuildError", "build_arg_parser", "main", "run"]
 
-def _summary(ledger: dict[str, Any], seconds: float | None, output: str) -> str:
+def _summary(ledger: dict[str, Any], output: str, run: str = "") -> str:
     t = ledger["totals"]
-    s = (f"chunkledger: {t['docs']} documents, {t['tokens']} tokens, {t['chunks']} chunks, "
-         f"{t['bad_records']} bad records, {t['uncompressed_bytes']} input bytes")
-    if seconds is not None:
-        s += f" in {seconds:.1f}s ({t['tokens'] / max(seconds, 1e-9):,.0f} tokens/s, " \
-             f"{t['uncompressed_bytes'] / max(seconds, 1e-9) / 1e6:.1f} MB/s)"
-    return s + f" -> {output}"
+    return (f"chunkledger: {t['docs']} documents, {t['tokens']} tokens, {t['chunks']} chunks, "
+            f"{t['bad_records']} bad records, {t['uncompressed_bytes']} input bytes{run} -> {output}")
+
+
+def _this_run(counters: dict[str, int] | None, seconds: float, verified: bool) -> str:
+    """What this run did: the chunks it checked, kept and rebuilt, and the throughput of the work it did."""
+    if counters is None:
+        return f"; this run took {seconds:.1f}s"
+    c = counters.get
+    written, checked, kept, rebuilt = (c("chunks_written", 0), c("chunks_checked", 0), c("chunks_skipped", 0),
+                                       c("chunks_rebuilt", 0))
+    parts = []
+    if checked:
+        changed = c("chunks_input_changed", 0)
+        why = f" ({changed} because their input changed)" if changed else ""
+        parts.append(f"checked {checked} chunks against their files and inputs: kept {kept}, rebuilt {rebuilt}{why}")
+    if written or not checked:
+        rate = (f" ({c('tokens', 0) / max(seconds, 1e-9):,.0f} tokens/s, "
+                f"{c('input_bytes', 0) / max(seconds, 1e-9) / 1e6:.1f} MB/s)" if written else "")
+        parts.append(f"built {written} chunks, {c('tokens', 0)} tokens{rate}")
+    if verified and not written:
+        parts.append("already complete")
+    return f"; this run in {seconds:.1f}s: " + "; ".join(parts)
+
+
+def _counters(result) -> dict[str, int] | None:
+    """The job's ``chunkledger`` counters, or None where the runner does not report metrics."""
+    try:
+        from apache_beam.metrics.metric import MetricsFilter
+
+        found = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+        out: dict[str, int] = {}
+        for m in found:
+            value = m.committed if m.committed is not None else m.attempted
+            out[m.key.metric.name] = out.get(m.key.metric.name, 0) + int(value or 0)
+        return out
+    except Exception:  # noqa: BLE001 - metrics are a report, never a reason to fail
+        return None
 
 
 def _only_describes_job(pipeline: beam.Pipeline) -> bool:
@@ -77,19 +116,35 @@ def _only_describes_job(pipeline: beam.Pipeline) -> bool:
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Plan, run and finalize a build. Returns ``{"ledger": ..., "summary": str, "resumed": bool, ...}``.
 
-    Raises BuildError (naming the file or option and the fix) when the build cannot start or finish.
+    Raises BuildError (naming the file or option and the fix) when the build cannot start or finish, and
+    EnvironmentFault (a BuildError) when the disk, the network or a worker failed.
     """
     args = parse_args(argv)
     t0 = time.time()
-    prepared = prepare(args)
+    planned = plan_build(args)
+    try:
+        held = lock.acquire(args.output)
+    except OSError as e:
+        raise EnvironmentFault(faults.explain(e, args.output) or f"cannot create --output {args.output}: {e}") from e
+    try:
+        return _run(args, reconcile_output(planned), t0)
+    finally:
+        held.release()
+
+
+def _run(args: Arguments, prepared: Prepared, t0: float) -> dict[str, Any]:
     output = prepared.output
-    if prepared.finished is not None:
-        summary = _summary(prepared.finished, None, output) + " (already complete; nothing to do)"
+    if prepared.old_format:
+        summary = _summary(prepared.finished, output) + (
+            " (already complete; a format 1 cache: readable as before, not verified again because its chunks "
+            "do not record the input bytes they were built from)")
         print(summary)
         return {"ledger": prepared.finished, "summary": summary, "resumed": True, "already_complete": True}
     trace.event("planned")
     p = beam.Pipeline(options=pipeline_options(args.pipeline_args))
-    _ = p | "BuildCache" >> BuildCache(output, prepared.plan, prepared.tokenizer, args.options.max_bad_fraction)
+    _ = p | "BuildCache" >> BuildCache(output, prepared.plan, prepared.tokenizer, args.options.max_bad_fraction,
+                                       allow_empty=args.options.allow_empty,
+                                       finished=prepared.finished is not None, started=t0)
     try:
         trace.event("run_start")
         result = p.run()
@@ -104,30 +159,76 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         failure = status.read_outcome(output).failure
         if failure is not None:
             raise BuildError(failure.message(output)) from e
+        cause = faults.explain(e, output)
+        if cause is not None:
+            raise EnvironmentFault(cause) from e
         raise
     trace.event("run_done")
     outcome = status.read_outcome(output)
     if outcome.failure is not None:
         raise BuildError(outcome.failure.message(output))
     if not outcome.finished:
-        raise BuildError(f"the pipeline ended but {output}/ledger.json is not finished; rerun the same command")
-    summary = _summary(outcome.ledger, time.time() - t0, output)
+        raise EnvironmentFault(f"the pipeline ended but {output}/ledger.json is not finished. {faults.RERUN}")
+    counters = _counters(result)
+    verified = prepared.finished is not None
+    summary = _summary(outcome.ledger, output, _this_run(counters, time.time() - t0, verified))
     print(summary)
-    return {"ledger": outcome.ledger, "summary": summary, "resumed": prepared.resumed, "already_complete": False,
-            "result": result}
+    already = verified and counters is not None and counters.get("chunks_written", 0) == 0
+    return {"ledger": outcome.ledger, "summary": summary, "resumed": prepared.resumed, "already_complete": already,
+            "result": result, "counters": counters}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """The command line (``python -m pipelines.build_cache``, ``chunkledger-build``): exit 2 on a BuildError."""
+    """The command line (``python -m pipelines.build_cache``, ``chunkledger-build``).
+
+    Exit 2 on a BuildError, 1 on an EnvironmentFault or an unexpected error (its traceback goes to a log
+    file named in the message; ``--debug`` prints it and Beam's INFO logs instead).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # Worker start-up notices forwarded by the local job service (harmless, and noisy on every run).
-    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+    root = logging.getLogger()
+    recent, saved_level, quiet = faults.RecentLogs(), root.level, faults.HideRunnerTracebacks()
+    consoles = [h for h in root.handlers if isinstance(h, logging.StreamHandler)]
+    root.addHandler(recent)
+    saved_hook = threading.excepthook
+    if debug:
+        root.setLevel(logging.INFO)
+    else:
+        for h in consoles:
+            h.addFilter(quiet)
+        threading.excepthook = recent.thread_exception  # a runner's threads dying with a killed worker
+        # Worker start-up notices forwarded by the local job service (harmless, and noisy on every run).
+        logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     trace.event("launcher_imported", gc_enabled=gc.isenabled(), gc_frozen=gc.get_freeze_count())
     try:
         run(argv)
     except BuildError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        details = ""
+        if isinstance(e, EnvironmentFault) and e.__cause__ is not None:
+            if debug:
+                raise
+            log = faults.write_log(e, argv, recent)
+            details = f"\n(details: {log}; --debug prints them)" if log else ""
+        print(f"error: {e}{details}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print(f"interrupted. {faults.RERUN}", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - a bug or an unforeseen environment failure: one line and a log
+        if debug:
+            raise
+        log = faults.write_log(e, argv, recent)
+        where = f"the traceback is in {log} (--debug prints it)" if log else "rerun with --debug for the traceback"
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"error: unexpected failure ({type(e).__name__}: {first}); {where}. {faults.RERUN}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        root.removeHandler(recent)
+        root.setLevel(saved_level)
+        for h in consoles:
+            h.removeFilter(quiet)
+        threading.excepthook = saved_hook
     trace.event("launcher_exit")
 
 

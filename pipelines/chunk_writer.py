@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import collections
+import dataclasses
+import hashlib
 import json
 import tempfile
 from typing import Any, Callable, Mapping
@@ -32,6 +34,10 @@ BAD_REASONS = (
     "tokenizer_error",  # the tokenizer failed on the text for another reason
 )
 
+# Every key a sidecar of this version holds; a sidecar missing one was written by older code.
+SIDECAR_KEYS = ("path", "shard", "index_in_shard", "byte_range", "input_span", "input_checksum", "docs", "tokens",
+                "bytes", "checksum", "row_groups", "row_group_index", "footer", "bad_records", "bad_reasons",
+                "dead_letters", "dead_letters_checksum")
 ENCODE_BATCH_DOCS = 256
 ENCODE_BATCH_CHARS = 4 << 20
 BAD_BUFFER_RECORDS = 4096  # dead letters held in memory before they are sorted into the spool
@@ -94,12 +100,18 @@ class ChunkBuilder:
     """Accumulates the lines of chunk ``k`` of a shard and writes it.
 
     Call :meth:`add` for each line (in file order) whose first byte is in the chunk's byte range, then
-    :meth:`finish` with the range's end; it writes dead letters, the Parquet file and the sidecar
-    (each atomically, in that order) and returns the sidecar dict.
+    :meth:`finish` with the range's end and the span's end; it writes dead letters, the Parquet file and
+    the sidecar (each atomically, in that order) and returns the sidecar dict. The sidecar records the
+    span of input bytes the chunk was built from and their sha256 (``input_span``, ``input_checksum``),
+    so that a rerun can tell whether the input still holds those bytes.
+
+    ``expect``, if given, is called with the finished sidecar before anything is written; it raises to
+    stop a chunk that must reproduce a recorded one (a finished cache being repaired) from being written.
     """
 
     def __init__(self, *, root: str, input_path: str, shard: int, index: int, lo: int, encoder,
-                 config: Mapping[str, Any], eos_id: int | None, counters: Counters | None = None):
+                 config: Mapping[str, Any], eos_id: int | None, counters: Counters | None = None,
+                 expect: Callable[[dict[str, Any]], None] | None = None):
         self.root = root
         self.input_path = input_path
         self.shard = shard
@@ -111,6 +123,8 @@ class ChunkBuilder:
         self.eos_id = eos_id if config["append_eos"] else None
         self.extra = 1 if self.eos_id is not None else 0
         self.counters = counters or Counters()
+        self.expect = expect
+        self.span = fsutil.SpanHasher()
         self.bad_buffer: list[tuple[int, bytes]] = []  # (offset, dead-letter JSON line), not yet spooled
         self.bad_spool = None  # SpooledTemporaryFile of sorted dead-letter lines (memory stays bounded)
         self.bad_reasons: collections.Counter = collections.Counter()
@@ -127,6 +141,7 @@ class ChunkBuilder:
     # -- lines ------------------------------------------------------------------------------------
     def add(self, offset: int, raw: bytes) -> None:
         self.input_bytes += len(raw) + 1
+        self.span.add(offset, raw)
         text, reason, detail = parse_line(raw, self.text_key)
         if reason is not None:
             self._bad(offset, reason, detail, raw)
@@ -197,23 +212,30 @@ class ChunkBuilder:
         self.rg_arrays, self.rg_offsets, self.rg_tokens = [], [], 0
 
     # -- output -----------------------------------------------------------------------------------
-    def finish(self, hi: int) -> dict[str, Any]:
+    def finish(self, hi: int, end: int) -> dict[str, Any]:
+        """Write the chunk; ``hi`` ends its byte range, ``end`` its input span (the next line's offset)."""
         self._encode_pending()
         self._flush_row_group()
         data, rg_index, footer = self.parquet.finish()
         self._spool_bad()
-        dl_rel = None
+        dl_rel = dl_sum = None
         if self.bad_spool is not None:
             dl_rel = fmt.dead_letter_path(self.shard, self.index)
+            dl_sum = _stream_checksum(self.bad_spool)
+        span, input_sum = self.span.finish(end)
+        rel = fmt.chunk_path(self.shard, self.index)
+        sidecar = make_sidecar(shard=self.shard, index_in_shard=self.index, byte_range=[self.lo, hi], data=data,
+                               row_group_index=rg_index, footer=footer, docs=self.parquet.docs,
+                               tokens=self.parquet.tokens, bad_reasons=self.bad_reasons, dead_letters=dl_rel,
+                               dead_letters_checksum=dl_sum, input_span=span, input_checksum=input_sum)
+        if self.expect is not None:
+            self.expect(sidecar)
+        if self.bad_spool is not None:
             self.bad_spool.seek(0)
             fsutil.write_atomic_stream(fmt.join(self.root, dl_rel), self.bad_spool)
             self.bad_spool.close()
             self.bad_spool = None
-        rel = fmt.chunk_path(self.shard, self.index)
         fsutil.write_atomic(fmt.join(self.root, rel), data)
-        sidecar = make_sidecar(shard=self.shard, index_in_shard=self.index, byte_range=[self.lo, hi], data=data,
-                               row_group_index=rg_index, footer=footer, docs=self.parquet.docs,
-                               tokens=self.parquet.tokens, bad_reasons=self.bad_reasons, dead_letters=dl_rel)
         fsutil.write_atomic(fmt.join(self.root, fmt.sidecar_path(self.shard, self.index)),
                             fmt.sidecar_bytes(sidecar))
         inc = self.counters.inc
@@ -228,25 +250,86 @@ class ChunkBuilder:
         return sidecar
 
 
-def verify_chunk(root: str, shard: int, index: int) -> dict[str, Any] | None:
-    """The sidecar of a complete chunk (its Parquet file matches size and checksum), else None."""
+def _stream_checksum(f, block: int = 1 << 20) -> str:
+    """``"sha256:<hex>"`` of a seekable file's whole content (read from the start)."""
+    f.seek(0)
+    h = hashlib.sha256()
+    for b in iter(lambda: f.read(block), b""):
+        h.update(b)
+    return "sha256:" + h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkCheck:
+    """What a rerun finds of one chunk: its sidecar if the chunk is complete, else why not."""
+
+    sidecar: dict[str, Any] | None  # the complete chunk's sidecar
+    sidecar_checksum: str | None  # "sha256:" of the sidecar file's bytes (what a finished ledger records)
+    problem: str | None  # None if complete; "absent" if none of its files exists; else what is wrong
+
+    @property
+    def complete(self) -> bool:
+        return self.sidecar is not None
+
+    @property
+    def absent(self) -> bool:
+        return self.problem == "absent"
+
+
+def verify_chunk(root: str, shard: int, index: int, byte_range: tuple[int, int] | None = None) -> ChunkCheck:
+    """Check chunk ``index`` of ``shard`` in the cache at ``root`` against its sidecar.
+
+    Complete means: the sidecar parses, names this chunk (and ``byte_range`` if given), carries every key
+    this version writes, and agrees with the files: the Parquet file's size and sha256, its row-group
+    index and footer (recomputed), its document and token counts, and the dead-letter file's sha256 and
+    line count. The input bytes are the caller's to check (the sidecar's ``input_span`` and
+    ``input_checksum``).
+    """
     raw = fsutil.read_bytes_or_none(fmt.join(root, fmt.sidecar_path(shard, index)))
     if raw is None:
-        return None
+        present = fsutil.exists(fmt.join(root, fmt.chunk_path(shard, index)))
+        return ChunkCheck(None, None, "sidecar missing" if present else "absent")
+
+    def bad(problem: str) -> ChunkCheck:
+        return ChunkCheck(None, None, problem)
+
     try:
         sidecar = json.loads(raw)
     except ValueError:
-        return None
+        return bad("sidecar is not valid JSON")
     if not isinstance(sidecar, dict) or sidecar.get("path") != fmt.chunk_path(shard, index):
-        return None
-    if any(k not in sidecar for k in fmt.SIDECAR_ONLY_KEYS):
-        return None  # written before sidecars carried the row-group index: rebuild the chunk
+        return bad("sidecar names another chunk")
+    if any(k not in sidecar for k in SIDECAR_KEYS):
+        return bad("sidecar written by an older chunkledger (no input checksum)")
+    if sidecar["shard"] != shard or sidecar["index_in_shard"] != index:
+        return bad("sidecar names another chunk")
+    if byte_range is not None and list(sidecar["byte_range"]) != list(byte_range):
+        return bad("sidecar has another byte range")
     path = fmt.join(root, sidecar["path"])
-    if fsutil.file_size(path) != sidecar.get("bytes"):
-        return None
     data = fsutil.read_bytes_or_none(path)
-    if data is None or fmt.checksum(data) != sidecar.get("checksum"):
-        return None
-    if sidecar.get("dead_letters") and not fsutil.exists(fmt.join(root, sidecar["dead_letters"])):
-        return None
-    return sidecar
+    if data is None:
+        return bad("Parquet file missing")
+    if len(data) != sidecar["bytes"] or fmt.checksum(data) != sidecar["checksum"]:
+        return bad("Parquet file differs from its sidecar (size or sha256)")
+    try:
+        rg_index, footer = fmt.row_group_index(data)
+    except Exception:  # noqa: BLE001 - not a chunkledger Parquet file
+        return bad("Parquet file has no readable row-group index")
+    if (rg_index != sidecar["row_group_index"] or footer != sidecar["footer"]
+            or sidecar["row_groups"] != len(rg_index) or sidecar["docs"] != sum(e[2] for e in rg_index)
+            or sidecar["tokens"] != sum(e[3] for e in rg_index)):
+        return bad("sidecar counts or row-group index disagree with the Parquet file")
+    if not _dead_letters_intact(root, sidecar):
+        return bad("dead-letter file missing or changed")
+    return ChunkCheck(sidecar, fmt.checksum(raw), None)
+
+
+def _dead_letters_intact(root: str, sidecar: Mapping[str, Any]) -> bool:
+    rel, bad = sidecar["dead_letters"], sidecar["bad_records"]
+    if rel is None:
+        return bad == 0 and sidecar["dead_letters_checksum"] is None
+    if rel != fmt.dead_letter_path(sidecar["shard"], sidecar["index_in_shard"]):
+        return False
+    data = fsutil.read_bytes_or_none(fmt.join(root, rel))
+    return (data is not None and fmt.checksum(data) == sidecar["dead_letters_checksum"]
+            and data.count(b"\n") == bad)

@@ -5,8 +5,7 @@ Paths are joined with :func:`reader.format.join`, the one definition shared with
 
 from __future__ import annotations
 
-import gzip
-import io
+import hashlib
 import posixpath
 import uuid
 from typing import BinaryIO, Iterator
@@ -75,9 +74,19 @@ def _write_atomic(path: str, fill) -> None:
     f = FileSystems.create(tmp, mime_type="application/octet-stream",
                            compression_type=CompressionTypes.UNCOMPRESSED)
     try:
-        fill(f)
-    finally:
-        f.close()
+        try:
+            fill(f)
+        finally:
+            f.close()
+    except BaseException as e:
+        # A full disk or a lost connection: give the space back now (a crash leaves it to the next run).
+        try:
+            FileSystems.delete([tmp])
+        except Exception:  # noqa: BLE001 - the original error matters, not this one
+            pass
+        if isinstance(e, OSError) and e.errno and not e.filename:
+            raise OSError(e.errno, e.strerror, path) from e  # name the file (a write() error does not)
+        raise
     FileSystems.rename([tmp], [path])
 
 
@@ -87,17 +96,36 @@ def delete_if_exists(path: str) -> None:
         FileSystems.delete([path])
 
 
-def remove_temp_files(root: str) -> int:
-    """Delete the temporary files a crashed build left in a cache (where atomic writes put them)."""
+def remove_temp_files(root: str, older_than: float | None = None) -> int:
+    """Delete the temporary files a crashed build left in a cache (where atomic writes put them).
+
+    Args:
+      root: the cache root.
+      older_than: a Unix time; only files last modified before it are deleted, so a build running
+        concurrently into the same root keeps the temporary files it is writing.
+    """
     patterns = [fmt.join(root, f"{TMP_PREFIX}*"),
                 fmt.join(root, f"{fmt.CHUNKS_DIR}/*/{TMP_PREFIX}*"),
                 fmt.join(root, f"{fmt.BAD_DIR}/*/{TMP_PREFIX}*")]
     paths = []
     for res in FileSystems.match(patterns):
-        paths.extend(m.path for m in res.metadata_list)
+        paths.extend(m.path for m in res.metadata_list
+                     if older_than is None or not m.last_updated_in_seconds
+                     or m.last_updated_in_seconds < older_than)
     if paths:
-        FileSystems.delete(paths)
+        try:
+            FileSystems.delete(paths)
+        except Exception:  # noqa: BLE001 - another run removed some of them first: that is the goal anyway
+            pass
     return len(paths)
+
+
+def list_sizes(pattern: str) -> dict[str, int]:
+    """``path -> size`` of every file matching ``pattern`` (empty if none)."""
+    try:
+        return {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list}
+    except Exception:  # noqa: BLE001 - Beam raises when nothing matches on some filesystems
+        return {}
 
 
 def file_size(path: str) -> int | None:
@@ -153,74 +181,72 @@ class LineReader:
         self.pos = pos
 
 
-def iter_range_lines(path: str, lo: int, hi: int, block: int = READ_BLOCK) -> Iterator[tuple[int, bytes]]:
-    """Lines of an uncompressed file whose first byte lies in ``[lo, hi)`` (TextIO-style splitting)."""
-    f = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-    try:
-        start = max(lo - 1, 0)
-        if start:
-            f.seek(start)
-        reader = LineReader(f, base=start, block=min(block, max(hi - start + 1, 1 << 16)))
-        first = lo > 0
-        for off, line in reader:
-            if first:
-                first = False  # the tail of the line that started before lo (or the '\n' at lo-1)
-                if off < lo:
-                    continue
-            if off >= hi:
-                break
-            if off >= lo:
-                yield off, line
-            reader.block = block
-    finally:
-        f.close()
+class RangeLines:
+    """The lines of an uncompressed file whose first byte lies in ``[lo, hi)`` (TextIO-style splitting).
 
-
-class _Decompressed(io.RawIOBase):
-    """A bounded-memory decompressing reader that closes its source too."""
-
-    def __init__(self, reader, source):
-        self._reader, self._source = reader, source
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int = -1) -> bytes:
-        return self._reader.read(n)
-
-    def readinto(self, b) -> int:
-        data = self._reader.read(len(b))
-        b[:len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        try:
-            self._reader.close()
-        finally:
-            self._source.close()
-            super().close()
-
-
-def open_decompressed(path: str, compression: str) -> BinaryIO:
-    """Open ``path`` (any Beam filesystem) for reading its uncompressed bytes.
-
-    Decompression streams with bounded memory: each ``read(n)`` inflates at most ``n`` bytes (Beam's own
-    CompressedFile inflates 16 MiB of compressed input at once, unbounded for highly compressible data).
-    Concatenated gzip members and zstd frames are read through.
+    Iterating yields ``(offset, line)``; afterwards :attr:`end` is the offset of the first line starting
+    at or after ``hi`` (or the file's end): the chunk's lines span exactly ``[first offset, end)``.
     """
-    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-    if compression == "none":
-        return raw
-    try:
-        if compression == "gzip":
-            return _Decompressed(gzip.GzipFile(fileobj=raw, mode="rb"), raw)
-        if compression == "zstd":
-            import zstandard
 
-            reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False)
-            return _Decompressed(reader, raw)
-    except Exception:
-        raw.close()
-        raise
-    raw.close()
-    raise ValueError(f"unknown compression {compression!r} for {path}")
+    def __init__(self, path: str, lo: int, hi: int, block: int = READ_BLOCK):
+        self.path, self.lo, self.hi, self.block = path, lo, hi, block
+        self.end: int | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        lo, hi, block = self.lo, self.hi, self.block
+        f = FileSystems.open(self.path, compression_type=CompressionTypes.UNCOMPRESSED)
+        try:
+            start = max(lo - 1, 0)
+            if start:
+                f.seek(start)
+            reader = LineReader(f, base=start, block=min(block, max(hi - start + 1, 1 << 16)))
+            first = lo > 0
+            for off, line in reader:
+                if first:
+                    first = False  # the tail of the line that started before lo (or the '\n' at lo-1)
+                    if off < lo:
+                        continue
+                if off >= hi:
+                    self.end = off
+                    return
+                if off >= lo:
+                    yield off, line
+                reader.block = block
+            self.end = max(reader.pos, lo)
+        finally:
+            f.close()
+
+
+def iter_range_lines(path: str, lo: int, hi: int, block: int = READ_BLOCK) -> Iterator[tuple[int, bytes]]:
+    """Lines of an uncompressed file whose first byte lies in ``[lo, hi)`` (see :class:`RangeLines`)."""
+    return iter(RangeLines(path, lo, hi, block))
+
+
+class SpanHasher:
+    """sha256 of the input bytes a chunk was built from: its lines, each with its ``\n``.
+
+    Feed every line of the chunk with :meth:`add` (in file order), then :meth:`finish` with the span's
+    end (the offset of the next line, or the file's end). The hashed bytes are exactly the input's
+    ``[start, end)``, where ``start`` is the first line's offset (``end`` if the chunk holds no line).
+    """
+
+    def __init__(self):
+        self._h = hashlib.sha256()
+        self._start: int | None = None
+        self._line_end: int | None = None  # just past the last line's content (before its '\n')
+
+    def add(self, offset: int, line: bytes) -> None:
+        if self._line_end is None:
+            self._start = offset
+        else:
+            self._h.update(b"\n")
+        self._h.update(line)
+        self._line_end = offset + len(line)
+
+    def finish(self, end: int) -> tuple[list[int], str]:
+        """``([start, end], "sha256:<hex>")`` of the chunk's input span."""
+        if self._line_end is not None and self._line_end < end:
+            self._h.update(b"\n")  # the last line's terminator (a file may end without one)
+        start = end if self._start is None else self._start
+        return [start, end], "sha256:" + self._h.hexdigest()
+

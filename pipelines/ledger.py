@@ -107,3 +107,43 @@ def check_bad_fraction(ledger: Mapping[str, Any], max_bad_fraction: float) -> To
         return TooManyBadRecords(bad_records=bad, lines=lines, max_bad_fraction=max_bad_fraction,
                                  reasons=dict(ledger["bad_records"]))
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class EmptyInput:
+    """The verdict of a build with input files that yield no document (recorded in ``_FAILED.json``).
+
+    An empty file, or one whose every line is bad, is most often a mistake (a glob matching the wrong
+    files, a failed export); ``--allow_empty`` accepts it.
+    """
+
+    files: tuple[tuple[str, int, int], ...]  # (path, uncompressed bytes, bad lines) of each such file
+
+    ERROR = "empty_input"
+
+    def message(self, output: str) -> str:
+        shown = "; ".join(f"{p} ({n} bytes, {bad} bad lines)" for p, n, bad in self.files[:5])
+        more = f" and {len(self.files) - 5} more" if len(self.files) > 5 else ""
+        return (f"{len(self.files)} input file(s) yield no document: {shown}{more}. Leave them out of --input, "
+                "or rerun the same command with --allow_empty to build without them (completed chunks are kept).")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.ERROR, "files": [list(f) for f in self.files]}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "EmptyInput":
+        return cls(files=tuple((str(p), int(n), int(b)) for p, n, b in obj["files"]))
+
+
+def check_empty(ledger: Mapping[str, Any], allow_empty: bool) -> EmptyInput | None:
+    """None if every input file of the finished ``ledger`` yields a document (or ``allow_empty``), else the verdict."""
+    if allow_empty:
+        return None
+    docs: dict[int, int] = {}
+    bad: dict[int, int] = {}
+    for c in ledger["chunks"]:
+        docs[c["shard"]] = docs.get(c["shard"], 0) + c["docs"]
+        bad[c["shard"]] = bad.get(c["shard"], 0) + c["bad_records"]
+    empty = tuple((inp["path"], int(inp["uncompressed_bytes"]), bad.get(inp["shard"], 0))
+                  for inp in ledger["inputs"] if not docs.get(inp["shard"]))
+    return EmptyInput(files=empty) if empty else None

@@ -22,6 +22,14 @@ DEFAULT_COMPRESSION = "zstd"
 DEFAULT_COMPRESSION_LEVEL = 3
 TOKEN_ENCODING = "PLAIN"  # chosen by measurement, see docs/DESIGN.md
 LEVELED_CODECS = ("zstd", "gzip", "brotli")
+# Each chunk is one Parquet file, one sidecar and one work unit: tiny chunks make millions of files and
+# drown the build in per-file overhead. CHUNKLEDGER_MIN_CHUNK_BYTES lowers the floor (tests, tiny examples).
+MIN_CHUNK_BYTES = 64 << 10
+MAX_CHUNK_BYTES = 4 << 30  # a worker holds one chunk's Parquet bytes (~1/4 of its input) in memory
+MIN_ROW_GROUP_TOKENS = 256  # smaller row groups cost more in Parquet headers than they hold
+MAX_ROW_GROUP_TOKENS = 1 << 28  # int32 list offsets of one row group; a reader decodes a whole row group
+# Our options' near-misses among the arguments left over (an unknown option is an error either way).
+SUGGEST_CUTOFF = 0.6
 
 
 def parse_size(text: str) -> int:
@@ -36,8 +44,40 @@ def parse_size(text: str) -> int:
     return value
 
 
+def min_chunk_bytes() -> int:
+    return int(os.environ.get("CHUNKLEDGER_MIN_CHUNK_BYTES", MIN_CHUNK_BYTES))
+
+
+def parse_chunk_bytes(text: str) -> int:
+    """``--chunk_bytes``: a size between 64 KiB (or ``CHUNKLEDGER_MIN_CHUNK_BYTES``) and 4 GiB."""
+    value = parse_size(text)
+    floor = min_chunk_bytes()
+    if value < floor:
+        raise argparse.ArgumentTypeError(
+            f"{text} is below the minimum of {floor} bytes: every chunk is a Parquet file, a sidecar and a work "
+            "unit, so tiny chunks make millions of files (the default 64MiB suits most corpora)")
+    if value > MAX_CHUNK_BYTES:
+        raise argparse.ArgumentTypeError(f"{text} is above the maximum of 4GiB (a worker holds a chunk in memory)")
+    return value
+
+
+def parse_row_group_tokens(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not MIN_ROW_GROUP_TOKENS <= value <= MAX_ROW_GROUP_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"{value} is outside [{MIN_ROW_GROUP_TOKENS}, {MAX_ROW_GROUP_TOKENS}] (a reader fetches and decodes "
+            "one row group at a time; the default 131072 was measured in docs/DESIGN.md)")
+    return value
+
+
 def parse_fraction(text: str) -> float:
-    v = float(text)
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not 0.0 <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {v}")
     return v
@@ -66,20 +106,29 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--text_key", default="text", metavar="KEY", help="JSON key holding each document's text (default: text).")
     p.add_argument("--append_eos", action="store_true",
                    help="Append the tokenizer's end-of-sequence token to every document.")
-    p.add_argument("--chunk_bytes", type=parse_size, default=DEFAULT_CHUNK_BYTES, metavar="SIZE",
+    p.add_argument("--chunk_bytes", type=parse_chunk_bytes, default=DEFAULT_CHUNK_BYTES, metavar="SIZE",
                    help="Uncompressed input bytes per chunk; chunk K of a shard holds the lines whose first byte "
-                        "is in [K*SIZE, (K+1)*SIZE). Default 64MiB (accepts 67108864, 64MiB, 512KiB).")
-    p.add_argument("--row_group_tokens", type=int, default=DEFAULT_ROW_GROUP_TOKENS, metavar="N",
-                   help="Cut a Parquet row group once it holds at least N tokens (default 131072); the unit "
-                        "a reader fetches (by byte range) and decodes at a time.")
+                        "is in [K*SIZE, (K+1)*SIZE). Default 64MiB (accepts 67108864, 64MiB, 512KiB); "
+                        "64KiB to 4GiB.")
+    p.add_argument("--row_group_tokens", type=parse_row_group_tokens, default=DEFAULT_ROW_GROUP_TOKENS,
+                   metavar="N",
+                   help="Cut a Parquet row group once it holds at least N tokens (default 131072, from 256 to "
+                        "2^28); the unit a reader fetches (by byte range) and decodes at a time.")
     p.add_argument("--parquet_compression", default=DEFAULT_COMPRESSION,
                    choices=["zstd", "snappy", "gzip", "lz4", "brotli", "none"],
                    help="Parquet compression codec of the chunks (default zstd; measured in docs/FORMAT.md).")
     p.add_argument("--compression_level", type=int, default=DEFAULT_COMPRESSION_LEVEL, metavar="LEVEL",
-                   help=f"Codec level for zstd/gzip/brotli (default {DEFAULT_COMPRESSION_LEVEL}).")
+                   help=f"Codec level for zstd (1 to 22), gzip (1 to 9) or brotli (0 to 11); default "
+                        f"{DEFAULT_COMPRESSION_LEVEL}.")
     p.add_argument("--max_bad_fraction", type=parse_fraction, default=DEFAULT_MAX_BAD_FRACTION, metavar="F",
                    help="Fail at the end if more than this fraction of input lines are bad (dead-lettered). "
                         f"Default {DEFAULT_MAX_BAD_FRACTION}. A rerun with a higher value just finalizes.")
+    p.add_argument("--allow_empty", action="store_true",
+                   help="Accept input files that yield no document (empty, or every line bad); by default the "
+                        "build fails naming them.")
+    p.add_argument("--debug", action="store_true",
+                   help="Print the full traceback of an unexpected failure (otherwise it goes to a log file "
+                        "named in the error) and Beam's INFO logs.")
     return p
 
 
@@ -101,29 +150,81 @@ def absolute(path: str) -> str:
     return path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
 
 
-def check_typos(parser: argparse.ArgumentParser, pipeline_args: Sequence[str]) -> None:
-    """Unknown options go to Beam, which ignores what it does not know; catch near-misses of ours."""
+def beam_parser(pipeline_args: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser Apache Beam builds from its PipelineOptions classes (those loaded, plus a runner's own)."""
+    if any("dask" in a.lower() for a in pipeline_args):
+        try:  # the Dask runner registers its options (--dask_client_address, ...) when imported
+            import apache_beam.runners.dask.dask_runner  # noqa: F401
+        except ImportError:
+            pass
+    from apache_beam.options.pipeline_options import _BeamArgumentParser
+
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    seen: dict[str, type] = {}
+    for cls in PipelineOptions.__subclasses__():
+        seen.setdefault(str(cls), cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)  # as PipelineOptions.get_all_options does
+    return parser
+
+
+def _suggest(name: str, ours: Sequence[str], beams: set[str]) -> str:
+    close = difflib.get_close_matches(name, list(ours), n=2, cutoff=SUGGEST_CUTOFF)
+    close += [o for o in ours if o not in close and len(name) > 5 and (name[2:] in o or o[2:] in name)][:2 - len(close)]
+    if not close:
+        close = difflib.get_close_matches(name, sorted(beams), n=1, cutoff=0.8)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def check_leftovers(parser: argparse.ArgumentParser, pipeline_args: Sequence[str]) -> None:
+    """Refuse what is neither ours nor Beam's: unknown options and stray words (an unquoted glob).
+
+    Beam would only log "Discarding unparseable args" and build with the defaults, or with a fraction of
+    the input files.
+    """
     ours = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]  # argparse has no public accessor
-    for arg in pipeline_args:
-        if arg.startswith("--"):
-            name = arg.split("=", 1)[0]
-            close = difflib.get_close_matches(name, ours, n=1, cutoff=0.85)
-            if close and close[0] != name:
-                raise BuildError(f"unknown option {name}; did you mean {close[0]}? (see --help)")
+    beam = beam_parser(pipeline_args)
+    beams = {o for a in beam._actions for o in a.option_strings if o.startswith("--")}
+    _, rest = beam.parse_known_args(list(pipeline_args))
+    unknown = [a.split("=", 1)[0] for a in rest if a.startswith("-") and len(a) > 1 and not a[1].isdigit()]
+    if unknown:
+        name = unknown[0]
+        raise BuildError(f"unknown option {name}{_suggest(name, ours, beams)} (neither a builder option, see "
+                         "--help, nor an Apache Beam pipeline option)")
+    if rest:
+        shown = " ".join(rest[:3]) + (f" ... ({len(rest)} in all)" if len(rest) > 3 else "")
+        raise BuildError(
+            f"unexpected argument(s) {shown}: --input takes one pattern. If the shell expanded an unquoted glob, "
+            "quote it (--input 'dir/*.jsonl'); or repeat --input for each file.")
+
+
+def _check_values(options: argparse.Namespace) -> None:
+    codec, level = options.parquet_compression, options.compression_level
+    if codec in LEVELED_CODECS:
+        import pyarrow as pa
+
+        lo, hi = pa.Codec.minimum_compression_level(codec), pa.Codec.maximum_compression_level(codec)
+        if codec == "zstd":
+            lo = 1  # zstd's negative "fast" levels trade most of the compression away
+        if not lo <= level <= hi:
+            raise BuildError(f"--compression_level {level} is not a {codec} level (use {lo} to {hi}; default "
+                             f"{DEFAULT_COMPRESSION_LEVEL})")
+    elif level != DEFAULT_COMPRESSION_LEVEL:
+        raise BuildError(f"--compression_level applies to zstd, gzip and brotli; --parquet_compression {codec} "
+                         "has no levels")
 
 
 def parse_args(argv: Sequence[str] | None) -> Arguments:
-    """Parse ``argv`` (default ``sys.argv[1:]``); a near-miss of one of our options is a BuildError."""
+    """Parse ``argv`` (default ``sys.argv[1:]``); unknown options, stray words and bad values are a BuildError."""
     parser = build_arg_parser()
     options, pipeline_args = parser.parse_known_args(argv)
-    check_typos(parser, pipeline_args)
+    check_leftovers(parser, pipeline_args)
+    _check_values(options)
     return Arguments(options=options, pipeline_args=pipeline_args, output=absolute(options.output))
 
 
 def chunk_config(options: argparse.Namespace) -> ChunkConfig:
     """The chunking configuration recorded in the ledger (part of the resume fingerprint)."""
-    if options.row_group_tokens <= 0:
-        raise BuildError("--row_group_tokens must be positive")
     leveled = options.parquet_compression in LEVELED_CODECS
     return ChunkConfig(
         text_key=options.text_key,

@@ -39,6 +39,15 @@ class ChunkConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MatchedFile:
+    """An input file as the launcher found it: its path, size and (gs:// only) the object's CRC32C."""
+
+    path: str
+    size: int
+    crc32c: str | None = None  # base64, as Cloud Storage reports it; None for local files
+
+
+@dataclasses.dataclass(frozen=True)
 class InputFile:
     """A matched input file: shard ``shard`` of the cache (its position in path order)."""
 
@@ -47,6 +56,7 @@ class InputFile:
     size: int  # bytes of the file as stored (compressed for .gz / .zst)
     compression: str  # "none", "gzip" or "zstd"
     chunks: int | None  # from the size if uncompressed; None until a compressed file has been read
+    crc32c: str | None = None  # gs:// objects: Cloud Storage's CRC32C of the stored bytes
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -68,6 +78,7 @@ class WorkUnit:
     lo: int
     hi: int | None
     estimate: int  # uncompressed bytes (guessed for compressed shards): larger units start first
+    trusted: bool = False  # the input's content is known unchanged (same CRC32C): skipped chunks need no re-read
 
     @property
     def streamed(self) -> bool:
@@ -90,6 +101,7 @@ class BuildPlan:
     tokenizer: dict[str, Any]  # the ledger's tokenizer identity (TokenizerSpec.identity())
     config: ChunkConfig
     inputs: tuple[InputFile, ...]
+    trusted: frozenset[int] = frozenset()  # shards whose stored bytes match the existing ledger's (CRC32C)
 
     def ledger(self) -> dict[str, Any]:
         """The plan ``ledger.json``: ``finished`` false, no chunks yet (see docs/FORMAT.md)."""
@@ -106,19 +118,20 @@ class BuildPlan:
         }
 
 
-def make_plan(tokenizer: Mapping[str, Any], config: ChunkConfig, files: Sequence[tuple[str, int]]) -> BuildPlan:
-    """The plan for ``files`` (``(path, size)`` pairs): sorted by path, the shards ``0..K-1``.
+def make_plan(tokenizer: Mapping[str, Any], config: ChunkConfig, files: Sequence[MatchedFile]) -> BuildPlan:
+    """The plan for ``files``: sorted by path, the shards ``0..K-1``.
 
     Args:
       tokenizer: the tokenizer identity recorded in the ledger.
       config: the chunking configuration.
-      files: every matched input file with its size in bytes.
+      files: every matched input file.
     """
     inputs = []
-    for shard, (path, size) in enumerate(sorted(files)):
-        compression = fmt.compression_of(path)
-        chunks = fmt.num_chunks(size, config.chunk_bytes) if compression == "none" else None
-        inputs.append(InputFile(shard=shard, path=path, size=size, compression=compression, chunks=chunks))
+    for shard, f in enumerate(sorted(files, key=lambda f: f.path)):
+        compression = fmt.compression_of(f.path)
+        chunks = fmt.num_chunks(f.size, config.chunk_bytes) if compression == "none" else None
+        inputs.append(InputFile(shard=shard, path=f.path, size=f.size, compression=compression, chunks=chunks,
+                                crc32c=f.crc32c))
     return BuildPlan(tokenizer=dict(tokenizer), config=config, inputs=tuple(inputs))
 
 
@@ -132,39 +145,91 @@ def work_units(plan: BuildPlan) -> list[WorkUnit]:
     chunk_bytes = plan.config.chunk_bytes
     units = []
     for inp in plan.inputs:
+        trusted = inp.shard in plan.trusted
         if inp.compression == "none":
             for k in range(inp.chunks):
                 lo, hi = k * chunk_bytes, min((k + 1) * chunk_bytes, inp.size)
                 units.append(WorkUnit(shard=inp.shard, path=inp.path, compression="none", size=inp.size,
-                                      index=k, lo=lo, hi=hi, estimate=hi - lo))
+                                      index=k, lo=lo, hi=hi, estimate=hi - lo, trusted=trusted))
         else:
             units.append(WorkUnit(shard=inp.shard, path=inp.path, compression=inp.compression, size=inp.size,
-                                  index=None, lo=0, hi=None, estimate=inp.size * COMPRESSION_RATIO_GUESS))
+                                  index=None, lo=0, hi=None, estimate=inp.size * COMPRESSION_RATIO_GUESS,
+                                  trusted=trusted))
     units.sort(key=lambda u: (-u.estimate, u.shard, u.index or 0))
     return units
 
 
-def _differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+def _differences(section: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    return [f"{section}.{k}: {old.get(k)!r} in the cache, {new.get(k)!r} now"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
-def check_resumable(plan: BuildPlan, existing: Mapping[str, Any], output: str) -> None:
-    """Refuse (BuildError) unless the ``existing`` ledger in ``output`` was planned from the same build.
+def _listed(paths: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(paths[:limit])
+    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
-    Same tokenizer and chunking configuration (the fingerprint) and the same input files (paths, sizes,
-    compression); operational options such as the runner or ``--max_bad_fraction`` may differ.
+
+def reconcile(plan: BuildPlan, existing: Mapping[str, Any], output: str,
+              shards_with_chunks: frozenset[int] | set[int] = frozenset()) -> BuildPlan:
+    """The plan to run against the ``existing`` ledger in ``output``, or a BuildError saying why not.
+
+    The same tokenizer and chunking configuration (the fingerprint) and the same input paths are required;
+    operational options such as the runner or ``--max_bad_fraction`` may differ. An input whose size
+    changed is accepted only while none of its chunks exists in an unfinished cache (its chunks would not
+    line up with its lines any more); an input whose content changed at the same size is found chunk by
+    chunk by the workers (input checksums) and those chunks are rebuilt. A finished cache is never
+    rebuilt from other inputs. Inputs whose Cloud Storage CRC32C equals the ledger's are marked trusted.
+
+    Args:
+      plan: the plan of this command.
+      existing: the ledger found in ``output``.
+      output: the cache root (for messages).
+      shards_with_chunks: shards of ``existing`` that have chunk or dead-letter files in ``output``.
     """
     config = plan.config.to_json()
     if fmt.config_fingerprint(plan.tokenizer, config) != fmt.config_fingerprint(existing["tokenizer"],
                                                                                 existing["config"]):
-        what = [f"tokenizer.{k}" for k in _differing_keys(existing["tokenizer"], plan.tokenizer)]
-        what += [f"config.{k}" for k in _differing_keys(existing["config"], config)]
+        what = _differences("tokenizer", existing["tokenizer"], plan.tokenizer)
+        what += _differences("config", existing["config"], config)
         raise BuildError(
             f"{output} already holds a cache built with a different tokenizer or chunking configuration "
-            f"(differs: {', '.join(what)}). Refusing to mix them: use another --output, or delete {output} to "
-            "rebuild, or rerun with the original options to resume.")
-    planned = [(inp.path, inp.size, inp.compression) for inp in plan.inputs]
-    if [(i["path"], i["size"], i["compression"]) for i in existing["inputs"]] != planned:
+            f"({'; '.join(what)}). Refusing to mix them: rerun with the cache's options to resume, or use "
+            f"another --output, or delete {output} to rebuild.")
+    old_paths = [i["path"] for i in existing["inputs"]]
+    new_paths = [inp.path for inp in plan.inputs]
+    if old_paths != new_paths:
+        gone = [p for p in old_paths if p not in set(new_paths)]
+        added = [p for p in new_paths if p not in set(old_paths)]
+        what = ([f"no longer matched: {_listed(gone)}"] if gone else []) + \
+               ([f"newly matched: {_listed(added)}"] if added else [])
         raise BuildError(
-            f"{output} already holds a cache built from different input files (paths or sizes differ from "
-            f"its ledger). Use another --output, or delete {output} to rebuild.")
+            f"{output} already holds a cache built from other input files ({'; '.join(what)}). Rerun with the "
+            f"same --input files to resume, or use another --output, or delete {output} to rebuild.")
+    finished = bool(existing.get("finished"))
+    trusted = set()
+    for old, inp in zip(existing["inputs"], plan.inputs):
+        if old["size"] != inp.size:
+            if finished:
+                raise BuildError(
+                    f"input file {inp.path} changed since the cache in {output} was finished (size "
+                    f"{old['size']} bytes then, {inp.size} now). A finished cache is never rebuilt from other "
+                    "inputs (readers may be using it): build into another --output, or restore the file.")
+            if inp.shard in shards_with_chunks:
+                shard = fmt.shard_dir(inp.shard)
+                raise BuildError(
+                    f"input file {inp.path} (shard {inp.shard}) changed size since this build started "
+                    f"({old['size']} bytes then, {inp.size} now), so the chunks already built from it in "
+                    f"{fmt.join(output, shard)}/ no longer line up with its lines. Restore the file and rerun, or "
+                    f"rebuild this shard from its new content: delete {fmt.join(output, shard)} and "
+                    f"{fmt.join(output, fmt.BAD_DIR)}/shard-{inp.shard:05d}, then rerun the same command "
+                    "(the other shards are kept).")
+        old_crc = old.get("crc32c")
+        if old_crc is not None and inp.crc32c is not None:
+            if old_crc == inp.crc32c and old["size"] == inp.size:
+                trusted.add(inp.shard)
+            elif finished:
+                raise BuildError(
+                    f"input file {inp.path} changed since the cache in {output} was finished (CRC32C {old_crc} "
+                    f"then, {inp.crc32c} now). A finished cache is never rebuilt from other inputs: build into "
+                    "another --output, or restore the object.")
+    return dataclasses.replace(plan, trusted=frozenset(trusted))

@@ -5,7 +5,10 @@
     PlanUnits (Create) -> Spread (Reshuffle) -> BuildChunks (ParDo) -> AfterAllUnits (ToList) -> Finalize
 
 Counters (namespace ``chunkledger``): ``documents``, ``tokens``, ``input_bytes``, ``output_bytes``,
-``bad_records`` and ``bad_<reason>``, ``chunks_written``, ``chunks_skipped`` (already complete on a rerun).
+``bad_records`` and ``bad_<reason>`` (all of chunks written by this run), ``chunks_written`` (built by this
+run), and for a rerun ``chunks_checked`` (chunks an earlier run left, checked against their files and
+input), ``chunks_skipped`` (of those, complete and unchanged), ``chunks_rebuilt`` (the others) and
+``chunks_input_changed`` (rebuilt because their input bytes changed).
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from typing import Any, Iterable
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from reader import format as fmt
+
 from . import fsutil, status, trace
 from .chunk_writer import Counters
 from .errors import BuildError
-from .ledger import check_bad_fraction, finished_ledger
+from .ledger import check_bad_fraction, check_empty, finished_ledger
 from .plan import BuildPlan, ChunkConfig, UnitResult, WorkUnit, work_units
 from .tokenizer import TokenizerSpec, load_cached
 from .units import UnitBuilder
@@ -62,27 +67,45 @@ class _BeamCounters(Counters):
 class BuildChunksFn(beam.DoFn):
     """WorkUnit -> UnitResult: the unit's chunks written, or verified and skipped.
 
+    A unit that must stop the build (a damaged input; on a finished cache, an input that changed) records
+    the reason in ``_FAILED.json`` before it raises, so the launcher reports it on every runner.
+
     Args:
       output: the cache root.
       tokenizer: the resolved tokenizer; loaded once per worker process in ``setup``.
       config: the chunking configuration of the plan.
+      finished: the cache was finished when this run was planned: rebuilt chunks must reproduce the
+        sidecars its ledger records (read once per worker in ``setup``).
     """
 
-    def __init__(self, output: str, tokenizer: TokenizerSpec, config: ChunkConfig):
+    def __init__(self, output: str, tokenizer: TokenizerSpec, config: ChunkConfig, finished: bool = False):
         self.output = output
         self.tokenizer = tokenizer
         self.config = config
+        self.finished = finished
 
     def setup(self):
         trace.event("setup_start", proc_start=trace.process_start())
+        recorded = None
+        if self.finished:
+            ledger = status.read_ledger(self.output) or {}
+            recorded = {(c["shard"], c["index_in_shard"]): c.get("sidecar_checksum")
+                        for c in ledger.get("chunks", [])}
         self.units = UnitBuilder(self.output, load_cached(self.tokenizer), self.config.to_json(),
-                                 self.tokenizer.eos_id, _BeamCounters())
+                                 self.tokenizer.eos_id, _BeamCounters(), recorded=recorded)
         freeze_long_lived()
         trace.event("setup_done")
 
     def process(self, unit: WorkUnit) -> Iterable[UnitResult]:
         trace.event("unit_start", shard=unit.shard, index=unit.index)
-        result = self.units.build(unit)
+        try:
+            result = self.units.build(unit)
+        except BuildError as e:
+            try:
+                status.write_failure(self.output, status.WorkerError(text=str(e), kind=type(e).__name__))
+            except Exception:  # noqa: BLE001 - e.g. a full disk: the runner's error still carries the message
+                pass
+            raise
         if trace.enabled():
             trace.event("unit_done", shard=unit.shard, index=unit.index,
                         tokens=sum(sc["tokens"] for sc in result.sidecars))
@@ -95,29 +118,54 @@ class FinalizeLedgerFn(beam.DoFn):
     Writes the finished ``ledger.json``, or, if too many lines are bad, ``_FAILED.json`` (and fails the
     job, so the runner reports it too). Either file is written atomically.
 
+    Also writes ``_FAILED.json`` (and fails) when an input file yields no document, unless ``allow_empty``.
+    The ledger is not rewritten when the finished ledger already holds the same bytes (a verified rerun).
+
     Args:
       output: the cache root.
       plan: the build plan.
       max_bad_fraction: the largest share of bad input lines that still finishes the cache.
+      allow_empty: accept input files that yield no document.
+      started: when the launcher started (Unix time): older temporary files are a crashed run's leftovers.
     """
 
-    def __init__(self, output: str, plan: BuildPlan, max_bad_fraction: float):
+    def __init__(self, output: str, plan: BuildPlan, max_bad_fraction: float, allow_empty: bool = False,
+                 started: float | None = None):
         self.output = output
         self.plan = plan
         self.max_bad_fraction = max_bad_fraction
+        self.allow_empty = allow_empty
+        self.started = started
 
     def process(self, results: list[UnitResult]):
         trace.event("finalize_start")
         ledger = finished_ledger(self.plan, results)
-        fsutil.remove_temp_files(self.output)
-        failure = check_bad_fraction(ledger, self.max_bad_fraction)
+        fsutil.remove_temp_files(self.output, older_than=self.started)
+        failure = check_bad_fraction(ledger, self.max_bad_fraction) or check_empty(ledger, self.allow_empty)
         if failure is not None:
             status.write_failure(self.output, failure)
             raise BuildError(failure.message(self.output))
+        self._check_same_build()
         status.clear_failure(self.output)
-        status.write_ledger(self.output, ledger)
+        text = fmt.dumps_ledger(ledger).encode()
+        if fsutil.read_bytes_or_none(fmt.join(self.output, fmt.LEDGER_NAME)) != text:
+            status.write_ledger(self.output, ledger)
         trace.event("finalize_done")
         yield ledger["totals"]
+
+    def _check_same_build(self) -> None:
+        """The ledger in the cache is still this build's (guards against another build started meanwhile)."""
+        on_disk = status.read_ledger(self.output)
+        if on_disk is None:
+            return
+        mine = self.plan.ledger()
+        same = (fmt.config_fingerprint(on_disk["tokenizer"], on_disk["config"])
+                == fmt.config_fingerprint(mine["tokenizer"], mine["config"])
+                and [(i["path"], i["size"]) for i in on_disk["inputs"]]
+                == [(i["path"], i["size"]) for i in mine["inputs"]])
+        if not same:
+            raise BuildError(f"{self.output}/ledger.json was replaced by another build while this one ran; "
+                             "its chunks may be mixed. Delete the output and build again (one build at a time).")
 
 
 class BuildCache(beam.PTransform):
@@ -127,19 +175,23 @@ class BuildCache(beam.PTransform):
       output: the cache root, holding the plan ledger already.
       plan: the build plan.
       tokenizer: the resolved tokenizer (as workers should load it).
-      max_bad_fraction: see :class:`FinalizeLedgerFn`.
+      max_bad_fraction, allow_empty, started: see :class:`FinalizeLedgerFn`.
+      finished: see :class:`BuildChunksFn`.
     """
 
-    def __init__(self, output: str, plan: BuildPlan, tokenizer: TokenizerSpec, max_bad_fraction: float):
+    def __init__(self, output: str, plan: BuildPlan, tokenizer: TokenizerSpec, max_bad_fraction: float,
+                 allow_empty: bool = False, finished: bool = False, started: float | None = None):
         super().__init__()
         self.output, self.plan, self.tokenizer, self.max_bad_fraction = output, plan, tokenizer, max_bad_fraction
+        self.allow_empty, self.finished, self.started = allow_empty, finished, started
 
     def expand(self, pbegin):
         return (
             pbegin
             | "PlanUnits" >> beam.Create(work_units(self.plan), reshuffle=False)
             | "Spread" >> beam.Reshuffle()
-            | "BuildChunks" >> beam.ParDo(BuildChunksFn(self.output, self.tokenizer, self.plan.config))
+            | "BuildChunks" >> beam.ParDo(BuildChunksFn(self.output, self.tokenizer, self.plan.config, self.finished))
             | "AfterAllUnits" >> beam.combiners.ToList()
-            | "Finalize" >> beam.ParDo(FinalizeLedgerFn(self.output, self.plan, self.max_bad_fraction))
+            | "Finalize" >> beam.ParDo(FinalizeLedgerFn(self.output, self.plan, self.max_bad_fraction,
+                                                        self.allow_empty, self.started))
         )

@@ -1,35 +1,76 @@
 """Building one work unit on a worker: read its lines, feed the chunk writer, skip chunks already complete.
 
 A byte-range unit (uncompressed shard) reads the lines starting in its range with a seek; a streamed
-unit (compressed shard) decompresses the shard once and cuts it into chunks by uncompressed offset,
-then writes the shard's ``_DONE.json``. A chunk whose files already verify against its sidecar is not
-rebuilt, which is what makes a rerun after a crash cheap and byte-identical.
+unit (compressed shard) decompresses the shard once, checked to the end of the compressed stream, and
+cuts it into chunks by uncompressed offset, then writes the shard's ``_DONE.json``.
+
+A chunk left by an earlier run is skipped only if it is complete (its files agree with its sidecar, see
+:func:`~pipelines.chunk_writer.verify_chunk`) **and** the input still holds the bytes it was built from:
+the lines starting in its byte range are read again and their span and sha256 compared with the
+sidecar's ``input_span`` and ``input_checksum`` (no tokenizing). A chunk that fails either check is
+rebuilt, so a rerun after an input was edited in place rebuilds exactly the chunks whose lines changed.
+Inputs known unchanged by their Cloud Storage CRC32C (``WorkUnit.trusted``) are not read again.
+
+When the cache is already finished (``recorded`` holds its ledger's sidecar checksums) a rebuilt chunk
+must reproduce the recorded one byte for byte: a repair never turns a finished cache into a cache of
+other inputs.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
+import tempfile
 from typing import Any, Mapping
 
 from reader import format as fmt
 
 from . import fsutil
-from .chunk_writer import ChunkBuilder, Counters, verify_chunk
-from .errors import BuildError
+from .chunk_writer import ChunkBuilder, ChunkCheck, Counters, verify_chunk
+from .decompress import open_input
+from .errors import BuildError, DamagedInput
 from .plan import UnitResult, WorkUnit
 
+LOG = logging.getLogger("chunkledger.build")
+REPLAY_MEMORY = 8 << 20  # a verified chunk's lines are kept in memory up to this, then in a local temp file
+_CHUNK_FILE = re.compile(r"chunk-(\d+)\.(parquet|json|jsonl)$")
 
-class SkipChunk:
-    """Stands in for a ChunkBuilder when the chunk is already complete (resume)."""
 
-    def __init__(self, sidecar: dict[str, Any]):
-        self.sidecar = sidecar
+class _Verifying:
+    """Stands in for a ChunkBuilder while a complete chunk's input is re-read: hashes and keeps its lines.
+
+    If the span and checksum match the sidecar, :meth:`finish` returns the sidecar; if not, the kept lines
+    are replayed into a real ChunkBuilder (a streamed shard cannot be read twice cheaply).
+    """
+
+    def __init__(self, unit_builder: "UnitBuilder", unit: WorkUnit, index: int, lo: int, check: ChunkCheck):
+        self.ub, self.unit, self.index, self.lo, self.check = unit_builder, unit, index, lo, check
+        self.span = fsutil.SpanHasher()
+        self.kept = tempfile.SpooledTemporaryFile(max_size=REPLAY_MEMORY)
+        self.first: int | None = None
 
     def add(self, offset: int, raw: bytes) -> None:
-        pass
+        if self.first is None:
+            self.first = offset
+        self.span.add(offset, raw)
+        self.kept.write(raw)
+        self.kept.write(b"\n")
 
-    def finish(self, hi: int) -> dict[str, Any]:
-        return self.sidecar
+    def finish(self, hi: int, end: int) -> dict[str, Any]:
+        span, checksum = self.span.finish(end)
+        sidecar = self.check.sidecar
+        if span == sidecar["input_span"] and checksum == sidecar["input_checksum"]:
+            self.kept.close()
+            return self.ub.skipped(self.unit, self.index, self.check)
+        self.ub.input_changed(self.unit, self.index)
+        builder = self.ub.chunk_builder(self.unit, self.index, self.lo)
+        self.kept.seek(0)
+        if self.first is not None:
+            for off, raw in fsutil.LineReader(self.kept, base=self.first):
+                builder.add(off, raw)
+        self.kept.close()
+        return builder.finish(hi, end)
 
 
 class UnitBuilder:
@@ -41,15 +82,18 @@ class UnitBuilder:
       config: the ledger's chunking configuration (``ChunkConfig.to_json()``).
       eos_id: the tokenizer's end-of-sequence id (appended only if ``config["append_eos"]``).
       counters: where chunk writers add their counts (Beam metrics on a worker).
+      recorded: for a finished cache, ``(shard, index) -> sidecar_checksum`` from its ledger; rebuilt
+        chunks must reproduce those sidecars exactly. None while the cache is unfinished.
     """
 
     def __init__(self, output: str, encoder, config: Mapping[str, Any], eos_id: int | None,
-                 counters: Counters | None = None):
+                 counters: Counters | None = None, recorded: Mapping[tuple[int, int], str] | None = None):
         self.output = output
         self.encoder = encoder
         self.config = config
         self.eos_id = eos_id
         self.counters = counters or Counters()
+        self.recorded = recorded
 
     def build(self, unit: WorkUnit) -> UnitResult:
         if unit.streamed:
@@ -57,13 +101,55 @@ class UnitBuilder:
             return UnitResult(shard=unit.shard, sidecars=tuple(sidecars), done=done)
         return UnitResult(shard=unit.shard, sidecars=(self._build_range(unit),), done=None)
 
-    def _builder(self, unit: WorkUnit, index: int, lo: int):
-        sidecar = verify_chunk(self.output, unit.shard, index)
-        if sidecar is not None:
-            self.counters.inc("chunks_skipped", 1)
-            return SkipChunk(sidecar)
+    # -- chunk outcomes (shared by both kinds of unit) ---------------------------------------------
+    def chunk_builder(self, unit: WorkUnit, index: int, lo: int) -> ChunkBuilder:
+        expect = None
+        if self.recorded is not None:
+            want = self.recorded.get((unit.shard, index))
+
+            def expect(sidecar: dict[str, Any]) -> None:
+                if fmt.checksum(fmt.sidecar_bytes(sidecar)) != want:
+                    raise self._finished_input_changed(unit, index)
+
         return ChunkBuilder(root=self.output, input_path=unit.path, shard=unit.shard, index=index, lo=lo,
-                            encoder=self.encoder, config=self.config, eos_id=self.eos_id, counters=self.counters)
+                            encoder=self.encoder, config=self.config, eos_id=self.eos_id, counters=self.counters,
+                            expect=expect)
+
+    def skipped(self, unit: WorkUnit, index: int, check: ChunkCheck) -> dict[str, Any]:
+        """A complete chunk whose input is unchanged: kept (on a finished cache: if it is the recorded one)."""
+        if self.recorded is not None and check.sidecar_checksum != self.recorded.get((unit.shard, index)):
+            raise BuildError(
+                f"{fmt.join(self.output, fmt.sidecar_path(unit.shard, index))} is complete but is not the chunk "
+                f"the finished ledger in {self.output} records (another build wrote into this --output?). "
+                "Delete that chunk's .parquet and .json files and rerun the same command to restore it.")
+        self.counters.inc("chunks_skipped", 1)
+        return check.sidecar
+
+    def input_changed(self, unit: WorkUnit, index: int) -> None:
+        """A complete chunk whose input bytes changed since it was built: rebuild it (never on a finished cache)."""
+        if self.recorded is not None:
+            raise self._finished_input_changed(unit, index)
+        LOG.warning("input file %s changed since chunk %d of shard %d was built: rebuilding that chunk",
+                    unit.path, index, unit.shard)
+        self.counters.inc("chunks_rebuilt", 1)
+        self.counters.inc("chunks_input_changed", 1)
+
+    def _finished_input_changed(self, unit: WorkUnit, index: int) -> BuildError:
+        return BuildError(
+            f"input file {unit.path} changed since the cache in {self.output} was finished (the lines of chunk "
+            f"{index} of shard {unit.shard} are not the bytes it was built from). A finished cache is never "
+            "rebuilt from other inputs (readers may be using it): build into another --output, or restore "
+            "the file.")
+
+    def _check(self, unit: WorkUnit, index: int, byte_range: tuple[int, int] | None) -> ChunkCheck:
+        check = verify_chunk(self.output, unit.shard, index, byte_range)
+        if not check.absent:
+            self.counters.inc("chunks_checked", 1)
+        if not check.complete and not check.absent:
+            LOG.warning("%s: %s; rebuilding it", fmt.join(self.output, fmt.chunk_path(unit.shard, index)),
+                        check.problem)
+            self.counters.inc("chunks_rebuilt", 1)
+        return check
 
     @staticmethod
     def _check_unchanged(unit: WorkUnit) -> None:
@@ -72,48 +158,127 @@ class UnitBuilder:
             raise BuildError(f"input file {unit.path} changed during the build (planned size {unit.size}, "
                              f"now {size}); inputs must not change while a cache is built into the same --output")
 
+    # -- an uncompressed shard's chunk: a byte range ----------------------------------------------
     def _build_range(self, unit: WorkUnit) -> dict[str, Any]:
-        b = self._builder(unit, unit.index, unit.lo)
-        if isinstance(b, SkipChunk):
-            return b.sidecar
+        k = unit.index
+        check = self._check(unit, k, (unit.lo, unit.hi))
         self._check_unchanged(unit)
-        for off, raw in fsutil.iter_range_lines(unit.path, unit.lo, unit.hi):
-            b.add(off, raw)
-        return b.finish(unit.hi)
+        if check.complete:
+            if unit.trusted:
+                return self.skipped(unit, k, check)
+            lines = fsutil.RangeLines(unit.path, unit.lo, unit.hi)
+            hasher = fsutil.SpanHasher()
+            for off, raw in lines:
+                hasher.add(off, raw)
+            span, checksum = hasher.finish(lines.end)
+            if span == check.sidecar["input_span"] and checksum == check.sidecar["input_checksum"]:
+                return self.skipped(unit, k, check)
+            self.input_changed(unit, k)
+        builder = self.chunk_builder(unit, k, unit.lo)
+        lines = fsutil.RangeLines(unit.path, unit.lo, unit.hi)
+        for off, raw in lines:
+            builder.add(off, raw)
+        return builder.finish(unit.hi, lines.end)
 
+    # -- a compressed shard: streamed once ---------------------------------------------------------
     def _build_stream(self, unit: WorkUnit) -> tuple[list[dict[str, Any]], dict[str, int]]:
-        shard, cb = unit.shard, self.config["chunk_bytes"]
+        shard = unit.shard
         done_path = fmt.join(self.output, fmt.shard_done_path(shard))
         raw_done = fsutil.read_bytes_or_none(done_path)
-        if raw_done is not None:
-            done = json.loads(raw_done)
-            sidecars = [verify_chunk(self.output, shard, k) for k in range(done["chunks"])]
-            if all(s is not None for s in sidecars):
-                self.counters.inc("chunks_skipped", len(sidecars))
-                return sidecars, done
         self._check_unchanged(unit)
+        if raw_done is not None and unit.trusted:
+            done = json.loads(raw_done)
+            checks = [verify_chunk(self.output, shard, k) for k in range(done["chunks"])]
+            if all(c.complete for c in checks):
+                self.counters.inc("chunks_checked", len(checks))
+                return [self.skipped(unit, k, c) for k, c in enumerate(checks)], done
+        try:
+            sidecars, total = self._stream(unit)
+        except DamagedInput:
+            if self.recorded is None:
+                self._forget_shard(shard)  # nothing built from a damaged stream is kept as complete
+            raise
+        done = {"chunks": len(sidecars), "uncompressed_bytes": total}
+        self._remove_stale_chunks(shard, len(sidecars))
+        done_bytes = fmt.dumps(done).encode()
+        if raw_done != done_bytes:
+            fsutil.write_atomic(done_path, done_bytes)
+        return sidecars, done
+
+    def _stream(self, unit: WorkUnit) -> tuple[list[dict[str, Any]], int]:
+        cb = self.config["chunk_bytes"]
         sidecars: list[dict[str, Any]] = []
         cur = None
-        with fsutil.open_decompressed(unit.path, unit.compression) as f:
+
+        def start(k: int):
+            check = self._check(unit, k, None)
+            if not check.complete:
+                return self.chunk_builder(unit, k, k * cb)
+            if unit.trusted:
+                return _Trusted(self, unit, k, check)
+            return _Verifying(self, unit, k, k * cb, check)
+
+        with open_input(unit.path, unit.compression) as f:
             reader = fsutil.LineReader(f)
             for off, raw in reader:
                 k = off // cb
                 if cur is None or k != len(sidecars):
                     if cur is not None:
-                        sidecars.append(cur.finish(len(sidecars) * cb + cb))
+                        sidecars.append(cur.finish(len(sidecars) * cb + cb, off))
                     while len(sidecars) < k:  # chunks holding no line start
-                        sidecars.append(self._builder(unit, len(sidecars), len(sidecars) * cb)
-                                        .finish(len(sidecars) * cb + cb))
-                    cur = self._builder(unit, k, k * cb)
+                        j = len(sidecars)
+                        sidecars.append(start(j).finish(j * cb + cb, off))
+                    cur = start(k)
                 cur.add(off, raw)
             total = reader.pos
         n = fmt.num_chunks(total, cb)
         if cur is not None:
             k = len(sidecars)
-            sidecars.append(cur.finish(min(k * cb + cb, total)))
+            sidecars.append(cur.finish(min(k * cb + cb, total), total))
         while len(sidecars) < n:
             k = len(sidecars)
-            sidecars.append(self._builder(unit, k, k * cb).finish(min(k * cb + cb, total)))
-        done = {"chunks": n, "uncompressed_bytes": total}
-        fsutil.write_atomic(done_path, fmt.dumps(done).encode())
-        return sidecars, done
+            sidecars.append(start(k).finish(min(k * cb + cb, total), total))
+        # byte ranges come from the sidecar: a chunk of another length (the input changed) is not complete
+        for k, sc in enumerate(sidecars):
+            want = [k * cb, min(k * cb + cb, total)]
+            if list(sc["byte_range"]) != want:
+                raise BuildError(f"internal: chunk {k} of {unit.path} has byte range {sc['byte_range']}, "
+                                 f"expected {want}")
+        return sidecars, total
+
+    def _shard_files(self, shard: int) -> list[tuple[str, int]]:
+        """``(path, chunk index)`` of every chunk, sidecar and dead-letter file of ``shard`` in the cache."""
+        out = []
+        for pattern in (fmt.join(self.output, f"{fmt.shard_dir(shard)}/chunk-*"),
+                        fmt.join(self.output, f"{fmt.BAD_DIR}/shard-{shard:05d}/chunk-*")):
+            for path in fsutil.list_sizes(pattern):
+                m = _CHUNK_FILE.search(path)
+                if m:
+                    out.append((path, int(m.group(1))))
+        return out
+
+    def _remove_stale_chunks(self, shard: int, n: int) -> None:
+        """Chunks numbered ``n`` and up belong to an earlier, longer content of the shard: remove them."""
+        stale = sorted((p for p, k in self._shard_files(shard) if k >= n), key=lambda p: not p.endswith(".json"))
+        for path in stale:  # sidecars first: a crash in between leaves incomplete chunks, never complete ones
+            fsutil.delete_if_exists(path)
+
+    def _forget_shard(self, shard: int) -> None:
+        """Remove ``_DONE.json`` and every chunk of a shard (sidecars first)."""
+        fsutil.delete_if_exists(fmt.join(self.output, fmt.shard_done_path(shard)))
+        files = sorted(self._shard_files(shard), key=lambda pk: not pk[0].endswith(".json"))
+        for path, _ in files:
+            fsutil.delete_if_exists(path)
+
+
+class _Trusted:
+    """Stands in for a ChunkBuilder when a complete chunk's input is known unchanged (same CRC32C)."""
+
+    def __init__(self, unit_builder: UnitBuilder, unit: WorkUnit, index: int, check: ChunkCheck):
+        self.ub, self.unit, self.index, self.check = unit_builder, unit, index, check
+
+    def add(self, offset: int, raw: bytes) -> None:
+        pass
+
+    def finish(self, hi: int, end: int) -> dict[str, Any]:
+        return self.ub.skipped(self.unit, self.index, self.check)

@@ -119,7 +119,9 @@ class ChunkParquet:
 
 def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], data: bytes,
                  row_group_index: list, footer: list, docs: int, tokens: int,
-                 bad_reasons: Mapping[str, int] | None = None, dead_letters: str | None = None) -> dict[str, Any]:
+                 bad_reasons: Mapping[str, int] | None = None, dead_letters: str | None = None,
+                 dead_letters_checksum: str | None = None, input_span: Sequence[int] | None = None,
+                 input_checksum: str | None = None) -> dict[str, Any]:
     """The sidecar of a chunk (docs/FORMAT.md): write it with ``fmt.sidecar_bytes`` after the Parquet file.
 
     Args:
@@ -129,7 +131,10 @@ def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], 
       row_group_index, footer: from :meth:`ChunkParquet.finish`.
       docs, tokens: counts in the chunk.
       bad_reasons: reason -> count of the dead-lettered lines of the range.
-      dead_letters: relative path of the dead-letter file, if any.
+      dead_letters, dead_letters_checksum: relative path and checksum of the dead-letter file, if any.
+      input_span, input_checksum: ``[start, end)`` of the input bytes the chunk was built from (its lines)
+        and their checksum, which a rerun compares with the input to find chunks whose input changed
+        (None for imported caches, which are not rebuilt from an input).
     """
     bad = dict(sorted((bad_reasons or {}).items()))
     return {
@@ -147,6 +152,9 @@ def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], 
         "bad_records": sum(bad.values()),
         "bad_reasons": bad,
         "dead_letters": dead_letters,
+        "dead_letters_checksum": dead_letters_checksum,
+        "input_span": None if input_span is None else [int(input_span[0]), int(input_span[1])],
+        "input_checksum": input_checksum,
     }
 
 

@@ -44,7 +44,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 FORMAT_NAME = "chunkledger"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the version this code writes
+# Versions this code reads; they differ only in what the builder records for resuming (docs/FORMAT.md).
+READABLE_FORMAT_VERSIONS = (1, 2)
 
 LEDGER_NAME = "ledger.json"
 CHUNKS_DIR = "chunks"
@@ -161,7 +163,8 @@ def dumps_ledger(ledger: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------
 # Row-group byte ranges (sidecar keys "row_group_index" and "footer")
 
-SIDECAR_ONLY_KEYS = ("row_group_index", "footer")  # sidecar keys that the ledger does not copy
+# Sidecar keys that the ledger does not copy (the ledger's sidecar_checksum covers them).
+SIDECAR_ONLY_KEYS = ("row_group_index", "footer", "input_span", "input_checksum", "dead_letters_checksum")
 
 
 def _column_start(col) -> int:
@@ -302,9 +305,10 @@ class Ledger:
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             raise DamagedCache(f"{where}: not a chunkledger ledger (missing \"format\": \"{FORMAT_NAME}\")")
         version = raw.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_FORMAT_VERSIONS:
             raise FormatError(
-                f"{where}: format_version {version!r}, this reader reads {FORMAT_VERSION}; "
+                f"{where}: format_version {version!r}, this reader reads "
+                f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))}; "
                 "upgrade chunkledger or rebuild the cache"
             )
         for key in ("tokenizer", "config", "inputs"):

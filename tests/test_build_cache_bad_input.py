@@ -11,6 +11,7 @@ import pytest
 from apache_beam.metrics.metric import MetricsFilter
 
 from build_helpers import load_ledger, read_dead_letters, read_documents, sample_texts, tree_bytes, write_shard
+from reader import format as fmt
 from pipelines import build_cache
 from pipelines.build_cache import BuildError
 from test_build_cache import build, check_cache
@@ -136,3 +137,67 @@ def test_cli_prints_clear_error_and_exits_nonzero(tmp_path, capsys):
                           "--tokenizer", "tiktoken:cl100k_base", "--runner=FnApiRunner"])
     assert e.value.code == 2
     assert "matches no file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["big.jsonl.gz", "big.jsonl.zst"])
+def test_truncated_or_corrupt_compressed_input_is_an_error_and_nothing_of_it_is_kept(tmp_path, name):
+    """Found mid-stream, after some of its chunks were written: those are removed, no _DONE.json, no
+    finished ledger; with the file restored, a rerun equals a clean build."""
+    good = write_shard(str(tmp_path / "in" / "a.jsonl"), [{"text": t} for t in sample_texts(20, seed=4)])
+    path = write_shard(str(tmp_path / "in" / name), [{"text": t} for t in sample_texts(1500, seed=5)])  # > 1 MiB: damage found after chunks were written
+    intact = open(path, "rb").read()
+    damaged = {"cut": intact[: len(intact) * 9 // 10]}
+    flipped = bytearray(intact)
+    flipped[len(flipped) * 9 // 10] ^= 0x55
+    if name.endswith(".gz"):
+        damaged["flipped"] = bytes(flipped)  # zstd without its optional checksum cannot see a flipped bit
+    for how, data in damaged.items():
+        with open(path, "wb") as f:
+            f.write(data)
+        with pytest.raises(BuildError) as e:
+            build(tmp_path, [str(tmp_path / "in" / "*")], chunk_bytes=65536)
+        msg = str(e.value)
+        assert msg.startswith(f"input file {path} is damaged: ") and "uncompressed bytes" in msg, (how, msg)
+        out = str(tmp_path / "cache")
+        assert load_ledger(out)["finished"] is False
+        assert not os.path.exists(os.path.join(out, fmt.shard_done_path(1)))
+        assert not os.path.exists(os.path.join(out, fmt.shard_dir(1))) or not os.listdir(
+            os.path.join(out, fmt.shard_dir(1))), how
+    with open(path, "wb") as f:
+        f.write(intact)
+    build(tmp_path, [str(tmp_path / "in" / "*")], chunk_bytes=65536)
+    clean, _ = build(tmp_path, [str(tmp_path / "in" / "*")], chunk_bytes=65536, name="clean")
+    assert tree_bytes(str(tmp_path / "cache")) == tree_bytes(clean)
+    check_cache(clean, [good, path], 65536)
+
+
+def test_input_without_documents_is_an_error_unless_allow_empty(tmp_path):
+    a = write_shard(str(tmp_path / "in" / "a.jsonl"), [{"text": "hello"}])
+    empty = tmp_path / "in" / "b.jsonl"
+    empty.write_bytes(b"")
+    with pytest.raises(BuildError, match=f"yield no document: {empty} \\(0 bytes"):
+        build(tmp_path, [str(tmp_path / "in" / "*")])
+    assert not os.path.exists(tmp_path / "cache")  # found before any work
+    empty.unlink()
+    bad = write_shard(str(tmp_path / "in" / "c.jsonl.gz"), [b"not json", b"", b'{"text": ""}'])
+    with pytest.raises(BuildError, match=f"yield no document: {bad} \\(\\d+ bytes, 3 bad lines\\)"):
+        build(tmp_path, [str(tmp_path / "in" / "*")], max_bad_fraction=1.0)
+    _, res = build(tmp_path, [str(tmp_path / "in" / "*")], max_bad_fraction=1.0, allow_empty=True)
+    assert res["ledger"]["finished"] and res["ledger"]["totals"]["docs"] == 1
+    assert os.path.getsize(a) > 0
+
+
+def test_unknown_options_and_stray_arguments_exit_2_naming_them(tmp_path, capsys):
+    a = write_shard(str(tmp_path / "g" / "a.jsonl"), [{"text": "hello"}])
+    b = write_shard(str(tmp_path / "g" / "b.jsonl"), [{"text": "world"}])
+    base = ["--output", str(tmp_path / "o"), "--tokenizer", "tiktoken:cl100k_base", "--runner=FnApiRunner"]
+    cases = {("--input", a, b): f"unexpected argument(s) {b}: --input takes one pattern",
+             ("--input", a, "--chunk_size", "1MiB"): "unknown option --chunk_size; did you mean --chunk_bytes?",
+             ("--input", a, "--max_bad", "0.5"): "unknown option --max_bad; did you mean --max_bad_fraction?",
+             ("--input", a, "--compression_level", "99"): "--compression_level 99 is not a zstd level"}
+    for args, want in cases.items():
+        with pytest.raises(SystemExit) as e:
+            build_cache.main([*args, *base])
+        assert e.value.code == 2
+        assert want in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "o")

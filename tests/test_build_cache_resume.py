@@ -143,15 +143,15 @@ def test_rerun_with_other_config_or_tokenizer_or_inputs_refuses(corpus, tmp_path
     d, paths = corpus
     out, _ = build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK, max_bad_fraction=1.0)
     before = tree_bytes(out)
-    with pytest.raises(BuildError, match="config.chunk_bytes"):
+    with pytest.raises(BuildError, match=f"config.chunk_bytes: {CHUNK} in the cache, {CHUNK * 2} now"):
         build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK * 2, max_bad_fraction=1.0)
     with pytest.raises(BuildError, match="config.append_eos"):
         build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK, append_eos=True)
-    with pytest.raises(BuildError, match="config.text_key"):
+    with pytest.raises(BuildError, match="config.text_key: 'text' in the cache, 'body' now"):
         build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK, text_key="body")
     tok = train_tiny_tokenizer(str(tmp_path / "tok" / "tokenizer.json"))
     with pytest.raises(BuildError, match="different tokenizer"):
         build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK, tokenizer=tok)
-    with pytest.raises(BuildError, match="different input files"):
+    with pytest.raises(BuildError, match=f"other input files \\(no longer matched: {paths[1]}, {paths[2]}\\)"):
         build(tmp_path, [paths[0]], chunk_bytes=CHUNK)
     assert tree_bytes(out) == before

@@ -26,6 +26,7 @@ from build_helpers import write_shard  # noqa: E402
 from gcs_emulator import GcsEmulator  # noqa: E402
 from pipelines import build_cache  # noqa: E402
 from reader import ReadOptions, Reader  # noqa: E402
+from reader import format as fmt  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
@@ -89,10 +90,12 @@ def local_tree(root: str) -> dict[str, bytes]:
 
 
 def normalized_ledger(raw: bytes, corpus_prefix: str) -> dict:
+    """The ledger without what names the storage: input paths, and gs:// objects' CRC32C (None locally)."""
     ledger = json.loads(raw)
     for inp in ledger["inputs"]:
         assert inp["path"].startswith(corpus_prefix), (inp["path"], corpus_prefix)
         inp["path"] = os.path.basename(inp["path"])
+        assert (inp.pop("crc32c") is not None) == corpus_prefix.startswith("gs://"), inp
     return ledger
 
 
@@ -148,6 +151,45 @@ def test_gs_build_and_gcsfs_reads_equal_a_local_build(corpus, local_cache, emula
         full = remote.rows(b0, rows)
         for k in joined:
             np.testing.assert_array_equal(joined[k], full[k], err_msg=k)
+
+
+def test_gs_rerun_trusts_inputs_by_crc32c_and_rereads_a_replaced_object(corpus, emulator):
+    """The ledger records each object's CRC32C; a rerun reads no input whose CRC32C is unchanged, and an
+    object replaced by other bytes of the same size is read again and its changed chunk rebuilt."""
+    import base64
+
+    import google_crc32c
+
+    d, paths = corpus
+    for p in paths:
+        emulator.upload(p, "crc/" + os.path.basename(p))
+    with emulator.beam_env():
+        res = build_cache.run(argv(emulator.url("crc/*"), emulator.url("crc-cache"), *FNAPI))
+        for inp, p in zip(res["ledger"]["inputs"], sorted(paths)):
+            want = base64.b64encode(google_crc32c.Checksum(open(p, "rb").read()).digest()).decode()
+            assert inp["crc32c"] == want
+        again = build_cache.run(argv(emulator.url("crc/*"), emulator.url("crc-cache"), *FNAPI))
+        assert again["already_complete"] and again["counters"].get("chunks_input_changed", 0) == 0
+        # an unfinished build whose plain shard is replaced by other bytes of the same size
+        ledger = json.loads(emulator.gcsfs().cat_file(f"{emulator.bucket}/crc-cache/ledger.json"))
+        plain = sorted(paths)[0]
+        assert plain.endswith(".jsonl")
+        data = bytearray(open(plain, "rb").read())
+        at = data.index(b"the ")
+        data[at:at + 4] = b"THE "
+        edited = d.parent / "edited.jsonl"
+        edited.write_bytes(bytes(data))
+        emulator.upload(edited, "crc/" + os.path.basename(plain))
+        ledger.update(finished=False, chunks=[], totals={}, bad_records={})
+        for inp in ledger["inputs"]:
+            inp.pop("uncompressed_bytes")
+            if inp["compression"] != "none":
+                inp["chunks"] = None
+        with emulator.gcsfs().open(f"{emulator.bucket}/crc-cache/ledger.json", "wb") as f:
+            f.write(fmt.dumps_ledger(ledger).encode())
+        res = build_cache.run(argv(emulator.url("crc/*"), emulator.url("crc-cache"), *FNAPI))
+    assert res["counters"]["chunks_input_changed"] == 1 and res["counters"]["chunks_written"] == 1
+    assert res["ledger"]["inputs"][0]["crc32c"] != ledger["inputs"][0]["crc32c"]
 
 
 def test_gs_build_killed_mid_write_resumes_to_the_same_bytes(corpus, local_cache, emulator):

@@ -10,8 +10,9 @@ import pytest
 from build_helpers import load_ledger, write_shard
 from pipelines import status
 from pipelines.errors import BuildError
-from pipelines.launcher import match_inputs, prepare
+from pipelines.launcher import check_output, match_inputs, prepare
 from pipelines.options import parse_args
+from pipelines.plan import MatchedFile
 from test_build_cache import build
 from test_build_cache_bad_input import mixed_lines
 
@@ -20,9 +21,39 @@ def test_match_inputs_sorts_paths_and_reads_sizes(tmp_path):
     b = write_shard(str(tmp_path / "b.jsonl"), [{"text": "two"}, {"text": "three"}])
     a = write_shard(str(tmp_path / "a.jsonl.gz"), [{"text": "one"}])
     (tmp_path / "sub").mkdir()  # a directory matched by the glob is not an input file
-    assert match_inputs([str(tmp_path / "*"), b]) == [(a, os.path.getsize(a)), (b, os.path.getsize(b))]
+    assert match_inputs([str(tmp_path / "*"), b]) == [MatchedFile(a, os.path.getsize(a)),
+                                                      MatchedFile(b, os.path.getsize(b))]
     with pytest.raises(BuildError, match="matches no file"):
         match_inputs([str(tmp_path / "nothing*")])
+
+
+def test_links_and_duplicate_patterns_are_one_shard_with_a_note(tmp_path, caplog, monkeypatch):
+    import logging
+
+    # a library configuring logging earlier in the session may have disabled existing loggers
+    monkeypatch.setattr(logging.getLogger("chunkledger.build"), "disabled", False)
+    caplog.set_level(logging.WARNING, logger="chunkledger.build")
+    a = write_shard(str(tmp_path / "in" / "a.jsonl"), [{"text": "one"}])
+    os.symlink(a, tmp_path / "in" / "z-link.jsonl")
+    os.link(a, tmp_path / "in" / "y-hard.jsonl")
+    got = match_inputs([str(tmp_path / "in" / "*"), a])
+    assert got == [MatchedFile(a, os.path.getsize(a))]
+    notes = caplog.text
+    assert "z-link.jsonl is the same file as" in notes and "y-hard.jsonl is the same file as" in notes
+    assert "matched by more than one --input" in notes
+
+
+def test_directory_input_and_file_output_say_what_to_do(tmp_path):
+    (tmp_path / "d").mkdir()
+    write_shard(str(tmp_path / "d" / "a.jsonl"), [{"text": "one"}])
+    with pytest.raises(BuildError, match=r"is a directory, not a file.*--input '.*/d/\*\.jsonl'"):
+        match_inputs([str(tmp_path / "d")])
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(BuildError, match="is a file, not a directory"):
+        check_output(str(tmp_path / "f"))
+    with pytest.raises(BuildError, match="is a file, not a directory"):
+        check_output(str(tmp_path / "f" / "cache"))
+    check_output(str(tmp_path / "new" / "cache"))  # missing directories are created later
 
 
 def test_prepare_forgets_an_earlier_verdict_before_a_rerun(tmp_path):

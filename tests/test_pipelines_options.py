@@ -14,3 +14,65 @@ def test_arg_parser_is_side_effect_free_and_documents_every_option():
     args, rest = parser.parse_known_args(["--input", "a", "--input", "b", "--output", "o", "--tokenizer", "t",
                                           "--chunk_bytes", "64KiB", "--runner=FnApiRunner"])
     assert args.input == ["a", "b"] and args.chunk_bytes == 65536 and rest == ["--runner=FnApiRunner"]
+
+
+BASE = ["--input", "a", "--output", "o", "--tokenizer", "t"]
+
+
+def parse(*extra):
+    from pipelines.options import parse_args
+
+    return parse_args([*BASE, *extra])
+
+
+def test_unknown_options_are_refused_with_a_suggestion():
+    import pytest
+
+    from pipelines.errors import BuildError
+
+    cases = {("--chunk_size", "1MiB"): "--chunk_bytes", ("--row_group_size", "1000"): "--row_group_tokens",
+             ("--max_bad", "0.5"): "--max_bad_fraction", ("--compression", "zstd"): "--parquet_compression",
+             ("--chunkbytes=3000",): "--chunk_bytes"}
+    for args, suggestion in cases.items():
+        with pytest.raises(BuildError, match=f"unknown option {args[0].split('=')[0]}; did you mean .*{suggestion}"):
+            parse(*args)
+    with pytest.raises(BuildError, match="unknown option --no_such_thing \\(neither"):
+        parse("--no_such_thing")
+
+
+def test_beam_options_pass_through_and_stray_words_are_refused():
+    import pytest
+
+    from pipelines.errors import BuildError
+
+    beam = ["--runner=DirectRunner", "--project", "p", "--direct_num_workers=2", "--save_main_session",
+            "--experiments=a", "--experiments", "b", "--region", "us-central1"]
+    assert parse(*beam).pipeline_args == beam
+    pytest.importorskip("dask", reason="the dask extra is not installed")
+    dask = ["--runner=DaskRunner", "--dask_client_address=localhost:8786"]
+    assert parse(*dask).pipeline_args == dask
+    with pytest.raises(BuildError, match="unexpected argument\\(s\\) b c: --input takes one pattern.*quote it"):
+        parse("b", "c")
+
+
+def test_value_ranges(monkeypatch):
+    import pytest
+
+    from pipelines.errors import BuildError
+
+    monkeypatch.delenv("CHUNKLEDGER_MIN_CHUNK_BYTES", raising=False)  # the real floor, not the tests' one
+    with pytest.raises(SystemExit):
+        parse("--chunk_bytes", "1")
+    with pytest.raises(SystemExit):
+        parse("--chunk_bytes", "8GiB")
+    assert parse("--chunk_bytes", "64KiB").options.chunk_bytes == 65536
+    for bad in ("0", "100", "1e6", str(1 << 29)):
+        with pytest.raises(SystemExit):
+            parse("--row_group_tokens", bad)
+    with pytest.raises(BuildError, match="--compression_level 99 is not a zstd level \\(use 1 to 22"):
+        parse("--compression_level", "99")
+    with pytest.raises(BuildError, match="not a gzip level \\(use 1 to 9"):
+        parse("--parquet_compression", "gzip", "--compression_level", "0")
+    with pytest.raises(BuildError, match="snappy has no levels"):
+        parse("--parquet_compression", "snappy", "--compression_level", "5")
+    assert parse("--parquet_compression", "brotli", "--compression_level", "11").options.compression_level == 11

@@ -7,7 +7,7 @@ import os
 
 from build_helpers import FNAPI, REPO, SAMPLE_DIR as SAMPLE, load_ledger, tree_digest
 from pipelines import build_cache, trace
-from pipelines.plan import ChunkConfig, make_plan, work_units
+from pipelines.plan import ChunkConfig, MatchedFile, make_plan, work_units
 
 
 def _build(out: str) -> dict:
@@ -40,7 +40,7 @@ def test_traced_build_records_every_unit_and_the_same_bytes(tmp_path, monkeypatc
     # The trace is written outside the cache and changes no byte of it.
     assert tree_digest(plain) == tree_digest(traced)
     ledger = load_ledger(traced)
-    files = [(i["path"], i["size"]) for i in ledger["inputs"]]
+    files = [MatchedFile(i["path"], i["size"]) for i in ledger["inputs"]]
     units = work_units(make_plan(ledger["tokenizer"], ChunkConfig(**ledger["config"]), files))
     ev = trace.read(str(path))
     done = [e for e in ev if e["event"] == "unit_done"]

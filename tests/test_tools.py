@@ -41,3 +41,8 @@ def test_measure_encodings_reads_a_cache(tmp_path):
     cache, _ = build(tmp_path, [os.path.join(SAMPLE_DIR, "part-01.jsonl")], chunk_bytes=40000)
     out = run_tool("tools.measure_encodings", "--cache", cache, "--only_default")
     assert "corpus: 96 documents" in out and "builder default (zstd-3 PLAIN)" in out
+
+
+def test_measure_input_checks_reports_both_costs():
+    out = run_tool("tools.measure_input_checks", "--mb", "0.3")
+    assert '"hash/tokenize"' in out and '"rerun/build"' in out

@@ -60,7 +60,7 @@ def main(argv=None) -> None:
                          eos_id=spec.eos_id)
         for off, raw in fsutil.iter_range_lines(args.input, 0, size):
             b.add(off, raw)
-        return b.finish(size)
+        return b.finish(size, size)
 
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
