@@ -121,18 +121,19 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """
     args = parse_args(argv)
     t0 = time.time()
+    beam_options = pipeline_options(args.pipeline_args)  # before any output is written: a bad runner fails first
     planned = plan_build(args)
     try:
         held = lock.acquire(args.output)
     except OSError as e:
         raise EnvironmentFault(faults.explain(e, args.output) or f"cannot create --output {args.output}: {e}") from e
     try:
-        return _run(args, reconcile_output(planned), t0)
+        return _run(args, reconcile_output(planned), t0, beam_options)
     finally:
         held.release()
 
 
-def _run(args: Arguments, prepared: Prepared, t0: float) -> dict[str, Any]:
+def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[str, Any]:
     output = prepared.output
     if prepared.old_format:
         summary = _summary(prepared.finished, output) + (
@@ -141,7 +142,7 @@ def _run(args: Arguments, prepared: Prepared, t0: float) -> dict[str, Any]:
         print(summary)
         return {"ledger": prepared.finished, "summary": summary, "resumed": True, "already_complete": True}
     trace.event("planned")
-    p = beam.Pipeline(options=pipeline_options(args.pipeline_args))
+    p = beam.Pipeline(options=beam_options)
     _ = p | "BuildCache" >> BuildCache(output, prepared.plan, prepared.tokenizer, args.options.max_bad_fraction,
                                        allow_empty=args.options.allow_empty,
                                        finished=prepared.finished is not None, started=t0)
@@ -162,6 +163,9 @@ def _run(args: Arguments, prepared: Prepared, t0: float) -> dict[str, Any]:
         cause = faults.explain(e, output)
         if cause is not None:
             raise EnvironmentFault(cause) from e
+        if type(p.runner).__name__ == "DaskRunner" and not isinstance(e, BuildError):
+            # Dask gives up on a unit after its workers died (KilledWorker) or the scheduler went away.
+            raise EnvironmentFault(f"the Dask job failed ({type(e).__name__}: {e}). {faults.RERUN}") from e
         raise
     trace.event("run_done")
     outcome = status.read_outcome(output)

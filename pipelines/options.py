@@ -13,6 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from .errors import BuildError
 from .plan import ChunkConfig
+from .runners import runner_args
 from .tokenizer import MAX_PIECE_CHARS, PIECE_CHARS
 
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -240,8 +241,6 @@ def chunk_config(options: argparse.Namespace) -> ChunkConfig:
 
 
 def pipeline_options(pipeline_args: list[str]) -> PipelineOptions:
-    """Beam options from the unparsed arguments; without ``--runner``, the local DirectRunner on every CPU."""
-    if not any(a == "--runner" or a.startswith("--runner=") for a in pipeline_args):
-        pipeline_args = pipeline_args + ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
-                                         f"--direct_num_workers={os.cpu_count() or 1}"]
-    return PipelineOptions(pipeline_args)
+    """Beam options from the unparsed arguments, with the runner defaults and short names of
+    :func:`pipelines.runners.runner_args` (without ``--runner``, the local DirectRunner on every CPU)."""
+    return PipelineOptions(runner_args(pipeline_args))
