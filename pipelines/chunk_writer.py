@@ -136,6 +136,7 @@ class ChunkBuilder:
         self.rg_offsets: list[int] = []
         self.rg_tokens = 0
         self.input_bytes = 0
+        self.verified = 0  # documents re-encoded by the reference tokenizer (fast backend)
         self.parquet = ChunkParquet(config)
 
     # -- lines ------------------------------------------------------------------------------------
@@ -182,6 +183,7 @@ class ChunkBuilder:
             if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                 raise
             arrays = self._encode_one_by_one(texts, offsets, raws)
+        self.verified += self.encoder.verify(texts, offsets, arrays, self.input_path)
         for a, off in zip(arrays, offsets):
             if a is None:
                 continue
@@ -247,6 +249,7 @@ class ChunkBuilder:
         for reason, n in self.bad_reasons.items():
             inc(f"bad_{reason}", n)
         inc("chunks_written", 1)
+        inc("tokenizer_verified_docs", self.verified)
         return sidecar
 
 
