@@ -278,14 +278,13 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     t = cache.table
     plan = make_plan(cache_url, t.checksums, t.docs, t.tokens, dt.name, vocab, args.part_bytes)
     directory, directory_url = parts_dir(out), parts_dir(out_url)
-    state = _state(fs, plan, directory, out, args.overwrite)  # refuse before creating anything
     try:
         held = lock.acquire(directory_url)
     except OSError as e:
         raise EnvironmentFault(faults.explain(e, out_url) or f"cannot create {directory_url}: {e}") from e
     counters: dict[str, int] = {}
     try:
-        state = _state(fs, plan, directory, out, args.overwrite)  # again, now that no other export runs here
+        state = _state(fs, plan, directory, out, args.overwrite)  # now that no other export runs here
         if state == "complete":
             remove_quietly(fs, directory)
         else:
