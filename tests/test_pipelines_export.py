@@ -40,10 +40,11 @@ def cache(tmp_path_factory):
     return root, _files(str(d / "cli"))
 
 
-def _files(directory: str) -> dict[str, bytes]:
-    """Every file under ``directory`` (hidden ones too), by relative path."""
-    out = {}
-    for base, _, names in os.walk(directory):
+def _files(directory: str) -> dict[str, bytes | None]:
+    """Every file under ``directory`` (hidden ones too) by relative path, and every sub-directory (``None``)."""
+    out: dict[str, bytes | None] = {}
+    for base, dirs, names in os.walk(directory):
+        out.update({os.path.relpath(os.path.join(base, d), directory) + "/": None for d in dirs})
         for n in names:
             p = os.path.join(base, n)
             out[os.path.relpath(p, directory)] = open(p, "rb").read()
@@ -231,6 +232,7 @@ def test_existing_output_options_and_formats(cache, tmp_path, capsys):
     _export(root, out)
     code, err = _main(capsys, root, "--format", "megatron", "--out", out, *FNAPI)
     assert code == 2 and f"{out}.idx exists; pass --overwrite" in err
+    assert _files(str(tmp_path)) == want  # the refused run left nothing (not even an empty parts directory)
     os.remove(out + ".idx")  # a lone .bin of another run is not ours to replace either
     code, err = _main(capsys, root, "--format", "megatron", "--out", out, *FNAPI)
     assert code == 2 and f"{out}.bin exists; pass --overwrite" in err
