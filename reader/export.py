@@ -189,9 +189,16 @@ def output_fs(path: str):
 
 
 def rename(fs, src: str, dst: str) -> None:
-    """Move ``src`` onto ``dst`` (atomic on a local filesystem)."""
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+    """Move ``src`` onto ``dst`` (atomic on a local filesystem; on Cloud Storage ``dst`` appears whole)."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if "file" in protocols:
         os.replace(src, dst)
+    elif set(protocols) & {"gs", "gcs"}:
+        # gcsfs's mv tries Cloud Storage's moveTo first and, where that is not served (a 501 from an
+        # emulator or a gateway), retries it for about 30 s before doing exactly this: a server-side copy,
+        # then the delete.
+        fs.copy(src, dst)
+        fs.rm(src)
     else:
         fs.mv(src, dst, recursive=True)
 
