@@ -1,6 +1,6 @@
 """Export a finished cache to Megatron ``PREFIX.bin`` + ``PREFIX.idx`` with Apache Beam (large caches).
 
-Usage::
+Usage (also ``chunkledger-export ...``)::
 
     python -m pipelines.export CACHE --format megatron --out PREFIX [--part_bytes 256MiB] [Beam options]
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 from typing import Any, Iterable, Sequence
 
 import apache_beam as beam
@@ -166,30 +167,50 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+HELP_EPILOG = """\
+examples:
+  python -m pipelines.export ./cache --format megatron --out /data/megatron/web_text_document
+  python -m pipelines.export gs://BUCKET/cache --format megatron --out gs://BUCKET/megatron/web_text \\
+      --runner=DataflowRunner --project=PROJECT --region=REGION --temp_location=gs://BUCKET/tmp
+
+resuming: parts are written into .tmp-NAME.parts/ beside the output and PREFIX.bin/.idx appear only
+when complete. Rerunning the same command after a crash or an interrupt keeps the parts already
+written (each checked against its recorded size and sha256) and gives the same bytes. One export at a
+time per --out: a second one is refused while the first runs (a dead one's lock is taken over).
+
+exit status: 0 done; 1 the cache is damaged (the message names the chunk file) or the environment
+failed (disk full, storage unreachable, a worker killed: rerun to resume); 2 refused (bad option,
+unfinished cache, a split build's top directory, token outside the vocabulary, existing output without
+--overwrite). Errors are one line; --debug shows the traceback. See docs/INTEROP.md."""
+
+
 def build_arg_parser() -> argparse.ArgumentParser:
     """The export's own options (the others go to Beam)."""
     p = argparse.ArgumentParser(
-        prog="python -m pipelines.export", allow_abbrev=False,
-        description="Write a finished cache as Megatron PREFIX.bin + PREFIX.idx with Apache Beam: the same bytes "
-                    "as `python -m reader export CACHE --format megatron --out PREFIX`, with the chunks read and "
-                    "checked on many workers (for caches too large for one process). Options not listed here go "
-                    "to Beam (e.g. --runner=DataflowRunner --project=... --region=... --temp_location=gs://...); "
-                    "without --runner the local DirectRunner runs one worker process per CPU. Give Beam options "
-                    "as --name=value.",
-        epilog="Parts are written into .tmp-NAME.parts/ beside the output; rerunning the same command after a crash "
-               "keeps the parts already written and gives the same bytes. See docs/INTEROP.md.")
+        prog="python -m pipelines.export", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+            "Write a finished cache as Megatron PREFIX.bin + PREFIX.idx with Apache Beam: the same bytes as `python "
+            "-m reader export CACHE --format megatron --out PREFIX`, with the chunks read and checked on many "
+            "workers (for caches too large for one process). Options not listed here go to Beam (e.g. "
+            "--runner=DataflowRunner --project=... --region=... --temp_location=gs://..., or --runner=DaskRunner "
+            "--dask_client_address=HOST:PORT); without --runner the local DirectRunner runs one worker process per "
+            "CPU. Give Beam options as --name=value.", 100),
+        epilog=HELP_EPILOG)
     p.add_argument("cache", help="the cache root (local path or gs://bucket/cache); its build must have finished")
     p.add_argument("--format", required=True, choices=["megatron", "flat-tokens"],
                    help="megatron (flat-tokens: use python -m reader export)")
     p.add_argument("--out", required=True, metavar="PREFIX", help="output prefix: writes PREFIX.bin and PREFIX.idx")
-    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing PREFIX.bin/PREFIX.idx (the old .idx is removed before the new .bin "
+                        "gets its name)")
     p.add_argument("--dtype", choices=["auto", "uint16", "int32"], default="auto",
                    help="token dtype of the .bin (default auto: Megatron's rule, uint16 if vocab_size < 65500)")
     p.add_argument("--part_bytes", type=parse_size, default=DEFAULT_PART_BYTES, metavar="SIZE",
                    help="about this many bytes of .bin per part, the unit of work of one worker call (whole "
                         "chunks; default 256MiB, accepts 268435456, 256MiB, 1GiB)")
     p.add_argument("--threads", type=_at_least_one, default=2,
-                   help="chunk files each worker fetches and decodes ahead, in parallel (default 2)")
+                   help="chunk files each worker fetches and decodes ahead, in parallel (default 2; a worker "
+                        "holds threads + 1 chunks in memory)")
     p.add_argument("--debug", action="store_true", help="print the traceback of an error")
     return p
 
