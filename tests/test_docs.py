@@ -184,6 +184,46 @@ def test_relative_links_reach_a_file_and_a_heading(path):
     assert broken_links(path, read(path)) == []
 
 
+NAME = re.compile(r"`((?:reader|pipelines)(?:\.\w+)+)")
+PATH = re.compile(r"`((?:reader|pipelines|tests|tools|templates|benchmarks)/[^`\s*<]*)`")
+
+
+def missing_names(text: str, resolve) -> list[str]:
+    """Backticked ``reader.x.y`` / ``pipelines.x`` names that do not import, and repository paths that do not
+    exist (``benchmarks/work/`` is made by the benchmarks)."""
+    out = []
+    for name in sorted(set(NAME.findall(text))):
+        if not name.endswith(".py") and not resolve(name):
+            out.append(name)
+    for path in sorted(set(PATH.findall(text))):
+        path = path.split("::")[0]
+        if not path.startswith("benchmarks/work/") and not os.path.exists(os.path.join(ROOT, path)):
+            out.append(path)
+    return out
+
+
+def importable(name: str) -> bool:
+    import importlib
+
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=os.path.basename)
+def test_named_modules_attributes_and_paths_exist(path):
+    assert missing_names(read(path), importable) == []
+
+
 def test_the_builder_options_table_is_the_parser():
     table = options_in_table(section(read(os.path.join(DOCS, "RUNNING.md")), "## Builder options"))
     have = parser_options()
@@ -227,6 +267,9 @@ def test_the_checks_fail_on_broken_docs():
     assert out_of_order([["a"], ["b", "c"]], {"c": {"b", "a"}, "b": set()}) == []
     assert out_of_order([["a"], ["b", "c"]], {"a": {"c"}, "b": {"c"}}) == [
         "a imports c, listed below it", "b imports c, listed below it"]
+    # names and paths
+    text = "`reader.format.Ledger`, `reader.nope`, `reader/format.py`, `tests/gone.py::t`, `benchmarks/work/x`"
+    assert missing_names(text, importable) == ["reader.nope", "tests/gone.py"]
     # the I/O check follows imports through other modules
     assert imported_by({"a": {"b"}, "b": {"c"}, "c": set()}, "a") == {"b", "c"}
     # an options table
