@@ -1,6 +1,7 @@
 """The docs match the code: docs/ARCHITECTURE.md lists every module of reader/ and pipelines/ (the reader
-table in import order), every relative link of README.md and docs/*.md reaches a file and a heading, the
-builder options table of docs/RUNNING.md is the builder's parser, and the README's reader example runs.
+table in import order), every relative link of README.md and docs/*.md reaches a file and a heading, every
+`reader.x` / `pipelines.x` name they give imports and every repository path exists, the builder options
+table of docs/RUNNING.md is the builder's parser, and the README's reader example runs.
 
 The checks parse the Markdown; the last test feeds them broken docs to show that they fail then.
 """
@@ -31,7 +32,7 @@ def read(path: str) -> str:
 
 
 def prose_lines(text: str) -> list[str]:
-    """The lines outside fenced code blocks, with inline code spans blanked out (links in code are code)."""
+    """The lines outside fenced code blocks (a link or a heading in a code block is code)."""
     out, fenced = [], False
     for line in text.splitlines():
         if FENCE.match(line):
