@@ -127,7 +127,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         "2^28); the unit a reader fetches (by byte range) and decodes at a time.")
     p.add_argument("--parquet_compression", default=DEFAULT_COMPRESSION,
                    choices=["zstd", "snappy", "gzip", "lz4", "brotli", "none"],
-                   help="Parquet compression codec of the chunks (default zstd; measured in docs/FORMAT.md).")
+                   help="Parquet compression codec of the chunks (default zstd; measured in docs/DESIGN.md).")
     p.add_argument("--compression_level", type=int, default=DEFAULT_COMPRESSION_LEVEL, metavar="LEVEL",
                    help=f"Codec level for zstd (1 to 22), gzip (1 to 9) or brotli (0 to 11); default "
                         f"{DEFAULT_COMPRESSION_LEVEL}.")
