@@ -258,7 +258,8 @@ def _reconcile_and_write(plan: BuildPlan, tok: TokenizerSpec, output: str) -> Pr
             if name not in finished:
                 old = {**old, "finished": False}
             changed = {inp.shard for o, inp in zip(old["inputs"], plan.inputs) if o.get("size") != inp.size}
-            mine = reconcile(cache_plan, old, root, _shards_with_files(root, changed) if changed else set())
+            with_files = {s for r in roots.values() for s in _shards_with_files(r, changed)} if changed else set()
+            mine = reconcile(cache_plan, old, root, with_files, list(roots.values()))
             trusted = mine.trusted if trusted is None else trusted & mine.trusted
         plan = dataclasses.replace(plan, trusted=trusted)
     if plan.split is not None and not has_manifest:  # first: from now on OUTPUT is known as a split build

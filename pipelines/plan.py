@@ -189,7 +189,8 @@ def _listed(paths: Sequence[str], limit: int = 5) -> str:
 
 
 def reconcile(plan: BuildPlan, existing: Mapping[str, Any], output: str,
-              shards_with_chunks: frozenset[int] | set[int] = frozenset()) -> BuildPlan:
+              shards_with_chunks: frozenset[int] | set[int] = frozenset(),
+              roots: Sequence[str] = ()) -> BuildPlan:
     """The plan to run against the ``existing`` ledger in ``output``, or a BuildError saying why not.
 
     The same tokenizer and chunking configuration (the fingerprint) and the same input paths are required;
@@ -204,6 +205,8 @@ def reconcile(plan: BuildPlan, existing: Mapping[str, Any], output: str,
       existing: the ledger found in ``output``.
       output: the cache root (for messages).
       shards_with_chunks: shards of ``existing`` that have chunk or dead-letter files in ``output``.
+      roots: every cache of the build (default ``output`` alone), whose files of a resized shard the
+        message says to delete (a split build's train and validation).
     """
     config = plan.config.to_json()
     if fmt.config_fingerprint(plan.tokenizer, config) != fmt.config_fingerprint(existing["tokenizer"],
@@ -235,13 +238,14 @@ def reconcile(plan: BuildPlan, existing: Mapping[str, Any], output: str,
                     "inputs (readers may be using it): build into another --output, or restore the file.")
             if inp.shard in shards_with_chunks:
                 shard = fmt.shard_dir(inp.shard)
+                dirs = [d for root in (roots or [output])
+                        for d in (fmt.join(root, shard), f"{fmt.join(root, fmt.BAD_DIR)}/shard-{inp.shard:05d}")]
                 raise BuildError(
                     f"input file {inp.path} (shard {inp.shard}) changed size since this build started "
                     f"({old['size']} bytes then, {inp.size} now), so the chunks already built from it in "
                     f"{fmt.join(output, shard)}/ no longer line up with its lines. Restore the file and rerun, or "
-                    f"rebuild this shard from its new content: delete {fmt.join(output, shard)} and "
-                    f"{fmt.join(output, fmt.BAD_DIR)}/shard-{inp.shard:05d}, then rerun the same command "
-                    "(the other shards are kept).")
+                    f"rebuild this shard from its new content: delete {', '.join(dirs[:-1])} and {dirs[-1]}, "
+                    "then rerun the same command (the other shards are kept).")
         old_crc = old.get("crc32c")
         if old_crc is not None and inp.crc32c is not None:
             if old_crc == inp.crc32c and old["size"] == inp.size:

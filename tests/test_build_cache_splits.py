@@ -395,6 +395,20 @@ def test_hugging_face_split_build_ships_its_tokenizer_into_both_caches(tmp_path,
     assert res["splits"]["validation"]["totals"]["docs"] == sum(is_validation(t, 0.25, 0) for t in texts) > 0
 
 
+def test_a_file_whose_documents_all_went_to_validation_is_not_empty(tmp_path):
+    texts = sample_texts(40, seed=12)
+    a = write_shard(str(tmp_path / "in" / "a.jsonl"), [{"text": t} for t in texts])
+    b = write_shard(str(tmp_path / "in" / "b.jsonl"), [{"text": t} for t in texts if is_validation(t)][:2])
+    out, _ = build(tmp_path, [a, b], chunk_bytes=CHUNK, validation_fraction=FRACTION, split_seed=SEED)
+    docs = {name: sum(c["docs"] for c in load_ledger(os.path.join(out, name))["chunks"] if c["shard"] == 1)
+            for name in SPLITS}
+    assert docs == {"train": 0, "validation": 2}
+    c = write_shard(str(tmp_path / "in" / "c.jsonl"), [b"not json", b"{}"])  # every line bad: no document anywhere
+    with pytest.raises(BuildError, match=f"1 input file.s. yield no document: {c} "):
+        build(tmp_path, [a, c], name="bad", chunk_bytes=CHUNK, max_bad_fraction=1.0, validation_fraction=FRACTION,
+              split_seed=SEED)
+
+
 @pytest.mark.slow
 def test_identical_bytes_across_runners(clean, corpus, tmp_path):
     _, _, files = clean
