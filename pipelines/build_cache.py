@@ -54,6 +54,7 @@ import apache_beam as beam  # noqa: E402
 
 from . import faults, lock, status  # noqa: E402
 from .errors import BuildError, EnvironmentFault  # noqa: E402
+from .fast_tokenizer import backend_note  # noqa: E402
 from .launcher import Prepared, plan_build, reconcile_output  # noqa: E402
 from .options import Arguments, build_arg_parser, parse_args, pipeline_options  # noqa: E402
 from .splits import cache_names, cache_root  # noqa: E402
@@ -204,6 +205,8 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
     counters = _counters(result)
     verified = prepared.complete
     summary = _summary(outcome.ledgers, output, _this_run(counters, time.time() - t0, verified))
+    note = backend_note(counters)
+    summary += f"; {note}" if note else ""
     print(summary)
     already = verified and counters is not None and counters.get("chunks_written", 0) == 0
     return _result(outcome.ledgers, summary, resumed=prepared.resumed, already_complete=already, result=result,

@@ -134,6 +134,7 @@ class ChunkBuilder:
         self.pending_raws: list[bytes] = []
         self.pending_chars = 0
         self.input_bytes = 0
+        self.verified = 0  # documents re-encoded by the reference tokenizer (fast backend)
         self.router = SplitRouter(config, shard, self.eos_id, split)
         self.routed: dict[int, int] = {}  # offset -> cache index of each pending document not in the first cache
 
@@ -184,6 +185,7 @@ class ChunkBuilder:
             if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                 raise
             arrays = self._encode_one_by_one(texts, offsets, raws)
+        self.verified += self.encoder.verify(texts, offsets, arrays, self.input_path)
         for a, off in zip(arrays, offsets):
             if a is None:
                 continue
@@ -253,6 +255,7 @@ class ChunkBuilder:
         for reason, n in self.bad_reasons.items():
             inc(f"bad_{reason}", n)
         inc("chunks_written", 1)
+        inc("tokenizer_verified_docs", self.verified)
 
 
 def _stream_checksum(f, block: int = 1 << 20) -> str:

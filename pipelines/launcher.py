@@ -27,6 +27,7 @@ from .errors import BuildError, DamagedInput, EnvironmentFault
 from .ledger import EmptyInput
 from .options import Arguments, absolute, chunk_config, is_remote, split_spec
 from .plan import BuildPlan, MatchedFile, make_plan, reconcile
+from .fast_tokenizer import preflight
 from .splits import SplitSpec, cache_root
 from .tokenizer import TokenizerError, TokenizerSpec, resolve
 
@@ -210,7 +211,9 @@ def plan_build(args: Arguments) -> Planned:
     remote.check_access([absolute(p) for p in options.input] + [output])
     files = match_inputs(options.input)
     try:
-        tok = resolve(options.tokenizer)
+        tok = resolve(options.tokenizer).with_backend(options.tokenizer_backend, options.verify_every)
+        if tok.backend == "fast":
+            preflight(tok)  # fail before writing anything, rather than in every worker
     except TokenizerError as e:
         raise BuildError(str(e)) from e
     config = chunk_config(options)

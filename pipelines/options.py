@@ -15,7 +15,7 @@ from .errors import BuildError
 from .plan import ChunkConfig
 from .runners import runner_args
 from .splits import MAX_SEED, SplitSpec
-from .tokenizer import MAX_PIECE_CHARS, PIECE_CHARS
+from .tokenizer import BACKENDS, DEFAULT_VERIFY_EVERY, MAX_PIECE_CHARS, PIECE_CHARS
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 DEFAULT_ROW_GROUP_TOKENS = 128 << 10  # shuffled reads stay near 1x I/O at a small size cost (docs/DESIGN.md)
@@ -107,6 +107,16 @@ def parse_seed(text: str) -> int:
     return v
 
 
+def parse_verify_every(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or positive, got {v}")
+    return v
+
+
 def build_arg_parser() -> argparse.ArgumentParser:
     """The parser of the builder's own options (Beam options are passed through untouched)."""
     p = argparse.ArgumentParser(
@@ -150,6 +160,15 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow_empty", action="store_true",
                    help="Accept input files that yield no document (empty, or every line bad); by default the "
                         "build fails naming them.")
+    p.add_argument("--tokenizer_backend", choices=BACKENDS, default="auto",
+                   help="Which library encodes: 'reference' (tiktoken / HF tokenizers), 'fast' (fastokens: the "
+                        "same tokens, faster; an error if it does not support the tokenizer or differs on the "
+                        "conformance set checked at worker start), or 'auto' (default: fast when it qualifies, "
+                        "else the reference with a warning). The cache bytes are the same with either.")
+    p.add_argument("--verify_every", type=parse_verify_every, default=DEFAULT_VERIFY_EVERY, metavar="N",
+                   help="With the fast backend, re-encode about 1 document in N with the reference and fail the "
+                        f"build, naming the file and byte offset, on any difference (default {DEFAULT_VERIFY_EVERY}; "
+                        "0: off).")
     p.add_argument("--validation_fraction", type=parse_validation_fraction, default=0.0, metavar="F",
                    help="Split off about this fraction of the documents as a validation set: the build writes "
                         "two complete caches, OUTPUT/train and OUTPUT/validation (same chunk structure; bad "

@@ -12,7 +12,7 @@ A spec names the tokenizer:
 The launcher resolves the spec once (:func:`resolve`) into a :class:`TokenizerSpec`: a small picklable
 value holding everything a worker needs (for Hugging Face, the tokenizer's full JSON, so workers never
 need the launcher's files or the hub) plus the identity recorded in the ledger. Workers call
-:meth:`TokenizerSpec.load` once per process in ``DoFn.setup``.
+:func:`pipelines.fast_tokenizer.load_cached` once per process in ``DoFn.setup``.
 
 Long documents. tiktoken runs its regex and BPE over the whole text; a pathological document (e.g. a
 million spaces) is slow or even overflows the regex engine's stack. Texts longer than ``piece_chars``
@@ -23,6 +23,11 @@ as encoding the whole text. Only if no safe boundary exists within ``max_piece_c
 text such as a megabyte without word/space transitions) is a piece cut at ``max_piece_chars``; the
 result is then deterministic but may differ from whole-text encoding around the forced cut.
 Hugging Face tokenizers (Rust BPE with a heap of merges) are not quadratic and are encoded whole.
+
+Backends. The reference libraries (tiktoken, Hugging Face ``tokenizers``) define the tokens. A spec also
+names a *backend* (``auto``, ``fast`` or ``reference``, see :mod:`pipelines.fast_tokenizer`): the fast one
+gives the same tokens, checked at worker start and sampled during the build. The backend is not part of
+the identity: a cache's bytes never depend on it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ MAX_PIECE_CHARS = 131_072
 # A safe cut position p: text[p-1] is a word character and text[p] a space or tab, or text[p-1] is a
 # newline and text[p] a word character. Zero-width so ``m.start()`` is the cut.
 _SAFE_CUT = re.compile(r"(?<=\w)(?=[ \t])|(?<=\n)(?=\w)")
+
+BACKENDS = ("auto", "fast", "reference")  # see pipelines.fast_tokenizer
+DEFAULT_VERIFY_EVERY = 1000
 
 class TokenizerError(ValueError):
     """The tokenizer spec cannot be resolved."""
@@ -87,6 +95,9 @@ class TokenizerSpec:
     hash: str
     payload: str = dataclasses.field(default="", repr=False)  # HF: tokenizer JSON
     payload_path: str = ""  # HF: where workers read the tokenizer JSON from (instead of ``payload``)
+    # How workers encode; not part of the identity (the tokens are the same, see pipelines.fast_tokenizer).
+    backend: str = "auto"  # "auto", "fast" or "reference"
+    verify_every: int = DEFAULT_VERIFY_EVERY  # fast backend: re-encode 1 document in N with the reference (0: never)
 
     def shipped_as(self, path: str) -> "TokenizerSpec":
         """The same spec, with workers loading the tokenizer JSON from ``path`` (any Beam filesystem).
@@ -97,12 +108,21 @@ class TokenizerSpec:
         """
         return dataclasses.replace(self, payload="", payload_path=path)
 
+    def with_backend(self, backend: str, verify_every: int = DEFAULT_VERIFY_EVERY) -> "TokenizerSpec":
+        """The same tokenizer, encoded by ``backend`` ("auto", "fast", "reference") in workers."""
+        if backend not in BACKENDS:
+            raise TokenizerError(f"tokenizer backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        if verify_every < 0:
+            raise TokenizerError(f"--verify_every must be 0 (off) or positive, got {verify_every}")
+        return dataclasses.replace(self, backend=backend, verify_every=int(verify_every))
+
     def identity(self) -> dict[str, Any]:
         """The ``tokenizer`` object of the ledger."""
         return {"spec": self.spec, "kind": self.kind, "name": self.name, "vocab_size": self.vocab_size,
                 "eos_id": self.eos_id, "hash": self.hash}
 
-    def load(self) -> "Encoder":
+    def load_reference(self, tokenizer_json: str = "") -> "Encoder":
+        """The reference library's encoder (tiktoken or Hugging Face tokenizers)."""
         if self.kind == "tiktoken":
             import tiktoken
 
@@ -113,6 +133,10 @@ class TokenizerSpec:
         os.environ.setdefault("RAYON_NUM_THREADS", "1")
         from tokenizers import Tokenizer
 
+        return HFEncoder(Tokenizer.from_str(tokenizer_json or self.tokenizer_json()))
+
+    def tokenizer_json(self) -> str:
+        """HF: the tokenizer's JSON, from the spec or from :attr:`payload_path` (checked against the hash)."""
         payload = self.payload
         if not payload and self.payload_path:
             from apache_beam.io.filesystems import FileSystems
@@ -122,14 +146,25 @@ class TokenizerSpec:
             digest = "sha256:" + hashlib.sha256(payload.encode()).hexdigest()
             if digest != self.hash:
                 raise TokenizerError(f"{self.payload_path}: tokenizer JSON does not match hash {self.hash}")
-        return HFEncoder(Tokenizer.from_str(payload))
+        return payload
 
 
 class Encoder:
     """Encodes texts to int32 token id arrays."""
 
+    backend = "reference"
+    fallback_reason = ""  # why an "auto" load fell back to the reference (empty: it did not, or was not asked to)
+
     def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
         raise NotImplementedError
+
+    def verify(self, texts: Sequence[str], offsets: Sequence[int], arrays: Sequence[np.ndarray | None],
+               where: str) -> int:
+        """Re-encode a sample with the reference and raise if it differs; returns how many were checked.
+
+        The reference checks nothing: its tokens are the definition.
+        """
+        return 0
 
 
 class TiktokenEncoder(Encoder):
@@ -267,14 +302,3 @@ def resolve(spec: str) -> TokenizerSpec:
         return _resolve_tiktoken(spec, spec.split(":", 1)[1])
     return _resolve_hf(spec)
 
-
-_LOADED: dict[tuple[str, str], Encoder] = {}
-
-
-def load_cached(spec: TokenizerSpec) -> Encoder:
-    """Load once per process (several DoFn instances on one worker share the encoder)."""
-    key = (spec.kind, spec.hash)
-    enc = _LOADED.get(key)
-    if enc is None:
-        enc = _LOADED[key] = spec.load()
-    return enc

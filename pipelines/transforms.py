@@ -28,8 +28,9 @@ from .chunk_writer import Counters
 from .errors import BuildError
 from .ledger import check_bad_fraction_of, check_empty_of, finished_ledger
 from .plan import BuildPlan, ChunkConfig, UnitResult, WorkUnit, work_units
+from .fast_tokenizer import load_cached
 from .splits import SplitSpec, cache_root
-from .tokenizer import TokenizerSpec, load_cached
+from .tokenizer import TokenizerSpec
 from .units import UnitBuilder
 
 METRICS_NAMESPACE = "chunkledger"
@@ -98,13 +99,20 @@ class BuildChunksFn(beam.DoFn):
             ledger = status.read_ledger(cache_root(self.output, name)) or {}
             recorded[name] = {(c["shard"], c["index_in_shard"]): c.get("sidecar_checksum")
                               for c in ledger.get("chunks", [])}
-        self.units = UnitBuilder(self.output, load_cached(self.tokenizer), self.config.to_json(),
-                                 self.tokenizer.eos_id, _BeamCounters(), recorded=recorded, split=self.split)
+        self.encoder = load_cached(self.tokenizer)
+        self.counters = _BeamCounters()
+        self.backend_reported = False
+        self.units = UnitBuilder(self.output, self.encoder, self.config.to_json(),
+                                 self.tokenizer.eos_id, self.counters, recorded=recorded, split=self.split)
         freeze_long_lived()
         trace.event("setup_done")
 
     def process(self, unit: WorkUnit) -> Iterable[UnitResult]:
         trace.event("unit_start", shard=unit.shard, index=unit.index)
+        if not self.backend_reported:  # once per worker (Beam drops counters sent from setup)
+            self.backend_reported = True
+            self.counters.inc(f"backend_{self.encoder.backend}", 1)
+            self.counters.inc("backend_fast_rejected", 1 if self.encoder.fallback_reason else 0)
         try:
             results = self.units.build(unit)
         except BuildError as e:

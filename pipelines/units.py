@@ -119,7 +119,7 @@ class UnitBuilder:
 
     Args:
       output: the cache root (the parent of the train and validation caches of a split build).
-      encoder: the loaded tokenizer (``TokenizerSpec.load()``).
+      encoder: the loaded tokenizer (``pipelines.fast_tokenizer.load_cached``).
       config: the ledger's chunking configuration (``ChunkConfig.to_json()``).
       eos_id: the tokenizer's end-of-sequence id (appended only if ``config["append_eos"]``).
       counters: where chunk writers add their counts (Beam metrics on a worker).

@@ -482,7 +482,8 @@ def test_fuzzed_lines_are_never_lost():
 
     from build_helpers import read_chunk
     from pipelines.plan import ChunkConfig, MatchedFile, make_plan, work_units
-    from pipelines.tokenizer import MAX_PIECE_CHARS, PIECE_CHARS, load_cached, resolve
+    from pipelines.fast_tokenizer import load_cached
+    from pipelines.tokenizer import MAX_PIECE_CHARS, PIECE_CHARS, resolve
     from pipelines.units import UnitBuilder
 
     tok = resolve("tiktoken:cl100k_base")

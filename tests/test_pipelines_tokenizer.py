@@ -154,7 +154,7 @@ def test_hf_workers_use_one_rayon_thread_unless_the_user_sets_it(tmp_path):
 
     path = train_tiny_tokenizer(str(tmp_path / "tokenizer.json"))
     code = ("import os; from pipelines.tokenizer import resolve; "
-            f"resolve({path!r}).load().encode_many(['a b c']); print(os.environ['RAYON_NUM_THREADS'])")
+            f"resolve({path!r}).load_reference().encode_many(['a b c']); print(os.environ['RAYON_NUM_THREADS'])")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     base = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}
     for env, want in ((base, "1"), (dict(base, RAYON_NUM_THREADS="3"), "3")):

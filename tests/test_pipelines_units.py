@@ -7,7 +7,7 @@ import pytest
 from build_helpers import small_plan
 from pipelines.errors import BuildError
 from pipelines.plan import work_units
-from pipelines.tokenizer import load_cached
+from pipelines.fast_tokenizer import load_cached
 from pipelines.units import UnitBuilder
 
 

@@ -51,7 +51,8 @@ def make_mesh(shape, names):
 
 
 def shm_files():
-    return set(glob.glob(os.path.join(rw._shm_dir(), "chunkledger-*")))
+    """This process's shared-memory slots (their names carry the pid: other test runs on the machine have theirs)."""
+    return set(glob.glob(os.path.join(rw._shm_dir(), f"chunkledger-{os.getpid()}-*")))
 
 
 def host_copy(batch: dict) -> dict:

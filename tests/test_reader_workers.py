@@ -40,7 +40,8 @@ def in_process(cache, opts, start, count, num_readers=1, reader_index=0):
 
 
 def shm_files():
-    return set(glob.glob(os.path.join(rw._shm_dir(), "chunkledger-*")))
+    """This process's shared-memory slots (their names carry the pid: other test runs on the machine have theirs)."""
+    return set(glob.glob(os.path.join(rw._shm_dir(), f"chunkledger-{os.getpid()}-*")))
 
 
 @pytest.mark.parametrize("opts,R,r,start", [

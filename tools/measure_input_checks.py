@@ -48,7 +48,8 @@ def corpus(d: str, mb: float) -> list[str]:
 def in_process(path: str) -> dict:
     from pipelines.chunk_writer import parse_line
     from pipelines.fsutil import SpanHasher
-    from pipelines.tokenizer import load_cached, resolve
+    from pipelines.fast_tokenizer import load_cached
+    from pipelines.tokenizer import resolve
 
     data = open(path, "rb").read()
     lines = data.split(b"\n")

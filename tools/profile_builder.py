@@ -1,9 +1,10 @@
 """Measure the builder's hot path in one process: a chunk built from a jsonl file vs the raw tokenizer.
 
-    python -m tools.profile_builder --input FILE.jsonl [--tokenizer tiktoken:cl100k_base] [--profile]
+    python -m tools.profile_builder --input FILE.jsonl [--tokenizer tiktoken:cl100k_base]
+        [--tokenizer_backend auto|fast|reference] [--profile]
 
-Prints tokens/s of (a) the tokenizer alone on the already-parsed texts (tiktoken ``encode_ordinary``,
-HF ``encode_batch``) and (b) ``ChunkBuilder`` reading, parsing, tokenizing and writing the same file as
+Prints tokens/s of (a) the encoder alone on the already-parsed texts (``encode_many`` on batches of
+``ENCODE_BATCH_DOCS``) and (b) ``ChunkBuilder`` reading, parsing, tokenizing and writing the same file as
 one chunk, and their ratio. ``--profile`` adds the top functions of (b) by own time.
 """
 
@@ -18,9 +19,10 @@ import tempfile
 import time
 
 from pipelines import fsutil
-from pipelines.chunk_writer import ChunkBuilder
+from pipelines.chunk_writer import ENCODE_BATCH_DOCS, ChunkBuilder
 from pipelines.options import DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL, DEFAULT_ROW_GROUP_TOKENS, TOKEN_ENCODING
-from pipelines.tokenizer import HFEncoder, TiktokenEncoder, resolve
+from pipelines.fast_tokenizer import load_encoder
+from pipelines.tokenizer import resolve
 
 
 def main(argv=None) -> None:
@@ -28,10 +30,11 @@ def main(argv=None) -> None:
     ap.add_argument("--input", required=True, help="an uncompressed jsonl file")
     ap.add_argument("--tokenizer", default="tiktoken:cl100k_base")
     ap.add_argument("--text_key", default="text")
+    ap.add_argument("--tokenizer_backend", default="auto", choices=["auto", "fast", "reference"])
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
-    spec = resolve(args.tokenizer)
-    enc = spec.load()
+    spec = resolve(args.tokenizer).with_backend(args.tokenizer_backend)
+    enc = load_encoder(spec)
     texts = []
     with open(args.input, "rb") as f:
         for line in f:
@@ -42,13 +45,8 @@ def main(argv=None) -> None:
             if isinstance(t, str) and t:
                 texts.append(t)
     t0 = time.perf_counter()
-    if isinstance(enc, TiktokenEncoder):
-        n = sum(len(enc.enc.encode_ordinary(t)) for t in texts)
-    elif isinstance(enc, HFEncoder):
-        n = sum(len(e.ids) for i in range(0, len(texts), 1024)
-                for e in enc.tok.encode_batch(texts[i:i + 1024], add_special_tokens=False))
-    else:  # pragma: no cover
-        raise SystemExit("unknown encoder")
+    n = sum(len(a) for i in range(0, len(texts), ENCODE_BATCH_DOCS)
+            for a in enc.encode_many(texts[i:i + ENCODE_BATCH_DOCS]))
     raw_s = time.perf_counter() - t0
     config = {"text_key": args.text_key, "append_eos": False, "row_group_tokens": DEFAULT_ROW_GROUP_TOKENS,
               "compression": DEFAULT_COMPRESSION, "compression_level": DEFAULT_COMPRESSION_LEVEL,
@@ -66,7 +64,7 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         sidecar = build(d)[0]
         build_s = time.perf_counter() - t0
-        print(f"{len(texts)} documents, {n} tokens")
+        print(f"{len(texts)} documents, {n} tokens, tokenizer backend {enc.backend}")
         print(f"raw tokenizer      {n / raw_s / 1e6:6.2f} M tokens/s")
         print(f"ChunkBuilder       {sidecar['tokens'] / build_s / 1e6:6.2f} M tokens/s "
               f"(read + parse + tokenize + Parquet {sidecar['bytes'] / max(sidecar['tokens'], 1):.2f} bytes/token)")
