@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from reader import format as fmt
+from reader.chunk_file import ledger_chunks
 from reader.streams import round_robin_order
 
 from .errors import BuildError
@@ -38,28 +39,18 @@ def finished_ledger(plan: BuildPlan, results: Iterable[UnitResult]) -> dict[str,
             inp["uncompressed_bytes"] = d["uncompressed_bytes"]
         inputs.append(inp)
     order = round_robin_order([inp["chunks"] for inp in inputs])
-    chunks, docs, tokens = [], 0, 0
-    bad: dict[str, int] = {}
-    for s, k in order.tolist():
-        sc = sidecars.get((s, k))
-        if sc is None:
-            raise BuildError(f"internal: chunk {fmt.chunk_path(s, k)} is missing after the build")
-        entry = fmt.ledger_entry(sc)  # without the row-group index; with the sidecar's checksum
-        entry["doc_offset"] = docs
-        entry["token_offset"] = tokens
-        docs += sc["docs"]
-        tokens += sc["tokens"]
-        for reason, n in sc["bad_reasons"].items():
-            bad[reason] = bad.get(reason, 0) + n
-        chunks.append(entry)
+    missing = [(s, k) for s, k in order.tolist() if (s, k) not in sidecars]
+    if missing:
+        raise BuildError(f"internal: chunk {fmt.chunk_path(*missing[0])} is missing after the build")
+    chunks, bad = ledger_chunks(sidecars[(s, k)] for s, k in order.tolist())
     ledger = plan.ledger()
     ledger["finished"] = True
     ledger["inputs"] = inputs
     ledger["chunks"] = chunks
-    ledger["bad_records"] = dict(sorted(bad.items()))
+    ledger["bad_records"] = bad
     ledger["totals"] = {
-        "docs": docs,
-        "tokens": tokens,
+        "docs": sum(c["docs"] for c in chunks),
+        "tokens": sum(c["tokens"] for c in chunks),
         "chunks": len(chunks),
         "bytes": sum(c["bytes"] for c in chunks),
         "input_bytes": sum(i["size"] for i in inputs),
@@ -81,7 +72,8 @@ class TooManyBadRecords:
     ERROR = "too_many_bad_records"
 
     def message(self, output: str) -> str:
-        """The error the user sees: the counts, where the bad lines are, and the two ways on."""
+        """The error the user sees: the counts, where the bad lines are (``output/bad/``: pass the cache that
+        keeps the dead letters, the train cache of a split build), and the two ways on."""
         bad, lines = self.bad_records, self.lines
         reasons = ", ".join(f"{k}: {v}" for k, v in self.reasons.items())
         return (
@@ -101,11 +93,24 @@ class TooManyBadRecords:
 
 def check_bad_fraction(ledger: Mapping[str, Any], max_bad_fraction: float) -> TooManyBadRecords | None:
     """None if the finished ``ledger``'s share of bad lines is within ``max_bad_fraction``, else the verdict."""
-    bad = ledger["totals"]["bad_records"]
-    lines = bad + ledger["totals"]["docs"]
+    return check_bad_fraction_of([ledger], max_bad_fraction)
+
+
+def check_bad_fraction_of(ledgers: Sequence[Mapping[str, Any]], max_bad_fraction: float) -> TooManyBadRecords | None:
+    """:func:`check_bad_fraction` over every cache of one build (a split build's train and validation).
+
+    The input lines are all caches' documents plus their bad records; a split build keeps its bad records
+    in the train cache only, so each bad line counts once.
+    """
+    bad = sum(led["totals"]["bad_records"] for led in ledgers)
+    lines = bad + sum(led["totals"]["docs"] for led in ledgers)
+    reasons: dict[str, int] = {}
+    for led in ledgers:
+        for reason, n in led["bad_records"].items():
+            reasons[reason] = reasons.get(reason, 0) + n
     if lines and bad / lines > max_bad_fraction:
         return TooManyBadRecords(bad_records=bad, lines=lines, max_bad_fraction=max_bad_fraction,
-                                 reasons=dict(ledger["bad_records"]))
+                                 reasons=dict(sorted(reasons.items())))
     return None
 
 
@@ -137,13 +142,19 @@ class EmptyInput:
 
 def check_empty(ledger: Mapping[str, Any], allow_empty: bool) -> EmptyInput | None:
     """None if every input file of the finished ``ledger`` yields a document (or ``allow_empty``), else the verdict."""
+    return check_empty_of([ledger], allow_empty)
+
+
+def check_empty_of(ledgers: Sequence[Mapping[str, Any]], allow_empty: bool) -> EmptyInput | None:
+    """:func:`check_empty` over every cache of one build: a file whose documents all went to one split of a
+    split build is not empty."""
     if allow_empty:
         return None
     docs: dict[int, int] = {}
     bad: dict[int, int] = {}
-    for c in ledger["chunks"]:
+    for c in (c for led in ledgers for c in led["chunks"]):
         docs[c["shard"]] = docs.get(c["shard"], 0) + c["docs"]
         bad[c["shard"]] = bad.get(c["shard"], 0) + c["bad_records"]
     empty = tuple((inp["path"], int(inp["uncompressed_bytes"]), bad.get(inp["shard"], 0))
-                  for inp in ledger["inputs"] if not docs.get(inp["shard"]))
+                  for inp in ledgers[0]["inputs"] if not docs.get(inp["shard"]))
     return EmptyInput(files=empty) if empty else None
