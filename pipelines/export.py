@@ -294,7 +294,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args, pipeline_args = parse_args(argv)
     beam_options = pipeline_options(pipeline_args)  # a bad runner fails before anything is written
     cache_url, out_url = absolute(args.cache), absolute(args.out)
-    cache, vocab, dt = open_source(cache_url, None if args.dtype == "auto" else args.dtype)
+    cache, vocab, dt = open_source(cache_url, None if args.dtype == "auto" else args.dtype,
+                                 command="python -m pipelines.export")
     fs, out = output_fs(out_url)
     t = cache.table
     plan = make_plan(cache_url, t.checksums, t.docs, t.tokens, dt.name, vocab, args.part_bytes)

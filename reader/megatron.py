@@ -183,13 +183,22 @@ def choose_dtype(vocab_size: int, dtype: str | None, where: str) -> np.dtype:
     return dt
 
 
-def open_source(url: str, dtype: str | None) -> tuple[Cache, int, np.dtype]:
+def open_source(url: str, dtype: str | None, command: str = "python -m reader export") -> tuple[Cache, int, np.dtype]:
     """``(cache, vocab_size, dtype)`` of the finished cache ``url`` to export; raises :class:`ExportError`
-    for a directory of train/validation caches, an unfinished build or a ledger without vocab_size."""
+    for a directory of train/validation caches, an unfinished build or a ledger without vocab_size.
+
+    Args:
+      url: the cache root.
+      dtype: ``uint16``, ``int32`` or None (Megatron's rule from the vocabulary size).
+      command: the export command the refusal of a split build's top directory suggests.
+    """
     splits = split_caches(url)
     if set(splits) != {"train"} or splits["train"] != url:
-        raise ExportError(f"{url}: holds train/ and validation/ caches; export each to its own prefix "
-                          f"(python -m reader export {url.rstrip('/')}/train --format megatron --out PREFIX_train)")
+        # a .bin holds one document sequence: mixing the two caches would leak validation into training
+        names = " and ".join(f"{s}/" for s in splits)
+        todo = "; ".join(f"{command} {u} --format megatron --out PREFIX_{s}" for s, u in splits.items())
+        raise ExportError(f"{url}: the top of a split build (it holds the {names} caches), not a cache; export "
+                          f"each to its own prefix: {todo}")
     cache = open_finished(url)
     vocab = vocab_size_of(cache)
     return cache, vocab, choose_dtype(vocab, dtype, url)

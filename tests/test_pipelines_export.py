@@ -16,8 +16,8 @@ import pytest
 
 import cachegen
 import interop_ref as ref
-from build_helpers import DIRECT_MP2, FNAPI
-from pipelines import export
+from build_helpers import DIRECT_MP2, FNAPI, SAMPLE_DIR
+from pipelines import build_cache, export
 from pipelines.export_plan import make_plan, plan_parts
 from reader import format as fmt
 from reader.cli import main as reader_main
@@ -242,3 +242,26 @@ def test_existing_output_options_and_formats(cache, tmp_path, capsys):
     assert code == 2 and "use python -m reader export" in err
     code, err = _main(capsys, root, "--format", "megatron", "--out", out, "--part_byte", "1", *FNAPI)
     assert code == 2 and "--part_byte" in err
+
+
+def test_a_split_builds_top_directory_is_refused_as_the_cli_does_and_each_split_exports(tmp_path, capsys):
+    top = str(tmp_path / "ds")
+    build_cache.run(["--input", os.path.join(SAMPLE_DIR, "*.jsonl"), "--output", top, "--tokenizer",
+                     "tiktoken:cl100k_base", "--chunk_bytes", "20000", "--validation_fraction", "0.2", *FNAPI])
+    capsys.readouterr()
+    assert reader_main(["export", top, "--format", "megatron", "--out", str(tmp_path / "cli" / "m")]) == 2
+    cli_err = capsys.readouterr().err
+    code, err = _main(capsys, top, "--format", "megatron", "--out", str(tmp_path / "beam" / "m"), *FNAPI)
+    assert code == 2
+    for command, text in (("python -m reader export", cli_err), ("python -m pipelines.export", err)):
+        assert f"{top}: the top of a split build" in text, text
+        for split in ("train", "validation"):
+            assert f"{command} {top}/{split} --format megatron --out PREFIX_{split}" in text, text
+    assert sorted(os.listdir(tmp_path)) == ["ds"]  # neither wrote anything
+    for split in ("train", "validation"):  # what the message says to do works, with the CLI's bytes
+        sub = f"{top}/{split}"
+        assert reader_main(["export", sub, "--format", "megatron", "--out", str(tmp_path / "cli" / split)]) == 0
+        _export(sub, str(tmp_path / "beam" / split))
+        for ext in ("bin", "idx"):
+            assert (tmp_path / "beam" / f"{split}.{ext}").read_bytes() == \
+                (tmp_path / "cli" / f"{split}.{ext}").read_bytes(), (split, ext)
