@@ -19,7 +19,7 @@ import concurrent.futures as cf
 import dataclasses
 import os
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -117,14 +117,18 @@ def _blocks_of(cache: Cache, c: int, data: bytes) -> list[Block]:
     return out
 
 
-def iter_blocks(cache: Cache, *, prefetch: int = 2) -> Iterator[Block]:
+def iter_blocks(cache: Cache, *, prefetch: int = 2, chunks: Sequence[int] | None = None) -> Iterator[Block]:
     """Every document of a finished cache in global order, a row group at a time (verified reads).
 
     The next ``prefetch`` chunk files are fetched and decoded in the background while the caller
     consumes the current one, so memory holds at most ``prefetch + 1`` chunks.
+
+    Args:
+      cache: a finished cache.
+      prefetch: chunk files fetched and decoded ahead.
+      chunks: global chunk indices to read, in this order (default: all); empty chunks are not read.
     """
-    n = len(cache.table)
-    todo = [c for c in range(n) if int(cache.table.docs[c]) > 0]
+    todo = [c for c in (range(len(cache.table)) if chunks is None else chunks) if int(cache.table.docs[c]) > 0]
 
     def load(c: int) -> list[Block]:
         return _blocks_of(cache, c, _read_verified(cache, c))
@@ -185,9 +189,16 @@ def output_fs(path: str):
 
 
 def rename(fs, src: str, dst: str) -> None:
-    """Move ``src`` onto ``dst`` (atomic on a local filesystem)."""
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+    """Move ``src`` onto ``dst`` (atomic on a local filesystem; on Cloud Storage ``dst`` appears whole)."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if "file" in protocols:
         os.replace(src, dst)
+    elif set(protocols) & {"gs", "gcs"}:
+        # gcsfs's mv tries Cloud Storage's moveTo first and, where that is not served (a 501 from an
+        # emulator or a gateway), retries it for about 30 s before doing exactly this: a server-side copy,
+        # then the delete.
+        fs.copy(src, dst)
+        fs.rm(src)
     else:
         fs.mv(src, dst, recursive=True)
 

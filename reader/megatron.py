@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import struct
 import tempfile
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from . import format as fmt
+from .cache import Cache
 from .export import (ExportError, check_token_range, iter_blocks, open_finished, output_fs, remove_quietly, rename,
                      split_caches, temp_name, vocab_size_of)
 
@@ -170,7 +171,9 @@ class MegatronIndex:
 # Export
 
 
-def _choose_dtype(vocab_size: int, dtype: str | None, where: str) -> np.dtype:
+def choose_dtype(vocab_size: int, dtype: str | None, where: str) -> np.dtype:
+    """The ``.bin`` dtype: ``dtype`` (``"uint16"``/``"int32"``, refused if the vocabulary does not fit), or
+    Megatron's :func:`optimal_dtype` for None."""
     if dtype is None:
         return optimal_dtype(vocab_size)
     dt = np.dtype(dtype)
@@ -178,6 +181,60 @@ def _choose_dtype(vocab_size: int, dtype: str | None, where: str) -> np.dtype:
         raise ExportError(f"--dtype {dtype}: cannot hold the token ids of {where}'s tokenizer (vocab_size "
                           f"{vocab_size}); use int32 or leave --dtype at auto")
     return dt
+
+
+def open_source(url: str, dtype: str | None, command: str = "python -m reader export") -> tuple[Cache, int, np.dtype]:
+    """``(cache, vocab_size, dtype)`` of the finished cache ``url`` to export; raises :class:`ExportError`
+    for a directory of train/validation caches, an unfinished build or a ledger without vocab_size.
+
+    Args:
+      url: the cache root.
+      dtype: ``uint16``, ``int32`` or None (Megatron's rule from the vocabulary size).
+      command: the export command the refusal of a split build's top directory suggests.
+    """
+    splits = split_caches(url)
+    if set(splits) != {"train"} or splits["train"] != url:
+        # a .bin holds one document sequence: mixing the two caches would leak validation into training
+        names = " and ".join(f"{s}/" for s in splits)
+        todo = "; ".join(f"{command} {u} --format megatron --out PREFIX_{s}" for s, u in splits.items())
+        raise ExportError(f"{url}: the top of a split build (it holds the {names} caches), not a cache; export "
+                          f"each to its own prefix: {todo}")
+    cache = open_finished(url)
+    vocab = vocab_size_of(cache)
+    return cache, vocab, choose_dtype(vocab, dtype, url)
+
+
+def bin_bytes(values: np.ndarray, dtype: np.dtype) -> bytes:
+    """Tokens as they lie in ``PREFIX.bin``."""
+    return values.astype(dtype).tobytes()
+
+
+def write_index(f, dtype: np.dtype, docs: int, lengths: Callable[[], Iterable[np.ndarray]]) -> None:
+    """Write a whole ``PREFIX.idx`` (one sequence per document) to the open binary file ``f``.
+
+    Args:
+      f: the output file.
+      dtype: the element type of ``PREFIX.bin``.
+      docs: the number of documents (= sequences).
+      lengths: returns a new iterator over the documents' token counts, in order and in arrays of any
+        size; called twice (the lengths, then the pointers computed from them), so the index never has to
+        be held in memory.
+    """
+    f.write(header_bytes(dtype, docs, docs))
+    seen = 0
+    for block in lengths():
+        f.write(np.asarray(block).astype("<i4").tobytes())
+        seen += len(block)
+    if seen != docs:
+        raise ExportError(f"the index of {docs} documents was given {seen} lengths")
+    item, pos = np.dtype(dtype).itemsize, 0
+    for block in lengths():
+        if len(block):
+            ends = np.cumsum(np.asarray(block, np.int64))
+            f.write((pos + (ends - block) * item).astype("<i8").tobytes())
+            pos += int(ends[-1]) * item
+    for lo in range(0, docs + 1, _BLOCK):
+        f.write(np.arange(lo, min(lo + _BLOCK, docs + 1), dtype="<i8").tobytes())
 
 
 def export_megatron(url: str, prefix: str, *, overwrite: bool = False, dtype: str | None = None,
@@ -192,16 +249,10 @@ def export_megatron(url: str, prefix: str, *, overwrite: bool = False, dtype: st
       threads: chunks fetched and decoded ahead in parallel.
 
     Returns a one-line summary. The ``.bin`` is renamed into place before the ``.idx``: an ``.idx`` with
-    its final name always describes a complete ``.bin``.
+    its final name always describes a complete ``.bin``. (``pipelines/export.py`` writes the same files
+    with Apache Beam, for caches too large for one process.)
     """
-    splits = split_caches(url)
-    if set(splits) != {"train"} or splits["train"] != url:
-        raise ExportError(f"{url}: holds train/ and validation/ caches; export each to its own prefix "
-                          f"(python -m reader export {url.rstrip('/')}/train --format megatron --out PREFIX_train)")
-    cache = open_finished(url)
-    vocab = vocab_size_of(cache)
-    dt = _choose_dtype(vocab, dtype, url)
-    item = dt.itemsize
+    cache, vocab, dt = open_source(url, dtype)
     fs, out = output_fs(prefix)
     bin_path, idx_path = out + ".bin", out + ".idx"
     if not overwrite:
@@ -212,29 +263,25 @@ def export_megatron(url: str, prefix: str, *, overwrite: bool = False, dtype: st
     bin_tmp, idx_tmp = temp_name(bin_path), temp_name(idx_path)
     local_dir = os.path.dirname(os.path.abspath(out)) if "file" in _protocols(fs) else None
     try:
-        with fs.open(bin_tmp, "wb") as fb, tempfile.TemporaryFile(dir=local_dir) as lens_f, \
-                tempfile.TemporaryFile(dir=local_dir) as ptrs_f:
-            pos, docs, tokens = 0, 0, 0
+        with fs.open(bin_tmp, "wb") as fb, tempfile.TemporaryFile(dir=local_dir) as lens_f:
+            docs, tokens = 0, 0
             for block in iter_blocks(cache, prefetch=threads):
                 check_token_range(block, vocab, cache)
-                fb.write(block.values.astype(dt).tobytes())
+                fb.write(bin_bytes(block.values, dt))
                 lens_f.write(block.lengths.astype("<i4").tobytes())
-                starts = np.zeros(len(block.lengths), np.int64)
-                np.cumsum(block.lengths[:-1], out=starts[1:])
-                ptrs_f.write((pos + starts * item).astype("<i8").tobytes())
-                pos += block.values.size * item
                 docs += len(block.lengths)
                 tokens += block.values.size
             if docs != n_docs:
                 raise ExportError(f"{cache.display(fmt.LEDGER_NAME)}: the chunks hold {docs} documents, the "
                                   f"ledger {n_docs}")
+
+            def lengths() -> Iterator[np.ndarray]:
+                lens_f.seek(0)
+                while raw := lens_f.read(4 * _BLOCK):
+                    yield np.frombuffer(raw, "<i4")
+
             with fs.open(idx_tmp, "wb") as fi:
-                fi.write(header_bytes(dt, docs, docs))
-                for f in (lens_f, ptrs_f):
-                    f.seek(0)
-                    shutil.copyfileobj(f, fi, 1 << 22)
-                for lo in range(0, docs + 1, _BLOCK):
-                    fi.write(np.arange(lo, min(lo + _BLOCK, docs + 1), dtype="<i8").tobytes())
+                write_index(fi, dt, docs, lengths)
         if fs.exists(idx_path):
             fs.rm(idx_path)  # never leave an old .idx beside a new .bin
         rename(fs, bin_tmp, bin_path)

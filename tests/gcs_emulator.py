@@ -29,6 +29,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -53,15 +54,20 @@ class GcsEmulator:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def __enter__(self) -> "GcsEmulator":
+        # stderr to a file, not a pipe: the emulator prints a traceback for every client that closes a
+        # connection early, and once a pipe nobody reads is full (64 KiB) it blocks, and the test hangs.
+        self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [EMULATOR, "start", "--host=127.0.0.1", f"--port={self.port}", f"--default-bucket={self.bucket}",
              "--in-memory", "--quiet"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+            stdout=subprocess.DEVNULL, stderr=self._stderr, preexec_fn=_die_with_parent)
         self._plain_gcsfs_for_gs()
         deadline = time.time() + self.start_timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"gcp-storage-emulator exited: {self.proc.stderr.read().decode()[-2000:]}")
+                tail = self.stderr_tail()
+                self.close()
+                raise RuntimeError(f"gcp-storage-emulator exited: {tail}")
             try:
                 with urllib.request.urlopen(f"{self.endpoint}/storage/v1/b/{self.bucket}", timeout=2) as r:
                     if r.status == 200:
@@ -87,8 +93,15 @@ class GcsEmulator:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=15)
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
+        if getattr(self, "_stderr", None) is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def stderr_tail(self, n: int = 2000) -> str:
+        """The last ``n`` characters the emulator wrote to stderr."""
+        self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(max(0, self._stderr.tell() - n))
+        return self._stderr.read().decode(errors="replace")
 
     # -- clients -----------------------------------------------------------------------------------
     def url(self, key: str = "") -> str:
