@@ -54,7 +54,7 @@ if __name__ == "__main__":
 
 import apache_beam as beam  # noqa: E402
 
-from . import faults, lock, runners, status  # noqa: E402
+from . import faults, lock, runners, status, unit_queue  # noqa: E402
 from .errors import BuildError, EnvironmentFault  # noqa: E402
 from .fast_tokenizer import backend_note  # noqa: E402
 from .launcher import Prepared, plan_build, reconcile_output  # noqa: E402
@@ -148,12 +148,15 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
         print(summary)
         return {"ledger": prepared.finished, "summary": summary, "resumed": True, "already_complete": True}
     trace.event("planned")
-    warm = _warm_process(args, beam_options)
+    workers = runners.local_process_workers(beam_options)
+    warm = _warm_process(args, workers)
     runner = runners.forked_workers_runner(warm.worker_command()) if warm is not None else None
+    claims = unit_queue.new_claims_directory() if workers > 1 else None
     p = beam.Pipeline(runner=runner, options=beam_options)
     _ = p | "BuildCache" >> BuildCache(output, prepared.plan, prepared.tokenizer, args.options.max_bad_fraction,
                                        allow_empty=args.options.allow_empty,
-                                       finished=prepared.finished is not None, started=t0)
+                                       finished=prepared.finished is not None, started=t0,
+                                       queue=(claims, workers) if claims else None)
     try:
         trace.event("run_start")
         result = p.run()
@@ -178,6 +181,8 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
     finally:
         if warm is not None:
             warm.close()
+        if claims is not None:
+            unit_queue.remove(claims)
     trace.event("run_done")
     outcome = status.read_outcome(output)
     if outcome.failure is not None:
@@ -195,20 +200,15 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
             "result": result, "counters": counters}
 
 
-def _warm_process(args: Arguments, beam_options) -> "local_workers.WarmProcess | None":
+def _warm_process(args: Arguments, workers: int) -> "local_workers.WarmProcess | None":
     """The warm process forking this run's SDK workers (see pipelines/local_workers.py), or None.
 
-    Only for Beam's multi-process DirectRunner: the one the command line started before importing Beam, or
-    a new one (a build run in-process, e.g. by tests).
+    Only for Beam's multi-process DirectRunner (``workers`` > 0): the one the command line started before
+    importing Beam, or a new one (a build run in-process, e.g. by tests).
     """
     global _WARM
-    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
-
     warm, _WARM = _WARM, None
-    runner = beam_options.view_as(StandardOptions).runner
-    local = (runner in (None, "DirectRunner", "direct") and
-             beam_options.view_as(DirectOptions).direct_running_mode == "multi_processing")
-    if not local or not local_workers.enabled():
+    if not workers or not local_workers.enabled():
         if warm is not None:
             warm.close()
         return None

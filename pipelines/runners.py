@@ -103,6 +103,19 @@ def is_dask(pipeline_args: list[str]) -> bool:
     return any(a == f"--runner={DASK_RUNNER}" for a in pipeline_args)
 
 
+def local_process_workers(options) -> int:
+    """The number of worker processes of Beam's multi-process DirectRunner for these (resolved) pipeline
+    options, or 0 for any other runner."""
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    if options.view_as(StandardOptions).runner not in (None, "DirectRunner", "direct"):
+        return 0
+    direct = options.view_as(DirectOptions)
+    if direct.direct_running_mode != "multi_processing":
+        return 0
+    return direct.direct_num_workers or os.cpu_count() or 1
+
+
 def forked_workers_runner(worker_command: str):
     """Beam's FnApiRunner (what the DirectRunner runs for a batch pipeline) starting each SDK worker with
     ``worker_command`` (see pipelines/local_workers.py) instead of a fresh ``sdk_worker_main`` process.

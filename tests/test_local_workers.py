@@ -67,6 +67,10 @@ def test_workers_are_forked_and_build_the_same_bytes(tmp_path):
         ev = events(trace)
         setups = [e for e in ev if e["event"] == "setup_start"]
         assert len({e["pid"] for e in setups}) == 2 and all(e.get("forked") for e in setups), setups
+        # the shared queue: every unit built exactly once, by both workers (pipelines/unit_queue.py)
+        done = [(e["shard"], e["index"]) for e in ev if e["event"] == "unit_done"]
+        assert len(done) == len(set(done)) >= 6
+        assert len({e["pid"] for e in ev if e["event"] == "unit_done"}) == 2
         warm = [e["warm_pid"] for e in ev if e["event"] == "warm_process_started"]
         assert len(warm) == 1 and not alive(warm[0])  # stopped with the launcher
         assert not any(alive(e["pid"]) for e in setups)
@@ -78,6 +82,8 @@ def test_workers_are_forked_and_build_the_same_bytes(tmp_path):
     ev = events(trace)
     setups = [e for e in ev if e["event"] == "setup_start"]
     assert len(setups) == 2 and not any(e.get("forked") for e in setups)
+    done = [(e["shard"], e["index"]) for e in ev if e["event"] == "unit_done"]
+    assert len(done) == len(set(done)) >= 6  # the queue does not depend on forking
     assert not any(e["event"] == "warm_process_started" for e in ev)
     assert tree_bytes(out) == tree_bytes(ref)
 
@@ -131,3 +137,28 @@ def test_which_command_lines_use_local_workers():
     assert not any(local_workers.wants_local_workers(a) for a in no)
     assert local_workers.preload_hint(["--tokenizer=tiktoken:cl100k_base", "--verify_every", "7"]) == {
         "tokenizer": "tiktoken:cl100k_base", "backend": "auto", "verify_every": "7"}
+
+
+def _claim_all(directory: str, n: int, out) -> None:
+    from pipelines.unit_queue import ClaimQueue
+
+    got = []
+    for i in ClaimQueue(directory, n):
+        got.append(i)
+        time.sleep(0.001)  # a unit takes a while: the other process claims meanwhile
+    out.put(got)
+
+
+def test_the_claim_queue_gives_every_unit_to_exactly_one_process(tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_claim_all, args=(str(tmp_path), 500, out)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    claimed = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert sorted(i for c in claimed for i in c) == list(range(500))
+    assert all(c == sorted(c) and c for c in claimed)  # each in the plan's order, each took some
