@@ -20,6 +20,9 @@ Steps:
    ledger with ``"finished": true`` (a pure function of the inputs and the configuration), or
    ``_FAILED.json``. :func:`run` reads that verdict once the runner returns or raises.
 
+With ``--validation_fraction F`` the same steps write two caches from one pass over the input,
+``OUTPUT/train`` and ``OUTPUT/validation`` (``pipelines/splits.py``), each with its own ledger.
+
 Options not listed by ``--help`` are passed to Beam (``--runner``, ``--project``, ...); an option that
 is neither ours nor Beam's is an error. Without ``--runner`` the local DirectRunner runs with one worker
 process per CPU.
@@ -59,6 +62,7 @@ from .errors import BuildError, EnvironmentFault  # noqa: E402
 from .fast_tokenizer import backend_note  # noqa: E402
 from .launcher import Prepared, plan_build, reconcile_output  # noqa: E402
 from .options import Arguments, build_arg_parser, parse_args, pipeline_options  # noqa: E402
+from .splits import cache_names, cache_root  # noqa: E402
 from .transforms import METRICS_NAMESPACE, BuildCache  # noqa: E402
 
 if __name__ == "__main__":
@@ -67,10 +71,29 @@ if __name__ == "__main__":
 
 __all__ = ["BuildError", "build_arg_parser", "main", "run"]
 
-def _summary(ledger: dict[str, Any], output: str, run: str = "") -> str:
-    t = ledger["totals"]
-    return (f"chunkledger: {t['docs']} documents, {t['tokens']} tokens, {t['chunks']} chunks, "
-            f"{t['bad_records']} bad records, {t['uncompressed_bytes']} input bytes{run} -> {output}")
+def _summary(ledgers: dict[str | None, dict[str, Any]], output: str, run: str = "") -> str:
+    """The last line printed: documents, tokens (per split in a split build), chunks, bad records, this run."""
+    totals = {name: led["totals"] for name, led in ledgers.items()}
+    t = next(iter(totals.values()))  # the inputs and chunk counts are the same in every cache
+    docs = sum(x["docs"] for x in totals.values())
+    tokens = sum(x["tokens"] for x in totals.values())
+    bad = sum(x["bad_records"] for x in totals.values())
+    s = f"chunkledger: {docs} documents, {tokens} tokens"
+    if None not in totals:
+        s += " (" + "; ".join(f"{name}: {x['docs']} documents, {x['tokens']} tokens" for name, x in totals.items())
+        s += f"), {t['chunks']} chunks per split"
+    else:
+        s += f", {t['chunks']} chunks"
+    s += f", {bad} bad records, {t['uncompressed_bytes']} input bytes{run} -> {output}"
+    return s if None in totals else s + f" ({', '.join(f'{name}/' for name in totals)})"
+
+
+def _result(ledgers: dict[str | None, dict[str, Any]], summary: str, **more: Any) -> dict[str, Any]:
+    """What :func:`run` returns: ``ledger`` is the plain (or train) cache's; ``splits`` maps a split build's caches."""
+    out = {"ledger": next(iter(ledgers.values())), "summary": summary, **more}
+    if None not in ledgers:
+        out["splits"] = dict(ledgers)
+    return out
 
 
 def _this_run(counters: dict[str, int] | None, seconds: float, verified: bool) -> str:
@@ -120,7 +143,8 @@ def _only_describes_job(pipeline: beam.Pipeline) -> bool:
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Plan, run and finalize a build. Returns ``{"ledger": ..., "summary": str, "resumed": bool, ...}``.
+    """Plan, run and finalize a build. Returns ``{"ledger": ..., "summary": str, "resumed": bool, ...}``;
+    a split build's ``ledger`` is the train cache's, and ``splits`` maps ``train``/``validation`` to both.
 
     Raises BuildError (naming the file or option and the fix) when the build cannot start or finish, and
     EnvironmentFault (a BuildError) when the disk, the network or a worker failed.
@@ -141,12 +165,14 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[str, Any]:
     output = prepared.output
+    names = cache_names(prepared.plan.split)
+    first = cache_root(output, names[0])  # the plain cache, or the train cache (which keeps the dead letters)
     if prepared.old_format:
         summary = _summary(prepared.finished, output) + (
             " (already complete; a format 1 cache: readable as before, not verified again because its chunks "
             "do not record the input bytes they were built from)")
         print(summary)
-        return {"ledger": prepared.finished, "summary": summary, "resumed": True, "already_complete": True}
+        return _result(prepared.finished, summary, resumed=True, already_complete=True)
     trace.event("planned")
     workers = runners.local_process_workers(beam_options)
     warm = _warm_process(args, workers)
@@ -155,22 +181,23 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
     p = beam.Pipeline(runner=runner, options=beam_options)
     _ = p | "BuildCache" >> BuildCache(output, prepared.plan, prepared.tokenizer, args.options.max_bad_fraction,
                                        allow_empty=args.options.allow_empty,
-                                       finished=prepared.finished is not None, started=t0,
+                                       finished=tuple(prepared.finished or ()), started=t0,
                                        queue=(claims, workers) if claims else None)
     try:
         trace.event("run_start")
         result = p.run()
         if _only_describes_job(p):
-            print(f"chunkledger: job description written, nothing ran (the plan is {output}/ledger.json; "
+            print(f"chunkledger: job description written, nothing ran (the plan is {first}/ledger.json; "
                   "launching the job finishes the cache)")
-            return {"ledger": prepared.plan.ledger(), "summary": "", "resumed": prepared.resumed,
-                    "already_complete": False, "result": result, "submitted": False}
+            plans = {name: plan.ledger() for name, plan in prepared.plan.caches()}
+            return _result(plans, "", resumed=prepared.resumed, already_complete=False, result=result,
+                           submitted=False)
         result.wait_until_finish()
     except Exception as e:
         # Runners wrap a worker's error in their own; the job's verdict, if it reached one, is in the cache.
-        failure = status.read_outcome(output).failure
+        failure = status.read_outcome(output, names).failure
         if failure is not None:
-            raise BuildError(failure.message(output)) from e
+            raise BuildError(failure.message(first)) from e
         cause = faults.explain(e, output)
         if cause is not None:
             raise EnvironmentFault(cause) from e
@@ -184,20 +211,21 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
         if claims is not None:
             unit_queue.remove(claims)
     trace.event("run_done")
-    outcome = status.read_outcome(output)
+    outcome = status.read_outcome(output, names)
     if outcome.failure is not None:
-        raise BuildError(outcome.failure.message(output))
+        raise BuildError(outcome.failure.message(first))
     if not outcome.finished:
-        raise EnvironmentFault(f"the pipeline ended but {output}/ledger.json is not finished. {faults.RERUN}")
+        unfinished = [cache_root(output, n) for n, led in outcome.ledgers.items() if not led.get("finished")]
+        raise EnvironmentFault(f"the pipeline ended but {unfinished[0]}/ledger.json is not finished. {faults.RERUN}")
     counters = _counters(result)
-    verified = prepared.finished is not None
-    summary = _summary(outcome.ledger, output, _this_run(counters, time.time() - t0, verified))
+    verified = prepared.complete
+    summary = _summary(outcome.ledgers, output, _this_run(counters, time.time() - t0, verified))
     note = backend_note(counters)
     summary += f"; {note}" if note else ""
     print(summary)
     already = verified and counters is not None and counters.get("chunks_written", 0) == 0
-    return {"ledger": outcome.ledger, "summary": summary, "resumed": prepared.resumed, "already_complete": already,
-            "result": result, "counters": counters}
+    return _result(outcome.ledgers, summary, resumed=prepared.resumed, already_complete=already, result=result,
+                   counters=counters)
 
 
 def _warm_process(args: Arguments, workers: int) -> "local_workers.WarmProcess | None":

@@ -14,12 +14,11 @@ import json
 import tempfile
 from typing import Any, Callable, Mapping
 
-import numpy as np
-
 from reader import format as fmt
-from reader.chunk_file import ChunkParquet, make_sidecar, row_group_table
+from reader.chunk_file import make_sidecar
 
 from . import fsutil
+from .splits import SplitRouter, SplitSpec, cache_roots
 
 # Reasons a line is dead-lettered (the keys of the ledger's "bad_records").
 BAD_REASONS = (
@@ -145,27 +144,29 @@ class ChunkBuilder:
 
     Call :meth:`add` for each line (in file order) whose first byte is in the chunk's byte range, then
     :meth:`finish` with the range's end and the span's end; it writes dead letters, the Parquet file and
-    the sidecar (each atomically, in that order) and returns the sidecar dict. The sidecar records the
-    span of input bytes the chunk was built from and their sha256 (``input_span``, ``input_checksum``),
-    so that a rerun can tell whether the input still holds those bytes.
+    the sidecar (each atomically, in that order) and returns the sidecars, one per cache of the build.
+    The sidecar records the span of input bytes the chunk was built from and their sha256
+    (``input_span``, ``input_checksum``), so that a rerun can tell whether the input still holds those bytes.
 
-    ``expect``, if given, is called with the finished sidecar before anything is written; it raises to
+    With ``split`` (a split build, :mod:`pipelines.splits`) each document is tokenized once and goes to the
+    chunk of its split under ``root/train`` or ``root/validation``; both chunks record the same input span
+    and checksum (each cache can be checked against the input alone); dead letters go to train only.
+
+    ``expect``, if given, is called with the finished sidecars before anything is written; it raises to
     stop a chunk that must reproduce a recorded one (a finished cache being repaired) from being written.
     """
 
     def __init__(self, *, root: str, input_path: str, shard: int, index: int, lo: int, encoder,
                  config: Mapping[str, Any], eos_id: int | None, counters: Counters | None = None,
-                 expect: Callable[[dict[str, Any]], None] | None = None):
-        self.root = root
+                 expect: Callable[[tuple[dict[str, Any], ...]], None] | None = None, split: SplitSpec | None = None):
+        self.roots = cache_roots(root, split)
         self.input_path = input_path
         self.shard = shard
         self.index = index
         self.lo = lo
         self.encoder = encoder
         self.text_key = config["text_key"]
-        self.row_group_tokens = int(config["row_group_tokens"])
         self.eos_id = eos_id if config["append_eos"] else None
-        self.extra = 1 if self.eos_id is not None else 0
         self.counters = counters or Counters()
         self.expect = expect
         self.span = fsutil.SpanHasher()
@@ -176,12 +177,10 @@ class ChunkBuilder:
         self.pending_offsets: list[int] = []
         self.pending_raws: list[bytes] = []
         self.pending_chars = 0
-        self.rg_arrays: list[np.ndarray] = []
-        self.rg_offsets: list[int] = []
-        self.rg_tokens = 0
         self.input_bytes = 0
         self.verified = 0  # documents re-encoded by the reference tokenizer (fast backend)
-        self.parquet = ChunkParquet(config)
+        self.router = SplitRouter(config, shard, self.eos_id, split)
+        self.routed: dict[int, int] = {}  # offset -> cache index of each pending document not in the first cache
 
     # -- lines ------------------------------------------------------------------------------------
     def add(self, offset: int, raw: bytes) -> None:
@@ -197,6 +196,9 @@ class ChunkBuilder:
         self.pending_texts.append(text)
         self.pending_offsets.append(offset)
         self.pending_raws.append(raw)
+        part = self.router.route(text)
+        if part:
+            self.routed[offset] = part
         self.pending_chars += len(text)
         if len(self.pending_texts) >= ENCODE_BATCH_DOCS or self.pending_chars >= ENCODE_BATCH_CHARS:
             self._encode_pending()
@@ -231,11 +233,7 @@ class ChunkBuilder:
         for a, off in zip(arrays, offsets):
             if a is None:
                 continue
-            self.rg_arrays.append(a)
-            self.rg_offsets.append(off)
-            self.rg_tokens += len(a) + self.extra
-            if self.rg_tokens >= self.row_group_tokens:
-                self._flush_row_group()
+            self.router.add(self.routed.pop(off, 0), a, off)
 
     def _encode_one_by_one(self, texts, offsets, raws):
         out = []
@@ -250,51 +248,58 @@ class ChunkBuilder:
                 out.append(None)
         return out
 
-    def _flush_row_group(self) -> None:
-        if not self.rg_arrays:
-            return
-        table = row_group_table(self.rg_arrays, self.shard, self.rg_offsets, self.eos_id)
-        self.parquet.write(table, self.rg_tokens)
-        self.rg_arrays, self.rg_offsets, self.rg_tokens = [], [], 0
-
     # -- output -----------------------------------------------------------------------------------
-    def finish(self, hi: int, end: int) -> dict[str, Any]:
-        """Write the chunk; ``hi`` ends its byte range, ``end`` its input span (the next line's offset)."""
+    def finish(self, hi: int, end: int) -> tuple[dict[str, Any], ...]:
+        """Write the chunk (in each cache of the build); ``hi`` ends its byte range, ``end`` its input span
+        (the next line's offset). Returns its sidecars, in :func:`pipelines.splits.cache_names` order."""
         self._encode_pending()
-        self._flush_row_group()
-        data, rg_index, footer = self.parquet.finish()
+        parquets = self.router.finish()
         self._spool_bad()
         dl_rel = dl_sum = None
-        if self.bad_spool is not None:
+        if self.bad_spool is not None:  # the first cache (train) keeps every dead letter
             dl_rel = fmt.dead_letter_path(self.shard, self.index)
             dl_sum = _stream_checksum(self.bad_spool)
         span, input_sum = self.span.finish(end)
-        rel = fmt.chunk_path(self.shard, self.index)
-        sidecar = make_sidecar(shard=self.shard, index_in_shard=self.index, byte_range=[self.lo, hi], data=data,
-                               row_group_index=rg_index, footer=footer, docs=self.parquet.docs,
-                               tokens=self.parquet.tokens, bad_reasons=self.bad_reasons, dead_letters=dl_rel,
-                               dead_letters_checksum=dl_sum, input_span=span, input_checksum=input_sum)
+        files, sidecars = [], []
+        for i, parquet in enumerate(parquets):
+            data, rg_index, footer = parquet.finish()
+            first = i == 0
+            sidecars.append(make_sidecar(
+                shard=self.shard, index_in_shard=self.index, byte_range=[self.lo, hi], data=data,
+                row_group_index=rg_index, footer=footer, docs=parquet.docs, tokens=parquet.tokens,
+                bad_reasons=self.bad_reasons if first else None, dead_letters=dl_rel if first else None,
+                dead_letters_checksum=dl_sum if first else None, input_span=span, input_checksum=input_sum))
+            files.append(data)
         if self.expect is not None:
-            self.expect(sidecar)
+            self.expect(tuple(sidecars))
         if self.bad_spool is not None:
             self.bad_spool.seek(0)
-            fsutil.write_atomic_stream(fmt.join(self.root, dl_rel), self.bad_spool)
+            fsutil.write_atomic_stream(fmt.join(self.roots[0], dl_rel), self.bad_spool)
             self.bad_spool.close()
             self.bad_spool = None
-        fsutil.write_atomic(fmt.join(self.root, rel), data)
-        fsutil.write_atomic(fmt.join(self.root, fmt.sidecar_path(self.shard, self.index)),
-                            fmt.sidecar_bytes(sidecar))
+        rel = fmt.chunk_path(self.shard, self.index)
+        for root, data, sidecar in zip(self.roots, files, sidecars):
+            fsutil.write_atomic(fmt.join(root, rel), data)
+            fsutil.write_atomic(fmt.join(root, fmt.sidecar_path(self.shard, self.index)), fmt.sidecar_bytes(sidecar))
+        self._count(sidecars, files)
+        return tuple(sidecars)
+
+    def _count(self, sidecars: list[dict[str, Any]], files: list[bytes]) -> None:
+        """Counters of a written chunk: a split build's chunk counts once, with per-split document counts."""
         inc = self.counters.inc
-        inc("documents", sidecar["docs"])
-        inc("tokens", sidecar["tokens"])
+        for name, sidecar, data in zip(self.router.names, sidecars, files):
+            inc("documents", sidecar["docs"])
+            inc("tokens", sidecar["tokens"])
+            inc("output_bytes", len(data))
+            if name is not None:
+                inc(f"documents_{name}", sidecar["docs"])
+                inc(f"tokens_{name}", sidecar["tokens"])
         inc("input_bytes", self.input_bytes)
-        inc("output_bytes", len(data))
-        inc("bad_records", sidecar["bad_records"])
+        inc("bad_records", sum(self.bad_reasons.values()))
         for reason, n in self.bad_reasons.items():
             inc(f"bad_{reason}", n)
         inc("chunks_written", 1)
         inc("tokenizer_verified_docs", self.verified)
-        return sidecar
 
 
 def _stream_checksum(f, block: int = 1 << 20) -> str:

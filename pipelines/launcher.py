@@ -3,13 +3,16 @@
 :func:`prepare` checks ``--output``, matches the input files, resolves the tokenizer, plans the build
 (:func:`pipelines.plan.make_plan`, pure) and reconciles the plan with what ``--output`` already holds
 (:func:`pipelines.plan.reconcile`): nothing (write the plan ledger), the same build unfinished (resume),
-the same build finished (verify it, and repair what is damaged), or another build (refuse).
+the same build finished (verify it, and repair what is damaged), or another build (refuse). A split build
+does this for each of its caches (``OUTPUT/train``, ``OUTPUT/validation``) after writing
+``OUTPUT/splits.json``; a plain build and a split build never share an ``--output``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import logging
 import os
 from typing import Any, Sequence
@@ -22,9 +25,10 @@ from . import faults, fsutil, remote, status
 from .decompress import open_input
 from .errors import BuildError, DamagedInput, EnvironmentFault
 from .ledger import EmptyInput
-from .options import Arguments, absolute, chunk_config, is_remote
+from .options import Arguments, absolute, chunk_config, is_remote, split_spec
 from .plan import BuildPlan, MatchedFile, make_plan, reconcile
 from .fast_tokenizer import preflight
+from .splits import SplitSpec, cache_root
 from .tokenizer import TokenizerError, TokenizerSpec, resolve
 
 LOG = logging.getLogger("chunkledger.build")
@@ -114,26 +118,70 @@ def check_output(output: str) -> None:
         raise BuildError(f"--output {output}: {parent} is a file, not a directory")
 
 
-def ship_tokenizer(output: str, tok: TokenizerSpec) -> TokenizerSpec:
-    """A Hugging Face tokenizer's JSON goes into the cache; workers load it from there."""
+def ship_tokenizer(roots: Sequence[str], tok: TokenizerSpec) -> TokenizerSpec:
+    """A Hugging Face tokenizer's JSON goes into each cache; workers load it from the first."""
     if tok.kind != "huggingface":
         return tok
-    path = fmt.join(output, TOKENIZER_FILE)
-    if fsutil.read_bytes_or_none(path) != tok.payload.encode("utf-8"):
-        fsutil.write_atomic(path, tok.payload.encode("utf-8"))
-    return tok.shipped_as(path)
+    paths = [fmt.join(root, TOKENIZER_FILE) for root in roots]
+    for path in paths:
+        if fsutil.read_bytes_or_none(path) != tok.payload.encode("utf-8"):
+            fsutil.write_atomic(path, tok.payload.encode("utf-8"))
+    return tok.shipped_as(paths[0])
+
+
+def _split_text(fraction: float, seed: int) -> str:
+    return f"--validation_fraction {fraction!r}" + (f" --split_seed {seed}" if seed else "")
+
+
+def check_layout(output: str, split: SplitSpec | None) -> bool:
+    """Refuse (BuildError) unless ``output`` is empty or holds this kind of build: a plain cache, or a split
+    build with the same fraction and seed. True if ``output`` holds this split build's manifest already."""
+    path = fmt.join(output, fmt.SPLITS_MANIFEST_NAME)
+    raw = fsutil.read_bytes_or_none(path)
+    manifest = None
+    if raw is not None:
+        try:
+            manifest = json.loads(raw)
+            held = _split_text(float(manifest["validation_fraction"]), int(manifest["seed"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise BuildError(f"{path} is damaged ({type(e).__name__}: {e}); use another --output, or delete "
+                             f"{output} to rebuild") from e
+    if split is None:
+        if manifest is not None:
+            raise BuildError(
+                f"{output} holds a split build ({held}: caches {output}/train and {output}/validation). "
+                "Rerun with those options to resume it, or use another --output.")
+        return False
+    if status.read_ledger(output) is not None:
+        raise BuildError(
+            f"{output} already holds a cache built without --validation_fraction; a split build writes "
+            f"{output}/train and {output}/validation. Use another --output, delete {output} to rebuild, or "
+            "rerun without --validation_fraction to resume it.")
+    if manifest is not None and manifest != split.manifest():
+        raise BuildError(
+            f"{output} holds a split build with {held}, this run asks for "
+            f"{_split_text(split.validation_fraction, split.seed)}. Refusing to mix them: rerun with the "
+            f"original options to resume, use another --output, or delete {output} to rebuild.")
+    return manifest is not None
 
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """A build ready to run: the plan ledger (or the finished ledger being verified) is in ``output``."""
+    """A build ready to run: the plan ledgers (or the finished ledgers being verified) are in place."""
 
     output: str
     plan: BuildPlan
     tokenizer: TokenizerSpec  # as workers load it
-    resumed: bool  # ``output`` held this build's ledger already
-    finished: dict[str, Any] | None  # the finished ledger, when the run verifies (and repairs) a finished cache
+    resumed: bool  # ``output`` held this build's ledger(s) already
+    # cache name (None for a plain build) -> its finished ledger, for the caches that were finished when
+    # planned (this run verifies and repairs them); None if none was
+    finished: dict[str | None, dict[str, Any]] | None
     old_format: bool = False  # ``finished`` was written by an older format: nothing to verify against
+
+    @property
+    def complete(self) -> bool:
+        """Every cache of the build was finished: this run only verifies (and repairs) them."""
+        return self.finished is not None and len(self.finished) == len(self.plan.caches())
 
 
 def _shards_with_files(output: str, shards: set[int]) -> set[int]:
@@ -169,9 +217,10 @@ def plan_build(args: Arguments) -> Planned:
     except TokenizerError as e:
         raise BuildError(str(e)) from e
     config = chunk_config(options)
+    split = split_spec(options)
     if config.append_eos and tok.eos_id is None:
         raise BuildError(f"--append_eos: tokenizer {options.tokenizer!r} has no end-of-sequence token")
-    plan = make_plan(tok.identity(), config, files)
+    plan = make_plan(tok.identity(), config, files, split=split)
     if not options.allow_empty and (empty := _empty_files(plan)) is not None:
         raise BuildError(empty.message(output))
     return Planned(output=output, plan=plan, tokenizer=tok)
@@ -193,18 +242,39 @@ def prepare(args: Arguments) -> Prepared:
 
 
 def _reconcile_and_write(plan: BuildPlan, tok: TokenizerSpec, output: str) -> Prepared:
-    old = status.read_ledger(output)
-    finished = old if old is not None and old.get("finished") else None
-    if old is not None:
-        if finished is not None and old.get("format_version") != fmt.FORMAT_VERSION:
-            return Prepared(output=output, plan=plan, tokenizer=tok, resumed=True, finished=old, old_format=True)
-        changed = {inp.shard for o, inp in zip(old["inputs"], plan.inputs) if o.get("size") != inp.size}
-        plan = reconcile(plan, old, output, _shards_with_files(output, changed) if changed else set())
-    tok = ship_tokenizer(output, tok)
-    if finished is None and (old is None or fmt.dumps_ledger(old) != fmt.dumps_ledger(plan.ledger())):
-        status.write_ledger(output, plan.ledger())
-    if old is not None:
-        LOG.warning("%s %s", "verifying the finished cache in" if finished else "resuming the unfinished build in",
-                    output)
+    has_manifest = check_layout(output, plan.split)
+    caches = plan.caches()
+    roots = {name: cache_root(output, name) for name, _ in caches}
+    olds = {name: status.read_ledger(root) for name, root in roots.items()}
+    finished = {name: old for name, old in olds.items() if old is not None and old.get("finished")}
+    if len(finished) == len(caches) and all(o.get("format_version") != fmt.FORMAT_VERSION for o in finished.values()):
+        return Prepared(output=output, plan=plan, tokenizer=tok, resumed=True, finished=finished, old_format=True)
+    # a finished ledger of an older format beside an unfinished one (a split build): resumed as unfinished
+    finished = {name: old for name, old in finished.items() if old.get("format_version") == fmt.FORMAT_VERSION}
+    if any(old is not None for old in olds.values()):
+        trusted = None
+        for name, cache_plan in caches:
+            old, root = olds[name], roots[name]
+            if old is None:  # nothing to trust a cache without a ledger by
+                trusted = frozenset()
+                continue
+            if name not in finished:
+                old = {**old, "finished": False}
+            changed = {inp.shard for o, inp in zip(old["inputs"], plan.inputs) if o.get("size") != inp.size}
+            with_files = {s for r in roots.values() for s in _shards_with_files(r, changed)} if changed else set()
+            mine = reconcile(cache_plan, old, root, with_files, list(roots.values()))
+            trusted = mine.trusted if trusted is None else trusted & mine.trusted
+        plan = dataclasses.replace(plan, trusted=trusted)
+    if plan.split is not None and not has_manifest:  # first: from now on OUTPUT is known as a split build
+        fsutil.write_atomic(fmt.join(output, fmt.SPLITS_MANIFEST_NAME), fmt.dumps(plan.split.manifest()).encode())
+    tok = ship_tokenizer(list(roots.values()), tok)
+    for name, cache_plan in plan.caches():
+        old, ledger = olds[name], cache_plan.ledger()
+        if name not in finished and (old is None or fmt.dumps_ledger(old) != fmt.dumps_ledger(ledger)):
+            status.write_ledger(roots[name], ledger)
+    resumed = any(old is not None for old in olds.values())
+    if resumed:
+        LOG.warning("%s %s", "verifying the finished cache in" if len(finished) == len(caches)
+                    else "resuming the unfinished build in", output)
     status.clear_failure(output)
-    return Prepared(output=output, plan=plan, tokenizer=tok, resumed=old is not None, finished=finished)
+    return Prepared(output=output, plan=plan, tokenizer=tok, resumed=resumed, finished=finished or None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from reader import format as fmt
 from reader.streams import round_robin_order
@@ -81,7 +81,8 @@ class TooManyBadRecords:
     ERROR = "too_many_bad_records"
 
     def message(self, output: str) -> str:
-        """The error the user sees: the counts, where the bad lines are, and the two ways on."""
+        """The error the user sees: the counts, where the bad lines are (``output/bad/``: pass the cache that
+        keeps the dead letters, the train cache of a split build), and the two ways on."""
         bad, lines = self.bad_records, self.lines
         reasons = ", ".join(f"{k}: {v}" for k, v in self.reasons.items())
         return (
@@ -101,11 +102,24 @@ class TooManyBadRecords:
 
 def check_bad_fraction(ledger: Mapping[str, Any], max_bad_fraction: float) -> TooManyBadRecords | None:
     """None if the finished ``ledger``'s share of bad lines is within ``max_bad_fraction``, else the verdict."""
-    bad = ledger["totals"]["bad_records"]
-    lines = bad + ledger["totals"]["docs"]
+    return check_bad_fraction_of([ledger], max_bad_fraction)
+
+
+def check_bad_fraction_of(ledgers: Sequence[Mapping[str, Any]], max_bad_fraction: float) -> TooManyBadRecords | None:
+    """:func:`check_bad_fraction` over every cache of one build (a split build's train and validation).
+
+    The input lines are all caches' documents plus their bad records; a split build keeps its bad records
+    in the train cache only, so each bad line counts once.
+    """
+    bad = sum(led["totals"]["bad_records"] for led in ledgers)
+    lines = bad + sum(led["totals"]["docs"] for led in ledgers)
+    reasons: dict[str, int] = {}
+    for led in ledgers:
+        for reason, n in led["bad_records"].items():
+            reasons[reason] = reasons.get(reason, 0) + n
     if lines and bad / lines > max_bad_fraction:
         return TooManyBadRecords(bad_records=bad, lines=lines, max_bad_fraction=max_bad_fraction,
-                                 reasons=dict(ledger["bad_records"]))
+                                 reasons=dict(sorted(reasons.items())))
     return None
 
 
@@ -137,13 +151,19 @@ class EmptyInput:
 
 def check_empty(ledger: Mapping[str, Any], allow_empty: bool) -> EmptyInput | None:
     """None if every input file of the finished ``ledger`` yields a document (or ``allow_empty``), else the verdict."""
+    return check_empty_of([ledger], allow_empty)
+
+
+def check_empty_of(ledgers: Sequence[Mapping[str, Any]], allow_empty: bool) -> EmptyInput | None:
+    """:func:`check_empty` over every cache of one build: a file whose documents all went to one split of a
+    split build is not empty."""
     if allow_empty:
         return None
     docs: dict[int, int] = {}
     bad: dict[int, int] = {}
-    for c in ledger["chunks"]:
+    for c in (c for led in ledgers for c in led["chunks"]):
         docs[c["shard"]] = docs.get(c["shard"], 0) + c["docs"]
         bad[c["shard"]] = bad.get(c["shard"], 0) + c["bad_records"]
     empty = tuple((inp["path"], int(inp["uncompressed_bytes"]), bad.get(inp["shard"], 0))
-                  for inp in ledger["inputs"] if not docs.get(inp["shard"]))
+                  for inp in ledgers[0]["inputs"] if not docs.get(inp["shard"]))
     return EmptyInput(files=empty) if empty else None

@@ -14,6 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from .errors import BuildError
 from .plan import ChunkConfig
 from .runners import runner_args
+from .splits import MAX_SEED, SplitSpec
 from .tokenizer import BACKENDS, DEFAULT_VERIFY_EVERY, MAX_PIECE_CHARS, PIECE_CHARS
 
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -84,6 +85,28 @@ def parse_fraction(text: str) -> float:
     return v
 
 
+def parse_validation_fraction(text: str) -> float:
+    """A fraction in [0, 1): 0 builds one cache, more splits off that share of the documents."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r} (examples: 0, 0.01, 0.005)") from None
+    if not 0.0 <= v < 1.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r} (0.01 puts 1% of the documents "
+                                         "in OUTPUT/validation)")
+    return v
+
+
+def parse_seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= v <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {v}")
+    return v
+
+
 def parse_verify_every(text: str) -> int:
     try:
         v = int(text)
@@ -127,7 +150,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         "2^28); the unit a reader fetches (by byte range) and decodes at a time.")
     p.add_argument("--parquet_compression", default=DEFAULT_COMPRESSION,
                    choices=["zstd", "snappy", "gzip", "lz4", "brotli", "none"],
-                   help="Parquet compression codec of the chunks (default zstd; measured in docs/FORMAT.md).")
+                   help="Parquet compression codec of the chunks (default zstd; measured in docs/DESIGN.md).")
     p.add_argument("--compression_level", type=int, default=DEFAULT_COMPRESSION_LEVEL, metavar="LEVEL",
                    help=f"Codec level for zstd (1 to 22), gzip (1 to 9) or brotli (0 to 11); default "
                         f"{DEFAULT_COMPRESSION_LEVEL}.")
@@ -146,6 +169,15 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="With the fast backend, re-encode about 1 document in N with the reference and fail the "
                         f"build, naming the file and byte offset, on any difference (default {DEFAULT_VERIFY_EVERY}; "
                         "0: off).")
+    p.add_argument("--validation_fraction", type=parse_validation_fraction, default=0.0, metavar="F",
+                   help="Split off about this fraction of the documents as a validation set: the build writes "
+                        "two complete caches, OUTPUT/train and OUTPUT/validation (same chunk structure; bad "
+                        "lines are kept in OUTPUT/train/bad/), and OUTPUT/splits.json. A document's split is a "
+                        "keyed hash of its text, so exact duplicates share a split and the assignment does not "
+                        "change when shards are added or re-chunked. Default 0: one cache in OUTPUT.")
+    p.add_argument("--split_seed", type=parse_seed, default=0, metavar="N",
+                   help="Key of the split hash (with --validation_fraction): another seed draws another "
+                        "validation set. Default 0.")
     p.add_argument("--debug", action="store_true",
                    help="Print the full traceback of an unexpected failure (otherwise it goes to a log file "
                         "named in the error) and Beam's INFO logs.")
@@ -257,6 +289,16 @@ def chunk_config(options: argparse.Namespace) -> ChunkConfig:
         piece_chars=PIECE_CHARS,
         max_piece_chars=MAX_PIECE_CHARS,
     )
+
+
+def split_spec(options: argparse.Namespace) -> SplitSpec | None:
+    """The train/validation split asked for (part of the configuration identity), None for one cache."""
+    if not options.validation_fraction:
+        if options.split_seed:
+            raise BuildError("--split_seed only applies with --validation_fraction > 0 (it keys the split "
+                             "hash); drop it or add --validation_fraction")
+        return None
+    return SplitSpec(validation_fraction=float(options.validation_fraction), seed=int(options.split_seed))
 
 
 def pipeline_options(pipeline_args: list[str]) -> PipelineOptions:

@@ -4,7 +4,8 @@ The launcher matches the input files (:mod:`pipelines.launcher`, the I/O), then 
 them and the chunking configuration into a :class:`BuildPlan`: the shards in path order, and
 :meth:`BuildPlan.ledger` is the plan ``ledger.json`` written before any worker starts. Workers build
 :class:`WorkUnit` values and return :class:`UnitResult` values; the ledger builder
-(:mod:`pipelines.ledger`) turns those into the finished ledger.
+(:mod:`pipelines.ledger`) turns those into the finished ledger. A split build (``--validation_fraction``)
+writes two caches from one pass: :meth:`BuildPlan.caches` gives the plan of each.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Mapping, Sequence
 from reader import format as fmt
 
 from .errors import BuildError
+from .splits import SplitSpec
 
 # Uncompressed / compressed bytes of jsonl text: only orders work units by size, never changes a byte.
 COMPRESSION_RATIO_GUESS = 4
@@ -33,9 +35,13 @@ class ChunkConfig:
     token_encoding: str
     piece_chars: int  # long-document splitting (pipelines/tokenizer.py)
     max_piece_chars: int
+    split: Mapping[str, Any] | None = None  # a split build's cache: SplitSpec.identity(name)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if out["split"] is None:
+            del out["split"]  # a plain build's config stays exactly as it always was
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +93,13 @@ class WorkUnit:
 
 @dataclasses.dataclass(frozen=True)
 class UnitResult:
-    """What a work unit leaves: the sidecars of its chunks and, for a compressed shard, its ``_DONE.json``."""
+    """What a work unit leaves in one cache: the sidecars of its chunks and, for a compressed shard, its
+    ``_DONE.json``. A split build's unit leaves one result per split."""
 
     shard: int
     sidecars: tuple[dict[str, Any], ...]
     done: dict[str, int] | None  # {"chunks": n, "uncompressed_bytes": U} of a streamed shard
+    split: str | None = None  # the cache ("train" / "validation") of a split build
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +110,15 @@ class BuildPlan:
     config: ChunkConfig
     inputs: tuple[InputFile, ...]
     trusted: frozenset[int] = frozenset()  # shards whose stored bytes match the existing ledger's (CRC32C)
+    split: SplitSpec | None = None  # a split build: two caches, train and validation
+
+    def caches(self) -> tuple[tuple[str | None, "BuildPlan"], ...]:
+        """``(name, plan)`` of each cache the build writes: ``((None, self),)`` for a plain build, else train
+        and validation, whose plans differ only in ``config.split`` (so each ledger names its split)."""
+        if self.split is None:
+            return ((None, self),)
+        return tuple((name, dataclasses.replace(self, split=None, config=dataclasses.replace(
+            self.config, split=self.split.identity(name)))) for name in fmt.SPLIT_NAMES)
 
     def ledger(self) -> dict[str, Any]:
         """The plan ``ledger.json``: ``finished`` false, no chunks yet (see docs/FORMAT.md)."""
@@ -118,13 +135,15 @@ class BuildPlan:
         }
 
 
-def make_plan(tokenizer: Mapping[str, Any], config: ChunkConfig, files: Sequence[MatchedFile]) -> BuildPlan:
+def make_plan(tokenizer: Mapping[str, Any], config: ChunkConfig, files: Sequence[MatchedFile],
+              split: SplitSpec | None = None) -> BuildPlan:
     """The plan for ``files``: sorted by path, the shards ``0..K-1``.
 
     Args:
       tokenizer: the tokenizer identity recorded in the ledger.
       config: the chunking configuration.
       files: every matched input file.
+      split: the train/validation split, or None for one cache.
     """
     inputs = []
     for shard, f in enumerate(sorted(files, key=lambda f: f.path)):
@@ -132,7 +151,7 @@ def make_plan(tokenizer: Mapping[str, Any], config: ChunkConfig, files: Sequence
         chunks = fmt.num_chunks(f.size, config.chunk_bytes) if compression == "none" else None
         inputs.append(InputFile(shard=shard, path=f.path, size=f.size, compression=compression, chunks=chunks,
                                 crc32c=f.crc32c))
-    return BuildPlan(tokenizer=dict(tokenizer), config=config, inputs=tuple(inputs))
+    return BuildPlan(tokenizer=dict(tokenizer), config=config, inputs=tuple(inputs), split=split)
 
 
 def work_units(plan: BuildPlan) -> list[WorkUnit]:
@@ -170,7 +189,8 @@ def _listed(paths: Sequence[str], limit: int = 5) -> str:
 
 
 def reconcile(plan: BuildPlan, existing: Mapping[str, Any], output: str,
-              shards_with_chunks: frozenset[int] | set[int] = frozenset()) -> BuildPlan:
+              shards_with_chunks: frozenset[int] | set[int] = frozenset(),
+              roots: Sequence[str] = ()) -> BuildPlan:
     """The plan to run against the ``existing`` ledger in ``output``, or a BuildError saying why not.
 
     The same tokenizer and chunking configuration (the fingerprint) and the same input paths are required;
@@ -185,6 +205,8 @@ def reconcile(plan: BuildPlan, existing: Mapping[str, Any], output: str,
       existing: the ledger found in ``output``.
       output: the cache root (for messages).
       shards_with_chunks: shards of ``existing`` that have chunk or dead-letter files in ``output``.
+      roots: every cache of the build (default ``output`` alone), whose files of a resized shard the
+        message says to delete (a split build's train and validation).
     """
     config = plan.config.to_json()
     if fmt.config_fingerprint(plan.tokenizer, config) != fmt.config_fingerprint(existing["tokenizer"],
@@ -216,13 +238,14 @@ def reconcile(plan: BuildPlan, existing: Mapping[str, Any], output: str,
                     "inputs (readers may be using it): build into another --output, or restore the file.")
             if inp.shard in shards_with_chunks:
                 shard = fmt.shard_dir(inp.shard)
+                dirs = [d for root in (roots or [output])
+                        for d in (fmt.join(root, shard), f"{fmt.join(root, fmt.BAD_DIR)}/shard-{inp.shard:05d}")]
                 raise BuildError(
                     f"input file {inp.path} (shard {inp.shard}) changed size since this build started "
                     f"({old['size']} bytes then, {inp.size} now), so the chunks already built from it in "
                     f"{fmt.join(output, shard)}/ no longer line up with its lines. Restore the file and rerun, or "
-                    f"rebuild this shard from its new content: delete {fmt.join(output, shard)} and "
-                    f"{fmt.join(output, fmt.BAD_DIR)}/shard-{inp.shard:05d}, then rerun the same command "
-                    "(the other shards are kept).")
+                    f"rebuild this shard from its new content: delete {', '.join(dirs[:-1])} and {dirs[-1]}, "
+                    "then rerun the same command (the other shards are kept).")
         old_crc = old.get("crc32c")
         if old_crc is not None and inp.crc32c is not None:
             if old_crc == inp.crc32c and old["size"] == inp.size:

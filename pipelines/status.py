@@ -6,20 +6,22 @@ changed under a finished cache) writes ``_FAILED.json`` too before it raises. Th
 verdict after the runner returns or raises (:func:`read_outcome`), so it learns the outcome from the
 cache itself on every runner, never from the text of a runner's exception. Both are written
 atomically; ``_FAILED.json`` is removed before every run and by a finalize that succeeds, so a
-finished cache never holds one.
+finished cache never holds one. A split build has one verdict, ``OUTPUT/_FAILED.json``, and one ledger
+per split (``OUTPUT/train``, ``OUTPUT/validation``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from reader import format as fmt
 
 from . import fsutil
 from .errors import BuildError
 from .ledger import EmptyInput, TooManyBadRecords
+from .splits import cache_root
 
 FAILED_NAME = "_FAILED.json"
 
@@ -77,26 +79,37 @@ def clear_failure(root: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """What a job left in its cache: the ledger as it stands, and the failure verdict if it wrote one."""
+    """What a job left in its caches: each ledger as it stands, and the failure verdict if it wrote one."""
 
-    ledger: dict[str, Any]  # {} if there is no ledger
+    ledgers: dict[str | None, dict[str, Any]]  # cache name (None: a plain build) -> ledger ({} if none)
     failure: Failure | None
 
     @property
+    def ledger(self) -> dict[str, Any]:
+        """The ledger of a plain build (of the train cache of a split build)."""
+        return next(iter(self.ledgers.values()))
+
+    @property
     def finished(self) -> bool:
-        return bool(self.ledger.get("finished"))
+        return all(led.get("finished") for led in self.ledgers.values())
 
 
-def read_outcome(root: str) -> Outcome:
-    """The ledger and the failure verdict in ``root`` (a half-readable file counts as absent)."""
+def _read_json(path: str) -> Any:
+    """The JSON in ``path``, None if absent (or half-readable, or the storage unreachable: no verdict)."""
     try:
-        raw = fsutil.read_bytes_or_none(fmt.join(root, fmt.LEDGER_NAME))
-        ledger = json.loads(raw) if raw else {}
-    except Exception:  # noqa: BLE001 - the cache may be unreachable: then there is no verdict to read
-        ledger = {}
+        raw = fsutil.read_bytes_or_none(path)
+        return json.loads(raw) if raw else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def read_outcome(root: str, caches: Sequence[str | None] = (None,)) -> Outcome:
+    """The ledgers and the failure verdict of the build into ``root`` whose caches are ``caches``
+    (:func:`pipelines.splits.cache_names`); a half-readable file counts as absent."""
+    ledgers = {name: _read_json(fmt.join(cache_root(root, name), fmt.LEDGER_NAME)) or {} for name in caches}
+    raw_failure = _read_json(fmt.join(root, FAILED_NAME))
     try:
-        raw_failure = fsutil.read_bytes_or_none(fmt.join(root, FAILED_NAME))
-        failure = parse_failure(json.loads(raw_failure)) if raw_failure else None
+        failure = parse_failure(raw_failure) if raw_failure else None
     except Exception:  # noqa: BLE001
         failure = None
-    return Outcome(ledger=ledger, failure=failure)
+    return Outcome(ledgers=ledgers, failure=failure)

@@ -11,13 +11,15 @@ Counters (namespace ``chunkledger``): ``documents``, ``tokens``, ``input_bytes``
 ``bad_records`` and ``bad_<reason>`` (all of chunks written by this run), ``chunks_written`` (built by this
 run), and for a rerun ``chunks_checked`` (chunks an earlier run left, checked against their files and
 input), ``chunks_skipped`` (of those, complete and unchanged), ``chunks_rebuilt`` (the others) and
-``chunks_input_changed`` (rebuilt because their input bytes changed).
+``chunks_input_changed`` (rebuilt because their input bytes changed). A split build adds
+``documents_train``, ``tokens_train``, ``documents_validation``, ``tokens_validation`` (``documents`` and
+``tokens`` stay the totals; a chunk counts once, though written into both splits).
 """
 
 from __future__ import annotations
 
 import gc
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -27,9 +29,10 @@ from reader import format as fmt
 from . import fsutil, status, trace
 from .chunk_writer import Counters
 from .errors import BuildError
-from .ledger import check_bad_fraction, check_empty, finished_ledger
+from .ledger import check_bad_fraction_of, check_empty_of, finished_ledger
 from .plan import BuildPlan, ChunkConfig, UnitResult, WorkUnit, work_units
 from .fast_tokenizer import load_cached
+from .splits import SplitSpec, cache_root
 from .tokenizer import TokenizerSpec
 from .unit_queue import ClaimQueue
 from .units import UnitBuilder
@@ -70,37 +73,41 @@ class _BeamCounters(Counters):
 
 
 class BuildChunksFn(beam.DoFn):
-    """WorkUnit -> UnitResult: the unit's chunks written, or verified and skipped.
+    """WorkUnit -> UnitResult (one per cache of the build): the unit's chunks written, or verified and skipped.
 
     A unit that must stop the build (a damaged input; on a finished cache, an input that changed) records
     the reason in ``_FAILED.json`` before it raises, so the launcher reports it on every runner.
 
     Args:
-      output: the cache root.
+      output: the build's output (the cache root, or the parent of a split build's caches).
       tokenizer: the resolved tokenizer; loaded once per worker process in ``setup``.
       config: the chunking configuration of the plan.
-      finished: the cache was finished when this run was planned: rebuilt chunks must reproduce the
-        sidecars its ledger records (read once per worker in ``setup``).
+      finished: the caches (by name: None for a plain build, "train"/"validation") that were finished when
+        this run was planned: rebuilt chunks must reproduce the sidecars their ledgers record (read once
+        per worker in ``setup``).
+      split: the train/validation split of a split build, None for one cache.
     """
 
-    def __init__(self, output: str, tokenizer: TokenizerSpec, config: ChunkConfig, finished: bool = False):
+    def __init__(self, output: str, tokenizer: TokenizerSpec, config: ChunkConfig,
+                 finished: Collection[str | None] = (), split: SplitSpec | None = None):
         self.output = output
         self.tokenizer = tokenizer
         self.config = config
-        self.finished = finished
+        self.finished = tuple(finished)
+        self.split = split
 
     def setup(self):
         trace.event("setup_start", proc_start=trace.process_start())
-        recorded = None
-        if self.finished:
-            ledger = status.read_ledger(self.output) or {}
-            recorded = {(c["shard"], c["index_in_shard"]): c.get("sidecar_checksum")
-                        for c in ledger.get("chunks", [])}
+        recorded = {}
+        for name in self.finished:
+            ledger = status.read_ledger(cache_root(self.output, name)) or {}
+            recorded[name] = {(c["shard"], c["index_in_shard"]): c.get("sidecar_checksum")
+                              for c in ledger.get("chunks", [])}
         self.encoder = load_cached(self.tokenizer)
         self.counters = _BeamCounters()
         self.backend_reported = False
         self.units = UnitBuilder(self.output, self.encoder, self.config.to_json(),
-                                 self.tokenizer.eos_id, self.counters, recorded=recorded)
+                                 self.tokenizer.eos_id, self.counters, recorded=recorded, split=self.split)
         freeze_long_lived()
         trace.event("setup_done")
 
@@ -111,7 +118,7 @@ class BuildChunksFn(beam.DoFn):
             self.counters.inc(f"backend_{self.encoder.backend}", 1)
             self.counters.inc("backend_fast_rejected", 1 if self.encoder.fallback_reason else 0)
         try:
-            result = self.units.build(unit)
+            results = self.units.build(unit)
         except BuildError as e:
             try:
                 status.write_failure(self.output, status.WorkerError(text=str(e), kind=type(e).__name__))
@@ -120,8 +127,8 @@ class BuildChunksFn(beam.DoFn):
             raise
         if trace.enabled():
             trace.event("unit_done", shard=unit.shard, index=unit.index,
-                        tokens=sum(sc["tokens"] for sc in result.sidecars))
-        yield result
+                        tokens=sum(sc["tokens"] for r in results for sc in r.sidecars))
+        yield from results
 
 
 class BuildQueuedUnitsFn(BuildChunksFn):
@@ -134,9 +141,9 @@ class BuildQueuedUnitsFn(BuildChunksFn):
       Others: see :class:`BuildChunksFn`.
     """
 
-    def __init__(self, output: str, tokenizer: TokenizerSpec, config: ChunkConfig, finished: bool,
-                 units: list[WorkUnit], claims: str):
-        super().__init__(output, tokenizer, config, finished)
+    def __init__(self, output: str, tokenizer: TokenizerSpec, config: ChunkConfig, finished: Collection[str | None],
+                 split: SplitSpec | None, units: list[WorkUnit], claims: str):
+        super().__init__(output, tokenizer, config, finished, split)
         self.all_units = units
         self.claims = claims
 
@@ -146,18 +153,19 @@ class BuildQueuedUnitsFn(BuildChunksFn):
 
 
 class FinalizeLedgerFn(beam.DoFn):
-    """Every unit's result (one list) -> the job's verdict in the cache, then the ledger's totals.
+    """Every unit's result (one list) -> the job's verdict in the output, then each cache's totals.
 
-    Writes the finished ``ledger.json``, or, if too many lines are bad, ``_FAILED.json`` (and fails the
-    job, so the runner reports it too). Either file is written atomically.
+    Writes the finished ``ledger.json`` of each cache (train, then validation, in a split build), or, if
+    too many lines are bad, ``_FAILED.json`` in the output (and fails the job, so the runner reports it
+    too). Every file is written atomically. Yields each ledger's totals (with ``"split"`` in a split build).
 
     Also writes ``_FAILED.json`` (and fails) when an input file yields no document, unless ``allow_empty``.
-    The ledger is not rewritten when the finished ledger already holds the same bytes (a verified rerun).
+    A ledger is not rewritten when the finished ledger already holds the same bytes (a verified rerun).
 
     Args:
-      output: the cache root.
+      output: the build's output (the cache root, or the parent of a split build's caches).
       plan: the build plan.
-      max_bad_fraction: the largest share of bad input lines that still finishes the cache.
+      max_bad_fraction: the largest share of bad input lines that still finishes the build.
       allow_empty: accept input files that yield no document.
       started: when the launcher started (Unix time): older temporary files are a crashed run's leftovers.
     """
@@ -172,40 +180,49 @@ class FinalizeLedgerFn(beam.DoFn):
 
     def process(self, results: list[UnitResult]):
         trace.event("finalize_start")
-        ledger = finished_ledger(self.plan, results)
-        fsutil.remove_temp_files(self.output, older_than=self.started)
-        failure = check_bad_fraction(ledger, self.max_bad_fraction) or check_empty(ledger, self.allow_empty)
+        caches = self.plan.caches()
+        roots = {name: cache_root(self.output, name) for name, _ in caches}
+        ledgers = {name: finished_ledger(plan, [r for r in results if r.split == name]) for name, plan in caches}
+        for root in dict.fromkeys([self.output, *roots.values()]):
+            fsutil.remove_temp_files(root, older_than=self.started)
+        failure = (check_bad_fraction_of(list(ledgers.values()), self.max_bad_fraction)
+                   or check_empty_of(list(ledgers.values()), self.allow_empty))
         if failure is not None:
             status.write_failure(self.output, failure)
-            raise BuildError(failure.message(self.output))
-        self._check_same_build()
+            raise BuildError(failure.message(roots[caches[0][0]]))
+        for name, plan in caches:
+            self._check_same_build(roots[name], plan)
         status.clear_failure(self.output)
-        text = fmt.dumps_ledger(ledger).encode()
-        if fsutil.read_bytes_or_none(fmt.join(self.output, fmt.LEDGER_NAME)) != text:
-            status.write_ledger(self.output, ledger)
+        for name, ledger in ledgers.items():
+            text = fmt.dumps_ledger(ledger).encode()
+            if fsutil.read_bytes_or_none(fmt.join(roots[name], fmt.LEDGER_NAME)) != text:
+                status.write_ledger(roots[name], ledger)
         trace.event("finalize_done")
-        yield ledger["totals"]
+        for name, ledger in ledgers.items():
+            yield ledger["totals"] if name is None else {**ledger["totals"], "split": name}
 
-    def _check_same_build(self) -> None:
+    @staticmethod
+    def _check_same_build(root: str, plan: BuildPlan) -> None:
         """The ledger in the cache is still this build's (guards against another build started meanwhile)."""
-        on_disk = status.read_ledger(self.output)
+        on_disk = status.read_ledger(root)
         if on_disk is None:
             return
-        mine = self.plan.ledger()
+        mine = plan.ledger()
         same = (fmt.config_fingerprint(on_disk["tokenizer"], on_disk["config"])
                 == fmt.config_fingerprint(mine["tokenizer"], mine["config"])
                 and [(i["path"], i["size"]) for i in on_disk["inputs"]]
                 == [(i["path"], i["size"]) for i in mine["inputs"]])
         if not same:
-            raise BuildError(f"{self.output}/ledger.json was replaced by another build while this one ran; "
+            raise BuildError(f"{root}/ledger.json was replaced by another build while this one ran; "
                              "its chunks may be mixed. Delete the output and build again (one build at a time).")
 
 
 class BuildCache(beam.PTransform):
-    """PBegin -> a PCollection of one totals dict: every work unit built, then the ledger finished.
+    """PBegin -> a PCollection of totals dicts (one per cache): every work unit built, then the ledgers finished.
 
     Args:
-      output: the cache root, holding the plan ledger already.
+      output: the cache root (the parent of the train and validation caches of a split build), holding the
+        plan ledger(s) already.
       plan: the build plan.
       tokenizer: the resolved tokenizer (as workers should load it).
       max_bad_fraction, allow_empty, started: see :class:`FinalizeLedgerFn`.
@@ -216,7 +233,7 @@ class BuildCache(beam.PTransform):
     """
 
     def __init__(self, output: str, plan: BuildPlan, tokenizer: TokenizerSpec, max_bad_fraction: float,
-                 allow_empty: bool = False, finished: bool = False, started: float | None = None,
+                 allow_empty: bool = False, finished: Collection[str | None] = (), started: float | None = None,
                  queue: tuple[str, int] | None = None):
         super().__init__()
         self.output, self.plan, self.tokenizer, self.max_bad_fraction = output, plan, tokenizer, max_bad_fraction
@@ -229,14 +246,14 @@ class BuildCache(beam.PTransform):
                      | "PlanUnits" >> beam.Create(units, reshuffle=False)
                      | "Spread" >> beam.Reshuffle()
                      | "BuildChunks" >> beam.ParDo(BuildChunksFn(self.output, self.tokenizer, self.plan.config,
-                                                                 self.finished)))
+                                                                 self.finished, self.plan.split)))
         else:
             claims, workers = self.queue
             built = (pbegin
                      | "WorkerSlots" >> beam.Create(list(range(workers)), reshuffle=False)
                      | "Spread" >> beam.Reshuffle()
                      | "BuildChunks" >> beam.ParDo(BuildQueuedUnitsFn(self.output, self.tokenizer, self.plan.config,
-                                                                      self.finished, units, claims)))
+                                                                      self.finished, self.plan.split, units, claims)))
         return (
             built
             | "AfterAllUnits" >> beam.combiners.ToList()

@@ -14,10 +14,15 @@ Inputs known unchanged by their Cloud Storage CRC32C (``WorkUnit.trusted``) are 
 When the cache is already finished (``recorded`` holds its ledger's sidecar checksums) a rebuilt chunk
 must reproduce the recorded one byte for byte: a repair never turns a finished cache into a cache of
 other inputs.
+
+In a split build every chunk is written into both caches (train and validation) from one read of its
+lines: it counts as complete only if it is complete in both and both record the same input bytes; else
+it is rebuilt in both (the one that was intact is rewritten with the same bytes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -31,10 +36,47 @@ from .chunk_writer import ChunkBuilder, ChunkCheck, Counters, verify_chunk
 from .decompress import open_input
 from .errors import BuildError, DamagedInput
 from .plan import UnitResult, WorkUnit
+from .splits import SplitSpec, cache_names, cache_roots
 
 LOG = logging.getLogger("chunkledger.build")
 REPLAY_MEMORY = 8 << 20  # a verified chunk's lines are kept in memory up to this, then in a local temp file
 _CHUNK_FILE = re.compile(r"chunk-(\d+)\.(parquet|json|jsonl)$")
+
+Sidecars = tuple[dict[str, Any], ...]  # one chunk's sidecars, one per cache of the build
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """What a rerun finds of one chunk in every cache of the build (one :class:`ChunkCheck` each)."""
+
+    checks: tuple[ChunkCheck, ...]
+
+    @property
+    def complete(self) -> bool:
+        first = self.checks[0].sidecar
+        return all(c.complete and c.sidecar["input_span"] == first["input_span"]
+                   and c.sidecar["input_checksum"] == first["input_checksum"] for c in self.checks)
+
+    @property
+    def absent(self) -> bool:
+        return all(c.absent for c in self.checks)
+
+    @property
+    def sidecars(self) -> Sidecars:
+        return tuple(c.sidecar for c in self.checks)
+
+    def input_matches(self, span: list[int], checksum: str) -> bool:
+        """The input bytes the chunk was built from are ``span`` with sha256 ``checksum``."""
+        first = self.checks[0].sidecar
+        return span == first["input_span"] and checksum == first["input_checksum"]
+
+    def problem(self, roots: tuple[str, ...], shard: int, index: int) -> str:
+        """Why the chunk is not complete, naming the file."""
+        for root, c in zip(roots, self.checks):
+            if not c.complete:
+                return f"{fmt.join(root, fmt.chunk_path(shard, index))}: {c.problem}"
+        return (f"{fmt.join(roots[-1], fmt.chunk_path(shard, index))}: records other input bytes than "
+                f"{fmt.join(roots[0], fmt.chunk_path(shard, index))}")
 
 
 class _Verifying:
@@ -44,7 +86,7 @@ class _Verifying:
     are replayed into a real ChunkBuilder (a streamed shard cannot be read twice cheaply).
     """
 
-    def __init__(self, unit_builder: "UnitBuilder", unit: WorkUnit, index: int, lo: int, check: ChunkCheck):
+    def __init__(self, unit_builder: "UnitBuilder", unit: WorkUnit, index: int, lo: int, check: Found):
         self.ub, self.unit, self.index, self.lo, self.check = unit_builder, unit, index, lo, check
         self.span = fsutil.SpanHasher()
         self.kept = tempfile.SpooledTemporaryFile(max_size=REPLAY_MEMORY)
@@ -57,10 +99,9 @@ class _Verifying:
         self.kept.write(raw)
         self.kept.write(b"\n")
 
-    def finish(self, hi: int, end: int) -> dict[str, Any]:
+    def finish(self, hi: int, end: int) -> Sidecars:
         span, checksum = self.span.finish(end)
-        sidecar = self.check.sidecar
-        if span == sidecar["input_span"] and checksum == sidecar["input_checksum"]:
+        if self.check.input_matches(span, checksum):
             self.kept.close()
             return self.ub.skipped(self.unit, self.index, self.check)
         self.ub.input_changed(self.unit, self.index)
@@ -74,60 +115,72 @@ class _Verifying:
 
 
 class UnitBuilder:
-    """Builds work units into the cache at ``output``, one after the other, in one worker.
+    """Builds work units into the cache(s) under ``output``, one after the other, in one worker.
 
     Args:
-      output: the cache root.
+      output: the cache root (the parent of the train and validation caches of a split build).
       encoder: the loaded tokenizer (``pipelines.fast_tokenizer.load_cached``).
       config: the ledger's chunking configuration (``ChunkConfig.to_json()``).
       eos_id: the tokenizer's end-of-sequence id (appended only if ``config["append_eos"]``).
       counters: where chunk writers add their counts (Beam metrics on a worker).
-      recorded: for a finished cache, ``(shard, index) -> sidecar_checksum`` from its ledger; rebuilt
-        chunks must reproduce those sidecars exactly. None while the cache is unfinished.
+      recorded: for each cache finished when the run was planned (by name: None for a plain build,
+        ``"train"``/``"validation"``), ``(shard, index) -> sidecar_checksum`` from its ledger; rebuilt chunks
+        must reproduce those sidecars exactly. None (or empty) while no cache is finished.
+      split: the train/validation split of a split build, None for one cache.
     """
 
     def __init__(self, output: str, encoder, config: Mapping[str, Any], eos_id: int | None,
-                 counters: Counters | None = None, recorded: Mapping[tuple[int, int], str] | None = None):
+                 counters: Counters | None = None,
+                 recorded: Mapping[str | None, Mapping[tuple[int, int], str]] | None = None,
+                 split: SplitSpec | None = None):
         self.output = output
         self.encoder = encoder
         self.config = config
         self.eos_id = eos_id
         self.counters = counters or Counters()
-        self.recorded = recorded
+        self.split = split
+        self.names = cache_names(split)
+        self.roots = cache_roots(output, split)
+        # per cache, in ``names`` order: the recorded sidecar checksums if it was finished, else None
+        self.recorded = tuple((recorded or {}).get(name) for name in self.names)
+        self.finished = [root for root, r in zip(self.roots, self.recorded) if r is not None]
 
-    def build(self, unit: WorkUnit) -> UnitResult:
+    def build(self, unit: WorkUnit) -> tuple[UnitResult, ...]:
+        """The unit's chunks written or verified: one result per cache of the build."""
         if unit.streamed:
-            sidecars, done = self._build_stream(unit)
-            return UnitResult(shard=unit.shard, sidecars=tuple(sidecars), done=done)
-        return UnitResult(shard=unit.shard, sidecars=(self._build_range(unit),), done=None)
+            per_chunk, done = self._build_stream(unit)
+        else:
+            per_chunk, done = [self._build_range(unit)], None
+        return tuple(UnitResult(shard=unit.shard, sidecars=tuple(sc[i] for sc in per_chunk), done=done, split=name)
+                     for i, name in enumerate(self.names))
 
     # -- chunk outcomes (shared by both kinds of unit) ---------------------------------------------
     def chunk_builder(self, unit: WorkUnit, index: int, lo: int) -> ChunkBuilder:
         expect = None
-        if self.recorded is not None:
-            want = self.recorded.get((unit.shard, index))
-
-            def expect(sidecar: dict[str, Any]) -> None:
-                if fmt.checksum(fmt.sidecar_bytes(sidecar)) != want:
-                    raise self._finished_input_changed(unit, index)
+        if self.finished:
+            def expect(sidecars: Sidecars) -> None:
+                for want, sidecar in zip(self.recorded, sidecars):
+                    if want is not None and fmt.checksum(fmt.sidecar_bytes(sidecar)) != want.get((unit.shard, index)):
+                        raise self._finished_input_changed(unit, index)
 
         return ChunkBuilder(root=self.output, input_path=unit.path, shard=unit.shard, index=index, lo=lo,
                             encoder=self.encoder, config=self.config, eos_id=self.eos_id, counters=self.counters,
-                            expect=expect)
+                            expect=expect, split=self.split)
 
-    def skipped(self, unit: WorkUnit, index: int, check: ChunkCheck) -> dict[str, Any]:
-        """A complete chunk whose input is unchanged: kept (on a finished cache: if it is the recorded one)."""
-        if self.recorded is not None and check.sidecar_checksum != self.recorded.get((unit.shard, index)):
-            raise BuildError(
-                f"{fmt.join(self.output, fmt.sidecar_path(unit.shard, index))} is complete but is not the chunk "
-                f"the finished ledger in {self.output} records (another build wrote into this --output?). "
-                "Delete that chunk's .parquet and .json files and rerun the same command to restore it.")
+    def skipped(self, unit: WorkUnit, index: int, check: Found) -> Sidecars:
+        """A complete chunk whose input is unchanged: kept (in a finished cache: if it is the recorded one)."""
+        for root, want, c in zip(self.roots, self.recorded, check.checks):
+            if want is not None and c.sidecar_checksum != want.get((unit.shard, index)):
+                raise BuildError(
+                    f"{fmt.join(root, fmt.sidecar_path(unit.shard, index))} is complete but is not the chunk "
+                    f"the finished ledger in {root} records (another build wrote into this --output?). "
+                    "Delete that chunk's .parquet and .json files and rerun the same command to restore it.")
         self.counters.inc("chunks_skipped", 1)
-        return check.sidecar
+        return check.sidecars
 
     def input_changed(self, unit: WorkUnit, index: int) -> None:
-        """A complete chunk whose input bytes changed since it was built: rebuild it (never on a finished cache)."""
-        if self.recorded is not None:
+        """A complete chunk whose input bytes changed since it was built: rebuild it (never in a finished cache)."""
+        if self.finished:
             raise self._finished_input_changed(unit, index)
         LOG.warning("input file %s changed since chunk %d of shard %d was built: rebuilding that chunk",
                     unit.path, index, unit.shard)
@@ -136,18 +189,20 @@ class UnitBuilder:
 
     def _finished_input_changed(self, unit: WorkUnit, index: int) -> BuildError:
         return BuildError(
-            f"input file {unit.path} changed since the cache in {self.output} was finished (the lines of chunk "
+            f"input file {unit.path} changed since the cache in {self.finished[0]} was finished (the lines of chunk "
             f"{index} of shard {unit.shard} are not the bytes it was built from). A finished cache is never "
             "rebuilt from other inputs (readers may be using it): build into another --output, or restore "
             "the file.")
 
-    def _check(self, unit: WorkUnit, index: int, byte_range: tuple[int, int] | None) -> ChunkCheck:
-        check = verify_chunk(self.output, unit.shard, index, byte_range)
+    def _found(self, shard: int, index: int, byte_range: tuple[int, int] | None = None) -> Found:
+        return Found(tuple(verify_chunk(root, shard, index, byte_range) for root in self.roots))
+
+    def _check(self, unit: WorkUnit, index: int, byte_range: tuple[int, int] | None) -> Found:
+        check = self._found(unit.shard, index, byte_range)
         if not check.absent:
             self.counters.inc("chunks_checked", 1)
         if not check.complete and not check.absent:
-            LOG.warning("%s: %s; rebuilding it", fmt.join(self.output, fmt.chunk_path(unit.shard, index)),
-                        check.problem)
+            LOG.warning("%s; rebuilding it", check.problem(self.roots, unit.shard, index))
             self.counters.inc("chunks_rebuilt", 1)
         return check
 
@@ -159,7 +214,7 @@ class UnitBuilder:
                              f"now {size}); inputs must not change while a cache is built into the same --output")
 
     # -- an uncompressed shard's chunk: a byte range ----------------------------------------------
-    def _build_range(self, unit: WorkUnit) -> dict[str, Any]:
+    def _build_range(self, unit: WorkUnit) -> Sidecars:
         k = unit.index
         check = self._check(unit, k, (unit.lo, unit.hi))
         self._check_unchanged(unit)
@@ -170,8 +225,7 @@ class UnitBuilder:
             hasher = fsutil.SpanHasher()
             for off, raw in lines:
                 hasher.add(off, raw)
-            span, checksum = hasher.finish(lines.end)
-            if span == check.sidecar["input_span"] and checksum == check.sidecar["input_checksum"]:
+            if check.input_matches(*hasher.finish(lines.end)):
                 return self.skipped(unit, k, check)
             self.input_changed(unit, k)
         builder = self.chunk_builder(unit, k, unit.lo)
@@ -181,33 +235,34 @@ class UnitBuilder:
         return builder.finish(unit.hi, lines.end)
 
     # -- a compressed shard: streamed once ---------------------------------------------------------
-    def _build_stream(self, unit: WorkUnit) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    def _build_stream(self, unit: WorkUnit) -> tuple[list[Sidecars], dict[str, int]]:
         shard = unit.shard
-        done_path = fmt.join(self.output, fmt.shard_done_path(shard))
-        raw_done = fsutil.read_bytes_or_none(done_path)
+        done_paths = [fmt.join(root, fmt.shard_done_path(shard)) for root in self.roots]
+        raw_dones = [fsutil.read_bytes_or_none(p) for p in done_paths]
         self._check_unchanged(unit)
-        if raw_done is not None and unit.trusted:
-            done = json.loads(raw_done)
-            checks = [verify_chunk(self.output, shard, k) for k in range(done["chunks"])]
+        if raw_dones[0] is not None and len(set(raw_dones)) == 1 and unit.trusted:  # the same _DONE.json in each cache
+            done = json.loads(raw_dones[0])
+            checks = [self._found(shard, k) for k in range(done["chunks"])]
             if all(c.complete for c in checks):
                 self.counters.inc("chunks_checked", len(checks))
                 return [self.skipped(unit, k, c) for k, c in enumerate(checks)], done
         try:
             sidecars, total = self._stream(unit)
         except DamagedInput:
-            if self.recorded is None:
+            if not self.finished:
                 self._forget_shard(shard)  # nothing built from a damaged stream is kept as complete
             raise
         done = {"chunks": len(sidecars), "uncompressed_bytes": total}
         self._remove_stale_chunks(shard, len(sidecars))
         done_bytes = fmt.dumps(done).encode()
-        if raw_done != done_bytes:
-            fsutil.write_atomic(done_path, done_bytes)
+        for path, raw_done in zip(done_paths, raw_dones):
+            if raw_done != done_bytes:
+                fsutil.write_atomic(path, done_bytes)
         return sidecars, done
 
-    def _stream(self, unit: WorkUnit) -> tuple[list[dict[str, Any]], int]:
+    def _stream(self, unit: WorkUnit) -> tuple[list[Sidecars], int]:
         cb = self.config["chunk_bytes"]
-        sidecars: list[dict[str, Any]] = []
+        sidecars: list[Sidecars] = []
         cur = None
 
         def start(k: int):
@@ -239,18 +294,20 @@ class UnitBuilder:
             k = len(sidecars)
             sidecars.append(start(k).finish(min(k * cb + cb, total), total))
         # byte ranges come from the sidecar: a chunk of another length (the input changed) is not complete
-        for k, sc in enumerate(sidecars):
+        for k, scs in enumerate(sidecars):
             want = [k * cb, min(k * cb + cb, total)]
-            if list(sc["byte_range"]) != want:
-                raise BuildError(f"internal: chunk {k} of {unit.path} has byte range {sc['byte_range']}, "
-                                 f"expected {want}")
+            for sc in scs:
+                if list(sc["byte_range"]) != want:
+                    raise BuildError(f"internal: chunk {k} of {unit.path} has byte range {sc['byte_range']}, "
+                                     f"expected {want}")
         return sidecars, total
 
     def _shard_files(self, shard: int) -> list[tuple[str, int]]:
-        """``(path, chunk index)`` of every chunk, sidecar and dead-letter file of ``shard`` in the cache."""
+        """``(path, chunk index)`` of every chunk, sidecar and dead-letter file of ``shard`` in the caches."""
         out = []
-        for pattern in (fmt.join(self.output, f"{fmt.shard_dir(shard)}/chunk-*"),
-                        fmt.join(self.output, f"{fmt.BAD_DIR}/shard-{shard:05d}/chunk-*")):
+        patterns = [fmt.join(root, rel) for root in self.roots
+                    for rel in (f"{fmt.shard_dir(shard)}/chunk-*", f"{fmt.BAD_DIR}/shard-{shard:05d}/chunk-*")]
+        for pattern in patterns:
             for path in fsutil.list_sizes(pattern):
                 m = _CHUNK_FILE.search(path)
                 if m:
@@ -264,8 +321,9 @@ class UnitBuilder:
             fsutil.delete_if_exists(path)
 
     def _forget_shard(self, shard: int) -> None:
-        """Remove ``_DONE.json`` and every chunk of a shard (sidecars first)."""
-        fsutil.delete_if_exists(fmt.join(self.output, fmt.shard_done_path(shard)))
+        """Remove ``_DONE.json`` and every chunk of a shard (sidecars first), in every cache."""
+        for root in self.roots:
+            fsutil.delete_if_exists(fmt.join(root, fmt.shard_done_path(shard)))
         files = sorted(self._shard_files(shard), key=lambda pk: not pk[0].endswith(".json"))
         for path, _ in files:
             fsutil.delete_if_exists(path)
@@ -274,11 +332,11 @@ class UnitBuilder:
 class _Trusted:
     """Stands in for a ChunkBuilder when a complete chunk's input is known unchanged (same CRC32C)."""
 
-    def __init__(self, unit_builder: UnitBuilder, unit: WorkUnit, index: int, check: ChunkCheck):
+    def __init__(self, unit_builder: UnitBuilder, unit: WorkUnit, index: int, check: Found):
         self.ub, self.unit, self.index, self.check = unit_builder, unit, index, check
 
     def add(self, offset: int, raw: bytes) -> None:
         pass
 
-    def finish(self, hi: int, end: int) -> dict[str, Any]:
+    def finish(self, hi: int, end: int) -> Sidecars:
         return self.ub.skipped(self.unit, self.index, self.check)

@@ -33,7 +33,7 @@ from .validate import chunk_error, file_mismatch
 from .whatis import not_a_cache
 
 TMP_PREFIX = ".tmp-"
-SPLITS = ("train", "validation")
+SPLITS = fmt.SPLIT_NAMES
 
 
 class ExportError(fmt.FormatError):

@@ -17,7 +17,7 @@ import fsspec
 
 from . import format as fmt
 
-SPLITS = ("train", "validation")
+SPLITS = fmt.SPLIT_NAMES
 BUILD = "python -m pipelines.build_cache --input 'SHARDS' --output CACHE --tokenizer SPEC"
 _IN_CACHE = re.compile(r"(.*?)/?" + fmt.CHUNKS_DIR + r"(/shard-\d{5}(/chunk-\d{6}\.(parquet|json)|/_DONE\.json)?)?$")
 _JSONL = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd", ".json.gz", ".ndjson")
@@ -116,6 +116,8 @@ def _file(fs, root: str, url: str) -> str:
     name = _name(root)
     if name == fmt.LEDGER_NAME:
         return f"this is the ledger file itself; pass its directory {_parent(url.rstrip('/'))}"
+    if name == fmt.SPLITS_MANIFEST_NAME:
+        return f"this is the manifest of a split build; {_use_splits(_parent(url.rstrip('/')))}"
     inside = _up_to_cache(fs, root, url)
     if inside:
         return f"this is a file of the cache {inside}; pass {inside}"
@@ -131,6 +133,10 @@ def _file(fs, root: str, url: str) -> str:
     return f"this is a file; pass the directory a build wrote (it holds {fmt.LEDGER_NAME} and {fmt.CHUNKS_DIR}/)"
 
 
+def _use_splits(url: str) -> str:
+    return f"use {' or '.join(_join(url, s) for s in SPLITS)}, each a complete cache"
+
+
 def _directory(fs, root: str, url: str) -> str:
     inside = _up_to_cache(fs, root, url)
     if inside:
@@ -141,6 +147,8 @@ def _directory(fs, root: str, url: str) -> str:
     if not names:
         return (f"the directory is empty. Pass the --output directory of a build ({BUILD}); it holds "
                 f"{fmt.LEDGER_NAME}")
+    if fmt.SPLITS_MANIFEST_NAME in names:
+        return f"it is a split build (its {fmt.SPLITS_MANIFEST_NAME} names two caches); {_use_splits(url)}"
     splits = [s for s in SPLITS if s in dirs and _is_cache(fs, _join(root, s))]
     if splits:
         return (f"it holds the {' and '.join(splits)} caches of a split build; pass "

@@ -287,7 +287,7 @@ def random_chunks(rng: np.random.Generator, num_chunks: int, *, max_docs: int = 
 
 
 # --------------------------------------------------------------------------------------------------
-# Brute-force reference of the reading order (issue 3), straight from the definitions, for tests.
+# Brute-force reference of the reading order (docs/FORMAT.md), straight from the definitions, for tests.
 
 
 class Reference:

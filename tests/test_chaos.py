@@ -6,7 +6,8 @@ or the cause, leaves no cache that claims to be finished, and a rerun after the 
 for crashes) finishes byte-identical.
 
 Cases: random SIGKILLs of the launcher at any atomic write, the final ledger write included
-(``tests/kill_at.py``); an input edited between the kill and the rerun; truncated and bit-flipped
+(``tests/kill_at.py``); an input edited between the kill and the rerun; both again for a split build
+(``--validation_fraction``), and a split and a plain build started at once; truncated and bit-flipped
 compressed inputs; two builds started at once into one output; a full disk (a small tmpfs; skipped,
 with the reason, where ``mount`` is not allowed); a read-only output; a worker process killed; gs://
 without a reachable server; random jsonl lines, through byte ranges and a gzip stream alike (hypothesis:
@@ -181,6 +182,80 @@ def test_kill_then_edit_the_input_then_rerun_equals_a_clean_build_of_the_edit(co
         record(f"SIGKILL, input edited in place ({kind}), rerun", "equals a clean build of the edit" if ok
                else "DIFFERENT")
         assert ok, (point, kind)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Split builds (--validation_fraction): the same properties for both caches
+
+SPLIT_ARGS = ("--validation_fraction", "0.3", "--split_seed", "7")
+SPLIT_OPTS = dict(OPTS, validation_fraction=0.3, split_seed=7)
+
+
+@pytest.fixture(scope="module")
+def clean_split(corpus, tmp_path_factory):
+    out, _ = build(tmp_path_factory.mktemp("chaos_split_clean"), [str(corpus / "*")], **SPLIT_OPTS)
+    return tree_bytes(out)
+
+
+def test_split_build_random_kills_then_rerun_is_byte_identical(corpus, clean_split, tmp_path):
+    rng = random.Random(SEED + 5)
+    writes = len(clean_split) + 2  # every file once, plus the two plan ledgers
+    # between the two final ledgers (train finished, validation not), and the very last write
+    points = [f"{writes - 1}:after_rename", f"{writes}:before_rename"]
+    points += [f"{rng.randint(1, writes)}:{rng.choice(['before_rename', 'after_rename'])}" for _ in range(n(3, 40))]
+    for i, point in enumerate(points):
+        out = str(tmp_path / f"k{i}")
+        code, text = finish(cli(argv(str(corpus / "*"), out, *SPLIT_ARGS), kill_at=point))
+        assert code == -signal.SIGKILL, (point, text[-2000:])
+        build(tmp_path, [str(corpus / "*")], name=f"k{i}", **SPLIT_OPTS)
+        ok = tree_bytes(out) == clean_split
+        record("split build: SIGKILL at a random write, rerun", "both caches byte-identical" if ok else "DIFFERENT")
+        assert ok, point
+
+
+def test_split_build_kill_then_edit_the_input_then_rerun(corpus, clean_split, tmp_path):
+    """Equals a clean split build of the edit; or, if the kill came after the train cache was finished,
+    the rerun refuses naming the file and leaves that cache as it was."""
+    rng = random.Random(SEED + 6)
+    writes = len(clean_split) + 2
+    points = [f"{writes - 1}:after_rename"]  # train finished, validation not: the edit must be refused
+    points += [f"{rng.randint(2, writes)}:{rng.choice(['before_rename', 'after_rename'])}" for _ in range(n(2, 15))]
+    for i, point in enumerate(points):
+        d = copy_corpus(corpus, tmp_path / f"in{i}")
+        out = str(tmp_path / f"e{i}")
+        code, text = finish(cli(argv(os.path.join(d, "*"), out, *SPLIT_ARGS), kill_at=point))
+        assert code == -signal.SIGKILL, (point, text[-2000:])
+        train = os.path.join(out, "train")
+        finished = os.path.exists(os.path.join(train, fmt.LEDGER_NAME)) and load_ledger(train)["finished"]
+        before = tree_bytes(train)
+        kind = _random_edit(rng, os.path.join(d, "a.jsonl"))
+        try:
+            build(tmp_path, [os.path.join(d, "*")], name=f"e{i}", **SPLIT_OPTS)
+        except BuildError as e:
+            ok = finished and "changed since the cache in" in str(e) and tree_bytes(train) == before
+            record(f"split build: SIGKILL after train was finished, input edited ({kind}), rerun",
+                   "refused, file named, train unchanged" if ok else "WRONG")
+            assert ok, (point, str(e))
+            continue
+        want, _ = build(tmp_path, [os.path.join(d, "*")], name=f"e{i}-clean", **SPLIT_OPTS)
+        ok = not finished and tree_bytes(out) == tree_bytes(want)
+        record(f"split build: SIGKILL, input edited in place ({kind}), rerun",
+               "equals a clean split build of the edit" if ok else "DIFFERENT")
+        assert ok, (point, kind)
+
+
+def test_split_and_plain_build_started_at_once_into_one_output(corpus, clean, clean_split, tmp_path):
+    out = str(tmp_path / "both")
+    procs = [cli(argv(str(corpus / "*"), out, *SPLIT_ARGS)), cli(argv(str(corpus / "*"), out))]
+    results = [finish(p) for p in procs]
+    assert sorted(c for c, _ in results) == [0, 2], results
+    refused = next(text for code, text in results if code == 2)
+    assert f"another build (process" in refused or "split build" in refused or "without --validation_fraction" in \
+        refused, refused
+    ok = tree_bytes(out) == (clean_split if results[0][0] == 0 else clean)
+    record("a split and a plain build at once into one output", "one refused, the other's output byte-identical"
+           if ok else "MIXED")
+    assert ok
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -446,7 +521,7 @@ def test_fuzzed_lines_are_never_lost():
                 out = os.path.join(d, "out-" + name)
                 plan = make_plan(tok.identity(), config, [MatchedFile(path, os.path.getsize(path))])
                 ub = UnitBuilder(out, enc, config.to_json(), tok.eos_id)
-                sidecars = [sc for u in work_units(plan) for sc in ub.build(u).sidecars]
+                sidecars = [sc for u in work_units(plan) for r in ub.build(u) for sc in r.sidecars]
                 seen = {}
                 for sc in sidecars:
                     cols = read_chunk(out, sc["path"])

@@ -192,6 +192,35 @@ def test_gs_rerun_trusts_inputs_by_crc32c_and_rereads_a_replaced_object(corpus, 
     assert res["ledger"]["inputs"][0]["crc32c"] != ledger["inputs"][0]["crc32c"]
 
 
+def test_gs_split_build_equals_a_local_one_and_its_rerun_only_verifies(corpus, emulator, tmp_path):
+    """A split build on gs://: the manifest and both caches as a local split build writes them (the lock and
+    every temporary object gone); a rerun trusts the inputs' CRC32C in both caches and changes nothing."""
+    from reader.whatis import NotACache
+
+    d, _ = corpus
+    split = ("--validation_fraction", "0.25", "--split_seed", "3")
+    local = str(tmp_path / "split")
+    build_cache.run(argv(str(d / "*"), local, *split, *FNAPI))
+    with emulator.beam_env():
+        res = build_cache.run(argv(emulator.url("corpus/*"), emulator.url("split"), *split, *FNAPI))
+        assert res["splits"]["validation"]["totals"]["docs"] > 0
+        before = gs_tree(emulator, "split")
+        again = build_cache.run(argv(emulator.url("corpus/*"), emulator.url("split"), *split, *FNAPI))
+    assert again["already_complete"] and again["counters"].get("chunks_written", 0) == 0
+    assert gs_tree(emulator, "split") == before
+    assert sorted({k.split("/")[0] for k in before}) == ["splits.json", "train", "validation"]
+    assert before["splits.json"] == open(os.path.join(local, "splits.json"), "rb").read()
+    for name in ("train", "validation"):
+        assert_same_cache(gs_tree(emulator, f"split/{name}"), local_tree(os.path.join(local, name)),
+                          emulator.url("corpus/"), str(d) + "/")
+    opts = ReadOptions(seq_len=64, batch_size=4, ideal_readers=2, index_cache=False)
+    top = emulator.url("split")
+    with pytest.raises(NotACache, match=f"it is a split build .*; use {top}/train or {top}/validation"):
+        Reader(top, opts, storage_options=emulator.storage_options)
+    val = Reader(f"{top}/validation", opts, storage_options=emulator.storage_options)
+    assert val.cache.complete and val.cache.ledger.raw["config"]["split"]["name"] == "validation"
+
+
 def test_gs_build_killed_mid_write_resumes_to_the_same_bytes(corpus, local_cache, emulator):
     """SIGKILL between a temporary object's write and its rename (copy + delete on GCS), then rerun."""
     d, _ = corpus

@@ -145,7 +145,7 @@ def test_dead_letters_identical_with_and_without_the_fast_json_path(tmp_path, mo
         for raw in lines:
             b.add(off, raw)
             off += len(raw) + 1
-        sidecar = b.finish(len(body), len(body))
+        (sidecar,) = b.finish(len(body), len(body))  # one cache: one sidecar
         monkeypatch.undo()
         return sidecar
 

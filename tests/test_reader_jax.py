@@ -145,7 +145,7 @@ def test_jit_toy_step_resumes_identically(cache, mode, explicit_mesh):
     steps, k = 7, 3
     want = toy_reference([ref_reader.batch(b) for b in range(steps)], L)
     toy = make_toy_step(L)
-    if explicit_mesh:  # jax.make_mesh: Explicit axis types (sharding in types), as in the README example
+    if explicit_mesh:  # jax.make_mesh: Explicit axis types (sharding in types), as in the docs/JAX.md example
         mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "model"))
         spec = NamedSharding(mesh, P(("data", "fsdp"), None))
     else:

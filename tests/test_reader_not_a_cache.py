@@ -27,6 +27,8 @@ def tree(tmp_path_factory):
     for sub in ("cache", "split/train", "split/validation", "many/a", "many/b"):
         cachegen.write_synthetic_cache(str(d / sub), chunks)
     (d / "empty").mkdir()
+    (d / "built").mkdir()  # the top of a split build (its manifest), before or after its caches
+    (d / "built" / fmt.SPLITS_MANIFEST_NAME).write_text('{"format": "chunkledger-splits"}')
     (d / "shards").mkdir()
     (d / "shards" / "part-00.jsonl").write_text('{"text": "hello"}\n')
     (d / "data.zarr").mkdir()
@@ -57,6 +59,9 @@ def _message(path: str) -> str:
     ("split", r"it holds the train and validation caches of a split build; pass {d}/split/train or "
               r"{d}/split/validation$"),
     ("many", r"it holds caches; pass one of {d}/many/a, {d}/many/b$"),
+    ("built", r"it is a split build \(its splits.json names two caches\); use {d}/built/train or "
+              r"{d}/built/validation, each a complete cache$"),
+    ("built/splits.json", r"this is the manifest of a split build; use {d}/built/train or {d}/built/validation"),
     ("cache/chunks", r"this directory is inside the cache {d}/cache; pass {d}/cache$"),
     ("cache/chunks/shard-00000", r"this directory is inside the cache {d}/cache; pass {d}/cache$"),
     ("cache/chunks/shard-00000/chunk-000001.parquet", r"\(a cache is a directory\): this is a file of the cache "

@@ -1,4 +1,4 @@
-"""The reader's promises with the growing-window shuffle on (issue 4): reading during a build, the small
+"""The reader's promises with the growing-window shuffle on: reading during a build, the small
 first window, per-host locality with lanes = R*, and seeds that change what is read."""
 
 import os

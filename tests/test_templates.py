@@ -43,6 +43,8 @@ EXAMPLES = {
     "append_eos": ["true", "false"],
     "parquet_compression": ["snappy", "none"],
     "max_bad_fraction": ["0", "0.05", "1", ".5"],
+    "validation_fraction": ["0.01", ".005", "0.5"],
+    "split_seed": ["0", "17"],
 }
 # Values every regex of the parameter must reject.
 BAD = {
@@ -56,6 +58,8 @@ BAD = {
     "parquet_compression": ["zip", ""],
     "compression_level": ["high", ""],
     "max_bad_fraction": ["2", "-0.1", "ten percent"],
+    "validation_fraction": ["1", "1.0", "-0.1", "5%"],
+    "split_seed": ["-1", "seven", ""],
 }
 
 

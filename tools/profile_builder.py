@@ -62,7 +62,7 @@ def main(argv=None) -> None:
 
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
-        sidecar = build(d)
+        sidecar = build(d)[0]
         build_s = time.perf_counter() - t0
         print(f"{len(texts)} documents, {n} tokens, tokenizer backend {enc.backend}")
         print(f"raw tokenizer      {n / raw_s / 1e6:6.2f} M tokens/s")
