@@ -89,6 +89,30 @@ def test_workers_are_forked_and_build_the_same_bytes(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_split_build_on_forked_workers_and_the_queue_writes_both_caches_like_fnapi(tmp_path):
+    """Each claimed unit returns one result per cache (train, validation): both ledgers finish and every byte
+    of both caches equals the one-process build's."""
+    corpus(tmp_path)
+    split = ("--validation_fraction", "0.3", "--split_seed", "7")
+    ref, _ = build(tmp_path, [str(tmp_path / "in" / "*")], name="fnapi", runner=FNAPI, chunk_bytes=20000,
+                   max_bad_fraction=1.0, validation_fraction=0.3, split_seed=7)
+    out, trace, proc = cli_build(tmp_path, "split", *split)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    ev = events(trace)
+    setups = [e for e in ev if e["event"] == "setup_start"]
+    assert len({e["pid"] for e in setups}) == 2 and all(e.get("forked") for e in setups), setups
+    done = [(e["shard"], e["index"]) for e in ev if e["event"] == "unit_done"]
+    assert len(done) == len(set(done)) >= 6 and len({e["pid"] for e in ev if e["event"] == "unit_done"}) == 2
+    got = tree_bytes(out)
+    for name in ("train", "validation"):
+        with open(os.path.join(out, name, "ledger.json")) as f:
+            led = json.load(f)
+        assert led["finished"] and led["totals"]["docs"] > 0, name
+    assert got == tree_bytes(ref)
+
+
+@pytest.mark.slow
 def test_a_killed_launcher_leaves_no_worker_behind_and_a_rerun_finishes(tmp_path):
     texts = sample_texts(1500, seed=22, min_words=200, max_words=600)
     for s in range(2):
