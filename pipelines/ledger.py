@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Iterable, Mapping, Sequence
 
 from reader import format as fmt
+from reader.chunk_file import ledger_chunks
 from reader.streams import round_robin_order
 
 from .errors import BuildError
@@ -38,28 +39,18 @@ def finished_ledger(plan: BuildPlan, results: Iterable[UnitResult]) -> dict[str,
             inp["uncompressed_bytes"] = d["uncompressed_bytes"]
         inputs.append(inp)
     order = round_robin_order([inp["chunks"] for inp in inputs])
-    chunks, docs, tokens = [], 0, 0
-    bad: dict[str, int] = {}
-    for s, k in order.tolist():
-        sc = sidecars.get((s, k))
-        if sc is None:
-            raise BuildError(f"internal: chunk {fmt.chunk_path(s, k)} is missing after the build")
-        entry = fmt.ledger_entry(sc)  # without the row-group index; with the sidecar's checksum
-        entry["doc_offset"] = docs
-        entry["token_offset"] = tokens
-        docs += sc["docs"]
-        tokens += sc["tokens"]
-        for reason, n in sc["bad_reasons"].items():
-            bad[reason] = bad.get(reason, 0) + n
-        chunks.append(entry)
+    missing = [(s, k) for s, k in order.tolist() if (s, k) not in sidecars]
+    if missing:
+        raise BuildError(f"internal: chunk {fmt.chunk_path(*missing[0])} is missing after the build")
+    chunks, bad = ledger_chunks(sidecars[(s, k)] for s, k in order.tolist())
     ledger = plan.ledger()
     ledger["finished"] = True
     ledger["inputs"] = inputs
     ledger["chunks"] = chunks
-    ledger["bad_records"] = dict(sorted(bad.items()))
+    ledger["bad_records"] = bad
     ledger["totals"] = {
-        "docs": docs,
-        "tokens": tokens,
+        "docs": sum(c["docs"] for c in chunks),
+        "tokens": sum(c["tokens"] for c in chunks),
         "chunks": len(chunks),
         "bytes": sum(c["bytes"] for c in chunks),
         "input_bytes": sum(i["size"] for i in inputs),

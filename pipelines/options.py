@@ -63,11 +63,17 @@ def parse_chunk_bytes(text: str) -> int:
     return value
 
 
-def parse_row_group_tokens(text: str) -> int:
+def _number(text: str, kind: type, example: str = ""):
+    """``text`` as an int or float, or the argparse error naming what was expected."""
     try:
-        value = int(text)
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}{example}") from None
+
+
+def parse_row_group_tokens(text: str) -> int:
+    value = _number(text, int)
     if not MIN_ROW_GROUP_TOKENS <= value <= MAX_ROW_GROUP_TOKENS:
         raise argparse.ArgumentTypeError(
             f"{value} is outside [{MIN_ROW_GROUP_TOKENS}, {MAX_ROW_GROUP_TOKENS}] (a reader fetches and decodes "
@@ -76,10 +82,7 @@ def parse_row_group_tokens(text: str) -> int:
 
 
 def parse_fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    v = _number(text, float)
     if not 0.0 <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {v}")
     return v
@@ -87,10 +90,7 @@ def parse_fraction(text: str) -> float:
 
 def parse_validation_fraction(text: str) -> float:
     """A fraction in [0, 1): 0 builds one cache, more splits off that share of the documents."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r} (examples: 0, 0.01, 0.005)") from None
+    v = _number(text, float, " (examples: 0, 0.01, 0.005)")
     if not 0.0 <= v < 1.0:  # also rejects nan
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r} (0.01 puts 1% of the documents "
                                          "in OUTPUT/validation)")
@@ -98,20 +98,14 @@ def parse_validation_fraction(text: str) -> float:
 
 
 def parse_seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    v = _number(text, int)
     if not 0 <= v <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {v}")
     return v
 
 
 def parse_verify_every(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    v = _number(text, int)
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be 0 (off) or positive, got {v}")
     return v

@@ -33,8 +33,6 @@ the identity: a cache's bytes never depend on it.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import re
 from typing import Any, Sequence
@@ -43,7 +41,7 @@ import numpy as np
 
 # The ledger's tokenizer identity is computed in reader/ (the Megatron import records the same one).
 from reader.tokenizer_id import EOS_CANDIDATES as _EOS_CANDIDATES  # noqa: F401
-from reader.tokenizer_id import hash_hf_json, hash_tiktoken as _hash_tiktoken, hf_eos as _hf_eos
+from reader.tokenizer_id import TokenizerIdError, eos_from_config, hash_hf_json, hf_eos as _hf_eos, tiktoken_identity
 
 # Long-document splitting (recorded in the ledger config: it defines the tokens of degenerate texts).
 PIECE_CHARS = 65_536
@@ -143,8 +141,7 @@ class TokenizerSpec:
 
             with FileSystems.open(self.payload_path) as f:
                 payload = f.read().decode("utf-8")
-            digest = "sha256:" + hashlib.sha256(payload.encode()).hexdigest()
-            if digest != self.hash:
+            if hash_hf_json(payload) != self.hash:
                 raise TokenizerError(f"{self.payload_path}: tokenizer JSON does not match hash {self.hash}")
         return payload
 
@@ -196,24 +193,12 @@ class HFEncoder(Encoder):
 # Resolving a spec (launcher side)
 
 
-def _resolve_tiktoken(spec: str, encoding: str) -> TokenizerSpec:
+def _resolve_tiktoken(spec: str) -> TokenizerSpec:
     try:
-        import tiktoken
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise TokenizerError("tiktoken is not installed: pip install 'chunkledger[pipeline]'") from e
-    names = set(tiktoken.list_encoding_names())
-    name = encoding + "_offline" if encoding + "_offline" in names else encoding
-    if name not in names:
-        raise TokenizerError(f"tokenizer {spec!r}: unknown tiktoken encoding {encoding!r}; "
-                             f"known: {', '.join(sorted(names))}")
-    try:
-        enc = tiktoken.get_encoding(name)
-    except Exception as e:
-        raise TokenizerError(f"tokenizer {spec!r}: cannot load tiktoken encoding {name!r} ({e}); "
-                             "without network access only the *_offline encodings work") from e
-    return TokenizerSpec(spec=spec, kind="tiktoken", name=name, vocab_size=int(enc.n_vocab),
-                         eos_id=int(enc.eot_token) if enc.eot_token is not None else None,
-                         hash=_hash_tiktoken(enc))
+        ident = tiktoken_identity(spec)  # the same function the reader uses, so both record the same identity
+    except TokenizerIdError as e:
+        raise TokenizerError(str(e)) from e
+    return TokenizerSpec(**ident)
 
 
 def _read_remote(path: str) -> str | None:
@@ -235,15 +220,7 @@ def _load_remote_hf(spec: str):
     if text is None:
         raise TokenizerError(f"tokenizer {spec!r}: no tokenizer.json there; give a remote tokenizer.json file "
                              "or a directory holding one")
-    config_eos = None
-    cfg = _read_remote(base.rstrip("/") + "/tokenizer_config.json")
-    if cfg:
-        try:
-            eos = json.loads(cfg).get("eos_token")
-            config_eos = eos.get("content") if isinstance(eos, dict) else eos
-        except ValueError:
-            config_eos = None
-    return Tokenizer.from_str(text), config_eos
+    return Tokenizer.from_str(text), eos_from_config(_read_remote(base.rstrip("/") + "/tokenizer_config.json"))
 
 
 def _resolve_hf(spec: str) -> TokenizerSpec:
@@ -266,11 +243,8 @@ def _resolve_hf(spec: str) -> TokenizerSpec:
     else:
         cfg = None
     if cfg and os.path.isfile(cfg):
-        try:
-            eos = json.load(open(cfg)).get("eos_token")
-            config_eos = eos.get("content") if isinstance(eos, dict) else eos
-        except (OSError, ValueError):
-            config_eos = None
+        with open(cfg, encoding="utf-8", errors="replace") as f:
+            config_eos = eos_from_config(f.read())
     if tok is None:
         try:
             from transformers import AutoTokenizer
@@ -299,6 +273,6 @@ def _resolve_hf(spec: str) -> TokenizerSpec:
 def resolve(spec: str) -> TokenizerSpec:
     """Resolve a tokenizer spec (see module doc). Raises :class:`TokenizerError` with the fix."""
     if spec.startswith("tiktoken:"):
-        return _resolve_tiktoken(spec, spec.split(":", 1)[1])
+        return _resolve_tiktoken(spec)
     return _resolve_hf(spec)
 

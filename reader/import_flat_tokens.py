@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from . import tokenizer_id
-from .importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, is_finished, make_config,
-                       write_cache)
+from .importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
+                       is_finished, make_config, write_cache)
 
 _BLOCK = 1 << 20
 
@@ -159,18 +159,10 @@ def add_parser(sub) -> None:
                     "Each sequence becomes a document; token ids are checked against --tokenizer, which the "
                     "ledger records as the builder does. See docs/INTEROP.md.")
     m.add_argument("path", metavar="DIR.zarr", help="the flat-tokens dataset")
-    m.add_argument("--tokenizer", required=True, metavar="SPEC",
-                   help="the tokenizer the data was made with: 'tiktoken:<encoding>', or a tokenizer.json file or "
-                        "a directory holding one")
-    m.add_argument("--out", required=True, metavar="CACHE", help="cache root to create (local or gs://...)")
     m.add_argument("--append_eos", action="store_true",
                    help="append the tokenizer's EOS to every document, as the builder's --append_eos (flat-tokens "
                         "stores none; export leaves it out again)")
-    m.add_argument("--chunk_tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
-                   help=f"tokens per chunk, about (default {DEFAULT_CHUNK_TOKENS})")
-    m.add_argument("--row_group_tokens", type=int, default=DEFAULT_ROW_GROUP_TOKENS,
-                   help=f"cut a Parquet row group once it holds this many tokens (default {DEFAULT_ROW_GROUP_TOKENS})")
-    m.add_argument("--threads", type=int, default=2, help="chunks written in parallel (default 2)")
+    add_cache_arguments(m)
     m.set_defaults(fn=cmd_import)
 
 

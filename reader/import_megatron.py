@@ -29,8 +29,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import tokenizer_id
-from .importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, is_finished, make_config,
-                       write_cache)
+from .importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
+                       is_finished, make_config, write_cache)
 from .megatron import MegatronError, MegatronIndex, read_span
 
 
@@ -127,21 +127,13 @@ def add_parser(sub) -> None:
                     "the tokenizer as the builder does for the same spec. Token ids are checked against it. "
                     "Rerun the same command after a crash. See docs/INTEROP.md.")
     m.add_argument("prefixes", nargs="+", metavar="PREFIX", help="dataset path without .bin/.idx (local)")
-    m.add_argument("--tokenizer", required=True, metavar="SPEC",
-                   help="the tokenizer the data was made with: 'tiktoken:<encoding>', or a tokenizer.json file or "
-                        "a directory holding one (recorded in the ledger, as the builder records it)")
-    m.add_argument("--out", required=True, metavar="CACHE", help="cache root to create (local or gs://...)")
     m.add_argument("--append_eos", action="store_true",
                    help="the documents end with the tokenizer's EOS (Megatron's --append-eod); checked, and "
                         "recorded as config.append_eos")
     m.add_argument("--unit", choices=["document", "sequence"], default="document",
                    help="what becomes a chunkledger document: a Megatron document (its sequences joined; "
                         "default) or each sequence (data made with --split-sentences)")
-    m.add_argument("--chunk_tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
-                   help=f"tokens per chunk, about (default {DEFAULT_CHUNK_TOKENS}); chunk_bytes = this x token size")
-    m.add_argument("--row_group_tokens", type=int, default=DEFAULT_ROW_GROUP_TOKENS,
-                   help=f"cut a Parquet row group once it holds this many tokens (default {DEFAULT_ROW_GROUP_TOKENS})")
-    m.add_argument("--threads", type=int, default=2, help="chunks written in parallel (default 2)")
+    add_cache_arguments(m, tokens_help="; chunk_bytes = this x token size")
     m.set_defaults(fn=cmd_import)
 
 

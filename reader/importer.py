@@ -30,6 +30,20 @@ from .streams import round_robin_order
 
 DEFAULT_CHUNK_TOKENS = 1 << 24  # about what the builder's default 64 MiB chunk of jsonl text holds
 DEFAULT_ROW_GROUP_TOKENS = 128 << 10  # the builder's default
+
+
+def add_cache_arguments(parser, tokens_help: str = "") -> None:
+    """The options every ``import-*`` subcommand shares: the tokenizer, the cache to write and its chunking."""
+    parser.add_argument("--tokenizer", required=True, metavar="SPEC",
+                        help="the tokenizer the data was made with: 'tiktoken:<encoding>', or a tokenizer.json file "
+                             "or a directory holding one (recorded in the ledger, as the builder records it)")
+    parser.add_argument("--out", required=True, metavar="CACHE", help="cache root to create (local or gs://...)")
+    parser.add_argument("--chunk_tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
+                        help=f"tokens per chunk, about (default {DEFAULT_CHUNK_TOKENS}){tokens_help}")
+    parser.add_argument("--row_group_tokens", type=int, default=DEFAULT_ROW_GROUP_TOKENS,
+                        help="cut a Parquet row group once it holds this many tokens "
+                             f"(default {DEFAULT_ROW_GROUP_TOKENS})")
+    parser.add_argument("--threads", type=int, default=2, help="chunks written in parallel (default 2)")
 _BLOCK = 1 << 20  # documents handled at a time when scanning a source (bounded memory)
 
 

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -23,6 +20,7 @@ import pytest
 pytest.importorskip("jax", reason="reader.jax needs the optional 'jax' extra")
 
 from cachegen import random_chunks, write_synthetic_cache  # noqa: E402
+from rank_processes import run_group  # noqa: E402
 from jax_helpers.common import expected_device_rows, index_from_json, sha, toy_reference  # noqa: E402
 from reader import ReadOptions, Reader  # noqa: E402
 
@@ -44,12 +42,6 @@ SETUPS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def expected_process_rows(mesh_shape, axis_names, spec, nproc) -> list[list[int]]:
     """Rows each process must read: the union over its devices (process p owns devices
     [p*local, (p+1)*local) of the row-major device list)."""
@@ -68,48 +60,13 @@ def cache(tmp_path_factory):
 
 def run_processes(cfg_path, nproc, out_dir, timeout_s=150):
     """Start nproc workers, wait (bounded), always kill leftovers; return their JSON results."""
-    got = _run_processes(cfg_path, nproc, out_dir, timeout_s, retry_port=True)
-    return got if got is not None else _run_processes(cfg_path, nproc, out_dir, timeout_s, retry_port=False)
-
-
-def _run_processes(cfg_path, nproc, out_dir, timeout_s, retry_port):
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={TOTAL_DEVICES // nproc}"
     env["JAX_PLATFORMS"] = "cpu"
     env.pop("JAX_NUM_CPU_DEVICES", None)
-    port = _free_port()
-    procs, logs = [], []
-    try:
-        for i in range(nproc):
-            log = open(os.path.join(out_dir, f"worker{i}.log"), "w+")
-            logs.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, WORKER, cfg_path, str(i), str(nproc), str(port),
-                 os.path.join(out_dir, f"out{i}.json")],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = time.monotonic() + timeout_s
-        for p in procs:
-            try:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                break
-        failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
-        if failed:
-            text = ""
-            for log in logs:
-                log.seek(0)
-                text += log.read()[-3000:]
-            if retry_port and "address already in use" in text.lower():  # lost the free-port race
-                return None
-            pytest.fail(f"workers failed or timed out after {timeout_s}s: {failed}\n{text}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-        for log in logs:
-            log.close()
-    return [json.load(open(os.path.join(out_dir, f"out{i}.json"))) for i in range(nproc)]
+    out = lambda i: os.path.join(out_dir, f"out{i}.json")  # noqa: E731
+    return run_group(lambda i, port: [sys.executable, WORKER, cfg_path, str(i), str(nproc), str(port), out(i)],
+                     nproc, out_dir, env, out, timeout_s, what="workers")
 
 
 @pytest.mark.slow

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -31,6 +28,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 from reader import ReadOptions, Reader  # noqa: E402
 from reader.torch import TokenBatches, resume_step  # noqa: E402
+from rank_processes import run_group  # noqa: E402
 from torch_helpers.common import assert_item_equals, write_cache  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
@@ -45,58 +43,15 @@ def cache(tmp_path_factory):
     return write_cache(str(tmp_path_factory.mktemp("torchdist") / "cache"), L, B)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(cfg: dict, world: int, out_dir: str, timeout_s: float = 120) -> list[dict]:
     """Start ``world`` rank processes, wait (bounded), always kill leftovers; return their reports."""
     os.makedirs(out_dir, exist_ok=True)
     cfg_path = os.path.join(out_dir, "cfg.json")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
-    for attempt in range(2):  # a second port if another process took the free one first
-        got = _run(cfg_path, world, out_dir, timeout_s, retry_port=attempt == 0)
-        if got is not None:
-            return got
-    raise AssertionError("unreachable")
-
-
-def _run(cfg_path, world, out_dir, timeout_s, retry_port):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    port = _free_port()
-    procs, logs = [], []
-    try:
-        for r in range(world):
-            log = open(os.path.join(out_dir, f"log{r}.txt"), "w+")
-            logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, WORKER, cfg_path, str(r), str(world), str(port), out_dir],
-                                          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = time.monotonic() + timeout_s
-        for p in procs:
-            try:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                break
-        failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
-        if failed:
-            text = ""
-            for log in logs:
-                log.seek(0)
-                text += log.read()[-3000:]
-            if retry_port and "address already in use" in text.lower():
-                return None
-            pytest.fail(f"ranks failed or timed out after {timeout_s}s: {failed}\n{text}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)  # the rank and its DataLoader workers
-                p.wait(timeout=10)
-        for log in logs:
-            log.close()
-    return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(world)]
+    return run_group(lambda r, port: [sys.executable, WORKER, cfg_path, str(r), str(world), str(port), out_dir],
+                     world, out_dir, env, lambda r: os.path.join(out_dir, f"rank{r}.json"), timeout_s, what="ranks")
 
 
 def assert_global(out_dir: str, ref: Reader, steps: list[int]) -> None:
