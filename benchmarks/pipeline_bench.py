@@ -108,6 +108,10 @@ def trace_figures(events: list[dict], t_launch: float, wall_s: float, tokens: in
 
     proc_start = min((e["proc_start"] for e in events if e["event"] == "setup_start" and e.get("proc_start")),
                      default=None)
+
+    def cpu_at(name: str) -> list[float]:
+        return [e["cpu"] for e in events if e["event"] == name and "cpu" in e]
+
     busy = tokens / steady
     fixed = {
         "before_first_unit_s": first,
@@ -126,7 +130,20 @@ def trace_figures(events: list[dict], t_launch: float, wall_s: float, tokens: in
         "runner_shutdown_s": _diff(at("run_done"), at("finalize_done")),
         "launcher_exit_s": _diff(wall_s, at("launcher_exit")),
     }
+    # CPU-seconds of the fixed work (robust to other processes on the machine): the launcher up to the run,
+    # each worker process up to its first unit (Python, Beam, the DoFn, the tokenizer)
+    starts_cpu = {e["pid"]: e["cpu"] for e in events if e["event"] == "setup_start" and "cpu" in e}
+    launcher_cpu = cpu_at("run_start")
+    worker_cpu = cpu_at("setup_done")
+    fixed_cpu = {
+        "launcher_to_run_cpu_s": launcher_cpu[0] if launcher_cpu else None,
+        "worker_to_first_unit_cpu_s": max(worker_cpu) if worker_cpu else None,
+        "worker_setup_cpu_s": max((e["cpu"] - starts_cpu[e["pid"]] for e in events
+                                   if e["event"] == "setup_done" and e["pid"] in starts_cpu), default=None),
+        "workers_forked": sum(1 for e in events if e["event"] == "setup_start" and e.get("forked")),
+    }
     return {
+        "fixed_cpu": fixed_cpu,
         "steady_tokens_per_s": steady,
         "busy_s": busy,
         "first_chunk_s": first,
@@ -191,11 +208,15 @@ def build(
         raise RuntimeError(f"build into {out} exited 0 but its ledger says finished=false")
     totals = ledger["totals"]
     tokens = int(totals["tokens"])
+    by_shard: dict[int, int] = {}
+    for c in ledger["chunks"]:
+        by_shard[int(c["shard"])] = by_shard.get(int(c["shard"]), 0) + int(c["tokens"])
     parquet = dir_bytes(out, "chunks/shard-*/chunk-*.parquet")
     total_bytes = dir_bytes(out)
     res = {
         "wall_s": m.wall_s,
         "tokens": tokens,
+        "tokens_by_shard": [by_shard.get(i, 0) for i in range(len(ledger["inputs"]))],
         "docs": int(totals["docs"]),
         "chunks": int(totals["chunks"]),
         "bad_records": int(totals.get("bad_records", 0)),
@@ -238,7 +259,7 @@ def main(argv=None) -> int:
     a, extra = ap.parse_known_args(argv)
     res = build(a.input, a.output, a.tokenizer, workers=a.workers, extra=extra)
     keys = ("wall_s", "tokens", "tokens_per_s", "steady_tokens_per_s", "busy_s", "startup_fraction", "steady_method",
-            "worker_tokens_per_s", "units", "fixed", "cpu_s", "tokens_per_cpu_s", "cpu_busy_mean_cores", "other_cores",
+            "worker_tokens_per_s", "units", "fixed", "fixed_cpu", "cpu_s", "tokens_per_cpu_s", "cpu_busy_mean_cores", "other_cores",
             "peak_rss_tree_mb")
     print(json.dumps({k: res.get(k) for k in keys}, indent=1))
     return 0

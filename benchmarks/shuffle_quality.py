@@ -1,4 +1,4 @@
-"""Shuffle quality and I/O cost of four example orders on the same cache (issue 4).
+"""Shuffle quality and I/O cost of four example orders on the same cache.
 
 Orders, all served at the same batch size from the same packed streams (``R*`` ideal readers):
 
@@ -448,7 +448,7 @@ def measure(lay: Layout, p: Params, *, plot: str | None = None, check_root: str 
             for sfx in ("", "_r4"):
                 base = out[f"none_io_{model}{sfx}"]
                 out[f"{name}_io_{model}{sfx}_amp"] = out[f"{name}_io_{model}{sfx}"] / base if base else float("nan")
-    # the issue's target, checked on the steady state
+    # the target: within 10% of the full shuffle, checked on the steady state
     tol = []
     for k in ("within_doc", "within_shard", "between_doc"):
         ours, full = out[f"ours_{k}_steady"], out[f"full_{k}_steady"]
@@ -589,7 +589,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", help="an existing finished local cache to measure instead of building one")
     ap.add_argument("--synthetic", action="store_true",
                     help="full-size synthetic cache (lognormal document lengths) instead of real text")
-    ap.add_argument("--plot", default=None, help="write the correlation plot here (PNG), e.g. docs/shuffle_quality.png")
+    ap.add_argument("--plot", default=None, help="write the correlation plot here (PNG); `make bench` writes docs/bench_shuffle_quality.png")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     a = ap.parse_args(argv)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731

@@ -1,4 +1,4 @@
-"""I/O of the growing-window shuffle at real sizes, simulated (issue 4).
+"""I/O of the growing-window shuffle at real sizes, simulated.
 
 ``benchmarks/shuffle_quality.py`` measures quality on a real but small cache, with sizes scaled down.
 This script keeps the real sizes: seq_len 2048, R* = 16, batch 64, the reader's default 1 GiB memory

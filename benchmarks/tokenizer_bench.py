@@ -45,16 +45,7 @@ def _cl100k_tokenizer_json(work: Path) -> Path:
     """cl100k as tokenizer.json (original pattern), special tokens only among the added tokens."""
     from benchmarks import hf_tokenizer
 
-    path = work / "hf-cl100k-added-specials" / "tokenizer.json"
-    if not path.exists():
-        src = json.loads(hf_tokenizer.convert(work / "hf-cl100k").read_text())
-        for s in hf_tokenizer.SPECIAL_TOKENS:
-            src["model"]["vocab"].pop(s, None)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(src, ensure_ascii=False))
-        os.replace(tmp, path)
-    return path
+    return hf_tokenizer.convert_added_specials(work)
 
 
 def _cpu(fn) -> tuple[float, float]:
@@ -262,10 +253,15 @@ def main(argv=None) -> int:
     ap.add_argument("--own_pattern", action="store_true",
                     help="scan: fastokens with the Encoding's own pattern, not the faster equivalent one")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    ap.add_argument("--emit", action="store_true", help="print them as one BENCH_RESULT line (benchmarks.run)")
     a = ap.parse_args(argv)
     res = {"throughput": throughput, "builds": builds, "scan": scan, "json": json_parse}[a.what](a)
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1, default=str))
+    if a.emit:
+        from benchmarks.common import emit_result
+
+        emit_result(json.loads(json.dumps(res, default=str)))
     return 0
 
 

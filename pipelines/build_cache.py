@@ -42,17 +42,22 @@ import threading
 import time
 from typing import Any, Sequence
 
-from . import trace
+from . import local_workers, trace
+
+_WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
 
 if __name__ == "__main__":
     trace.event("launcher_start")  # before Beam is imported: the import is part of every build's fixed cost
+    if local_workers.enabled() and local_workers.wants_local_workers(sys.argv[1:]) and not {"-h", "--help"} & set(
+            sys.argv):
+        _WARM = local_workers.WarmProcess(local_workers.preload_hint(sys.argv[1:]))
     # Importing Beam creates hundreds of thousands of objects that live as long as the launcher; the cyclic
     # garbage collector would walk them over and over while they are created.
     gc.disable()
 
 import apache_beam as beam  # noqa: E402
 
-from . import faults, lock, status  # noqa: E402
+from . import faults, lock, runners, status, unit_queue  # noqa: E402
 from .errors import BuildError, EnvironmentFault  # noqa: E402
 from .fast_tokenizer import backend_note  # noqa: E402
 from .launcher import Prepared, plan_build, reconcile_output  # noqa: E402
@@ -169,10 +174,15 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
         print(summary)
         return _result(prepared.finished, summary, resumed=True, already_complete=True)
     trace.event("planned")
-    p = beam.Pipeline(options=beam_options)
+    workers = runners.local_process_workers(beam_options)
+    warm = _warm_process(args, workers)
+    runner = runners.forked_workers_runner(warm.worker_command()) if warm is not None else None
+    claims = unit_queue.new_claims_directory() if workers > 1 else None
+    p = beam.Pipeline(runner=runner, options=beam_options)
     _ = p | "BuildCache" >> BuildCache(output, prepared.plan, prepared.tokenizer, args.options.max_bad_fraction,
                                        allow_empty=args.options.allow_empty,
-                                       finished=tuple(prepared.finished or ()), started=t0)
+                                       finished=tuple(prepared.finished or ()), started=t0,
+                                       queue=(claims, workers) if claims else None)
     try:
         trace.event("run_start")
         result = p.run()
@@ -195,6 +205,11 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
             # Dask gives up on a unit after its workers died (KilledWorker) or the scheduler went away.
             raise EnvironmentFault(f"the Dask job failed ({type(e).__name__}: {e}). {faults.RERUN}") from e
         raise
+    finally:
+        if warm is not None:
+            warm.close()
+        if claims is not None:
+            unit_queue.remove(claims)
     trace.event("run_done")
     outcome = status.read_outcome(output, names)
     if outcome.failure is not None:
@@ -211,6 +226,25 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
     already = verified and counters is not None and counters.get("chunks_written", 0) == 0
     return _result(outcome.ledgers, summary, resumed=prepared.resumed, already_complete=already, result=result,
                    counters=counters)
+
+
+def _warm_process(args: Arguments, workers: int) -> "local_workers.WarmProcess | None":
+    """The warm process forking this run's SDK workers (see pipelines/local_workers.py), or None.
+
+    Only for Beam's multi-process DirectRunner (``workers`` > 0): the one the command line started before
+    importing Beam, or a new one (a build run in-process, e.g. by tests).
+    """
+    global _WARM
+    warm, _WARM = _WARM, None
+    if not workers or not local_workers.enabled():
+        if warm is not None:
+            warm.close()
+        return None
+    if warm is None:
+        warm = local_workers.WarmProcess({"tokenizer": args.options.tokenizer,
+                                          "backend": args.options.tokenizer_backend,
+                                          "verify_every": args.options.verify_every})
+    return warm
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -259,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"error: unexpected failure ({type(e).__name__}: {first}); {where}. {faults.RERUN}", file=sys.stderr)
         sys.exit(1)
     finally:
+        if _WARM is not None:  # the run ended before it needed the warm process
+            _WARM.close()
         root.removeHandler(recent)
         root.setLevel(saved_level)
         for h in consoles:

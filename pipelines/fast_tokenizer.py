@@ -12,7 +12,8 @@ Backends (``--tokenizer_backend``):
   with a warning naming the reason (e.g. the first differing conformance text).
 
 Exactness is checked, not assumed: the conformance set runs once per process and tokenizer before the fast
-backend is used, and during the build one document in ``verify_every`` (chosen by a hash of its byte offset,
+backend is used (a pass is remembered on the machine under a key of everything it depends on, see
+:mod:`pipelines.conformance_cache`), and during the build one document in ``verify_every`` (chosen by a hash of its byte offset,
 so a retried bundle checks the same documents) is re-encoded by the reference; a difference fails the job,
 naming the input file, the document's byte offset and the first differing token. A batch the fast library
 fails on is encoded by the reference, so dead letters (and their messages) are the reference's too.
@@ -23,9 +24,12 @@ Long documents are cut into the same pieces as the reference's (:func:`pipelines
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import logging
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -33,7 +37,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from . import conformance
+from . import conformance, conformance_cache
 from .errors import BuildError
 from .tokenizer import (BACKENDS, DEFAULT_VERIFY_EVERY, PIECE_CHARS, Encoder, TokenizerError,  # noqa: F401
                         TokenizerSpec, split_for_encoding)
@@ -104,11 +108,12 @@ class FastEncoder(Encoder):
 
     backend = "fast"
 
-    def __init__(self, tok, reference: Encoder, *, split_long: bool, verify_every: int):
+    def __init__(self, tok, reference: Encoder, *, split_long: bool, verify_every: int, origin: str = ""):
         self.tok = tok
         self.reference = reference
         self.split_long = split_long
         self.verify_every = verify_every
+        self.origin = origin  # sha256 of what fastokens was built from (the conformance cache's key)
 
     def _flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         ids, offs = self.tok.encode_batch_flat(texts, add_special_tokens=False)
@@ -187,20 +192,22 @@ def _import_fastokens():
     return fastokens
 
 
-def _tiktoken_fast(enc):
+def _tiktoken_fast(enc) -> tuple[object, str]:
     """fastokens for a tiktoken Encoding: its ranks (written to a temporary file), its pattern (or a faster
-    equivalent one, see EQUIVALENT_PATTERNS), no special tokens."""
+    equivalent one, see EQUIVALENT_PATTERNS), no special tokens; and the sha256 of those inputs."""
     fastokens = _import_fastokens()
     ranks: Mapping[bytes, int] = enc._mergeable_ranks
     lines = [base64.b64encode(tok) + b" " + str(rank).encode() for tok, rank in
              sorted(ranks.items(), key=lambda kv: kv[1])]
+    data = b"\n".join(lines) + b"\n"
+    pattern = fast_pattern(enc._pat_str, ranks)
+    origin = hashlib.sha256(b"tiktoken\0" + pattern.encode() + b"\0" + data).hexdigest()
     fd, path = tempfile.mkstemp(prefix="chunkledger-ranks-", suffix=".tiktoken")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(b"\n".join(lines) + b"\n")
+            f.write(data)
         # No special tokens: the reference encodes special-token strings as ordinary text.
-        return fastokens.Tokenizer.from_tiktoken(path, pattern=fast_pattern(enc._pat_str, ranks),
-                                                 special_tokens={})
+        return fastokens.Tokenizer.from_tiktoken(path, pattern=pattern, special_tokens={}), origin
     finally:
         os.unlink(path)
 
@@ -227,10 +234,12 @@ def make_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
     """The fast encoder of ``spec`` (unchecked). Raises :class:`TokenizerError` if it cannot be built."""
     try:
         if spec.kind == "tiktoken":
-            return FastEncoder(_tiktoken_fast(reference.enc), reference, split_long=True,
-                               verify_every=spec.verify_every)
-        tok = _import_fastokens().Tokenizer.from_json_str(tokenizer_json or spec.tokenizer_json())
-        return FastEncoder(tok, reference, split_long=False, verify_every=spec.verify_every)
+            tok, origin = _tiktoken_fast(reference.enc)
+            return FastEncoder(tok, reference, split_long=True, verify_every=spec.verify_every, origin=origin)
+        tokenizer_json = tokenizer_json or spec.tokenizer_json()
+        tok = _import_fastokens().Tokenizer.from_json_str(tokenizer_json)
+        origin = hashlib.sha256(b"tokenizer.json\0" + tokenizer_json.encode("utf-8", "surrogatepass")).hexdigest()
+        return FastEncoder(tok, reference, split_long=False, verify_every=spec.verify_every, origin=origin)
     except ImportError as e:
         raise TokenizerError(f"the fast tokenizer backend needs fastokens ({e}): pip install "
                              "'chunkledger[pipeline]'") from e
@@ -249,10 +258,18 @@ def load_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
     t0 = time.perf_counter()
     try:
         fast = make_fast(spec, reference, tokenizer_json)
-        diff = conformance.check(fast, reference, conformance.conformance_texts(_special_strings(reference)))
+        texts = conformance.conformance_texts(_special_strings(reference))
+        key = _check_key(fast, reference, texts)
+        if key is not None and conformance_cache.passed(key):
+            LOG.info("fast tokenizer backend for %s: the conformance check passed before with the same code, "
+                     "tokenizer and texts (%s)", spec.spec, conformance_cache.directory())
+            return fast
+        diff = conformance.check(fast, reference, texts)
         if diff is not None:
             raise TokenizerError(f"the fast tokenizer backend differs from the reference for {spec.spec!r} on "
                                  f"{diff.describe()}")
+        if key is not None:
+            conformance_cache.record(key, {"spec": spec.spec, "texts": len(texts)})
     except TokenizerError as e:
         if spec.backend == "fast":
             raise TokenizerError(f"{e}. Use --tokenizer_backend auto or reference.") from e
@@ -262,6 +279,30 @@ def load_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
     LOG.info("fast tokenizer backend for %s passed the conformance check in %.2fs", spec.spec,
              time.perf_counter() - t0)
     return fast
+
+
+def _check_key(fast: FastEncoder, reference: Encoder, texts) -> str | None:
+    """The conformance cache's key of checking ``fast`` against ``reference`` on ``texts`` (None: uncached)."""
+    if not conformance_cache.enabled() or not getattr(fast, "origin", ""):
+        return None
+    import fastokens
+
+    from . import tokenizer as tk
+
+    enc = getattr(reference, "enc", None)  # tiktoken's Encoding, or
+    handle = enc if enc is not None else getattr(reference, "tok", None)  # tokenizers' Tokenizer
+    library = sys.modules.get(type(handle).__module__.split(".")[0]) if handle is not None else None
+    if getattr(library, "__file__", None) is None:
+        return None
+    # the HF reference is built from the same tokenizer.json as fastokens (fast.origin); tiktoken's from the
+    # Encoding, whose ranks fast.origin covers
+    ref_inputs = "" if enc is None else enc._pat_str + "\0" + json.dumps(sorted(enc._special_tokens.items()))
+    classes = [c for c in type(fast).__mro__ + type(reference).__mro__ if c is not object]
+    return conformance_cache.make_key([
+        fast.origin, ref_inputs, REFERENCE_ONLY_CHARS, f"{fast.split_long} {tk.PIECE_CHARS} {tk.MAX_PIECE_CHARS}",
+        conformance_cache.package_digest(fastokens), conformance_cache.package_digest(library),
+        conformance_cache.code_digest(classes, modules=[conformance, tk, sys.modules[__name__]]),
+        conformance_cache.texts_digest(texts)])
 
 
 def preflight(spec: TokenizerSpec) -> None:

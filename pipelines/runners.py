@@ -43,8 +43,16 @@ def runner_args(pipeline_args: list[str]) -> list[str]:
         pipeline_args: the command line's options that are not the builder's own.
     """
     if not any(a == "--runner" or a.startswith("--runner=") for a in pipeline_args):
-        return pipeline_args + ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
-                                f"--direct_num_workers={os.cpu_count() or 1}"]
+        def given(name: str) -> bool:
+            return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in pipeline_args)
+
+        # only what the command line leaves out (Beam takes the last of repeated flags)
+        defaults = ["--runner=DirectRunner"]
+        if not given("direct_running_mode"):
+            defaults.append("--direct_running_mode=multi_processing")
+        if not given("direct_num_workers"):
+            defaults.append(f"--direct_num_workers={os.cpu_count() or 1}")
+        return pipeline_args + defaults
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name in ("runner", "dask_client_address", "dask_scheduler_file", "dask_connection_timeout",
                  "dask_npartitions", "dask_partition_size"):
@@ -93,3 +101,39 @@ def runner_args(pipeline_args: list[str]) -> list[str]:
 def is_dask(pipeline_args: list[str]) -> bool:
     """True when the (resolved) arguments run Beam's Dask runner."""
     return any(a == f"--runner={DASK_RUNNER}" for a in pipeline_args)
+
+
+def local_process_workers(options) -> int:
+    """The number of worker processes of Beam's multi-process DirectRunner for these (resolved) pipeline
+    options, or 0 for any other runner."""
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    if options.view_as(StandardOptions).runner not in (None, "DirectRunner", "direct"):
+        return 0
+    direct = options.view_as(DirectOptions)
+    if direct.direct_running_mode != "multi_processing":
+        return 0
+    return direct.direct_num_workers or os.cpu_count() or 1
+
+
+def forked_workers_runner(worker_command: str):
+    """Beam's FnApiRunner (what the DirectRunner runs for a batch pipeline) starting each SDK worker with
+    ``worker_command`` (see pipelines/local_workers.py) instead of a fresh ``sdk_worker_main`` process.
+
+    ``--direct_num_workers`` and everything else keep their meaning.
+    """
+    from apache_beam.options.pipeline_options import DirectOptions
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.transforms.environments import SubprocessSDKEnvironment
+
+    class ForkedWorkersRunner(FnApiRunner):
+        def run_pipeline(self, pipeline, options):
+            # FnApiRunner replaces the environment with Beam's worker command for "multi_processing"
+            view = options.view_as(DirectOptions)
+            mode, view.direct_running_mode = view.direct_running_mode, "forked_workers"
+            try:
+                return super().run_pipeline(pipeline, options)
+            finally:
+                view.direct_running_mode = mode
+
+    return ForkedWorkersRunner(default_environment=SubprocessSDKEnvironment.from_command_string(worker_command))

@@ -1,11 +1,14 @@
 """An optional timeline of one build, for benchmarks: where the fixed seconds of a run go.
 
 Set ``CHUNKLEDGER_TRACE=/path/to/file`` and every process of a local build (the launcher and each worker)
-appends one JSON line per event: ``{"t": <unix seconds>, "pid": ..., "event": ..., ...}``. Unset (the
+appends one JSON line per event: ``{"t": <unix seconds>, "cpu": <the process's CPU seconds so far>, "pid": ...,
+"event": ..., ...}``. Unset (the
 default), :func:`event` returns at once and nothing is written. The trace never affects the cache: it is
 written outside the output directory and read only by ``benchmarks/pipeline_bench.py``.
 
-Events: ``launcher_start`` (before Beam is imported), ``launcher_imported``, ``planned``, ``run_start``,
+Events: ``launcher_start`` (before Beam is imported), ``warm_process_started`` (``warm_pid``: the process
+forking the local workers, see pipelines/local_workers.py; events of its workers carry ``forked``),
+``launcher_imported``, ``planned``, ``run_start``,
 ``run_done``, ``launcher_exit`` (launcher); ``setup_start``/``setup_done`` (worker DoFn set-up; ``proc_start``: when
 the worker process started),
 ``unit_start``/``unit_done`` (one work unit; fields ``shard``, ``index``; ``tokens`` when done),
@@ -30,7 +33,10 @@ def event(name: str, **fields) -> None:
     path = os.environ.get(ENV)
     if not path:
         return
-    line = json.dumps({"t": time.time(), "pid": os.getpid(), "event": name, **fields}) + "\n"
+    if os.environ.get("CHUNKLEDGER_FORKED_WORKER"):  # a worker forked by the warm process (local_workers.py)
+        fields["forked"] = True
+    line = json.dumps({"t": time.time(), "cpu": time.process_time(), "pid": os.getpid(), "event": name,
+                       **fields}) + "\n"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

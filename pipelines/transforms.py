@@ -4,6 +4,9 @@
 
     PlanUnits (Create) -> Spread (Reshuffle) -> BuildChunks (ParDo) -> AfterAllUnits (ToList) -> Finalize
 
+or, on the local multi-process runner, ``WorkerSlots`` (one element per worker) instead of ``PlanUnits``: each
+worker then takes units from a shared queue until none is left (pipelines/unit_queue.py).
+
 Counters (namespace ``chunkledger``): ``documents``, ``tokens``, ``input_bytes``, ``output_bytes``,
 ``bad_records`` and ``bad_<reason>`` (all of chunks written by this run), ``chunks_written`` (built by this
 run), and for a rerun ``chunks_checked`` (chunks an earlier run left, checked against their files and
@@ -31,6 +34,7 @@ from .plan import BuildPlan, ChunkConfig, UnitResult, WorkUnit, work_units
 from .fast_tokenizer import load_cached
 from .splits import SplitSpec, cache_root
 from .tokenizer import TokenizerSpec
+from .unit_queue import ClaimQueue
 from .units import UnitBuilder
 
 METRICS_NAMESPACE = "chunkledger"
@@ -127,6 +131,27 @@ class BuildChunksFn(beam.DoFn):
         yield from results
 
 
+class BuildQueuedUnitsFn(BuildChunksFn):
+    """A worker slot -> the UnitResults of the units this worker claims from the run's shared queue
+    (local multi-process runs, see pipelines/unit_queue.py).
+
+    Args:
+      units: every work unit of the plan, in its order.
+      claims: the run's claims directory.
+      Others: see :class:`BuildChunksFn`.
+    """
+
+    def __init__(self, output: str, tokenizer: TokenizerSpec, config: ChunkConfig, finished: Collection[str | None],
+                 split: SplitSpec | None, units: list[WorkUnit], claims: str):
+        super().__init__(output, tokenizer, config, finished, split)
+        self.all_units = units
+        self.claims = claims
+
+    def process(self, slot: int) -> Iterable[UnitResult]:
+        for i in ClaimQueue(self.claims, len(self.all_units)):
+            yield from super().process(self.all_units[i])
+
+
 class FinalizeLedgerFn(beam.DoFn):
     """Every unit's result (one list) -> the job's verdict in the output, then each cache's totals.
 
@@ -202,21 +227,35 @@ class BuildCache(beam.PTransform):
       tokenizer: the resolved tokenizer (as workers should load it).
       max_bad_fraction, allow_empty, started: see :class:`FinalizeLedgerFn`.
       finished: see :class:`BuildChunksFn`.
+      queue: ``(claims directory, workers)`` for a local multi-process run: each worker gets one slot and
+        takes units from a shared queue (see pipelines/unit_queue.py); None: one element per unit, dealt out
+        by the runner.
     """
 
     def __init__(self, output: str, plan: BuildPlan, tokenizer: TokenizerSpec, max_bad_fraction: float,
-                 allow_empty: bool = False, finished: Collection[str | None] = (), started: float | None = None):
+                 allow_empty: bool = False, finished: Collection[str | None] = (), started: float | None = None,
+                 queue: tuple[str, int] | None = None):
         super().__init__()
         self.output, self.plan, self.tokenizer, self.max_bad_fraction = output, plan, tokenizer, max_bad_fraction
-        self.allow_empty, self.finished, self.started = allow_empty, finished, started
+        self.allow_empty, self.finished, self.started, self.queue = allow_empty, finished, started, queue
 
     def expand(self, pbegin):
+        units = work_units(self.plan)
+        if self.queue is None:
+            built = (pbegin
+                     | "PlanUnits" >> beam.Create(units, reshuffle=False)
+                     | "Spread" >> beam.Reshuffle()
+                     | "BuildChunks" >> beam.ParDo(BuildChunksFn(self.output, self.tokenizer, self.plan.config,
+                                                                 self.finished, self.plan.split)))
+        else:
+            claims, workers = self.queue
+            built = (pbegin
+                     | "WorkerSlots" >> beam.Create(list(range(workers)), reshuffle=False)
+                     | "Spread" >> beam.Reshuffle()
+                     | "BuildChunks" >> beam.ParDo(BuildQueuedUnitsFn(self.output, self.tokenizer, self.plan.config,
+                                                                      self.finished, self.plan.split, units, claims)))
         return (
-            pbegin
-            | "PlanUnits" >> beam.Create(work_units(self.plan), reshuffle=False)
-            | "Spread" >> beam.Reshuffle()
-            | "BuildChunks" >> beam.ParDo(BuildChunksFn(self.output, self.tokenizer, self.plan.config, self.finished,
-                                                        self.plan.split))
+            built
             | "AfterAllUnits" >> beam.combiners.ToList()
             | "Finalize" >> beam.ParDo(FinalizeLedgerFn(self.output, self.plan, self.max_bad_fraction,
                                                         self.allow_empty, self.started))

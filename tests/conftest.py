@@ -3,8 +3,17 @@
 Tests build caches from corpora of a few kilobytes and need several chunks per shard, so they lower the
 builder's floor on ``--chunk_bytes`` (64 KiB for real builds; see ``pipelines/options.py``). Subprocess
 builds inherit the setting.
+
+Passed conformance checks are remembered in a directory of this test session only (never the user's
+``~/.cache``), so no result from outside the session can stand in for a check a test expects to run.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("CHUNKLEDGER_MIN_CHUNK_BYTES", "1024")
+_CACHE_DIR = tempfile.mkdtemp(prefix="chunkledger-test-cache-")
+os.environ["CHUNKLEDGER_CACHE_DIR"] = _CACHE_DIR
+atexit.register(shutil.rmtree, _CACHE_DIR, True)

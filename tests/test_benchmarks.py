@@ -20,19 +20,28 @@ from benchmarks.run import TARGETS
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Every figure named by issue 7 (plus the supporting ones the report explains).
+# Every figure the targets and the report's tables name (plus the supporting ones the report explains).
 REQUIRED = [
-    "pipeline_vs_raw", "pipeline_hf_vs_raw_hf", "pipeline_vs_hf_datasets", "pipeline_hf_vs_hf_datasets",
+    "pipeline_vs_tiktoken_limit", "pipeline_vs_limit", "pipeline_hf_vs_raw_hf", "pipeline_vs_hf_datasets",
+    "pipeline_hf_vs_hf_datasets", "pipeline_startup_fraction_max",
     "pipeline_scaling_2_vs_1", "reader_vs_memmap", "reader_tokens_per_s", "memmap_tokens_per_s",
     "reader_shuffled_vs_memmap", "reader_shuffled_tokens_per_s", "memmap_shuffled_tokens_per_s",
     "reader_mixture_vs_single", "reader_mixture_shuffled_vs_single", "mixture_open_vs_ledgers",
     "reader_1p_vs_memmap", "reader_shuffled_1p_vs_memmap", "reader_workers_peak_rss_mb",
     "seek_far_vs_near", "ledger_open_s_100k", "bytes_per_token", "pipeline_peak_rss_mb",
     "pipeline_peak_rss_mb_small_shards", "pipeline_peak_rss_ratio_4x_shards", "reader_peak_rss_mb",
-    "reader_memory_budget_mb", "reader_rss_growth_vs_budget", "limit_tokens_per_s", "raw_hf_tokens_per_s",
-    "pipeline_tokens_per_s", "pipeline_steady_tokens_per_s", "pipeline_hf_tokens_per_s",
+    "reader_memory_budget_mb", "reader_rss_growth_vs_budget", "limit_tokens_per_s", "tiktoken_limit_tokens_per_s",
+    "raw_hf_tokens_per_s", "pipeline_tokens_per_s", "pipeline_steady_tokens_per_s", "pipeline_hf_tokens_per_s",
     "hf_datasets_tokens_per_s", "hf_datasets_hf_tokens_per_s", "pipeline_1w_tokens_per_s",
     "hf_tiktoken_agreement", "hf_tiktoken_agreement_with_014_pattern", "corpus_mb", "tokens",
+    # each encoder alone: MB per CPU-second and agreement on the same documents
+    "encoder_tiktoken_mb_per_cpu_s", "encoder_fastokens_mb_per_cpu_s", "encoder_hf_tokenizers_mb_per_cpu_s",
+    "encoder_fastokens_hf_json_mb_per_cpu_s", "encoder_fastokens_agreement", "encoder_hf_tokenizers_agreement",
+    "encoder_fastokens_hf_json_agreement",
+    # where a worker's CPU goes
+    "stage_encode_share", "stage_parquet_share", "stage_parse_share", "stage_read_hash_share", "stage_encode_vs_whole",
+    # the fixed seconds of the 2-worker build, from its trace
+    "pipeline_fixed_before_s", "pipeline_tail_s", "pipeline_fixed_after_s", "pipeline_workers_forked",
 ]
 
 
@@ -64,8 +73,17 @@ def test_quick_suite_produces_every_figure(tmp_path):
               "bytes_per_token", "pipeline_peak_rss_mb", "reader_peak_rss_mb", "tokens"):
         assert fig[k] > 0, k
     assert fig["hf_tiktoken_agreement"] >= 0.999
+    # the encoders give the reference's tokens (the run also checks every build's token totals against them)
+    assert fig["encoder_fastokens_agreement"] == 1.0 and fig["encoder_fastokens_hf_json_agreement"] == 1.0
+    assert fig["encoder_hf_tokenizers_agreement"] >= 0.999
+    # each stage alone costs less CPU than the whole ChunkBuilder that runs them all
+    for k in ("read_hash", "parse", "encode", "parquet"):
+        assert 0 < fig[f"stage_{k}_share"] < 1, k
+        assert fig[f"stage_{k}_cpu_s"] < fig["stage_whole_cpu_s"], k
+    # the local runner forked both workers of the 2-worker build from its warm process
+    assert fig["pipeline_workers_forked"] == 2
     assert fig["reader_memmap_same_windows"] is True
-    # Shuffle figures of issue 4 are included.
+    # The shuffle figures are included.
     assert any(k.startswith("shuffle_") for k in fig)
 
     # The report names every target figure with its value and verdict, and its plots exist.
@@ -76,17 +94,21 @@ def test_quick_suite_produces_every_figure(tmp_path):
     assert (tmp_path / "bench_pipeline.png").stat().st_size > 0
     details = json.loads((tmp_path / "quick-details.json").read_text())
     assert details["profile"] == "quick" and details["samples"]
-    # The machine's own 2-vs-1 scaling is measured beside ours, and a speed probe ran before every
-    # measured command (limit x4, builds x4, HF datasets x2, raw HF, reader, mixture), each shown in the report.
+    # The machine's own 2-vs-1 scaling is measured beside ours, and a speed probe ran before every measured
+    # command (encoders, the limit x3 (twice on 2 processes, once on 1), tiktoken's limit, builds x4, HF datasets
+    # x2, raw HF, stages, reader, mixture), each shown in the report.
     assert fig["limit_1p_tokens_per_s"] > 0 and fig["limit_scaling_2_vs_1"] > 0
     assert math.isclose(fig["pipeline_scaling_vs_limit_scaling"],
                         fig["pipeline_scaling_2_vs_1"] / fig["limit_scaling_2_vs_1"])
     probes = details["speed_probes"]
     labels = [q["label"] for q in probes]
-    assert labels.count("benchmarks.baselines limit") == 3 and "benchmarks.baselines limit --first_half" in labels
-    assert len(probes) == 13 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
+    assert labels.count("benchmarks.baselines limit --encoder fastokens") == 2
+    assert labels.count("benchmarks.baselines limit --encoder fastokens --first_half") == 1
+    assert labels.count("benchmarks.baselines limit --encoder tiktoken") == 1
+    assert len(probes) == 15 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
     assert 0 < fig["probe_compute_min_vs_max"] <= 1 and 0 < fig["probe_memory_min_vs_max"] <= 1
-    assert "### Machine speed during the run" in text and text.count("| benchmarks.baselines limit |") == 3
+    assert "### Machine speed during the run" in text and text.count("| benchmarks.baselines limit --encoder fastokens |") == 2
+    assert "### The encoders alone" in text and "### Where a worker's CPU goes" in text
     # Quick mode never touches the committed figures.
     assert out.parent == tmp_path
 
@@ -106,9 +128,14 @@ def test_man_to_text_strips_markup():
 
 
 def test_report_marks_missed_targets(tmp_path):
-    fig = {"pipeline_vs_raw": 0.5, "seek_far_vs_near": 1.1, "bench_total_s": 1.0}
+    fig = {"pipeline_vs_limit": 0.25, "seek_far_vs_near": 1.1, "bench_total_s": 1.0, "stage_encode_vs_whole": 0.3,
+           "stage_encode_share": 0.3, "stage_parquet_share": 0.45, "pipeline_vs_tiktoken_limit": 4.0}
     details = {"targets": {k: list(v) for k, v in TARGETS.items()}, "profile": "full"}
     report.write(fig, details, tmp_path / "B.md", tmp_path)
     text = (tmp_path / "B.md").read_text()
-    assert "| `pipeline_vs_raw` |" in text and "**missed**" in text.split("| `pipeline_vs_raw` |")[1].split("\n")[0]
+    row = text.split("| `pipeline_vs_limit` |")[1].split("\n")[0]
+    assert "**missed**" in row and "met" in text.split("| `pipeline_vs_tiktoken_limit` |")[1].split("\n")[0]
     assert "met" in text.split("| `seek_far_vs_near` |")[1].split("\n")[0]
+    # a missed target's reason, computed from the run's own figures
+    why = text.split("- **`pipeline_vs_limit`**")[1].split("\n")[0]
+    assert "30% of its CPU encoding" in why and "45% writing" in why and "at most 0.30 of the limit" in why

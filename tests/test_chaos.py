@@ -439,7 +439,9 @@ def test_killed_worker_is_one_line_and_a_rerun_finishes(tmp_path):
         while killed is None and proc.poll() is None and time.time() < deadline:
             if len(glob.glob(os.path.join(out, "chunks", "*", "*.json"))) >= 2 + 3 * i:
                 workers = [g for c in _children(proc.pid) for g in _children(c)] or _children(proc.pid)
-                workers = [w for w in workers if "sdk_worker" in open(f"/proc/{w}/cmdline").read()]
+                # Beam's own workers, or workers forked by the warm process (pipelines/local_workers.py)
+                workers = [w for w in workers if any(m in open(f"/proc/{w}/cmdline").read()
+                                                     for m in ("sdk_worker", "local_workers\0serve"))]
                 if workers:
                     killed = workers[0]
                     os.kill(killed, signal.SIGKILL)

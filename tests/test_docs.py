@@ -159,7 +159,8 @@ def test_the_reader_table_is_in_import_order():
 
 # pipelines/ modules that read or write files, storage or the job (ARCHITECTURE.md: plan and ledger use none)
 IO_MODULES = {"build_cache", "launcher", "lock", "transforms", "units", "chunk_writer", "decompress", "fsutil",
-              "status", "remote", "runners", "faults", "demo"}
+              "status", "remote", "runners", "faults", "demo", "conformance_cache", "local_workers", "unit_queue",
+              "export", "export_parts", "export_finalize"}
 
 
 def imported_by(graph: dict[str, set[str]], module: str) -> set[str]:

@@ -349,3 +349,102 @@ def test_summary_names_the_backend_and_the_checked_documents(tmp_path):
     docs = load_ledger(out)["totals"]["docs"]
     assert f"tokenizer backend: fast on 1 worker ({docs} documents re-checked by the reference)" in res["summary"]
     assert not glob.glob(os.path.join(out, "**", "*backend*"), recursive=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Remembering passed conformance checks (pipelines/conformance_cache.py)
+
+
+@pytest.fixture
+def check_calls(monkeypatch, tmp_path, fresh_loads):
+    """A fresh conformance cache for this test; returns the list of conformance checks actually run."""
+    monkeypatch.setenv("CHUNKLEDGER_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    real = conformance.check
+
+    def counted(fast, reference, texts):
+        calls.append(type(fast).__name__)
+        return real(fast, reference, texts)
+
+    monkeypatch.setattr(conformance, "check", counted)
+    return calls
+
+
+def test_a_passed_check_is_remembered_and_skipped_next_time(check_calls, tmp_path):
+    spec = tk.resolve("tiktoken:cl100k_base").with_backend("fast")
+    assert isinstance(ft.load_encoder(spec), ft.FastEncoder) and len(check_calls) == 1
+    entries = glob.glob(str(tmp_path / "cache" / "conformance" / "*.json"))
+    assert len(entries) == 1 and json.load(open(entries[0]))["passed"] is True
+    enc = ft.load_encoder(spec)
+    assert isinstance(enc, ft.FastEncoder) and len(check_calls) == 1  # skipped: same code, tokenizer, texts
+    assert enc.encode_many(["Größere Tests"])[0].tolist() == ENC.encode_ordinary("Größere Tests")
+    # a damaged entry is no pass: the check runs (and records it again)
+    open(entries[0], "w").write("{not json")
+    ft.load_encoder(spec)
+    assert len(check_calls) == 2 and json.load(open(entries[0]))["passed"] is True
+
+
+def test_the_check_runs_again_when_anything_it_depends_on_changes(check_calls, monkeypatch):
+    spec = tk.resolve("tiktoken:cl100k_base").with_backend("fast")
+    ft.load_encoder(spec)
+    assert len(check_calls) == 1
+    monkeypatch.setattr(ft, "EQUIVALENT_PATTERNS", {})  # another pattern for fastokens
+    ft.load_encoder(spec)
+    assert len(check_calls) == 2
+    monkeypatch.setattr(ft, "REFERENCE_ONLY_CHARS", "\u180e\u2028")  # other texts go to the reference
+    ft.load_encoder(spec)
+    assert len(check_calls) == 3
+    monkeypatch.setenv("FASTOKENS_BPE_THREADS", "2")  # the library's settings
+    ft.load_encoder(spec)
+    assert len(check_calls) == 4
+    monkeypatch.setattr(conformance, "_fuzz", lambda n=400: [("fuzz:other", "another text")])  # other texts
+    ft.load_encoder(spec)
+    assert len(check_calls) == 5
+    ft.load_encoder(spec)  # nothing changed since the last one
+    assert len(check_calls) == 5
+
+
+def test_a_remembered_pass_never_hides_a_broken_encoder(check_calls, monkeypatch):
+    """The same tokenizer with a wrong encoder (a subclass, or a method replaced in-process) is checked anew."""
+    spec = tk.resolve("tiktoken:cl100k_base")
+    assert isinstance(ft.load_encoder(spec.with_backend("fast")), ft.FastEncoder)
+    real = ft.make_fast
+
+    def make_broken(spec, reference, tokenizer_json=""):
+        fast = real(spec, reference, tokenizer_json)
+        return OneTokenOff(fast.tok, fast.reference, split_long=fast.split_long, verify_every=fast.verify_every,
+                           origin=fast.origin)
+
+    monkeypatch.setattr(OneTokenOff, "marker", "Größere")
+    monkeypatch.setattr(ft, "make_fast", make_broken)
+    with pytest.raises(tk.TokenizerError, match="snippet:de"):
+        ft.load_encoder(spec.with_backend("fast"))
+    monkeypatch.setattr(ft, "make_fast", real)
+    real_encode = ft.FastEncoder.encode_many
+
+    def one_token_off(self, texts):
+        return [a if "Größere" not in t else np.concatenate([[(a[0] + 1) % 1000], a[1:]]).astype(np.int32)
+                for t, a in zip(texts, real_encode(self, texts))]
+
+    monkeypatch.setattr(ft.FastEncoder, "encode_many", one_token_off)
+    with pytest.raises(tk.TokenizerError, match="snippet:de"):
+        ft.load_encoder(spec.with_backend("fast"))
+    assert len(check_calls) == 3
+
+
+def test_the_cache_can_be_switched_off(check_calls, monkeypatch, tmp_path):
+    monkeypatch.setenv("CHUNKLEDGER_CONFORMANCE_CACHE", "0")
+    spec = tk.resolve("tiktoken:cl100k_base").with_backend("fast")
+    ft.load_encoder(spec)
+    ft.load_encoder(spec)
+    assert len(check_calls) == 2 and not (tmp_path / "cache").exists()
+
+
+def test_hf_tokenizer_json_checks_are_remembered_per_tokenizer(check_calls, tmp_path):
+    a = tk.resolve(train_tiny_tokenizer(str(tmp_path / "a.json"))).with_backend("fast")
+    b = tk.resolve(train_tiny_tokenizer(str(tmp_path / "b.json"), vocab_size=420)).with_backend("fast")
+    assert ft.load_encoder(a).backend == "fast"
+    ft.load_encoder(a)
+    assert len(check_calls) == 1
+    assert ft.load_encoder(b).backend == "fast"
+    assert len(check_calls) == 2
