@@ -19,6 +19,8 @@ import numpy as np
 
 from .schema import TOKEN_FIELDS, empty_batch
 
+PIECE_BLOCK_ELEMENTS = 1 << 16  # rows x seq_len of unpacked rows written at once (512 KiB per int64 temporary)
+
 _AR32: list = [np.zeros(0, np.int32)]
 
 
@@ -110,14 +112,19 @@ class ArraysWriter:
         """Unpacked rows ``dst``: ``length`` tokens of one decoded row group (``padded``) from token
         ``local``, whose first token is at position ``first`` of its document; then padding."""
         ar = np.arange(self.L, dtype=np.int64)
-        real = ar[None, :] < length[:, None]
-        gi = np.where(real, local[:, None] + ar[None, :], -1)  # -1 -> padded[0] == 0
-        pos = np.where(real, first[:, None] + ar[None, :], 0)
-        out["targets"][dst] = padded[gi + 1]
-        out["inputs"][dst] = np.where(pos > 0, padded[np.maximum(gi, 0)], 0)
-        out["positions"][dst] = pos
-        out["segment_ids"][dst] = real
-        out["loss_mask"][dst] = real
+        # a block of rows at a time, so the [rows, L] temporaries stay in the CPU cache when a slab of
+        # batches puts hundreds of rows in one row group (measured by benchmarks/unpacked_blocks.py)
+        step = max(1, PIECE_BLOCK_ELEMENTS // self.L)
+        for i in range(0, len(dst), step):
+            d, lo, fi, le = dst[i:i + step], local[i:i + step], first[i:i + step], length[i:i + step]
+            real = ar[None, :] < le[:, None]
+            gi = np.where(real, lo[:, None] + ar[None, :], -1)  # -1 -> padded[0] == 0
+            pos = np.where(real, fi[:, None] + ar[None, :], 0)
+            out["targets"][d] = padded[gi + 1]
+            out["inputs"][d] = np.where(pos > 0, padded[np.maximum(gi, 0)], 0)
+            out["positions"][d] = pos
+            out["segment_ids"][d] = real
+            out["loss_mask"][d] = real
 
     def pad(self, out, rows: np.ndarray) -> None:
         for k in TOKEN_FIELDS:
