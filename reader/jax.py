@@ -1,6 +1,6 @@
 """Global batches as sharded ``jax.Array``s, one loader per JAX process (optional extra: ``jax``).
 
-Only this module and :mod:`reader.jax_sharding` import jax. On every host (JAX process) of a training job::
+The only module that imports jax. On every host (JAX process) of a training job::
 
     from jax.sharding import PartitionSpec as P
     from reader.jax import JaxLoader
@@ -11,40 +11,12 @@ Only this module and :mod:`reader.jax_sharding` import jax. On every host (JAX p
     for step, batch in loader.iter_batches(start=restored_step):
         state, metrics = train_step(state, batch)   # batch["inputs"]: jax.Array [B, L], sharded
 
-How a process builds global batch ``b``:
-
-1. From the sharding (``NamedSharding(mesh, spec)``, the batch axis may span several mesh axes such as
-   ``P(("data", "fsdp"), None)``) it computes, once, the rows of the ``[B, L]`` batch that its
-   *addressable* devices hold (:func:`process_rows`, from ``addressable_devices_indices_map``). Rows a
-   process needs for several devices (mesh axes that are not in the batch spec replicate rows) appear
-   once in that union.
-2. It asks the plain reader for exactly those rows of *global* batch ``b`` (``Reader.rows(b, rows)``,
-   one call, so each row is read once per process).
-3. It assembles every field with ``jax.make_array_from_callback``; each device gets its slice of the
-   process-local rows (and columns, if the sequence axis is sharded too).
-
-With ``layout="flat"`` (packed examples; the loader's default when it opens the cache itself) step 2
-reads flat-tokens rows (one uint32
-``[rows, L+1]`` array and two ints per row, see :func:`reader.expand_flat`) and step 3 puts those on the
-devices and expands them there with a jit-ed :func:`expand_flat`: the loader returns the same five
-fields, equal bit for bit, for about a quarter of the host work and host-to-device bytes.
-
-No step communicates between processes, and the global value of batch ``b`` depends only on the cache
-and the :class:`~reader.ReadOptions`: it equals ``Reader(path, opts, num_readers=1).batch(b)`` and what the
-``batches`` command writes, for any process count, mesh layout or partition spec.
-
-Prefetch is a *sliding window*: while the step consumes batch ``b``, batches ``b+1 .. b+prefetch`` are
-in flight on a small thread pool, and taking batch ``b`` immediately submits batch ``b+prefetch+1``.
-There is never a "fetch N, then drain N" cycle, hence no stall at window edges. Resuming is
-``iter_batches(start=step)``: the loader holds no other state.
-
-With ``ReadOptions(num_workers=W)`` step 2 of ``iter_batches`` runs in W reader workers instead
-(:class:`reader.workers.WorkerPool`): worker ``w`` decodes and assembles every W-th of this process's
-rows, ``rows[w::W]``, straight into a ring of shared-memory slots, ``ReadOptions.prefetch_batches`` (and
-at least two groups of batches) ahead, and step 3 puts those rows on the devices. The batches are the
-same, bit for bit. On CPU, ``jax.device_put`` may alias the shared memory instead of copying it; the
-array then holds a reference to the numpy rows, and a slot is refilled only once nothing refers to any
-of its rows (reference counts), so an array never changes under its holder.
+A process reads exactly the rows of global batch ``b`` that its addressable devices hold
+(:func:`process_rows`), in one ``Reader.rows`` call or from reader workers, and assembles each field with
+``jax.make_array_from_callback``; with ``layout="flat"`` it ships flat-tokens rows and expands them on the
+devices (:func:`expand_flat`). No step communicates between processes: batch ``b`` equals
+``Reader(path, opts, num_readers=1).batch(b)`` for any process count, mesh or partition spec. Prefetch is
+a sliding window; resuming is ``iter_batches(start=step)``. How each step works: docs/JAX.md.
 """
 
 from __future__ import annotations
@@ -63,11 +35,90 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .jax_sharding import batch_axes, batch_shardings, device_rows, expand_flat, process_rows, slice_rows
 from .options import ReadOptions
 from .reader import Reader
 from .schema import FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS
 from .workers import WorkerPool
+
+# --------------------------------------------------------------------------------------------------
+# Which rows live where
+
+
+def batch_axes(spec: PartitionSpec) -> tuple[str, ...]:
+    """The mesh axes a partition spec splits the batch axis (its first entry) over."""
+    if len(spec) == 0 or spec[0] is None:
+        return ()
+    first = spec[0]
+    return tuple(first) if isinstance(first, (tuple, list)) else (first,)
+
+
+def batch_shardings(mesh: Mesh, spec: PartitionSpec | None = None) -> tuple[NamedSharding, NamedSharding]:
+    """``(token_sharding, row_sharding)`` for ``[B, L]`` and ``[B]`` arrays.
+
+    ``spec`` partitions ``[B, L]``; its first entry (one mesh axis name, a tuple of names, or None) is the
+    batch axis. Default: the batch axis spans every mesh axis (pure data parallelism), ``L`` unsharded.
+    Per-row arrays (``valid``, ``epochs``, ``example_ids``) use the same batch partitioning.
+    """
+    if spec is None:
+        spec = PartitionSpec(tuple(mesh.axis_names), None)
+    if not isinstance(spec, PartitionSpec):
+        spec = PartitionSpec(*spec)
+    if len(spec) > 2:
+        raise ValueError(f"spec {spec} has {len(spec)} entries; a batch is [batch, seq_len] (2 at most)")
+    for name in batch_axes(spec) + ((spec[1],) if len(spec) > 1 and isinstance(spec[1], str) else ()):
+        if name not in mesh.axis_names:
+            raise ValueError(f"spec {spec} names mesh axis {name!r}; the mesh has axes {mesh.axis_names}")
+    token_spec = PartitionSpec(spec[0] if len(spec) else None, spec[1] if len(spec) > 1 else None)
+    row_spec = PartitionSpec(token_spec[0])
+    return NamedSharding(mesh, token_spec), NamedSharding(mesh, row_spec)
+
+
+def slice_rows(index, batch_size: int) -> np.ndarray:
+    """The global rows of a device's index (a tuple of slices) into a ``[B, ...]`` array."""
+    return np.arange(batch_size, dtype=np.int64)[index[0]]
+
+
+def device_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int) -> dict:
+    """``{device: global rows}`` for every device of this process that holds part of a ``[B, L]`` batch."""
+    imap = sharding.addressable_devices_indices_map((batch_size, seq_len))
+    return {d: slice_rows(idx, batch_size) for d, idx in imap.items()}
+
+
+def process_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int) -> np.ndarray:
+    """Sorted, unique global rows of a ``[B, L]`` batch that this process's devices hold.
+
+    The only rows this process reads. Rows replicated over several local devices appear once.
+    """
+    per = device_rows(sharding, batch_size, seq_len)
+    if not per:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.concatenate(list(per.values())))
+
+
+# --------------------------------------------------------------------------------------------------
+# layout="flat" on the devices
+
+def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """``reader.expand_flat`` in jax.numpy (jit-able): the five ``[B, L]`` token fields of a
+    ``layout="flat"`` batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``)."""
+    import jax.numpy as jnp
+
+    tok = jnp.asarray(batch["tokens"]).astype(jnp.uint32)
+    L = tok.shape[1] - 1
+    start = (tok[:, 1:] & 1).astype(bool)
+    t = jnp.arange(L, dtype=jnp.int32)[None, :]
+    real = t < jnp.asarray(batch["num_tokens"]).astype(jnp.int32)[:, None]
+    targets = (tok[:, 1:] >> 1).astype(jnp.int32)
+    inputs = jnp.where(start, 0, (tok[:, :-1] >> 1).astype(jnp.int32))
+    segment_ids = jnp.cumsum(start.astype(jnp.int32), axis=1) + (~start[:, :1]).astype(jnp.int32)
+    last = jax.lax.cummax(jnp.where(start, t, -1), axis=1)
+    first = jnp.asarray(batch["first_positions"]).astype(jnp.int32)[:, None]
+    positions = jnp.where(last >= 0, t - last, first + t)
+    zero = jnp.zeros_like(targets)
+    return {"inputs": jnp.where(real, inputs, zero), "targets": jnp.where(real, targets, zero),
+            "segment_ids": jnp.where(real, segment_ids, zero), "positions": jnp.where(real, positions, zero),
+            "loss_mask": real}
+
 
 __all__ = [
     "JaxLoader",
