@@ -54,6 +54,22 @@ def alive(pid: int) -> bool:
         return False
 
 
+def traced_build(tmp_path, name, *extra, env=None):
+    """Run the CLI build, require success, and return its output and its trace events."""
+    out, trace, proc = cli_build(tmp_path, name, *extra, env=env)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return out, events(trace)
+
+
+def assert_units_once(ev, workers: int | None = 2) -> None:
+    """Every unit built exactly once (the shared queue), by ``workers`` distinct processes if given."""
+    done = [(e["shard"], e["index"]) for e in ev if e["event"] == "unit_done"]
+    assert len(done) == len(set(done)) >= 6
+    if workers is not None:
+        assert len({e["pid"] for e in ev if e["event"] == "unit_done"}) == workers
+
+
 @pytest.mark.slow
 def test_workers_are_forked_and_build_the_same_bytes(tmp_path):
     corpus(tmp_path)
@@ -61,29 +77,19 @@ def test_workers_are_forked_and_build_the_same_bytes(tmp_path):
                    max_bad_fraction=1.0)
     # the default runner (no --runner) and the explicit multi-process DirectRunner both fork
     for name, extra in (("default", ()), ("explicit", ("--runner=DirectRunner", "--direct_running_mode=multi_processing"))):
-        out, trace, proc = cli_build(tmp_path, name, *extra)
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-        ev = events(trace)
+        out, ev = traced_build(tmp_path, name, *extra)
         setups = [e for e in ev if e["event"] == "setup_start"]
         assert len({e["pid"] for e in setups}) == 2 and all(e.get("forked") for e in setups), setups
-        # the shared queue: every unit built exactly once, by both workers (pipelines/unit_queue.py)
-        done = [(e["shard"], e["index"]) for e in ev if e["event"] == "unit_done"]
-        assert len(done) == len(set(done)) >= 6
-        assert len({e["pid"] for e in ev if e["event"] == "unit_done"}) == 2
+        assert_units_once(ev)  # the shared queue: every unit once, by both workers (pipelines/unit_queue.py)
         warm = [e["warm_pid"] for e in ev if e["event"] == "warm_process_started"]
         assert len(warm) == 1 and not alive(warm[0])  # stopped with the launcher
         assert not any(alive(e["pid"]) for e in setups)
         assert tree_bytes(out) == tree_bytes(ref)
     # switched off: Beam's own worker processes, the same bytes
-    out, trace, proc = cli_build(tmp_path, "off", env=dict(os.environ, CHUNKLEDGER_FORK_WORKERS="0"))
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    ev = events(trace)
+    out, ev = traced_build(tmp_path, "off", env=dict(os.environ, CHUNKLEDGER_FORK_WORKERS="0"))
     setups = [e for e in ev if e["event"] == "setup_start"]
     assert len(setups) == 2 and not any(e.get("forked") for e in setups)
-    done = [(e["shard"], e["index"]) for e in ev if e["event"] == "unit_done"]
-    assert len(done) == len(set(done)) >= 6  # the queue does not depend on forking
+    assert_units_once(ev, workers=None)  # the queue does not depend on forking
     assert not any(e["event"] == "warm_process_started" for e in ev)
     assert tree_bytes(out) == tree_bytes(ref)
 
@@ -96,14 +102,10 @@ def test_a_split_build_on_forked_workers_and_the_queue_writes_both_caches_like_f
     split = ("--validation_fraction", "0.3", "--split_seed", "7")
     ref, _ = build(tmp_path, [str(tmp_path / "in" / "*")], name="fnapi", runner=FNAPI, chunk_bytes=20000,
                    max_bad_fraction=1.0, validation_fraction=0.3, split_seed=7)
-    out, trace, proc = cli_build(tmp_path, "split", *split)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    ev = events(trace)
+    out, ev = traced_build(tmp_path, "split", *split)
     setups = [e for e in ev if e["event"] == "setup_start"]
     assert len({e["pid"] for e in setups}) == 2 and all(e.get("forked") for e in setups), setups
-    done = [(e["shard"], e["index"]) for e in ev if e["event"] == "unit_done"]
-    assert len(done) == len(set(done)) >= 6 and len({e["pid"] for e in ev if e["event"] == "unit_done"}) == 2
+    assert_units_once(ev)
     got = tree_bytes(out)
     for name in ("train", "validation"):
         with open(os.path.join(out, name, "ledger.json")) as f:
