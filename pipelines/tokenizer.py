@@ -43,6 +43,8 @@ import numpy as np
 from reader.tokenizer_id import EOS_CANDIDATES as _EOS_CANDIDATES  # noqa: F401
 from reader.tokenizer_id import TokenizerIdError, eos_from_config, hash_hf_json, hf_eos as _hf_eos, tiktoken_identity
 
+from . import hf_resolve_cache
+
 # Long-document splitting (recorded in the ledger config: it defines the tokens of degenerate texts).
 PIECE_CHARS = 65_536
 MAX_PIECE_CHARS = 131_072
@@ -230,7 +232,22 @@ def _resolve_hf(spec: str) -> TokenizerSpec:
         raise TokenizerError("tokenizers is not installed: pip install 'chunkledger[pipeline]'") from e
     config_eos = None
     tok = None
-    if "://" in spec:  # gs://bucket/tok/tokenizer.json or gs://bucket/tok/ (a Dataflow launch reads no local files)
+    local = _local_hf_files(spec)
+    if local is not None:  # remembered from an earlier resolution of the same bytes?
+        tok_bytes, cfg_bytes = local
+        memo_key = hf_resolve_cache.key(tok_bytes, cfg_bytes)
+        hit = hf_resolve_cache.lookup(memo_key)
+        if hit is not None:
+            return TokenizerSpec(spec=spec, kind="huggingface", name=spec, vocab_size=hit["vocab_size"],
+                                 eos_id=hit["eos_id"], hash=hit["hash"], payload=hit["payload"])
+        try:
+            tok = Tokenizer.from_str(tok_bytes.decode("utf-8"))
+        except Exception as e:  # noqa: BLE001 - the library raises its own exception types
+            raise TokenizerError(f"tokenizer {spec!r}: not a valid tokenizer.json ({e})") from e
+        if cfg_bytes is not None:
+            config_eos = eos_from_config(cfg_bytes.decode("utf-8", errors="replace"))
+        cfg = None
+    elif "://" in spec:  # gs://bucket/tok/tokenizer.json or gs://bucket/tok/ (a Dataflow launch reads no local files)
         tok, config_eos = _load_remote_hf(spec)
         cfg = None
     elif os.path.isfile(spec):
@@ -264,10 +281,31 @@ def _resolve_hf(spec: str) -> TokenizerSpec:
         tok = hf.backend_tokenizer
         config_eos = hf.eos_token
     payload = tok.to_str()
-    return TokenizerSpec(spec=spec, kind="huggingface", name=spec,
-                         vocab_size=int(tok.get_vocab_size(with_added_tokens=True)),
-                         eos_id=_hf_eos(tok, config_eos),
-                         hash=hash_hf_json(payload), payload=payload)
+    resolved = TokenizerSpec(spec=spec, kind="huggingface", name=spec,
+                             vocab_size=int(tok.get_vocab_size(with_added_tokens=True)),
+                             eos_id=_hf_eos(tok, config_eos), hash=hash_hf_json(payload), payload=payload)
+    if local is not None:
+        hf_resolve_cache.record(memo_key, resolved.vocab_size, resolved.eos_id, resolved.hash, payload)
+    return resolved
+
+
+def _local_hf_files(spec: str) -> tuple[bytes, bytes | None] | None:
+    """The bytes of a local ``tokenizer.json`` (a file, or in a directory) and of the ``tokenizer_config.json``
+    beside it (None if there is none); None if ``spec`` names no local tokenizer.json."""
+    if "://" in spec:
+        return None
+    if os.path.isfile(spec):
+        path, cfg = spec, os.path.join(os.path.dirname(spec), "tokenizer_config.json")
+    elif os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "tokenizer.json")):
+        path, cfg = os.path.join(spec, "tokenizer.json"), os.path.join(spec, "tokenizer_config.json")
+    else:
+        return None
+    with open(path, "rb") as f:
+        data = f.read()
+    if not os.path.isfile(cfg):
+        return data, None
+    with open(cfg, "rb") as f:
+        return data, f.read()
 
 
 def resolve(spec: str) -> TokenizerSpec:
