@@ -273,7 +273,10 @@ class ExampleOrder:
             keep = pos < idx.pass_units(s)
             s, pos = s[keep], pos[keep]
         _, chunks, offs = idx.locate_streams(s, pos)
-        return [(int(c), offs[chunks == c]) for c in np.unique(chunks)]
+        by = np.argsort(chunks, kind="stable")
+        chunks, offs = chunks[by], offs[by]
+        cuts = np.flatnonzero(chunks[1:] != chunks[:-1]) + 1
+        return list(zip(chunks[np.r_[0, cuts]].tolist(), np.split(offs, cuts))) if chunks.size else []
 
     def token_offsets(self, c: int, offsets: np.ndarray) -> np.ndarray:
         """Token offsets in chunk ``c`` of unit offsets from :meth:`plan` (unpacked: decodes the chunk)."""

@@ -117,7 +117,12 @@ class Prefetcher:
         are marked used), past those the reads have released. (A plan names a few tokens per chunk:
         bisect over the row-group starts costs less than numpy's per-call overhead.)"""
         done = self.release.released_before(c)  # a plan the reads have overtaken: already used
-        groups = sorted({g for g in (bisect.bisect_right(starts, t) - 1 for t in tokens.tolist()) if g >= done})
+        toks = tokens.tolist()
+        lo, hi = bisect.bisect_right(starts, min(toks)) - 1, bisect.bisect_right(starts, max(toks)) - 1
+        if hi - lo <= 1:  # the usual case (a stream's next windows): every group from lo to hi is touched
+            groups = [g for g in range(lo, hi + 1) if g >= done]
+        else:
+            groups = sorted({g for g in (bisect.bisect_right(starts, t) - 1 for t in toks) if g >= done})
         return self.store.touch_row_groups(c, groups)
 
     def _prefetch_mixes(self, exs: list[np.ndarray]) -> list[cf.Future]:
