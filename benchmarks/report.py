@@ -114,6 +114,9 @@ SECONDARY_ROWS = [
     ("pipeline_hf_steady_vs_raw_hf", "its steady state / raw HF tokenizers", "ratio"),
     ("pipeline_1w_tokens_per_s", "our build, 1 worker, whole command", "rate"),
     ("pipeline_steady_scaling_2_vs_1", "steady state, 2 workers / 1 worker", "ratio"),
+    ("pipeline_1w_cores", "cores the 1-worker build used on average (CPU-seconds of its process tree / wall)", "ratio"),
+    ("pipeline_2w_cores", "the same, 2-worker build", "ratio"),
+    ("pipeline_cpu_efficiency_2_vs_1", "tokens per CPU-second, 2-worker build / 1-worker build", "ratio"),
     ("limit_scaling_2_vs_1", "the machine's own scaling: the limit (2 processes) / fastokens in 1 process (first half "
      "of the texts, other core idle)", "ratio"),
     ("limit_per_core_2p_vs_1p", "one core's fastokens rate with the other core busy / with it idle (same texts)",
@@ -392,9 +395,12 @@ def auto_notes(fig: dict) -> dict[str, str]:
     notes["pipeline_scaling_2_vs_1"] = (
         f"The encoder alone scales {g('limit_scaling_2_vs_1'):.2f} from 1 to 2 processes on this machine in the same "
         f"run (one core runs {g('limit_per_core_2p_vs_1p'):.2f} as fast when the other is busy); our build scales "
-        f"{g('pipeline_scaling_vs_limit_scaling'):.2f} of that. Below the machine's own scaling, the difference is "
-        "the 2-worker build's fixed seconds (counted once per build, a larger share when the work is halved) and "
-        "memory bandwidth shared by the two workers' Parquet compression.")
+        f"{g('pipeline_scaling_vs_limit_scaling'):.2f} of that. The 1-worker build is not one core: it used "
+        f"{g('pipeline_1w_cores'):.2f} cores on average (its worker's library threads and the launcher run on the "
+        f"idle core), the 2-worker build {g('pipeline_2w_cores'):.2f} of the 2 there are, so the most 2 workers "
+        f"can scale here is about {2 / max(g('pipeline_1w_cores'), 1e-9):.2f}; per CPU-second the 2-worker build "
+        f"is {g('pipeline_cpu_efficiency_2_vs_1'):.2f} as efficient as the 1-worker one. The rest is the 2-worker "
+        "build's fixed seconds (counted once per build, a larger share when the work is halved).")
     for key, peer in (("pipeline_vs_tiktoken_limit", "tiktoken's limit"), ("pipeline_vs_hf_datasets", "HF datasets"),
                       ("pipeline_hf_vs_raw_hf", "raw HF tokenizers")):
         notes[key] = (f"Against {peer}, measured minutes apart on a shared machine: check \"Contention\" and "

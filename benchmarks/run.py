@@ -333,6 +333,10 @@ def main(argv=None) -> int:
         "pipeline_scaling_vs_limit_scaling": (b2["tokens_per_s"] / b1["tokens_per_s"])
                                              / (limit["tokens_per_s"] / limit_1p["tokens_per_s"]),
         "pipeline_steady_scaling_2_vs_1": (b2["steady_tokens_per_s"] or 0) / (b1["steady_tokens_per_s"] or math.inf),
+        # the 1-worker build is not one core: its worker's library threads and the launcher use the idle one
+        "pipeline_1w_cores": b1["cpu_s"] / b1["wall_s"],
+        "pipeline_2w_cores": b2["cpu_s"] / b2["wall_s"],
+        "pipeline_cpu_efficiency_2_vs_1": (b2["tokens_per_cpu_s"] or 0) / (b1["tokens_per_cpu_s"] or math.inf),
         "bytes_per_token": b2["cache_bytes"] / tokens_tt,
         "parquet_bytes_per_token": b2["parquet_bytes"] / tokens_tt,
         "pipeline_peak_rss_mb": b2["peak_rss_tree_mb"],
