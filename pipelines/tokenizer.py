@@ -11,7 +11,8 @@ A spec names the tokenizer:
 
 The launcher resolves the spec once (:func:`resolve`) into a :class:`TokenizerSpec`: a small picklable
 value holding everything a worker needs (for Hugging Face, the tokenizer's full JSON, so workers never
-need the launcher's files or the hub) plus the identity recorded in the ledger. Workers call
+need the launcher's files or the hub) plus the identity recorded in the ledger (``identity()``, which
+``python -m pipelines.interop`` also records for imports and writes to files for the reader). Workers call
 :func:`pipelines.fast_tokenizer.load_cached` once per process in ``DoFn.setup``.
 
 Long documents. tiktoken runs its regex and BPE over the whole text; a pathological document (e.g. a
@@ -33,15 +34,16 @@ the identity: a cache's bytes never depend on it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from typing import Any, Sequence
 
 import numpy as np
 
-# The ledger's tokenizer identity is computed in reader/ (the Megatron import records the same one).
-from reader.tokenizer_id import EOS_CANDIDATES as _EOS_CANDIDATES  # noqa: F401
-from reader.tokenizer_id import TokenizerIdError, eos_from_config, hash_hf_json, hf_eos as _hf_eos, tiktoken_identity
+# The hashes of the ledger's tokenizer identity are defined in reader/ (which reads identities, never
+# computing one); this module computes them: the builder and pipelines.interop record the same identity.
+from reader.tokenizer_id import hash_hf_json, hash_tiktoken
 
 from . import hf_resolve_cache
 
@@ -55,6 +57,9 @@ _SAFE_CUT = re.compile(r"(?<=\w)(?=[ \t])|(?<=\n)(?=\w)")
 
 BACKENDS = ("auto", "fast", "reference")  # see pipelines.fast_tokenizer
 DEFAULT_VERIFY_EVERY = 1000
+# A Hugging Face tokenizer's end-of-sequence token when tokenizer_config.json names none: the first of
+# these in its vocabulary.
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 
 class TokenizerError(ValueError):
     """The tokenizer spec cannot be resolved."""
@@ -195,12 +200,51 @@ class HFEncoder(Encoder):
 # Resolving a spec (launcher side)
 
 
+def hf_eos(tok, config_eos: str | None) -> int | None:
+    """The end-of-sequence id of a ``tokenizers.Tokenizer``: ``config_eos`` (from tokenizer_config.json)
+    if the vocabulary has it, else the first of ``EOS_CANDIDATES`` it has, else None."""
+    for cand in ([config_eos] if config_eos else []) + list(EOS_CANDIDATES):
+        tid = tok.token_to_id(cand)
+        if tid is not None:
+            return int(tid)
+    return None
+
+
+def eos_from_config(text: str | None) -> str | None:
+    """The ``eos_token`` of a tokenizer_config.json text (a string, or a dict with ``content``)."""
+    if not text:
+        return None
+    try:
+        eos = json.loads(text).get("eos_token")
+    except (ValueError, AttributeError):
+        return None
+    return eos.get("content") if isinstance(eos, dict) else eos
+
+
+def tiktoken_name(encoding: str, names) -> str:
+    """The encoding to load: the registered offline twin ``<encoding>_offline`` if there is one."""
+    return encoding + "_offline" if encoding + "_offline" in names else encoding
+
+
 def _resolve_tiktoken(spec: str) -> TokenizerSpec:
     try:
-        ident = tiktoken_identity(spec)  # the same function the reader uses, so both record the same identity
-    except TokenizerIdError as e:
-        raise TokenizerError(str(e)) from e
-    return TokenizerSpec(**ident)
+        import tiktoken
+    except ImportError as e:
+        raise TokenizerError(f"tokenizer {spec!r}: tiktoken is not installed: pip install "
+                             "'chunkledger[pipeline]'") from e
+    encoding = spec.split(":", 1)[1]
+    names = set(tiktoken.list_encoding_names())
+    name = tiktoken_name(encoding, names)
+    if name not in names:
+        raise TokenizerError(f"tokenizer {spec!r}: unknown tiktoken encoding {encoding!r}; "
+                             f"known: {', '.join(sorted(names))}")
+    try:
+        enc = tiktoken.get_encoding(name)
+    except Exception as e:
+        raise TokenizerError(f"tokenizer {spec!r}: cannot load tiktoken encoding {name!r} ({e}); "
+                             "without network access only the *_offline encodings work") from e
+    return TokenizerSpec(spec=spec, kind="tiktoken", name=name, vocab_size=int(enc.n_vocab),
+                         eos_id=int(enc.eot_token) if enc.eot_token is not None else None, hash=hash_tiktoken(enc))
 
 
 def _read_remote(path: str) -> str | None:
@@ -222,7 +266,16 @@ def _load_remote_hf(spec: str):
     if text is None:
         raise TokenizerError(f"tokenizer {spec!r}: no tokenizer.json there; give a remote tokenizer.json file "
                              "or a directory holding one")
-    return Tokenizer.from_str(text), eos_from_config(_read_remote(base.rstrip("/") + "/tokenizer_config.json"))
+    return _parse_hf(spec, lambda: Tokenizer.from_str(text)), eos_from_config(
+        _read_remote(base.rstrip("/") + "/tokenizer_config.json"))
+
+
+def _parse_hf(where: str, load):
+    """``load()`` (a ``tokenizers.Tokenizer``), its failure a :class:`TokenizerError` naming ``where``."""
+    try:
+        return load()
+    except Exception as e:  # noqa: BLE001 - the library raises its own exception types
+        raise TokenizerError(f"tokenizer {where!r}: not a valid tokenizer.json ({e})") from e
 
 
 def _resolve_hf(spec: str) -> TokenizerSpec:
@@ -240,23 +293,15 @@ def _resolve_hf(spec: str) -> TokenizerSpec:
         if hit is not None:
             return TokenizerSpec(spec=spec, kind="huggingface", name=spec, vocab_size=hit["vocab_size"],
                                  eos_id=hit["eos_id"], hash=hit["hash"], payload=hit["payload"])
-        try:
-            tok = Tokenizer.from_str(tok_bytes.decode("utf-8"))
-        except Exception as e:  # noqa: BLE001 - the library raises its own exception types
-            raise TokenizerError(f"tokenizer {spec!r}: not a valid tokenizer.json ({e})") from e
+        tok = _parse_hf(spec, lambda: Tokenizer.from_str(tok_bytes.decode("utf-8")))
         if cfg_bytes is not None:
             config_eos = eos_from_config(cfg_bytes.decode("utf-8", errors="replace"))
         cfg = None
     elif "://" in spec:  # gs://bucket/tok/tokenizer.json or gs://bucket/tok/ (a Dataflow launch reads no local files)
         tok, config_eos = _load_remote_hf(spec)
         cfg = None
-    elif os.path.isfile(spec):
-        tok = Tokenizer.from_file(spec)
-        cfg = os.path.join(os.path.dirname(spec), "tokenizer_config.json")
-    elif os.path.isdir(spec):
+    elif os.path.isdir(spec):  # without a tokenizer.json: a saved transformers tokenizer, maybe
         cfg = os.path.join(spec, "tokenizer_config.json")
-        if os.path.isfile(os.path.join(spec, "tokenizer.json")):
-            tok = Tokenizer.from_file(os.path.join(spec, "tokenizer.json"))
     else:
         cfg = None
     if cfg and os.path.isfile(cfg):
@@ -283,7 +328,7 @@ def _resolve_hf(spec: str) -> TokenizerSpec:
     payload = tok.to_str()
     resolved = TokenizerSpec(spec=spec, kind="huggingface", name=spec,
                              vocab_size=int(tok.get_vocab_size(with_added_tokens=True)),
-                             eos_id=_hf_eos(tok, config_eos), hash=hash_hf_json(payload), payload=payload)
+                             eos_id=hf_eos(tok, config_eos), hash=hash_hf_json(payload), payload=payload)
     if local is not None:
         hf_resolve_cache.record(memo_key, resolved.vocab_size, resolved.eos_id, resolved.hash, payload)
     return resolved

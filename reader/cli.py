@@ -9,7 +9,9 @@ Also installed as the ``chunkledger`` script.
 * ``batches``  write one reader's rows of some batches to an ``.npz`` file, to look at any batch of a run.
 * ``export``   write a cache as Megatron ``.bin``/``.idx`` or seqax flat-tokens (``reader/export.py``).
 * ``import-megatron``, ``import-flat-tokens``  turn Megatron ``.bin``/``.idx`` files or a seqax flat-tokens
-  dataset into a cache (``reader/import_megatron.py``, ``reader/import_flat_tokens.py``).
+  dataset into a cache (``reader/import_megatron.py``, ``reader/import_flat_tokens.py``), the tokenizer's
+  identity taken from a cache or a JSON file (``--tokenizer_from``; ``python -m pipelines.interop`` takes
+  a tokenizer spec instead).
 """
 
 from __future__ import annotations

@@ -44,9 +44,11 @@ EXAMPLES = {
                 "--count 2 --out step1000.npz"],
     "export": ["python -m reader export ./cache --format megatron --out /data/megatron/web_text_document",
                "python -m reader export ./split-build --format flat-tokens --out data.zarr"],
-    "import-megatron": ["python -m reader import-megatron /data/megatron/web_text_document --tokenizer "
-                        "tiktoken:cl100k_base --append_eos --out ./cache"],
-    "import-flat-tokens": ["python -m reader import-flat-tokens data.zarr --tokenizer tiktoken:cl100k_base "
+    "import-megatron": ["python -m reader import-megatron /data/megatron/web_text_document --tokenizer_from "
+                        "./web-cache --append_eos --out ./cache",
+                        "python -m reader import-megatron /data/megatron/code_text_document --tokenizer_from "
+                        "cl100k.json --out ./code-cache"],
+    "import-flat-tokens": ["python -m reader import-flat-tokens data.zarr --tokenizer_from cl100k.json "
                            "--out ./cache"],
 }
 EXIT_HELP = ("exit status: 0 done; 1 the cache is damaged (validate: problems found); 2 any other error (bad path "
@@ -59,8 +61,10 @@ _AT_LEAST = {"threads": 1, "seq_len": 1, "batch_size": 1, "ideal_readers": 1, "n
 _QUIET_LOGGERS = ("gcsfs", "fsspec", "google", "urllib3", "aiohttp")
 
 
-def finish_parsers(parser: argparse.ArgumentParser, sub) -> None:
-    """Give every subcommand ``--debug``, its examples and the exit status in ``--help``."""
+def finish_parsers(parser: argparse.ArgumentParser, sub, examples: dict[str, list[str]] | None = None) -> None:
+    """Give every subcommand ``--debug``, its examples (``examples``, default :data:`EXAMPLES`, by subcommand
+    name) and the exit status in ``--help``."""
+    examples = EXAMPLES if examples is None else examples
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     parser.error = functools.partial(_usage_error, parser)
     parser.epilog = _wrap(EXIT_HELP)
@@ -76,7 +80,7 @@ def finish_parsers(parser: argparse.ArgumentParser, sub) -> None:
         p.description = p.description or DESCRIPTIONS.get(name)
         if p.description:
             p.description = "\n\n".join(_wrap(par) for par in p.description.split("\n\n"))
-        lines = [f"  {ex}" for ex in EXAMPLES.get(name, [])]
+        lines = [f"  {ex}" for ex in examples.get(name, [])]
         p.epilog = ("example:\n" if len(lines) == 1 else "examples:\n") * bool(lines) + "\n".join(lines) \
             + ("\n\n" if lines else "") + _wrap(EXIT_HELP)
 

@@ -1,4 +1,5 @@
-"""Export to seqax's ``flat-tokens`` format (a zarr group; spec: seqax ``docs/flat-tokens.md``).
+"""seqax's ``flat-tokens`` format (a zarr group; spec: seqax ``docs/flat-tokens.md``): the export, and
+opening a dataset for ``reader/import_flat_tokens.py``.
 
 A flat-tokens *dataset* is a zarr group with the groups ``train`` and ``validation``, each a flat-tokens
 *array*::
@@ -14,8 +15,9 @@ with is left out (``keep_eos=True`` keeps it); ``import-flat-tokens --append_eos
 cache -> flat-tokens -> cache round trip gives the same tokens. Written as seqax's own writer does: zarr format 2,
 Blosc lz4 level 5 with bit shuffle, a ``Delta`` filter on ``seq_starts``, chunks of 4 Mi tokens and
 1 Mi sequence starts by default. A document of zero tokens (possible, though the builder does not
-produce one) is a sequence whose start equals the next one's. zarr is imported here only: it is the
-``export`` extra (``pip install 'chunkledger[export]'``).
+produce one) is a sequence whose start equals the next one's. zarr is imported here only (the import
+opens its dataset with :func:`open_dataset`): it is the ``export`` extra
+(``pip install 'chunkledger[export]'``).
 """
 
 from __future__ import annotations
@@ -31,13 +33,29 @@ from .export import (SPLITS, ExportError, check_token_range, iter_blocks, open_f
 MAX_TOKEN_ID = (1 << 31) - 1  # the largest id token_id*2+1 can hold in uint32
 
 
-def _zarr():
+def _zarr(command: str = "--format flat-tokens"):
     try:
         import numcodecs
         import zarr
     except ImportError as e:
-        raise ExportError("--format flat-tokens needs zarr: pip install 'chunkledger[export]'") from e
+        raise ExportError(f"{command} needs zarr: pip install 'chunkledger[export]'") from e
     return zarr, numcodecs
+
+
+def open_dataset(where: str, command: str):
+    """The zarr group at ``where``, read-only (for the import: ``reader.import_flat_tokens`` checks it).
+
+    Args:
+      where: a local path or fsspec URL.
+      command: what the error for a missing zarr names.
+
+    Raises :class:`ExportError` naming ``where`` when it is no zarr group, or the extra to install.
+    """
+    zarr, _ = _zarr(command)
+    try:
+        return zarr.open_group(store=where, mode="r")
+    except Exception as e:  # noqa: BLE001 - zarr raises several types for "not a group"
+        raise ExportError(f"{where}: not a zarr group ({type(e).__name__}: {e})") from e
 
 
 class _ChunkAligned:

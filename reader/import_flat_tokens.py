@@ -1,5 +1,6 @@
 """Import a seqax flat-tokens dataset (zarr) into chunkledger caches, without re-tokenizing:
-``python -m reader import-flat-tokens DIR.zarr --tokenizer SPEC --out CACHE``.
+``python -m reader import-flat-tokens DIR.zarr --tokenizer_from CACHE_OR_JSON --out CACHE`` (or
+``python -m pipelines.interop import-flat-tokens ... --tokenizer SPEC``).
 
 The format (``reader/flat_tokens.py``) is checked as it is read: both arrays of a group present, with
 their dtypes (``encoded_tokens`` uint32, ``seq_starts`` uint64, one dimension), ``seq_starts`` from 0,
@@ -18,23 +19,16 @@ end-of-sequence tokens: ``--append_eos`` appends the tokenizer's EOS to every do
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import tokenizer_id
+from .export import ExportError
+from .flat_tokens import open_dataset
 from .importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
-                       is_finished, make_config, write_cache)
+                       add_tokenizer_from, checked_identity, is_finished, make_config, write_cache)
 
 _BLOCK = 1 << 20
-
-
-def _zarr():
-    try:
-        import zarr
-    except ImportError as e:
-        raise ImportFailed("import-flat-tokens needs zarr: pip install 'chunkledger[export]'") from e
-    return zarr
 
 
 class FlatTokensSource:
@@ -113,25 +107,25 @@ class FlatTokensSource:
         return {}
 
 
-def import_flat_tokens(path: str, tokenizer_spec: str, out: str, *, append_eos: bool = False,
+def import_flat_tokens(path: str, tokenizer: Mapping[str, Any], out: str, *, append_eos: bool = False,
                        chunk_tokens: int = DEFAULT_CHUNK_TOKENS, row_group_tokens: int = DEFAULT_ROW_GROUP_TOKENS,
                        threads: int = 2) -> dict[str, dict[str, Any]]:
     """Write caches from a flat-tokens dataset; returns ``{split: finished ledger}``.
 
     Args:
       path: the zarr directory (local or any fsspec URL zarr opens).
-      tokenizer_spec: the tokenizer the data was made with.
+      tokenizer: the identity of the tokenizer the data was made with (a ledger's ``tokenizer`` object:
+        ``reader.tokenizer_id.load(CACHE_OR_JSON)`` or ``pipelines.tokenizer.resolve(SPEC).identity()``).
       out: the cache root (``out/train`` + ``out/validation`` if the validation group holds sequences).
       append_eos: append the tokenizer's EOS to every document (recorded as config.append_eos).
       chunk_tokens, row_group_tokens, threads: as for ``import-megatron``.
     """
-    zarr = _zarr()
-    tok = tokenizer_id.identity(tokenizer_spec)
+    tok = checked_identity(tokenizer)
     where = path if "://" in path else os.path.abspath(os.path.expanduser(path))
     try:
-        root = zarr.open_group(store=where, mode="r")
-    except Exception as e:  # noqa: BLE001 - zarr raises several types for "not a group"
-        raise ImportFailed(f"{where}: not a zarr group ({type(e).__name__}: {e})") from e
+        root = open_dataset(where, "import-flat-tokens")
+    except ExportError as e:
+        raise ImportFailed(str(e)) from e
     sources = {"train": FlatTokensSource(root, where, "train", tok["vocab_size"])}
     if "validation" in root:
         val = FlatTokensSource(root, where, "validation", tok["vocab_size"])
@@ -150,25 +144,26 @@ def import_flat_tokens(path: str, tokenizer_spec: str, out: str, *, append_eos: 
 # Command line
 
 
-def add_parser(sub) -> None:
-    """The ``import-flat-tokens`` subcommand of ``python -m reader``."""
+def add_parser(sub, tokenizer: Callable[[Any], None] = add_tokenizer_from) -> None:
+    """The ``import-flat-tokens`` subcommand of ``python -m reader`` (``tokenizer``: how the tokenizer is given,
+    see :func:`reader.importer.add_cache_arguments`; ``pipelines.interop`` reuses this parser with a spec)."""
     m = sub.add_parser(
         "import-flat-tokens", help="turn a seqax flat-tokens zarr dataset into chunkledger cache(s)",
         description="Write chunkledger caches from a flat-tokens dataset (zarr groups train and validation). "
                     "train becomes CACHE; a non-empty validation group makes CACHE/train and CACHE/validation. "
-                    "Each sequence becomes a document; token ids are checked against --tokenizer, which the "
-                    "ledger records as the builder does. See docs/INTEROP.md.")
+                    "Each sequence becomes a document; the ledger records the tokenizer's identity exactly as a build "
+                    "with it does, and token ids are checked against its vocabulary. See docs/INTEROP.md.")
     m.add_argument("path", metavar="DIR.zarr", help="the flat-tokens dataset")
     m.add_argument("--append_eos", action="store_true",
                    help="append the tokenizer's EOS to every document, as the builder's --append_eos (flat-tokens "
                         "stores none; export leaves it out again)")
-    add_cache_arguments(m)
+    add_cache_arguments(m, tokenizer=tokenizer)
     m.set_defaults(fn=cmd_import)
 
 
 def cmd_import(args) -> int:
     done = is_finished(args.out) or is_finished(args.out.rstrip("/") + "/train")
-    results = import_flat_tokens(args.path, args.tokenizer, args.out, append_eos=args.append_eos,
+    results = import_flat_tokens(args.path, args.identity_of(args), args.out, append_eos=args.append_eos,
                                  chunk_tokens=args.chunk_tokens, row_group_tokens=args.row_group_tokens,
                                  threads=args.threads)
     for split, ledger in results.items():

@@ -1,5 +1,6 @@
 """Import Megatron ``.bin``/``.idx`` datasets into a chunkledger cache, without re-tokenizing:
-``python -m reader import-megatron PREFIX [PREFIX ...] --tokenizer SPEC --out CACHE``.
+``python -m reader import-megatron PREFIX [PREFIX ...] --tokenizer_from CACHE_OR_JSON --out CACHE`` (or
+``python -m pipelines.interop import-megatron ... --tokenizer SPEC``).
 
 The result is an ordinary cache (docs/FORMAT.md) that ``Reader``, shuffles, eval mode and
 ``python -m reader validate`` use as they use a built one. How the format's terms map:
@@ -12,8 +13,9 @@ The result is an ordinary cache (docs/FORMAT.md) that ``Reader``, shuffles, eval
 * **Chunks.** The builder's rule with the ``.bin`` as the input file (``reader/importer.py``);
   ``chunk_bytes`` is ``--chunk_tokens`` (default 16 Mi, about what the builder's 64 MiB chunk of text
   holds) times the token size.
-* **Ledger.** ``tokenizer`` is what the builder records for the same ``--tokenizer`` spec
-  (``reader.tokenizer_id``); ``config`` has the builder's keys (``text_key``, ``piece_chars``,
+* **Ledger.** ``tokenizer`` is the identity given: copied from a cache built with the tokenizer or
+  from a JSON file (``reader.tokenizer_id``), or computed by ``pipelines.interop`` for a spec exactly as
+  the builder computes it; ``config`` has the builder's keys (``text_key``, ``piece_chars``,
   ``max_piece_chars`` null) plus ``source`` (``format``, ``dtype``, ``unit``); each input also names its
   ``index`` file.
 
@@ -24,13 +26,12 @@ rerunning the same command after a crash finishes the import with identical byte
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import tokenizer_id
 from .importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
-                       is_finished, make_config, write_cache)
+                       add_tokenizer_from, checked_identity, is_finished, make_config, write_cache)
 from .megatron import MegatronError, MegatronIndex, read_span
 
 
@@ -78,14 +79,15 @@ class MegatronSource:
         return {"index": self.index.idx_path, "index_size": self.index.idx_size}
 
 
-def import_megatron(prefixes: Sequence[str], tokenizer_spec: str, out: str, *, unit: str = "document",
+def import_megatron(prefixes: Sequence[str], tokenizer: Mapping[str, Any], out: str, *, unit: str = "document",
                     append_eos: bool = False, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                     row_group_tokens: int = DEFAULT_ROW_GROUP_TOKENS, threads: int = 2) -> dict[str, Any]:
     """Write the cache ``out`` from Megatron datasets; returns the finished ledger.
 
     Args:
       prefixes: paths without ``.bin``/``.idx`` (local files); sorted by path, they are the shards.
-      tokenizer_spec: the tokenizer the data was made with (``tiktoken:...`` or a tokenizer.json / directory).
+      tokenizer: the identity of the tokenizer the data was made with (a ledger's ``tokenizer`` object:
+        ``reader.tokenizer_id.load(CACHE_OR_JSON)`` or ``pipelines.tokenizer.resolve(SPEC).identity()``).
       out: the cache root to create (local or any fsspec URL).
       unit: ``"document"`` (a Megatron document, its sequences joined) or ``"sequence"``.
       append_eos: every document ends with the tokenizer's EOS (checked; recorded in the config).
@@ -97,7 +99,7 @@ def import_megatron(prefixes: Sequence[str], tokenizer_spec: str, out: str, *, u
         raise ImportFailed(f"--unit {unit!r}: choose document or sequence")
     if not prefixes:
         raise ImportFailed("give at least one PREFIX (PREFIX.bin + PREFIX.idx)")
-    tok = tokenizer_id.identity(tokenizer_spec)
+    tok = checked_identity(tokenizer)
     paths = sorted({os.path.abspath(os.path.expanduser(p[:-4] if p.endswith((".bin", ".idx")) else p))
                     for p in prefixes})
     indexes = [MegatronIndex.open(p) for p in paths]
@@ -117,14 +119,16 @@ def import_megatron(prefixes: Sequence[str], tokenizer_spec: str, out: str, *, u
 # Command line
 
 
-def add_parser(sub) -> None:
-    """The ``import-megatron`` subcommand of ``python -m reader``."""
+def add_parser(sub, tokenizer: Callable[[Any], None] = add_tokenizer_from) -> None:
+    """The ``import-megatron`` subcommand of ``python -m reader`` (``tokenizer``: how the tokenizer is given, see
+    :func:`reader.importer.add_cache_arguments`; ``pipelines.interop`` reuses this parser with a spec)."""
     m = sub.add_parser(
         "import-megatron", help="turn Megatron .bin/.idx datasets into a chunkledger cache (no re-tokenizing)",
         description="Write a chunkledger cache from Megatron-Core / Megatron-LM indexed datasets (PREFIX.bin + "
                     "PREFIX.idx, as tools/preprocess_data.py writes them). Each .bin is an input shard (sorted by "
                     "path), each document a document, chunks of about --chunk_tokens tokens; the ledger records "
-                    "the tokenizer as the builder does for the same spec. Token ids are checked against it. "
+                    "the tokenizer's identity exactly as a build with it does, and token ids are checked against "
+                    "its vocabulary. "
                     "Rerun the same command after a crash. See docs/INTEROP.md.")
     m.add_argument("prefixes", nargs="+", metavar="PREFIX", help="dataset path without .bin/.idx (local)")
     m.add_argument("--append_eos", action="store_true",
@@ -133,13 +137,13 @@ def add_parser(sub) -> None:
     m.add_argument("--unit", choices=["document", "sequence"], default="document",
                    help="what becomes a chunkledger document: a Megatron document (its sequences joined; "
                         "default) or each sequence (data made with --split-sentences)")
-    add_cache_arguments(m, tokens_help="; chunk_bytes = this x token size")
+    add_cache_arguments(m, tokens_help="; chunk_bytes = this x token size", tokenizer=tokenizer)
     m.set_defaults(fn=cmd_import)
 
 
 def cmd_import(args) -> int:
     done = is_finished(args.out)
-    ledger = import_megatron(args.prefixes, args.tokenizer, args.out, threads=args.threads, unit=args.unit,
+    ledger = import_megatron(args.prefixes, args.identity_of(args), args.out, threads=args.threads, unit=args.unit,
                              append_eos=args.append_eos, chunk_tokens=args.chunk_tokens,
                              row_group_tokens=args.row_group_tokens)
     t = ledger["totals"]

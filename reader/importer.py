@@ -18,12 +18,15 @@ written. With ``config.append_eos``, a source whose documents carry their EOS (M
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures as cf
-from typing import Any, Protocol, Sequence
+import os
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from . import format as fmt
+from . import tokenizer_id
 from .chunk_file import ChunkParquet, flat_row_group_table, ledger_chunks, make_sidecar
 from .export import TMP_PREFIX, output_fs, output_location, remove_quietly, rename, temp_name
 from .streams import round_robin_order
@@ -32,11 +35,53 @@ DEFAULT_CHUNK_TOKENS = 1 << 24  # about what the builder's default 64 MiB chunk 
 DEFAULT_ROW_GROUP_TOKENS = 128 << 10  # the builder's default
 
 
-def add_cache_arguments(parser, tokens_help: str = "") -> None:
-    """The options every ``import-*`` subcommand shares: the tokenizer, the cache to write and its chunking."""
-    parser.add_argument("--tokenizer", required=True, metavar="SPEC",
-                        help="the tokenizer the data was made with: 'tiktoken:<encoding>', or a tokenizer.json file "
-                             "or a directory holding one (recorded in the ledger, as the builder records it)")
+class ImportFailed(fmt.FormatError):
+    """An import cannot run or its input is bad; the message names the file and the fix."""
+
+
+NOT_HERE = ("not an option of {prog}: it takes the tokenizer's identity and computes none (it imports no "
+            "tokenizer library). Either give --tokenizer_from CACHE_OR_JSON (a cache built with that tokenizer, "
+            "or a JSON file from: python -m pipelines.interop tokenizer-identity SPEC --out FILE.json), or run "
+            "python -m pipelines.interop {command} ... --tokenizer SPEC (needs 'chunkledger[pipeline]')")
+
+
+class _NotHere(argparse.Action):
+    """``--tokenizer SPEC`` given to ``python -m reader``: a usage error that says the two ways."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        prog, command = parser.prog.rsplit(" ", 1)
+        parser.error(f"argument {option_string}: " + NOT_HERE.format(prog=prog, command=command))
+
+
+def identity_from_args(args) -> dict[str, Any]:
+    """The tokenizer identity of ``--tokenizer_from`` (:func:`reader.tokenizer_id.load`)."""
+    return tokenizer_id.load(args.tokenizer_from)
+
+
+def add_tokenizer_from(parser) -> None:
+    """``--tokenizer_from CACHE_OR_JSON``, the reader's way of naming the tokenizer; ``args.identity_of(args)``
+    gives the identity. ``--tokenizer SPEC`` is refused with a message naming both ways."""
+    parser.add_argument("--tokenizer_from", required=True, metavar="CACHE_OR_JSON",
+                        help="the tokenizer the data was made with, as its identity (recorded in the ledger): a "
+                             "cache built with it (the directory holding ledger.json, local or gs://...), or a "
+                             "JSON file holding the identity (python -m pipelines.interop tokenizer-identity SPEC "
+                             "--out FILE.json). With a tokenizer spec instead: python -m pipelines.interop "
+                             f"{parser.prog.split()[-1]} ... --tokenizer SPEC")
+    parser.add_argument("--tokenizer", action=_NotHere, nargs="?", metavar="SPEC", help=argparse.SUPPRESS)
+    parser.set_defaults(identity_of=identity_from_args)
+
+
+def add_cache_arguments(parser, tokens_help: str = "", tokenizer: Callable[[Any], None] = add_tokenizer_from) -> None:
+    """The options every ``import-*`` subcommand shares: the tokenizer, the cache to write and its chunking.
+
+    Args:
+      parser: the subcommand's parser.
+      tokens_help: appended to ``--chunk_tokens``' help.
+      tokenizer: adds the tokenizer option(s) and sets ``identity_of`` (a function of the parsed arguments
+        returning the identity): :func:`add_tokenizer_from` for ``python -m reader``;
+        ``pipelines.interop`` gives ``--tokenizer SPEC``.
+    """
+    tokenizer(parser)
     parser.add_argument("--out", required=True, metavar="CACHE", help="cache root to create (local or gs://...)")
     parser.add_argument("--chunk_tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
                         help=f"tokens per chunk, about (default {DEFAULT_CHUNK_TOKENS}){tokens_help}")
@@ -44,11 +89,18 @@ def add_cache_arguments(parser, tokens_help: str = "") -> None:
                         help="cut a Parquet row group once it holds this many tokens "
                              f"(default {DEFAULT_ROW_GROUP_TOKENS})")
     parser.add_argument("--threads", type=int, default=2, help="chunks written in parallel (default 2)")
+
+
+def checked_identity(tokenizer: Any) -> dict[str, Any]:
+    """The identity an import records, checked; a spec string is refused with the two ways to get one."""
+    if isinstance(tokenizer, (str, bytes, os.PathLike)):
+        raise ImportFailed(f"tokenizer {tokenizer!r}: give the tokenizer identity (a ledger's tokenizer object), "
+                           "not a spec: reader.tokenizer_id.load(CACHE_OR_JSON), or "
+                           "pipelines.tokenizer.resolve(SPEC).identity()")
+    return tokenizer_id.check(tokenizer, "tokenizer")
+
+
 _BLOCK = 1 << 20  # documents handled at a time when scanning a source (bounded memory)
-
-
-class ImportFailed(fmt.FormatError):
-    """An import cannot run or its input is bad; the message names the file and the fix."""
 
 
 class Source(Protocol):

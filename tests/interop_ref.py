@@ -127,3 +127,12 @@ def check_flat_tokens_array(group, docs: Sequence[Sequence[int]] | None = None) 
         assert seqs == [list(d) for d in docs]
         assert max_id == max((t for d in docs for t in d), default=0)
     return seqs
+
+
+def identity_file(path: str, spec: str) -> str:
+    """A tokenizer identity file for ``spec`` (for ``--tokenizer_from``), as ``python -m pipelines.interop
+    tokenizer-identity SPEC --out PATH`` writes it; returns ``path``."""
+    from pipelines.interop import main
+
+    assert main(["tokenizer-identity", spec, "--out", path]) == 0
+    return path

@@ -22,9 +22,11 @@ def _run(capsys, *argv):
 
 @pytest.fixture
 def tiny(tmp_path_factory):
+    """The identity file of a tokenizer of 400 ids."""
     from build_helpers import train_tiny_tokenizer
 
-    return train_tiny_tokenizer(str(tmp_path_factory.mktemp("tok") / "tokenizer.json"))
+    d = tmp_path_factory.mktemp("tok")
+    return ref.identity_file(str(d / "tiny.json"), train_tiny_tokenizer(str(d / "tokenizer.json")))
 
 
 def _pair(tmp_path, docs=((1, 2, 3), (4, 5), (6,)), code=4):
@@ -33,8 +35,14 @@ def _pair(tmp_path, docs=((1, 2, 3), (4, 5), (6,)), code=4):
     return prefix
 
 
-def _import(capsys, prefix, out, tokenizer="tiktoken:cl100k_base"):
-    return _run(capsys, "import-megatron", prefix, "--tokenizer", tokenizer, "--out", str(out))
+@pytest.fixture(scope="module")
+def cl100k(tmp_path_factory):
+    """cl100k_base's identity file, for --tokenizer_from."""
+    return ref.identity_file(str(tmp_path_factory.mktemp("id") / "cl100k.json"), "tiktoken:cl100k_base")
+
+
+def _import(capsys, prefix, out, tokenizer):
+    return _run(capsys, "import-megatron", prefix, "--tokenizer_from", tokenizer, "--out", str(out))
 
 
 def _nothing_complete(out):
@@ -44,11 +52,11 @@ def _nothing_complete(out):
     return not Cache(str(out)).complete
 
 
-def test_truncated_bin(tmp_path, capsys):
+def test_truncated_bin(tmp_path, capsys, cl100k):
     prefix = _pair(tmp_path)
     with open(prefix + ".bin", "r+b") as f:
         f.truncate(os.path.getsize(prefix + ".bin") - 4)
-    rc, err = _import(capsys, prefix, tmp_path / "c")
+    rc, err = _import(capsys, prefix, tmp_path / "c", cl100k)
     assert rc == 2 and f"{prefix}.bin: 20 bytes" in err and "truncated" in err
     assert _nothing_complete(tmp_path / "c")
 
@@ -59,29 +67,29 @@ def test_truncated_bin(tmp_path, capsys):
     (17, bytes([9]), "unknown dtype code 9"),
     (17, bytes([7]), "float32 is not an integer type"),
 ])
-def test_bad_idx_header(tmp_path, capsys, offset, value, message):
+def test_bad_idx_header(tmp_path, capsys, offset, value, message, cl100k):
     prefix = _pair(tmp_path)
     with open(prefix + ".idx", "r+b") as f:
         f.seek(offset)
         f.write(value)
-    rc, err = _import(capsys, prefix, tmp_path / "c")
+    rc, err = _import(capsys, prefix, tmp_path / "c", cl100k)
     assert rc == 2 and f"{prefix}.idx: " in err and message in err
     assert not os.path.exists(tmp_path / "c")
 
 
-def test_truncated_idx_and_missing_files(tmp_path, capsys):
+def test_truncated_idx_and_missing_files(tmp_path, capsys, cl100k):
     prefix = _pair(tmp_path)
     with open(prefix + ".idx", "r+b") as f:
         f.truncate(os.path.getsize(prefix + ".idx") - 8)
-    rc, err = _import(capsys, prefix, tmp_path / "c")
+    rc, err = _import(capsys, prefix, tmp_path / "c", cl100k)
     assert rc == 2 and f"{prefix}.idx: " in err and "truncated or damaged" in err
-    rc, err = _import(capsys, str(tmp_path / "nope"), tmp_path / "c")
+    rc, err = _import(capsys, str(tmp_path / "nope"), tmp_path / "c", cl100k)
     assert rc == 2 and f"{tmp_path / 'nope'}.idx: no such file" in err
 
 
-def test_uint16_data_claimed_for_a_100k_vocabulary(tmp_path, capsys):
+def test_uint16_data_claimed_for_a_100k_vocabulary(tmp_path, capsys, cl100k):
     prefix = _pair(tmp_path, code=8)
-    rc, err = _import(capsys, prefix, tmp_path / "c")
+    rc, err = _import(capsys, prefix, tmp_path / "c", cl100k)
     assert rc == 2 and f"{prefix}.idx: dtype uint16 holds ids up to 65535" in err and "100277" in err
     assert not os.path.exists(tmp_path / "c")
 
@@ -148,12 +156,12 @@ def _flat(tmp_path, name="d.zarr"):
     return tmp_path / name
 
 
-def test_zarr_group_missing_an_array(tmp_path, capsys):
+def test_zarr_group_missing_an_array(tmp_path, capsys, cl100k):
     d = _flat(tmp_path)
     import shutil
 
     shutil.rmtree(d / "train" / "seq_starts")
-    rc, err = _run(capsys, "import-flat-tokens", str(d), "--tokenizer", "tiktoken:cl100k_base", "--out",
+    rc, err = _run(capsys, "import-flat-tokens", str(d), "--tokenizer_from", cl100k, "--out",
                    str(tmp_path / "imp"))
     assert rc == 2 and f"{d}/train/seq_starts: missing array" in err
     assert not os.path.exists(tmp_path / "imp")
@@ -165,7 +173,7 @@ def test_zarr_group_missing_an_array(tmp_path, capsys):
     ("max_id", "max_token_id 100300 does not fit the tokenizer's vocabulary of 100277 ids"),
     ("dtype", "train/encoded_tokens: 1-d int64, the format needs a 1-d uint32 array"),
 ])
-def test_damaged_flat_tokens(tmp_path, capsys, damage, message):
+def test_damaged_flat_tokens(tmp_path, capsys, damage, message, cl100k):
     d = _flat(tmp_path)
     g = zarr.open_group(str(d), mode="r+")["train"]
     if damage == "start_bit":
@@ -178,7 +186,7 @@ def test_damaged_flat_tokens(tmp_path, capsys, damage, message):
         vals = g["encoded_tokens"][:]
         del g["encoded_tokens"]
         g.create_array("encoded_tokens", shape=vals.shape, dtype="int64")[:] = vals.astype(np.int64)
-    rc, err = _run(capsys, "import-flat-tokens", str(d), "--tokenizer", "tiktoken:cl100k_base", "--out",
+    rc, err = _run(capsys, "import-flat-tokens", str(d), "--tokenizer_from", cl100k, "--out",
                    str(tmp_path / "imp"))
     assert rc == 2 and message in err and str(d) in err
     assert _nothing_complete(tmp_path / "imp")

@@ -1,5 +1,6 @@
-"""`python -m reader export --format flat-tokens` and `import-flat-tokens`, checked against seed 001's
-invariants by an independent checker (tests/interop_ref.py) and by round trips."""
+"""`python -m reader export --format flat-tokens` and `import-flat-tokens` (`--tokenizer_from`, and
+`python -m pipelines.interop import-flat-tokens --tokenizer SPEC`), checked against seed 001's invariants by
+an independent checker (tests/interop_ref.py) and by round trips."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import numpy as np
 import zarr
 
 import interop_ref as ref
+from pipelines import interop
 from reader.cli import main
 
 import cachegen
@@ -63,8 +65,8 @@ def test_train_and_validation_subcaches(tmp_path):
     ref.check_flat_tokens_array(root["train"], train)
     ref.check_flat_tokens_array(root["validation"], val)
     # ... and back: a non-empty validation group gives CACHE/train and CACHE/validation
-    assert main(["import-flat-tokens", str(tmp_path / "d.zarr"), "--tokenizer", "tiktoken:cl100k_base",
-                 "--out", str(tmp_path / "back")]) == 0
+    assert main(["import-flat-tokens", str(tmp_path / "d.zarr"), "--tokenizer_from", str(tmp_path / "ds/train"),
+                 "--out", str(tmp_path / "back")]) == 0  # the tokenizer the exported caches record
     assert ref.cache_documents(str(tmp_path / "back/train")) == train
     assert ref.cache_documents(str(tmp_path / "back/validation")) == val
     assert main(["validate", str(tmp_path / "back/validation")]) == 0
@@ -78,9 +80,9 @@ def test_round_trips(tmp_path):
     docs = ref.synthetic_cache(str(tmp_path / "c"), chunks, vocab_size=100277, append_eos=True, eos_id=0)
     _export(tmp_path / "c", tmp_path / "a.zarr")
     # flat-tokens -> cache (EOS appended again, as the builder does) -> flat-tokens: same files
-    assert main(["import-flat-tokens", str(tmp_path / "a.zarr"), "--tokenizer", "tiktoken:cl100k_base",
-                 "--append_eos", "--out", str(tmp_path / "imp"), "--chunk_tokens", "60",
-                 "--row_group_tokens", "20"]) == 0
+    assert interop.main(["import-flat-tokens", str(tmp_path / "a.zarr"), "--tokenizer", "tiktoken:cl100k_base",
+                         "--append_eos", "--out", str(tmp_path / "imp"), "--chunk_tokens", "60",
+                         "--row_group_tokens", "20"]) == 0
     assert main(["validate", str(tmp_path / "imp")]) == 0
     led = json.loads((tmp_path / "imp" / "ledger.json").read_text())
     assert led["totals"]["chunks"] > 3 and led["config"]["append_eos"] is True
@@ -107,5 +109,9 @@ def test_missing_zarr_names_the_extra(tmp_path, monkeypatch, capsys):
     ref.synthetic_cache(str(tmp_path / "c"), [[[1]]], vocab_size=10)
     monkeypatch.setitem(sys.modules, "zarr", None)
     assert main(["export", str(tmp_path / "c"), "--format", "flat-tokens", "--out", str(tmp_path / "d.zarr")]) == 2
-    assert "pip install 'chunkledger[export]'" in capsys.readouterr().err
+    assert "--format flat-tokens needs zarr: pip install 'chunkledger[export]'" in capsys.readouterr().err
     assert not (tmp_path / "d.zarr").exists()
+    assert main(["import-flat-tokens", str(tmp_path / "x.zarr"), "--tokenizer_from", str(tmp_path / "c"), "--out",
+                 str(tmp_path / "imp")]) == 2
+    assert "import-flat-tokens needs zarr: pip install 'chunkledger[export]'" in capsys.readouterr().err
+    assert not (tmp_path / "imp").exists()

@@ -1,6 +1,6 @@
-"""`python -m reader export --format megatron` and `import-megatron`: checked with an independent reader of
-the .idx layout (tests/interop_ref.py), with Megatron-Core's own IndexedDataset / IndexedDatasetBuilder,
-and by round trips."""
+"""`python -m reader export --format megatron` and `import-megatron` (and `python -m pipelines.interop
+import-megatron --tokenizer SPEC`): checked with an independent reader of the .idx layout
+(tests/interop_ref.py), with Megatron-Core's own IndexedDataset / IndexedDatasetBuilder, and by round trips."""
 
 import json
 import os
@@ -13,6 +13,8 @@ import interop_ref as ref
 from reader import ReadOptions, Reader
 from reader import format as fmt
 from reader import importer
+from pipelines import interop
+from pipelines.tokenizer import resolve
 from reader.cli import main
 from reader.import_megatron import import_megatron
 
@@ -21,6 +23,9 @@ import cachegen
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" on CPU machines
     from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
+
+
+CL100K = resolve("tiktoken:cl100k_base").identity()
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +107,8 @@ def _megatron_docs(rng, n, vocab, eos=None):
 
 
 @pytest.mark.parametrize("tokenizer", ["tiktoken:cl100k_base", "tiny"])
-def test_round_trip_megatron_cache_megatron_is_byte_identical(tmp_path, tokenizer, tiny_tokenizer):
+@pytest.mark.parametrize("command", ["reader", "pipelines"])
+def test_round_trip_megatron_cache_megatron_is_byte_identical(tmp_path, tokenizer, command, tiny_tokenizer):
     spec = tiny_tokenizer if tokenizer == "tiny" else tokenizer
     vocab = 402 if tokenizer == "tiny" else 100277
     docs = _megatron_docs(np.random.default_rng(1), 300, min(vocab, 400))
@@ -111,8 +117,13 @@ def test_round_trip_megatron_cache_megatron_is_byte_identical(tmp_path, tokenize
         b.add_document(np.asarray(d, np.int64), [len(d)])
     b.finalize(str(tmp_path / "orig.idx"))
     cache = str(tmp_path / "cache")
-    assert main(["import-megatron", str(tmp_path / "orig"), "--tokenizer", spec, "--out", cache,
-                 "--chunk_tokens", "700", "--row_group_tokens", "150"]) == 0
+    opts = ["--chunk_tokens", "700", "--row_group_tokens", "150"]
+    if command == "reader":  # the identity from a file
+        ident = ref.identity_file(str(tmp_path / "tok.json"), spec)
+        assert main(["import-megatron", str(tmp_path / "orig"), "--tokenizer_from", ident, "--out", cache, *opts]) == 0
+    else:  # computed from the spec
+        assert interop.main(["import-megatron", str(tmp_path / "orig"), "--tokenizer", spec, "--out", cache,
+                             *opts]) == 0
     assert main(["validate", cache]) == 0
     ledger = json.loads(open(os.path.join(cache, fmt.LEDGER_NAME)).read())
     assert ledger["totals"]["chunks"] > 5 and any(c["row_groups"] > 1 for c in ledger["chunks"])
@@ -122,21 +133,21 @@ def test_round_trip_megatron_cache_megatron_is_byte_identical(tmp_path, tokenize
         assert (tmp_path / f"orig{ext}").read_bytes() == (tmp_path / f"back{ext}").read_bytes()
 
 
-def test_import_records_the_builders_tokenizer_identity(tmp_path, tiny_tokenizer):
-    from pipelines.tokenizer import resolve
-
+def test_import_records_the_builders_tokenizer_identity(tmp_path, tiny_tokenizer, capsys):
     for spec in ("tiktoken:cl100k_base", tiny_tokenizer):
         prefix = str(tmp_path / "d")
         ref.write_megatron(prefix, [[[1, 2, 3]], [[4]]], code=8 if spec == tiny_tokenizer else 4)
         out = str(tmp_path / f"cache-{len(spec)}")
-        ledger = import_megatron([prefix], spec, out)
+        assert interop.main(["import-megatron", prefix, "--tokenizer", spec, "--out", out]) == 0
+        assert f"tokenizer {spec} (vocab_size {resolve(spec).vocab_size})" in capsys.readouterr().out
+        ledger = json.loads(open(os.path.join(out, fmt.LEDGER_NAME)).read())
         assert ledger["tokenizer"] == resolve(spec).identity()
 
 
 def test_import_chunks_follow_the_builders_byte_rule(tmp_path, tiny_tokenizer):
     docs = _megatron_docs(np.random.default_rng(2), 200, 300)
     ref.write_megatron(str(tmp_path / "a"), [[d] for d in docs], code=8)
-    ledger = import_megatron([str(tmp_path / "a")], tiny_tokenizer, str(tmp_path / "c"),
+    ledger = import_megatron([str(tmp_path / "a")], resolve(tiny_tokenizer).identity(), str(tmp_path / "c"),
                              chunk_tokens=500, row_group_tokens=100)
     import pyarrow.parquet as pq
 
@@ -165,19 +176,19 @@ def test_import_units_and_several_prefixes(tmp_path):
     split_docs = [[[1, 2], [3]], [[4, 5, 6]], [[7], [8], [9]]]  # made with --split-sentences
     ref.write_megatron(str(tmp_path / "b"), split_docs, code=4)
     ref.write_megatron(str(tmp_path / "a"), [[[10, 11]], [[12]]], code=4)
-    joined = import_megatron([str(tmp_path / "b"), str(tmp_path / "a.bin")], "tiktoken:cl100k_base",
+    joined = import_megatron([str(tmp_path / "b"), str(tmp_path / "a.bin")], CL100K,
                              str(tmp_path / "j"), chunk_tokens=2)
     assert [i["path"] for i in joined["inputs"]] == [str(tmp_path / "a.bin"), str(tmp_path / "b.bin")]
     docs = ref.cache_documents(str(tmp_path / "j"))
     assert sorted(map(tuple, docs)) == sorted([(10, 11), (12,), (1, 2, 3), (4, 5, 6), (7, 8, 9)])
-    import_megatron([str(tmp_path / "b")], "tiktoken:cl100k_base", str(tmp_path / "s"), unit="sequence")
+    import_megatron([str(tmp_path / "b")], CL100K, str(tmp_path / "s"), unit="sequence")
     assert ref.cache_documents(str(tmp_path / "s")) == [[1, 2], [3], [4, 5, 6], [7], [8], [9]]
 
 
 def test_imported_cache_reads_in_eval_mode(tmp_path):
     docs = _megatron_docs(np.random.default_rng(4), 80, 1000)
     ref.write_megatron(str(tmp_path / "a"), [[d] for d in docs], code=4)
-    import_megatron([str(tmp_path / "a")], "tiktoken:cl100k_base", str(tmp_path / "c"), chunk_tokens=300)
+    import_megatron([str(tmp_path / "a")], CL100K, str(tmp_path / "c"), chunk_tokens=300)
     flat = [t for d in docs for t in d]
     with Reader(str(tmp_path / "c"), ReadOptions(seq_len=16, batch_size=4, eval_mode=True)) as r:
         got = []
@@ -188,11 +199,11 @@ def test_imported_cache_reads_in_eval_mode(tmp_path):
 
 def test_append_eos_is_checked_and_recorded(tmp_path):
     ref.write_megatron(str(tmp_path / "e"), [[[5, 100257]], [[6, 7, 100257]]], code=4)
-    led = import_megatron([str(tmp_path / "e")], "tiktoken:cl100k_base", str(tmp_path / "c"), append_eos=True)
+    led = import_megatron([str(tmp_path / "e")], CL100K, str(tmp_path / "c"), append_eos=True)
     assert led["config"]["append_eos"] is True
     ref.write_megatron(str(tmp_path / "n"), [[[5, 100257]], [[6, 7]]], code=4)
     with pytest.raises(importer.ImportFailed, match=r"n\.bin: document 1 does not end with the EOS id 100257"):
-        import_megatron([str(tmp_path / "n")], "tiktoken:cl100k_base", str(tmp_path / "d"), append_eos=True)
+        import_megatron([str(tmp_path / "n")], CL100K, str(tmp_path / "d"), append_eos=True)
 
 
 def test_rerun_after_interruption_gives_identical_bytes(tmp_path, monkeypatch):
@@ -200,7 +211,7 @@ def test_rerun_after_interruption_gives_identical_bytes(tmp_path, monkeypatch):
 
     docs = _megatron_docs(np.random.default_rng(6), 120, 1000)
     ref.write_megatron(str(tmp_path / "a"), [[d] for d in docs], code=4)
-    args = ([str(tmp_path / "a")], "tiktoken:cl100k_base")
+    args = ([str(tmp_path / "a")], CL100K)
     import_megatron(*args, str(tmp_path / "clean"), chunk_tokens=200)
     real, calls = importer.write_chunk, []
 

@@ -1,5 +1,7 @@
 """The shape of reader/: no import cycle between its modules, no module using another's private names,
-one definition of the batch schema, small modules, and the deprecated reader.order names still import.
+third-party libraries only where allowed (numpy, pyarrow, fsspec anywhere; jax, torch and zarr each in one
+module), one definition of the batch schema, small modules, and the deprecated reader.order names still
+import.
 
 The checks parse the sources (ast); the last test feeds them broken code to show that they fail then.
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 import warnings
 
 import pytest
@@ -17,6 +20,11 @@ MAX_LINES = 450
 # jax and torch may each be imported by one module only (a TPU host may have one of them and not the other),
 # so those two modules hold everything that touches their library.
 ONE_IMPORTER_MAX_LINES = {"jax": 520, "torch": 520}
+# Third-party modules reader/ may import (everything else must be the standard library): its base install
+# anywhere, and each optional library in the one module that owns it. Never Beam, a tokenizer library,
+# transformers or pipelines.
+BASE_LIBRARIES = {"numpy", "pyarrow", "fsspec"}
+OWNED_LIBRARIES = {"jax": "jax", "torch": "torch", "zarr": "flat_tokens", "numcodecs": "flat_tokens"}
 # batch keys: a tuple or list literal naming several of them outside reader/schema.py is a second schema
 SCHEMA_KEYS = {"inputs", "targets", "segment_ids", "positions", "loss_mask", "tokens", "first_positions",
                "num_tokens", "example_ids", "epochs", "valid", "components"}
@@ -49,6 +57,39 @@ def local_imports(name: str, tree: ast.Module, modules) -> dict[str, set[str]]:
                     out.setdefault(parts[1], set())
     out.pop(name, None)
     return {m: v for m, v in out.items() if m in modules}
+
+
+def imported_modules(tree: ast.Module) -> list[tuple[str, int]]:
+    """``(top-level module name, line)`` of every absolute import, at any depth (imports in functions count),
+    and of ``importlib.import_module`` / ``__import__`` calls with a literal name."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name.split(".")[0], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.module.split(".")[0], node.lineno))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+            if name in ("import_module", "__import__") and not node.args[0].value.startswith("."):
+                out.append((node.args[0].value.split(".")[0], node.lineno))
+    return out
+
+
+def third_party_imports(sources: dict[str, str]) -> list[str]:
+    """Imports of modules that are neither the standard library, reader itself, the base install, nor an
+    optional library imported by the module that owns it."""
+    problems = []
+    for m, s in sources.items():
+        for name, line in imported_modules(ast.parse(s)):
+            if name == "reader" or name in sys.stdlib_module_names or name in BASE_LIBRARIES:
+                continue
+            owner = OWNED_LIBRARIES.get(name)
+            if owner != m:
+                why = f"only reader/{owner}.py may" if owner else "reader/ needs numpy, pyarrow and fsspec only"
+                problems.append(f"{m}:{line}: imports {name} ({why})")
+    return problems
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -137,6 +178,14 @@ def test_no_module_uses_another_modules_private_names():
     assert private_uses(read_modules()) == []
 
 
+def test_reader_imports_only_its_own_libraries():
+    sources = read_modules()
+    seen = {m: {n for n, _ in imported_modules(ast.parse(s))} for m, s in sources.items()}
+    # the parser sees imports at module level and inside functions
+    assert "jax" in seen["jax"] and "zarr" in seen["flat_tokens"] and "numpy" in seen["reader"]
+    assert third_party_imports(sources) == []
+
+
 def test_the_batch_schema_is_defined_once():
     assert schema_copies(read_modules()) == []
 
@@ -164,6 +213,26 @@ def test_the_checks_fail_on_broken_code():
     assert graph == {"a": {"b"}, "b": set()}
     assert schema_copies({"x": 'KEYS = ("inputs", "targets", "valid")\n'}) == [
         "x:1: batch keys ['inputs', 'targets', 'valid'] (use reader.schema)"]
+    libraries = {
+        "a": "from __future__ import annotations\nimport os.path\nimport numpy as np\n\ndef f():\n"
+             "    import tiktoken\n    from tokenizers import Tokenizer\n",
+        "b": "from jax import numpy as jnp\nfrom . import jax\nfrom reader import torch\n",
+        "jax": "import jax.numpy\n",
+        "flat_tokens": "def f():\n    import numcodecs, zarr\n",
+        "import_flat_tokens": "class S:\n    def g(self):\n        import zarr\n",
+        "c": "import importlib\nimportlib.import_module('torch.nn')\n__import__('apache_beam')\n"
+             "importlib.import_module('.x', 'reader')\n",
+        "d": "import pyarrow.parquet as pq, fsspec\nfrom pipelines import tokenizer\n",
+    }
+    assert third_party_imports(libraries) == [
+        "a:6: imports tiktoken (reader/ needs numpy, pyarrow and fsspec only)",
+        "a:7: imports tokenizers (reader/ needs numpy, pyarrow and fsspec only)",
+        "b:1: imports jax (only reader/jax.py may)",
+        "import_flat_tokens:3: imports zarr (only reader/flat_tokens.py may)",
+        "c:2: imports torch (only reader/torch.py may)",
+        "c:3: imports apache_beam (reader/ needs numpy, pyarrow and fsspec only)",
+        "d:2: imports pipelines (reader/ needs numpy, pyarrow and fsspec only)",
+    ]
 
 
 def test_the_former_reader_order_names_still_import_with_a_warning():

@@ -135,10 +135,12 @@ def _user_errors(root, d):
          f"{d}/m.idx exists; pass --overwrite"),
         (["export", os.path.join(d, "empty"), "--format", "megatron", "--out", os.path.join(d, "q")],
          f"{d}/empty: not a chunkledger cache"),
-        (["import-megatron", os.path.join(d, "nope"), "--tokenizer", "tiktoken:cl100k_base", "--out",
+        (["import-megatron", os.path.join(d, "nope"), "--tokenizer_from", root, "--out",
           os.path.join(d, "imp")], f"{d}/nope.idx: no such file"),
-        (["import-flat-tokens", os.path.join(d, "nope.zarr"), "--tokenizer", "tiktoken:cl100k_base", "--out",
+        (["import-flat-tokens", os.path.join(d, "nope.zarr"), "--tokenizer_from", root, "--out",
           os.path.join(d, "imp")], f"{d}/nope.zarr: not a zarr group"),
+        (["import-megatron", os.path.join(d, "m"), "--tokenizer_from", os.path.join(d, "empty"), "--out",
+          os.path.join(d, "imp")], f"{d}/empty: not a chunkledger cache (no ledger.json here)"),
     ]
 
 
@@ -159,7 +161,7 @@ def test_user_errors_exit_2_with_one_or_two_lines(cache_dir, capsys):
     (["batches", "C", "--seq_len", "0", "--batch_size", "2", "--out", "x"], "argument --seq_len: must be at least 1"),
     (["inspect", "C", "--threads", "0"], "argument --threads: must be at least 1, got 0"),
     (["export", "C", "--format", "parquet", "--out", "x"], "argument --format: invalid choice: 'parquet'"),
-    (["import-megatron", "p", "--out", "x"], "the following arguments are required: --tokenizer"),
+    (["import-megatron", "p", "--out", "x"], "the following arguments are required: --tokenizer_from"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_bad_arguments_exit_2_with_two_lines(argv, said, capsys):
@@ -168,6 +170,20 @@ def test_bad_arguments_exit_2_with_two_lines(argv, said, capsys):
     assert e.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and said in lines[0] and lines[1].endswith("--help)"), lines
+
+
+@pytest.mark.parametrize("command", ["import-megatron", "import-flat-tokens"])
+@pytest.mark.parametrize("given", [["--tokenizer", "tiktoken:cl100k_base"], ["--tokenizer=./tok/"], ["--tokenizer"]])
+def test_a_tokenizer_spec_is_refused_naming_both_ways(command, given, capsys):
+    with pytest.raises(SystemExit) as e:  # even with --tokenizer_from given, and before any other check
+        main([command, "p", *given, "--tokenizer_from", "c", "--out", "x"])
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"python -m reader {command}: error: argument --tokenizer: not an "
+                                                   "option of python -m reader: it takes the tokenizer's identity")
+    assert "Either give --tokenizer_from CACHE_OR_JSON (a cache built with that tokenizer, or a JSON file from: " \
+           "python -m pipelines.interop tokenizer-identity SPEC --out FILE.json), or run python -m pipelines.interop " \
+           f"{command} ... --tokenizer SPEC" in lines[0]
 
 
 def test_debug_shows_the_traceback(tmp_path):
