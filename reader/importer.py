@@ -63,7 +63,8 @@ def add_tokenizer_from(parser) -> None:
     gives the identity. ``--tokenizer SPEC`` is refused with a message naming both ways."""
     parser.add_argument("--tokenizer_from", required=True, metavar="CACHE_OR_JSON",
                         help="the tokenizer the data was made with, as its identity (recorded in the ledger): a "
-                             "cache built with it (the directory holding ledger.json, local or gs://...), or a "
+                             "cache built with it (the directory holding ledger.json, local or gs://...), a flat-tokens "
+                             "export of one, or a "
                              "JSON file holding the identity (python -m pipelines.interop tokenizer-identity SPEC "
                              "--out FILE.json). With a tokenizer spec instead: python -m pipelines.interop "
                              f"{parser.prog.split()[-1]} ... --tokenizer SPEC")

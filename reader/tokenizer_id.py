@@ -107,12 +107,32 @@ def _read_json_file(url: str) -> Any:
                                f"it, or a cache") from None
 
 
+def _exported_identity(url: str) -> dict[str, Any] | None:
+    """The identity a flat-tokens export records in its root attributes (``.zattrs``: ``chunkledger.tokenizer``,
+    plain JSON, so no zarr is needed), or None if ``url`` holds no such file."""
+    fs, path, _ = remote.filesystem(url)
+    where = path.rstrip("/") + "/.zattrs"
+    try:
+        raw = json.loads(fs.cat_file(where))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
+        return None
+    except Exception as e:  # noqa: BLE001 - a storage error: the cache path below reports it properly
+        if remote.is_storage_error(e):
+            return None
+        raise
+    ident = raw.get("chunkledger", {}).get("tokenizer") if isinstance(raw, Mapping) else None
+    if not isinstance(ident, Mapping):
+        return None
+    return check(ident, f"{url.rstrip('/')}/.zattrs: chunkledger.tokenizer")
+
+
 def load(url: str) -> dict[str, Any]:
     """The tokenizer identity at ``url`` (local path or fsspec URL), checked (:func:`check`).
 
     ``url`` is a cache root (its ledger's ``tokenizer``; a split build's ``train`` or ``validation``
     directory is a cache root too), or a JSON file holding an identity object, or an object whose
-    ``tokenizer`` key holds one (a ``ledger.json``, ``python -m reader inspect --json`` output). A
+    ``tokenizer`` key holds one (a ``ledger.json``, ``python -m reader inspect --json`` output), or a
+    flat-tokens dataset that ``python -m reader export-flat-tokens`` wrote (its recorded identity). A
     :class:`TokenizerIdError` (or a storage error) names ``url`` and what to pass instead.
     """
     url = os.fspath(url)
@@ -121,6 +141,9 @@ def load(url: str) -> dict[str, Any]:
         if isinstance(raw, Mapping) and isinstance(raw.get("tokenizer"), Mapping) and "hash" not in raw:
             return check(raw["tokenizer"], f"{url}: tokenizer")
         return check(raw, url)
+    exported = _exported_identity(url)
+    if exported is not None:
+        return exported
     try:
         cache = Cache(url)
     except NotACache as e:

@@ -126,3 +126,14 @@ def test_reader_side_imports_no_tokenizer_library_beam_or_pipelines(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_from_a_flat_tokens_export(tmp_path):
+    out = str(tmp_path / "data.zarr")
+    assert main(["export", _cache(tmp_path / "c"), "--format", "flat-tokens", "--keep_eos", "--out", out]) == 0
+    assert tokenizer_id.load(out) == IDENTITY  # recorded in the export's root attributes
+    attrs = json.loads((tmp_path / "data.zarr" / ".zattrs").read_text())
+    attrs["chunkledger"]["tokenizer"]["vocab_size"] = 0
+    (tmp_path / "data.zarr" / ".zattrs").write_text(json.dumps(attrs))
+    with pytest.raises(tokenizer_id.TokenizerIdError, match=r"data.zarr/.zattrs: chunkledger.tokenizer.*vocab_size"):
+        tokenizer_id.load(out)
