@@ -4,7 +4,9 @@ The conformance check (:mod:`pipelines.conformance`) costs about as much CPU as 
 in every worker process of every build. Its outcome is a pure function of what goes into it, so a pass is
 recorded under a key that digests all of it, and a worker that finds its key recorded skips the check:
 
-* the conformance texts themselves (every byte);
+* the conformance texts, by what generates them (:func:`pipelines.conformance.texts_source_digest`: the
+  module's files, the code of its functions and its tables, and the tokenizer's special-token strings), so a
+  remembered pass costs no generating;
 * the fast encoder's input (the ranks and pattern given to fastokens, or the ``tokenizer.json``) and the
   reference's (the tiktoken Encoding's pattern, ranks and special tokens, or the same ``tokenizer.json``);
 * the code that runs: every file of the fastokens package and of the reference library (native libraries
@@ -96,14 +98,6 @@ def code_digest(classes: Iterable[type], modules: Iterable = ()) -> str:
                 h.update(name.encode() + b"\0" + hashlib.sha256(marshal.dumps(code)).digest())
     for path in sorted(f for f in files if f):
         h.update(path.encode() + b"\0" + _file_digest(path).encode())
-    return h.hexdigest()
-
-
-def texts_digest(texts: Sequence[tuple[str, str]]) -> str:
-    h = hashlib.sha256()
-    for label, text in texts:
-        b = text.encode("utf-8", "surrogatepass")
-        h.update(f"{label}\0{len(b)}\0".encode("utf-8", "surrogatepass") + b)
     return h.hexdigest()
 
 

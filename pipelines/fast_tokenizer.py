@@ -258,12 +258,13 @@ def load_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
     t0 = time.perf_counter()
     try:
         fast = make_fast(spec, reference, tokenizer_json)
-        texts = conformance.conformance_texts(_special_strings(reference))
-        key = _check_key(fast, reference, texts)
+        specials = _special_strings(reference)
+        key = _check_key(fast, reference, specials)
         if key is not None and conformance_cache.passed(key):
             LOG.info("fast tokenizer backend for %s: the conformance check passed before with the same code, "
                      "tokenizer and texts (%s)", spec.spec, conformance_cache.directory())
             return fast
+        texts = conformance.conformance_texts(specials)  # generated only when checked
         diff = conformance.check(fast, reference, texts)
         if diff is not None:
             raise TokenizerError(f"the fast tokenizer backend differs from the reference for {spec.spec!r} on "
@@ -281,8 +282,9 @@ def load_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
     return fast
 
 
-def _check_key(fast: FastEncoder, reference: Encoder, texts) -> str | None:
-    """The conformance cache's key of checking ``fast`` against ``reference`` on ``texts`` (None: uncached)."""
+def _check_key(fast: FastEncoder, reference: Encoder, specials) -> str | None:
+    """The conformance cache's key of checking ``fast`` against ``reference`` on the conformance texts of
+    ``specials`` (None: uncached)."""
     if not conformance_cache.enabled() or not getattr(fast, "origin", ""):
         return None
     import fastokens
@@ -302,7 +304,7 @@ def _check_key(fast: FastEncoder, reference: Encoder, texts) -> str | None:
         fast.origin, ref_inputs, REFERENCE_ONLY_CHARS, f"{fast.split_long} {tk.PIECE_CHARS} {tk.MAX_PIECE_CHARS}",
         conformance_cache.package_digest(fastokens), conformance_cache.package_digest(library),
         conformance_cache.code_digest(classes, modules=[conformance, tk, sys.modules[__name__]]),
-        conformance_cache.texts_digest(texts)])
+        conformance.texts_source_digest(specials)])
 
 
 def preflight(spec: TokenizerSpec) -> None:
