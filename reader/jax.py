@@ -11,12 +11,10 @@ The only module that imports jax. On every host (JAX process) of a training job:
     for step, batch in loader.iter_batches(start=restored_step):
         state, metrics = train_step(state, batch)   # batch["inputs"]: jax.Array [B, L], sharded
 
-A process reads exactly the rows of global batch ``b`` that its addressable devices hold
-(:func:`process_rows`), in one ``Reader.rows`` call or from reader workers, and assembles each field with
-``jax.make_array_from_callback``; with ``layout="flat"`` it ships flat-tokens rows and expands them on the
-devices (:func:`expand_flat`). No step communicates between processes: batch ``b`` equals
-``Reader(path, opts, num_readers=1).batch(b)`` for any process count, mesh or partition spec. Prefetch is
-a sliding window; resuming is ``iter_batches(start=step)``. How each step works: docs/JAX.md.
+A process reads only the rows of global batch ``b`` its devices hold (:func:`process_rows`) and assembles
+each field with ``jax.make_array_from_callback`` (``layout="flat"``: expanded on the devices,
+:func:`expand_flat`). No step communicates between processes: batch ``b`` equals ``Reader(path, opts).batch(b)``
+for any process count, mesh or partition spec; resuming is ``iter_batches(start=step)``. See docs/JAX.md.
 """
 
 from __future__ import annotations
