@@ -103,6 +103,7 @@ class Monitored:
     result: dict | None = None  # the child's BENCH_RESULT line, if any
     stdout_tail: str = ""
     stderr_tail: str = ""
+    started_at: float = 0.0  # unix time the command was started (after any speed probe)
 
 
 def _tree(p: psutil.Process) -> list[psutil.Process]:
@@ -135,6 +136,7 @@ def run_monitored(
     sys0 = _busy_cpu_s()
     tree_cpu = 0.0
     t0 = time.perf_counter()
+    started_at = time.time()
     proc = subprocess.Popen(cmd, env=full_env, cwd=str(cwd or REPO), stdout=out_f, stderr=err_f)
     root = psutil.Process(proc.pid)
     samples: list = []
@@ -218,6 +220,7 @@ def run_monitored(
         result=result,
         stdout_tail=out[-3000:],
         stderr_tail=err[-3000:],
+        started_at=started_at,
     )
     if check and proc.returncode != 0:
         raise RuntimeError(

@@ -200,7 +200,6 @@ def build(
     trace_path = out.with_name(out.name + "-trace.jsonl")
     trace_path.unlink(missing_ok=True)
     log(f"build: {workers} worker(s), {tokenizer} -> {out}")
-    t_launch = time.time()
     m: Monitored = run_monitored(cmd, progress=progress, timeout_s=timeout_s,
                                  env={build_trace.ENV: str(trace_path.resolve())})
     ledger = json.loads((out / "ledger.json").read_text())
@@ -233,7 +232,7 @@ def build(
         "samples": m.samples,
         "stderr_tail": m.stderr_tail[-1500:],
     }
-    traced = trace_figures(build_trace.read(str(trace_path)), t_launch, m.wall_s, tokens) if trace_path.exists() else {}
+    traced = trace_figures(build_trace.read(str(trace_path)), m.started_at, m.wall_s, tokens) if trace_path.exists() else {}
     res.update(traced or steady_state(m.samples, tokens))
     res["startup_fraction"] = 1 - res["busy_s"] / m.wall_s
     res.update(cpu_busy(m.samples))

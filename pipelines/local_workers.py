@@ -37,6 +37,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ENV_SWITCH = "CHUNKLEDGER_FORK_WORKERS"
@@ -154,6 +155,16 @@ def _threads() -> int:
         return 0  # unknown: never fork
 
 
+def _settled(baseline: int, timeout_s: float = 1.0) -> bool:
+    """Whether the process runs no more threads than ``baseline`` (a joined thread may take a moment to exit)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = _threads()
+        if 0 < n <= baseline or time.monotonic() > deadline:
+            return 0 < n <= baseline
+        time.sleep(0.002)
+
+
 def _preload(hint: dict) -> None:
     """Load the build's tokenizer as a worker would (any failure is left to the workers to report)."""
     spec = hint.get("tokenizer")
@@ -223,9 +234,10 @@ def serve(socket_path: str, hint: dict) -> None:
     listener.bind(socket_path)
     listener.listen(64)
     gc.disable()  # hundreds of thousands of long-lived objects are created now: never walk them
-    from apache_beam.runners.worker import sdk_worker_main  # noqa: F401
-
-    from . import transforms  # noqa: F401 - the DoFns' modules (pyarrow, numpy, the tokenizers)
+    # The modules the tokenizer's load runs in, imported before the loading thread starts: the two threads
+    # below then never import the same module at once. numpy and pyarrow start their idle threads here.
+    from . import fast_tokenizer  # noqa: F401
+    from . import trace
 
     # The threads these libraries start at import (pyarrow's allocator and pools, numpy's BLAS) are idle and
     # fork-safe (they re-create what they need in a child). Any thread started after that (by a tokenizer
@@ -233,20 +245,29 @@ def serve(socket_path: str, hint: dict) -> None:
     baseline = _threads()
     parallelism = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the HF reference without its thread pool, here only
+    # The tokenizer loads while Beam is imported: building fastokens (most of a load) releases the GIL, so on
+    # a second core it takes little time from the import.
+    loader = threading.Thread(target=_preload, args=(hint,), name="chunkledger-preload", daemon=True)
+    loader.start()
     try:
-        _preload(hint)
+        from apache_beam.runners.worker import sdk_worker_main  # noqa: F401
+
+        from . import transforms  # noqa: F401 - the DoFns' modules
+        trace.event("warm_imported")
     finally:
+        loader.join()
         if parallelism is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = parallelism
+    trace.event("warm_loaded")
     gc.freeze()
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "launcher")
     children: dict[int, socket.socket] = {}  # pid -> its client's connection
     clients: dict[socket.socket, int] = {}
-    forkable = 0 < _threads() <= baseline
+    forkable = _settled(baseline)
     try:
         while True:
             for key, _ in sel.select(timeout=0.05):
@@ -348,4 +369,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if sys.argv[1:2] == ["serve"]:
+        # The warm process has reaped its workers and the launcher removes its socket: nothing is left to
+        # clean up, and the interpreter's teardown of Beam and the tokenizer would keep the launcher waiting.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -80,6 +81,11 @@ def test_workers_are_forked_and_build_the_same_bytes(tmp_path):
         out, ev = traced_build(tmp_path, name, *extra)
         setups = [e for e in ev if e["event"] == "setup_start"]
         assert len({e["pid"] for e in setups}) == 2 and all(e.get("forked") for e in setups), setups
+        # the warm process loaded the tokenizer (on its loading thread) before forking: a worker inherits it,
+        # so its CPU up to its first unit is the harness's start only (loading cl100k alone costs ~0.8 CPU-s)
+        assert [e["event"] for e in ev if e["event"].startswith("warm_")] == ["warm_process_started", "warm_imported",
+                                                                            "warm_loaded"]
+        assert max(e["cpu"] for e in ev if e["event"] == "setup_done") < 0.5, setups
         assert_units_once(ev)  # the shared queue: every unit once, by both workers (pipelines/unit_queue.py)
         warm = [e["warm_pid"] for e in ev if e["event"] == "warm_process_started"]
         assert len(warm) == 1 and not alive(warm[0])  # stopped with the launcher
@@ -151,6 +157,15 @@ def test_a_worker_command_without_a_warm_process_starts_beams_own_worker(tmp_pat
     proc = subprocess.run([sys.executable, "-m", "pipelines.local_workers", "connect", str(tmp_path / "none.sock")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "CONTROL_API_SERVICE_DESCRIPTOR" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_joined_thread_is_waited_for_before_forking():
+    baseline = local_workers._threads()
+    t = threading.Thread(target=time.sleep, args=(0.05,))
+    t.start()
+    assert not local_workers._settled(baseline, timeout_s=0.01)  # a thread still running: never fork
+    t.join()
+    assert local_workers._settled(baseline)
 
 
 def test_which_command_lines_use_local_workers():
