@@ -283,14 +283,10 @@ class MixIndex:
             if len(entries) == 1:
                 comp[:] = entries[0][0][q]
                 items[:] = entries[0][1][q]
-            else:
-                order = np.argsort(inv, kind="stable")
-                bounds = np.searchsorted(inv[order], np.arange(len(entries) + 1))
-                for j, (lab, its) in enumerate(entries):
-                    idx = order[bounds[j]:bounds[j + 1]]
-                    qi = q[idx]
-                    comp[idx] = lab[qi]
-                    items[idx] = its[qi]
+            else:  # the blocks side by side: one gather (all blocks have plan.block positions)
+                flat_q = inv.reshape(-1) * self.plan.block + q
+                comp[:] = np.concatenate([lab for lab, _ in entries])[flat_q]
+                items[:] = np.concatenate([its for _, its in entries])[flat_q]
             items = items * self.plan.lanes + lane
         return comp.reshape(ex.shape), items.reshape(ex.shape)
 

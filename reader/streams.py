@@ -201,9 +201,10 @@ class StreamIndex:
         if s.size == 0:
             z = np.zeros(0, np.int64)
             return z, z, z
-        if (j < 0).any():
+        # (min/max: one reduction each; a batch's arrays are small and these run for every batch)
+        if j.min() < 0:
             raise ValueError("stream positions must be non-negative")
-        if (s < 0).any() or (s >= self.r).any():
+        if s.min() < 0 or s.max() >= self.r:
             raise ValueError(f"stream out of range [0, {self.r})")
         if self.loop and self.complete:
             if self.r * (self._period + 1) > (1 << 22):  # huge R* x period: one call per stream
@@ -216,13 +217,15 @@ class StreamIndex:
             if table is None:
                 table = np.stack([self._epochs(x) for x in range(self.r)])  # [R*, period + 1]
                 self._epoch_table = table
-            per = table[s, -1]
-            if (per == 0).any():
+                self._epoch_table_empty = bool((table[:, -1] == 0).any())
+            rows = table[s]
+            per = rows[:, -1]
+            if self._epoch_table_empty and (per == 0).any():
                 self.locate_many(int(s[per == 0][0]), [0])  # raises EmptyStream
             full, rem = np.divmod(j, per)
-            e_in = (table[s] <= rem[:, None]).sum(axis=1) - 1
+            e_in = (rows <= rem[:, None]).sum(axis=1) - 1
             epochs = full * self._period + e_in
-            rem = rem - table[s, e_in]
+            rem = rem - rows[np.arange(rows.shape[0]), e_in]
             rho = (s - epochs * self.n) % self.r
         else:
             epochs = np.zeros_like(j)
