@@ -58,17 +58,21 @@ def tree_cpu_s() -> float:
 
 
 def steady_read(src: Path, opts: ReadOptions, batches: int) -> tuple[float, float]:
-    """Seconds and CPU seconds (process tree) per batch from the first batch to the last."""
+    """Seconds and CPU seconds (process tree) per batch from the first batch to the next-to-last one (the
+    reader's worker processes are still alive then: once they exit, their CPU is no longer seen)."""
     with Reader(str(src), opts) as r:
         it = r.iter_batches(0, batches)
         next(it)
         t, cpu = time.perf_counter(), tree_cpu_s()
-        n = 0
-        for _, batch in it:
+        last = max(1, batches - 2)  # batches after the first one, measured
+        n, end = 0, None
+        for _ in it:
             n += 1
-        dt, dcpu = time.perf_counter() - t, tree_cpu_s() - cpu
+            if n == last:
+                end = time.perf_counter() - t, tree_cpu_s() - cpu
         it.close()
-    return dt / max(1, n), dcpu / max(1, n)
+    dt, dcpu = end if end is not None else (time.perf_counter() - t, tree_cpu_s() - cpu)
+    return dt / max(1, min(n, last)), dcpu / max(1, min(n, last))
 
 
 def read_speed(cache: Path, work: Path, batches: int, rounds: int) -> dict:
