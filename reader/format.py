@@ -174,21 +174,25 @@ def dumps_ledger(ledger: Mapping[str, Any]) -> str:
 SIDECAR_ONLY_KEYS = ("row_group_index", "footer", "input_span", "input_checksum", "dead_letters_checksum")
 
 
-def _column_start(col) -> int:
-    if col.has_dictionary_page and col.dictionary_page_offset is not None:
-        return min(int(col.dictionary_page_offset), int(col.data_page_offset))
-    return int(col.data_page_offset)
+def _column_span(col) -> tuple[int, int]:
+    """``(first byte, end)`` of a column chunk (its dictionary page, if any, comes first)."""
+    start = col.data_page_offset
+    if col.has_dictionary_page:
+        d = col.dictionary_page_offset
+        if d is not None and d < start:
+            start = d
+    return start, start + col.total_compressed_size
 
 
 def row_group_ranges(meta) -> list[tuple[int, int]]:
-    """``(offset, length)`` of each row group of a Parquet ``FileMetaData``: the span of its column chunks."""
+    """``(offset, length)`` of each row group of a Parquet ``FileMetaData``: the span of its column chunks.
+    (Every chunk is opened through this: each column's metadata is read once.)"""
     out = []
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
-        cols = [rg.column(c) for c in range(rg.num_columns)]
-        lo = min(_column_start(c) for c in cols)
-        hi = max(_column_start(c) + int(c.total_compressed_size) for c in cols)
-        out.append((lo, hi - lo))
+        spans = [_column_span(rg.column(c)) for c in range(rg.num_columns)]
+        lo = min(a for a, _ in spans)
+        out.append((lo, max(b for _, b in spans) - lo))
     return out
 
 
