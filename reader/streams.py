@@ -217,10 +217,9 @@ class StreamIndex:
             if table is None:
                 table = np.stack([self._epochs(x) for x in range(self.r)])  # [R*, period + 1]
                 self._epoch_table = table
-                self._epoch_table_empty = bool((table[:, -1] == 0).any())
             rows = table[s]
             per = rows[:, -1]
-            if self._epoch_table_empty and (per == 0).any():
+            if (per == 0).any():
                 self.locate_many(int(s[per == 0][0]), [0])  # raises EmptyStream
             full, rem = np.divmod(j, per)
             e_in = (rows <= rem[:, None]).sum(axis=1) - 1
