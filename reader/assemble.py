@@ -4,7 +4,7 @@ One walk serves both layouts; the layout's writer (:mod:`reader.layouts`) does t
 rows fall in three kinds, sorted in one pass over the rows:
 
 * windows inside one decoded row group (almost every row): gathered for the whole batch at once, one
-  strided copy per run of consecutive windows of a row group, and the documents inside them from the
+  copy per run of consecutive windows of a row group, and the documents inside them from the
   row groups' document starts (a few vectorized calls per batch, whatever its size);
 * windows over two row groups of one chunk (the second begins with a document): row by row;
 * anything else (over chunks, over more row groups, or the short last window of an eval pass): row
@@ -25,27 +25,32 @@ from .options import ReadOptions
 from .order import Placement
 from .store import ChunkStore
 
-SLAB_BATCHES = 8  # a slab: consecutive batches assembled in one pass (iter_batches, reader workers)
+SLAB_BATCHES = 16  # a slab: consecutive batches assembled in one pass (iter_batches, reader workers); its
+# per-pass costs (locating, sorting windows, one call per run and per component of a mixture) are paid
+# once per slab, so a mixture of C components gains most (about C times the per-pass calls of one cache)
 
 
 def window_runs(recs, L: int):
     """Runs of ``recs`` (sorted ``(chunk, row group, offset, row)`` windows inside one row group): yields
-    ``(chunk, row group, offset, row, k, step)`` for ``k`` consecutive windows of one row group that go to
-    equally spaced rows ``row, row + step, ...`` (the usual case: a stream's rows of a batch), so each
-    run is one strided copy."""
+    ``(chunk, row group, offset, rows, k)`` for ``k`` consecutive windows of one row group (a stream's
+    windows of the batch, or of one mixture component's rows of it), each one copy: ``rows`` is the
+    output row when ``k == 1``, a slice when the rows are equally spaced (a stream's rows of a batch),
+    else a list (a mixture component's rows are where its block arrangement put them)."""
     n, i = len(recs), 0
     while i < n:
         c, g, a, r = recs[i]
-        k, step = 1, 0
-        if i + 1 < n:
-            c2, g2, a2, r2 = recs[i + 1]
-            step = r2 - r
-            if c2 == c and g2 == g and a2 == a + L and step > 0:
-                k = 2
-                while (i + k < n and recs[i + k][0] == c and recs[i + k][1] == g
-                       and recs[i + k][2] == a + k * L and recs[i + k][3] == r + k * step):
-                    k += 1
-        yield c, g, a, r, k, step
+        k = 1
+        while i + k < n and recs[i + k][0] == c and recs[i + k][1] == g and recs[i + k][2] == a + k * L:
+            k += 1
+        if k == 1:
+            yield c, g, a, r, 1
+        else:
+            rows = [rec[3] for rec in recs[i:i + k]]
+            step = rows[1] - r
+            if step > 0 and rows[-1] == r + (k - 1) * step and all(y - x == step for x, y in zip(rows, rows[1:])):
+                yield c, g, a, slice(r, rows[-1] + 1, step), k
+            else:
+                yield c, g, a, rows, k
         i += k
 
 

@@ -4,7 +4,7 @@ The walk (:mod:`reader.assemble`) decides what goes in every row; a writer puts 
 layout's arrays (:mod:`reader.schema`):
 
 * :meth:`copy_windows`: runs of windows that lie inside one decoded row group, for the whole batch
-  (one strided copy per run), then :meth:`mark_documents`: the document starts inside them, for the
+  (one copy per run), then :meth:`mark_documents`: the document starts inside them, for the
   whole batch at once;
 * :meth:`write_row`: any other row, from its tokens (after the previous token) and their positions;
 * :meth:`pad`: rows past the end of an eval pass.
@@ -48,19 +48,18 @@ class ArraysWriter:
         """Every token array is written whole by the walk."""
 
     def copy_windows(self, out, runs, groups) -> None:
-        """Targets and inputs of each run ``(chunk, row group, offset, row, k, step)``: ``k`` consecutive
-        windows of one row group into rows ``row, row + step, ...``, as one strided copy."""
+        """Targets and inputs of each run ``(chunk, row group, offset, rows, k)``: ``k`` consecutive windows
+        of one row group into rows ``rows`` (:func:`reader.assemble.window_runs`), as one copy."""
         L = self.L
         tg, ip = out["targets"], out["inputs"]
-        for c, g, a, r, k, step in runs:
+        for c, g, a, rows, k in runs:
             rg = groups[(c, g)]
             if k == 1:
-                tg[r] = rg.padded[a + 1:a + 1 + L]
-                ip[r] = rg.padded[a:a + L]
+                tg[rows] = rg.padded[a + 1:a + 1 + L]
+                ip[rows] = rg.padded[a:a + L]
             else:
-                dst = slice(r, r + (k - 1) * step + 1, step)
-                tg[dst] = rg.padded[a + 1:a + 1 + k * L].reshape(k, L)
-                ip[dst] = rg.padded[a:a + k * L].reshape(k, L)
+                tg[rows] = rg.padded[a + 1:a + 1 + k * L].reshape(k, L)
+                ip[rows] = rg.padded[a:a + k * L].reshape(k, L)
 
     def mark_documents(self, out, rows, first, owner, offset) -> None:
         """positions, segment_ids, loss_mask and the zero inputs at document starts of the copied windows
@@ -152,14 +151,17 @@ class FlatWriter:
         tokens are copied as they are, then doubled for the whole batch in one pass."""
         L = self.L
         W = out["tokens"].view(np.int32)  # 2*token as int32 bits: the same bytes as the uint32 value
-        for c, g, a, r, k, step in runs:
+        for c, g, a, rows, k in runs:
             p = groups[(c, g)].padded
             if k == 1:
-                W[r] = p[a:a + L + 1]
-            else:  # k consecutive windows: their tokens in one pass, their previous tokens in another
-                dst = W[r:r + (k - 1) * step + 1:step]
+                W[rows] = p[a:a + L + 1]
+            elif type(rows) is slice:  # k consecutive windows: their tokens in one pass, their previous tokens in another
+                dst = W[rows]
                 dst[:, 1:] = p[a + 1:a + 1 + k * L].reshape(k, L)
                 dst[:, 0] = p[a:a + k * L:L]
+            else:  # (rows not equally spaced: one fancy-indexed copy each)
+                W[rows, 1:] = p[a + 1:a + 1 + k * L].reshape(k, L)
+                W[rows, 0] = p[a:a + k * L:L]
         W <<= 1  # (rows that are not windows hold scratch values here; the walk writes them afterwards)
 
     def mark_documents(self, out, rows, first, owner, offset) -> None:
