@@ -81,6 +81,8 @@ SECONDARY_ROWS = [
     ("hf_datasets_tokens_per_cpu_s", "HF datasets (tiktoken), tokens per CPU-second (whole command)", "rate"),
     ("stage_whole_tokens_per_cpu_s", "one worker's per-document path (ChunkBuilder), tokens per CPU-second", "rate"),
     ("stage_encode_vs_whole", "the encoder's share of that CPU: the most a build can reach of the limit", "ratio"),
+    ("stage_ceiling_without_writing", "the same for a worker that wrote nothing (read, hash, parse, encode)", "ratio"),
+    ("stage_ceiling_parse_encode", "the same for one that only parsed JSON lines in memory and encoded them", "ratio"),
     ("raw_hf_vs_limit", "raw HF tokenizers / the limit", "ratio"),
     ("pipeline_tokens_per_s", "our build, whole command (tiktoken, 2 workers)", "rate"),
     ("pipeline_steady_tokens_per_s", "our build, steady state (tokens / seconds the workers spent in work units)",
@@ -377,7 +379,10 @@ def auto_notes(fig: dict) -> dict[str, str]:
             f"parsing JSON and {g('stage_read_hash_share'):.0%} reading and hashing the input (\"Where a worker's CPU "
             f"goes\"), so with no start-up, tail or scaling loss at all a build reaches at most "
             f"{g('stage_encode_vs_whole'):.2f} of the limit; its steady state reached {g('pipeline_steady_vs_limit'):.2f} "
-            f"and the whole command {g('pipeline_vs_limit'):.2f}. The Parquet bytes are the cache's identity (they "
+            f"and the whole command {g('pipeline_vs_limit'):.2f}. Writing is not all of it: a worker that wrote "
+            f"nothing would reach at most {g('stage_ceiling_without_writing'):.2f}, and one that only parsed JSON "
+            f"lines already in memory and encoded them {g('stage_ceiling_parse_encode'):.2f} (orjson, the fastest "
+            "parser measured, is the parser). The Parquet bytes are the cache's identity (they "
             "must not change with speed work). What would close it: a cheaper codec or "
             "level, which is another cache (`--parquet_compression`, `--compression_level` change its bytes and "
             "fingerprint), or parallel compression inside a worker, which only helps when cores are idle (here both "

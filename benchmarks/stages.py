@@ -118,6 +118,10 @@ def measure(corpus: Path, shards: int = 1, repeats: int = 2) -> dict:
         out[f"stage_{k}_share"] = best[k] / best["whole"]
     out["stage_other_share"] = max(0.0, 1 - parts / best["whole"])
     out["stage_encode_vs_whole"] = best["encode"] / best["whole"]  # the most a worker can reach of the limit
+    # the same bound for a worker that wrote nothing (read, hash, parse, encode), and one that only parsed
+    # and encoded texts already in memory: what no change to writing (the cache's bytes) could beat
+    out["stage_ceiling_without_writing"] = best["encode"] / (best["read_hash"] + best["parse"] + best["encode"])
+    out["stage_ceiling_parse_encode"] = best["encode"] / (best["parse"] + best["encode"])
     return out
 
 

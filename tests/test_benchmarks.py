@@ -40,6 +40,7 @@ REQUIRED = [
     "encoder_fastokens_hf_json_agreement",
     # where a worker's CPU goes
     "stage_encode_share", "stage_parquet_share", "stage_parse_share", "stage_read_hash_share", "stage_encode_vs_whole",
+    "stage_ceiling_without_writing", "stage_ceiling_parse_encode",
     # the fixed seconds of the 2-worker build, from its trace
     "pipeline_fixed_before_s", "pipeline_tail_s", "pipeline_fixed_after_s", "pipeline_workers_forked",
 ]
@@ -80,6 +81,8 @@ def test_quick_suite_produces_every_figure(tmp_path):
     for k in ("read_hash", "parse", "encode", "parquet"):
         assert 0 < fig[f"stage_{k}_share"] < 1, k
         assert fig[f"stage_{k}_cpu_s"] < fig["stage_whole_cpu_s"], k
+    # the bounds without writing, and with only parsing and encoding, lie between the whole's and 1
+    assert fig["stage_encode_vs_whole"] < fig["stage_ceiling_without_writing"] < fig["stage_ceiling_parse_encode"] < 1
     # the local runner forked both workers of the 2-worker build from its warm process
     assert fig["pipeline_workers_forked"] == 2
     assert fig["reader_memmap_same_windows"] is True
@@ -129,7 +132,8 @@ def test_man_to_text_strips_markup():
 
 def test_report_marks_missed_targets(tmp_path):
     fig = {"pipeline_vs_limit": 0.25, "seek_far_vs_near": 1.1, "bench_total_s": 1.0, "stage_encode_vs_whole": 0.3,
-           "stage_encode_share": 0.3, "stage_parquet_share": 0.45, "pipeline_vs_tiktoken_limit": 4.0}
+           "stage_encode_share": 0.3, "stage_parquet_share": 0.45, "pipeline_vs_tiktoken_limit": 4.0,
+           "stage_ceiling_without_writing": 0.55, "stage_ceiling_parse_encode": 0.69}
     details = {"targets": {k: list(v) for k, v in TARGETS.items()}, "profile": "full"}
     report.write(fig, details, tmp_path / "B.md", tmp_path)
     text = (tmp_path / "B.md").read_text()
@@ -139,3 +143,4 @@ def test_report_marks_missed_targets(tmp_path):
     # a missed target's reason, computed from the run's own figures
     why = text.split("- **`pipeline_vs_limit`**")[1].split("\n")[0]
     assert "30% of its CPU encoding" in why and "45% writing" in why and "at most 0.30 of the limit" in why
+    assert "wrote nothing would reach at most 0.55" in why and "encoded them 0.69" in why
