@@ -47,7 +47,7 @@ def window_runs(recs, L: int):
         else:
             rows = [rec[3] for rec in recs[i:i + k]]
             step = rows[1] - r
-            if step > 0 and rows[-1] == r + (k - 1) * step and all(y - x == step for x, y in zip(rows, rows[1:])):
+            if step > 0 and all(y - x == step for x, y in zip(rows, rows[1:])):
                 yield c, g, a, slice(r, rows[-1] + 1, step), k
             else:
                 yield c, g, a, rows, k
