@@ -155,11 +155,7 @@ class FlatWriter:
             p = groups[(c, g)].padded
             if k == 1:
                 W[rows] = p[a:a + L + 1]
-            elif type(rows) is slice:  # k windows: their tokens in one pass, their previous tokens in another
-                dst = W[rows]
-                dst[:, 1:] = p[a + 1:a + 1 + k * L].reshape(k, L)
-                dst[:, 0] = p[a:a + k * L:L]
-            else:  # (rows not equally spaced: one fancy-indexed copy each)
+            else:  # k windows: their tokens in one pass, their previous tokens in another
                 W[rows, 1:] = p[a + 1:a + 1 + k * L].reshape(k, L)
                 W[rows, 0] = p[a:a + k * L:L]
         W <<= 1  # (rows that are not windows hold scratch values here; the walk writes them afterwards)
