@@ -207,16 +207,13 @@ class StreamIndex:
         if s.min() < 0 or s.max() >= self.r:
             raise ValueError(f"stream out of range [0, {self.r})")
         if self.loop and self.complete:
-            if self.r * (self._period + 1) > (1 << 22):  # huge R* x period: one call per stream
+            table = self.epoch_table()
+            if table is None:  # huge R* x period: one call per stream
                 e, c, o = (np.empty(s.size, np.int64) for _ in range(3))
                 for x in np.unique(s):
                     m = s == x
                     e[m], c[m], o[m] = self.locate_many(int(x), j[m])
                 return e, c, o
-            table = self.__dict__.get("_epoch_table")
-            if table is None:
-                table = np.stack([self._epochs(x) for x in range(self.r)])  # [R*, period + 1]
-                self._epoch_table = table
             rows = table[s]
             per = rows[:, -1]
             if (per == 0).any():
@@ -238,6 +235,16 @@ class StreamIndex:
         slot = np.searchsorted(self._starts, key, side="right") - 1
         return epochs, self._perm[slot], key - self._starts[slot]
 
+    def epoch_table(self) -> np.ndarray | None:
+        """Every stream's :meth:`_epochs` as one ``[R*, period + 1]`` array (kept), or None when that is
+        too large to hold (a huge ``R* x period``)."""
+        table = self.__dict__.get("_epoch_table")
+        if table is None:
+            if self.r * (self._period + 1) > (1 << 22):
+                return None
+            table = self._epoch_table = np.stack([self._epochs(x) for x in range(self.r)])
+        return table
+
     def pieces(self, s: int, start: int, stop: int) -> Iterator[tuple[int, int, int, int]]:
         """The pieces ``(epoch, chunk, lo, hi)`` that hold units ``[start, stop)`` of stream ``s``, in order.
 
@@ -251,6 +258,59 @@ class StreamIndex:
             take = min(int(self.counts[loc.chunk]) - loc.offset, stop - pos)
             yield loc.epoch, loc.chunk, loc.offset, loc.offset + take
             pos += take
+
+
+class StackedStreams:
+    """Several looping, complete stream indexes with one ``R*`` (a mixture's components) side by side:
+    :meth:`locate` answers :meth:`StreamIndex.locate_streams` of index ``comps[k]`` for every ``k`` in
+    one set of numpy calls instead of one set per index. Build it with :meth:`of`."""
+
+    def __init__(self, indexes: Sequence[StreamIndex], tables: list[np.ndarray]):
+        self.indexes = tuple(indexes)
+        r = self.r = indexes[0].r
+        C = len(indexes)
+        self._table = np.full((C * r, max(t.shape[1] for t in tables)), np.iinfo(np.int64).max, np.int64)
+        for c, t in enumerate(tables):  # padded past each period: never <= a position inside it
+            self._table[c * r:(c + 1) * r, :t.shape[1]] = t
+        self._per = np.concatenate([t[:, -1] for t in tables])
+        self._period = np.asarray([i._period for i in indexes], np.int64)
+        self._n = np.asarray([i.n for i in indexes], np.int64)
+        # class-major slots of every index one after the other, units offset so the prefix sums keep rising
+        units = np.concatenate([[0], np.cumsum([int(i._starts[-1]) for i in indexes])])
+        slots = np.concatenate([[0], np.cumsum([i.n for i in indexes])])
+        self._starts = np.concatenate([i._starts[:-1] + units[c] for c, i in enumerate(indexes)] + [units[-1:]])
+        self._class_first = np.concatenate([i._class_first[:-1] + slots[c] for c, i in enumerate(indexes)])
+        self._perm = np.concatenate([i._perm for i in indexes])
+
+    @classmethod
+    def of(cls, indexes: Sequence[StreamIndex]) -> StackedStreams | None:
+        """The stacked ``indexes``, or None where :meth:`StreamIndex.locate_streams` must answer one index
+        at a time: one still building or single-pass, different ``R*``, an empty stream (its error), or
+        tables too large to hold."""
+        if not indexes or any(not (i.loop and i.complete) or i.r != indexes[0].r for i in indexes):
+            return None
+        tables = [i.epoch_table() for i in indexes]
+        if any(t is None or not t[:, -1].all() for t in tables):
+            return None
+        if len(indexes) * indexes[0].r * max(t.shape[1] for t in tables) > (1 << 22):
+            return None
+        return cls(indexes, tables)
+
+    def locate(self, comps: np.ndarray, streams: np.ndarray, positions: np.ndarray):
+        """``(epochs, chunks, offsets, available)``: unit ``positions[k]`` (>= 0) of stream ``streams[k]``
+        (in ``[0, R*)``) of index ``comps[k]``, as ``locate_streams`` answers it (``chunks``: that index's
+        own), and the units of that chunk from the offset on."""
+        r = self.r
+        row = comps * r + streams
+        table = self._table[row]
+        full, rem = np.divmod(positions, self._per[row])
+        e_in = (table <= rem[:, None]).sum(axis=1) - 1
+        epochs = full * self._period[comps] + e_in
+        rem -= table[np.arange(table.shape[0]), e_in]
+        rho = (streams - epochs * self._n[comps]) % r
+        key = self._starts[self._class_first[comps * r + rho]] + rem
+        slot = np.searchsorted(self._starts, key, side="right") - 1
+        return epochs, self._perm[slot], key - self._starts[slot], self._starts[slot + 1] - key
 
 
 # --------------------------------------------------------------------------------------------------

@@ -137,3 +137,35 @@ def test_locate_streams_equals_locate_many_per_stream(counts, r_star, loop, comp
     got = idx.locate_streams(s, j)
     for a, b in zip(got, want):
         assert np.array_equal(a, b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=12), min_size=1, max_size=4), st.integers(1, 9),
+       st.data())
+def test_stacked_streams_equal_each_index_alone(per_index, r_star, data):
+    """Several indexes (different chunk counts, periods, empty chunks) located in one call: each row's
+    answer is its own index's locate_streams, and the units left in its chunk are that chunk's count
+    from the offset on. Indexes that one call cannot answer (an empty stream) are refused."""
+    idxs = [streams.StreamIndex(c, r_star) for c in per_index]
+    st_ = streams.StackedStreams.of(idxs)
+    if any(int(i.epoch_table()[:, -1].min()) == 0 for i in idxs):
+        assert st_ is None
+        return
+    n = data.draw(st.integers(0, 40))
+    comps = np.asarray(data.draw(st.lists(st.integers(0, len(idxs) - 1), min_size=n, max_size=n)), np.int64)
+    s = np.asarray(data.draw(st.lists(st.integers(0, r_star - 1), min_size=n, max_size=n)), np.int64)
+    j = np.asarray(data.draw(st.lists(st.integers(0, 500), min_size=n, max_size=n)), np.int64)
+    e, c, o, avail = st_.locate(comps, s, j)
+    for k in range(n):
+        idx = idxs[comps[k]]
+        want = idx.locate_streams(s[k:k + 1], j[k:k + 1])
+        assert (e[k], c[k], o[k]) == tuple(int(w[0]) for w in want), k
+        assert avail[k] == idx.counts[c[k]] - o[k] > 0
+
+
+def test_stacked_streams_need_finished_looping_indexes_with_one_r_star():
+    loop = streams.StreamIndex([3, 4, 5], 2)
+    assert streams.StackedStreams.of([loop, streams.StreamIndex([1, 2], 2)]) is not None
+    for other in (streams.StreamIndex([1, 2], 3), streams.StreamIndex([1, 2], 2, loop=False),
+                  streams.StreamIndex([1, 2], 2, complete=False)):
+        assert streams.StackedStreams.of([loop, other]) is None
