@@ -261,3 +261,23 @@ def test_torch_and_jax_loaders_read_a_mixture(mix):
         for (b, batch), w in zip(loader.iter_batches(0, 6), want):
             for key in ("targets", "inputs", "positions", "components", "valid"):
                 assert np.array_equal(np.asarray(batch[key]), w[key]), (b, key)
+
+
+@pytest.mark.parametrize("shuffle_seed", [None, 5])
+def test_all_components_located_at_once_equal_one_at_a_time(mix, shuffle_seed):
+    """Packed training reads of finished components locate every row in one stacked call: the same
+    placement (chunks, offsets, epochs, windows over chunk ends) as asking each component in turn."""
+    opts = ReadOptions(seq_len=8, batch_size=16, ideal_readers=4, shuffle_seed=shuffle_seed, prefetch_threads=0)
+    with Reader(mix["file"], opts) as r:
+        order = r.order
+        ex = np.arange(40 * 16, dtype=np.int64)  # past the schedule's weight changes, several epochs deep
+        assert order._stacked() is not None
+        fused = order.locate(ex)
+        order._stack = ((), None)
+        order._stacked = lambda: None  # the general path: each component's own locate
+        alone = order.locate(ex)
+    assert fused.spill and int(fused.epochs.max()) > 0
+    for f in ("examples", "valid", "rows", "streams", "positions", "epochs", "chunks", "starts", "lengths",
+              "components"):
+        assert np.array_equal(getattr(fused, f), getattr(alone, f)), f
+    assert fused.spill == alone.spill and fused.first_positions is None is alone.first_positions
