@@ -138,9 +138,9 @@ class MixtureRelease:
         self.by_mix = any(p.by_mix for p in policies)
 
     def windows_read(self, recs, cross) -> None:
-        """The assembler's hook: windows ``(chunk, row group, ...)`` in the mixture's chunk space, ``recs``
-        sorted (the assembler sorts them). A policy only looks at the first row group read in each
-        chunk, so only that is routed."""
+        """The assembler's hook: runs of windows ``(chunk, row group, ...)`` in the mixture's chunk space,
+        ``recs`` sorted (the assembler sorts them). A policy only looks at the first row group read in
+        each chunk, so only that is routed."""
         if not self.by_chunk or not (recs or cross):
             return
         # sorted: a chunk's first record has its smallest row group; dict() keeps the last value given

@@ -61,7 +61,8 @@ class ReleasePolicy:
 
     # -- unshuffled: per chunk --------------------------------------------------------------------------
     def windows_read(self, recs, cross) -> None:
-        """The assembler's hook: the windows a packed read copied (tuples starting ``(chunk, row group)``)."""
+        """The assembler's hook: what a packed read copied (runs of windows, and windows over two row
+        groups: tuples starting ``(chunk, row group)``)."""
         if not self.by_chunk or not (recs or cross):
             return
         first: dict[int, int] = {}
