@@ -191,6 +191,7 @@ class MixIndex:
         zero = np.zeros((plan.lanes, plan.num_components), np.int64)
         zero.setflags(write=False)
         self._bases: list[np.ndarray] = [zero]  # per segment, computed in order on first use
+        self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # the blocks of the last assign
 
     # -- positions ------------------------------------------------------------------------------------
     def _where(self, ex: np.ndarray):
@@ -263,6 +264,25 @@ class MixIndex:
                     self._blocks.popitem(last=False)
         return got
 
+    def _blocks_of(self, s: np.ndarray, lane: np.ndarray, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, inverse)``: the distinct lane-block keys of examples in segment ``s``, lane ``lane``,
+        block ``tau`` (sorted), and each example's index among them. A read of consecutive batches lies in
+        one segment and a block or two of every lane: counted there instead of sorted."""
+        R = self.plan.lanes
+        t0, t1 = int(tau.min()), int(tau.max())
+        s0 = int(s[0])
+        if t1 - t0 < 4 and int(s.min()) == int(s.max()) == s0:
+            T = t1 - t0 + 1
+            dense = lane * T + (tau - t0)  # sorted as the keys are: lane, then block
+            seen = np.zeros(R * T, bool)
+            seen[dense] = True
+            present = np.flatnonzero(seen)
+            inv = (np.cumsum(seen) - 1)[dense]
+            lanes, blocks = np.divmod(present, T)
+            return ((s0 * R + lanes) << _TAU_BITS) | (blocks + t0), inv
+        uk, inv = np.unique(((s * R + lane) << _TAU_BITS) | tau, return_inverse=True)
+        return uk, inv.reshape(-1)
+
     def assign(self, ex) -> tuple[np.ndarray, np.ndarray]:
         """``(components, k)`` of global examples ``ex``: each one's component and its example index in
         that component's own order (int64 arrays shaped like ``ex``)."""
@@ -277,16 +297,15 @@ class MixIndex:
             if int(tau.max()) >> _TAU_BITS:
                 raise ValueError(f"example {int(flat.max())} is past the {self.plan.block << _TAU_BITS} positions "
                                  "a segment lane can hold")
-            key = ((s * self.plan.lanes + lane) << _TAU_BITS) | tau
-            uk, inv = np.unique(key, return_inverse=True)
-            entries = self._entries(uk)
-            if len(entries) == 1:
-                comp[:] = entries[0][0][q]
-                items[:] = entries[0][1][q]
-            else:  # the blocks side by side: one gather (all blocks have plan.block positions)
-                flat_q = inv.reshape(-1) * self.plan.block + q
-                comp[:] = np.concatenate([lab for lab, _ in entries])[flat_q]
-                items[:] = np.concatenate([its for _, its in entries])[flat_q]
+            uk, inv = self._blocks_of(s, lane, tau)
+            last = self._last  # the blocks side by side (all have plan.block positions), as last time?
+            if last is None or not np.array_equal(last[0], uk):
+                entries = self._entries(uk)
+                last = self._last = (uk, np.concatenate([lab for lab, _ in entries]),
+                                     np.concatenate([its for _, its in entries]))
+            flat_q = inv * self.plan.block + q
+            comp[:] = last[1][flat_q]
+            items[:] = last[2][flat_q]
             items = items * self.plan.lanes + lane
         return comp.reshape(ex.shape), items.reshape(ex.shape)
 
