@@ -136,11 +136,13 @@ class MixtureRelease:
         self.C = len(policies)
         self.by_chunk = any(p.by_chunk for p in policies)
         self.by_mix = any(p.by_mix for p in policies)
+        self._routed: dict[int, int] = {}  # chunk -> the first row group routed for it last time
 
     def windows_read(self, recs, cross) -> None:
         """The assembler's hook: runs of windows ``(chunk, row group, ...)`` in the mixture's chunk space,
         ``recs`` sorted (the assembler sorts them). A policy only looks at the first row group read in
-        each chunk, so only that is routed."""
+        each chunk, so only that is routed, and only when it changed (a policy does nothing for the same
+        row group again)."""
         if not self.by_chunk or not (recs or cross):
             return
         # sorted: a chunk's first record has its smallest row group; dict() keeps the last value given
@@ -150,9 +152,14 @@ class MixtureRelease:
             if g < first.get(c, g + 1):
                 first[c] = g
         parts: dict[int, list[tuple[int, int]]] = {}
+        routed = self._routed
+        if len(routed) > 4096:
+            routed.clear()
         for chunk, g in first.items():
-            q, c = divmod(chunk, self.C)
-            parts.setdefault(c, []).append((q, g))
+            if routed.get(chunk) != g:
+                routed[chunk] = g
+                q, c = divmod(chunk, self.C)
+                parts.setdefault(c, []).append((q, g))
         for c, part in parts.items():
             self.policies[c].windows_read(part, [])
 
