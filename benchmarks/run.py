@@ -406,7 +406,7 @@ def main(argv=None) -> int:
     # -- a mixture of 4 components against the cache alone (benchmarks/mixture_bench.py) -------------------------
     m = run_monitored([_py(), "-m", "benchmarks.mixture_bench", "--cache", str(cache_tt), "--work",
                        str(work / f"reader-{profile}" / "mixture"), "--batches", str(P["reader_batches"]),
-                       "--rounds", str(min(3, P["reader_rounds"]))] + (["--quick"] if a.quick else []))
+                       "--rounds", str(P["reader_rounds"])] + (["--quick"] if a.quick else []))
     fig.update(m.result)
     log(f"mixture of 4 / single cache: {fig['reader_mixture_vs_single']:.3f} (shuffled "
         f"{fig['reader_mixture_shuffled_vs_single']:.3f}); opening {fig['mixture_open_vs_ledgers']:.2f} x its ledgers")
