@@ -30,41 +30,46 @@ SLAB_BATCHES = 16  # a slab: consecutive batches assembled in one pass (iter_bat
 # once per slab, so a mixture of C components gains most (about C times the per-pass calls of one cache)
 
 
-def window_runs(recs, L: int):
-    """Runs of ``recs`` (sorted ``(chunk, row group, offset, row)`` windows inside one row group): yields
-    ``(chunk, row group, offset, rows, k)`` for ``k`` consecutive windows of one row group (a stream's
-    windows of the batch, or of one mixture component's rows of it), each one copy: ``rows`` is the
-    output row when ``k == 1``, a slice when the rows are equally spaced (a stream's rows of a batch),
-    else an index array (a mixture component's rows are where its block arrangement put them; numpy
-    indexes with an array faster than with a list)."""
-    n, i = len(recs), 0
-    while i < n:
-        c, g, a, r = recs[i]
-        k = 1
-        while i + k < n and recs[i + k][0] == c and recs[i + k][1] == g and recs[i + k][2] == a + k * L:
-            k += 1
-        if k == 1:
-            yield c, g, a, r, 1
+def window_runs(arr: np.ndarray, L: int) -> list:
+    """Runs of the windows ``arr`` (int64 ``[n, 4]`` rows ``(chunk, row group, offset, row)``, sorted,
+    each inside one row group): ``(chunk, row group, offset, rows, k)`` for ``k`` consecutive windows of
+    one row group (a stream's windows of the batch, or of one mixture component's rows of it), each one
+    copy: ``rows`` is the output row when ``k == 1``, a slice when the rows are equally spaced (a
+    stream's rows of a batch), else an index array (a mixture component's rows are where its block
+    arrangement put them). Found with a few array operations, whatever the number of windows."""
+    n = arr.shape[0]
+    c, g, a, r = arr.T
+    brk = np.flatnonzero((c[1:] != c[:-1]) | (g[1:] != g[:-1]) | (a[1:] != a[:-1] + L)) + 1
+    lo = np.concatenate([[0], brk])
+    hi = np.concatenate([brk, [n]])
+    d = np.diff(r)
+    # a run's rows are equally spaced when no step inside it differs from the one before it
+    change = np.concatenate([[0, 0], np.cumsum(d[1:] != d[:-1])])  # change[k]: steps k' <= k-1 unlike k'-1
+    k = hi - lo
+    spaced = (k > 1) & (change[np.maximum(hi - 1, lo)] == change[np.minimum(lo + 1, n - 1)])
+    step = np.where(k > 1, np.append(d, 0)[lo], 0)
+    out = []
+    for (c0, g0, a0, r0), i, kk, sp, st, rl in zip(arr[lo].tolist(), lo.tolist(), k.tolist(), spaced.tolist(),
+                                                  step.tolist(), r[hi - 1].tolist()):
+        if kk == 1:
+            out.append((c0, g0, a0, r0, 1))
+        elif sp and st > 0:
+            out.append((c0, g0, a0, slice(r0, rl + 1, st), kk))
         else:
-            rows = [rec[3] for rec in recs[i:i + k]]
-            step = rows[1] - r
-            if step > 0 and all(y - x == step for x, y in zip(rows, rows[1:])):
-                yield c, g, a, slice(r, rows[-1] + 1, step), k
-            else:
-                yield c, g, a, np.array(rows, np.intp), k
-        i += k
+            out.append((c0, g0, a0, r[i:i + kk], kk))
+    return out
 
 
-def doc_starts_in_windows(recs, groups: dict, L: int):
+def doc_starts_in_windows(arr: np.ndarray, groups: dict, L: int):
     """Document structure of windows that lie inside one decoded row group each.
 
-    ``recs``: ``(chunk, row group, offset, row)`` per window, sorted; ``groups``: ``{(chunk, row group): RowGroup}``.
+    ``arr``: int64 ``[n, 4]`` rows ``(chunk, row group, offset, row)``, one per window, sorted; ``groups``:
+    ``{(chunk, row group): RowGroup}``.
     Returns ``(rows, first, owner, offset)``: each window's output row and the position of its first
     token in its document; and every document start strictly inside a window, as window index
     ``owner[k]`` and column ``offset[k]``. One vectorized pass for the whole batch: the row groups'
     document starts side by side in one sorted array (key = row group number * 2**40 + token offset).
     """
-    arr = np.asarray(recs, dtype=np.int64).reshape(-1, 4)
     shift = np.int64(1) << 40
     keys = list(groups)
     u = np.searchsorted(np.asarray([c * (1 << 24) + g for c, g in keys], np.int64),
@@ -158,10 +163,11 @@ class Assembler:
             recs.append((c, g, o - starts[g], r))
         if recs:
             recs.sort()
-            runs = list(window_runs(recs, L))
+            arr = np.asarray(recs, dtype=np.int64)
+            runs = window_runs(arr, L)
             groups = store.row_groups([(c, g) for c, g, *_ in runs])  # (sorted: recs are)
             w.copy_windows(out, runs, groups)
-            w.mark_documents(out, *doc_starts_in_windows(recs, groups, L))
+            w.mark_documents(out, *doc_starts_in_windows(arr, groups, L))
         for c, g, a, la, r in cross:  # documents never span row groups: one starts at the boundary
             rg1, rg2 = store.row_group(c, g), store.row_group(c, g + 1)
             seq = np.concatenate([rg1.padded[a:a + la + 1], rg2.padded[1:1 + L - la]])
