@@ -229,6 +229,29 @@ class MixtureOrder:
         return Placement(examples, valid, rows, streams, positions, epochs, chunks, starts, lengths, first, spill,
                          comp.astype(np.int32))
 
+    def plan_components(self, comp: np.ndarray, k: np.ndarray) -> list[list[tuple[int, np.ndarray]]] | None:
+        """Every component's :meth:`reader.order.ExampleOrder.plan` of its examples ``k[comp == c]`` (from
+        :meth:`assign`), found in one stacked call: packed, unshuffled training reads of finished
+        components; else None (ask each component)."""
+        if self.index is None or not self.options.packed or self.components[0].shuffle is not None:
+            return None
+        stacked = self._stacked()
+        if stacked is None:
+            return None
+        C, L, R = self.num_components, self.options.seq_len, self.options.num_streams
+        s, j = k % R, k // R  # each window's first and last token, as ExampleOrder.plan asks
+        comps = np.concatenate([comp, comp])
+        _, chunks, offs, _ = stacked.locate(comps, np.concatenate([s, s]), np.concatenate([j * L, j * L + L - 1]))
+        key = chunks * C + comps
+        by = np.argsort(key, kind="stable")
+        key, offs = key[by], offs[by]
+        plans: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(C)]
+        if key.size:
+            bounds = [0] + (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist() + [key.size]
+            for x, a, b in zip(key[bounds[:-1]].tolist(), bounds[:-1], bounds[1:]):
+                plans[x % C].append((x // C, offs[a:b]))
+        return plans
+
     def _stacked(self) -> StackedStreams | None:
         """The components' stream indexes stacked (:class:`reader.streams.StackedStreams`) while all of them
         are finished, else None; made again only when an index changes."""

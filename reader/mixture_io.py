@@ -194,6 +194,14 @@ class MixturePrefetcher:
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable (eval during a build): the read waits
             return []
         futs: list[cf.Future] = []
+        try:
+            plans = self.order.plan_components(comp, k)
+        except Exception:  # noqa: BLE001 - as above: the read reports it
+            return []
+        if plans is not None:  # every component planned in one call
+            for c, plan in enumerate(plans):
+                futs += self.prefetchers[c].prefetch_plan(plan)
+            return futs
         for c in np.flatnonzero(np.bincount(comp[comp >= 0], minlength=len(self.prefetchers))).tolist():
             futs += self.prefetchers[c].prefetch_examples([k[comp == c]], whole=mine)
         return futs

@@ -103,6 +103,11 @@ class Prefetcher:
         last_row = -1
         if self.release.by_mix:
             last_row = max(int(e.max()) for e in exs) // self.order.shuffle.lanes
+        return self.prefetch_plan(plan, last_row)
+
+    def prefetch_plan(self, plan: list[tuple[int, np.ndarray]], last_row: int = -1) -> list[cf.Future]:
+        """Start loading the row groups a plan (:meth:`reader.order.ExampleOrder.plan`) names that are
+        neither cached nor loading; ``last_row``: the last shuffle row it serves (-1: unshuffled)."""
         futs = []
         for c, offs in plan:
             if self.order.unpacked is None:  # packed: skip a chunk whose row groups are all there (or loading)
