@@ -199,3 +199,22 @@ def test_a_full_shared_memory_folder_is_a_clear_error_not_a_crash(cache, monkeyp
         with pytest.raises(OSError, match="--shm-size"):
             next(rd.iter_batches(0, 3))
     assert not shm_files() - before
+
+
+def test_workers_start_no_blas_threads_unless_asked(cache, monkeypatch):
+    """Workers run with OPENBLAS_NUM_THREADS=1 (they do no linear algebra, and OpenBLAS's threads spin
+    while a worker starts); a value the caller set is kept."""
+    import psutil
+
+    opts = ReadOptions(seq_len=16, batch_size=8, ideal_readers=4, layout="flat", num_workers=2)
+    for env, want in ((None, "1"), ("3", "3")):
+        if env is None:
+            monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("OPENBLAS_NUM_THREADS", env)
+        with Reader(cache, opts) as rd:
+            pool = rw.WorkerPool(rd, 0, 4)
+            it = iter(pool)
+            next(it)
+            assert [psutil.Process(p.pid).environ().get("OPENBLAS_NUM_THREADS") for p in pool._procs] == [want] * 2
+            it.close()
