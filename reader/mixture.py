@@ -23,9 +23,9 @@ from .cache import Cache, wait_for
 from .mixing import MixIndex
 from .mixture_file import MixtureError, MixtureSpec, load_mixture
 from .options import ReadOptions
-from .order import ExampleOrder, Placement
+from .order import ExampleOrder, Placement, group_by_key
 from .store import ChunkStore
-from .streams import NotYetAvailable, StackedStreams
+from .streams import NotYetAvailable, StackedStreams, split_example_index
 
 T = TypeVar("T")
 _SOURCES_AHEAD = 32  # batches of a shuffled component's cipher answers computed at once
@@ -238,18 +238,13 @@ class MixtureOrder:
         stacked = self._stacked()
         if stacked is None:
             return None
-        C, L, R = self.num_components, self.options.seq_len, self.options.num_streams
-        s, j = k % R, k // R  # each window's first and last token, as ExampleOrder.plan asks
-        comps = np.concatenate([comp, comp])
+        C, L = self.num_components, self.options.seq_len
+        s, j = split_example_index(k, self.options.num_streams)
+        comps = np.concatenate([comp, comp])  # each window's first and last token, as ExampleOrder.plan asks
         _, chunks, offs, _ = stacked.locate(comps, np.concatenate([s, s]), np.concatenate([j * L, j * L + L - 1]))
-        key = chunks * C + comps
-        by = np.argsort(key, kind="stable")
-        key, offs = key[by], offs[by]
         plans: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(C)]
-        if key.size:
-            bounds = [0] + (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist() + [key.size]
-            for x, a, b in zip(key[bounds[:-1]].tolist(), bounds[:-1], bounds[1:]):
-                plans[x % C].append((x // C, offs[a:b]))
+        for x, part in group_by_key(chunks * C + comps, offs):  # (mixture chunk j * C + c)
+            plans[x % C].append((x // C, part))
         return plans
 
     def _stacked(self) -> StackedStreams | None:
@@ -257,21 +252,21 @@ class MixtureOrder:
         are finished, else None; made again only when an index changes."""
         idxs = tuple(order.stream_index() for order in self.components)
         got = self._stack
-        if got is None or len(got[0]) != len(idxs) or any(a is not b for a, b in zip(got[0], idxs)):
+        if got is None or any(a is not b for a, b in zip(got[0], idxs)):
             got = self._stack = (idxs, StackedStreams.of(idxs))
         return got[1]
 
     def _locate_stacked(self, stacked: StackedStreams, ex: np.ndarray, comp: np.ndarray, k: np.ndarray) -> Placement:
         """:meth:`locate` of packed training examples, every component at once: the same placement as
         asking each component's ``locate`` for its rows."""
-        C, L, R = self.num_components, self.options.seq_len, self.options.num_streams
+        C, L = self.num_components, self.options.seq_len
         src = k
         if self.components[0].shuffle is not None:  # each component's own shuffle
             src = k.copy()
             for c in np.flatnonzero(np.bincount(comp, minlength=C)).tolist():
                 sel = comp == c
                 src[sel] = self.components[c].sources([k[sel]])[0]
-        s, j = src % R, src // R
+        s, j = split_example_index(src, self.options.num_streams)
         epochs, chunks, starts, avail = stacked.locate(comp, s, j * L)
         lengths = np.minimum(avail, L)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}

@@ -191,13 +191,10 @@ class MixturePrefetcher:
         rows = self.rows if mine else np.asarray(rows, dtype=np.int64).reshape(-1)
         try:
             comp, k = self.order.assign(np.concatenate([(b + i) * B + rows for i in range(count)]))
+            plans = self.order.plan_components(comp, k)
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable (eval during a build): the read waits
             return []
         futs: list[cf.Future] = []
-        try:
-            plans = self.order.plan_components(comp, k)
-        except Exception:  # noqa: BLE001 - as above: the read reports it
-            return []
         if plans is not None:  # every component planned in one call
             for c, plan in enumerate(plans):
                 futs += self.prefetchers[c].prefetch_plan(plan)

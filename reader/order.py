@@ -34,6 +34,18 @@ _SOURCE_CACHE = 4096  # arrays of source indices kept
 _SOURCE_WINDOWS = 4  # windows of source indices kept (``ahead``: mixture components)
 
 
+def group_by_key(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``(key, values with that key)`` in key order, each key's values in their order (a plan's chunks
+    and token offsets)."""
+    by = np.argsort(keys, kind="stable")
+    keys, values = keys[by], values[by]
+    if not keys.size:
+        return []
+    # (slices at the key boundaries: np.split and np.r_ cost more than the work on a few rows per key)
+    bounds = [0] + (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist() + [keys.size]
+    return [(x, values[a:b]) for x, a, b in zip(keys[bounds[:-1]].tolist(), bounds[:-1], bounds[1:])]
+
+
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Where the tokens of each row of a read come from.
@@ -273,14 +285,7 @@ class ExampleOrder:
             keep = pos < idx.pass_units(s)
             s, pos = s[keep], pos[keep]
         _, chunks, offs = idx.locate_streams(s, pos)
-        by = np.argsort(chunks, kind="stable")
-        chunks, offs = chunks[by], offs[by]
-        if not chunks.size:
-            return []
-        # (slices at the chunk boundaries: np.split and np.r_ cost more than the work on a few rows per chunk)
-        bounds = [0] + (np.flatnonzero(chunks[1:] != chunks[:-1]) + 1).tolist() + [chunks.size]
-        firsts = chunks[bounds[:-1]].tolist()
-        return [(c, offs[a:b]) for c, a, b in zip(firsts, bounds[:-1], bounds[1:])]
+        return group_by_key(chunks, offs)
 
     def token_offsets(self, c: int, offsets: np.ndarray) -> np.ndarray:
         """Token offsets in chunk ``c`` of unit offsets from :meth:`plan` (unpacked: decodes the chunk)."""

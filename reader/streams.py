@@ -30,6 +30,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 
+_TABLE_LIMIT = 1 << 22  # entries of a stream-by-epoch table held at once (larger: one call per stream)
+
+
 class NotYetAvailable(LookupError):
     """The answer depends on chunks the (still running) build has not written yet."""
 
@@ -240,7 +243,7 @@ class StreamIndex:
         too large to hold (a huge ``R* x period``)."""
         table = self.__dict__.get("_epoch_table")
         if table is None:
-            if self.r * (self._period + 1) > (1 << 22):
+            if self.r * (self._period + 1) > _TABLE_LIMIT:
                 return None
             table = self._epoch_table = np.stack([self._epochs(x) for x in range(self.r)])
         return table
@@ -292,7 +295,7 @@ class StackedStreams:
         tables = [i.epoch_table() for i in indexes]
         if any(t is None or not t[:, -1].all() for t in tables):
             return None
-        if len(indexes) * indexes[0].r * max(t.shape[1] for t in tables) > (1 << 22):
+        if len(indexes) * indexes[0].r * max(t.shape[1] for t in tables) > _TABLE_LIMIT:
             return None
         return cls(indexes, tables)
 
