@@ -33,6 +33,22 @@ import numpy as np
 _TABLE_LIMIT = 1 << 22  # entries of a stream-by-epoch table held at once (larger: one call per stream)
 
 
+def _in_period(rows: np.ndarray, per: np.ndarray, j: np.ndarray):
+    """``(full periods, epoch in the period, units into that epoch)`` of unit positions ``j``, each of a
+    stream whose epoch starts in one period are ``rows[k]`` (:meth:`StreamIndex.epoch_table` rows; any
+    padding past the period above every position in it) and whose period holds ``per[k]`` units."""
+    full, rem = np.divmod(j, per)
+    e_in = (rows <= rem[:, None]).sum(axis=1) - 1
+    return full, e_in, rem - rows[np.arange(rows.shape[0]), e_in]
+
+
+def _slot(starts: np.ndarray, key: np.ndarray):
+    """``(slot, offset)``: the slot of the class-major prefix sums ``starts`` holding unit ``key``, and the
+    unit's offset in it."""
+    slot = np.searchsorted(starts, key, side="right") - 1
+    return slot, key - starts[slot]
+
+
 class NotYetAvailable(LookupError):
     """The answer depends on chunks the (still running) build has not written yet."""
 
@@ -185,9 +201,8 @@ class StreamIndex:
                     raise NotYetAvailable(f"stream {s} position {bad}: needs chunks not yet written")
                 raise EndOfStream(f"stream {s} has {total} units; position {bad} is past its end")
             rem = j
-        key = self._starts[self._class_first[rho]] + rem
-        slot = np.searchsorted(self._starts, key, side="right") - 1
-        return epochs, self._perm[slot], key - self._starts[slot]
+        slot, off = _slot(self._starts, self._starts[self._class_first[rho]] + rem)
+        return epochs, self._perm[slot], off
 
     def locate(self, s: int, position: int) -> Location:
         e, c, o = self.locate_many(s, [position])
@@ -221,10 +236,8 @@ class StreamIndex:
             per = rows[:, -1]
             if (per == 0).any():
                 self.locate_many(int(s[per == 0][0]), [0])  # raises EmptyStream
-            full, rem = np.divmod(j, per)
-            e_in = (rows <= rem[:, None]).sum(axis=1) - 1
+            full, e_in, rem = _in_period(rows, per, j)
             epochs = full * self._period + e_in
-            rem = rem - rows[np.arange(rows.shape[0]), e_in]
             rho = (s - epochs * self.n) % self.r
         else:
             epochs = np.zeros_like(j)
@@ -234,9 +247,8 @@ class StreamIndex:
                 k = int(np.flatnonzero(j >= total)[0])
                 self.locate_many(int(s[k]), [int(j[k])])  # raises NotYetAvailable / EndOfStream
             rem = j
-        key = self._starts[self._class_first[rho]] + rem
-        slot = np.searchsorted(self._starts, key, side="right") - 1
-        return epochs, self._perm[slot], key - self._starts[slot]
+        slot, off = _slot(self._starts, self._starts[self._class_first[rho]] + rem)
+        return epochs, self._perm[slot], off
 
     def epoch_table(self) -> np.ndarray | None:
         """Every stream's :meth:`_epochs` as one ``[R*, period + 1]`` array (kept), or None when that is
@@ -305,15 +317,12 @@ class StackedStreams:
         own), and the units of that chunk from the offset on."""
         r = self.r
         row = comps * r + streams
-        table = self._table[row]
-        full, rem = np.divmod(positions, self._per[row])
-        e_in = (table <= rem[:, None]).sum(axis=1) - 1
+        full, e_in, rem = _in_period(self._table[row], self._per[row], positions)
         epochs = full * self._period[comps] + e_in
-        rem -= table[np.arange(table.shape[0]), e_in]
         rho = (streams - epochs * self._n[comps]) % r
         key = self._starts[self._class_first[comps * r + rho]] + rem
-        slot = np.searchsorted(self._starts, key, side="right") - 1
-        return epochs, self._perm[slot], key - self._starts[slot], self._starts[slot + 1] - key
+        slot, off = _slot(self._starts, key)
+        return epochs, self._perm[slot], off, self._starts[slot + 1] - key
 
 
 # --------------------------------------------------------------------------------------------------
