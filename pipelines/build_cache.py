@@ -42,7 +42,7 @@ import threading
 import time
 from typing import Any, Sequence
 
-from . import local_workers, trace
+from pipelines import local_workers, trace
 
 _WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
 
@@ -57,13 +57,13 @@ if __name__ == "__main__":
 
 import apache_beam as beam  # noqa: E402
 
-from . import faults, lock, runners, status, unit_queue  # noqa: E402
-from .errors import BuildError, EnvironmentFault  # noqa: E402
-from .fast_tokenizer import backend_note  # noqa: E402
-from .launcher import Prepared, plan_build, reconcile_output  # noqa: E402
-from .options import Arguments, build_arg_parser, parse_args, pipeline_options  # noqa: E402
-from .splits import cache_names, cache_root  # noqa: E402
-from .transforms import METRICS_NAMESPACE, BuildCache  # noqa: E402
+from pipelines import faults, lock, runners, status, unit_queue  # noqa: E402
+from pipelines.errors import BuildError, EnvironmentFault  # noqa: E402
+from pipelines.fast_tokenizer import backend_note  # noqa: E402
+from pipelines.launcher import Prepared, plan_build, reconcile_output  # noqa: E402
+from pipelines.options import Arguments, build_arg_parser, parse_args, pipeline_options  # noqa: E402
+from pipelines.splits import cache_names, cache_root  # noqa: E402
+from pipelines.transforms import METRICS_NAMESPACE, BuildCache  # noqa: E402
 
 if __name__ == "__main__":
     gc.freeze()  # what was imported lives as long as the process: never walk it again

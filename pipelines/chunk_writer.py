@@ -17,8 +17,8 @@ from typing import Any, Callable, Mapping
 from reader import format as fmt
 from reader.chunk_file import make_sidecar
 
-from . import fsutil
-from .splits import SplitRouter, SplitSpec, cache_roots
+from pipelines import fsutil
+from pipelines.splits import SplitRouter, SplitSpec, cache_roots
 
 # Reasons a line is dead-lettered (the keys of the ledger's "bad_records").
 BAD_REASONS = (

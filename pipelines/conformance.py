@@ -22,7 +22,7 @@ import random
 import types
 from typing import Sequence
 
-from .tokenizer import MAX_PIECE_CHARS, PIECE_CHARS
+from pipelines.tokenizer import MAX_PIECE_CHARS, PIECE_CHARS
 
 import numpy as np
 

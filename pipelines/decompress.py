@@ -27,7 +27,7 @@ from typing import BinaryIO
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from .errors import DamagedInput
+from pipelines.errors import DamagedInput
 
 ZSTD_MAGIC = 0xFD2FB528
 ZSTD_SKIPPABLE_MASK, ZSTD_SKIPPABLE_MAGIC = 0xFFFFFFF0, 0x184D2A50

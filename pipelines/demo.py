@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--show", type=int, default=4, help="documents to decode and show (default 4)")
     args, beam_args = ap.parse_known_args(argv)
     logging.getLogger().setLevel(logging.ERROR)  # Beam's import-time notices about optional GCP libraries
-    from . import build_cache
+    from pipelines import build_cache
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args.append("--runner=FnApiRunner")
     inputs = [os.path.join(SAMPLE_DIR, "*.jsonl"), os.path.join(SAMPLE_DIR, "*.jsonl.gz")]

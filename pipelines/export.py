@@ -43,12 +43,12 @@ from reader import format as fmt
 from reader.export import ExportError, output_fs, output_location, remove_quietly
 from reader.megatron import open_source
 
-from . import faults, lock
-from .errors import BuildError, EnvironmentFault
-from .export_finalize import finalize, join_method
-from .export_parts import FAILED_NAME, PLAN_NAME, PartResult, PartWriter, parts_dir, read_json, write_atomic
-from .export_plan import ExportPlan, PartSpec, make_plan
-from .options import absolute, beam_parser, parse_size, pipeline_options
+from pipelines import faults, lock
+from pipelines.errors import BuildError, EnvironmentFault
+from pipelines.export_finalize import finalize, join_method
+from pipelines.export_parts import FAILED_NAME, PLAN_NAME, PartResult, PartWriter, parts_dir, read_json, write_atomic
+from pipelines.export_plan import ExportPlan, PartSpec, make_plan
+from pipelines.options import absolute, beam_parser, parse_size, pipeline_options
 
 METRICS_NAMESPACE = "chunkledger"
 DEFAULT_PART_BYTES = 256 << 20

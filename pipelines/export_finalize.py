@@ -29,8 +29,8 @@ from reader import format as fmt
 from reader.export import remove_quietly, rename
 from reader.megatron import write_index
 
-from .export_parts import READ_BLOCK, PartResult, part_path
-from .export_plan import ExportPlan
+from pipelines.export_parts import READ_BLOCK, PartResult, part_path
+from pipelines.export_plan import ExportPlan
 
 COMPOSE_LIMIT = 32  # Cloud Storage: source objects per compose request
 GCS_PROTOCOLS = ("gs", "gcs")

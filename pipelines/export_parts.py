@@ -30,7 +30,7 @@ from reader.cache import Cache
 from reader.export import TMP_PREFIX, check_token_range, iter_blocks, remove_quietly, rename, temp_name
 from reader.megatron import bin_bytes
 
-from .export_plan import ExportPlan, PartSpec, fingerprint
+from pipelines.export_plan import ExportPlan, PartSpec, fingerprint
 
 PLAN_NAME = "plan.json"
 FAILED_NAME = "_FAILED.json"

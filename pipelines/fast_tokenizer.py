@@ -37,9 +37,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from . import conformance, conformance_cache
-from .errors import BuildError
-from .tokenizer import (BACKENDS, DEFAULT_VERIFY_EVERY, PIECE_CHARS, Encoder, TokenizerError,  # noqa: F401
+from pipelines import conformance, conformance_cache
+from pipelines.errors import BuildError
+from pipelines.tokenizer import (BACKENDS, DEFAULT_VERIFY_EVERY, PIECE_CHARS, Encoder, TokenizerError,  # noqa: F401
                         TokenizerSpec, split_for_encoding)
 
 LOG = logging.getLogger("chunkledger.tokenizer")
@@ -289,7 +289,7 @@ def _check_key(fast: FastEncoder, reference: Encoder, specials) -> str | None:
         return None
     import fastokens
 
-    from . import tokenizer as tk
+    from pipelines import tokenizer as tk
 
     enc = getattr(reference, "enc", None)  # tiktoken's Encoding, or
     handle = enc if enc is not None else getattr(reference, "tok", None)  # tokenizers' Tokenizer

@@ -24,8 +24,8 @@ import tempfile
 
 from reader.tokenizer_id import hash_hf_json
 
-from .conformance_cache import directory as _conformance_directory
-from .conformance_cache import package_digest
+from pipelines.conformance_cache import directory as _conformance_directory
+from pipelines.conformance_cache import package_digest
 
 ENV_SWITCH = "CHUNKLEDGER_RESOLVE_CACHE"
 VERSION = b"chunkledger hf resolve cache 1"

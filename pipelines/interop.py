@@ -24,7 +24,7 @@ from reader import format as fmt
 from reader import import_flat_tokens, import_megatron
 from reader.export import write_file
 
-from .tokenizer import resolve
+from pipelines.tokenizer import resolve
 
 SPEC_HELP = ("'tiktoken:<encoding>', a Hugging Face tokenizer.json file or a directory holding one (local or "
              "gs://...), or a hub name (needs transformers and network access): as the builder's --tokenizer")

@@ -21,15 +21,15 @@ from apache_beam.io.filesystems import FileSystems
 
 from reader import format as fmt
 
-from . import faults, fsutil, remote, status
-from .decompress import open_input
-from .errors import BuildError, DamagedInput, EnvironmentFault
-from .ledger import EmptyInput
-from .options import Arguments, absolute, chunk_config, is_remote, split_spec
-from .plan import BuildPlan, MatchedFile, make_plan, reconcile
-from .fast_tokenizer import preflight
-from .splits import SplitSpec, cache_root
-from .tokenizer import TokenizerError, TokenizerSpec, resolve
+from pipelines import faults, fsutil, remote, status
+from pipelines.decompress import open_input
+from pipelines.errors import BuildError, DamagedInput, EnvironmentFault
+from pipelines.ledger import EmptyInput
+from pipelines.options import Arguments, absolute, chunk_config, is_remote, split_spec
+from pipelines.plan import BuildPlan, MatchedFile, make_plan, reconcile
+from pipelines.fast_tokenizer import preflight
+from pipelines.splits import SplitSpec, cache_root
+from pipelines.tokenizer import TokenizerError, TokenizerSpec, resolve
 
 LOG = logging.getLogger("chunkledger.build")
 

@@ -9,8 +9,8 @@ from reader import format as fmt
 from reader.chunk_file import ledger_chunks
 from reader.streams import round_robin_order
 
-from .errors import BuildError
-from .plan import BuildPlan, UnitResult
+from pipelines.errors import BuildError
+from pipelines.plan import BuildPlan, UnitResult
 
 
 def finished_ledger(plan: BuildPlan, results: Iterable[UnitResult]) -> dict[str, Any]:

@@ -86,7 +86,7 @@ class WarmProcess:
                json.dumps(preload or {})]
         # stdin is the lifeline: when the launcher exits (even killed) the warm process sees EOF and stops.
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-        from . import trace
+        from pipelines import trace
 
         trace.event("warm_process_started", warm_pid=self.proc.pid)
 
@@ -171,8 +171,8 @@ def _preload(hint: dict) -> None:
     if not spec or not (spec.startswith("tiktoken:") or os.path.exists(spec)):
         return  # hub names need network access and transformers: the workers load those themselves
     try:
-        from .fast_tokenizer import load_cached
-        from .tokenizer import DEFAULT_VERIFY_EVERY, resolve
+        from pipelines.fast_tokenizer import load_cached
+        from pipelines.tokenizer import DEFAULT_VERIFY_EVERY, resolve
 
         every = hint.get("verify_every")
         load_cached(resolve(spec).with_backend(hint.get("backend") or "auto",
@@ -236,8 +236,8 @@ def serve(socket_path: str, hint: dict) -> None:
     gc.disable()  # hundreds of thousands of long-lived objects are created now: never walk them
     # The modules the tokenizer's load runs in, imported before the loading thread starts: the two threads
     # below then never import the same module at once. numpy and pyarrow start their idle threads here.
-    from . import fast_tokenizer  # noqa: F401
-    from . import trace
+    from pipelines import fast_tokenizer  # noqa: F401
+    from pipelines import trace
 
     # The threads these libraries start at import (pyarrow's allocator and pools, numpy's BLAS) are idle and
     # fork-safe (they re-create what they need in a child). Any thread started after that (by a tokenizer
@@ -252,7 +252,7 @@ def serve(socket_path: str, hint: dict) -> None:
     try:
         from apache_beam.runners.worker import sdk_worker_main  # noqa: F401
 
-        from . import transforms  # noqa: F401 - the DoFns' modules
+        from pipelines import transforms  # noqa: F401 - the DoFns' modules
         trace.event("warm_imported")
     finally:
         loader.join()

@@ -27,9 +27,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from reader import format as fmt
 
-from . import fsutil
-from .errors import BuildError
-from .options import is_remote
+from pipelines import fsutil
+from pipelines.errors import BuildError
+from pipelines.options import is_remote
 
 LOCK_NAME = "_BUILDING.json"
 HALF_WRITTEN_SECONDS = 10  # an unreadable lock younger than this is being written by another launcher

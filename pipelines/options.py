@@ -11,11 +11,11 @@ from typing import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from .errors import BuildError
-from .plan import ChunkConfig
-from .runners import runner_args
-from .splits import MAX_SEED, SplitSpec
-from .tokenizer import BACKENDS, DEFAULT_VERIFY_EVERY, MAX_PIECE_CHARS, PIECE_CHARS
+from pipelines.errors import BuildError
+from pipelines.plan import ChunkConfig
+from pipelines.runners import runner_args
+from pipelines.splits import MAX_SEED, SplitSpec
+from pipelines.tokenizer import BACKENDS, DEFAULT_VERIFY_EVERY, MAX_PIECE_CHARS, PIECE_CHARS
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 DEFAULT_ROW_GROUP_TOKENS = 128 << 10  # shuffled reads stay near 1x I/O at a small size cost (docs/DESIGN.md)

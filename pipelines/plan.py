@@ -15,8 +15,8 @@ from typing import Any, Mapping, Sequence
 
 from reader import format as fmt
 
-from .errors import BuildError
-from .splits import SplitSpec
+from pipelines.errors import BuildError
+from pipelines.splits import SplitSpec
 
 # Uncompressed / compressed bytes of jsonl text: only orders work units by size, never changes a byte.
 COMPRESSION_RATIO_GUESS = 4

@@ -16,7 +16,7 @@ import re
 import time
 from typing import Iterable
 
-from .errors import EnvironmentFault
+from pipelines.errors import EnvironmentFault
 
 LOG = logging.getLogger("chunkledger.build")
 

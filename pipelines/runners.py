@@ -14,7 +14,7 @@ import os
 import socket
 from typing import Any
 
-from .errors import BuildError
+from pipelines.errors import BuildError
 
 LOG = logging.getLogger("chunkledger.build")
 

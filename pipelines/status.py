@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 from reader import format as fmt
 
-from . import fsutil
-from .errors import BuildError
-from .ledger import EmptyInput, TooManyBadRecords
-from .splits import cache_root
+from pipelines import fsutil
+from pipelines.errors import BuildError
+from pipelines.ledger import EmptyInput, TooManyBadRecords
+from pipelines.splits import cache_root
 
 FAILED_NAME = "_FAILED.json"
 

@@ -45,7 +45,7 @@ import numpy as np
 # computing one); this module computes them: the builder and pipelines.interop record the same identity.
 from reader.tokenizer_id import hash_hf_json, hash_tiktoken
 
-from . import hf_resolve_cache
+from pipelines import hf_resolve_cache
 
 # Long-document splitting (recorded in the ledger config: it defines the tokens of degenerate texts).
 PIECE_CHARS = 65_536

@@ -26,16 +26,16 @@ from apache_beam.metrics import Metrics
 
 from reader import format as fmt
 
-from . import fsutil, status, trace
-from .chunk_writer import Counters
-from .errors import BuildError
-from .ledger import check_bad_fraction_of, check_empty_of, finished_ledger
-from .plan import BuildPlan, ChunkConfig, UnitResult, WorkUnit, work_units
-from .fast_tokenizer import load_cached
-from .splits import SplitSpec, cache_root
-from .tokenizer import TokenizerSpec
-from .unit_queue import ClaimQueue
-from .units import UnitBuilder
+from pipelines import fsutil, status, trace
+from pipelines.chunk_writer import Counters
+from pipelines.errors import BuildError
+from pipelines.ledger import check_bad_fraction_of, check_empty_of, finished_ledger
+from pipelines.plan import BuildPlan, ChunkConfig, UnitResult, WorkUnit, work_units
+from pipelines.fast_tokenizer import load_cached
+from pipelines.splits import SplitSpec, cache_root
+from pipelines.tokenizer import TokenizerSpec
+from pipelines.unit_queue import ClaimQueue
+from pipelines.units import UnitBuilder
 
 METRICS_NAMESPACE = "chunkledger"
 

@@ -31,12 +31,12 @@ from typing import Any, Mapping
 
 from reader import format as fmt
 
-from . import fsutil
-from .chunk_writer import ChunkBuilder, ChunkCheck, Counters, verify_chunk
-from .decompress import open_input
-from .errors import BuildError, DamagedInput
-from .plan import UnitResult, WorkUnit
-from .splits import SplitSpec, cache_names, cache_roots
+from pipelines import fsutil
+from pipelines.chunk_writer import ChunkBuilder, ChunkCheck, Counters, verify_chunk
+from pipelines.decompress import open_input
+from pipelines.errors import BuildError, DamagedInput
+from pipelines.plan import UnitResult, WorkUnit
+from pipelines.splits import SplitSpec, cache_names, cache_roots
 
 LOG = logging.getLogger("chunkledger.build")
 REPLAY_MEMORY = 8 << 20  # a verified chunk's lines are kept in memory up to this, then in a local temp file

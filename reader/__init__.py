@@ -9,16 +9,16 @@ reader.torch).
         ...
 """
 
-from .cache import Cache, CacheNotReady
-from .format import DamagedCache, FormatError
-from .mixture_file import MixtureError
-from .options import ReadOptions
-from .reader import Reader
-from .remote import StorageError
-from .schema import BATCH_KEYS, FLAT_KEYS, expand_flat
-from .streams import EmptyStream, EndOfStream, NotYetAvailable
-from .validate import ChunkError
-from .whatis import NotACache
+from reader.cache import Cache, CacheNotReady
+from reader.format import DamagedCache, FormatError
+from reader.mixture_file import MixtureError
+from reader.options import ReadOptions
+from reader.reader import Reader
+from reader.remote import StorageError
+from reader.schema import BATCH_KEYS, FLAT_KEYS, expand_flat
+from reader.streams import EmptyStream, EndOfStream, NotYetAvailable
+from reader.validate import ChunkError
+from reader.whatis import NotACache
 
 __all__ = [
     "BATCH_KEYS",

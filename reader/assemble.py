@@ -20,10 +20,10 @@ from typing import Callable
 
 import numpy as np
 
-from .layouts import writer
-from .options import ReadOptions
-from .order import Placement
-from .store import ChunkStore
+from reader.layouts import writer
+from reader.options import ReadOptions
+from reader.order import Placement
+from reader.store import ChunkStore
 
 SLAB_BATCHES = 16  # a slab: consecutive batches assembled in one pass (iter_batches, reader workers); its
 # per-pass costs (locating, sorting windows, one call per run and per component of a mixture) are paid

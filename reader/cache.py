@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 
-from . import format as fmt
-from . import remote, streams, whatis
+from reader import format as fmt
+from reader import remote, streams, whatis
 
 T = TypeVar("T")
 

@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import format as fmt
-from .cache import Cache
-from .validate import arrow_message, chunk_error, parse_chunk, size_mismatch
+from reader import format as fmt
+from reader.cache import Cache
+from reader.validate import arrow_message, chunk_error, parse_chunk, size_mismatch
 
 
 @dataclasses.dataclass(frozen=True)

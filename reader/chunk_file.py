@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import format as fmt
+from reader import format as fmt
 
 TOKEN_LEAF = f"{fmt.TOKEN_COLUMN}.list.element"
 _TOKEN_TYPE = fmt.CHUNK_SCHEMA.field(fmt.TOKEN_COLUMN).type

@@ -23,17 +23,17 @@ import sys
 
 import numpy as np
 
-from . import cli_support
-from . import format as fmt
-from .cache import Cache
-from .export import write_file
-from .mixing import MixIndex
-from .mixture import Mixture
-from .mixture_file import is_mixture_path
-from .options import ReadOptions
-from .reader import Reader
-from .schema import BATCH_KEYS
-from .validate import chunk_doc_lengths, validate_chunk, validate_ledger
+from reader import cli_support
+from reader import format as fmt
+from reader.cache import Cache
+from reader.export import write_file
+from reader.mixing import MixIndex
+from reader.mixture import Mixture
+from reader.mixture_file import is_mixture_path
+from reader.options import ReadOptions
+from reader.reader import Reader
+from reader.schema import BATCH_KEYS
+from reader.validate import chunk_doc_lengths, validate_chunk, validate_ledger
 
 PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
 
@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True, help="output .npz file")
     b.set_defaults(fn=cmd_batches)
 
-    from . import export_cli, import_flat_tokens, import_megatron  # Megatron and seqax formats (docs/INTEROP.md)
+    from reader import export_cli, import_flat_tokens, import_megatron  # Megatron and seqax formats (docs/INTEROP.md)
 
     export_cli.add_parser(sub)
     import_megatron.add_parser(sub)

@@ -18,8 +18,8 @@ import textwrap
 import traceback
 from typing import Callable
 
-from . import format as fmt
-from . import remote
+from reader import format as fmt
+from reader import remote
 
 EXIT_DAMAGED = 1
 EXIT_ERROR = 2

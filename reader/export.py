@@ -25,12 +25,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import format as fmt
-from . import remote
-from .cache import Cache
-from .remote import protocol_of
-from .validate import chunk_error, file_mismatch
-from .whatis import not_a_cache
+from reader import format as fmt
+from reader import remote
+from reader.cache import Cache
+from reader.remote import protocol_of
+from reader.validate import chunk_error, file_mismatch
+from reader.whatis import not_a_cache
 
 TMP_PREFIX = ".tmp-"
 SPLITS = fmt.SPLIT_NAMES

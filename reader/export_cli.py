@@ -43,12 +43,12 @@ def add_parser(sub) -> None:
 
 def cmd_export(args) -> int:
     if args.format == "megatron":
-        from .megatron import export_megatron
+        from reader.megatron import export_megatron
 
         summary = export_megatron(args.path, args.out, overwrite=args.overwrite,
                                   dtype=None if args.dtype == "auto" else args.dtype, threads=args.threads)
     else:
-        from .flat_tokens import export_flat_tokens
+        from reader.flat_tokens import export_flat_tokens
 
         summary = export_flat_tokens(args.path, args.out, overwrite=args.overwrite,
                                      tokens_chunk_size=args.tokens_chunk_size,

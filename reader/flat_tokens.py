@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
-from .export import (SPLITS, ExportError, check_token_range, iter_blocks, open_finished, output_fs,
+from reader import format as fmt
+from reader.export import (SPLITS, ExportError, check_token_range, iter_blocks, open_finished, output_fs,
                      remove_quietly, rename, split_caches, temp_name, vocab_size_of)
 
 MAX_TOKEN_ID = (1 << 31) - 1  # the largest id token_id*2+1 can hold in uint32

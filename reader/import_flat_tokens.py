@@ -23,9 +23,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .export import ExportError
-from .flat_tokens import open_dataset
-from .importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
+from reader.export import ExportError
+from reader.flat_tokens import open_dataset
+from reader.importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
                        add_tokenizer_from, checked_identity, is_finished, make_config, write_cache)
 
 _BLOCK = 1 << 20

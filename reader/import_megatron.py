@@ -30,9 +30,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
+from reader.importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
                        add_tokenizer_from, checked_identity, is_finished, make_config, write_cache)
-from .megatron import MegatronError, MegatronIndex, read_span
+from reader.megatron import MegatronError, MegatronIndex, read_span
 
 
 def check_dtype(index: MegatronIndex, tokenizer: dict[str, Any]) -> None:

@@ -25,11 +25,11 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from . import format as fmt
-from . import tokenizer_id
-from .chunk_file import ChunkParquet, flat_row_group_table, ledger_chunks, make_sidecar
-from .export import TMP_PREFIX, output_fs, output_location, remove_quietly, rename, temp_name
-from .streams import round_robin_order
+from reader import format as fmt
+from reader import tokenizer_id
+from reader.chunk_file import ChunkParquet, flat_row_group_table, ledger_chunks, make_sidecar
+from reader.export import TMP_PREFIX, output_fs, output_location, remove_quietly, rename, temp_name
+from reader.streams import round_robin_order
 
 DEFAULT_CHUNK_TOKENS = 1 << 24  # about what the builder's default 64 MiB chunk of jsonl text holds
 DEFAULT_ROW_GROUP_TOKENS = 128 << 10  # the builder's default

@@ -33,10 +33,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .options import ReadOptions
-from .reader import Reader
-from .schema import FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS
-from .workers import WorkerPool
+from reader.options import ReadOptions
+from reader.reader import Reader
+from reader.schema import FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS
+from reader.workers import WorkerPool
 
 # --------------------------------------------------------------------------------------------------
 # Which rows live where

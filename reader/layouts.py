@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .schema import TOKEN_FIELDS, empty_batch
+from reader.schema import TOKEN_FIELDS, empty_batch
 
 PIECE_BLOCK_ELEMENTS = 1 << 16  # rows x seq_len of unpacked rows written at once (512 KiB per int64 temporary)
 

@@ -28,9 +28,9 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import format as fmt
-from .cache import Cache
-from .export import (ExportError, check_token_range, iter_blocks, open_finished, output_fs, remove_quietly, rename,
+from reader import format as fmt
+from reader.cache import Cache
+from reader.export import (ExportError, check_token_range, iter_blocks, open_finished, output_fs, remove_quietly, rename,
                      split_caches, temp_name, vocab_size_of)
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"

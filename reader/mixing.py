@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .ciphers import feistel, hash_key
+from reader.ciphers import feistel, hash_key
 
 QUANTUM_BITS = 32
 QUANTUM = 1 << QUANTUM_BITS  # weights are quantised to multiples of 2**-32

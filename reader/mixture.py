@@ -19,13 +19,13 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 
-from .cache import Cache, wait_for
-from .mixing import MixIndex
-from .mixture_file import MixtureError, MixtureSpec, load_mixture
-from .options import ReadOptions
-from .order import ExampleOrder, Placement, group_by_key
-from .store import ChunkStore
-from .streams import NotYetAvailable, StackedStreams, split_example_index
+from reader.cache import Cache, wait_for
+from reader.mixing import MixIndex
+from reader.mixture_file import MixtureError, MixtureSpec, load_mixture
+from reader.options import ReadOptions
+from reader.order import ExampleOrder, Placement, group_by_key
+from reader.store import ChunkStore
+from reader.streams import NotYetAvailable, StackedStreams, split_example_index
 
 T = TypeVar("T")
 _SOURCES_AHEAD = 32  # batches of a shuffled component's cipher answers computed at once

@@ -27,8 +27,8 @@ from typing import Any, Mapping
 
 import fsspec
 
-from .mixing import DEFAULT_BLOCK, MixPlan, quantise
-from .whatis import not_a_cache
+from reader.mixing import DEFAULT_BLOCK, MixPlan, quantise
+from reader.whatis import not_a_cache
 
 FORMAT_VERSION = 1
 TOP_KEYS = ("mixture", "components", "schedule", "seed", "block")

@@ -25,11 +25,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .mixture import Mixture, MixtureOrder
-from .options import ReadOptions
-from .prefetch import Prefetcher
-from .release import ReleasePolicy
-from .store import ChunkStore
+from reader.mixture import Mixture, MixtureOrder
+from reader.options import ReadOptions
+from reader.prefetch import Prefetcher
+from reader.release import ReleasePolicy
+from reader.store import ChunkStore
 
 
 class MixtureStore:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .schema import LAYOUTS
-from .shuffle import ShuffleConfig
+from reader.schema import LAYOUTS
+from reader.shuffle import ShuffleConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from .cache import Cache
-from .options import ReadOptions
-from .shuffle import shuffle_example_indices
-from .store import ChunkStore
-from .streams import NotYetAvailable, StreamIndex, split_example_index
-from .unpacked import UnpackedIndex
+from reader.cache import Cache
+from reader.options import ReadOptions
+from reader.shuffle import shuffle_example_indices
+from reader.store import ChunkStore
+from reader.streams import NotYetAvailable, StreamIndex, split_example_index
+from reader.unpacked import UnpackedIndex
 
 # cipher answers computed at once for the batches after a regular one (the cipher's cost is mostly
 # per call: a few hundred small numpy operations whatever the size)

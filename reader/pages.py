@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import format as fmt
+from reader import format as fmt
 
 
 def int_values(column, dtype=np.int32) -> np.ndarray:

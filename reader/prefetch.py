@@ -21,13 +21,13 @@ import threading
 
 import numpy as np
 
-from .cache import Cache
-from .options import ReadOptions
-from .order import ExampleOrder
-from .release import ReleasePolicy
-from .shuffle import mix_of_rows, mix_sources_of_lanes
-from .store import ChunkStore
-from .streams import streams_of_reader
+from reader.cache import Cache
+from reader.options import ReadOptions
+from reader.order import ExampleOrder
+from reader.release import ReleasePolicy
+from reader.shuffle import mix_of_rows, mix_sources_of_lanes
+from reader.store import ChunkStore
+from reader.streams import streams_of_reader
 
 _TRACKED_MIXES = 64
 

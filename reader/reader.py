@@ -29,17 +29,17 @@ from typing import Iterator
 
 import numpy as np
 
-from .assemble import SLAB_BATCHES, Assembler
-from .cache import Cache
-from .mixture_file import is_mixture_path
-from .mixture_io import open_mixture
-from .options import ReadOptions
-from .order import ExampleOrder
-from .prefetch import Prefetcher
-from .release import ReleasePolicy
-from .store import ChunkStore
-from .streams import StreamIndex, reader_rows
-from .workers import WorkerPool
+from reader.assemble import SLAB_BATCHES, Assembler
+from reader.cache import Cache
+from reader.mixture_file import is_mixture_path
+from reader.mixture_io import open_mixture
+from reader.options import ReadOptions
+from reader.order import ExampleOrder
+from reader.prefetch import Prefetcher
+from reader.release import ReleasePolicy
+from reader.store import ChunkStore
+from reader.streams import StreamIndex, reader_rows
+from reader.workers import WorkerPool
 
 
 class Reader:

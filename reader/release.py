@@ -20,11 +20,11 @@ import threading
 
 import numpy as np
 
-from .options import ReadOptions
-from .order import ExampleOrder
-from .shuffle import mix_of_rows, mix_sources_of_lanes, shuffle_window_of
-from .store import ChunkStore
-from .streams import StreamIndex
+from reader.options import ReadOptions
+from reader.order import ExampleOrder
+from reader.shuffle import mix_of_rows, mix_sources_of_lanes, shuffle_window_of
+from reader.store import ChunkStore
+from reader.streams import StreamIndex
 
 _TRACKED_CHUNKS = 4096
 _TRACKED_MIXES = 64

@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from .ciphers import feistel, hash_key, spread
+from reader.ciphers import feistel, hash_key, spread
 
 # cipher key tags (part of the definition of pi)
 _TAG_FULL, _TAG_MIX, _TAG_LAST_MIX, _TAG_BLOCKS = 1, 2, 3, 4

@@ -23,11 +23,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import format as fmt
-from .cache import Cache
-from .chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
-from .pages import decode_row_group
-from .validate import arrow_message, chunk_error
+from reader import format as fmt
+from reader.cache import Cache
+from reader.chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
+from reader.pages import decode_row_group
+from reader.validate import arrow_message, chunk_error
 
 
 _MAX_OPEN_FILES = 64

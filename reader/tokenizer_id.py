@@ -23,10 +23,10 @@ import json
 import os
 from typing import Any, Mapping
 
-from . import format as fmt
-from . import remote
-from .cache import Cache
-from .whatis import NotACache
+from reader import format as fmt
+from reader import remote
+from reader.cache import Cache
+from reader.whatis import NotACache
 
 KEYS = ("spec", "kind", "name", "vocab_size", "eos_id", "hash")
 MAKE_ONE = "python -m pipelines.interop tokenizer-identity SPEC --out FILE.json"

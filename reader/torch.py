@@ -50,9 +50,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import ReadOptions, Reader
-from .streams import reader_rows
-from .schema import FLAT_FIELDS
+from reader import ReadOptions, Reader
+from reader.streams import reader_rows
+from reader.schema import FLAT_FIELDS
 
 __all__ = ["TokenBatches", "as_tensors", "expand_flat", "resume_step", "STATE_KEY"]
 

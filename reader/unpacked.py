@@ -18,12 +18,12 @@ import threading
 import numpy as np
 import pyarrow.parquet as pq
 
-from . import format as fmt
-from . import remote
-from .cache import Cache
-from .chunk import DocIndex
-from .pages import int_values
-from .validate import ChunkError, arrow_message, size_mismatch
+from reader import format as fmt
+from reader import remote
+from reader.cache import Cache
+from reader.chunk import DocIndex
+from reader.pages import int_values
+from reader.validate import ChunkError, arrow_message, size_mismatch
 
 INDEX_DIR = "index"
 _CUM_CACHE = 256  # chunks whose cumulative piece counts are kept

@@ -23,10 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import format as fmt
-from . import remote
-from .cache import Cache
-from .pages import int_values
+from reader import format as fmt
+from reader import remote
+from reader.cache import Cache
+from reader.pages import int_values
 
 # ledger chunk-entry keys that the sidecar does not carry
 _LEDGER_ONLY_KEYS = ("doc_offset", "token_offset", "sidecar_checksum")

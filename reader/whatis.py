@@ -15,7 +15,7 @@ from typing import Any
 
 import fsspec
 
-from . import format as fmt
+from reader import format as fmt
 
 SPLITS = fmt.SPLIT_NAMES
 BUILD = "python -m pipelines.build_cache --input 'SHARDS' --output CACHE --tokenizer SPEC"

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .workers import FILL, OP_DONE, OP_ERROR, OP_READY, OP_SLOT, OP_STOP, Slot
+from reader.workers import FILL, OP_DONE, OP_ERROR, OP_READY, OP_SLOT, OP_STOP, Slot
 
 
 def _send_error(conn: Connection, e: BaseException) -> None:
@@ -31,7 +31,7 @@ def _send_error(conn: Connection, e: BaseException) -> None:
 
 
 def _serve(conn: Connection) -> None:
-    from .reader import Reader  # after the connection exists, so an import error is reported
+    from reader.reader import Reader  # after the connection exists, so an import error is reported
 
     setup: dict[str, Any] = conn.recv()
     w, W, spec, n = setup["worker"], setup["workers"], setup["spec"], setup["rows"]

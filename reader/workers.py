@@ -45,8 +45,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .assemble import SLAB_BATCHES
-from .schema import batch_spec
+from reader.assemble import SLAB_BATCHES
+from reader.schema import batch_spec
 
 OP_STOP, OPFILL, OP_SLOT = 0, 1, 2  # parent -> worker
 OP_READY, OP_DONE, OP_ERROR = 10, 11, 13  # worker -> parent
