@@ -67,8 +67,8 @@ def _encoder(name: str):
 
         enc = tiktoken.get_encoding(TIKTOKEN_NAME)
         return lambda texts: sum(len(enc.encode_ordinary(x)) for x in texts)
-    from pipelines import fast_tokenizer as ft
-    from pipelines import tokenizer as tk
+    from pipelines.tokenize import fast_tokenizer as ft
+    from pipelines.tokenize import tokenizer as tk
 
     spec = tk.resolve("tiktoken:cl100k_base")
     fast = ft.make_fast(spec, spec.load_reference())

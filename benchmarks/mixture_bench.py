@@ -33,7 +33,7 @@ import psutil
 from benchmarks.common import emit_result, log
 from benchmarks.reader_bench import B, L, WORKERS, synthetic_ledger, warm
 from reader import Reader, ReadOptions
-from reader import format as fmt
+from reader.format import spec as fmt
 
 WEIGHTS = (0.4, 0.3, 0.2, 0.1)
 

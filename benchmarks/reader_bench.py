@@ -40,8 +40,9 @@ import pyarrow.parquet as pq
 
 from benchmarks.common import emit_result, log
 from reader import Reader, ReadOptions
-from reader import format as fmt
-from reader import shuffle, streams
+from reader.format import spec as fmt
+from reader.order import shuffle
+from reader.order import streams
 
 L = 2048
 B = 64

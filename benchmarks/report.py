@@ -597,7 +597,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "each reader configuration once per round and the memmap timed three times per round right after "
         "the reader it is compared with; best of the rounds for the reader, best of all 15 timings for "
         "memmap. Shuffled: `shuffle_seed=0` with the default window options; the memmap "
-        "baseline uses the same permutation (`reader.shuffle.shuffle_example_indices`), precomputed.",
+        "baseline uses the same permutation (`reader.order.shuffle.shuffle_example_indices`), precomputed.",
         "- **Seek**: a fresh `Reader` then `batch(10**6)` against a fresh `Reader` then `batch(0)`, "
         "alternating, median of the repetitions.",
         "- **Ledger of 100k chunks**: a synthetic finished ledger (100 shards x 1000 chunks, real "

@@ -4,7 +4,7 @@ Orders, all served at the same batch size from the same packed streams (``R*`` i
 
 * ``none``  : no shuffle (the round-robin stream order);
 * ``eras``  : fixed-size windows ("eras", Levanter style), each a full random permutation of its examples;
-* ``ours``  : the growing-window shuffle of ``reader.shuffle`` (``ShuffleConfig``), ``lanes = R*``;
+* ``ours``  : the growing-window shuffle of ``reader.order.shuffle`` (``ShuffleConfig``), ``lanes = R*``;
 * ``ours_lanes1``: the same with ``lanes = 1`` (what a reader gets if it leaves ``lanes`` at its default);
 * ``full``  : a full random permutation of one pass over all examples.
 
@@ -17,7 +17,7 @@ Figures (keys of the returned flat dict are ``<order>_<figure>``):
 * ``between_doc``: fraction of the documents seen in batch b that reappear in batch b+1;
 * ``io_rg`` / ``io_chunk``: bytes read from chunk files per byte of tokens served (int32), with an LRU
   of ``memory_budget`` bytes, when reading Parquet row groups by byte range (``rg``) or when fetching
-  whole chunk files and decoding row groups from them (``chunk``, what ``reader.store.ChunkStore``
+  whole chunk files and decoding row groups from them (``chunk``, what ``reader.storage.store.ChunkStore``
   did before byte-range reads; ``rg`` is what it does now); ``io_rg_amp`` / ``io_chunk_amp``: the same divided by ``none``'s (the cost of streaming);
   ``io_*_r4``: the same for host 0 of 4 reader hosts;
 * ``entropy``: entropy (bits) of ``|storage index difference|`` between neighbouring samples, where the
@@ -50,8 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from reader import format as fmt
-from reader import shuffle, streams
+from reader.format import spec as fmt
+from reader.order import shuffle
+from reader.order import streams
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "benchmarks" / "work"
@@ -310,7 +311,7 @@ def simulate_io(ex: Examples, lay: Layout, perm: np.ndarray, *, seq_len: int, bu
     """Bytes read from chunk files per byte of (int32) tokens served, for one reader host.
 
     The host serves positions ``t ≡ host (mod hosts)`` (rows ``k ≡ r (mod R)`` of every batch). An LRU
-    holds decoded row groups (``DECODED_BYTES_PER_TOKEN * tokens`` bytes, as ``reader.store`` keeps
+    holds decoded row groups (``DECODED_BYTES_PER_TOKEN * tokens`` bytes, as ``reader.storage.store`` keeps
     them) and, with ``whole_chunks``, the fetched chunk files; like ``ChunkStore.tokens``, every access
     touches the chunk's bytes first (so an evicted chunk is fetched again even if the row group is
     still cached).

@@ -8,7 +8,7 @@ groups (the default before), or small chunks (8 MiB chunks, 128 Ki-token row gro
 
 It replays one maximum window (2^20 examples, about 2 B tokens) after the growth phase, through the
 same LRU model as ``shuffle_quality.simulate_io``. There are two ways to read. ``rg`` reads row groups
-by byte range, as ``reader.store`` does. ``chunk`` fetches whole chunk files (the reader before
+by byte range, as ``reader.storage.store`` does. ``chunk`` fetches whole chunk files (the reader before
 byte-range reads; still what it does for sidecars without a row-group index). Each host serves
 the rows ``k ≡ r (mod R)`` of every batch. The figures are bytes read divided by what the unshuffled
 order reads over the same batches.
@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from benchmarks import shuffle_quality as sq
-from reader import shuffle
+from reader.order import shuffle
 
 SEQ_LEN, R_STAR, BATCH, BUDGET = 2048, 16, 64, 1 << 30
 CACHES = {  # name: (chunk tokens, row-group tokens)

@@ -29,14 +29,14 @@ def _cpu(fn) -> float:
 
 
 def measure(corpus: Path, shards: int = 1, repeats: int = 2) -> dict:
-    from pipelines import fsutil
-    from pipelines.chunk_writer import ENCODE_BATCH_DOCS, ChunkBuilder, parse_line
-    from pipelines.fast_tokenizer import load_encoder
+    from pipelines.inputs import fsutil
+    from pipelines.build.chunk_writer import ENCODE_BATCH_DOCS, ChunkBuilder, parse_line
+    from pipelines.tokenize.fast_tokenizer import load_encoder
     from pipelines.options import (DEFAULT_CHUNK_BYTES, DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL,
                                    DEFAULT_ROW_GROUP_TOKENS, TOKEN_ENCODING)
-    from pipelines.tokenizer import resolve
-    from reader import format as fmt
-    from reader.chunk_file import ChunkParquet, row_group_table
+    from pipelines.tokenize.tokenizer import resolve
+    from reader.format import spec as fmt
+    from reader.format.chunk_file import ChunkParquet, row_group_table
 
     manifest = json.loads((corpus / "manifest.json").read_text())
     files = [str(corpus / f) for f in manifest["files"][:shards]]

@@ -57,9 +57,9 @@ def _cpu(fn) -> tuple[float, float]:
 def throughput(a) -> dict:
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
-    from pipelines import conformance
-    from pipelines import fast_tokenizer as ft
-    from pipelines import tokenizer as tk
+    from pipelines.tokenize import conformance
+    from pipelines.tokenize import fast_tokenizer as ft
+    from pipelines.tokenize import tokenizer as tk
 
     texts = _texts(Path(a.corpus), a.docs)
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
@@ -177,8 +177,8 @@ def builds(a) -> dict:
 
 def scan(a) -> dict:
     """Every code point (not surrogates) in each context: which ones does fastokens encode differently?"""
-    from pipelines import fast_tokenizer as ft
-    from pipelines import tokenizer as tk
+    from pipelines.tokenize import fast_tokenizer as ft
+    from pipelines.tokenize import tokenizer as tk
 
     spec = tk.resolve("tiktoken:cl100k_base")
     ref = spec.load_reference()

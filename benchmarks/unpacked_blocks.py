@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from reader import layouts
+from reader.batch import layouts
 
 
 def main(argv=None) -> None:

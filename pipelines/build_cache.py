@@ -42,7 +42,8 @@ import threading
 import time
 from typing import Any, Sequence
 
-from pipelines import local_workers, trace
+from pipelines import trace
+from pipelines.runners import local_workers
 
 _WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
 
@@ -57,13 +58,15 @@ if __name__ == "__main__":
 
 import apache_beam as beam  # noqa: E402
 
-from pipelines import faults, lock, runners, status, unit_queue  # noqa: E402
+from pipelines import faults, lock, status  # noqa: E402
+from pipelines.runners import choice as runners  # noqa: E402
+from pipelines.build import unit_queue  # noqa: E402
 from pipelines.errors import BuildError, EnvironmentFault  # noqa: E402
-from pipelines.fast_tokenizer import backend_note  # noqa: E402
+from pipelines.tokenize.fast_tokenizer import backend_note  # noqa: E402
 from pipelines.launcher import Prepared, plan_build, reconcile_output  # noqa: E402
 from pipelines.options import Arguments, build_arg_parser, parse_args, pipeline_options  # noqa: E402
-from pipelines.splits import cache_names, cache_root  # noqa: E402
-from pipelines.transforms import METRICS_NAMESPACE, BuildCache  # noqa: E402
+from pipelines.build.splits import cache_names, cache_root  # noqa: E402
+from pipelines.build.transforms import METRICS_NAMESPACE, BuildCache  # noqa: E402
 
 if __name__ == "__main__":
     gc.freeze()  # what was imported lives as long as the process: never walk it again

@@ -17,7 +17,7 @@ import logging
 
 import pyarrow.parquet as pq
 
-from reader import format as fmt
+from reader.format import spec as fmt
 
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_corpus")
 TOKENIZER = "tiktoken:cl100k_base"

@@ -5,7 +5,7 @@ Also installed as the ``chunkledger-interop`` script.
 The reader's imports (``python -m reader import-megatron|import-flat-tokens``, docs/INTEROP.md) take the
 tokenizer's identity from a cache or a JSON file (``--tokenizer_from``), because computing it needs the
 tokenizer's library, which ``reader/`` never imports. Here the identity is computed from a tokenizer spec,
-exactly as the builder computes it (``pipelines.tokenizer.resolve(SPEC).identity()``):
+exactly as the builder computes it (``pipelines.tokenize.tokenizer.resolve(SPEC).identity()``):
 
 * ``import-megatron``, ``import-flat-tokens``  the reader's commands, with the same options and the same
   output, but ``--tokenizer SPEC`` instead of ``--tokenizer_from``.
@@ -19,12 +19,13 @@ import argparse
 import sys
 from typing import Any
 
-from reader import cli_support
-from reader import format as fmt
-from reader import import_flat_tokens, import_megatron
-from reader.export import write_file
+from reader.cli import support as cli_support
+from reader.format import spec as fmt
+from reader.interop import import_flat_tokens
+from reader.interop import import_megatron
+from reader.interop.export import write_file
 
-from pipelines.tokenizer import resolve
+from pipelines.tokenize.tokenizer import resolve
 
 SPEC_HELP = ("'tiktoken:<encoding>', a Hugging Face tokenizer.json file or a directory holding one (local or "
              "gs://...), or a hub name (needs transformers and network access): as the builder's --tokenizer")
@@ -50,7 +51,7 @@ def identity_from_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_tokenizer_spec(parser: argparse.ArgumentParser) -> None:
     """``--tokenizer SPEC`` in place of the reader's ``--tokenizer_from`` (see
-    ``reader.importer.add_cache_arguments``)."""
+    ``reader.interop.importer.add_cache_arguments``)."""
     parser.add_argument("--tokenizer", required=True, metavar="SPEC",
                         help=f"the tokenizer the data was made with: {SPEC_HELP}. Its identity is recorded in the "
                              "ledger exactly as a build with it records it")

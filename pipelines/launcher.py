@@ -19,17 +19,19 @@ from typing import Any, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from reader import format as fmt
+from reader.format import spec as fmt
 
-from pipelines import faults, fsutil, remote, status
-from pipelines.decompress import open_input
+from pipelines import faults, status
+from pipelines.inputs import fsutil
+from pipelines.inputs import remote
+from pipelines.inputs.decompress import open_input
 from pipelines.errors import BuildError, DamagedInput, EnvironmentFault
 from pipelines.ledger import EmptyInput
 from pipelines.options import Arguments, absolute, chunk_config, is_remote, split_spec
 from pipelines.plan import BuildPlan, MatchedFile, make_plan, reconcile
-from pipelines.fast_tokenizer import preflight
-from pipelines.splits import SplitSpec, cache_root
-from pipelines.tokenizer import TokenizerError, TokenizerSpec, resolve
+from pipelines.tokenize.fast_tokenizer import preflight
+from pipelines.build.splits import SplitSpec, cache_root
+from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec, resolve
 
 LOG = logging.getLogger("chunkledger.build")
 

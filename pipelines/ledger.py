@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, Mapping, Sequence
 
-from reader import format as fmt
-from reader.chunk_file import ledger_chunks
-from reader.streams import round_robin_order
+from reader.format import spec as fmt
+from reader.format.chunk_file import ledger_chunks
+from reader.order.streams import round_robin_order
 
 from pipelines.errors import BuildError
 from pipelines.plan import BuildPlan, UnitResult

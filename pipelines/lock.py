@@ -25,9 +25,9 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
-from reader import format as fmt
+from reader.format import spec as fmt
 
-from pipelines import fsutil
+from pipelines.inputs import fsutil
 from pipelines.errors import BuildError
 from pipelines.options import is_remote
 

@@ -13,9 +13,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.errors import BuildError
 from pipelines.plan import ChunkConfig
-from pipelines.runners import runner_args
-from pipelines.splits import MAX_SEED, SplitSpec
-from pipelines.tokenizer import BACKENDS, DEFAULT_VERIFY_EVERY, MAX_PIECE_CHARS, PIECE_CHARS
+from pipelines.runners.choice import runner_args
+from pipelines.build.splits import MAX_SEED, SplitSpec
+from pipelines.tokenize.tokenizer import BACKENDS, DEFAULT_VERIFY_EVERY, MAX_PIECE_CHARS, PIECE_CHARS
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 DEFAULT_ROW_GROUP_TOKENS = 128 << 10  # shuffled reads stay near 1x I/O at a small size cost (docs/DESIGN.md)
@@ -297,5 +297,5 @@ def split_spec(options: argparse.Namespace) -> SplitSpec | None:
 
 def pipeline_options(pipeline_args: list[str]) -> PipelineOptions:
     """Beam options from the unparsed arguments, with the runner defaults and short names of
-    :func:`pipelines.runners.runner_args` (without ``--runner``, the local DirectRunner on every CPU)."""
+    :func:`pipelines.runners.choice.runner_args` (without ``--runner``, the local DirectRunner on every CPU)."""
     return PipelineOptions(runner_args(pipeline_args))

@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from reader import format as fmt
+from reader.format import spec as fmt
 
 from pipelines.errors import BuildError
-from pipelines.splits import SplitSpec
+from pipelines.build.splits import SplitSpec
 
 # Uncompressed / compressed bytes of jsonl text: only orders work units by size, never changes a byte.
 COMPRESSION_RATIO_GUESS = 4

@@ -9,16 +9,16 @@ reader.torch).
         ...
 """
 
-from reader.cache import Cache, CacheNotReady
-from reader.format import DamagedCache, FormatError
-from reader.mixture_file import MixtureError
+from reader.storage.cache import Cache, CacheNotReady
+from reader.format.spec import DamagedCache, FormatError
+from reader.mixture.spec import MixtureError
 from reader.options import ReadOptions
 from reader.reader import Reader
-from reader.remote import StorageError
-from reader.schema import BATCH_KEYS, FLAT_KEYS, expand_flat
-from reader.streams import EmptyStream, EndOfStream, NotYetAvailable
-from reader.validate import ChunkError
-from reader.whatis import NotACache
+from reader.storage.remote import StorageError
+from reader.batch.schema import BATCH_KEYS, FLAT_KEYS, expand_flat
+from reader.order.streams import EmptyStream, EndOfStream, NotYetAvailable
+from reader.storage.validate import ChunkError
+from reader.storage.whatis import NotACache
 
 __all__ = [
     "BATCH_KEYS",

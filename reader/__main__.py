@@ -1,5 +1,5 @@
 import sys
 
-from reader.cli import main
+from reader.cli.main import main
 
 sys.exit(main())

@@ -35,8 +35,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from reader.options import ReadOptions
 from reader.reader import Reader
-from reader.schema import FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS
-from reader.workers import WorkerPool
+from reader.batch.schema import FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS
+from reader.workers.pool import WorkerPool
 
 # --------------------------------------------------------------------------------------------------
 # Which rows live where
@@ -133,7 +133,7 @@ __all__ = [
 # A Reader passed as source keeps its own layout (ReadOptions.layout, "arrays" by default).
 LOADER_LAYOUT = "flat"
 
-# The fields (reader.schema): TOKEN_FIELDS are [B, L] arrays, ROW_FIELDS [B] arrays. The int64 per-row
+# The fields (reader.batch.schema): TOKEN_FIELDS are [B, L] arrays, ROW_FIELDS [B] arrays. The int64 per-row
 # fields (example_ids, epochs) become int32 jax.Arrays unless jax_enable_x64 is on.
 
 
@@ -264,7 +264,7 @@ class JaxLoader:
         self.prefetch = int(prefetch)
         self.threads = max(1, int(threads if threads is not None else 1))
         self._pool: cf.ThreadPoolExecutor | None = None
-        self._worker_pools: weakref.WeakSet = weakref.WeakSet()  # open reader.workers.WorkerPools
+        self._worker_pools: weakref.WeakSet = weakref.WeakSet()  # open reader.workers.pool.WorkerPools
         self._lock = threading.Lock()
         self.stats = {"batches": 0, "rows_loaded": 0, "fetch_seconds": 0.0, "wait_seconds": 0.0,
                       "max_wait_seconds": 0.0}

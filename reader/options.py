@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from reader.schema import LAYOUTS
-from reader.shuffle import ShuffleConfig
+from reader.batch.schema import LAYOUTS
+from reader.order.shuffle import ShuffleConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,9 +23,9 @@ class ReadOptions:
       eval_mode: a single pass in global chunk order: no loop, no shuffle; the last batch is padded with
         ``valid == False`` rows and iteration ends.
       shuffle_seed: if set, ``shuffled_example[i] = example[pi(i)]`` with ``pi`` the growing-window
-        shuffle (:func:`reader.shuffle.shuffle_example_indices`, default sizes, ``lanes = R*``).
+        shuffle (:func:`reader.order.shuffle.shuffle_example_indices`, default sizes, ``lanes = R*``).
         Training only.
-      shuffle: a :class:`reader.shuffle.ShuffleConfig` for finer control (window sizes ...); overrides
+      shuffle: a :class:`reader.order.shuffle.ShuffleConfig` for finer control (window sizes ...); overrides
         shuffle_seed.
       memory_budget_bytes: bound on cached chunk bytes + decoded row groups.
       prefetch_batches: batches assembled ahead of the consumer by ``iter_batches`` (on one thread).
@@ -35,7 +35,7 @@ class ReadOptions:
         cache (``num_workers`` picks it for its workers then).
       index_cache: store the unpacked per-chunk example counts in ``ROOT/index/`` when writable.
       num_workers: 0 (default): batches are assembled in this process (on threads). W > 0: by W reader
-        workers, child processes (:mod:`reader.workers`) that each decode and assemble every W-th of
+        workers, child processes (:mod:`reader.workers.pool`) that each decode and assemble every W-th of
         this reader's rows into shared memory; ``iter_batches`` then returns views of that memory (the
         same values, bit for bit). Use it when one core cannot keep up; the batch size must be a
         multiple of ``num_readers * num_workers``, and ``memory_budget_bytes`` is split between the
@@ -43,9 +43,9 @@ class ReadOptions:
         loader's workers each serve every W-th of the rows its process's devices hold, so W must
         divide that number of rows); ``rows``/``batch``/``examples`` and ``JaxLoader.global_batch``
         stay in-process.
-      layout: ``"arrays"`` (default): the five ``[rows, L]`` arrays of ``reader.schema.BATCH_KEYS``.
+      layout: ``"arrays"`` (default): the five ``[rows, L]`` arrays of ``reader.batch.schema.BATCH_KEYS``.
         ``"flat"`` (packed only): one ``uint32 [rows, L+1]`` array in seed 001's flat-tokens encoding
-        plus two per-row ints (``reader.schema.FLAT_KEYS``); about 4x fewer bytes to assemble and to
+        plus two per-row ints (``reader.batch.schema.FLAT_KEYS``); about 4x fewer bytes to assemble and to
         send to an accelerator, where :func:`reader.expand_flat` (numpy) or ``reader.jax.expand_flat``
         (jit) rebuilds the five arrays exactly.
     """

@@ -13,10 +13,10 @@ Examples are built at read time:
 * **unpacked**: one document piece per example (a document of ``n`` tokens gives ``ceil(n/L)`` pieces),
   padded with ``segment_ids == 0`` and ``loss_mask == False``.
 
-The Reader only wires the parts together: :class:`reader.order.ExampleOrder` says which tokens each
-row holds, :class:`reader.store.ChunkStore` fetches and decodes them, :class:`reader.assemble.Assembler`
-writes them into a batch (:mod:`reader.schema`), :mod:`reader.prefetch` and :mod:`reader.release`
-keep the store ahead of the reads, and :mod:`reader.workers` runs it all in child processes.
+The Reader only wires the parts together: :class:`reader.order.examples.ExampleOrder` says which tokens each
+row holds, :class:`reader.storage.store.ChunkStore` fetches and decodes them, :class:`reader.batch.assemble.Assembler`
+writes them into a batch (:mod:`reader.batch.schema`), :mod:`reader.batch.prefetch` and :mod:`reader.batch.release`
+keep the store ahead of the reads, and :mod:`reader.workers.pool` runs it all in child processes.
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ from typing import Iterator
 
 import numpy as np
 
-from reader.assemble import SLAB_BATCHES, Assembler
-from reader.cache import Cache
-from reader.mixture_file import is_mixture_path
-from reader.mixture_io import open_mixture
+from reader.batch.assemble import SLAB_BATCHES, Assembler
+from reader.storage.cache import Cache
+from reader.mixture.spec import is_mixture_path
+from reader.mixture.io import open_mixture
 from reader.options import ReadOptions
-from reader.order import ExampleOrder
-from reader.prefetch import Prefetcher
-from reader.release import ReleasePolicy
-from reader.store import ChunkStore
-from reader.streams import StreamIndex, reader_rows
-from reader.workers import WorkerPool
+from reader.order.examples import ExampleOrder
+from reader.batch.prefetch import Prefetcher
+from reader.batch.release import ReleasePolicy
+from reader.storage.store import ChunkStore
+from reader.order.streams import StreamIndex, reader_rows
+from reader.workers.pool import WorkerPool
 
 
 class Reader:
@@ -47,12 +47,12 @@ class Reader:
 
     Args:
       cache: cache root (local path or fsspec URL such as ``gs://b/cache``), an open :class:`Cache`, or a
-        mixture file (``*.json``, :mod:`reader.mixture`): rows then come from several caches by weight,
+        mixture file (``*.json``, :mod:`reader.mixture.mixture`): rows then come from several caches by weight,
         each row's ``components`` naming its cache.
       options: :class:`ReadOptions`.
       num_readers, reader_index: this host is reader ``reader_index`` of ``num_readers`` (R, r).
       wait_timeout_s: while the build runs, how long to wait for a chunk that is not written yet before
-        raising :class:`reader.cache.CacheNotReady`.
+        raising :class:`reader.storage.cache.CacheNotReady`.
       poll_interval_s: how often to look for build progress while waiting.
       storage_options: passed to fsspec (e.g. ``{"token": ...}`` for gcsfs).
       serve_rows: serve only these rows of every batch, a sorted subset of reader ``reader_index``'s
@@ -61,9 +61,9 @@ class Reader:
 
     Attributes: ``options``, ``cache``, ``store`` (I/O counters: ``bytes_fetched``, ``fetches``, ...),
     ``order`` (which tokens each example is), ``my_rows`` (the rows of each global batch served here).
-    For a mixture, ``cache`` is the :class:`reader.mixture.Mixture` (its component caches in
-    ``cache.caches``), ``store`` a :class:`reader.mixture_io.MixtureStore` (``store.stores``) and
-    ``order`` a :class:`reader.mixture.MixtureOrder`.
+    For a mixture, ``cache`` is the :class:`reader.mixture.mixture.Mixture` (its component caches in
+    ``cache.caches``), ``store`` a :class:`reader.mixture.io.MixtureStore` (``store.stores``) and
+    ``order`` a :class:`reader.mixture.mixture.MixtureOrder`.
     """
 
     def __init__(self, cache: str | Cache, options: ReadOptions | None = None, num_readers: int = 1,
@@ -116,7 +116,7 @@ class Reader:
 
     # -- sizes ------------------------------------------------------------------------------------------
     def stream_index(self) -> StreamIndex:
-        """The :class:`reader.streams.StreamIndex` over the chunks known now (all once the build is done)."""
+        """The :class:`reader.order.streams.StreamIndex` over the chunks known now (all once the build is done)."""
         return self.order.stream_index()
 
     @property
@@ -149,7 +149,7 @@ class Reader:
         return out
 
     def rows(self, b: int, rows) -> dict[str, np.ndarray]:
-        """Rows ``rows`` (ints in [0, B)) of GLOBAL batch ``b`` as a dict of arrays (``reader.schema``)."""
+        """Rows ``rows`` (ints in [0, B)) of GLOBAL batch ``b`` as a dict of arrays (``reader.batch.schema``)."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         B = self.options.batch_size
         if b < 0:
@@ -173,7 +173,7 @@ class Reader:
         and gathering are paid once); each batch is a view of its rows of one set of arrays.
 
         Args:
-          out: arrays of ``count * len(my_rows)`` rows (``reader.schema.batch_spec``) to assemble into,
+          out: arrays of ``count * len(my_rows)`` rows (``reader.batch.schema.batch_spec``) to assemble into,
             rows of any stride (reader workers pass their rows of a shared-memory slot).
         """
         if count == 1 and out is None:
@@ -195,7 +195,7 @@ class Reader:
         ``SLAB_BATCHES`` at a time, and the row groups that batch ``b + lookahead`` will need are
         fetched, verified and decoded on ``prefetch_threads`` threads while batch ``b`` is served
         (:meth:`lookahead_batches`), so decoding overlaps serving. With ``num_workers > 0`` the batches
-        come from reader workers instead (:class:`reader.workers.WorkerPool`): views of shared memory
+        come from reader workers instead (:class:`reader.workers.pool.WorkerPool`): views of shared memory
         that stay valid, unchanged, for as long as they are referenced.
         """
         if self.options.num_workers > 0:

@@ -51,8 +51,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from reader import ReadOptions, Reader
-from reader.streams import reader_rows
-from reader.schema import FLAT_FIELDS
+from reader.order.streams import reader_rows
+from reader.batch.schema import FLAT_FIELDS
 
 __all__ = ["TokenBatches", "as_tensors", "expand_flat", "resume_step", "STATE_KEY"]
 

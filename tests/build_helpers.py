@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import pyarrow.parquet as pq
 
-from reader import format as fmt
+from reader.format import spec as fmt
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_DIR = os.path.join(REPO, "pipelines", "sample_corpus")
@@ -131,7 +131,7 @@ def small_plan(tmp_path, chunk_bytes: int = 1500):
     from pipelines.launcher import match_inputs
     from pipelines.options import build_arg_parser, chunk_config
     from pipelines.plan import make_plan
-    from pipelines.tokenizer import resolve
+    from pipelines.tokenize.tokenizer import resolve
 
     texts = sample_texts(24, seed=11)
     a = write_shard(str(tmp_path / "in" / "a.jsonl"), [{"text": t} for t in texts[:12]] + [b"oops"])

@@ -26,8 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reader import format as fmt
-from reader import streams
+from reader.format import spec as fmt
+from reader.order import streams
 
 DEFAULT_TOKENIZER = {"spec": "synthetic", "kind": "synthetic", "name": "synthetic", "vocab_size": 1 << 20,
                      "eos_id": 0, "hash": "synthetic"}

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 import cachegen
-from reader import format as fmt
+from reader.format import spec as fmt
 
 MAGIC = b"MMIDIDX\x00\x00"
 # The Megatron DType enum: code -> (struct letter, itemsize)

@@ -29,7 +29,7 @@ def kill_at_write(point: str) -> None:
         raise ValueError(f"kill point {point!r}: expected N:{'|'.join(STAGES)} with N >= 1")
     from apache_beam.io.filesystems import FileSystems
 
-    from pipelines.fsutil import TMP_PREFIX
+    from pipelines.inputs.fsutil import TMP_PREFIX
 
     real_rename = FileSystems.rename
     writes = 0

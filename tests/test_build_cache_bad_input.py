@@ -11,7 +11,7 @@ import pytest
 from apache_beam.metrics.metric import MetricsFilter
 
 from build_helpers import load_ledger, read_dead_letters, read_documents, sample_texts, tree_bytes, write_shard
-from reader import format as fmt
+from reader.format import spec as fmt
 from pipelines import build_cache
 from pipelines.build_cache import BuildError
 from test_build_cache import build, check_cache

@@ -15,7 +15,7 @@ import pytest
 
 from build_helpers import load_ledger, read_dead_letters, sample_texts, tree_bytes, write_shard
 from pipelines.build_cache import BuildError
-from reader import format as fmt
+from reader.format import spec as fmt
 from test_build_cache import build, check_cache
 from test_build_cache_bad_input import mixed_lines
 

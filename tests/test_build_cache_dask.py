@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from pipelines import build_cache, runners, trace
+from pipelines import build_cache, trace
+from pipelines.runners import choice as runners
 from pipelines.build_cache import BuildError
 from build_helpers import FNAPI, load_ledger, sample_texts, tree_bytes, write_shard
 from test_build_cache import build, check_cache

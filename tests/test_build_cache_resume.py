@@ -110,7 +110,7 @@ def test_resume_skips_complete_chunks_and_rebuilds_damaged_ones(corpus, clean, t
     # Unfinish the cache, damage one chunk of the plain shard and one of the gzip shard, remove a sidecar.
     plan = json.loads(open(os.path.join(out, "ledger.json")).read())
     plan.update(finished=False, chunks=[], totals={}, bad_records={})
-    from reader.format import dumps_ledger
+    from reader.format.spec import dumps_ledger
 
     for inp in plan["inputs"]:
         if inp["compression"] != "none":

@@ -22,10 +22,10 @@ from build_helpers import (DIRECT_MP2, load_ledger, read_dead_letters, read_docu
                            train_tiny_tokenizer, tree_bytes, write_shard)
 from pipelines.build_cache import BuildError
 from reader import ReadOptions, Reader
-from reader import format as fmt
-from reader.cache import Cache
-from reader.cli import main as reader_cli
-from reader.export import split_caches
+from reader.format import spec as fmt
+from reader.storage.cache import Cache
+from reader.cli.main import main as reader_cli
+from reader.interop.export import split_caches
 from test_build_cache import build, decompressed
 from test_build_cache_bad_input import mixed_lines
 from test_build_cache_resume import run_killed

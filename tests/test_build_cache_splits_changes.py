@@ -18,9 +18,10 @@ import shutil
 import pytest
 
 from build_helpers import load_ledger, read_dead_letters, sample_texts, tree_bytes, write_shard
-from pipelines import fsutil, lock
+from pipelines import lock
+from pipelines.inputs import fsutil
 from pipelines.build_cache import BuildError
-from reader import format as fmt
+from reader.format import spec as fmt
 from test_build_cache import build
 from test_build_cache_changes import edit_same_length, good_line_with, make_corpus, unfinish
 

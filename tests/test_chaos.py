@@ -38,7 +38,7 @@ import zstandard
 
 from build_helpers import REPO, load_ledger, sample_texts, tree_bytes, write_shard
 from pipelines.errors import BuildError, EnvironmentFault
-from reader import format as fmt
+from reader.format import spec as fmt
 from test_build_cache import build
 from test_build_cache_bad_input import mixed_lines
 
@@ -484,9 +484,9 @@ def test_fuzzed_lines_are_never_lost():
 
     from build_helpers import read_chunk
     from pipelines.plan import ChunkConfig, MatchedFile, make_plan, work_units
-    from pipelines.fast_tokenizer import load_cached
-    from pipelines.tokenizer import MAX_PIECE_CHARS, PIECE_CHARS, resolve
-    from pipelines.units import UnitBuilder
+    from pipelines.tokenize.fast_tokenizer import load_cached
+    from pipelines.tokenize.tokenizer import MAX_PIECE_CHARS, PIECE_CHARS, resolve
+    from pipelines.build.units import UnitBuilder
 
     tok = resolve("tiktoken:cl100k_base")
     enc = load_cached(tok)

@@ -279,7 +279,7 @@ def test_the_checks_fail_on_broken_docs():
     assert out_of_order([["a"], ["b", "c"]], {"a": {"c"}, "b": {"c"}}) == [
         "a imports c, listed below it", "b imports c, listed below it"]
     # names and paths
-    text = "`reader.format.Ledger`, `reader.nope`, `reader/format.py`, `tests/gone.py::t`, `benchmarks/work/x`"
+    text = "`reader.format.spec.Ledger`, `reader.nope`, `reader/format.py`, `tests/gone.py::t`, `benchmarks/work/x`"
     assert missing_names(text, unimportable) == ["reader.nope", "tests/gone.py"]
     # the I/O check follows imports through other modules
     assert imported_by({"a": {"b"}, "b": {"c"}, "c": set()}, "a") == {"b", "c"}

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import tiktoken
 
-from pipelines import build_cache, conformance
-from pipelines import fast_tokenizer as ft
-from pipelines import tokenizer as tk
+from pipelines import build_cache
+from pipelines.tokenize import conformance
+from pipelines.tokenize import fast_tokenizer as ft
+from pipelines.tokenize import tokenizer as tk
 from pipelines.build_cache import BuildError
 from build_helpers import load_ledger, read_documents, sample_texts, train_tiny_tokenizer, tree_bytes, write_shard
 from test_build_cache import build

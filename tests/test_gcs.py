@@ -26,7 +26,7 @@ from build_helpers import write_shard  # noqa: E402
 from gcs_emulator import GcsEmulator  # noqa: E402
 from pipelines import build_cache  # noqa: E402
 from reader import ReadOptions, Reader  # noqa: E402
-from reader import format as fmt  # noqa: E402
+from reader.format import spec as fmt  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
@@ -195,7 +195,7 @@ def test_gs_rerun_trusts_inputs_by_crc32c_and_rereads_a_replaced_object(corpus, 
 def test_gs_split_build_equals_a_local_one_and_its_rerun_only_verifies(corpus, emulator, tmp_path):
     """A split build on gs://: the manifest and both caches as a local split build writes them (the lock and
     every temporary object gone); a rerun trusts the inputs' CRC32C in both caches and changes nothing."""
-    from reader.whatis import NotACache
+    from reader.storage.whatis import NotACache
 
     d, _ = corpus
     split = ("--validation_fraction", "0.25", "--split_seed", "3")
@@ -300,7 +300,7 @@ def test_reading_a_gs_cache_during_its_build_matches_reading_after(emulator):
 def test_hf_tokenizer_on_gs_resolves_like_the_local_file(tmp_path, emulator):
     """A Dataflow launch reads no local files: an HF tokenizer.json (or its directory) on gs:// works."""
     from build_helpers import train_tiny_tokenizer
-    from pipelines.tokenizer import TokenizerError, resolve
+    from pipelines.tokenize.tokenizer import TokenizerError, resolve
 
     local = train_tiny_tokenizer(str(tmp_path / "tokenizer.json"))
     # <pad> is not an EOS the resolver would guess: getting it proves tokenizer_config.json was read.

@@ -11,8 +11,8 @@ import zarr
 
 import interop_ref as ref
 from reader import Cache
-from reader import format as fmt
-from reader.cli import main
+from reader.format import spec as fmt
+from reader.cli.main import main
 
 
 def _run(capsys, *argv):
@@ -126,7 +126,7 @@ def test_export_of_tokens_outside_the_vocabulary(tmp_path, capsys, bad):
 
 
 def test_megatron_export_renames_the_idx_last(tmp_path, monkeypatch):
-    import reader.megatron as megatron
+    import reader.interop.megatron as megatron
 
     ref.synthetic_cache(str(tmp_path / "c"), [[[1, 2]]], vocab_size=10)
     real, seen = megatron.rename, []

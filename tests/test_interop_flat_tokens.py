@@ -10,7 +10,7 @@ import zarr
 
 import interop_ref as ref
 from pipelines import interop
-from reader.cli import main
+from reader.cli.main import main
 
 import cachegen
 

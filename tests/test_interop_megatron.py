@@ -11,12 +11,12 @@ import pytest
 
 import interop_ref as ref
 from reader import ReadOptions, Reader
-from reader import format as fmt
-from reader import importer
+from reader.format import spec as fmt
+from reader.interop import importer
 from pipelines import interop
-from pipelines.tokenizer import resolve
-from reader.cli import main
-from reader.import_megatron import import_megatron
+from pipelines.tokenize.tokenizer import resolve
+from reader.cli.main import main
+from reader.interop.import_megatron import import_megatron
 
 import cachegen
 

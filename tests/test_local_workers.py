@@ -18,7 +18,7 @@ import time
 import pytest
 
 from build_helpers import FNAPI, REPO, sample_texts, tree_bytes, write_shard
-from pipelines import local_workers
+from pipelines.runners import local_workers
 from test_build_cache import build
 
 pytestmark = pytest.mark.skipif(not local_workers.enabled(), reason="forked workers need Linux")
@@ -154,7 +154,7 @@ def test_a_worker_command_without_a_warm_process_starts_beams_own_worker(tmp_pat
     """Nothing listens on the socket: the command becomes Beam's standard worker (which, without a runner's
     addresses in its environment, stops at once saying so)."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_SERVICE_DESCRIPTOR")}
-    proc = subprocess.run([sys.executable, "-m", "pipelines.local_workers", "connect", str(tmp_path / "none.sock")],
+    proc = subprocess.run([sys.executable, "-m", "pipelines.runners.local_workers", "connect", str(tmp_path / "none.sock")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "CONTROL_API_SERVICE_DESCRIPTOR" in proc.stderr, proc.stderr[-2000:]
 
@@ -181,7 +181,7 @@ def test_which_command_lines_use_local_workers():
 
 
 def _claim_all(directory: str, n: int, out) -> None:
-    from pipelines.unit_queue import ClaimQueue
+    from pipelines.build.unit_queue import ClaimQueue
 
     got = []
     for i in ClaimQueue(directory, n):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipelines.chunk_writer import BAD_REASONS, parse_line
+from pipelines.build.chunk_writer import BAD_REASONS, parse_line
 
 
 def test_parse_line_reasons():
@@ -77,7 +77,7 @@ def _verdict(fn, raw):
 
 
 def test_fast_json_path_gives_the_standard_parsers_verdict_on_nasty_lines():
-    from pipelines import chunk_writer
+    from pipelines.build import chunk_writer
 
     assert chunk_writer._orjson_loads is not None, "orjson (a dependency of apache-beam) is not installed"
     for raw in NASTY_LINES:
@@ -92,7 +92,7 @@ def test_fast_json_path_equals_the_standard_parser_on_mutated_lines():
     """Random byte edits of good and nasty lines: the fast path never disagrees with the standard parser."""
     import random
 
-    from pipelines import chunk_writer
+    from pipelines.build import chunk_writer
 
     rng = random.Random(7)
     seeds = [raw for raw in NASTY_LINES if len(raw) < 400] + [
@@ -120,11 +120,11 @@ def test_fast_json_path_equals_the_standard_parser_on_mutated_lines():
 
 def test_dead_letters_identical_with_and_without_the_fast_json_path(tmp_path, monkeypatch):
     """A chunk built from every nasty line: dead letters, sidecar and Parquet bytes as with ``json`` alone."""
-    from pipelines import chunk_writer
-    from pipelines.chunk_writer import ChunkBuilder
-    from pipelines.fast_tokenizer import load_cached
-    from pipelines.tokenizer import resolve
-    from reader import format as fmt
+    from pipelines.build import chunk_writer
+    from pipelines.build.chunk_writer import ChunkBuilder
+    from pipelines.tokenize.fast_tokenizer import load_cached
+    from pipelines.tokenize.tokenizer import resolve
+    from reader.format import spec as fmt
 
     lines = [raw for raw in NASTY_LINES if _verdict(chunk_writer.parse_line_json, raw)[0] != "raised"]
     lines = [raw for raw in lines if b"\n" not in raw]

@@ -8,7 +8,7 @@ import random
 import pytest
 import zstandard
 
-from pipelines.decompress import ZstdFrameChecker, open_input
+from pipelines.inputs.decompress import ZstdFrameChecker, open_input
 from pipelines.errors import DamagedInput
 
 DATA = b"".join(b'{"text": "line %d of a shard"}\n' % i for i in range(4000))

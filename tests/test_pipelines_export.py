@@ -17,10 +17,11 @@ import pytest
 import cachegen
 import interop_ref as ref
 from build_helpers import DIRECT_MP2, FNAPI, SAMPLE_DIR
-from pipelines import build_cache, export
-from pipelines.export_plan import make_plan, plan_parts
-from reader import format as fmt
-from reader.cli import main as reader_main
+from pipelines import build_cache
+from pipelines.export import job as export
+from pipelines.export.layout import make_plan, plan_parts
+from reader.format import spec as fmt
+from reader.cli.main import main as reader_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(300)
@@ -137,7 +138,7 @@ def replace(src, dst, *a, **k):
         os.kill(os.getpid(), signal.SIGKILL)
 
 os.replace = replace
-from pipelines.export import main
+from pipelines.export.job.job import main
 main(sys.argv[5:])
 """
 
@@ -253,7 +254,7 @@ def test_a_split_builds_top_directory_is_refused_as_the_cli_does_and_each_split_
     cli_err = capsys.readouterr().err
     code, err = _main(capsys, top, "--format", "megatron", "--out", str(tmp_path / "beam" / "m"), *FNAPI)
     assert code == 2
-    for command, text in (("python -m reader export", cli_err), ("python -m pipelines.export", err)):
+    for command, text in (("python -m reader export", cli_err), ("python -m pipelines.export.job", err)):
         assert f"{top}: the top of a split build" in text, text
         for split in ("train", "validation"):
             assert f"{command} {top}/{split} --format megatron --out PREFIX_{split}" in text, text

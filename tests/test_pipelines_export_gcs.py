@@ -13,9 +13,9 @@ pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator (test e
 import cachegen  # noqa: E402
 import interop_ref as ref  # noqa: E402
 from gcs_emulator import GcsEmulator  # noqa: E402
-from pipelines import export  # noqa: E402
-from pipelines.export_finalize import COMPOSE_LIMIT  # noqa: E402
-from reader.cli import main as reader_main  # noqa: E402
+from pipelines.export import job as export  # noqa: E402
+from pipelines.export.finalize import COMPOSE_LIMIT  # noqa: E402
+from reader.cli.main import main as reader_main  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from pipelines import fsutil
-from pipelines.fsutil import LineReader, RangeLines, SpanHasher, iter_range_lines
+from pipelines.inputs import fsutil
+from pipelines.inputs.fsutil import LineReader, RangeLines, SpanHasher, iter_range_lines
 
 
 def lines_with_offsets(data: bytes):

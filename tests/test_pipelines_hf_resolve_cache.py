@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from pipelines import hf_resolve_cache
-from pipelines import tokenizer as tk
+from pipelines.tokenize import hf_resolve_cache
+from pipelines.tokenize import tokenizer as tk
 from tests.build_helpers import train_tiny_tokenizer
 
 

@@ -12,9 +12,9 @@ import interop_ref as ref
 from build_helpers import FNAPI, sample_texts, train_tiny_tokenizer, tree_bytes, write_shard
 from pipelines import build_cache
 from pipelines.interop import main as interop
-from pipelines.tokenizer import resolve
-from reader import format as fmt
-from reader.cli import main as reader
+from pipelines.tokenize.tokenizer import resolve
+from reader.format import spec as fmt
+from reader.cli.main import main as reader
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_the_commands_keep_the_readers_options(capsys):
     import argparse
 
     from pipelines.interop import build_parser as ours
-    from reader.cli import build_parser as theirs
+    from reader.cli.main import build_parser as theirs
 
     def options(parser, command):
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]

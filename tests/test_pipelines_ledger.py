@@ -12,8 +12,8 @@ from build_helpers import FNAPI, small_plan
 from pipelines.errors import BuildError
 from pipelines.ledger import TooManyBadRecords, check_bad_fraction, finished_ledger
 from pipelines.plan import UnitResult
-from pipelines.transforms import BuildCache
-from reader import format as fmt
+from pipelines.build.transforms import BuildCache
+from reader.format import spec as fmt
 
 
 def test_finished_ledger_is_pure_and_ordered(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from build_helpers import sample_texts
 from pipelines.errors import BuildError
 from pipelines.options import build_arg_parser, split_spec
-from pipelines.splits import SplitRouter, SplitSpec, cache_roots, split_hash
+from pipelines.build.splits import SplitRouter, SplitSpec, cache_roots, split_hash
 
 BASE = ["--input", "x", "--output", "y", "--tokenizer", "tiktoken:cl100k_base"]
 

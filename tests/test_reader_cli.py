@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from reader import BATCH_KEYS, ReadOptions, Reader
-from reader.cli import main
+from reader.cli.main import main
 
 import cachegen
 

@@ -259,7 +259,7 @@ def test_fields_subset(cache):
                                            (["--eval", "--unpacked"], "eval_unpacked")])
 def test_equals_the_batches_command(cache, tmp_path, cli_args, mode):
     """The global batch equals what `python -m reader batches` writes for the same options."""
-    from reader import cli
+    from reader.cli import main as cli
 
     out = str(tmp_path / "batches.npz")
     start, count = 1, 2
@@ -281,7 +281,7 @@ def test_reads_while_the_build_runs(tmp_path):
     import time
 
     from cachegen import finish_cache, write_chunk
-    from reader import streams
+    from reader.order import streams
 
     rng = np.random.default_rng(99)
     chunks = random_chunks(rng, 12)

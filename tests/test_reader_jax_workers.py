@@ -26,7 +26,7 @@ from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 from cachegen import random_chunks, write_synthetic_cache  # noqa: E402
 from jax_helpers.common import CountingReader  # noqa: E402
 from reader import ReadOptions, Reader  # noqa: E402
-from reader import workers as rw  # noqa: E402
+from reader.workers import pool as rw  # noqa: E402
 from reader.jax import ROW_FIELDS, TOKEN_FIELDS, JaxLoader  # noqa: E402
 
 if jax.device_count() < 8:  # pragma: no cover - only if another module initialized jax first
@@ -128,7 +128,7 @@ def test_workers_yield_the_in_process_batches_bit_for_bit(cache, case):
 def test_workers_with_prefetch_threads_serve_the_same_batches(cache, monkeypatch):
     """On a remote cache the workers keep their prefetch threads and plan ahead for their own rows (here:
     a local cache the parent is told is remote); shuffled, so the plan covers mixing groups too."""
-    from reader.cache import Cache
+    from reader.storage.cache import Cache
 
     opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=4, shuffle_seed=2)
     mesh = make_mesh((4, 2), ("data", "model"))

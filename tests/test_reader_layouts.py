@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import cachegen
-from reader import ReadOptions, Reader, layouts
+from reader import ReadOptions, Reader
+from reader.batch import layouts
 
 
 @pytest.mark.parametrize("block_rows", [1, 3, 7])

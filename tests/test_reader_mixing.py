@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from reader.ciphers import feistel, hash_key
-from reader.mixing import QUANTUM, MixIndex, MixPlan, arrange, quantise
+from reader.order.ciphers import feistel, hash_key
+from reader.mixture.mixing import QUANTUM, MixIndex, MixPlan, arrange, quantise
 
 SETTINGS = dict(max_examples=30, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example])

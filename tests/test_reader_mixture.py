@@ -14,8 +14,8 @@ import pytest
 import cachegen
 from mixgen import write_components, write_mixture
 from reader import ReadOptions, Reader
-from reader.schema import BATCH_KEYS
-from reader.shuffle import ShuffleConfig
+from reader.batch.schema import BATCH_KEYS
+from reader.order.shuffle import ShuffleConfig
 
 TOKEN_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask", "epochs", "valid")
 

@@ -12,11 +12,11 @@ import pytest
 import cachegen
 from mixgen import write_components, write_mixture
 from reader import ReadOptions, Reader
-from reader.cli import main as cli_main
-from reader.mixing import MixIndex
-from reader.mixture import Mixture
-from reader.mixture_file import MixtureError, is_mixture_path, load_mixture, parse_mixture
-from reader.whatis import NotACache
+from reader.cli.main import main as cli_main
+from reader.mixture.mixing import MixIndex
+from reader.mixture.mixture import Mixture
+from reader.mixture.spec import MixtureError, is_mixture_path, load_mixture, parse_mixture
+from reader.storage.whatis import NotACache
 
 
 @pytest.fixture(scope="module")

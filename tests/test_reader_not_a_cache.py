@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from reader import NotACache, Reader
-from reader import format as fmt
-from reader.export import split_caches
+from reader.format import spec as fmt
+from reader.interop.export import split_caches
 
 import cachegen
 

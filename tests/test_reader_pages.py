@@ -1,4 +1,4 @@
-"""reader.pages: the PLAIN page fast path decodes exactly what pyarrow decodes, or steps aside."""
+"""reader.storage.pages: the PLAIN page fast path decodes exactly what pyarrow decodes, or steps aside."""
 
 import os
 import shutil
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from reader import ReadOptions, Reader
-from reader.pages import fast_token_values
+from reader.storage.pages import fast_token_values
 
 import cachegen
 

@@ -10,9 +10,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from reader import Cache, ReadOptions, Reader, streams
-from reader import format as fmt
-from reader.pages import fast_plain_values, fast_token_values
+from reader import Cache, ReadOptions, Reader
+from reader.order import streams
+from reader.format import spec as fmt
+from reader.storage.pages import fast_plain_values, fast_token_values
 
 import cachegen
 

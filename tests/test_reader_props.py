@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from reader import EmptyStream, ReadOptions, Reader, shuffle, streams
+from reader import EmptyStream, ReadOptions, Reader
+from reader.order import shuffle
+from reader.order import streams
 
 import cachegen
 

@@ -1,4 +1,4 @@
-"""gs:// failures end in seconds with one message naming the URL and the cause (reader.remote).
+"""gs:// failures end in seconds with one message naming the URL and the cause (reader.storage.remote).
 
 Against a real Cloud Storage emulator (tests/gcs_emulator.py): a bucket that does not exist, a typo'd
 path, the emulator stopped (no network). Against endpoints that cannot answer: a host that does not
@@ -25,7 +25,7 @@ pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator (test e
 
 from gcs_emulator import GcsEmulator  # noqa: E402
 from reader import NotACache, ReadOptions, Reader, StorageError  # noqa: E402
-from reader import remote  # noqa: E402
+from reader.storage import remote  # noqa: E402
 
 import cachegen  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""reader.schema: the one batch schema is what the reader returns, in every layout."""
+"""reader.batch.schema: the one batch schema is what the reader returns, in every layout."""
 
 import shutil
 import tempfile
@@ -6,7 +6,8 @@ import tempfile
 import numpy as np
 import pytest
 
-from reader import BATCH_KEYS, FLAT_KEYS, ReadOptions, Reader, schema
+from reader import BATCH_KEYS, FLAT_KEYS, ReadOptions, Reader
+from reader.batch import schema
 
 import cachegen
 

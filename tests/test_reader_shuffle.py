@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from reader import CacheNotReady, EmptyStream, ReadOptions, Reader, format as fmt, shuffle, streams
-from reader.release import ReleasePolicy
+from reader import CacheNotReady, EmptyStream, ReadOptions, Reader
+from reader.format import spec as fmt
+from reader.order import shuffle
+from reader.order import streams
+from reader.batch.release import ReleasePolicy
 
 import cachegen
 

@@ -1,4 +1,4 @@
-"""reader.store: checksums verified on first read, damaged files named, row groups decoded lazily, LRU budget."""
+"""reader.storage.store: checksums verified on first read, damaged files named, row groups decoded lazily, LRU budget."""
 
 import json
 import os
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from reader import ChunkError, ReadOptions, Reader
-from reader import format as fmt
-from reader import streams
+from reader.format import spec as fmt
+from reader.order import streams
 
 import cachegen
 
@@ -183,7 +183,7 @@ def test_local_files_stay_open_within_a_bound_and_close_with_the_reader(cache_di
     close()."""
     import concurrent.futures as cf
 
-    from reader import store as store_mod
+    from reader.storage import store as store_mod
 
     monkeypatch.setattr(store_mod, "_MAX_OPEN_FILES", 2)
     root, chunks, entries = cache_dir
@@ -256,7 +256,7 @@ def test_a_sequential_read_releases_what_it_has_passed():
 def test_released_buffers_are_kept_within_the_budget(cache_dir, monkeypatch):
     """Beyond _MAX_RETIRED, released row groups' buffers are kept only while the cache and they together
     fit the memory budget; kept ones serve new decodes (fresh_buffers stays put)."""
-    from reader import store as store_mod
+    from reader.storage import store as store_mod
     root, chunks, entries = cache_dir
     monkeypatch.setattr(store_mod, "_MAX_RETIRED", 2)
     keys = [(c, g) for c in range(len(entries)) for g in range(len(_sidecar(root, entries[c])["row_group_index"]))]

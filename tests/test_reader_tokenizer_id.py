@@ -1,4 +1,4 @@
-"""reader.tokenizer_id: the tokenizer identity the reader's imports take (`--tokenizer_from`), read from a
+"""reader.format.tokenizer_id: the tokenizer identity the reader's imports take (`--tokenizer_from`), read from a
 cache or a JSON file and checked, with errors that name the file and the fix; and the reader's import side
 loads no tokenizer library."""
 
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import interop_ref as ref
-from reader import tokenizer_id
-from reader.cli import main
+from reader.format import tokenizer_id
+from reader.cli.main import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IDENTITY = {"spec": "tiny", "kind": "huggingface", "name": "tiny", "vocab_size": 50, "eos_id": 3,
@@ -99,14 +99,14 @@ def test_the_commands_say_what_is_wrong_and_what_to_pass(tmp_path, capsys):
 
 
 def test_the_import_functions_take_an_identity_not_a_spec(tmp_path):
-    from reader.import_flat_tokens import import_flat_tokens
-    from reader.import_megatron import import_megatron
-    from reader.importer import ImportFailed
+    from reader.interop.import_flat_tokens import import_flat_tokens
+    from reader.interop.import_megatron import import_megatron
+    from reader.interop.importer import ImportFailed
 
     ref.write_megatron(str(tmp_path / "m"), [[[1, 2]]], code=8)
     with pytest.raises(ImportFailed, match="give the tokenizer identity .*not a spec: "
-                                           r"reader.tokenizer_id.load\(CACHE_OR_JSON\), or "
-                                           r"pipelines.tokenizer.resolve\(SPEC\).identity\(\)"):
+                                           r"reader.format.tokenizer_id.load\(CACHE_OR_JSON\), or "
+                                           r"pipelines.tokenize.tokenizer.resolve\(SPEC\).identity\(\)"):
         import_megatron([str(tmp_path / "m")], "tiktoken:cl100k_base", str(tmp_path / "o"))
     with pytest.raises(ImportFailed, match="give the tokenizer identity"):
         import_flat_tokens(str(tmp_path / "d.zarr"), "tiktoken:cl100k_base", str(tmp_path / "o"))
@@ -118,9 +118,9 @@ def test_the_import_functions_take_an_identity_not_a_spec(tmp_path):
 
 def test_reader_side_imports_no_tokenizer_library_beam_or_pipelines(tmp_path):
     (tmp_path / "id.json").write_text(json.dumps(IDENTITY))
-    code = ("import sys, reader.cli, reader.export, reader.megatron, reader.flat_tokens, reader.importer, "
-            "reader.import_megatron, reader.import_flat_tokens, reader.chunk_file, reader.tokenizer_id; "
-            f"reader.tokenizer_id.load({str(tmp_path / 'id.json')!r}); reader.cli.build_parser(); "
+    code = ("import sys, reader.cli.main, reader.interop.export, reader.interop.megatron, reader.interop.flat_tokens, reader.interop.importer, "
+            "reader.interop.import_megatron, reader.interop.import_flat_tokens, reader.format.chunk_file, reader.format.tokenizer_id; "
+            f"reader.format.tokenizer_id.load({str(tmp_path / 'id.json')!r}); reader.cli.main.build_parser(); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('apache_beam', 'transformers', 'pipelines', "
             "'tiktoken', 'tokenizers', 'zarr', 'torch', 'jax')]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -1,4 +1,4 @@
-"""reader.validate: every kind of damage is reported naming the damaged file (the Parquet chunk, its
+"""reader.storage.validate: every kind of damage is reported naming the damaged file (the Parquet chunk, its
 sidecar, or the ledger) and the problem precisely, never blaming another file.
 
 Each case damages one file of a small cache the way a disk, a copy tool or a person would, runs
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from reader import ChunkError, ReadOptions, Reader
-from reader import format as fmt
-from reader.cache import Cache
-from reader.cli import main
-from reader.validate import validate_chunk
+from reader.format import spec as fmt
+from reader.storage.cache import Cache
+from reader.cli.main import main
+from reader.storage.validate import validate_chunk
 
 import cachegen
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from reader import ChunkError, ReadOptions, Reader
-from reader import workers as rw
+from reader.workers import pool as rw
 
 import cachegen
 
@@ -172,7 +172,7 @@ def test_workers_read_a_running_build_like_one_process(tmp_path):
 def test_workers_with_prefetch_threads_serve_the_same_batches(cache, monkeypatch):
     """On a remote cache the workers keep their prefetch threads and copy iter_batches' batches into the
     slots (here: a local cache the parent is told is remote)."""
-    from reader.cache import Cache
+    from reader.storage.cache import Cache
 
     opts = ReadOptions(seq_len=16, batch_size=8, ideal_readers=4, layout="flat", shuffle_seed=2, num_workers=2)
     want = in_process(cache, opts, 5, 30)

@@ -1,4 +1,4 @@
-"""Property tests for the growing-window shuffle (reader.shuffle, reader.ciphers)."""
+"""Property tests for the growing-window shuffle (reader.order.shuffle, reader.order.ciphers)."""
 
 import json
 import subprocess
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from reader import ciphers, shuffle
-from reader.shuffle import ShuffleConfig, shuffle_example_indices, shuffle_window_of, unshuffle_example_indices
+from reader.order import ciphers
+from reader.order import shuffle
+from reader.order.shuffle import ShuffleConfig, shuffle_example_indices, shuffle_window_of, unshuffle_example_indices
 
 
 @st.composite
@@ -161,7 +162,7 @@ GOLDEN_CFG = dict(seed=12345, first_window=16, growth=2.0, max_window=256, block
 def test_identical_across_processes_and_pinned():
     idx = [0, 1, 2, 15, 16, 17, 100, 1000, 10**6, 10**12]
     here = shuffle_example_indices(np.array(idx), ShuffleConfig(**GOLDEN_CFG)).tolist()
-    code = ("import json, numpy as np; from reader.shuffle import ShuffleConfig, shuffle_example_indices; "
+    code = ("import json, numpy as np; from reader.order.shuffle import ShuffleConfig, shuffle_example_indices; "
             f"print(json.dumps(shuffle_example_indices(np.array({idx}), ShuffleConfig(**{GOLDEN_CFG!r})).tolist()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "random", "PATH": "/usr/bin:/bin"}, cwd=".")

@@ -1,4 +1,4 @@
-"""Property tests for reader.streams (and reader.unpacked) against brute-force definitions from seed 000."""
+"""Property tests for reader.order.streams (and reader.order.unpacked) against brute-force definitions from seed 000."""
 
 import itertools
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from reader import streams, unpacked
+from reader.order import streams
+from reader.order import unpacked
 
 
 def brute_round_robin(counts):

@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import tiktoken
 
-from reader.chunk_file import TOKEN_LEAF, parquet_writer_options, row_group_table
+from reader.format.chunk_file import TOKEN_LEAF, parquet_writer_options, row_group_table
 from pipelines.options import DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL, TOKEN_ENCODING
-from reader import format as fmt
+from reader.format import spec as fmt
 
 from .make_sample_corpus import MODULES, module_docs
 

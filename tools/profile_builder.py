@@ -18,11 +18,11 @@ import pstats
 import tempfile
 import time
 
-from pipelines import fsutil
-from pipelines.chunk_writer import ENCODE_BATCH_DOCS, ChunkBuilder
+from pipelines.inputs import fsutil
+from pipelines.build.chunk_writer import ENCODE_BATCH_DOCS, ChunkBuilder
 from pipelines.options import DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL, DEFAULT_ROW_GROUP_TOKENS, TOKEN_ENCODING
-from pipelines.fast_tokenizer import load_encoder
-from pipelines.tokenizer import resolve
+from pipelines.tokenize.fast_tokenizer import load_encoder
+from pipelines.tokenize.tokenizer import resolve
 
 
 def main(argv=None) -> None:

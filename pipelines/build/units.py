@@ -1,0 +1,342 @@
+"""Building one work unit on a worker: read its lines, feed the chunk writer, skip chunks already complete.
+
+A byte-range unit (uncompressed shard) reads the lines starting in its range with a seek; a streamed
+unit (compressed shard) decompresses the shard once, checked to the end of the compressed stream, and
+cuts it into chunks by uncompressed offset, then writes the shard's ``_DONE.json``.
+
+A chunk left by an earlier run is skipped only if it is complete (its files agree with its sidecar, see
+:func:`~pipelines.build.chunk_writer.verify_chunk`) **and** the input still holds the bytes it was built from:
+the lines starting in its byte range are read again and their span and sha256 compared with the
+sidecar's ``input_span`` and ``input_checksum`` (no tokenizing). A chunk that fails either check is
+rebuilt, so a rerun after an input was edited in place rebuilds exactly the chunks whose lines changed.
+Inputs known unchanged by their Cloud Storage CRC32C (``WorkUnit.trusted``) are not read again.
+
+When the cache is already finished (``recorded`` holds its ledger's sidecar checksums) a rebuilt chunk
+must reproduce the recorded one byte for byte: a repair never turns a finished cache into a cache of
+other inputs.
+
+In a split build every chunk is written into both caches (train and validation) from one read of its
+lines: it counts as complete only if it is complete in both and both record the same input bytes; else
+it is rebuilt in both (the one that was intact is rewritten with the same bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import tempfile
+from typing import Any, Mapping
+
+from reader.format import spec as fmt
+
+from pipelines.inputs import fsutil
+from pipelines.build.chunk_writer import ChunkBuilder, ChunkCheck, Counters, verify_chunk
+from pipelines.inputs.decompress import open_input
+from pipelines.errors import BuildError, DamagedInput
+from pipelines.plan import UnitResult, WorkUnit
+from pipelines.build.splits import SplitSpec, cache_names, cache_roots
+
+LOG = logging.getLogger("chunkledger.build")
+REPLAY_MEMORY = 8 << 20  # a verified chunk's lines are kept in memory up to this, then in a local temp file
+_CHUNK_FILE = re.compile(r"chunk-(\d+)\.(parquet|json|jsonl)$")
+
+Sidecars = tuple[dict[str, Any], ...]  # one chunk's sidecars, one per cache of the build
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """What a rerun finds of one chunk in every cache of the build (one :class:`ChunkCheck` each)."""
+
+    checks: tuple[ChunkCheck, ...]
+
+    @property
+    def complete(self) -> bool:
+        first = self.checks[0].sidecar
+        return all(c.complete and c.sidecar["input_span"] == first["input_span"]
+                   and c.sidecar["input_checksum"] == first["input_checksum"] for c in self.checks)
+
+    @property
+    def absent(self) -> bool:
+        return all(c.absent for c in self.checks)
+
+    @property
+    def sidecars(self) -> Sidecars:
+        return tuple(c.sidecar for c in self.checks)
+
+    def input_matches(self, span: list[int], checksum: str) -> bool:
+        """The input bytes the chunk was built from are ``span`` with sha256 ``checksum``."""
+        first = self.checks[0].sidecar
+        return span == first["input_span"] and checksum == first["input_checksum"]
+
+    def problem(self, roots: tuple[str, ...], shard: int, index: int) -> str:
+        """Why the chunk is not complete, naming the file."""
+        for root, c in zip(roots, self.checks):
+            if not c.complete:
+                return f"{fmt.join(root, fmt.chunk_path(shard, index))}: {c.problem}"
+        return (f"{fmt.join(roots[-1], fmt.chunk_path(shard, index))}: records other input bytes than "
+                f"{fmt.join(roots[0], fmt.chunk_path(shard, index))}")
+
+
+class _Verifying:
+    """Stands in for a ChunkBuilder while a complete chunk's input is re-read: hashes and keeps its lines.
+
+    If the span and checksum match the sidecar, :meth:`finish` returns the sidecar; if not, the kept lines
+    are replayed into a real ChunkBuilder (a streamed shard cannot be read twice cheaply).
+    """
+
+    def __init__(self, unit_builder: "UnitBuilder", unit: WorkUnit, index: int, lo: int, check: Found):
+        self.ub, self.unit, self.index, self.lo, self.check = unit_builder, unit, index, lo, check
+        self.span = fsutil.SpanHasher()
+        self.kept = tempfile.SpooledTemporaryFile(max_size=REPLAY_MEMORY)
+        self.first: int | None = None
+
+    def add(self, offset: int, raw: bytes) -> None:
+        if self.first is None:
+            self.first = offset
+        self.span.add(offset, raw)
+        self.kept.write(raw)
+        self.kept.write(b"\n")
+
+    def finish(self, hi: int, end: int) -> Sidecars:
+        span, checksum = self.span.finish(end)
+        if self.check.input_matches(span, checksum):
+            self.kept.close()
+            return self.ub.skipped(self.unit, self.index, self.check)
+        self.ub.input_changed(self.unit, self.index)
+        builder = self.ub.chunk_builder(self.unit, self.index, self.lo)
+        self.kept.seek(0)
+        if self.first is not None:
+            for off, raw in fsutil.LineReader(self.kept, base=self.first):
+                builder.add(off, raw)
+        self.kept.close()
+        return builder.finish(hi, end)
+
+
+class UnitBuilder:
+    """Builds work units into the cache(s) under ``output``, one after the other, in one worker.
+
+    Args:
+      output: the cache root (the parent of the train and validation caches of a split build).
+      encoder: the loaded tokenizer (``pipelines.tokenize.fast_tokenizer.load_cached``).
+      config: the ledger's chunking configuration (``ChunkConfig.to_json()``).
+      eos_id: the tokenizer's end-of-sequence id (appended only if ``config["append_eos"]``).
+      counters: where chunk writers add their counts (Beam metrics on a worker).
+      recorded: for each cache finished when the run was planned (by name: None for a plain build,
+        ``"train"``/``"validation"``), ``(shard, index) -> sidecar_checksum`` from its ledger; rebuilt chunks
+        must reproduce those sidecars exactly. None (or empty) while no cache is finished.
+      split: the train/validation split of a split build, None for one cache.
+    """
+
+    def __init__(self, output: str, encoder, config: Mapping[str, Any], eos_id: int | None,
+                 counters: Counters | None = None,
+                 recorded: Mapping[str | None, Mapping[tuple[int, int], str]] | None = None,
+                 split: SplitSpec | None = None):
+        self.output = output
+        self.encoder = encoder
+        self.config = config
+        self.eos_id = eos_id
+        self.counters = counters or Counters()
+        self.split = split
+        self.names = cache_names(split)
+        self.roots = cache_roots(output, split)
+        # per cache, in ``names`` order: the recorded sidecar checksums if it was finished, else None
+        self.recorded = tuple((recorded or {}).get(name) for name in self.names)
+        self.finished = [root for root, r in zip(self.roots, self.recorded) if r is not None]
+
+    def build(self, unit: WorkUnit) -> tuple[UnitResult, ...]:
+        """The unit's chunks written or verified: one result per cache of the build."""
+        if unit.streamed:
+            per_chunk, done = self._build_stream(unit)
+        else:
+            per_chunk, done = [self._build_range(unit)], None
+        return tuple(UnitResult(shard=unit.shard, sidecars=tuple(sc[i] for sc in per_chunk), done=done, split=name)
+                     for i, name in enumerate(self.names))
+
+    # -- chunk outcomes (shared by both kinds of unit) ---------------------------------------------
+    def chunk_builder(self, unit: WorkUnit, index: int, lo: int) -> ChunkBuilder:
+        expect = None
+        if self.finished:
+            def expect(sidecars: Sidecars) -> None:
+                for want, sidecar in zip(self.recorded, sidecars):
+                    if want is not None and fmt.checksum(fmt.sidecar_bytes(sidecar)) != want.get((unit.shard, index)):
+                        raise self._finished_input_changed(unit, index)
+
+        return ChunkBuilder(root=self.output, input_path=unit.path, shard=unit.shard, index=index, lo=lo,
+                            encoder=self.encoder, config=self.config, eos_id=self.eos_id, counters=self.counters,
+                            expect=expect, split=self.split)
+
+    def skipped(self, unit: WorkUnit, index: int, check: Found) -> Sidecars:
+        """A complete chunk whose input is unchanged: kept (in a finished cache: if it is the recorded one)."""
+        for root, want, c in zip(self.roots, self.recorded, check.checks):
+            if want is not None and c.sidecar_checksum != want.get((unit.shard, index)):
+                raise BuildError(
+                    f"{fmt.join(root, fmt.sidecar_path(unit.shard, index))} is complete but is not the chunk "
+                    f"the finished ledger in {root} records (another build wrote into this --output?). "
+                    "Delete that chunk's .parquet and .json files and rerun the same command to restore it.")
+        self.counters.inc("chunks_skipped", 1)
+        return check.sidecars
+
+    def input_changed(self, unit: WorkUnit, index: int) -> None:
+        """A complete chunk whose input bytes changed since it was built: rebuild it (never in a finished cache)."""
+        if self.finished:
+            raise self._finished_input_changed(unit, index)
+        LOG.warning("input file %s changed since chunk %d of shard %d was built: rebuilding that chunk",
+                    unit.path, index, unit.shard)
+        self.counters.inc("chunks_rebuilt", 1)
+        self.counters.inc("chunks_input_changed", 1)
+
+    def _finished_input_changed(self, unit: WorkUnit, index: int) -> BuildError:
+        return BuildError(
+            f"input file {unit.path} changed since the cache in {self.finished[0]} was finished (the lines of chunk "
+            f"{index} of shard {unit.shard} are not the bytes it was built from). A finished cache is never "
+            "rebuilt from other inputs (readers may be using it): build into another --output, or restore "
+            "the file.")
+
+    def _found(self, shard: int, index: int, byte_range: tuple[int, int] | None = None) -> Found:
+        return Found(tuple(verify_chunk(root, shard, index, byte_range) for root in self.roots))
+
+    def _check(self, unit: WorkUnit, index: int, byte_range: tuple[int, int] | None) -> Found:
+        check = self._found(unit.shard, index, byte_range)
+        if not check.absent:
+            self.counters.inc("chunks_checked", 1)
+        if not check.complete and not check.absent:
+            LOG.warning("%s; rebuilding it", check.problem(self.roots, unit.shard, index))
+            self.counters.inc("chunks_rebuilt", 1)
+        return check
+
+    @staticmethod
+    def _check_unchanged(unit: WorkUnit) -> None:
+        size = fsutil.file_size(unit.path)
+        if size != unit.size:
+            raise BuildError(f"input file {unit.path} changed during the build (planned size {unit.size}, "
+                             f"now {size}); inputs must not change while a cache is built into the same --output")
+
+    # -- an uncompressed shard's chunk: a byte range ----------------------------------------------
+    def _build_range(self, unit: WorkUnit) -> Sidecars:
+        k = unit.index
+        check = self._check(unit, k, (unit.lo, unit.hi))
+        self._check_unchanged(unit)
+        if check.complete:
+            if unit.trusted:
+                return self.skipped(unit, k, check)
+            lines = fsutil.RangeLines(unit.path, unit.lo, unit.hi)
+            hasher = fsutil.SpanHasher()
+            for off, raw in lines:
+                hasher.add(off, raw)
+            if check.input_matches(*hasher.finish(lines.end)):
+                return self.skipped(unit, k, check)
+            self.input_changed(unit, k)
+        builder = self.chunk_builder(unit, k, unit.lo)
+        lines = fsutil.RangeLines(unit.path, unit.lo, unit.hi)
+        for off, raw in lines:
+            builder.add(off, raw)
+        return builder.finish(unit.hi, lines.end)
+
+    # -- a compressed shard: streamed once ---------------------------------------------------------
+    def _build_stream(self, unit: WorkUnit) -> tuple[list[Sidecars], dict[str, int]]:
+        shard = unit.shard
+        done_paths = [fmt.join(root, fmt.shard_done_path(shard)) for root in self.roots]
+        raw_dones = [fsutil.read_bytes_or_none(p) for p in done_paths]
+        self._check_unchanged(unit)
+        if raw_dones[0] is not None and len(set(raw_dones)) == 1 and unit.trusted:  # the same _DONE.json in each cache
+            done = json.loads(raw_dones[0])
+            checks = [self._found(shard, k) for k in range(done["chunks"])]
+            if all(c.complete for c in checks):
+                self.counters.inc("chunks_checked", len(checks))
+                return [self.skipped(unit, k, c) for k, c in enumerate(checks)], done
+        try:
+            sidecars, total = self._stream(unit)
+        except DamagedInput:
+            if not self.finished:
+                self._forget_shard(shard)  # nothing built from a damaged stream is kept as complete
+            raise
+        done = {"chunks": len(sidecars), "uncompressed_bytes": total}
+        self._remove_stale_chunks(shard, len(sidecars))
+        done_bytes = fmt.dumps(done).encode()
+        for path, raw_done in zip(done_paths, raw_dones):
+            if raw_done != done_bytes:
+                fsutil.write_atomic(path, done_bytes)
+        return sidecars, done
+
+    def _stream(self, unit: WorkUnit) -> tuple[list[Sidecars], int]:
+        cb = self.config["chunk_bytes"]
+        sidecars: list[Sidecars] = []
+        cur = None
+
+        def start(k: int):
+            check = self._check(unit, k, None)
+            if not check.complete:
+                return self.chunk_builder(unit, k, k * cb)
+            if unit.trusted:
+                return _Trusted(self, unit, k, check)
+            return _Verifying(self, unit, k, k * cb, check)
+
+        with open_input(unit.path, unit.compression) as f:
+            reader = fsutil.LineReader(f)
+            for off, raw in reader:
+                k = off // cb
+                if cur is None or k != len(sidecars):
+                    if cur is not None:
+                        sidecars.append(cur.finish(len(sidecars) * cb + cb, off))
+                    while len(sidecars) < k:  # chunks holding no line start
+                        j = len(sidecars)
+                        sidecars.append(start(j).finish(j * cb + cb, off))
+                    cur = start(k)
+                cur.add(off, raw)
+            total = reader.pos
+        n = fmt.num_chunks(total, cb)
+        if cur is not None:
+            k = len(sidecars)
+            sidecars.append(cur.finish(min(k * cb + cb, total), total))
+        while len(sidecars) < n:
+            k = len(sidecars)
+            sidecars.append(start(k).finish(min(k * cb + cb, total), total))
+        # byte ranges come from the sidecar: a chunk of another length (the input changed) is not complete
+        for k, scs in enumerate(sidecars):
+            want = [k * cb, min(k * cb + cb, total)]
+            for sc in scs:
+                if list(sc["byte_range"]) != want:
+                    raise BuildError(f"internal: chunk {k} of {unit.path} has byte range {sc['byte_range']}, "
+                                     f"expected {want}")
+        return sidecars, total
+
+    def _shard_files(self, shard: int) -> list[tuple[str, int]]:
+        """``(path, chunk index)`` of every chunk, sidecar and dead-letter file of ``shard`` in the caches."""
+        out = []
+        patterns = [fmt.join(root, rel) for root in self.roots
+                    for rel in (f"{fmt.shard_dir(shard)}/chunk-*", f"{fmt.BAD_DIR}/shard-{shard:05d}/chunk-*")]
+        for pattern in patterns:
+            for path in fsutil.list_sizes(pattern):
+                m = _CHUNK_FILE.search(path)
+                if m:
+                    out.append((path, int(m.group(1))))
+        return out
+
+    def _remove_stale_chunks(self, shard: int, n: int) -> None:
+        """Chunks numbered ``n`` and up belong to an earlier, longer content of the shard: remove them."""
+        stale = sorted((p for p, k in self._shard_files(shard) if k >= n), key=lambda p: not p.endswith(".json"))
+        for path in stale:  # sidecars first: a crash in between leaves incomplete chunks, never complete ones
+            fsutil.delete_if_exists(path)
+
+    def _forget_shard(self, shard: int) -> None:
+        """Remove ``_DONE.json`` and every chunk of a shard (sidecars first), in every cache."""
+        for root in self.roots:
+            fsutil.delete_if_exists(fmt.join(root, fmt.shard_done_path(shard)))
+        files = sorted(self._shard_files(shard), key=lambda pk: not pk[0].endswith(".json"))
+        for path, _ in files:
+            fsutil.delete_if_exists(path)
+
+
+class _Trusted:
+    """Stands in for a ChunkBuilder when a complete chunk's input is known unchanged (same CRC32C)."""
+
+    def __init__(self, unit_builder: UnitBuilder, unit: WorkUnit, index: int, check: Found):
+        self.ub, self.unit, self.index, self.check = unit_builder, unit, index, check
+
+    def add(self, offset: int, raw: bytes) -> None:
+        pass
+
+    def finish(self, hi: int, end: int) -> Sidecars:
+        return self.ub.skipped(self.unit, self.index, self.check)

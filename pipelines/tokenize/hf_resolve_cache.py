@@ -1,0 +1,89 @@
+"""Remembering what resolving a local Hugging Face ``tokenizer.json`` gives, so a machine parses each one once.
+
+Resolving a ``tokenizer.json`` (:func:`pipelines.tokenize.tokenizer.resolve`) parses it with the ``tokenizers``
+library and serializes it back (``Tokenizer.to_str()``: the payload shipped to the workers, whose sha256 is
+the ledger's identity). For a 100k-token vocabulary that is about 0.6 CPU-seconds, paid by the launcher
+and again by the warm worker process (:mod:`pipelines.runners.local_workers`) before the first work unit can start.
+The result is a pure function of the file's bytes, the ``tokenizer_config.json`` beside it (its
+``eos_token``) and the library's code, so it is recorded under a key that digests all three
+(:func:`pipelines.tokenize.conformance_cache.package_digest` of ``tokenizers``) plus the interpreter's version.
+
+An entry is checked when read: its payload's sha256 must be its recorded hash, or the entry is ignored and
+the file parsed again. Entries live in ``$CHUNKLEDGER_CACHE_DIR/hf-resolve/`` (default
+``~/.cache/chunkledger``, as for conformance passes); ``CHUNKLEDGER_RESOLVE_CACHE=0`` turns it off. A cache
+that cannot be read or written is ignored. Remote specs (``gs://...``) and hub names are not remembered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+
+from reader.format.tokenizer_id import hash_hf_json
+
+from pipelines.tokenize.conformance_cache import directory as _conformance_directory
+from pipelines.tokenize.conformance_cache import package_digest
+
+ENV_SWITCH = "CHUNKLEDGER_RESOLVE_CACHE"
+VERSION = b"chunkledger hf resolve cache 1"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def directory() -> str:
+    return os.path.join(os.path.dirname(_conformance_directory()), "hf-resolve")
+
+
+def key(tokenizer_json: bytes, config_json: bytes | None) -> str:
+    """The key of resolving these bytes with the installed ``tokenizers``."""
+    import tokenizers
+
+    h = hashlib.sha256(VERSION)
+    for part in (sys.version.encode(), package_digest(tokenizers).encode(), tokenizer_json,
+                 b"\0no config" if config_json is None else b"\1" + config_json):
+        h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()
+
+
+def lookup(k: str) -> dict | None:
+    """``{"vocab_size", "eos_id", "hash", "payload"}`` recorded under ``k``, or None."""
+    if not enabled():
+        return None
+    base = os.path.join(directory(), k)
+    try:
+        with open(base + ".json", encoding="utf-8") as f:
+            entry = json.load(f)
+        with open(base + ".payload", encoding="utf-8") as f:
+            payload = f.read()
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(entry, dict) and entry.get("key") == k and entry.get("hash") == hash_hf_json(payload)):
+        return None  # damaged or from something else: parse the file again
+    return {"vocab_size": entry["vocab_size"], "eos_id": entry["eos_id"], "hash": entry["hash"], "payload": payload}
+
+
+def record(k: str, vocab_size: int, eos_id: int | None, hash_: str, payload: str) -> None:
+    """Record a resolution under ``k`` (payload first, then the entry naming it; a failure is ignored)."""
+    if not enabled():
+        return
+    d = directory()
+    try:
+        os.makedirs(d, exist_ok=True)
+        for suffix, text in ((".payload", payload),
+                             (".json", json.dumps({"key": k, "vocab_size": vocab_size, "eos_id": eos_id,
+                                                   "hash": hash_}, sort_keys=True))):
+            fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                os.replace(tmp, os.path.join(d, k + suffix))
+            except BaseException:
+                os.unlink(tmp)
+                raise
+    except OSError:
+        pass

@@ -1,0 +1,199 @@
+"""How each batch layout writes rows: the kernels the assembler's one walk calls.
+
+The walk (:mod:`reader.batch.assemble`) decides what goes in every row; a writer puts it there in its
+layout's arrays (:mod:`reader.batch.schema`):
+
+* :meth:`copy_windows`: runs of windows that lie inside one decoded row group, for the whole batch
+  (one copy per run), then :meth:`mark_documents`: the document starts inside them, for the
+  whole batch at once;
+* :meth:`write_row`: any other row, from its tokens (after the previous token) and their positions;
+* :meth:`pad`: rows past the end of an eval pass.
+
+Rows may be written with scratch values first (a run's copy, or a whole-array shift, covers rows the
+walk writes afterwards): the walk writes crossing and piecewise rows after the windows, and padding last.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from reader.batch.schema import TOKEN_FIELDS, empty_batch
+
+PIECE_BLOCK_ELEMENTS = 1 << 16  # rows x seq_len of unpacked rows written at once (512 KiB per int64 temporary)
+
+_AR32: list = [np.zeros(0, np.int32)]
+
+
+def _arange32(n: int) -> np.ndarray:
+    """``np.arange(n, dtype=int32)``, cached (a batch needs one of batch x seq_len entries)."""
+    a = _AR32[0]
+    if a.size < n:
+        a = _AR32[0] = np.arange(n, dtype=np.int32)
+    return a[:n]
+
+
+class ArraysWriter:
+    """``layout="arrays"``: inputs, targets, segment_ids, positions, loss_mask as ``[rows, L]`` arrays."""
+
+    layout = "arrays"
+    strided = False  # writes through flat views of whole arrays: rows must be contiguous
+
+    def __init__(self, seq_len: int):
+        self.L = seq_len
+
+    def new(self, n: int) -> dict[str, np.ndarray]:
+        return empty_batch(self.layout, self.L, n)
+
+    def reset(self, out: dict[str, np.ndarray]) -> None:
+        """Every token array is written whole by the walk."""
+
+    def copy_windows(self, out, runs, groups) -> None:
+        """Targets and inputs of each run ``(chunk, row group, offset, rows, k)``: ``k`` consecutive windows
+        of one row group into rows ``rows`` (:func:`reader.batch.assemble.window_runs`), as one copy."""
+        L = self.L
+        tg, ip = out["targets"], out["inputs"]
+        for c, g, a, rows, k in runs:
+            rg = groups[(c, g)]
+            if k == 1:
+                tg[rows] = rg.padded[a + 1:a + 1 + L]
+                ip[rows] = rg.padded[a:a + L]
+            else:
+                tg[rows] = rg.padded[a + 1:a + 1 + k * L].reshape(k, L)
+                ip[rows] = rg.padded[a:a + k * L].reshape(k, L)
+
+    def mark_documents(self, out, rows, first, owner, offset) -> None:
+        """positions, segment_ids, loss_mask and the zero inputs at document starts of the copied windows
+        (see :func:`reader.batch.assemble.doc_starts_in_windows` for the arguments): a few hundred segments
+        for the whole batch, not one pass per token."""
+        L = self.L
+        nrows = out["targets"].shape[0]
+        # segments, as flat offsets into the [rows, L] outputs: each window's first piece (at column 0,
+        # position `first`), then one per document start inside it. Runs continue over rows that are
+        # not windows; those are written afterwards (crossing windows) or zeroed (padding).
+        flat = np.concatenate([rows * L, rows[owner] * L + offset])
+        pos0 = np.concatenate([first, np.zeros(owner.size, np.int64)])
+        o = np.argsort(flat, kind="stable")
+        flat, pos0 = flat[o], pos0[o]
+        starts_doc = flat[pos0 == 0]  # tokens that start a document: input 0
+        if flat[0] != 0:  # rows before the first window: scratch, overwritten later
+            flat, pos0 = np.concatenate([[0], flat]), np.concatenate([[0], pos0])
+        size = nrows * L
+        lengths = np.diff(np.append(flat, size))
+        sidx = np.arange(flat.size)
+        row_first = np.maximum.accumulate(np.where(flat % L == 0, sidx, 0))
+        segnum = (sidx - row_first + 1).astype(np.int32)
+        np.subtract(_arange32(size), np.repeat((flat - pos0).astype(np.int32), lengths),
+                    out=out["positions"].reshape(-1))
+        np.copyto(out["segment_ids"].reshape(-1), np.repeat(segnum, lengths))
+        out["inputs"].reshape(-1)[starts_doc] = 0
+        out["loss_mask"][:] = True
+
+    def write_row(self, out, r: int, seq: np.ndarray, pos: np.ndarray) -> None:
+        """Row ``r`` from ``seq`` (the token before the row's first, then its ``m <= L`` tokens) and the
+        tokens' positions in their documents; columns past ``m`` are padding."""
+        m = pos.size
+        out["targets"][r, :m] = seq[1:]
+        inputs = out["inputs"][r, :m]
+        inputs[:] = seq[:m]
+        flag = pos == 0
+        inputs[flag] = 0
+        out["positions"][r, :m] = pos
+        if m:
+            flag[0] = True
+        np.cumsum(flag, dtype=np.int32, out=out["segment_ids"][r, :m])
+        out["loss_mask"][r, :m] = True
+        if m < self.L:
+            for k in TOKEN_FIELDS:
+                out[k][r, m:] = 0
+
+    def write_pieces(self, out, dst: np.ndarray, padded: np.ndarray, local: np.ndarray, first: np.ndarray,
+                     length: np.ndarray) -> None:
+        """Unpacked rows ``dst``: ``length`` tokens of one decoded row group (``padded``) from token
+        ``local``, whose first token is at position ``first`` of its document; then padding."""
+        ar = np.arange(self.L, dtype=np.int64)
+        # a block of rows at a time, so the [rows, L] temporaries stay in the CPU cache when a slab of
+        # batches puts hundreds of rows in one row group (measured by benchmarks/unpacked_blocks.py)
+        step = max(1, PIECE_BLOCK_ELEMENTS // self.L)
+        for i in range(0, len(dst), step):
+            d, lo, fi, le = dst[i:i + step], local[i:i + step], first[i:i + step], length[i:i + step]
+            real = ar[None, :] < le[:, None]
+            gi = np.where(real, lo[:, None] + ar[None, :], -1)  # -1 -> padded[0] == 0
+            pos = np.where(real, fi[:, None] + ar[None, :], 0)
+            out["targets"][d] = padded[gi + 1]
+            out["inputs"][d] = np.where(pos > 0, padded[np.maximum(gi, 0)], 0)
+            out["positions"][d] = pos
+            out["segment_ids"][d] = real
+            out["loss_mask"][d] = real
+
+    def pad(self, out, rows: np.ndarray) -> None:
+        for k in TOKEN_FIELDS:
+            out[k][rows] = 0
+
+
+class FlatWriter:
+    """``layout="flat"``: ``tokens`` uint32 ``[rows, L+1]`` (flat-tokens) plus first_positions, num_tokens."""
+
+    layout = "flat"
+    strided = True  # indexes [row, column] only: rows may be strided (a reader worker's rows of a slot)
+
+    def __init__(self, seq_len: int):
+        self.L = seq_len
+
+    def new(self, n: int) -> dict[str, np.ndarray]:
+        return empty_batch(self.layout, self.L, n)
+
+    def reset(self, out: dict[str, np.ndarray]) -> None:
+        out["first_positions"][:] = 0
+        out["num_tokens"][:] = self.L
+
+    def copy_windows(self, out, runs, groups) -> None:
+        """``tokens[r] = 2 * padded[a : a+L+1]`` (the previous token, then the window) for each run; the
+        tokens are copied as they are, then doubled for the whole batch in one pass."""
+        L = self.L
+        W = out["tokens"].view(np.int32)  # 2*token as int32 bits: the same bytes as the uint32 value
+        for c, g, a, rows, k in runs:
+            p = groups[(c, g)].padded
+            if k == 1:
+                W[rows] = p[a:a + L + 1]
+            else:  # k windows: their tokens in one pass, their previous tokens in another
+                W[rows, 1:] = p[a + 1:a + 1 + k * L].reshape(k, L)
+                W[rows, 0] = p[a:a + k * L:L]
+        W <<= 1  # (rows that are not windows hold scratch values here; the walk writes them afterwards)
+
+    def mark_documents(self, out, rows, first, owner, offset) -> None:
+        """Start bits and first positions of the copied windows, for the whole batch at once."""
+        out["first_positions"][rows] = first
+        tok = out["tokens"]  # [row, column] indexing: rows may be strided
+        tok[rows[owner], 1 + offset] += np.uint32(1)
+        at_start = rows[first == 0]  # windows that begin a document: start bit, and no previous token
+        tok[at_start, 1] += np.uint32(1)
+        tok[at_start, 0] = 0
+
+    def write_row(self, out, r: int, seq: np.ndarray, pos: np.ndarray) -> None:
+        """Row ``r`` from ``seq`` (the token before the row's first, then its ``m <= L`` tokens) and the
+        tokens' positions in their documents; columns past ``m`` are padding."""
+        m = pos.size
+        row = out["tokens"][r].view(np.int32)
+        np.left_shift(seq, 1, out=row[:m + 1])
+        if m < self.L:
+            row[m + 1:] = 0
+        out["num_tokens"][r] = m
+        starts = np.flatnonzero(pos == 0)
+        tok = out["tokens"][r]
+        tok[1 + starts] += np.uint32(1)
+        out["first_positions"][r] = pos[0] if m else 0
+        if m and pos[0] == 0:
+            tok[0] = 0
+
+    def write_pieces(self, *args) -> None:
+        raise ValueError("layout='flat' holds packed windows only; unpacked examples use layout='arrays'")
+
+    def pad(self, out, rows: np.ndarray) -> None:
+        out["tokens"][rows] = 0
+        out["num_tokens"][rows] = 0
+        out["first_positions"][rows] = 0
+
+
+def writer(layout: str, seq_len: int):
+    """The writer of ``layout``."""
+    return {"arrays": ArraysWriter, "flat": FlatWriter}[layout](seq_len)

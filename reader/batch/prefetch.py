@@ -1,0 +1,207 @@
+"""Prefetch: loading, on the store's background threads, the row groups upcoming batches need.
+
+``iter_batches`` (and loaders, through ``Reader.prefetch``) ask for batches :meth:`Prefetcher.lookahead`
+ahead of the one being served: about one row group of every stream, capped by a quarter of the memory
+budget, so decoding overlaps serving. A plan (:meth:`reader.order.examples.ExampleOrder.plan`) lists the
+chunk offsets those batches touch; one background task per chunk fetches, verifies and decodes the
+row groups that hold them, so the chunks of a batch load in parallel.
+
+Shuffled packed reads of whole lanes load whole mixes instead, as each comes into view: a batch of a
+mix touches rows all over the mix's blocks, and the mix needs all of them within its first batches
+anyway. Errors are left for the real read to report: a prefetch never fails a run.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import concurrent.futures as cf
+import math
+import threading
+
+import numpy as np
+
+from reader.storage.cache import Cache
+from reader.options import ReadOptions
+from reader.order.examples import ExampleOrder
+from reader.batch.release import ReleasePolicy
+from reader.order.shuffle import mix_of_rows, mix_sources_of_lanes
+from reader.storage.store import ChunkStore
+from reader.order.streams import streams_of_reader
+
+_TRACKED_MIXES = 64
+
+
+class Prefetcher:
+    """Prefetch for one reader.
+
+    Args:
+      cache, store, order, options: the reader's.
+      release: the reader's release policy (a plan the reads have overtaken is skipped).
+      rows: the rows of each global batch this reader serves.
+      num_readers, reader_index: the reader's place (R, r): which streams and lanes are its own.
+    """
+
+    def __init__(self, cache: Cache, store: ChunkStore, order: ExampleOrder, options: ReadOptions,
+                 release: ReleasePolicy, rows: np.ndarray, num_readers: int, reader_index: int):
+        self.cache, self.store, self.order, self.options, self.release = cache, store, order, options, release
+        self.rows, self.num_readers, self.reader_index = rows, num_readers, reader_index
+        self._lock = threading.Lock()
+        self._mixes: collections.OrderedDict[int, bool] = collections.OrderedDict()  # first rows, loaded
+        self._mix_span: tuple[int, int] = (0, 0)
+        self._rewinds = 0
+        self.whole_mixes = self._whole_mixes()
+
+    def _row_group_tokens(self) -> int:
+        return int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
+
+    def lookahead(self) -> int:
+        """How many batches ahead to load: about one row group per stream, within the budget."""
+        opts = self.options
+        streams = streams_of_reader(opts.num_streams, self.num_readers, self.reader_index)
+        local = len(streams) if streams is not None else opts.num_streams
+        # tokens each stream advances per global batch, whatever R (unpacked pieces are at most seq_len)
+        per_batch = max(1.0, opts.batch_size * opts.seq_len / opts.num_streams)
+        cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))  # a quarter of the budget ahead
+        return int(max(1, min(4096, math.ceil(min(self._row_group_tokens(), cap_tokens) / per_batch))))
+
+    def _whole_mixes(self) -> bool:
+        """Whether to load whole mixes: shuffled packed reads where this reader reads whole lanes (``R``
+        divides ``R* == lanes``) and a mix's row groups fit in half the memory budget."""
+        cfg, opts = self.order.shuffle, self.options
+        if not (cfg is not None and opts.packed and cfg.lanes == opts.num_streams
+                and cfg.lanes % self.num_readers == 0
+                and self.rows.size * self.num_readers == opts.batch_size):  # (not a worker's share of them)
+            return False
+        rows = cfg.block_rows * cfg.mix_blocks
+        lanes = cfg.lanes // self.num_readers
+        # decoded bytes: the mix's windows, plus a row group at each end of each block
+        need = lanes * 4 * (rows * opts.seq_len + 2 * cfg.mix_blocks * self._row_group_tokens())
+        return need <= opts.memory_budget_bytes // 2
+
+    def prefetch(self, b: int, rows=None, count: int = 1) -> list[cf.Future]:
+        """Start loading what rows ``rows`` (default: this reader's) of batches ``b .. b+count-1`` need;
+        return the background tasks' futures at once."""
+        B = self.options.batch_size
+        mine = rows is None
+        rows = self.rows if mine else np.asarray(rows, dtype=np.int64).reshape(-1)
+        return self.prefetch_examples([(b + i) * B + rows for i in range(count)], whole=mine)
+
+    def prefetch_examples(self, exs: list[np.ndarray], whole: bool = True) -> list[cf.Future]:
+        """Start loading what examples ``exs`` (arrays, in reading order) need; ``whole``: they are this
+        reader's rows of some batches (or a mixture's items of one component in them), so whole mixes
+        may be loaded. Returns the background tasks' futures at once."""
+        exs = [e for e in exs if e.size]
+        if not exs:
+            return []
+        try:
+            if whole and self.whole_mixes:
+                return self._prefetch_mixes(exs)
+            plan = self.order.plan(exs)
+        except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
+            return []
+        last_row = -1
+        if self.release.by_mix:
+            last_row = max(int(e.max()) for e in exs) // self.order.shuffle.lanes
+        return self.prefetch_plan(plan, last_row)
+
+    def prefetch_plan(self, plan: list[tuple[int, np.ndarray]], last_row: int = -1) -> list[cf.Future]:
+        """Start loading the row groups a plan (:meth:`reader.order.examples.ExampleOrder.plan`) names that are
+        neither cached nor loading; ``last_row``: the last shuffle row it serves (-1: unshuffled)."""
+        futs = []
+        for c, offs in plan:
+            if self.order.unpacked is None:  # packed: skip a chunk whose row groups are all there (or loading)
+                meta = self.store.cached_meta(c)
+                if meta is not None and not self._missing(c, meta.rg_token_starts_list, offs):
+                    continue
+            futs.append(self.store.submit(self._load_chunk_part, c, offs, last_row))
+        return futs
+
+    def _missing(self, c: int, starts: list[int], tokens: np.ndarray) -> list[int]:
+        """Row groups holding ``tokens`` of chunk ``c`` that are neither cached nor loading (the cached ones
+        are marked used), past those the reads have released. (A plan names a few tokens per chunk:
+        bisect over the row-group starts costs less than numpy's per-call overhead.)"""
+        done = self.release.released_before(c)  # a plan the reads have overtaken: already used
+        toks = tokens.tolist()
+        lo, hi = bisect.bisect_right(starts, min(toks)) - 1, bisect.bisect_right(starts, max(toks)) - 1
+        if hi - lo <= 1:  # the usual case (a stream's next windows): every group from lo to hi is touched
+            groups = [g for g in range(lo, hi + 1) if g >= done]
+        else:
+            groups = sorted({g for g in (bisect.bisect_right(starts, t) - 1 for t in toks) if g >= done})
+        return self.store.touch_row_groups(c, groups)
+
+    def _prefetch_mixes(self, exs: list[np.ndarray]) -> list[cf.Future]:
+        """Load the row groups of every mix that examples ``exs`` reach and that is not loaded yet: one
+        background task per chunk."""
+        cfg = self.order.shuffle
+        t = min(int(e.min()) for e in exs) // cfg.lanes
+        t_end = max(int(e.max()) for e in exs) // cfg.lanes
+        futs: list[cf.Future] = []
+        while t <= t_end:
+            with self._lock:
+                if self._rewinds != self.release.rewinds:  # the reads jumped back: mixes were released
+                    self._rewinds = self.release.rewinds
+                    self._mixes.clear()
+                    self._mix_span = (0, 0)
+                lo, hi = self._mix_span
+            if not lo <= t < hi:
+                _, mlo, mhi = mix_of_rows(np.asarray([t]), cfg)
+                lo, hi = int(mlo[0]), int(mhi[0])
+                with self._lock:
+                    new = lo not in self._mixes
+                    if new:  # (two planning threads never both load a mix)
+                        self._mixes[lo] = True
+                        while len(self._mixes) > _TRACKED_MIXES:
+                            self._mixes.popitem(last=False)
+                if new:
+                    try:
+                        # first what the planned examples in the mix need (the pool runs tasks in
+                        # order), then the rest of the mix
+                        inside = [e for e in exs if int(e.min()) // cfg.lanes < hi and int(e.max()) // cfg.lanes >= lo]
+                        if inside:
+                            futs.extend(self.store.submit(self._load_chunk_part, c, offs, hi - 1)
+                                        for c, offs in self.order.plan(inside))
+                        futs.extend(self._prefetch_mix(lo, hi))
+                    except BaseException:  # e.g. NotYetAvailable during a build: try again next time
+                        with self._lock:
+                            self._mixes.pop(lo, None)
+                        raise
+                with self._lock:
+                    self._mix_span = (lo, hi)
+            t = hi
+        return futs
+
+    def _prefetch_mix(self, lo: int, hi: int) -> list[cf.Future]:
+        cfg, L = self.order.shuffle, self.options.seq_len
+        lanes = list(range(self.reader_index % self.num_readers, cfg.lanes, self.num_readers))
+        idx = self.order.stream_index()
+        per_chunk: dict[int, list[tuple[int, int]]] = {}
+        for lane, ranges in zip(lanes, mix_sources_of_lanes(lo, lanes, cfg)):
+            for r0, r1 in ranges.tolist():
+                for _, c, a, z in idx.pieces(lane, r0 * L, r1 * L):
+                    per_chunk.setdefault(c, []).append((a, z))
+        return [self.store.submit(self._load_chunk_ranges, c, ranges, hi - 1) for c, ranges in per_chunk.items()]
+
+    def _load_chunk_ranges(self, c: int, ranges: list[tuple[int, int]], last_row: int) -> None:
+        """Load the row groups of chunk ``c`` that hold tokens ``[a, z)`` for each range."""
+        if last_row < self.release.passed_row:  # the reads have passed the mix: already served
+            return
+        try:
+            starts = self.store.meta(c).rg_token_starts
+            groups: set[int] = set()
+            for a, z in ranges:
+                g0 = int(np.searchsorted(starts, a, side="right")) - 1
+                g1 = int(np.searchsorted(starts, z - 1, side="right")) - 1
+                groups.update(range(g0, g1 + 1))
+            self.store.warm_row_groups(c, sorted(groups))
+        except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
+            pass
+
+    def _load_chunk_part(self, c: int, offs: np.ndarray, last_row: int = -1) -> None:
+        if 0 <= last_row < self.release.passed_row:  # a shuffled plan the reads have overtaken
+            return
+        try:
+            tokens = self.order.token_offsets(c, offs)
+            self.store.warm_row_groups(c, self._missing(c, self.store.meta(c).rg_token_starts_list, tokens))
+        except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
+            pass

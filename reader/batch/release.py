@@ -1,0 +1,163 @@
+"""Releasing the row groups a read has passed, so new decodes reuse their buffers.
+
+A decoded row group that the read will not need again leaves the store's cache at once instead of
+waiting for the LRU to evict it; the store then decodes the next row groups into its buffer (memory
+already mapped, no page faults). Only a cache decision: a read that jumps back decodes again.
+
+* Unshuffled packed reads move forward through each chunk: once a batch's windows start in row group
+  ``g`` of a chunk, its row groups before ``g`` are passed.
+* Shuffled packed reads consume the growing-window shuffle mix by mix
+  (:func:`reader.order.shuffle.mix_of_rows`): once the reads have passed a mix, the row groups wholly inside
+  its source blocks (:func:`reader.order.shuffle.mix_sources_of_lanes`) are passed, and after the last mix
+  of a window, those wholly inside the window (and the one before it: the row group over their
+  boundary). Row groups at block ends may serve another mix: the LRU keeps those.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+
+from reader.options import ReadOptions
+from reader.order.examples import ExampleOrder
+from reader.order.shuffle import mix_of_rows, mix_sources_of_lanes, shuffle_window_of
+from reader.storage.store import ChunkStore
+from reader.order.streams import StreamIndex
+
+_TRACKED_CHUNKS = 4096
+_TRACKED_MIXES = 64
+
+
+class ReleasePolicy:
+    """Tells the store which row groups the reads have passed (see the module docstring).
+
+    Attributes:
+      passed_row: shuffled reads: the first shuffle row (position of every stream) of the latest read;
+        the prefetcher skips work for mixes below it.
+      rewinds: how many times a shuffled read jumped back (the prefetcher then forgets what it loaded).
+    """
+
+    def __init__(self, store: ChunkStore, order: ExampleOrder, options: ReadOptions):
+        self.store = store
+        self.order = order
+        self.L = options.seq_len
+        cfg = order.shuffle
+        # with lanes == R*, a lane's rows are its stream's positions: the mixes map onto stream ranges
+        self.by_mix = cfg is not None and options.packed and cfg.lanes == options.num_streams
+        self.by_chunk = cfg is None and options.packed
+        self._lock = threading.Lock()
+        self._released: dict[int, int] = {}  # chunk -> its row groups before this one were released
+        self._mixes: dict[int, list] = {}  # mixes being read: first output row -> [end row, lanes read]
+        self._mix_span: tuple[int, int] = (0, 0)
+        self._lane_sets: dict[bytes, frozenset] = {}
+        self.passed_row = 0
+        self.rewinds = 0
+
+    def released_before(self, c: int) -> int:
+        """Row groups of chunk ``c`` before this one were released (unshuffled reads; 0: none)."""
+        return self._released.get(c, 0)
+
+    # -- unshuffled: per chunk --------------------------------------------------------------------------
+    def windows_read(self, recs, cross) -> None:
+        """The assembler's hook: what a packed read copied (runs of windows, and windows over two row
+        groups: tuples starting ``(chunk, row group)``)."""
+        if not self.by_chunk or not (recs or cross):
+            return
+        first: dict[int, int] = {}
+        for rec in itertools.chain(recs, cross):
+            c, g = rec[0], rec[1]
+            if g < first.get(c, g + 1):
+                first[c] = g
+        todo = []
+        with self._lock:
+            for c, g in first.items():
+                done = self._released.get(c, 0)
+                if g < done:  # a new pass over this chunk (or a jump back): start again from here
+                    self._released[c] = g
+                elif g > done:
+                    todo.extend((c, x) for x in range(done, g))
+                    self._released[c] = g
+            while len(self._released) > _TRACKED_CHUNKS:
+                self._released.pop(next(iter(self._released)))
+        for c, g in todo:
+            self.store.release(c, g)
+
+    # -- shuffled: per mix ------------------------------------------------------------------------------
+    def examples_read(self, ex: np.ndarray) -> None:
+        """After a read of examples ``ex``: release the mixes every lane it reads has passed."""
+        if not self.by_mix or not ex.size:
+            return
+        cfg = self.order.shuffle
+        lanes = cfg.lanes
+        rows = ex // lanes
+        t_min, t_max = int(rows.min()), int(rows.max())
+        by_lane = ex % lanes
+        key = by_lane.tobytes()
+        lane_set = self._lane_sets.get(key)
+        if lane_set is None:  # (a reader's batches have one or a few lane patterns)
+            lane_set = frozenset(np.unique(by_lane).tolist())
+            if len(self._lane_sets) < 64:
+                self._lane_sets[key] = lane_set
+        with self._lock:
+            lo, hi = self._mix_span
+            fast = lo <= t_min and t_max < hi and lo in self._mixes
+        if fast:
+            spans = [(lo, hi)]
+        else:
+            _, mlo, mhi = mix_of_rows(np.unique(rows), cfg)
+            spans = sorted(set(zip(mlo.tolist(), mhi.tolist())))
+        finished = []
+        with self._lock:
+            for m_lo, m_hi in spans:
+                entry = self._mixes.get(m_lo)
+                if entry is None:
+                    entry = self._mixes[m_lo] = [m_hi, set()]
+                if not lane_set <= entry[1]:
+                    entry[1] |= lane_set
+            self._mix_span = spans[-1]
+            if t_min < self.passed_row:  # a jump back: mixes prefetched before may have been released
+                self.rewinds += 1
+            self.passed_row = t_min
+            for m_lo in [m for m, (m_hi, _) in self._mixes.items() if m_hi <= t_min]:
+                finished.append((m_lo, *self._mixes.pop(m_lo)))
+            while len(self._mixes) > _TRACKED_MIXES:  # reads far apart (random access): forget the oldest
+                self._mixes.pop(next(iter(self._mixes)))
+        if finished:
+            idx = self.order.stream_index()
+            for m_lo, m_hi, m_lanes in finished:
+                try:
+                    self._release_mix(idx, m_lo, m_hi, sorted(m_lanes))
+                except Exception:  # noqa: BLE001 - a cache decision never fails a read
+                    pass
+
+    def _release_mix(self, idx: StreamIndex, m_lo: int, m_hi: int, lanes: list[int]) -> None:
+        cfg, L = self.order.shuffle, self.L
+        _, w_lo, w_hi = (int(x[0]) for x in shuffle_window_of(np.asarray([m_lo * cfg.lanes]), cfg))
+        w_lo //= cfg.lanes
+        w_hi //= cfg.lanes
+        sources = mix_sources_of_lanes(m_lo, lanes, cfg)
+        ranges = {lane: rr.tolist() for lane, rr in zip(lanes, sources)}
+        if m_hi >= w_hi:  # the window's last mix: the whole window, and the previous one
+            prev = w_lo
+            if w_lo > 0:
+                prev = int(shuffle_window_of(np.asarray([(w_lo - 1) * cfg.lanes]), cfg)[1][0]) // cfg.lanes
+            for lane in lanes:
+                ranges[lane].append([prev, w_hi])
+        for lane, rr in ranges.items():
+            s = lane % idx.r
+            for r0, r1 in rr:
+                self._release_stream_range(idx, s, r0 * L, r1 * L)
+
+    def _release_stream_range(self, idx: StreamIndex, s: int, lo: int, hi: int) -> None:
+        """Release the cached row groups that lie wholly inside tokens ``[lo, hi)`` of stream ``s``."""
+        for _, c, a, b in idx.pieces(s, lo, hi):
+            meta = self.store.cached_meta(c)
+            if meta is None:  # not in the cache: neither are its row groups, most likely
+                continue
+            starts = meta.rg_token_starts
+            g0 = int(np.searchsorted(starts, a, side="left"))  # first row group starting at or after a
+            g1 = int(np.searchsorted(starts, b, side="right")) - 1  # row groups ending at or before b
+            if g1 > g0:
+                self.store.release_range(c, g0, g1)

@@ -1,0 +1,132 @@
+"""The batch schema: every key, dtype and shape of a batch, per layout, defined once.
+
+The reader allocates its batches from here, reader workers size their shared memory from here, and
+loaders (``reader.jax``, a PyTorch loader) name and type their fields from here. A batch of ``rows``
+rows and ``seq_len`` = L tokens per row holds, in this key order:
+
+* ``layout="arrays"``: the five ``[rows, L]`` token fields of :data:`TOKEN_FIELDS`, then the row
+  fields;
+* ``layout="flat"`` (packed only): one ``uint32 [rows, L+1]`` array ``tokens`` in seed 001's
+  flat-tokens encoding and two per-row ints (:data:`FLAT_FIELDS`, decoded by :func:`expand_flat`),
+  then the row fields;
+* the per-row fields of :data:`ROW_FIELDS`: ``example_ids``, ``epochs``, ``valid``, ``components``.
+
+``components`` tells which cache of a mixture (:mod:`reader.mixture.mixture`) a row comes from; a single cache
+is a mixture of one, so its rows say 0 (and padding rows -1, in both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import numpy as np
+
+LAYOUTS = ("arrays", "flat")
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One array of a batch.
+
+    Attributes:
+      name: its key in the batch dict.
+      dtype: numpy dtype.
+      columns: ``None`` for one value per row (shape ``[rows]``); else the row width as ``L + columns``
+        (0: ``[rows, L]``; 1: ``[rows, L+1]``).
+      doc: what it holds.
+    """
+
+    name: str
+    dtype: np.dtype
+    columns: int | None
+    doc: str
+
+    def shape(self, rows: int, seq_len: int) -> tuple[int, ...]:
+        return (rows,) if self.columns is None else (rows, seq_len + self.columns)
+
+
+def _f(name, dtype, columns, doc) -> Field:
+    return Field(name, np.dtype(dtype), columns, doc)
+
+
+TOKEN_ARRAYS = (
+    _f("inputs", np.int32, 0, "the previous token of the same document, 0 at a document start"),
+    _f("targets", np.int32, 0, "the row's tokens"),
+    _f("segment_ids", np.int32, 0, "1, 2, ... per document piece in the row; 0 at padding"),
+    _f("positions", np.int32, 0, "position of each token in its document"),
+    _f("loss_mask", np.bool_, 0, "True on real tokens, False on padding"),
+)
+FLAT_ARRAYS = (
+    _f("tokens", np.uint32, 1, "columns 1..L: 2 * token + 1 where a document starts, else 2 * token; "
+                               "column 0: 2 * the previous token of the same document, 0 at a start"),
+    _f("first_positions", np.int32, None, "position in its document of the row's first token"),
+    _f("num_tokens", np.int32, None, "real tokens in the row (L except at the end of an eval pass)"),
+)
+ROW_ARRAYS = (
+    _f("example_ids", np.int64, None, "global example index served in the row (-1: padding)"),
+    _f("epochs", np.int64, None, "epoch of the row's first token (-1: padding)"),
+    _f("valid", np.bool_, None, "False for the padding rows at the end of an eval pass"),
+    _f("components", np.int32, None, "the row's component in a mixture (its index in the mixture file); "
+                                     "0 for a single cache; -1: padding"),
+)
+
+TOKEN_FIELDS = tuple(f.name for f in TOKEN_ARRAYS)
+FLAT_FIELDS = tuple(f.name for f in FLAT_ARRAYS)
+ROW_FIELDS = tuple(f.name for f in ROW_ARRAYS)
+BATCH_KEYS = TOKEN_FIELDS + ROW_FIELDS  # layout="arrays"
+FLAT_KEYS = FLAT_FIELDS + ROW_FIELDS  # layout="flat"
+FIELDS = {f.name: f for f in TOKEN_ARRAYS + FLAT_ARRAYS + ROW_ARRAYS}
+
+
+def fields(layout: str) -> tuple[Field, ...]:
+    """The fields of a batch in ``layout``, in key order."""
+    if layout == "arrays":
+        return TOKEN_ARRAYS + ROW_ARRAYS
+    if layout == "flat":
+        return FLAT_ARRAYS + ROW_ARRAYS
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def batch_spec(layout: str, seq_len: int, rows: int) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """``(key, dtype, shape)`` of every array of a batch of ``rows`` rows, in key order."""
+    return [(f.name, f.dtype, f.shape(rows, seq_len)) for f in fields(layout)]
+
+
+def empty_batch(layout: str, seq_len: int, rows: int, *, zeros: bool = False) -> dict[str, np.ndarray]:
+    """Uninitialized (or zeroed) arrays of a batch."""
+    new = np.zeros if zeros else np.empty
+    return {f.name: new(f.shape(rows, seq_len), f.dtype) for f in fields(layout)}
+
+
+def expand_flat(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The ``layout="arrays"`` batch of a ``layout="flat"`` one: equal, array for array, to what the same
+    reader returns with ``layout="arrays"``.
+
+    ``tokens[:, 1:]`` are the window's tokens as ``2 * token + start`` (``start`` = 1 where a document
+    begins); ``tokens[:, 0]`` is ``2 * previous token`` of the same document, or 0 when the window begins
+    a document. ``first_positions`` is the first token's position in its document; ``num_tokens`` the
+    real tokens of the row (``L`` except at the end of an eval pass and in padding rows).
+    ``reader.jax.expand_flat`` is the same function in jax.numpy.
+    """
+    tok = np.asarray(batch["tokens"], dtype=np.uint32)
+    L = tok.shape[1] - 1
+    start = (tok[:, 1:] & 1).astype(bool)
+    t = np.arange(L, dtype=np.int32)
+    real = t[None, :] < np.asarray(batch["num_tokens"])[:, None]
+    targets = (tok[:, 1:] >> 1).astype(np.int32)
+    inputs = (tok[:, :-1] >> 1).astype(np.int32)
+    inputs[start] = 0
+    segment_ids = np.cumsum(start, axis=1, dtype=np.int32)
+    segment_ids += (~start[:, :1]).astype(np.int32)
+    last = np.maximum.accumulate(np.where(start, t[None, :], -1), axis=1)
+    first = np.asarray(batch["first_positions"], dtype=np.int32)[:, None]
+    positions = np.where(last >= 0, t[None, :] - last, first + t[None, :]).astype(np.int32)
+    out = {"inputs": inputs, "targets": targets, "segment_ids": segment_ids, "positions": positions,
+           "loss_mask": real}
+    for k in ("inputs", "targets", "segment_ids", "positions"):
+        out[k][~real] = 0
+    for k in ROW_FIELDS:
+        if k in batch:
+            out[k] = np.asarray(batch[k]).copy()
+    return out

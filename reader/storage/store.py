@@ -1,0 +1,361 @@
+"""The chunk store: fetch only the needed row groups by byte range, verify each, decode it, keep it in an LRU.
+
+A chunk is opened (:func:`reader.storage.chunk.open_chunk`) from its sidecar and Parquet footer. A row group
+is then one range read of its bytes, whose sha256 is compared with the sidecar BEFORE anything is
+decoded (:mod:`reader.storage.pages`): a truncated or corrupted chunk raises :class:`reader.ChunkError`
+naming the file and the row group, and no wrong token is ever returned. Decoded row groups are flat
+``int32`` token arrays plus document starts (4 bytes per token); they, and the small per-chunk
+metadata, count against ``memory_budget_bytes`` (fetched bytes are not kept). Concurrent requests
+for the same item (the prefetch threads and the caller) share one load.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import io
+import itertools
+import os
+import sys
+import threading
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from reader.format import spec as fmt
+from reader.storage.cache import Cache
+from reader.storage.chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
+from reader.storage.pages import decode_row_group
+from reader.storage.validate import arrow_message, chunk_error
+
+
+_MAX_OPEN_FILES = 64
+_MAX_RETIRED = 64  # row groups kept for their buffers after leaving the cache, even with the cache full
+_RETIRED_SCAN = 16  # retired buffers of a size looked at per decode (those still referred to are skipped)
+_BUFFER_STEP = 16384  # decode buffers are sized in steps of 64 KiB, so similar row groups share them
+
+
+def _shutdown(pool: cf.ThreadPoolExecutor | None, files: dict, lock: threading.Lock) -> None:
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+    with lock:
+        for f in files.values():
+            f.close()
+        files.clear()
+
+
+class ChunkStore:
+    """Verified, decoded row groups (and per-chunk layouts) in an LRU bounded by ``memory_budget_bytes``.
+
+    Args:
+      cache: the open cache.
+      memory_budget_bytes: bound on decoded row groups and chunk layouts kept.
+      threads: background threads for :meth:`submit` (prefetch work).
+      executor: a thread pool to use instead of starting ``threads`` (the stores of a mixture's
+        components share one); the store does not shut it down.
+    """
+
+    def __init__(self, cache: Cache, *, memory_budget_bytes: int = 1 << 30, threads: int = 2,
+                 executor: cf.ThreadPoolExecutor | None = None):
+        self.cache = cache
+        self.budget = int(memory_budget_bytes)
+        self._lock = threading.Lock()
+        self._lru: collections.OrderedDict[Any, tuple[Any, int]] = collections.OrderedDict()
+        self._inflight: dict[Any, cf.Future] = {}
+        self._used = 0
+        self.opened: set[int] = set()  # global indices of chunks whose metadata or data were fetched
+        self.fetches = 0  # row-group byte ranges (or whole legacy files) fetched; again after eviction
+        self.meta_fetches = 0  # chunks opened (sidecar + footer); again after eviction
+        self.bytes_fetched = 0  # every byte fetched: sidecars, footers, row groups
+        self.decodes = 0  # row groups decoded
+        self.fast_decode = True  # PLAIN pages: decompress and take the values (reader.storage.pages)
+        # Decoded row groups that left the cache (evicted, or released by a read that has passed them,
+        # see reader.batch.release): their buffers are reused for new decodes once nothing refers to them any
+        # more, so a long read writes into memory that is already mapped instead of faulting in fresh
+        # pages. By buffer size (entries), oldest first. Up to _MAX_RETIRED are kept whatever the cache
+        # holds, more while the cache and they together stay within the budget (a read that releases
+        # what it has passed, e.g. a shuffled read at the end of a mix, keeps the cache well below it).
+        self._retired: dict[int, collections.OrderedDict[int, RowGroup]] = {}
+        self._retired_count = 0
+        self._retired_bytes = 0
+        self.fresh_buffers = 0  # decode buffers allocated (the rest were reused)
+        own = executor is None
+        self._pool = executor or cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
+        # Local caches: byte ranges are os.pread() calls on descriptors kept open (fsspec opens the file
+        # for every range, which costs as much as reading a row group). Other filesystems use fsspec.
+        self._files: collections.OrderedDict[str, io.FileIO] = collections.OrderedDict()
+        self._local = cache.is_local
+        # a store dropped without close() still stops its threads and closes its files
+        self._closer = weakref.finalize(self, _shutdown, self._pool if own else None, self._files, self._lock)
+
+    def close(self) -> None:
+        self._closer()
+
+    # -- LRU ------------------------------------------------------------------------------------------
+    def _get(self, key: Any, load: Callable[[], tuple[Any, int]], wait: bool = True) -> Any:
+        """The cached value of ``key``, else ``load()`` it (once, whoever asks meanwhile waits for it);
+        ``wait=False``: return None instead of waiting for a load another thread runs."""
+        with self._lock:
+            hit = self._lru.get(key)
+            if hit is not None:
+                self._lru.move_to_end(key)
+                return hit[0]
+            fut = self._inflight.get(key)
+            owner = fut is None
+            if owner:
+                fut = cf.Future()
+                self._inflight[key] = fut
+        if not owner:
+            return fut.result() if wait else None
+        try:
+            value, nbytes = load()
+        except BaseException as e:
+            with self._lock:
+                del self._inflight[key]
+            fut.set_exception(e)
+            raise
+        with self._lock:
+            del self._inflight[key]
+            self._lru[key] = (value, nbytes)
+            self._used += nbytes
+            while self._used > self.budget and len(self._lru) > 1:
+                _, (old, n) = self._lru.popitem(last=False)
+                self._used -= n
+                self._retire(old)
+            self._trim_retired()
+        fut.set_result(value)
+        return value
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def _retire(self, value: Any) -> None:
+        """Keep an evicted or released row group's buffer for reuse (lock held; see _trim_retired)."""
+        if isinstance(value, RowGroup) and value.buf is not None:
+            self._retired.setdefault(value.buf.size, collections.OrderedDict())[id(value)] = value
+            self._retired_count += 1
+            self._retired_bytes += value.buf.nbytes
+
+    def _trim_retired(self) -> None:
+        """Forget retired buffers (oldest of the most common size first) beyond _MAX_RETIRED while the cache
+        and they together exceed the budget (lock held)."""
+        while self._retired_count > _MAX_RETIRED and self._used + self._retired_bytes > self.budget:
+            size = max(self._retired, key=lambda k: len(self._retired[k]))
+            bucket = self._retired[size]
+            bucket.popitem(last=False)
+            if not bucket:
+                del self._retired[size]
+            self._retired_count -= 1
+            self._retired_bytes -= size * 4
+
+    @property
+    def retired_buffers(self) -> int:
+        """Buffers of row groups that left the cache, kept for new decodes."""
+        return self._retired_count
+
+    def release(self, index: int, group: int) -> None:
+        """Drop row group ``group`` of chunk ``index`` from the cache now (the read is past it); its buffer
+        is reused once nothing refers to it. Only a cache decision: a later read decodes it again."""
+        self.release_range(index, group, group + 1)
+
+    def release_range(self, index: int, lo: int, hi: int) -> int:
+        """:meth:`release` row groups ``lo .. hi-1`` of chunk ``index`` (those in the cache); returns how
+        many were there."""
+        got = 0
+        with self._lock:
+            for group in range(lo, hi):
+                hit = self._lru.pop(("rg", index, group), None)
+                if hit is not None:
+                    self._used -= hit[1]
+                    self._retire(hit[0])
+                    got += 1
+            self._trim_retired()
+        return got
+
+    def cached_meta(self, index: int) -> ChunkMeta | None:
+        """Chunk ``index``'s layout if it is in the cache now (never fetches)."""
+        with self._lock:
+            hit = self._lru.get(("chunk", index))
+        return None if hit is None else hit[0]
+
+    def _buffer(self, n: int) -> np.ndarray:
+        """An int32 buffer of at least ``n`` entries: a retired row group's, when no array, view or
+        object refers to it any more (CPython reference counts: the row group, its ``padded`` view and
+        the buffer are referenced only from here), else a new one."""
+        size = -(-n // _BUFFER_STEP) * _BUFFER_STEP  # buffers are multiples of the step: n <= size <= n + step
+        with self._lock:
+            for want in (size, size + _BUFFER_STEP) if size == n else (size,):
+                bucket = self._retired.get(want)
+                if not bucket:
+                    continue
+                for key in list(itertools.islice(bucket, _RETIRED_SCAN)):  # oldest first
+                    rg = bucket[key]
+                    buf = rg.buf
+                    # refs: rg -> the bucket, `rg`, getrefcount's argument; padded -> rg and the argument;
+                    # buf -> rg, padded's base, `buf`, the argument. Anything more is a live user.
+                    if sys.getrefcount(rg) == 3 and sys.getrefcount(rg.padded) == 2 and sys.getrefcount(buf) == 4:
+                        del bucket[key]
+                        if not bucket:
+                            del self._retired[want]
+                        self._retired_count -= 1
+                        self._retired_bytes -= buf.nbytes
+                        return buf
+                    bucket.move_to_end(key)  # still in use: look at the others first next time
+            self.fresh_buffers += 1
+        return np.empty(size, np.int32)
+
+    def _count(self, index: int, nbytes: int, *, data: bool | None) -> None:
+        """Tally a fetch: ``data`` True for chunk data, False for opening a chunk, None for its footer."""
+        with self._lock:
+            self.opened.add(index)
+            self.bytes_fetched += nbytes
+            if data:
+                self.fetches += 1
+            elif data is not None:
+                self.meta_fetches += 1
+
+    def _cat(self, rel: str, start: int | None = None, end: int | None = None) -> bytes:
+        try:
+            if start is not None and self._local:
+                return self._pread(rel, start, end)
+            return self.cache.cat(rel, start, end)
+        except FileNotFoundError:
+            raise chunk_error(self.cache, rel, "missing") from None
+
+    def _pread(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a local file (fewer at its end), through a kept-open file. An evicted
+        file is only dropped from the table; it closes when the last thread reading it lets go, so a
+        descriptor is never closed (and its number reused) under a concurrent read."""
+        with self._lock:
+            f = self._files.get(rel)
+            if f is not None:
+                self._files.move_to_end(rel)
+        if f is None:
+            f = open(self.cache.path(rel), "rb", buffering=0)
+            with self._lock:
+                f = self._files.setdefault(rel, f)
+                while len(self._files) > _MAX_OPEN_FILES:
+                    self._files.popitem(last=False)
+        return os.pread(f.fileno(), max(0, end - start), start)
+
+    # -- loading ----------------------------------------------------------------------------------------
+    def meta(self, index: int) -> ChunkMeta:
+        """Chunk ``index``'s verified layout (sidecar + footer, fetched on first use)."""
+        return self._get(("chunk", index), lambda: open_chunk(self.cache, index, self._cat, self._count))
+
+    def doc_index(self, index: int) -> DocIndex:
+        """Every document length of chunk ``index`` (decodes each of its row groups; unpacked reads)."""
+        return self._get(("docs", index), lambda: self._load_doc_index(index))
+
+    def _load_doc_index(self, index: int):
+        m = self.meta(index)
+        parts = [np.diff(self.row_group(index, g).doc_starts) for g in range(m.num_row_groups)]
+        lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        d = DocIndex(lengths, np.concatenate([[0], np.cumsum(lengths)]))
+        return d, d.nbytes
+
+    def row_group(self, index: int, group: int) -> RowGroup:
+        return self._get(("rg", index, group), lambda: self._load_row_group(index, group))
+
+    def touch_row_groups(self, index: int, groups) -> list[int]:
+        """Of row groups ``groups`` of chunk ``index``: mark the cached ones used (LRU) and return the others
+        that no thread is loading, i.e. what a prefetch still has to load."""
+        todo = []
+        with self._lock:
+            lru, inflight = self._lru, self._inflight
+            for group in groups:
+                key = ("rg", index, group)
+                if key in lru:
+                    lru.move_to_end(key)
+                elif key not in inflight:
+                    todo.append(group)
+        return todo
+
+    def warm_row_groups(self, index: int, groups) -> None:
+        """Prefetch: load row groups ``groups`` of chunk ``index``, skipping those cached (they count as
+        used) and those another thread is loading (so the prefetch threads decode different row groups)."""
+        for group in self.touch_row_groups(index, groups):
+            self._get(("rg", index, group), lambda: self._load_row_group(index, group), wait=False)
+
+    def row_groups(self, keys) -> dict[tuple[int, int], RowGroup]:
+        """``{(chunk, group): row_group(chunk, group)}`` for ``keys`` (in their order, duplicates once):
+        the cached ones under one lock, the rest through :meth:`row_group`."""
+        out: dict[tuple[int, int], Any] = dict.fromkeys(keys)
+        miss = []
+        with self._lock:
+            lru = self._lru
+            for key in out:
+                k = ("rg", *key)
+                hit = lru.get(k)
+                if hit is None:
+                    miss.append(key)
+                else:
+                    lru.move_to_end(k)
+                    out[key] = hit[0]
+        for c, g in miss:
+            out[(c, g)] = self.row_group(c, g)
+        return out
+
+    def _fetch_row_group(self, m: ChunkMeta, group: int) -> bytes:
+        off, length = (int(x) for x in m.rg_ranges[group])
+        if m.data is not None:
+            buf = m.data[off:off + length]  # verified with the whole file
+        else:
+            buf = self._cat(m.path, off, off + length)
+            self._count(m.index, len(buf), data=True)
+        if len(buf) != length:
+            raise chunk_error(self.cache, m.path, f"truncated: row group {group} at bytes [{off}, {off + length}) read "
+                              f"{len(buf)} bytes")
+        if fmt.checksum(buf) != m.rg_checksums[group]:
+            raise chunk_error(self.cache, m.path, f"checksum mismatch in row group {group} (bytes [{off}, "
+                              f"{off + length}))")
+        return buf
+
+    def _load_row_group(self, index: int, group: int):
+        m = self.meta(index)
+        buf = self._fetch_row_group(m, group)  # verified before any decoding
+        base = int(m.rg_ranges[group, 0])
+        docs = int(m.rg_doc_starts[group + 1] - m.rg_doc_starts[group])
+        expect = int(m.rg_token_starts[group + 1] - m.rg_token_starts[group])
+        try:
+            padded, lengths, out = decode_row_group(
+                buf, base=base, group=group, file_meta=m.file_meta, file_size=m.nbytes_file, footer=m.footer,
+                docs=docs, tokens=expect, buffer=self._buffer, fast=self.fast_decode)
+        except Exception as e:
+            raise chunk_error(self.cache, m.path, f"row group {group} cannot be decoded ({arrow_message(e)})") from e
+        if padded.size - 1 != expect or lengths.size != docs or int(lengths.sum(dtype=np.int64)) != expect:
+            raise chunk_error(self.cache, m.path, f"row group {group} holds {padded.size - 1} tokens in {lengths.size} "
+                              f"documents, the sidecar says {expect} in {docs}")
+        starts = np.zeros(docs + 1, np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        with self._lock:
+            self.decodes += 1
+        rg = RowGroup(padded, starts, out)
+        return rg, rg.nbytes
+
+    def submit(self, fn: Callable[..., Any], *args) -> cf.Future:
+        """Run ``fn(*args)`` on the store's background threads (``prefetch_threads``; prefetch work)."""
+        return self._pool.submit(fn, *args)
+
+    # -- token ranges -------------------------------------------------------------------------------------
+    def tokens(self, index: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens ``[lo, hi)`` of chunk ``index`` and each token's position within its document."""
+        m = self.meta(index)
+        g0 = int(np.searchsorted(m.rg_token_starts, lo, side="right")) - 1
+        g1 = int(np.searchsorted(m.rg_token_starts, hi - 1, side="right")) - 1 if hi > lo else g0
+        toks, poss = [], []
+        for g in range(g0, g1 + 1):
+            base = int(m.rg_token_starts[g])
+            a, b = max(lo, base) - base, min(hi, int(m.rg_token_starts[g + 1])) - base
+            if b <= a:
+                continue
+            rg = self.row_group(index, g)
+            toks.append(rg.padded[a + 1:b + 1])
+            poss.append(rg.positions_range(a, b))
+        if len(toks) == 1:
+            return toks[0], poss[0]
+        if not toks:
+            return np.zeros(0, np.int32), np.zeros(0, np.int32)
+        return np.concatenate(toks), np.concatenate(poss)

@@ -1,0 +1,334 @@
+"""Checking chunk files against the ledger: :class:`ChunkError`, whole-file checks, ``validate``.
+
+Every check of a chunk (the store's per-row-group checks, :func:`parse_chunk` on a whole file, and
+:func:`validate_chunk` behind ``python -m reader validate``) reports a mismatch as a :class:`ChunkError`
+that names the file and says how to repair it.
+
+``validate`` names the culprit, not just a mismatch. Each chunk has three witnesses: its entry in the
+finished ledger, its sidecar (whose sha256 the ledger records) and the Parquet file (whose size and
+sha256 the ledger and the sidecar record; the sidecar also records each row group's and the footer's
+sha256). When two agree and the third does not, the third is the damaged one: a file that matches its
+sidecar but not the ledger means the ledger entry was changed; a sidecar that matches neither is the
+damaged sidecar; a file that matches neither is the damaged file, and the sidecar's row-group index
+says where (which row group, the footer, or truncated at N of M bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reader.format import spec as fmt
+from reader.storage import remote
+from reader.storage.cache import Cache
+from reader.storage.pages import int_values
+
+# ledger chunk-entry keys that the sidecar does not carry
+_LEDGER_ONLY_KEYS = ("doc_offset", "token_offset", "sidecar_checksum")
+
+
+class ChunkError(fmt.DamagedCache):
+    """A chunk file is missing, truncated, corrupted, or does not match its ledger entry."""
+
+
+def chunk_error(cache: Cache, rel: str, what: str) -> ChunkError:
+    return ChunkError(
+        f"{cache.display(rel)}: {what}. The file does not match the ledger; no tokens were returned from "
+        "it. Rerun the build command that made this cache (it rewrites missing chunks; delete a damaged "
+        "chunk and its .json sidecar first), or run `python -m reader validate` to list every problem."
+    )
+
+
+def arrow_message(e: BaseException) -> str:
+    """pyarrow's message without its placeholder for in-memory sources (``'<Buffer>'``), which names no
+    file: callers put the file's name in front."""
+    msg = str(e).replace("Could not open Parquet input source '<Buffer>': ", "")
+    return msg.replace(" '<Buffer>'", "").strip() or type(e).__name__
+
+
+def size_mismatch(size: int, want_bytes: int) -> str | None:
+    """What a file of ``size`` bytes is, when ``want_bytes`` were recorded (None if they agree)."""
+    if size < want_bytes:
+        return f"truncated at {size:,} of {want_bytes:,} bytes"
+    if size > want_bytes:
+        return f"longer than recorded: {size:,} bytes, {want_bytes:,} recorded (appended to or replaced)"
+    return None
+
+
+def file_mismatch(data: bytes, want_bytes: int, want_checksum: str, index: list | None = None,
+                  footer: list | None = None) -> str | None:
+    """What is wrong with a chunk file's bytes, precisely, or None if size and sha256 match.
+
+    Args:
+      data: the file's bytes.
+      want_bytes, want_checksum: its recorded size and sha256.
+      index, footer: the sidecar's ``row_group_index`` and ``footer`` (trusted), to say which row group
+        or whether the footer holds the damage; None to report only the whole-file mismatch.
+    """
+    n = len(data)
+    if n != want_bytes:
+        return size_mismatch(n, want_bytes)
+    got = fmt.checksum(data)
+    if got == want_checksum:
+        return None
+    where = []
+    try:
+        view = memoryview(data)
+        for g, e in enumerate(index or []):
+            off, length, want = int(e[0]), int(e[1]), str(e[4])
+            if fmt.checksum(view[off:off + length]) != want:
+                where.append(f"row group {g} of {len(index)} (bytes [{off:,}, {off + length:,}))")
+        if footer:
+            off = int(footer[0])
+            if fmt.checksum(view[off:]) != str(footer[2]):
+                where.append(f"the Parquet footer (bytes [{off:,}, {n:,}))")
+        if index and int(index[0][0]) > 0 and bytes(view[:4]) != b"PAR1":
+            where.append("the leading PAR1 magic (bytes [0, 4))")
+    except (TypeError, ValueError, IndexError):
+        where = []
+    if where:
+        return f"checksum mismatch in {' and '.join(where)}: the bytes there changed (bit flip or overwrite)"
+    return f"checksum mismatch: the file's sha256 is {got}, the recorded one is {want_checksum}"
+
+
+def parse_chunk(cache: Cache, index: int, data: bytes, entry: dict[str, Any] | None = None) -> WholeChunk:
+    """Verify ``data`` (the bytes of global chunk ``index``) against the ledger and read its layout.
+
+    Args:
+      entry: the record to check against (``bytes``, ``checksum``, ``docs``, ``tokens``) instead of the
+        ledger's (``validate``, when the ledger entry is the damaged witness).
+    """
+    t = cache.table
+    rel = t.paths[index]
+    want = {"bytes": int(t.nbytes[index]), "checksum": t.checksums[index], "docs": int(t.docs[index]),
+            "tokens": int(t.tokens[index]), **(entry or {})}
+    wrong = file_mismatch(data, int(want["bytes"]), want["checksum"])
+    if wrong:
+        raise chunk_error(cache, rel, wrong)
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        kv = pf.metadata.metadata or {}
+        rg_tokens = json.loads(kv[fmt.ROW_GROUP_TOKENS_KEY])
+        lengths = int_values(pf.read(columns=[fmt.LENGTH_COLUMN], use_threads=False).column(0)).astype(np.int64)
+        rg_rows = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+    except KeyError:
+        raise chunk_error(cache, rel, f"no {fmt.ROW_GROUP_TOKENS_KEY.decode()} key in the Parquet metadata") from None
+    except Exception as e:  # pyarrow raises several types for damaged files
+        raise chunk_error(cache, rel, f"not a readable Parquet chunk ({arrow_message(e)})") from e
+    if len(rg_tokens) != len(rg_rows):
+        raise chunk_error(cache, rel, f"{len(rg_rows)} row groups but {len(rg_tokens)} row-group token counts")
+    if lengths.size != int(want["docs"]) or int(lengths.sum()) != int(want["tokens"]):
+        raise chunk_error(cache, rel, f"{lengths.size} documents / {int(lengths.sum())} tokens, the ledger says "
+                          f"{want['docs']} / {want['tokens']}")
+    rg_doc_starts = np.concatenate([[0], np.cumsum(rg_rows, dtype=np.int64)])
+    doc_starts = np.concatenate([[0], np.cumsum(lengths)])
+    rg_token_starts = np.concatenate([[0], np.cumsum(np.asarray(rg_tokens, dtype=np.int64))])
+    if not np.array_equal(doc_starts[rg_doc_starts], rg_token_starts):
+        raise chunk_error(cache, rel, "row-group token counts disagree with the num_tokens column")
+    return WholeChunk(index, rel, data, rg_token_starts, rg_doc_starts, lengths, doc_starts, pf.metadata)
+
+
+@dataclasses.dataclass(frozen=True)
+class WholeChunk:
+    """A chunk file fetched whole and verified against the ledger (``validate`` and old sidecars)."""
+
+    index: int
+    path: str
+    data: bytes
+    rg_token_starts: np.ndarray
+    rg_doc_starts: np.ndarray
+    doc_lengths: np.ndarray
+    doc_starts: np.ndarray
+    file_meta: Any = None
+
+
+def chunk_doc_lengths(cache: Cache, index: int) -> np.ndarray:
+    """The document lengths of chunk ``index`` (its ``num_tokens`` column alone, as ``inspect`` needs),
+    checked against the ledger's document and token counts; a damaged file raises :class:`ChunkError`."""
+    t = cache.table
+    rel = t.paths[index]
+    if int(t.docs[index]) == 0:
+        return np.zeros(0, np.int64)
+    try:
+        with cache.fs.open(cache.path(rel), "rb") as f:
+            col = pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0)
+        lengths = int_values(col).astype(np.int64)
+    except FileNotFoundError:
+        raise chunk_error(cache, rel, "missing (listed in the ledger)") from None
+    except Exception as e:  # pyarrow raises several types for damaged files
+        if remote.is_storage_error(e):
+            raise remote.storage_error(cache.display(rel), e, anonymous=cache.anonymous) from e
+        try:  # the usual cause, said precisely (the size costs one more request, on this error path only)
+            wrong = size_mismatch(int(cache.fs.size(cache.path(rel))), int(t.nbytes[index]))
+        except Exception:  # noqa: BLE001 - fall back to pyarrow's words
+            wrong = None
+        raise chunk_error(cache, rel, wrong or f"not a readable Parquet chunk ({arrow_message(e)})") from e
+    if lengths.size != int(t.docs[index]) or int(lengths.sum()) != int(t.tokens[index]):
+        raise chunk_error(cache, rel, f"its {fmt.LENGTH_COLUMN} column holds {lengths.size} documents / "
+                          f"{int(lengths.sum())} tokens, the ledger says {int(t.docs[index])} / {int(t.tokens[index])}")
+    return lengths
+
+
+# --------------------------------------------------------------------------------------------------
+# python -m reader validate
+
+
+def validate_ledger(cache: Cache) -> list[str]:
+    """Problems of a finished ledger as a whole: totals and offsets that disagree with its chunk entries."""
+    if not cache.complete:
+        return []
+    t = cache.table
+    where = cache.display(fmt.LEDGER_NAME)
+    problems = []
+    totals = cache.ledger.totals
+    for key, want in (("docs", int(t.docs.sum())), ("tokens", int(t.tokens.sum())), ("chunks", len(t))):
+        if key in totals and int(totals[key]) != want:
+            problems.append(f"{where}: totals.{key} = {totals[key]}, the chunk entries sum to {want} (the ledger "
+                            "was changed after the build)")
+    doc_off, tok_off = t.doc_offsets, t.token_offsets
+    for i, e in enumerate(cache.ledger.raw["chunks"]):
+        if e.get("doc_offset") != int(doc_off[i]) or e.get("token_offset") != int(tok_off[i]):
+            problems.append(f"{where}: chunk {i} ({e['path']}) has doc_offset/token_offset {e.get('doc_offset')}/"
+                            f"{e.get('token_offset')}, the entries before it sum to {int(doc_off[i])}/{int(tok_off[i])}")
+            break
+    return problems
+
+
+def _read(cache: Cache, rel: str) -> bytes | None:
+    try:
+        return cache.cat(rel)
+    except FileNotFoundError:
+        return None
+
+
+def _fields(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k not in fmt.SIDECAR_ONLY_KEYS and k not in _LEDGER_ONLY_KEYS}
+
+
+def _show(v: Any) -> str:
+    s = json.dumps(v)
+    return s if len(s) <= 40 else s[:18] + "..." + s[-18:]
+
+
+def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str]:
+    """Problems with global chunk ``index`` (empty list if it is sound), each naming the damaged file:
+    the Parquet file, its sidecar, or the ledger (see the module docstring)."""
+    t = cache.table
+    rel = t.paths[index]
+    side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
+    ledger_rel = fmt.LEDGER_NAME
+    shown = cache.display
+    problems: list[str] = []
+    data = _read(cache, rel)
+    raw = _read(cache, side_rel)
+    side = None
+    if raw is None:
+        problems.append(f"{shown(side_rel)}: sidecar missing (the ledger lists its chunk)")
+    else:
+        try:
+            side = json.loads(raw)
+        except ValueError as e:
+            problems.append(f"{shown(side_rel)}: damaged sidecar: not valid JSON ({e})")
+        else:
+            if not isinstance(side, dict):
+                problems.append(f"{shown(side_rel)}: damaged sidecar: not a JSON object")
+                side = None
+    entry = dict(cache.ledger.raw["chunks"][index]) if cache.complete else None
+    want_bytes, want_sum = int(t.nbytes[index]), t.checksums[index]
+    side_trusted = side is not None and entry is None  # during a build the table is the sidecars
+    ledger_blamed = False
+    if entry is not None and side is not None:
+        recorded = entry.get("sidecar_checksum")  # None in ledgers written before sidecars were checksummed
+        side_vouched = recorded is not None and recorded == fmt.checksum(raw)
+        side_sum_ok = recorded is None or side_vouched
+        got, want = _fields(side), _fields(entry)
+        differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+        file_backs_side = (data is not None and len(data) == side.get("bytes")
+                           and fmt.checksum(data) == side.get("checksum"))
+        if differ and (side_vouched or file_backs_side):
+            # the sidecar is vouched for (by the ledger's own sidecar_checksum, or by the chunk file): the
+            # ledger entry is the odd one out
+            ledger_blamed = True
+            side_trusted = True
+            says = ", ".join(f"{k} {_show(want.get(k))}" for k in differ)
+            other = ", ".join(f"{_show(got.get(k))}" for k in differ)
+            witness = "the chunk file and its sidecar" if file_backs_side else "its sidecar (checksum verified)"
+            problems.append(f"{shown(ledger_rel)}: the entry of chunk {index} ({rel}) says {says}; {witness} "
+                            f"say {other}. The ledger was changed after the build: restore it, or rebuild")
+        elif differ:
+            problems.append(f"{shown(side_rel)}: damaged sidecar: differs from the ledger entry in {differ}"
+                            + (" (and its sha256 from the ledger's sidecar_checksum)" if recorded else ""))
+        elif not side_sum_ok:
+            # same entry fields: the damage is in the row-group index, the footer entry or the layout
+            canonical = raw == fmt.sidecar_bytes(side)
+            index_ok = False
+            if data is not None and file_mismatch(data, want_bytes, want_sum) is None:
+                try:
+                    index_ok = [side.get("row_group_index"), side.get("footer")] == list(fmt.row_group_index(data))
+                except Exception:  # noqa: BLE001 - the file's own problem is reported below
+                    index_ok = False
+            if canonical and index_ok:
+                problems.append(f"{shown(ledger_rel)}: the entry of chunk {index} ({rel}) says sidecar_checksum "
+                                f"{entry.get('sidecar_checksum')}, its sidecar (which matches the chunk file) has "
+                                f"{fmt.checksum(raw)}. The ledger was changed after the build: restore it, or rebuild")
+                ledger_blamed = side_trusted = True
+            else:
+                problems.append(f"{shown(side_rel)}: damaged sidecar: its sha256 is {fmt.checksum(raw)}, the ledger "
+                                f"says {entry.get('sidecar_checksum')}"
+                                + ("" if index_ok else " (its row_group_index/footer do not match the chunk file)"))
+        else:
+            side_trusted = True
+    record = None
+    if ledger_blamed and side is not None:  # judge the file by its sidecar instead of the changed entry
+        record = {k: side[k] for k in ("bytes", "checksum", "docs", "tokens") if k in side}
+        want_bytes, want_sum = int(record.get("bytes", want_bytes)), record.get("checksum", want_sum)
+    if data is None:
+        problems.append(f"{shown(rel)}: missing (the ledger lists it)")
+        return problems
+    rg_index = side.get("row_group_index") if side_trusted else None
+    footer = side.get("footer") if side_trusted else None
+    wrong = file_mismatch(data, want_bytes, want_sum, rg_index, footer)
+    if wrong:
+        problems.append(f"{shown(rel)}: {wrong}")
+        return problems
+    problems += _check_layout(cache, index, data, decode, side if side_trusted else None, record)
+    return problems
+
+
+def _check_layout(cache: Cache, index: int, data: bytes, decode: bool, side: dict | None,
+                  record: dict | None) -> list[str]:
+    """Problems of a file whose bytes match the record: its Parquet layout, counts, decoded row groups."""
+    t = cache.table
+    rel = t.paths[index]
+    side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
+    try:
+        m = parse_chunk(cache, index, data, record)
+        if decode:
+            pf = pq.ParquetFile(pa.BufferReader(m.data))
+            for g in range(pf.metadata.num_row_groups):
+                col = pf.read_row_group(g, columns=[fmt.TOKEN_COLUMN]).column(0)
+                n = len(col.combine_chunks().flatten())
+                want = int(m.rg_token_starts[g + 1] - m.rg_token_starts[g])
+                if n != want:
+                    raise chunk_error(cache, rel, f"row group {g} decodes to {n} tokens, metadata says {want}")
+    except fmt.FormatError as e:
+        return [str(e).split(". The file does not match")[0]]
+    except Exception as e:  # noqa: BLE001 - report, never crash the validator
+        return [f"{cache.display(rel)}: cannot be decoded ({type(e).__name__}: {arrow_message(e)})"]
+    if side is None:
+        return []
+    if "row_group_index" not in side or "footer" not in side:
+        return [f"{cache.display(side_rel)}: no row_group_index/footer (sidecar written by an older chunkledger; "
+                "readers fetch this chunk whole: rebuild to index it)"]
+    try:
+        want = list(fmt.row_group_index(data))
+    except fmt.FormatError as e:
+        return [f"{cache.display(rel)}: {e}"]
+    if [side["row_group_index"], side["footer"]] != want:
+        return [f"{cache.display(side_rel)}: damaged sidecar: its row_group_index/footer do not match the chunk file"]
+    return []
