@@ -98,7 +98,7 @@ SECONDARY_ROWS = [
      "Beam, planning)", "s"),
     ("pipeline_worker_to_first_unit_cpu_s", "2-worker build: a worker's CPU-seconds until its first unit (forked "
      "workers: almost none)", "s"),
-    ("pipeline_workers_forked", "2-worker build: workers forked from the warm process (pipelines/local_workers.py)",
+    ("pipeline_workers_forked", "2-worker build: workers forked from the warm process (pipelines/runners/local_workers.py)",
      "int"),
     ("pipeline_hf_fixed_before_s", "HF build: seconds before the first work unit starts", "s"),
     ("pipeline_hf_tail_s", "HF build: seconds one worker works alone at the end", "s"),
@@ -564,8 +564,8 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "`--direct_running_mode=multi_processing --direct_num_workers=2` (1 for the scaling baseline), "
         "default chunking and compression, the default tokenizer backend (`auto`: fastokens after its "
         "conformance check), into an empty directory. The local runner forks its workers from a warm process "
-        "and hands out work units from a shared queue (pipelines/local_workers.py, unit_queue.py). A passed "
-        "conformance check is remembered on the machine (pipelines/conformance_cache.py), so the suite's builds "
+        "and hands out work units from a shared queue (pipelines/runners/local_workers.py, unit_queue.py). A passed "
+        "conformance check is remembered on the machine (pipelines/tokenize/conformance_cache.py), so the suite's builds "
         "skip it after the first. Whole command = wall time of the "
         "subprocess (interpreter start-up to exit). Steady state = tokens / the seconds the workers spent "
         "inside work units, from the build's own timeline (`CHUNKLEDGER_TRACE`, off by default; a traced "
@@ -584,7 +584,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "command timed as a subprocess, with a fresh datasets cache (nothing reused between runs).",
         "- **Reader**: one reader (one host), warm page cache, `Reader.iter_batches` with "
         "`num_workers=2`: two worker processes each decode and assemble every other row of each batch into "
-        "shared memory, and the reader hands out views of it (`reader/workers.py`); `num_workers=0` (one "
+        "shared memory, and the reader hands out views of it (`reader/workers/pool.py`); `num_workers=0` (one "
         "process, background prefetch threads) is reported as `reader_*_1p`. Rates are the steady state, "
         "from the first batch to the last of each run; opening the cache and starting the workers are "
         "reported apart (`*_first_batch_s`, `*_from_open_tokens_per_s`) and by the seek figures. Default "

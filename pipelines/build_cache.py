@@ -11,7 +11,7 @@ Steps:
    order), resolve the tokenizer, and write ``ledger.json`` with ``"finished": false`` (the plan). If a
    ledger already exists, its tokenizer/configuration and input files must match (else: refuse); the
    build then resumes.
-2. **Build chunks (workers, pipelines/transforms.py).** One work unit per chunk of an uncompressed
+2. **Build chunks (workers, pipelines/build/transforms.py).** One work unit per chunk of an uncompressed
    shard (a byte range, split at line starts like TextIO) and one per compressed shard (streamed, cut
    into chunks by uncompressed offset). Units whose chunks already exist and verify against their
    sidecars are skipped.
@@ -21,7 +21,7 @@ Steps:
    ``_FAILED.json``. :func:`run` reads that verdict once the runner returns or raises.
 
 With ``--validation_fraction F`` the same steps write two caches from one pass over the input,
-``OUTPUT/train`` and ``OUTPUT/validation`` (``pipelines/splits.py``), each with its own ledger.
+``OUTPUT/train`` and ``OUTPUT/validation`` (``pipelines/build/splits.py``), each with its own ledger.
 
 Options not listed by ``--help`` are passed to Beam (``--runner``, ``--project``, ...); an option that
 is neither ours nor Beam's is an error. Without ``--runner`` the local DirectRunner runs with one worker
@@ -232,7 +232,7 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
 
 
 def _warm_process(args: Arguments, workers: int) -> "local_workers.WarmProcess | None":
-    """The warm process forking this run's SDK workers (see pipelines/local_workers.py), or None.
+    """The warm process forking this run's SDK workers (see pipelines/runners/local_workers.py), or None.
 
     Only for Beam's multi-process DirectRunner (``workers`` > 0): the one the command line started before
     importing Beam, or a new one (a build run in-process, e.g. by tests).

@@ -33,7 +33,7 @@ class ChunkConfig:
     compression: str  # Parquet codec of the chunks ("none" for uncompressed)
     compression_level: int | None  # None for codecs without levels
     token_encoding: str
-    piece_chars: int  # long-document splitting (pipelines/tokenizer.py)
+    piece_chars: int  # long-document splitting (pipelines/tokenize/tokenizer.py)
     max_piece_chars: int
     split: Mapping[str, Any] | None = None  # a split build's cache: SplitSpec.identity(name)
 

@@ -7,7 +7,7 @@ default), :func:`event` returns at once and nothing is written. The trace never 
 written outside the output directory and read only by ``benchmarks/pipeline_bench.py``.
 
 Events: ``launcher_start`` (before Beam is imported), ``warm_process_started`` (``warm_pid``: the process
-forking the local workers, see pipelines/local_workers.py; events of its workers carry ``forked``),
+forking the local workers, see pipelines/runners/local_workers.py; events of its workers carry ``forked``),
 ``warm_imported``/``warm_loaded`` (the warm process: worker modules imported; tokenizer loaded too),
 ``launcher_imported``, ``planned``, ``run_start``,
 ``run_done``, ``launcher_exit`` (launcher); ``setup_start``/``setup_done`` (worker DoFn set-up; ``proc_start``: when

@@ -25,7 +25,6 @@ import dataclasses
 import os
 import threading
 import time
-import warnings
 import weakref
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -181,7 +180,6 @@ class JaxLoader:
       fields: fields to build (default: every field in :data:`TOKEN_FIELDS` and :data:`ROW_FIELDS`).
       reader_kwargs: extra keyword arguments for ``Reader(...)`` when ``source`` is a path
         (e.g. ``wait_timeout_s``).
-      workers: the former name of ``threads`` (deprecated: "workers" are reader worker processes).
 
     Attributes: ``batch_size``, ``seq_len``, ``token_sharding``, ``row_sharding``, ``rows`` (the global
     rows this process reads), ``num_batches`` (eval: finite; training: None), ``stats``.
@@ -190,12 +188,7 @@ class JaxLoader:
     def __init__(self, source, opts=None, mesh: Mesh | None = None,
                  spec: PartitionSpec | NamedSharding | None = None, *,
                  start: int = 0, prefetch: int = 2, threads: int | None = None,
-                 fields: Sequence[str] | None = None, reader_kwargs: Mapping[str, Any] | None = None,
-                 workers: int | None = None):
-        if workers is not None:  # the former name of `threads`
-            warnings.warn("JaxLoader(workers=) is now threads= (reader workers are processes: "
-                          "ReadOptions.num_workers)", DeprecationWarning, stacklevel=2)
-            threads = workers if threads is None else threads
+                 fields: Sequence[str] | None = None, reader_kwargs: Mapping[str, Any] | None = None):
         if isinstance(spec, NamedSharding):
             if mesh is not None and mesh != spec.mesh:
                 raise ValueError("pass either a mesh and a PartitionSpec, or a NamedSharding (not another mesh)")

@@ -13,7 +13,7 @@ Examples are built at read time:
 * **unpacked**: one document piece per example (a document of ``n`` tokens gives ``ceil(n/L)`` pieces),
   padded with ``segment_ids == 0`` and ``loss_mask == False``.
 
-The Reader only wires the parts together: :class:`reader.order.examples.ExampleOrder` says which tokens each
+The Reader only wires the parts together: :class:`reader.batch.examples.ExampleOrder` says which tokens each
 row holds, :class:`reader.storage.store.ChunkStore` fetches and decodes them, :class:`reader.batch.assemble.Assembler`
 writes them into a batch (:mod:`reader.batch.schema`), :mod:`reader.batch.prefetch` and :mod:`reader.batch.release`
 keep the store ahead of the reads, and :mod:`reader.workers.pool` runs it all in child processes.
@@ -34,7 +34,7 @@ from reader.storage.cache import Cache
 from reader.mixture.spec import is_mixture_path
 from reader.mixture.io import open_mixture
 from reader.options import ReadOptions
-from reader.order.examples import ExampleOrder
+from reader.batch.examples import ExampleOrder
 from reader.batch.prefetch import Prefetcher
 from reader.batch.release import ReleasePolicy
 from reader.storage.store import ChunkStore

@@ -11,7 +11,12 @@ Passed conformance checks are remembered in a directory of this test session onl
 import atexit
 import os
 import shutil
+import sys
 import tempfile
+
+# Test helpers (cache generators, the GCS emulator, build helpers) live in tests/support/; tests in any
+# folder import them by their module names.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
 os.environ.setdefault("CHUNKLEDGER_MIN_CHUNK_BYTES", "1024")
 _CACHE_DIR = tempfile.mkdtemp(prefix="chunkledger-test-cache-")

@@ -11,14 +11,14 @@ runner the builder runs on works (``--runner=DataflowRunner ...``, ``--runner=Da
 
 Steps:
 
-1. **Plan (launcher, pipelines/export_plan.py).** Open the cache (finished only), choose the dtype as the
+1. **Plan (launcher, pipelines/export/layout.py).** Open the cache (finished only), choose the dtype as the
    CLI does, and cut the ledger's chunks into parts of about ``--part_bytes`` of ``.bin``: every chunk's
    byte and document offsets come from the ledger's counts alone. The plan goes to ``plan.json`` in the
    parts directory ``.tmp-NAME.parts/`` beside the output.
-2. **Write parts (workers, pipelines/export_parts.py).** Each part's chunks are read and checked exactly
+2. **Write parts (workers, pipelines/export/parts.py).** Each part's chunks are read and checked exactly
    as the CLI reads them, and written as a ``.bin`` part plus its documents' lengths; a part an earlier
    run left is kept if its size and sha256 match its record.
-3. **Finalize (one worker, pipelines/export_finalize.py).** ``PREFIX.idx`` by the CLI's index writer,
+3. **Finalize (one worker, pipelines/export/finalize.py).** ``PREFIX.idx`` by the CLI's index writer,
    the parts joined into ``PREFIX.bin`` (``copy_file_range`` locally, Cloud Storage compose on
    ``gs://``), ``.bin`` renamed before ``.idx``, the parts directory removed.
 

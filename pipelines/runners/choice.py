@@ -118,7 +118,7 @@ def local_process_workers(options) -> int:
 
 def forked_workers_runner(worker_command: str):
     """Beam's FnApiRunner (what the DirectRunner runs for a batch pipeline) starting each SDK worker with
-    ``worker_command`` (see pipelines/local_workers.py) instead of a fresh ``sdk_worker_main`` process.
+    ``worker_command`` (see pipelines/runners/local_workers.py) instead of a fresh ``sdk_worker_main`` process.
 
     ``--direct_num_workers`` and everything else keep their meaning.
     """

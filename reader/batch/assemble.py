@@ -1,4 +1,4 @@
-"""The batch assembler: gathers the tokens a :class:`reader.order.examples.Placement` names into a batch.
+"""The batch assembler: gathers the tokens a :class:`reader.batch.examples.Placement` names into a batch.
 
 One walk serves both layouts; the layout's writer (:mod:`reader.batch.layouts`) does the writing. Packed
 rows fall in three kinds, sorted in one pass over the rows:
@@ -22,7 +22,7 @@ import numpy as np
 
 from reader.batch.layouts import writer
 from reader.options import ReadOptions
-from reader.order.examples import Placement
+from reader.batch.examples import Placement
 from reader.storage.store import ChunkStore
 
 SLAB_BATCHES = 16  # a slab: consecutive batches assembled in one pass (iter_batches, reader workers); its

@@ -2,7 +2,7 @@
 
 ``iter_batches`` (and loaders, through ``Reader.prefetch``) ask for batches :meth:`Prefetcher.lookahead`
 ahead of the one being served: about one row group of every stream, capped by a quarter of the memory
-budget, so decoding overlaps serving. A plan (:meth:`reader.order.examples.ExampleOrder.plan`) lists the
+budget, so decoding overlaps serving. A plan (:meth:`reader.batch.examples.ExampleOrder.plan`) lists the
 chunk offsets those batches touch; one background task per chunk fetches, verifies and decodes the
 row groups that hold them, so the chunks of a batch load in parallel.
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from reader.storage.cache import Cache
 from reader.options import ReadOptions
-from reader.order.examples import ExampleOrder
+from reader.batch.examples import ExampleOrder
 from reader.batch.release import ReleasePolicy
 from reader.order.shuffle import mix_of_rows, mix_sources_of_lanes
 from reader.storage.store import ChunkStore
@@ -106,7 +106,7 @@ class Prefetcher:
         return self.prefetch_plan(plan, last_row)
 
     def prefetch_plan(self, plan: list[tuple[int, np.ndarray]], last_row: int = -1) -> list[cf.Future]:
-        """Start loading the row groups a plan (:meth:`reader.order.examples.ExampleOrder.plan`) names that are
+        """Start loading the row groups a plan (:meth:`reader.batch.examples.ExampleOrder.plan`) names that are
         neither cached nor loading; ``last_row``: the last shuffle row it serves (-1: unshuffled)."""
         futs = []
         for c, offs in plan:

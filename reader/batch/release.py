@@ -21,7 +21,7 @@ import threading
 import numpy as np
 
 from reader.options import ReadOptions
-from reader.order.examples import ExampleOrder
+from reader.batch.examples import ExampleOrder
 from reader.order.shuffle import mix_of_rows, mix_sources_of_lanes, shuffle_window_of
 from reader.storage.store import ChunkStore
 from reader.order.streams import StreamIndex

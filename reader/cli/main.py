@@ -7,9 +7,9 @@ Also installed as the ``chunkledger`` script.
 * ``validate`` check every chunk against the ledger (size, sha256, Parquet layout, counts, sidecars);
   exits non-zero on any problem.
 * ``batches``  write one reader's rows of some batches to an ``.npz`` file, to look at any batch of a run.
-* ``export``   write a cache as Megatron ``.bin``/``.idx`` or seqax flat-tokens (``reader/export.py``).
+* ``export``   write a cache as Megatron ``.bin``/``.idx`` or seqax flat-tokens (``reader/interop/export.py``).
 * ``import-megatron``, ``import-flat-tokens``  turn Megatron ``.bin``/``.idx`` files or a seqax flat-tokens
-  dataset into a cache (``reader/import_megatron.py``, ``reader/import_flat_tokens.py``), the tokenizer's
+  dataset into a cache (``reader/interop/import_megatron.py``, ``reader/interop/import_flat_tokens.py``), the tokenizer's
   identity taken from a cache or a JSON file (``--tokenizer_from``; ``python -m pipelines.interop`` takes
   a tokenizer spec instead).
 """

@@ -2,9 +2,9 @@
 
 Formats:
 
-* ``megatron``: Megatron-Core's indexed dataset, ``PATH.bin`` + ``PATH.idx`` (``reader/megatron.py``).
+* ``megatron``: Megatron-Core's indexed dataset, ``PATH.bin`` + ``PATH.idx`` (``reader/interop/megatron.py``).
 * ``flat-tokens``: seqax's zarr flat-tokens dataset, groups ``train`` and ``validation``
-  (``reader/flat_tokens.py``).
+  (``reader/interop/flat_tokens.py``).
 
 Both stream the cache in global order (ledger chunk order, documents in chunk order), one Parquet row
 group at a time, with every chunk file checked against the ledger's size and sha256 before it is

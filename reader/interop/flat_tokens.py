@@ -1,5 +1,5 @@
 """seqax's ``flat-tokens`` format (a zarr group; spec: seqax ``docs/flat-tokens.md``): the export, and
-opening a dataset for ``reader/import_flat_tokens.py``.
+opening a dataset for ``reader/interop/import_flat_tokens.py``.
 
 A flat-tokens *dataset* is a zarr group with the groups ``train`` and ``validation``, each a flat-tokens
 *array*::

@@ -2,7 +2,7 @@
 ``python -m reader import-flat-tokens DIR.zarr --tokenizer_from CACHE_OR_JSON --out CACHE`` (or
 ``python -m pipelines.interop import-flat-tokens ... --tokenizer SPEC``).
 
-The format (``reader/flat_tokens.py``) is checked as it is read: both arrays of a group present, with
+The format (``reader/interop/flat_tokens.py``) is checked as it is read: both arrays of a group present, with
 their dtypes (``encoded_tokens`` uint32, ``seq_starts`` uint64, one dimension), ``seq_starts`` from 0,
 never decreasing, ending at the token count; the start bits exactly at the sequence starts; every token
 id at most the group's ``max_token_id``, and that below the tokenizer's vocabulary size.
@@ -11,7 +11,7 @@ Layout: the ``train`` group becomes ``CACHE`` itself; if the ``validation`` grou
 two become ``CACHE/train`` and ``CACHE/validation`` (each a complete cache, the layout that ``export``
 reads back). Each group is one input shard; each sequence a document whose ``offset`` is the byte offset
 of its first token in ``encoded_tokens`` (4 bytes a token); chunks follow the builder's rule
-(``reader/importer.py``) with ``chunk_bytes = 4 x --chunk_tokens``. flat-tokens stores no
+(``reader/interop/importer.py``) with ``chunk_bytes = 4 x --chunk_tokens``. flat-tokens stores no
 end-of-sequence tokens: ``--append_eos`` appends the tokenizer's EOS to every document, as the builder's
 ``--append_eos`` does.
 """
@@ -115,7 +115,7 @@ def import_flat_tokens(path: str, tokenizer: Mapping[str, Any], out: str, *, app
     Args:
       path: the zarr directory (local or any fsspec URL zarr opens).
       tokenizer: the identity of the tokenizer the data was made with (a ledger's ``tokenizer`` object:
-        ``reader.format.tokenizer_id.load(CACHE_OR_JSON)`` or ``pipelines.tokenize.tokenizer.resolve(SPEC).identity()``).
+        ``reader.interop.tokenizer_from.load(CACHE_OR_JSON)`` or ``pipelines.tokenize.tokenizer.resolve(SPEC).identity()``).
       out: the cache root (``out/train`` + ``out/validation`` if the validation group holds sequences).
       append_eos: append the tokenizer's EOS to every document (recorded as config.append_eos).
       chunk_tokens, row_group_tokens, threads: as for ``import-megatron``.

@@ -10,7 +10,7 @@ The result is an ordinary cache (docs/FORMAT.md) that ``Reader``, shuffles, eval
 * **Documents.** Each Megatron document is one chunkledger document (its sequences joined, for data made
   with ``--split-sentences``; ``--unit sequence`` makes every sequence a document instead). Its
   ``offset`` is the byte offset of its first token in the ``.bin``.
-* **Chunks.** The builder's rule with the ``.bin`` as the input file (``reader/importer.py``);
+* **Chunks.** The builder's rule with the ``.bin`` as the input file (``reader/interop/importer.py``);
   ``chunk_bytes`` is ``--chunk_tokens`` (default 16 Mi, about what the builder's 64 MiB chunk of text
   holds) times the token size.
 * **Ledger.** ``tokenizer`` is the identity given: copied from a cache built with the tokenizer or
@@ -87,7 +87,7 @@ def import_megatron(prefixes: Sequence[str], tokenizer: Mapping[str, Any], out: 
     Args:
       prefixes: paths without ``.bin``/``.idx`` (local files); sorted by path, they are the shards.
       tokenizer: the identity of the tokenizer the data was made with (a ledger's ``tokenizer`` object:
-        ``reader.format.tokenizer_id.load(CACHE_OR_JSON)`` or ``pipelines.tokenize.tokenizer.resolve(SPEC).identity()``).
+        ``reader.interop.tokenizer_from.load(CACHE_OR_JSON)`` or ``pipelines.tokenize.tokenizer.resolve(SPEC).identity()``).
       out: the cache root to create (local or any fsspec URL).
       unit: ``"document"`` (a Megatron document, its sequences joined) or ``"sequence"``.
       append_eos: every document ends with the tokenizer's EOS (checked; recorded in the config).

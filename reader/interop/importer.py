@@ -27,6 +27,7 @@ import numpy as np
 
 from reader.format import spec as fmt
 from reader.format import tokenizer_id
+from reader.interop import tokenizer_from
 from reader.format.chunk_file import ChunkParquet, flat_row_group_table, ledger_chunks, make_sidecar
 from reader.interop.export import TMP_PREFIX, output_fs, output_location, remove_quietly, rename, temp_name
 from reader.order.streams import round_robin_order
@@ -54,8 +55,8 @@ class _NotHere(argparse.Action):
 
 
 def identity_from_args(args) -> dict[str, Any]:
-    """The tokenizer identity of ``--tokenizer_from`` (:func:`reader.format.tokenizer_id.load`)."""
-    return tokenizer_id.load(args.tokenizer_from)
+    """The tokenizer identity of ``--tokenizer_from`` (:func:`reader.interop.tokenizer_from.load`)."""
+    return tokenizer_from.load(args.tokenizer_from)
 
 
 def add_tokenizer_from(parser) -> None:
@@ -96,7 +97,7 @@ def checked_identity(tokenizer: Any) -> dict[str, Any]:
     """The identity an import records, checked; a spec string is refused with the two ways to get one."""
     if isinstance(tokenizer, (str, bytes, os.PathLike)):
         raise ImportFailed(f"tokenizer {tokenizer!r}: give the tokenizer identity (a ledger's tokenizer object), "
-                           "not a spec: reader.format.tokenizer_id.load(CACHE_OR_JSON), or "
+                           "not a spec: reader.interop.tokenizer_from.load(CACHE_OR_JSON), or "
                            "pipelines.tokenize.tokenizer.resolve(SPEC).identity()")
     return tokenizer_id.check(tokenizer, "tokenizer")
 

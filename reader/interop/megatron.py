@@ -249,7 +249,7 @@ def export_megatron(url: str, prefix: str, *, overwrite: bool = False, dtype: st
       threads: chunks fetched and decoded ahead in parallel.
 
     Returns a one-line summary. The ``.bin`` is renamed into place before the ``.idx``: an ``.idx`` with
-    its final name always describes a complete ``.bin``. (``pipelines/export.py`` writes the same files
+    its final name always describes a complete ``.bin``. (``pipelines/export/job.py`` writes the same files
     with Apache Beam, for caches too large for one process.)
     """
     cache, vocab, dt = open_source(url, dtype)

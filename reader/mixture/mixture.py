@@ -4,9 +4,9 @@ A mixture file (:mod:`reader.mixture.spec`) names component caches and weights. 
 opens every component's cache (each may still be building) and checks that they share one tokenizer.
 :class:`MixtureOrder` is the mixture's example order: global example ``i`` -> ``(component c,
 component example k)`` (:mod:`reader.mixture.mixing` in training; the components one after the other in eval
-mode), and ``k`` -> tokens through ``c``'s own :class:`reader.order.examples.ExampleOrder` (its streams, shuffle
+mode), and ``k`` -> tokens through ``c``'s own :class:`reader.batch.examples.ExampleOrder` (its streams, shuffle
 and epochs, exactly as when ``c`` is read alone with the same options). It answers ``locate`` with one
-:class:`reader.order.examples.Placement` for the rows of all components, with ``components`` set and chunk
+:class:`reader.batch.examples.Placement` for the rows of all components, with ``components`` set and chunk
 numbers in the mixture's chunk space (:mod:`reader.mixture.io`), so the assembler, layouts and workers
 are the single cache's.
 """
@@ -23,7 +23,7 @@ from reader.storage.cache import Cache, wait_for
 from reader.mixture.mixing import MixIndex
 from reader.mixture.spec import MixtureError, MixtureSpec, load_mixture
 from reader.options import ReadOptions
-from reader.order.examples import ExampleOrder, Placement, group_by_key
+from reader.batch.examples import ExampleOrder, Placement, group_by_key
 from reader.storage.store import ChunkStore
 from reader.order.streams import NotYetAvailable, StackedStreams, split_example_index
 
@@ -130,7 +130,7 @@ class MixtureOrder:
       stores: one :class:`reader.storage.store.ChunkStore` per component.
       rows: the rows of each global batch this reader serves.
 
-    Attributes: ``components`` (one :class:`reader.order.examples.ExampleOrder` per component), ``index`` (the
+    Attributes: ``components`` (one :class:`reader.batch.examples.ExampleOrder` per component), ``index`` (the
     :class:`reader.mixture.mixing.MixIndex` of training; None in eval mode), ``shuffle`` (None: each component
     shuffles its own examples).
     """
@@ -155,7 +155,7 @@ class MixtureOrder:
 
     def stream_index(self):
         raise TypeError("a mixture has no single stream index: each component has its own "
-                        "(reader.order.examples.components[c].stream_index())")
+                        "(reader.batch.examples.components[c].stream_index())")
 
     # -- which component each example is ------------------------------------------------------------
     def assign(self, ex) -> tuple[np.ndarray, np.ndarray]:
@@ -230,7 +230,7 @@ class MixtureOrder:
                          comp.astype(np.int32))
 
     def plan_components(self, comp: np.ndarray, k: np.ndarray) -> list[list[tuple[int, np.ndarray]]] | None:
-        """Every component's :meth:`reader.order.examples.ExampleOrder.plan` of its examples ``k[comp == c]`` (from
+        """Every component's :meth:`reader.batch.examples.ExampleOrder.plan` of its examples ``k[comp == c]`` (from
         :meth:`assign`), found in one stacked call: packed, unshuffled training reads of finished
         components; else None (ask each component)."""
         if self.index is None or not self.options.packed or self.components[0].shuffle is not None:

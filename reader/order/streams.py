@@ -2,7 +2,7 @@
 
 Which chunk and offset holds unit ``j`` of stream ``s``: the pipeline (chunk order), the reader, the
 JAX loader and the benchmarks all ask this module, so they agree by construction. The shuffle is
-:mod:`reader.order.shuffle`; :mod:`reader.order.examples` combines both into "which tokens is example ``i``".
+:mod:`reader.order.shuffle`; :mod:`reader.batch.examples` combines both into "which tokens is example ``i``".
 
 Terms (seed 000, "Reproducible Sharded Reading for Training"):
 

@@ -1,0 +1,295 @@
+"""The example order: which tokens example ``i`` is, apart from fetching them.
+
+:class:`ExampleOrder` combines the stream index (:mod:`reader.order.streams`), the shuffle
+(:mod:`reader.order.shuffle`), the end of an eval pass and, for unpacked examples, the per-chunk example
+counts (:mod:`reader.storage.index`). Given global example indices it answers with a :class:`Placement`:
+for every row, the chunk and token range it holds. The assembler (:mod:`reader.batch.assemble`) only
+gathers those tokens; the prefetcher asks :meth:`ExampleOrder.plan` what upcoming batches touch.
+
+This is the seam for mixtures of several caches: a mixture order maps global example ``i`` to
+``(component, component-local example)``, each component with its own ``ExampleOrder``, and answers
+with the same kind of placement plus a ``components`` array.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+
+from reader.storage.cache import Cache
+from reader.options import ReadOptions
+from reader.order.shuffle import shuffle_example_indices
+from reader.storage.store import ChunkStore
+from reader.order.streams import NotYetAvailable, StreamIndex, split_example_index
+from reader.storage.index import UnpackedIndex
+
+# cipher answers computed at once for the batches after a regular one (the cipher's cost is mostly
+# per call: a few hundred small numpy operations whatever the size)
+_SOURCE_BATCHES_AHEAD = 32
+_SOURCE_CACHE = 4096  # arrays of source indices kept
+_SOURCE_WINDOWS = 4  # windows of source indices kept (``ahead``: mixture components)
+
+
+def group_by_key(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``(key, values with that key)`` in key order, each key's values in their order (a plan's chunks
+    and token offsets)."""
+    by = np.argsort(keys, kind="stable")
+    keys, values = keys[by], values[by]
+    if not keys.size:
+        return []
+    # (slices at the key boundaries: np.split and np.r_ cost more than the work on a few rows per key)
+    bounds = [0] + (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist() + [keys.size]
+    return [(x, values[a:b]) for x, a, b in zip(keys[bounds[:-1]].tolist(), bounds[:-1], bounds[1:])]
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the tokens of each row of a read come from.
+
+    Attributes:
+      examples: int64 [n]: each row's global example index, -1 for padding rows.
+      valid: bool [n]: rows that hold an example (False: past the end of an eval pass).
+      rows: int64 [k]: the valid rows, ascending. The arrays below have one entry per valid row.
+      streams, positions: int64 [k]: the stream and position in it of the row's example.
+      epochs: int64 [k]: the epoch of the row's first token.
+      chunks, starts: int64 [k]: the chunk holding the row's first token and that token's offset in it.
+      lengths: int64 [k]: tokens of the row that lie in that chunk from ``starts`` (at most L). Packed
+        rows shorter than L continue in other chunks, or end the eval pass: see ``spill``.
+      first_positions: int64 [k] (unpacked) or None (packed: derived from the documents' starts).
+      spill: packed rows whose tokens do not lie in one chunk: ``{k: [(epoch, chunk, lo, hi), ...]}``,
+        the row's pieces in order (fewer than L tokens at the end of an eval pass).
+      components: int32 [n]: each row's mixture component (-1 for padding rows), or None: a single
+        cache (component 0). In a mixture, ``chunks`` are the mixture's chunk ids (see
+        :mod:`reader.mixture.io`) and ``streams``/``positions``/``epochs`` the components' own.
+    """
+
+    examples: np.ndarray
+    valid: np.ndarray
+    rows: np.ndarray
+    streams: np.ndarray
+    positions: np.ndarray
+    epochs: np.ndarray
+    chunks: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    first_positions: np.ndarray | None
+    spill: dict[int, list[tuple[int, int, int, int]]]
+    components: np.ndarray | None = None
+
+
+class ExampleOrder:
+    """Example index -> tokens, for one cache read with one set of options.
+
+    Args:
+      cache: the open cache (its known chunks grow while a build runs).
+      options: the :class:`reader.ReadOptions`.
+      store: the chunk store; unpacked examples need their chunks' document lengths from it.
+      rows: the rows of each global batch this reader serves (a hint: the cipher runs ahead for them).
+      ahead: for a component of a mixture (whose examples are not whole batches): the cipher answers
+        are computed for windows of this many examples ahead of those asked for, on the arithmetic
+        progression this reader's examples lie on (see :meth:`sources`).
+    """
+
+    def __init__(self, cache: Cache, options: ReadOptions, store: ChunkStore, rows: np.ndarray,
+                 ahead: int | None = None):
+        self.cache = cache
+        self.options = options
+        self.store = store
+        self.rows = rows
+        self.ahead = ahead
+        # rows i = rho (mod n) of every batch: examples of stream s = i mod R* = rho (mod g), g = gcd(n, R*),
+        # and a shuffle with lanes = R* keeps that (a mixture component's examples k = s (mod R*) too)
+        n = int(np.gcd.reduce(np.append(np.diff(rows), options.batch_size))) if rows.size else 1
+        self._step = int(np.gcd(n, options.num_streams))
+        self._residue = int(rows[0]) % self._step if rows.size else 0
+        self._windows: list[tuple[int, np.ndarray]] = []
+        self.shuffle = options.shuffle_config()
+        self.unpacked = None if options.packed else UnpackedIndex(cache, options.seq_len,
+                                                                  index_cache=options.index_cache)
+        self._lock = threading.Lock()
+        self._index: StreamIndex | None = None
+        self._index_key: tuple[int, bool] | None = None
+        self._sources: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
+
+    # -- the stream index ---------------------------------------------------------------------------
+    def stream_index(self) -> StreamIndex:
+        """The :class:`StreamIndex` over the chunks known now (all chunks once the build is done)."""
+        with self._lock:
+            table = self.cache.table
+            key = (len(table), self.cache.complete)
+            if self._index is None or self._index_key != key:
+                counts = table.tokens if self.unpacked is None else self.unpacked.counts(table)
+                self._index = StreamIndex(counts, self.options.num_streams, loop=not self.options.eval_mode,
+                                          complete=self.cache.complete)
+                self._index_key = key
+            return self._index
+
+    # -- the end of an eval pass ---------------------------------------------------------------------
+    def num_examples(self) -> int | None:
+        """Eval mode: examples in the single pass (needs the finished cache). Training: None."""
+        if not self.options.eval_mode:
+            return None
+        units = int(self.stream_index().stream_length(0))
+        return -(-units // self.options.seq_len) if self.options.packed else units
+
+    def eval_limit(self, idx: StreamIndex, j: np.ndarray) -> int:
+        """Eval: number of examples, or raise NotYetAvailable if ``j`` reaches past the known part."""
+        units = int(idx.stream_length(0))
+        L = self.options.seq_len
+        if idx.complete:
+            return -(-units // L) if self.options.packed else units
+        known = units // L if self.options.packed else units
+        if j.size and int(j.max()) >= known:
+            raise NotYetAvailable(f"eval example {int(j.max())} is past the {known} examples written so far")
+        return known
+
+    def has_example(self, ex: int) -> bool:
+        """False past the end of an eval pass (raises NotYetAvailable while the build has not decided)."""
+        if not self.options.eval_mode:
+            return True
+        return ex < self.eval_limit(self.stream_index(), np.asarray([ex], dtype=np.int64))
+
+    # -- the shuffle ----------------------------------------------------------------------------------
+    def sources(self, exs: list[np.ndarray]) -> list[np.ndarray]:
+        """The source index ``pi(ex)`` of every array of ``exs`` (``ex`` itself without a shuffle).
+
+        The prefetch planner and the assembler ask for the same batches, so answers are kept (a few
+        KB). A miss computes every missing array in one cipher call, and when the last one is a batch
+        ``b`` of :attr:`rows`, batches ``b+1 ..`` too.
+        """
+        if self.shuffle is None:
+            return exs
+        if self.ahead is not None:
+            return [self._window_sources(ex) for ex in exs]
+        keys = [(int(ex[0]), ex.size, ex.tobytes()) if ex.size else None for ex in exs]
+        with self._lock:
+            got = [self._sources.get(k) for k in keys]
+        todo = [i for i, g in enumerate(got) if g is None]
+        if not todo:
+            return got
+        arrs = [exs[i] for i in todo]
+        akeys = [keys[i] for i in todo]
+        last = self._regular_batch(exs[todo[-1]])
+        if last is not None:
+            B = self.options.batch_size
+            with self._lock:
+                for b in range(last + 1, last + _SOURCE_BATCHES_AHEAD):
+                    ex = b * B + self.rows
+                    k = (int(ex[0]), ex.size, ex.tobytes())
+                    if k not in self._sources:
+                        arrs.append(ex)
+                        akeys.append(k)
+        allsrc = np.asarray(shuffle_example_indices(np.concatenate(arrs), self.shuffle), dtype=np.int64)
+        parts = np.split(allsrc, np.cumsum([a.size for a in arrs])[:-1])
+        with self._lock:
+            for k, src in zip(akeys, parts):
+                src.setflags(write=False)
+                self._sources[k] = src
+            while len(self._sources) > _SOURCE_CACHE:
+                self._sources.popitem(last=False)
+        for i, src in zip(todo, parts):
+            got[i] = src
+        return got
+
+    def _window_sources(self, ex: np.ndarray) -> np.ndarray:
+        """``pi(ex)`` from a window of answers computed ahead: ``pi`` of ``k0, k0 + g, ..., k0 + g m`` for
+        ``m`` reaching ``ahead`` examples past ``ex``; a few windows are kept (reads and prefetch plans
+        ask for different places)."""
+        if not ex.size:
+            return ex
+        g = self._step
+        with self._lock:
+            wins = list(self._windows)
+        for k0, arr in wins:
+            d = ex - k0
+            if int(d.min()) >= 0 and int(d.max()) // g < arr.size and not (d % g).any():
+                return arr[d // g]
+        if ((ex - self._residue) % g).any():  # not this reader's progression (rows a loader names)
+            return np.asarray(shuffle_example_indices(ex, self.shuffle), dtype=np.int64)
+        k0 = int(ex.min())
+        m = (int(ex.max()) - k0 + self.ahead) // g + 1
+        arr = np.asarray(shuffle_example_indices(k0 + g * np.arange(m, dtype=np.int64), self.shuffle), dtype=np.int64)
+        arr.setflags(write=False)
+        with self._lock:
+            self._windows = ([(k0, arr)] + self._windows)[:_SOURCE_WINDOWS]
+        return arr[(ex - k0) // g]
+
+    def _regular_batch(self, ex: np.ndarray) -> int | None:
+        """``b`` if ``ex`` is ``b * B + rows``, else None."""
+        rows = self.rows
+        if ex.size != rows.size or not ex.size:
+            return None
+        d = ex - rows
+        B = self.options.batch_size
+        b0 = int(d[0])
+        if b0 < 0 or b0 % B or not (d == b0).all():
+            return None
+        return b0 // B
+
+    # -- placing examples -----------------------------------------------------------------------------
+    def locate(self, ex: np.ndarray, src: np.ndarray | None = None) -> Placement:
+        """Where the tokens of examples ``ex`` (one per row) are. ``src``: ``sources([ex])`` if known.
+
+        Raises NotYetAvailable when they depend on chunks a running build has not written yet.
+        """
+        opts = self.options
+        L = opts.seq_len
+        idx = self.stream_index()
+        if src is None:
+            src = self.sources([ex])[0]
+        s, j = split_example_index(src, opts.num_streams)
+        examples = ex.astype(np.int64, copy=True)
+        if opts.eval_mode:
+            valid = j < self.eval_limit(idx, j)
+            examples[~valid] = -1
+            rows = np.flatnonzero(valid)
+            s, j = s[rows], j[rows]
+        else:
+            valid = np.ones(ex.size, bool)
+            rows = np.arange(ex.size)
+        spill: dict[int, list[tuple[int, int, int, int]]] = {}
+        if opts.packed:
+            epochs, chunks, starts = idx.locate_streams(s, j * L)
+            lengths = np.minimum(idx.counts[chunks] - starts, L)
+            first = None
+            for k in np.flatnonzero(lengths < L).tolist():
+                jk = int(j[k])
+                spill[k] = list(idx.pieces(int(s[k]), jk * L, (jk + 1) * L))
+        else:
+            epochs, chunks, offsets = idx.locate_streams(s, j)
+            starts, first, lengths = (np.empty(rows.size, np.int64) for _ in range(3))
+            for c in np.unique(chunks).tolist():
+                m = chunks == c
+                starts[m], first[m], lengths[m] = self.unpacked.locate(c, self.store.doc_index(c), offsets[m])
+        return Placement(examples, valid, rows, s, j, epochs, chunks, starts, lengths, first, spill)
+
+    # -- what upcoming reads touch --------------------------------------------------------------------
+    def plan(self, exs: list[np.ndarray]) -> list[tuple[int, np.ndarray]]:
+        """``(chunk, unit offsets)`` that examples ``exs`` touch, in chunk order (packed: token offsets of
+        each window's first and last token; unpacked: example offsets, see :meth:`token_offsets`)."""
+        opts = self.options
+        L = opts.seq_len
+        idx = self.stream_index()
+        src = np.concatenate(self.sources(exs))
+        s, j = split_example_index(src, opts.num_streams)
+        if opts.packed:
+            pos = np.concatenate([j * L, j * L + L - 1])
+            s = np.concatenate([s, s])
+        else:
+            pos = j
+        if not (idx.loop and idx.complete):
+            keep = pos < idx.pass_units(s)
+            s, pos = s[keep], pos[keep]
+        _, chunks, offs = idx.locate_streams(s, pos)
+        return group_by_key(chunks, offs)
+
+    def token_offsets(self, c: int, offsets: np.ndarray) -> np.ndarray:
+        """Token offsets in chunk ``c`` of unit offsets from :meth:`plan` (unpacked: decodes the chunk)."""
+        if self.unpacked is None:
+            return offsets
+        return self.unpacked.locate(c, self.store.doc_index(c), offsets)[0]
+

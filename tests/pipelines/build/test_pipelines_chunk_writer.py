@@ -1,0 +1,157 @@
+"""The chunk writer (pipelines/build/chunk_writer.py): line parsing and its bad-record reasons."""
+
+from __future__ import annotations
+
+from pipelines.build.chunk_writer import BAD_REASONS, parse_line
+
+
+def test_parse_line_reasons():
+    assert parse_line(b'{"text": "hi"}', "text") == ("hi", None, "")
+    assert parse_line(b'{"body": "hi"}', "body")[0] == "hi"
+    assert parse_line(b'\xef\xbb\xbf{"text": "bom"}\r', "text")[0] == "bom"  # BOM and CRLF tolerated
+    cases = {b"": "blank_line", b"{": "invalid_json", b"[1]": "not_an_object", b"{}": "missing_text",
+             b'{"text": 1}': "text_not_string", b'{"text": ""}': "empty_text", b"\xc3(": "invalid_utf8"}
+    for raw, reason in cases.items():
+        assert parse_line(raw, "text")[1] == reason
+        assert reason in BAD_REASONS
+
+
+# -- the fast JSON path (orjson) against the standard parser ----------------------------------------
+# Lines the two parsers treat differently, or that only the standard one accepts: each must get exactly
+# the standard parser's verdict (text, or reason and detail).
+DEEP = 150  # deeper than the fast path takes, shallow enough for json
+NASTY_LINES = [
+    b'{"text": "plain"}',
+    b'{"text": "a", "text": "b"}',  # duplicate keys: the last wins
+    b'{"text": "a", "text": 7}',
+    b'{"text": 7, "text": "a"}',
+    b'{"text": "\\ud800 lone high surrogate"}',
+    b'{"text": "\\udc00"}',
+    b'{"text": "\\udfff\\ud800 reversed pair"}',
+    b'{"text": "\\ud83d\\ude00 a real pair"}',
+    b'{"text": "ok", "meta": "\\ud800"}',  # orjson rejects the whole line, json keeps the text
+    b'{"text": NaN}',
+    b'{"text": "ok", "score": NaN}',
+    b'{"text": "ok", "score": -Infinity}',
+    b'{"text": "ok", "score": 1e400}',
+    b'{"text": 123456789012345678901234567890}',  # orjson: a float; json: an int
+    b'{"text": 18446744073709551616}',
+    b'{"text": -9223372036854775809}',
+    b'{"text": "ok", "n": 123456789012345678901234567890}',
+    b'{"text": ' + b"9" * 5000 + b"}",  # beyond json's 4300-digit limit: a ValueError of its own
+    b'{"text": "ok", "n": ' + b"9" * 5000 + b"}",
+    b'{"text": "ok", "deep": ' + b"[" * DEEP + b"]" * DEEP + b"}",
+    b'{"text": "ok", "deep": ' + b'{"a": ' * DEEP + b"1" + b"}" * DEEP + b"}",
+    b'{"text": "ok", "deep": ' + b"[" * 99 + b"]" * 99 + b"}",
+    b'{"text": "ok", "deep": ' + b"[" * 1010 + b"]" * 1010 + b"}",  # orjson takes it, json raises RecursionError
+    b'{"text": "ok", "deep": ' + b"[" * 1030 + b"]" * 1030 + b"}",  # beyond both parsers' limits
+    b"[" * 1030 + b"]" * 1030,
+    b'\xef\xbb\xbf{"text": "after a BOM"}',
+    b'\xef\xbb\xbf',
+    b'\xef\xbb\xbf\xef\xbb\xbf{"text": "two BOMs"}',
+    b'{"text": "caf\xc3\xa9 ok"}',
+    b'{"text": "\xff invalid"}',
+    b'{"text": "\xed\xa0\x80 encoded surrogate"}',
+    b'{"text": "\xc0\xaf overlong"}',
+    b'{"text": "\xf4\x90\x80\x80 beyond U+10FFFF"}',
+    b'{"text": "truncated \xe2\x82"}',
+    b"\xff\xfe{}",
+    b'[1, 2]', b'"a string"', b"42", b"null", b"true", b"1.5", b"[]",
+    b"", b"   ", b"\t", b"\r", b" \x0c ",
+    b'{"text": "ok"}\r', b'  {"text": "ok"}  ', b'\x0c{"text": "ok"}',
+    b'{"text": "ok"} trailing', b'{"text": "ok"}\x00', b'{"text": "ok",}', b"{'text': 'single quotes'}",
+    b'{"text": "tab\tinside"}', b'{"text": "nul\x00inside"}', b'{"text": "bad escape \\x41"}',
+    b'{"text": "short \\u12"}', b'{"text": "\\u0000 nul escape"}', b'{"text": ""}', b"{}", b'{"TEXT": "case"}',
+    b'{"text": null}', b'{"text": ["a"]}', b'{"text": {"a": 1}}', b'{"text": true}', b'{"text": 1.0}',
+    b'{"text": "ok", "n": 1E5, "m": -0, "k": 1.7976931348623157e308}',
+    b'{"\\u0074ext": "escaped key"}',
+    b'{"text": "\xe2\x80\xa8 line separator \\u2028"}',
+]
+
+
+def _verdict(fn, raw):
+    try:
+        return fn(raw, "text")
+    except Exception as e:  # noqa: BLE001 - json's RecursionError must stay what it was
+        return ("raised", type(e).__name__)
+
+
+def test_fast_json_path_gives_the_standard_parsers_verdict_on_nasty_lines():
+    from pipelines.build import chunk_writer
+
+    assert chunk_writer._orjson_loads is not None, "orjson (a dependency of apache-beam) is not installed"
+    for raw in NASTY_LINES:
+        assert _verdict(parse_line, raw) == _verdict(chunk_writer.parse_line_json, raw), raw[:80]
+    # the nasty lines cover every reason but the tokenizer's
+    reasons = {chunk_writer.parse_line_json(raw, "text")[1] for raw in NASTY_LINES
+               if _verdict(chunk_writer.parse_line_json, raw)[0] != "raised"}
+    assert set(BAD_REASONS) - reasons == {"invalid_unicode", "tokenizer_error"}
+
+
+def test_fast_json_path_equals_the_standard_parser_on_mutated_lines():
+    """Random byte edits of good and nasty lines: the fast path never disagrees with the standard parser."""
+    import random
+
+    from pipelines.build import chunk_writer
+
+    rng = random.Random(7)
+    seeds = [raw for raw in NASTY_LINES if len(raw) < 400] + [
+        '{"text": "Grüße, 東京 and emoji 🙂", "id": 12, "meta": {"a": [1, 2.5, null, true]}}'.encode(),
+        b'{"text": "x\\ny\\t\\"quoted\\" \\\\ back", "n": -1.25e-3}']
+    pool = [b"\\", b'"', b"\\u", b"\\ud800", b"\xff", b"\xc3", b"\xef\xbb\xbf", b"{", b"}", b"[", b"]", b",",
+            b":", b"NaN", b"1e999", b" ", b"\x00", b"\n", b"\r", b"text", b"99999999999999999999"]
+    checked = 0
+    for _ in range(4000):
+        raw = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 3)):
+            pos = rng.randint(0, len(raw))
+            op = rng.random()
+            if op < 0.4:
+                raw[pos:pos] = rng.choice(pool)
+            elif op < 0.7 and len(raw) > 1:
+                del raw[pos:pos + rng.randint(1, 3)]
+            else:
+                raw[pos:pos + 1] = bytes([rng.randrange(256)])
+        raw = bytes(raw)
+        assert _verdict(parse_line, raw) == _verdict(chunk_writer.parse_line_json, raw), raw
+        checked += 1
+    assert checked == 4000
+
+
+def test_dead_letters_identical_with_and_without_the_fast_json_path(tmp_path, monkeypatch):
+    """A chunk built from every nasty line: dead letters, sidecar and Parquet bytes as with ``json`` alone."""
+    from pipelines.build import chunk_writer
+    from pipelines.build.chunk_writer import ChunkBuilder
+    from pipelines.tokenize.fast_tokenizer import load_cached
+    from pipelines.tokenize.tokenizer import resolve
+    from reader.format import spec as fmt
+
+    lines = [raw for raw in NASTY_LINES if _verdict(chunk_writer.parse_line_json, raw)[0] != "raised"]
+    lines = [raw for raw in lines if b"\n" not in raw]
+    body = b"".join(raw + b"\n" for raw in lines)
+    src = tmp_path / "nasty.jsonl"
+    src.write_bytes(body)
+    tok = resolve("tiktoken:cl100k_base").with_backend("reference")
+    enc = load_cached(tok)
+    config = {"text_key": "text", "append_eos": True, "row_group_tokens": 64, "compression": "zstd",
+              "compression_level": 3, "token_encoding": "PLAIN"}
+
+    def build(root, fast: bool):
+        if not fast:
+            monkeypatch.setattr(chunk_writer, "_orjson_loads", None)
+        b = ChunkBuilder(root=str(root), input_path=str(src), shard=0, index=0, lo=0, encoder=enc, config=config,
+                         eos_id=tok.eos_id)
+        off = 0
+        for raw in lines:
+            b.add(off, raw)
+            off += len(raw) + 1
+        (sidecar,) = b.finish(len(body), len(body))  # one cache: one sidecar
+        monkeypatch.undo()
+        return sidecar
+
+    fast = build(tmp_path / "fast", True)
+    slow = build(tmp_path / "slow", False)
+    assert fast == slow
+    assert fast["bad_records"] > 40 and "invalid_unicode" in fast["bad_reasons"]
+    for rel in (fmt.chunk_path(0, 0), fmt.sidecar_path(0, 0), fmt.dead_letter_path(0, 0)):
+        assert (tmp_path / "fast" / rel).read_bytes() == (tmp_path / "slow" / rel).read_bytes(), rel
