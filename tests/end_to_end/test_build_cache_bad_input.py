@@ -14,41 +14,9 @@ from build_helpers import load_ledger, read_dead_letters, read_documents, sample
 from reader.format import spec as fmt
 from pipelines import build_cache
 from pipelines.build_cache import BuildError
-from test_build_cache import build, check_cache
+from build_helpers import BAD_LINES, build, check_cache, mixed_lines
 
 # (line bytes, reason) for every kind of malformed line
-BAD_LINES = [
-    (b"", "blank_line"),
-    (b"   \t ", "blank_line"),
-    (b'{"text": "unterminated', "invalid_json"),
-    (b"not json at all", "invalid_json"),
-    (b'["a", "list"]', "not_an_object"),
-    (b'"just a string"', "not_an_object"),
-    (b"42", "not_an_object"),
-    (b'{"body": "no text key"}', "missing_text"),
-    (b'{"text": 17}', "text_not_string"),
-    (b'{"text": null}', "text_not_string"),
-    (b'{"text": ["a"]}', "text_not_string"),
-    (b'{"text": ""}', "empty_text"),
-    (b'{"text": "caf\xe9 latin-1"}', "invalid_utf8"),
-    (b"\xff\xfe\x00garbage", "invalid_utf8"),
-    (b'{"text": "lone surrogate \\ud800 here"}', "invalid_unicode"),
-]
-
-
-def mixed_lines(seed: int, n_good: int = 40):
-    """Good and bad lines interleaved; returns (lines, [(offset, reason, raw)] of the bad ones)."""
-    goods = [json.dumps({"text": t, "id": i}).encode() for i, t in enumerate(sample_texts(n_good, seed=seed))]
-    lines, bad, pos = [], [], 0
-    for i, g in enumerate(goods):
-        if i % 3 == 1 and BAD_LINES:
-            raw, reason = BAD_LINES[(i // 3 + seed) % len(BAD_LINES)]
-            lines.append(raw)
-            bad.append((pos, reason, raw))
-            pos += len(raw) + 1
-        lines.append(g)
-        pos += len(g) + 1
-    return lines, bad
 
 
 def test_every_malformed_line_is_dead_lettered_with_its_reason(tmp_path):

@@ -16,8 +16,8 @@ import pytest
 from build_helpers import load_ledger, read_dead_letters, sample_texts, tree_bytes, write_shard
 from pipelines.build_cache import BuildError
 from reader.format import spec as fmt
-from test_build_cache import build, check_cache
-from test_build_cache_bad_input import mixed_lines
+from build_helpers import build, check_cache
+from build_helpers import mixed_lines
 
 CHUNK = 3000
 

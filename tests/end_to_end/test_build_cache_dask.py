@@ -23,8 +23,8 @@ from pipelines import build_cache, trace
 from pipelines.runners import choice as runners
 from pipelines.build_cache import BuildError
 from build_helpers import FNAPI, load_ledger, sample_texts, tree_bytes, write_shard
-from test_build_cache import build, check_cache
-from test_build_cache_bad_input import mixed_lines
+from build_helpers import build, check_cache
+from build_helpers import mixed_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHUNK = 256 << 10

@@ -17,8 +17,8 @@ import pytest
 
 from build_helpers import load_ledger, sample_texts, train_tiny_tokenizer, tree_bytes, write_shard
 from pipelines.build_cache import BuildError
-from test_build_cache import build, check_cache
-from test_build_cache_bad_input import mixed_lines
+from build_helpers import build, check_cache
+from build_helpers import mixed_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHUNK = 4000

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from build_helpers import DIRECT_MP2, FNAPI, tree_bytes, write_shard
-from test_build_cache import build, check_cache
-from test_build_cache_bad_input import mixed_lines
+from build_helpers import build, check_cache
+from build_helpers import mixed_lines
 
 CHUNK = 2500
 

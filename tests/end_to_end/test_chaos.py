@@ -39,8 +39,8 @@ import zstandard
 from build_helpers import REPO, load_ledger, sample_texts, tree_bytes, write_shard
 from pipelines.errors import BuildError, EnvironmentFault
 from reader.format import spec as fmt
-from test_build_cache import build
-from test_build_cache_bad_input import mixed_lines
+from build_helpers import build
+from build_helpers import mixed_lines
 
 LONG = os.environ.get("CHUNKLEDGER_CHAOS", "").lower() == "long"
 SEED = int(os.environ.get("CHUNKLEDGER_CHAOS_SEED", "0"))

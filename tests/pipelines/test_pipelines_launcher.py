@@ -13,8 +13,8 @@ from pipelines.errors import BuildError
 from pipelines.launcher import check_output, match_inputs, prepare
 from pipelines.options import parse_args
 from pipelines.plan import MatchedFile
-from test_build_cache import build
-from test_build_cache_bad_input import mixed_lines
+from build_helpers import build
+from build_helpers import mixed_lines
 
 
 def test_match_inputs_sorts_paths_and_reads_sizes(tmp_path):

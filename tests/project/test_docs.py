@@ -8,7 +8,6 @@ The checks parse the Markdown; the last test feeds them broken docs to show that
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import subprocess

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from build_helpers import REPO, SAMPLE_DIR
-from test_build_cache import build
+from build_helpers import build
 
 
 def run_tool(*args: str) -> str:

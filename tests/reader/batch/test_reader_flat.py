@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from reader import FLAT_KEYS, ReadOptions, Reader, expand_flat
 
 import cachegen
-from test_reader_props import caches, has_empty_stream
+from cache_strategies import caches, has_empty_stream
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 import cachegen  # noqa: E402
 from reader import ReadOptions, Reader, expand_flat as np_expand_flat  # noqa: E402
 from reader.torch import STATE_KEY, TokenBatches, as_tensors, expand_flat, resume_step  # noqa: E402
-from test_reader_props import caches, has_empty_stream  # noqa: E402
+from cache_strategies import caches, has_empty_stream  # noqa: E402
 from torch_helpers.common import as_numpy, assert_item_equals, write_cache  # noqa: E402
 
 # torch's hint for 3 workers on a 2-core machine, and torchdata calling a deprecated torch function

@@ -1,0 +1,39 @@
+"""Hypothesis strategies for synthetic caches (shared by the reader's property tests)."""
+
+import math
+
+import numpy as np
+from hypothesis import strategies as st
+
+
+def units_per_chunk(chunks, packed, L):
+    """Stream units per chunk: tokens (packed) or unpacked examples."""
+    return [sum(len(d) for d in c) if packed else sum(math.ceil(len(d) / L) for d in c) for c in chunks]
+
+
+@st.composite
+def caches(draw, max_chunks=10):
+    """Chunks with uneven sizes, empty chunks, 1-token and huge documents; every token id is unique so
+    tests can tell documents apart. Returns (chunks, chunks_per_shard)."""
+    n = draw(st.integers(1, max_chunks))
+    next_id = [1]
+    chunks = []
+    for _ in range(n):
+        lengths = draw(st.lists(st.one_of(st.integers(1, 9), st.integers(1, 1), st.integers(30, 90)),
+                                max_size=5))
+        docs = []
+        for length in lengths:
+            docs.append(np.arange(next_id[0], next_id[0] + length, dtype=np.int32))
+            next_id[0] += length
+        chunks.append(docs)
+    shards = draw(st.integers(1, min(3, n)))
+    cuts = sorted(draw(st.lists(st.integers(0, n), min_size=shards - 1, max_size=shards - 1)))
+    cps = np.diff([0] + cuts + [n]).tolist()
+    return chunks, cps
+
+
+def has_empty_stream(chunks, r_star, packed, L):
+    units = units_per_chunk(chunks, packed, L)
+    n = len(chunks)
+    g = math.gcd(n, r_star)
+    return any(sum(units[c] for c in range(n) if c % g == s % g) == 0 for s in range(r_star))
