@@ -49,7 +49,7 @@ def argv(inputs_glob: str, out: str) -> list[str]:
 
 def run_killed(args: list[str], kill_at: str) -> subprocess.CompletedProcess:
     """The command-line build in a subprocess, SIGKILLed at ``kill_at`` (see tests/support/kill_at.py)."""
-    return subprocess.run([sys.executable, os.path.join(REPO, "tests", "kill_at.py"), kill_at, *args], cwd=REPO,
+    return subprocess.run([sys.executable, os.path.join(REPO, "tests", "support", "kill_at.py"), kill_at, *args], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -89,7 +89,7 @@ def log_dir(tmp_path_factory):
 
 def cli(args: list[str], kill_at: str | None = None, env: dict | None = None) -> subprocess.Popen:
     """The command-line build in a subprocess (``kill_at``: SIGKILL it at that write, see tests/support/kill_at.py)."""
-    cmd = [sys.executable, os.path.join(REPO, "tests", "kill_at.py"), kill_at] if kill_at else \
+    cmd = [sys.executable, os.path.join(REPO, "tests", "support", "kill_at.py"), kill_at] if kill_at else \
         [sys.executable, "-m", "pipelines.build_cache"]
     env = dict(env or os.environ, TMPDIR=LOG_DIR)
     return subprocess.Popen([*cmd, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
