@@ -1,4 +1,4 @@
-"""CPU cost of best-fit packing one chunk (``reader.packing``), and its padding against concatenation.
+"""CPU cost of best-fit packing one chunk (``reader.order.packing``), and its padding against concatenation.
 
     python -m benchmarks.packing_cost [--docs 20000] [--median 600] [--sigma 1.0] [--seq_len 2048 8192]
 
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from reader import packing
+from reader.order import packing
 
 
 def _cpu_us(fn, rounds: int) -> float:

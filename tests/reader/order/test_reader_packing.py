@@ -1,4 +1,4 @@
-"""Best-fit-decreasing packing (reader/packing.py) against a plain O(n^2) reference, its invariants, concat
+"""Best-fit-decreasing packing (reader/order/packing.py) against a plain O(n^2) reference, its invariants, concat
 packing, and the padding / cut figures."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reader.packing import (
+from reader.order.packing import (
     PackedRows,
     best_fit_rows,
     concat_rows,
