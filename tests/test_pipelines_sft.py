@@ -285,3 +285,16 @@ def test_offsets_of_tokens_that_split_a_character():
 def test_pieces_cover_unicode_and_markup():
     # the generator's pieces hold what the equality tests must see: multi-byte characters, template syntax
     assert any(len(p.encode()) > 2 * len(p) for p in PIECES) and any("{{" in p for p in PIECES)
+
+
+def test_special_strings_match_leftmost_then_longest_as_tokenizers_does():
+    from tokenizers import Tokenizer, models
+
+    tok = Tokenizer(models.WordLevel({"x": 0}, unk_token="x"))
+    tok.add_special_tokens(["<a>", "<a><b>", "<b>"])
+    text = "<a><b><a>x<b>"
+    assert tok.encode(text).tokens == ["<a><b>", "<a>", "x", "<b>"]
+    r = sft.render_chat([{"role": "assistant", "content": "x"}],
+                        "{{ '<a><b><a>' }}{% generation %}{{ messages[0].content }}{% endgeneration %}{{ '<b>' }}",
+                        special_tokens=["<a>", "<a><b>", "<b>"])
+    assert r.text == text and [text[s:e] for s, e in r.specials] == ["<a><b>", "<a>", "<b>"]
