@@ -120,6 +120,16 @@ def compile_template(source: str) -> jinja2.Template:
         raise ChatTemplateError(f"the chat template does not compile: {e.message} (line {e.lineno})") from e
 
 
+@functools.lru_cache(maxsize=16)
+def literal_text(source: str) -> str:
+    """The template's literal strings (its raw text and every string constant) joined by NUL characters, so
+    a search cannot match across two: where transformers looks for the added tokens a template writes."""
+    ast = compile_template(source).environment.parse(source)
+    literals = {node.data for node in ast.find_all(jinja2.nodes.TemplateData)}
+    literals |= {node.value for node in ast.find_all(jinja2.nodes.Const) if isinstance(node.value, str)}
+    return "\0".join(sorted(literals))
+
+
 def has_generation_marks(source: str) -> bool:
     """Whether the template marks its loss text with ``{% generation %}`` (transformers' test)."""
     return GENERATION_MARK.search(source) is not None

@@ -157,7 +157,9 @@ def render_chat(messages: Any, template_source: str, *, bos_token: str | None = 
     """
     msgs = check_messages(messages, roles)
     blob = json.dumps(msgs, ensure_ascii=False)
-    _check_unicode(blob, "messages")
+    if _has_lone_surrogate(blob):
+        i = next(i for i, m in enumerate(msgs) if _has_lone_surrogate(json.dumps(m, ensure_ascii=False)))
+        raise BadRecord("invalid_unicode", f"message {i} holds a lone surrogate (not encodable as UTF-8)")
     special_re = _special_pattern(tuple(special_tokens))
     variables = {"tools": None, "documents": None}
     variables.update({k: v for k, v in (("bos_token", bos_token), ("eos_token", eos_token)) if v is not None})
@@ -247,6 +249,14 @@ def encode_chat(record: Mapping[str, Any], template_source: str, encoder: Encode
 
 # --------------------------------------------------------------------------------------------------
 # helpers
+
+
+def _has_lone_surrogate(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
 
 
 def _check_unicode(s: str, where: str) -> None:
@@ -364,22 +374,38 @@ class TiktokenSft:
 
 
 class HFSft:
-    """:class:`Encoder` over a Hugging Face ``tokenizers.Tokenizer``: its special tokens are ALL its added
-    tokens (transformers' encoding of a rendered chat matches every one of them, special or not); ordinary
-    text is encoded by a copy of the tokenizer without added tokens, truncation or padding, and token spans
-    are that encoding's offsets (what transformers' assistant mask reads)."""
+    """:class:`Encoder` over a Hugging Face ``tokenizers.Tokenizer``.
 
-    def __init__(self, tokenizer):
+    Its special-token strings are the control tokens of transformers' ``sanitize_control_tokens``: the added
+    tokens marked special, plus, for a chat template, the other added tokens its literal text holds (Qwen3's
+    ``<think>``), whitespace-only ones excepted. Other added tokens (Gemma's whitespace runs and HTML tags)
+    are ordinary text that the tokenizer matches wherever it occurs, content included, as transformers
+    does. Ordinary text is encoded by a copy of the tokenizer without the control tokens, truncation or
+    padding; token spans are that encoding's offsets (what transformers' assistant mask reads).
+    """
+
+    def __init__(self, tokenizer, chat_template_source: str | None = None):
         from tokenizers import Tokenizer
 
-        self.special_ids = {t.content: int(i) for i, t in tokenizer.get_added_tokens_decoder().items()}
+        literals = chat_template.literal_text(chat_template_source) if chat_template_source else ""
+        added = {t.content: int(i) for i, t in tokenizer.get_added_tokens_decoder().items()
+                 if not (t.special or (t.content in literals and not t.content.isspace()))}
+        self.special_ids = {t.content: int(i) for i, t in tokenizer.get_added_tokens_decoder().items()
+                            if t.content not in added}
         spec = json.loads(tokenizer.to_str())
-        spec.update(added_tokens=[], truncation=None, padding=None)
+        spec.update(added_tokens=[t for t in spec["added_tokens"] if t["content"] in added], truncation=None,
+                    padding=None)
         self._plain = Tokenizer.from_str(json.dumps(spec))
+        # tokenizers numbers the added tokens a vocabulary lacks after it, whatever ids the JSON gives
+        self._ids = {self._plain.token_to_id(c): i for c, i in added.items() if self._plain.token_to_id(c) != i}
+
+    def _encode(self, text: str):
+        e = self._plain.encode(text, add_special_tokens=False)
+        return ([self._ids.get(t, t) for t in e.ids] if self._ids else e.ids), e.offsets
 
     def encode_ordinary(self, text: str) -> list[int]:
-        return self._plain.encode(text, add_special_tokens=False).ids
+        return self._encode(text)[0]
 
     def encode_with_offsets(self, text: str):
-        e = self._plain.encode(text, add_special_tokens=False)
-        return e.ids, [s for s, _ in e.offsets], [t for _, t in e.offsets]
+        ids, offsets = self._encode(text)
+        return ids, [s for s, _ in offsets], [t for _, t in offsets]

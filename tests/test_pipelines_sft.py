@@ -298,3 +298,20 @@ def test_special_strings_match_leftmost_then_longest_as_tokenizers_does():
                         "{{ '<a><b><a>' }}{% generation %}{{ messages[0].content }}{% endgeneration %}{{ '<b>' }}",
                         special_tokens=["<a>", "<a><b>", "<b>"])
     assert r.text == text and [text[s:e] for s, e in r.specials] == ["<a><b>", "<a>", "<b>"]
+
+
+def test_hf_encoder_keeps_the_ids_of_added_tokens_outside_the_vocabulary():
+    """tokenizers numbers added tokens that its vocabulary lacks after it, so the copy without the control
+    tokens numbers the others differently: the encoder gives the tokenizer's own ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>"])
+    tok.add_tokens(["<y>", "<x>"])  # not special; the template below writes <y>
+    ids = {c: tok.token_to_id(c) for c in ("<s>", "<y>", "<x>")}
+    assert ids == {"<s>": 3, "<y>": 4, "<x>": 5}
+    enc = sft.HFSft(tok, "{{ '<s><y>' }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert enc.special_ids == {"<s>": 3, "<y>": 4}
+    assert enc.encode_ordinary("a <x> b <y> <s>") == [0, 5, 1, 2, 2, 2, 2, 2, 2]
+    assert enc.encode_ordinary("a <x> b") == tok.encode("a <x> b").ids

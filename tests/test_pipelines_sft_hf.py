@@ -42,10 +42,25 @@ def hf(tok_path):
 
 
 @pytest.fixture(scope="module")
-def encoders(tok_path):
+def tokenizer(tok_path):
     from tokenizers import Tokenizer
 
-    return {"hf": sft.HFSft(Tokenizer.from_file(str(tok_path))), "tiktoken": sft.TiktokenSft(chat_tiktoken())}
+    return Tokenizer.from_file(str(tok_path))
+
+
+@pytest.fixture(scope="module")
+def encoders(tokenizer):
+    """``encoders(kind, template)``: the HF encoder's control tokens depend on the template, tiktoken's not."""
+    tt, hf_by_template = sft.TiktokenSft(chat_tiktoken()), {}
+
+    def get(kind, template):
+        if kind == "tiktoken":
+            return tt
+        if template not in hf_by_template:
+            hf_by_template[template] = sft.HFSft(tokenizer, template)
+        return hf_by_template[template]
+
+    return get
 
 
 def has_special(msgs):
@@ -58,11 +73,13 @@ def reference(hf, msgs, template):
     return out["input_ids"], [bool(x) for x in out["assistant_masks"]]
 
 
-def test_the_two_encoders_have_the_same_specials(encoders, hf):
-    assert encoders["hf"].special_ids == encoders["tiktoken"].special_ids
-    assert set(encoders["hf"].special_ids) == set(ALL_SPECIALS) | {"<|fim_prefix|>", "<|fim_middle|>",
-                                                                   "<|fim_suffix|>"}
-    assert encoders["hf"].special_ids[EOS] == hf.eos_token_id == 100257
+def test_control_tokens_are_the_special_ones_and_the_added_ones_the_template_writes(encoders, tokenizer, hf):
+    specials = set(ALL_SPECIALS) - set(CHAT_ADDED) | {"<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"}
+    assert set(sft.HFSft(tokenizer).special_ids) == specials
+    assert set(encoders("hf", LLAMA3).special_ids) == specials
+    assert encoders("hf", CHATML).special_ids == encoders("tiktoken", None).special_ids  # writes <think>
+    assert set(encoders("hf", CHATML).special_ids) == specials | set(CHAT_ADDED)
+    assert encoders("hf", CHATML).special_ids[EOS] == hf.eos_token_id == 100257
 
 
 @pytest.mark.parametrize("kind", ["hf", "tiktoken"])
@@ -77,7 +94,8 @@ def test_chat_tokens_and_masks_equal_transformers(name, kind, hf, encoders):
         if name.endswith("no_marks"):  # the marks do not change the text
             assert hf.apply_chat_template(msgs, chat_template=ours)["input_ids"] == ids_ref
         try:
-            ids, mask = sft.encode_chat({"messages": msgs}, ours, encoders[kind], bos_token=BOS, eos_token=EOS)
+            ids, mask = sft.encode_chat({"messages": msgs}, ours, encoders(kind, ours), bos_token=BOS,
+                                        eos_token=EOS)
         except sft.BadRecord as e:
             if not any(mask_ref):
                 assert e.reason == "no_loss_tokens"
@@ -108,7 +126,7 @@ def test_rendered_text_and_loss_spans_equal_transformers_with_and_without_specia
                                                       bos_token=BOS, eos_token=EOS)
             try:
                 r = sft.render_chat(m, ours, bos_token=BOS, eos_token=EOS,
-                                    special_tokens=tuple(encoders["hf"].special_ids))
+                                    special_tokens=tuple(encoders("hf", ours).special_ids))
             except sft.BadRecord as e:
                 assert (name, e.reason, m[0]["role"]) == ("llama3_no_marks", "template_error", "assistant")
                 continue
@@ -134,12 +152,13 @@ def template_written(hf, msgs, template, specials):
 @pytest.mark.parametrize("name", ["chatml", "llama3", "zephyr_no_marks"])
 def test_special_strings_in_content_stay_ordinary_text(name, kind, hf, encoders):
     ours, theirs = TEMPLATES[name]
-    enc = encoders[kind]
+    enc = encoders(kind, ours)
     ordinary = (hf._encode_without_added_tokens if kind == "hf" else enc.enc.encode_ordinary)
+    control = [s for s in ALL_SPECIALS if s in enc.special_ids]  # LLAMA3 does not write <think>: not control
     rng = random.Random(5)
     checked = 0
     for msgs in conversations(150, seed=9):
-        msgs = with_special_strings(msgs, rng, ALL_SPECIALS)
+        msgs = with_special_strings(msgs, rng, control)
         text = hf.apply_chat_template(msgs, chat_template=theirs, tokenize=False)
         try:
             ids, mask = sft.encode_chat({"messages": msgs}, ours, enc, bos_token=BOS, eos_token=EOS)
@@ -147,7 +166,7 @@ def test_special_strings_in_content_stay_ordinary_text(name, kind, hf, encoders)
             assert e.reason in ("no_loss_tokens", "template_error"), e
             continue
         expected, pos = [], 0
-        written = template_written(hf, msgs, theirs, ALL_SPECIALS)
+        written = template_written(hf, msgs, theirs, control)
         for s, e in written + [(len(text), len(text))]:
             expected += ordinary(text[pos:s]) if s > pos else []
             expected += [enc.special_ids[text[s:e]]] if e > s else []
@@ -165,21 +184,26 @@ def random_text(rng: random.Random) -> str:
     return "".join(rng.choice(PIECES + ALL_SPECIALS) for _ in range(rng.randint(0, 8)))
 
 
-def test_ordinary_encoding_and_prompt_completion_with_a_tokenizer_json(tok_path, hf, encoders):
+def test_ordinary_encoding_and_prompt_completion_with_a_tokenizer_json(tok_path, hf):
+    """Special tokens are text; the other added tokens (<think>) are matched, as transformers encodes with
+    ``split_special_tokens=True``."""
     from tokenizers import Tokenizer
 
     truncating = Tokenizer.from_file(str(tok_path))
     truncating.enable_truncation(8)  # a tokenizer.json may carry a truncation setting: never applied here
     enc = sft.HFSft(truncating)
     rng = random.Random(12)
+    added = 0
     for _ in range(300):
         prompt, completion = random_text(rng), random_text(rng) or "x"
-        p, c = hf._encode_without_added_tokens(prompt), hf._encode_without_added_tokens(completion)
+        p, c = (hf(t, add_special_tokens=False, split_special_tokens=True)["input_ids"] for t in (prompt, completion))
+        added += 100283 in p + c
         assert enc.encode_ordinary(prompt) == p
         ids, mask = sft.encode_prompt_completion_record({"prompt": prompt, "completion": completion}, enc,
                                                         hf.eos_token_id)
         assert ids.tolist() == p + c + [hf.eos_token_id]
         assert mask.tolist() == [False] * len(p) + [True] * (len(c) + 1)
+    assert added > 20
 
 
 def test_token_offsets_from_bytes_equal_the_hf_tokenizers_offsets(encoders):
@@ -189,8 +213,18 @@ def test_token_offsets_from_bytes_equal_the_hf_tokenizers_offsets(encoders):
     split_chars = 0
     for _ in range(500):
         text = random_text(rng)
-        ids, starts, ends = encoders["tiktoken"].encode_with_offsets(text)
-        hf_ids, hf_starts, hf_ends = encoders["hf"].encode_with_offsets(text)
+        ids, starts, ends = encoders("tiktoken", None).encode_with_offsets(text)
+        hf_ids, hf_starts, hf_ends = encoders("hf", CHATML).encode_with_offsets(text)
         assert (ids, starts.tolist(), ends.tolist()) == (hf_ids, hf_starts, hf_ends)
         split_chars += len(set(zip(hf_starts, hf_ends))) < len(hf_ids)
     assert split_chars > 50
+
+
+def test_added_tokens_the_template_does_not_write_are_matched_in_content_as_transformers_does(hf, encoders):
+    msgs = [{"role": "user", "content": "think: <think>"}, {"role": "assistant", "content": "<think>x</think>y"}]
+    ids_ref, mask_ref = reference(hf, msgs, LLAMA3)
+    ids, mask = sft.encode_chat({"messages": msgs}, LLAMA3, encoders("hf", LLAMA3), bos_token=BOS, eos_token=EOS)
+    assert (ids.tolist(), mask.tolist()) == (ids_ref, mask_ref) and ids.tolist().count(100283) == 2
+    # a template that writes <think> makes it a control token: text in content
+    ids, _ = sft.encode_chat({"messages": msgs}, CHATML, encoders("hf", CHATML), bos_token=BOS, eos_token=EOS)
+    assert ids.tolist().count(100283) == 1  # the template's own, before the answer
