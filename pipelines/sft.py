@@ -156,9 +156,9 @@ def render_chat(messages: Any, template_source: str, *, bos_token: str | None = 
     more follows, so its assistant text cannot be located: add generation marks).
     """
     msgs = check_messages(messages, roles)
-    blob = json.dumps(msgs, ensure_ascii=False)
+    blob = "\0".join(_strings(msgs))  # every key and string value, none joined to the next
     if _has_lone_surrogate(blob):
-        i = next(i for i, m in enumerate(msgs) if _has_lone_surrogate(json.dumps(m, ensure_ascii=False)))
+        i = next(i for i, m in enumerate(msgs) if _has_lone_surrogate("".join(_strings(m))))
         raise BadRecord("invalid_unicode", f"message {i} holds a lone surrogate (not encodable as UTF-8)")
     special_re = _special_pattern(tuple(special_tokens))
     variables = {"tools": None, "documents": None}
@@ -277,6 +277,19 @@ def _pick_markers(avoid: str) -> tuple[str, str]:
     """Two supplementary private-use characters that ``avoid`` does not hold (deterministic)."""
     free = (c for c in map(chr, range(0x10FFFD, 0xEFFFF, -1)) if c not in avoid)
     return next(free), next(free)
+
+
+def _strings(obj: Any):
+    """Every string in ``obj``: dict keys and values, list items, recursively."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _strings(v)
 
 
 def _substitute(obj: Any, special_re: re.Pattern, repl: str) -> Any:

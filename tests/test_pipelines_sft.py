@@ -315,3 +315,11 @@ def test_hf_encoder_keeps_the_ids_of_added_tokens_outside_the_vocabulary():
     assert enc.special_ids == {"<s>": 3, "<y>": 4}
     assert enc.encode_ordinary("a <x> b <y> <s>") == [0, 5, 1, 2, 2, 2, 2, 2, 2]
     assert enc.encode_ordinary("a <x> b") == tok.encode("a <x> b").ids
+
+
+def test_special_strings_that_json_would_escape_are_found_in_content():
+    specials = ['<"q">', "<\n>", "<\\>"]
+    template = "{{ '<\n>' }}{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+    msgs = [{"role": "assistant", "content": 'a<"q">b<\n>c<\\>'}]
+    r = sft.render_chat(msgs, template, special_tokens=specials)
+    assert r.text == '<\n>a<"q">b<\n>c<\\>' and r.specials == ((0, 3),) and r.loss_spans == ((3, len(r.text)),)
