@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import itertools
 import json
 import re
 from typing import Any, Mapping, Protocol, Sequence
@@ -353,7 +354,7 @@ def _assistant_spans(source: str, messages: list, full: str, variables: dict) ->
 # encoders
 
 
-def offsets_from_bytes(text: str, token_bytes: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def offsets_from_bytes(text: str, token_bytes: Sequence[bytes]) -> tuple[Sequence[int], Sequence[int]]:
     """Each token's character span in ``text``, from the tokens' bytes (which must spell ``text``'s UTF-8).
 
     A token covers the characters its bytes belong to: a token holding part of a multi-byte character
@@ -363,6 +364,9 @@ def offsets_from_bytes(text: str, token_bytes: Sequence[bytes]) -> tuple[np.ndar
     raw = text.encode("utf-8")
     if b"".join(token_bytes) != raw:
         raise ValueError("the encoder's tokens do not spell the text byte for byte; cannot place them")
+    if len(raw) == len(text):  # ASCII: bytes are characters (most pieces; numpy costs more on short ones)
+        ends = list(itertools.accumulate(map(len, token_bytes)))
+        return [e - len(b) for e, b in zip(ends, token_bytes)], ends
     lens = np.fromiter(map(len, token_bytes), dtype=np.int64, count=len(token_bytes))
     byte_end = np.cumsum(lens)
     char_of_byte = np.cumsum((np.frombuffer(raw, dtype=np.uint8) & 0xC0) != 0x80) - 1
