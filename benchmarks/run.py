@@ -27,9 +27,9 @@ from pathlib import Path
 
 from benchmarks import common, hf_tokenizer, peer_suite, pipeline_bench
 from benchmarks.commands import build_commands
-from benchmarks.measured import run_encoders, run_stages
 from benchmarks.common import REPO, log, machine_description, run_monitored
 from benchmarks.corpus import build_corpus, load_texts
+from benchmarks.measured import run_encoders, run_stages
 
 PROFILES = {
     # Full run: 4000 MB of text in 50 shards of 80 MB (each one 64 MiB work unit plus a 13 MB one: 100 units).
@@ -45,7 +45,7 @@ PROFILES = {
     "full": dict(size_mb=4000, shards=50, corpus_name="corpus-full-4000mb", prefix_shards=10, hf_shards=4,
                  small_size_mb=160, small_shards=8, agreement_docs=1000, encoder_docs=3000, encoder_repeats=2,
                  reader_batches=1000, reader_rounds=5, seek_reps=5, budgets="0.125,0.25,0.5,1,2", shuffle_quick=False,
-                 # the distinct corpus (benchmarks/peer_suite.py): all the distinct text there is, about 330 MB, in 8
+                 # the distinct corpus (benchmarks/peer_suite.py): all the distinct text there is (about 300 MB here), in 8
                  # shards of one work unit each; the encoders alone on 32 MB of each corpus
                  distinct_shards=8, distinct_size_mb=None, distinct_tiktoken_shards=2, cold_mb=32, cold_repeats=2,
                  peer_rounds=2),
