@@ -113,7 +113,7 @@ def test_resolve_hf_file_and_directory(tmp_path):
     assert by_file.vocab_size == tok.get_vocab_size(with_added_tokens=True)
     other = tk.resolve(train_tiny_tokenizer(str(tmp_path / "tok2" / "tokenizer.json"), vocab_size=300))
     assert other.hash != by_file.hash
-    with pytest.raises(tk.TokenizerError, match="not loadable"):
+    with pytest.raises(tk.TokenizerError, match="not a tokenizer spec, and no such file or directory"):
         tk.resolve(str(tmp_path / "missing-dir-or-hub-name"))
 
 
