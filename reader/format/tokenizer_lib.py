@@ -94,7 +94,8 @@ class Tokenizer:
                 "eos_id": self.eos.id, "hash": self.hash}
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; special-token strings in it are ordinary text, no template tokens are added."""
+        """Token ids of ``text`` as the builder makes them: no template tokens added; tiktoken treats
+        special-token strings as ordinary text, Hugging Face matches its added tokens."""
         if self.kind == "tiktoken":
             return self.library.encode_ordinary(text)
         return self.library.encode(text, add_special_tokens=False).ids
