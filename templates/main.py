@@ -27,7 +27,8 @@ FALSE = ("false", "0", "no", "")
 
 def _switches(parser) -> dict[str, argparse.Action]:
     """Option string -> action, for the builder parser's value-less switches (store_true / store_false)."""
-    return {opt: action for opt, action in parser.options.items() if action.nargs == 0 and isinstance(action.const, bool)}
+    return {opt: action for opt, action in parser.options.items()
+            if action.nargs == 0 and isinstance(action.const, bool)}
 
 
 def template_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:

@@ -125,8 +125,8 @@ def hub_local_only(repo: str) -> bool:
     if any(isinstance(try_to_load_from_cache(repo, f), str) for f in (TOKENIZER_FILE, CONFIG_FILE)):
         return True
     raise TokenizerError(f"tokenizer {repo!r}: the Hugging Face hub is not reachable from here and the local hub "
-                         f"cache has no {repo}. Download the tokenizer where there is network and give its directory, or "
-                         f"check the name. A tokenizer is {FORMS}.")
+                         f"cache has no {repo}. Download the tokenizer where there is network and give its "
+                         f"directory, or check the name. A tokenizer is {FORMS}.")
 
 
 def hub_files(repo: str) -> tuple[str, str | None]:

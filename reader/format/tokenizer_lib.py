@@ -396,7 +396,8 @@ def _given_eos(spec: str, eos: str | int | None, vocab_size: int, to_id: Callabl
     i = to_id(eos)
     if i is None:
         close = difflib.get_close_matches(eos, list(specials), n=1, cutoff=0.5)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; its special tokens: {', '.join(specials[:8]) or 'none'}"
+        listed = ", ".join(specials[:8]) or "none"
+        hint = f"; did you mean {close[0]!r}?" if close else f"; its special tokens: {listed}"
         raise TokenizerError(f"--eos_token {eos!r}: not a token of tokenizer {spec!r} (give a token or an id){hint}")
     return Eos(int(i), eos, GIVEN)
 

