@@ -16,6 +16,8 @@ import threading
 from typing import Any, Callable, Mapping
 from urllib.parse import urlparse
 
+import fsspec
+
 HUB_PROBE_S = 3.0  # how long the hub may take to accept a connection before the machine counts as offline
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -60,8 +62,6 @@ def local_files(path: str) -> tuple[str, str | None]:
 
 def fsspec_reader(storage_options: Mapping[str, Any] | None) -> Callable[[str], bytes | None]:
     def read(url: str) -> bytes | None:
-        import fsspec
-
         try:
             with fsspec.open(url, "rb", **dict(storage_options or {})) as f:
                 return f.read()
@@ -131,20 +131,21 @@ def hub_local_only(repo: str) -> bool:
 
 def hub_files(repo: str) -> tuple[str, str | None]:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
 
     local_only = hub_local_only(repo)
 
     def fetch(name: str) -> str | None:
         try:
             path = hf_hub_download(repo, name, local_files_only=local_only)
-        except LocalEntryNotFoundError:
-            return None
-        except EntryNotFoundError:
+        except EntryNotFoundError:  # also: not in the local hub cache
             return None
         except RepositoryNotFoundError as e:
             raise TokenizerError(f"tokenizer {repo!r}: no such Hugging Face hub repository (or it is gated: log in "
                                  f"with `hf auth login`). A tokenizer is {FORMS}.") from e
+        except Exception as e:  # noqa: BLE001 - the hub's HTTP errors, a full disk: one line naming them
+            raise TokenizerError(f"tokenizer {repo!r}: cannot fetch {name} from the Hugging Face hub "
+                                 f"({type(e).__name__}: {e})") from e
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
 

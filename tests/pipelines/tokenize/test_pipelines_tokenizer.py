@@ -189,8 +189,7 @@ def test_a_spec_that_is_none_fails_at_once_naming_the_fix(tmp_path):
     assert not os.path.exists(tmp_path / "out")
 
 
-def test_a_hub_name_offline_fails_at_once_without_transformers_retries(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty local hub cache
+def test_a_hub_name_offline_fails_at_once_without_transformers_retries():
     got = []
     t = threading.Thread(target=lambda: got.append(_raised(lambda: tk.resolve("some-org/no-such-tokenizer"))),
                          daemon=True)
@@ -200,6 +199,32 @@ def test_a_hub_name_offline_fails_at_once_without_transformers_retries(tmp_path,
     assert isinstance(got[0], tk.TokenizerError) and str(got[0]).startswith(
         "tokenizer 'some-org/no-such-tokenizer': the Hugging Face hub is not reachable from here and the local hub "
         "cache has no some-org/no-such-tokenizer. Download the tokenizer")
+
+
+def test_the_builder_loads_a_hub_name_with_transformers_from_the_local_hub_cache_offline(tmp_path):
+    """What the model sees: transformers may rewrite the tokenizer (here it does), so a hub name's identity is
+    that of AutoTokenizer's backend, as before, not of the raw tokenizer.json the reader would fetch."""
+    tiny = json.loads(open(train_tiny_tokenizer(str(tmp_path / "tokenizer.json"))).read())
+    base = tmp_path / "hf" / "hub" / "models--acme--tiny"
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text("0123abcd")
+    snapshot = base / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for name, value in {"tokenizer.json": tiny, "tokenizer_config.json": {"eos_token": "<pad>"},
+                        "config.json": {"model_type": "gpt2"}}.items():
+        (snapshot / name).write_text(json.dumps(value))
+    code = ("import hashlib, json; from transformers import AutoTokenizer; "
+            "from pipelines.tokenize.tokenizer import resolve; got = resolve('acme/tiny'); "
+            "backend = AutoTokenizer.from_pretrained('acme/tiny', local_files_only=True).backend_tokenizer; "
+            "print(json.dumps([got.hash, got.eos_id, got.eos_how, "
+            "'sha256:' + hashlib.sha256(backend.to_str().encode()).hexdigest(), backend.token_to_id('<pad>')]))")
+    # huggingface_hub reads HF_HOME when imported: a process of its own
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, HF_HOME=str(tmp_path / "hf")))
+    assert out.returncode == 0, out.stderr[-2000:]
+    hash_, eos_id, how, backend_hash, pad = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (hash_, eos_id, how) == (backend_hash, pad, "declared")
+    assert hash_ != tk.resolve(str(tmp_path / "tokenizer.json")).hash  # transformers changed it
 
 
 def _raised(fn):

@@ -115,14 +115,35 @@ def _outcome(fn):
         return e
 
 
-def test_a_hub_name_without_network_fails_at_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty local hub cache
+def test_a_hub_name_without_network_fails_at_once():
     got = bounded(lambda: tl.resolve("some-org/no-such-tokenizer"), 15)  # huggingface_hub's retries take 23 s
     assert isinstance(got, tl.TokenizerError) and str(got) == (
         "tokenizer 'some-org/no-such-tokenizer': the Hugging Face hub is not reachable from here and the local hub "
         "cache has no some-org/no-such-tokenizer. Download the tokenizer where there is network and give its "
         "directory, or check the name. A tokenizer is tiktoken:NAME, a tokenizer.json file or a directory holding "
         "one (local or gs://...), or a Hugging Face hub name ORG/NAME.")
+
+
+def hub_cache(home, repo, files):
+    """A local Hugging Face hub cache holding ``files`` of ``repo`` (as a download leaves it)."""
+    base = home / "hub" / ("models--" + repo.replace("/", "--"))
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text("0123abcd")
+    (base / "snapshots" / "0123abcd").mkdir(parents=True)
+    for name, value in files.items():
+        (base / "snapshots" / "0123abcd" / name).write_text(json.dumps(value))
+
+
+def test_a_hub_name_in_the_local_hub_cache_resolves_offline(tmp_path):
+    hub_cache(tmp_path / "hf", "acme/tiny", {"tokenizer.json": TINY_HF, "tokenizer_config.json": {"eos_token": "<unk>"}})
+    code = ("import json, reader.format.tokenizer_lib as tl; t = tl.resolve('acme/tiny'); "
+            "print(json.dumps([t.identity(), t.eos.how]))")
+    # huggingface_hub reads HF_HOME when imported: a process of its own
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, HF_HOME=str(tmp_path / "hf")))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == [{"spec": "acme/tiny", "kind": "huggingface", "name": "acme/tiny",
+                                       "vocab_size": 6, "eos_id": 1, "hash": TINY_HF_HASH}, "declared"]
 
 
 def test_eos_declared_given_guessed(tmp_path):
