@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     print("  first chunks: " + ", ".join(f"{c['path'].split('/', 1)[1]}[{c['docs']} docs]"
                                          for c in ledger["chunks"][:5]) + ", ...")
 
-    from reader import Cache
+    from reader.storage.cache import Cache
     from reader.format import tokenizer_lib
 
     tok = tokenizer_lib.for_cache(Cache(root))  # the tokenizer the cache records, as any reader decodes

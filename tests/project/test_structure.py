@@ -250,7 +250,7 @@ def test_the_checks_fail_on_broken_code():
     assert sorted(private) == ["reader.a: b._x (private name of reader.b)", "reader.a: from reader.b import _helper"]
     assert reader_library_problems(bad) == [
         "reader.c:2: imports torch (only reader.torch may)",
-        "reader.c:5: imports tiktoken (reader/ needs numpy, pyarrow and fsspec only)",
+        "reader.c:5: imports tiktoken (only reader.format.tokenizer_lib may)",
         "reader.c:6: imports pipelines (reader/ needs numpy, pyarrow and fsspec only)"]
     bad["reader.order.examples"] = bad["reader.format.spec"] = bad["reader.format"] = bad["reader.order"] = ""
     assert shared_only(bad) == ["pipelines.plan imports reader.order.examples"]
