@@ -346,8 +346,8 @@ def _read_ledger(root: str) -> dict[str, Any] | None:
     try:
         old = status.read_ledger(root)
     except (OverflowError, TypeError, KeyError, AttributeError) as e:  # a hand-edited ledger the parser took
-        raise BuildError(f"{path}: damaged ({type(e).__name__}: {str(e)[:100]}). Restore it, or delete the cache "
-                         "to rebuild it") from e
+        raise BuildError(f"{path}: damaged ({type(e).__name__}: {str(e)[:100]}). Restore it, or delete {root} to "
+                         "rebuild the cache") from e
     if old is not None:
         check_ledger(old, path)
     return old

@@ -293,26 +293,27 @@ def check_ledger(ledger: Mapping[str, Any], where: str) -> None:
     A hand-edited or damaged ledger must not become a loop over 2**40 chunks or a huge allocation:
     each input's size, shard and chunk count, the chunk size, and a finished ledger's chunk entries.
     """
-    def bad(what: str, value: Any) -> BuildError:
-        return BuildError(f"{where}: {what} is {_shown(value)}, out of range: the ledger is damaged. Restore it, "
-                          "or delete the cache to rebuild it")
+    def bad(what: str, value: Any, why: str = "out of range") -> BuildError:
+        root = where.rsplit("/", 1)[0]
+        return BuildError(f"{where}: {what} is {_shown(value)}, {why}: the ledger is damaged. Restore it, or delete "
+                          f"{root} to rebuild the cache")
 
     def integer(value: Any, lo: int, hi: int) -> bool:
         return type(value) is int and lo <= value <= hi
 
     config, inputs = ledger.get("config"), ledger.get("inputs")
     if not isinstance(config, dict) or not isinstance(ledger.get("tokenizer"), dict):
-        raise bad("config or tokenizer", config)
+        raise bad("config or tokenizer", config, "not an object")
     cb = config.get("chunk_bytes")
     if not integer(cb, 1, MAX_SHARD_BYTES):
         raise bad("config.chunk_bytes", cb)
     if not isinstance(inputs, list):
-        raise bad("inputs", inputs)
+        raise bad("inputs", inputs, "not a list")
     most = fmt.num_chunks(MAX_SHARD_BYTES, cb)
     counts = []
     for i, inp in enumerate(inputs):
         if not isinstance(inp, dict) or not isinstance(inp.get("path"), str) or inp.get("shard") != i:
-            raise bad(f"inputs[{i}]", inp)
+            raise bad(f"inputs[{i}]", inp, f"not input {i} (a path and shard {i})")
         size, chunks = inp.get("size"), inp.get("chunks")
         if not integer(size, 0, MAX_SHARD_BYTES):
             raise bad(f"inputs[{i}].size", size)
@@ -322,7 +323,7 @@ def check_ledger(ledger: Mapping[str, Any], where: str) -> None:
         counts.append(most if chunks is None else chunks)
     entries = ledger.get("chunks", [])
     if not isinstance(entries, list):
-        raise bad("chunks", entries)
+        raise bad("chunks", entries, "not a list")
     for j, c in enumerate(entries):
         shard = c.get("shard") if isinstance(c, dict) else None
         if not integer(shard, 0, len(inputs) - 1):
