@@ -68,7 +68,7 @@ def parse_max_doc_bytes(text: str) -> int:
     value = parse_size(text)
     if value > MAX_CHUNK_BYTES:
         raise argparse.ArgumentTypeError(f"{text} is above the maximum of 4GiB (a worker tokenizes a document in "
-                                         "memory, about 12 bytes per byte)")
+                                         "memory, about 7 bytes per byte)")
     return value
 
 
@@ -163,7 +163,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_doc_bytes", type=parse_max_doc_bytes, default=DEFAULT_MAX_DOC_BYTES, metavar="SIZE",
                    help="A line longer than this is a bad record (too_long; its dead letter keeps its first 4 KiB "
                         "and its size), read past without being held: a worker's memory is bounded by this, about "
-                        "12 bytes per byte, not by the longest line. Default 32MiB; up to 4GiB. Part of the cache's "
+                        "7 bytes per byte, not by the longest line. Default 32MiB; up to 4GiB. Part of the cache's "
                         "configuration.")
     p.add_argument("--allow_empty", action="store_true",
                    help="Accept input files that yield no document (empty, or every line bad); by default the "

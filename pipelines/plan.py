@@ -21,8 +21,8 @@ from pipelines.build.splits import SplitSpec
 # Uncompressed / compressed bytes of jsonl text: only orders work units by size, never changes a byte.
 COMPRESSION_RATIO_GUESS = 4
 # Record limits (docs/FORMAT.md): a longer line is the bad record ``too_long``, a deeper one ``too_deep``.
-# Constants, never derived from the machine: a worker's memory is bounded by max_doc_bytes (about 12
-# bytes per byte of the longest document it tokenizes), not by the longest line of its input.
+# Constants, never derived from the machine: a worker's memory is bounded by max_doc_bytes (about 7
+# bytes per byte of the longest document it tokenizes, docs/RUNNING.md), not by its longest input line.
 DEFAULT_MAX_DOC_BYTES = 32 << 20
 # Python's recursion limit: builds before this limit existed parsed with ``json``, which could not go
 # deeper (minus its caller's stack), so no record they accepted is deeper; this keeps their verdicts.

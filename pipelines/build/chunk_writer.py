@@ -367,7 +367,7 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: tuple[int, int] 
         return ChunkCheck(None, None, problem)
 
     try:
-        sidecar = json.loads(raw)
+        sidecar = fsutil.load_json(raw)
     except ValueError:
         return bad("sidecar is not valid JSON")
     if not isinstance(sidecar, dict) or sidecar.get("path") != fmt.chunk_path(shard, index):
@@ -376,7 +376,7 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: tuple[int, int] 
         return bad("sidecar written by an older chunkledger (no input checksum)")
     if sidecar["shard"] != shard or sidecar["index_in_shard"] != index:
         return bad("sidecar names another chunk")
-    if byte_range is not None and list(sidecar["byte_range"]) != list(byte_range):
+    if byte_range is not None and sidecar["byte_range"] != list(byte_range):
         return bad("sidecar has another byte range")
     path = fmt.join(root, sidecar["path"])
     data = fsutil.read_bytes_or_none(path)

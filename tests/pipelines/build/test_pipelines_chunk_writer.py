@@ -187,3 +187,52 @@ def test_dead_letters_identical_with_and_without_the_fast_json_path(tmp_path, mo
     assert fast["bad_records"] > 40 and "invalid_unicode" in fast["bad_reasons"]
     for rel in (fmt.chunk_path(0, 0), fmt.sidecar_path(0, 0), fmt.dead_letter_path(0, 0)):
         assert (tmp_path / "fast" / rel).read_bytes() == (tmp_path / "slow" / rel).read_bytes(), rel
+
+
+def test_a_config_without_the_record_limits_builds_as_before_them(tmp_path):
+    """A ledger written before ``max_doc_bytes`` / ``max_json_depth`` existed builds with no size limit and
+    depth 1000 (what ``json`` allowed then); with the keys, a longer line is ``too_long``."""
+    import json
+
+    from pipelines.build.chunk_writer import ChunkBuilder
+    from pipelines.tokenize.fast_tokenizer import load_cached
+    from pipelines.tokenize.tokenizer import resolve
+
+    tok = resolve("tiktoken:cl100k_base").with_backend("reference")
+    enc = load_cached(tok)
+    long = b'{"text": "' + b"word " * 20_000 + b'"}'
+    deep = b'{"text": "deep", "m": ' + b"[" * 999 + b"]" * 999 + b"}"
+    base = {"text_key": "text", "append_eos": False, "row_group_tokens": 1024, "compression": "zstd",
+            "compression_level": 3, "token_encoding": "PLAIN"}
+
+    def build(name, **limits):
+        b = ChunkBuilder(root=str(tmp_path / name), input_path="in.jsonl", shard=0, index=0, lo=0, encoder=enc,
+                         config={**base, **limits}, eos_id=None)
+        b.add(0, long)
+        b.add(len(long) + 1, deep)
+        (sidecar,) = b.finish(len(long) + len(deep) + 2, len(long) + len(deep) + 2)
+        return sidecar
+
+    assert build("old")["docs"] == 2
+    assert build("new", max_doc_bytes=1 << 20, max_json_depth=1000)["docs"] == 2
+    limited = build("limited", max_doc_bytes=len(long) - 1, max_json_depth=999)
+    assert limited["docs"] == 0 and limited["bad_reasons"] == {"too_long": 1, "too_deep": 1}
+    dead = [json.loads(line) for line in (tmp_path / "limited" / limited["dead_letters"]).read_text().splitlines()]
+    assert dead[0]["size"] == len(long) and dead[0]["line"] == long[:4096].decode()
+    assert dead[1]["line"] == deep.decode() and "size" not in dead[1]
+
+
+def test_a_hand_edited_sidecar_is_an_incomplete_chunk_not_a_crash(tmp_path):
+    import json
+
+    from pipelines.build.chunk_writer import SIDECAR_KEYS, verify_chunk
+    from reader.format import spec as fmt
+
+    path = tmp_path / fmt.sidecar_path(0, 0)
+    path.parent.mkdir(parents=True)
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert verify_chunk(str(tmp_path), 0, 0).problem == "sidecar is not valid JSON"
+    sidecar = {**{k: 1 for k in SIDECAR_KEYS}, "path": fmt.chunk_path(0, 0), "shard": 0, "index_in_shard": 0,
+               "byte_range": 5}
+    path.write_text(json.dumps(sidecar))
+    assert verify_chunk(str(tmp_path), 0, 0, (0, 10)).problem == "sidecar has another byte range"
