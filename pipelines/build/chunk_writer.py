@@ -207,7 +207,7 @@ class ChunkBuilder:
                 self._bad(offset, reason, detail, raw)
         else:  # streamed past by the line reader (a LongLine): only its first bytes are here
             text = None
-            head = raw.head if type(raw) is not bytes else raw[:fsutil.LONG_LINE_HEAD]
+            head = raw[:fsutil.LONG_LINE_HEAD] if type(raw) is bytes else raw.head
             self._bad(offset, "too_long", f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size)
         if text is None:
             if len(self.bad_buffer) >= BAD_BUFFER_RECORDS:

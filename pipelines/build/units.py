@@ -23,7 +23,6 @@ it is rebuilt in both (the one that was intact is rewritten with the same bytes)
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 import struct
