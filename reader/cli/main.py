@@ -33,7 +33,7 @@ from reader.mixture.spec import is_mixture_path
 from reader.options import ReadOptions
 from reader.reader import Reader
 from reader.batch.schema import BATCH_KEYS
-from reader.storage.validate import chunk_doc_lengths, validate_chunk, validate_ledger
+from reader.storage.validate import chunk_doc_lengths, validate_chunk, validate_ledger, validate_shards
 
 PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
 
@@ -166,7 +166,7 @@ def cmd_validate(args) -> int:
         print(f"PROBLEM {e}")
         return 1
     t = cache.table
-    problems = validate_ledger(cache)
+    problems = validate_ledger(cache) + validate_shards(cache)
     with cf.ThreadPoolExecutor(args.threads) as pool:
         for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick), range(len(t))):
             problems += got
