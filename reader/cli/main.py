@@ -50,11 +50,12 @@ def mixture_summary(path: str, opts: ReadOptions, steps: int | None) -> dict:
     (packed: ``seq_len`` tokens per example)."""
     mix = Mixture(path)
     spec = mix.spec
+    sizes = [(len(c.table), int(c.table.docs.sum()), int(c.table.tokens.sum())) for c in mix.distinct]
     comps = []
-    for c, cache in zip(spec.components, mix.caches):
-        t = cache.table
-        comps.append({"name": c.name, "path": c.url, "finished": cache.complete, "chunks": len(t),
-                      "documents": int(t.docs.sum()), "tokens": int(t.tokens.sum())})
+    for c, cache, d in zip(spec.components, mix.caches, mix.which):
+        chunks, docs, tokens = sizes[d]  # (once per distinct cache: components may share one)
+        comps.append({"name": c.name, "path": c.url, "finished": cache.complete, "chunks": chunks,
+                      "documents": docs, "tokens": tokens})
     segs = [{"start_batch": start, "weights": dict(zip(spec.names, spec.normalised(s)))}
             for s, (start, _) in enumerate(spec.segments)]
     info = {"path": path, "seed": spec.seed, "block": spec.block,
