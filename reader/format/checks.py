@@ -33,10 +33,10 @@ def is_int(value: Any, lo: int, hi: int) -> bool:
     return type(value) is int and lo <= value <= hi
 
 
-def short(value: Any) -> str:
+def short(value: Any, limit: int = 40) -> str:
     """``repr(value)`` for a message, cut short (a number of 400 digits is named, not printed)."""
     text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[:limit // 2]}...({len(text)} characters)"
 
 
 def header_problem(raw: Mapping[str, Any]) -> str | None:
@@ -47,6 +47,12 @@ def header_problem(raw: Mapping[str, Any]) -> str | None:
         return "tokenizer and config must be objects, inputs a list"
     if not isinstance(raw.get("chunks", []), list):
         return "chunks must be a list"
+    if not isinstance(raw.get("finished", False), bool):
+        return f"finished {short(raw['finished'])} is not true or false"
+    for key in ("totals", "bad_records"):  # (inspect and validate add and compare these)
+        counts = raw.get(key, {})
+        if not isinstance(counts, dict) or not all(is_int(v, 0, MAX_TOTAL) for v in counts.values()):
+            return f"{key} must map names to integers in [0, {MAX_TOTAL}]"
     vocab = tok.get("vocab_size", MAX_INDEX + 1)
     if not is_int(vocab, 1, MAX_INDEX + 1):
         return f"tokenizer.vocab_size {short(vocab)} is not an integer in [1, {MAX_INDEX + 1}]"

@@ -309,12 +309,14 @@ def _check_paths(entries: Sequence[Mapping[str, Any]], paths: list, shard: np.nd
     tail = {k: f"{k:06d}.parquet" for k in set(k_list)}
     if [head[s] + tail[k] for s, k in zip(s_list, k_list)] != paths:
         i = next(i for i, (p, s, k) in enumerate(zip(paths, s_list, k_list)) if p != chunk_path(s, k))
-        raise ValueError(f"chunk entry {i}: path {paths[i]!r}, the format's path of shard {s_list[i]} chunk "
-                         f"{k_list[i]} is {chunk_path(s_list[i], k_list[i])!r}")
+        s, k = s_list[i], k_list[i]
+        raise ValueError(f"chunk entry {i}: path {checks.short(paths[i], 200)}, the format's path of shard {s} "
+                         f"chunk {k} is {chunk_path(s, k)!r}")
     for i, dl in enumerate(e.get("dead_letters") for e in entries):
-        if dl is not None and dl != dead_letter_path(s_list[i], k_list[i]):
-            raise ValueError(f"chunk entry {i}: dead_letters {dl!r}, the format's path of the dead letters of "
-                             f"shard {s_list[i]} chunk {k_list[i]} is {dead_letter_path(s_list[i], k_list[i])!r}")
+        s, k = s_list[i], k_list[i]
+        if dl is not None and dl != dead_letter_path(s, k):
+            raise ValueError(f"chunk entry {i}: dead_letters {checks.short(dl, 200)}, the format's path of the dead "
+                             f"letters of shard {s} chunk {k} is {dead_letter_path(s, k)!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -95,8 +95,8 @@ class FlatTokensSource:
                 raise ImportFailed(f"{self.where}/seq_starts: decreases (near entry {lo}); it must list the starts "
                                    "in increasing order")
             if steps.size and int(steps.max()) > fmt.MAX_INDEX:
-                raise ImportFailed(f"{self.where}/seq_starts: a sequence near entry {lo} has {int(steps.max())} tokens, "
-                                   f"more than a document holds ({fmt.MAX_INDEX})")
+                raise ImportFailed(f"{self.where}/seq_starts: a sequence near entry {lo} has {int(steps.max())} "
+                                   f"tokens, more than a document holds ({fmt.MAX_INDEX})")
             prev = int(blk[-1])
         if prev != n_tokens:
             raise ImportFailed(f"{self.where}/seq_starts: ends at {prev}, encoded_tokens holds {n_tokens} tokens "

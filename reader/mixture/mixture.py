@@ -51,10 +51,11 @@ class Mixture:
       storage_options: fsspec options for the file and every component cache.
 
     Attributes: ``spec``, ``url`` (the file), ``caches`` (one :class:`reader.Cache` per component, in
-    file order), ``distinct`` (each cache once), ``which`` (component -> its index in ``distinct``). Components naming the same cache (the same resolved
-    path) share one opened :class:`reader.Cache`: opening costs time and memory per distinct cache, not
-    per component. It waits like a :class:`reader.Cache`: ``complete`` when every component's build has
-    finished; ``refresh()`` polls the running ones.
+    file order), ``distinct`` (each cache once), ``which`` (component -> its index in ``distinct``).
+    Components naming the same cache (the same resolved path; a symlink is another path) share one
+    opened :class:`reader.Cache`: opening costs time and memory per distinct cache, not per component.
+    It waits like a :class:`reader.Cache`: ``complete`` when every component's build has finished;
+    ``refresh()`` polls the running ones.
     """
 
     def __init__(self, source: str | os.PathLike | MixtureSpec, *, storage_options: Mapping[str, Any] | None = None):

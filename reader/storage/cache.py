@@ -161,12 +161,15 @@ class Cache:
                     "command that made this cache"
                 )
 
-    def _done_chunks(self, shard: int, where: str) -> int:
-        """The chunk count a compressed shard's ``_DONE.json`` announces (checked)."""
+    def _done_chunks(self, shard: int, where: str, missing_ok: bool = False) -> int | None:
+        """The chunk count a compressed shard's ``_DONE.json`` announces (checked); None if it does not
+        exist and ``missing_ok`` (a rerun of a build may remove it while a reader polls)."""
         rel = fmt.shard_done_path(shard)
         try:
             info = fmt.load_json(self.cat(rel))
         except FileNotFoundError:
+            if missing_ok:
+                return None
             raise fmt.DamagedCache(
                 f"{where}: says finished, but records no chunk count for input shard {shard} and {rel} does not "
                 "exist: the ledger is a build's plan marked finished, or damaged. Rerun the build command "
@@ -217,9 +220,11 @@ class Cache:
             for p in listing:
                 m = _DONE_RE.search(p)
                 if m and int(m.group(1)) == i:
-                    self._done_shards[i] = self._done_chunks(i, self.display(fmt.LEDGER_NAME))
-                    lower[i], final[i] = self._done_shards[i], True
-                    break
+                    n_done = self._done_chunks(i, self.display(fmt.LEDGER_NAME), missing_ok=True)
+                    if n_done is not None:
+                        self._done_shards[i] = n_done
+                        lower[i], final[i] = n_done, True
+                        break
                 m = _SIDECAR_RE.search(p)
                 if m and int(m.group(1)) == i:
                     lower[i] = max(lower[i], int(m.group(2)) + 1)

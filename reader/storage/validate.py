@@ -227,8 +227,9 @@ def validate_shards(cache: Cache) -> list[str]:
     for name in _names(cache, fmt.CHUNKS_DIR):
         m = _SHARD_DIR.fullmatch(name)
         if m and int(m.group(1)) >= n_inputs:
-            problems.append(f"{cache.display(fmt.CHUNKS_DIR + '/' + name)}: a directory of shard {int(m.group(1))}, but "
-                            f"{fmt.LEDGER_NAME} has {n_inputs} input shards; {fix}")
+            where = cache.display(fmt.CHUNKS_DIR + "/" + name)
+            problems.append(f"{where}: a directory of shard {int(m.group(1))}, but {fmt.LEDGER_NAME} has {n_inputs} "
+                            f"input shards; {fix}")
     for i, inp in enumerate(led.inputs):
         n, rel = int(per_shard[i]), fmt.shard_dir(i)
         names = _names(cache, rel)

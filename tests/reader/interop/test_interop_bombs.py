@@ -138,3 +138,13 @@ def test_an_index_with_a_few_empty_sequences_and_documents_still_imports(tmp_pat
                         str(out))
     assert code == 0, err
     assert ref.cache_documents(str(out)) == [[1, 2], [], [], [3, 4, 5], []]
+
+
+def test_a_tokenizer_identity_nested_too_deep_is_a_one_line_error(tmp_path, capsys):
+    deep = tmp_path / "tok.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    prefix = sparse_megatron(str(tmp_path / "m"), 0, 0)
+    out = str(tmp_path / "c")
+    code, err, _ = _run(capsys, "import-megatron", prefix, "--tokenizer_from", str(deep), "--out", out)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {deep}: not valid JSON (nested too deep); give a tokenizer identity as "), err

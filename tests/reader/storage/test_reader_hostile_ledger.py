@@ -134,6 +134,9 @@ OUT_OF_RANGE = [
     ("eos_id past the vocabulary", lambda led: led["tokenizer"].update(vocab_size=10, eos_id=10),
      "tokenizer.eos_id 10 is not null or an id of the vocabulary [0, 10)"),
     ("chunk_bytes 0", lambda led: led["config"].update(chunk_bytes=0), "config.chunk_bytes 0 is not an integer in [1,"),
+    ("bad_records a string", lambda led: led["bad_records"].update(x="y"), "bad_records must map names to integers"),
+    ("totals 2**70", lambda led: led["totals"].update(docs=1 << 70), "totals must map names to integers"),
+    ("finished a string", lambda led: led.update(finished="no"), "finished 'no' is not true or false"),
 ]
 
 
@@ -256,3 +259,21 @@ def test_validate_checks_token_ids_against_the_vocabulary(gzip_build, tmp_path, 
     code, out = _run(capsys, "validate", root, "--quick")  # (no token is decoded)
     assert code == 0, out
 
+
+
+def test_an_unpacked_index_file_that_lies_is_counted_again(cache):
+    """``index/unpacked-L{L}.json`` (written by readers into the cache) nested too deep, with a number too
+    large for numpy, or with impossible counts under the right fingerprint: the reader counts again."""
+    opts = ReadOptions(seq_len=8, batch_size=4, packed=False, prefetch_threads=0)
+
+    def batches():
+        with Reader(cache, opts) as r:
+            return [b["targets"].tolist() for _, b in r.iter_batches(0, 6)]
+
+    want = batches()
+    path = os.path.join(cache, "index", "unpacked-L8.json")
+    good = json.load(open(path))
+    for body in (DEEP, json.dumps(dict(good, counts=[1 << 70] * len(good["counts"]))),
+                 json.dumps(dict(good, counts=[-5] + good["counts"][1:]))):
+        open(path, "w").write(body)
+        assert batches() == want
