@@ -134,10 +134,11 @@ class Cache:
 
     def _check_finished(self, ledger: fmt.Ledger) -> None:
         """A finished ledger's chunk list against its own inputs: round-robin order over the shards, and
-        each shard's chunk count as recorded. The builder records every shard's count; a shard whose count
-        is null (a plan marked finished by hand, or a ledger of a test generator) is checked against its
-        ``_DONE.json`` instead, so a plan never passes for an empty finished cache. No other file is read
-        here (``validate`` compares every shard's files with the ledger)."""
+        each shard's chunk count as recorded (and as its uncompressed size implies). The builder records
+        every shard's count; a shard whose count is null (a plan marked finished by hand, or a ledger of a
+        test generator) is checked against its ``_DONE.json`` instead, so a plan never passes for an empty
+        finished cache. No other file is read here (``validate`` compares every shard's files with the
+        ledger)."""
         t = ledger.chunks
         where = self.display(fmt.LEDGER_NAME)
         n_inputs = len(ledger.inputs)
@@ -150,10 +151,16 @@ class Cache:
                 f"{where}: the chunk list is not in round-robin order over the input shards; the ledger "
                 "does not match the format (rebuild the cache)."
             )
+        cb = ledger.config.get("chunk_bytes")
         for i, inp in enumerate(ledger.inputs):
-            n = inp.get("chunks")
+            n, size = inp.get("chunks"), inp.get("uncompressed_bytes")
             if n is None:
                 n = self._done_chunks(i, where)
+            if cb and size is not None and n != fmt.num_chunks(size, cb) and not (size == 0 and n == 1):
+                # (an import of documents with no tokens at all has one chunk of them)
+                raise fmt.DamagedCache(
+                    f"{where}: input shard {i} ({inp.get('path')}) of {size} bytes has {n} chunks, the format "
+                    f"says {fmt.num_chunks(size, cb)} of {cb} bytes: the ledger was edited; restore it, or rebuild")
             if int(n) != int(per_shard[i]):
                 raise fmt.DamagedCache(
                     f"{where}: input shard {i} ({inp.get('path')}) should have {n} chunks, the ledger lists "

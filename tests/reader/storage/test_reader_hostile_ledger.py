@@ -223,6 +223,23 @@ def test_a_gzip_builds_plan_marked_finished_is_not_an_empty_cache(gzip_build, tm
     _damaged(capsys, root, "records no chunk count for input shard 0 and chunks/shard-00000/_DONE.json does not exist")
 
 
+def test_a_shards_chunk_count_must_be_what_its_size_implies(gzip_build, tmp_path, capsys):
+    """The last chunk of the shard dropped from the ledger, with its count and the totals edited to match:
+    still refused when opened (a shard of U bytes has ceil(U / chunk_bytes) chunks)."""
+    root = str(tmp_path / "short")
+    shutil.copytree(gzip_build, root)
+    led = _ledger(root)
+    n = len(led["chunks"])
+    last = led["chunks"].pop()
+    led["inputs"][0]["chunks"] = n - 1
+    led["totals"].update(chunks=n - 1, docs=led["totals"]["docs"] - last["docs"],
+                         tokens=led["totals"]["tokens"] - last["tokens"])
+    _write_ledger(root, led)
+    size = led["inputs"][0]["uncompressed_bytes"]
+    _damaged(capsys, root, f"input shard 0 ({os.path.dirname(gzip_build)}/a.jsonl.gz) of {size} bytes has {n - 1} "
+                           f"chunks, the format says {n} of 2048 bytes")
+
+
 def test_validate_compares_every_shards_files_with_the_ledger(gzip_build, tmp_path, capsys):
     """A plan edited further (its shard said to have 0 chunks) opens as an empty cache: opening reads no
     directory, but validate lists each shard's files and reads its _DONE.json."""
