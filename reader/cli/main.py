@@ -33,7 +33,7 @@ from reader.mixture.spec import is_mixture_path
 from reader.options import ReadOptions
 from reader.reader import Reader
 from reader.batch.schema import BATCH_KEYS
-from reader.storage.validate import chunk_doc_lengths, validate_chunk, validate_ledger
+from reader.storage.validate import chunk_doc_lengths, validate_chunk, validate_ledger, validate_shards
 
 PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
 
@@ -50,11 +50,12 @@ def mixture_summary(path: str, opts: ReadOptions, steps: int | None) -> dict:
     (packed: ``seq_len`` tokens per example)."""
     mix = Mixture(path)
     spec = mix.spec
+    sizes = [(len(c.table), int(c.table.docs.sum()), int(c.table.tokens.sum())) for c in mix.distinct]
     comps = []
-    for c, cache in zip(spec.components, mix.caches):
-        t = cache.table
-        comps.append({"name": c.name, "path": c.url, "finished": cache.complete, "chunks": len(t),
-                      "documents": int(t.docs.sum()), "tokens": int(t.tokens.sum())})
+    for c, cache, d in zip(spec.components, mix.caches, mix.which):
+        chunks, docs, tokens = sizes[d]  # (once per distinct cache: components may share one)
+        comps.append({"name": c.name, "path": c.url, "finished": cache.complete, "chunks": chunks,
+                      "documents": docs, "tokens": tokens})
     segs = [{"start_batch": start, "weights": dict(zip(spec.names, spec.normalised(s)))}
             for s, (start, _) in enumerate(spec.segments)]
     info = {"path": path, "seed": spec.seed, "block": spec.block,
@@ -166,7 +167,7 @@ def cmd_validate(args) -> int:
         print(f"PROBLEM {e}")
         return 1
     t = cache.table
-    problems = validate_ledger(cache)
+    problems = validate_ledger(cache) + validate_shards(cache)
     with cf.ThreadPoolExecutor(args.threads) as pool:
         for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick), range(len(t))):
             problems += got

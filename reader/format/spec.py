@@ -43,6 +43,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reader.format import checks
+from reader.format.checks import MAX_COUNT, MAX_INDEX, MAX_TOTAL, is_int, load_json  # noqa: F401 - re-exported
+
 FORMAT_NAME = "chunkledger"
 FORMAT_VERSION = 2  # the version this code writes
 # Versions this code reads; they differ only in what the builder records for resuming (docs/FORMAT.md).
@@ -207,7 +210,7 @@ def row_group_index(data: bytes | memoryview) -> tuple[list[list[Any]], list[Any
     kv = meta.metadata or {}
     if ROW_GROUP_TOKENS_KEY not in kv:
         raise FormatError(f"no {ROW_GROUP_TOKENS_KEY.decode()} key in the Parquet metadata")
-    tokens = json.loads(kv[ROW_GROUP_TOKENS_KEY])
+    tokens = load_json(kv[ROW_GROUP_TOKENS_KEY])
     ranges = row_group_ranges(meta)
     if len(tokens) != len(ranges):
         raise FormatError(f"{len(ranges)} row groups but {len(tokens)} row-group token counts")
@@ -266,18 +269,54 @@ class ChunkTable:
         return np.concatenate([[0], np.cumsum(self.tokens, dtype=np.int64)])
 
     @staticmethod
-    def from_entries(entries: Sequence[Mapping[str, Any]]) -> "ChunkTable":
+    def from_entries(entries: Sequence[Mapping[str, Any]], num_inputs: int | None = None) -> "ChunkTable":
+        """The table of chunk entries (a finished ledger's, or sidecars), checked: raises ``ValueError``
+        naming the first bad entry (its number in ``entries``) for a missing key, an integer out of range
+        (a shard outside ``num_inputs``, a count above :data:`MAX_COUNT`), or a path (or dead-letter path)
+        other than the one the format defines for the entry's shard and index."""
         n = len(entries)
+        try:
+            paths = [e["path"] for e in entries]
+            checksums = [e["checksum"] for e in entries]
+            ints = {key: np.fromiter((e[key] for e in entries), dtype=np.int64, count=n)
+                    for key in ("shard", "index_in_shard", "docs", "tokens", "bytes")}
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            i, what = checks.first_malformed(entries)
+            raise ValueError(f"chunk entry {i}: {what or repr(e)}") from None
+        wrong = checks.ranges_problem(entries, ints, num_inputs)
+        if wrong:
+            raise ValueError(wrong)
+        _check_paths(entries, paths, ints["shard"], ints["index_in_shard"])
         return ChunkTable(
-            paths=[e["path"] for e in entries],
-            checksums=[e["checksum"] for e in entries],
-            shard=np.fromiter((e["shard"] for e in entries), dtype=np.int32, count=n),
-            index_in_shard=np.fromiter((e["index_in_shard"] for e in entries), dtype=np.int32, count=n),
-            docs=np.fromiter((e["docs"] for e in entries), dtype=np.int64, count=n),
-            tokens=np.fromiter((e["tokens"] for e in entries), dtype=np.int64, count=n),
-            nbytes=np.fromiter((e["bytes"] for e in entries), dtype=np.int64, count=n),
+            paths=paths,
+            checksums=checksums,
+            shard=ints["shard"].astype(np.int32),
+            index_in_shard=ints["index_in_shard"].astype(np.int32),
+            docs=ints["docs"],
+            tokens=ints["tokens"],
+            nbytes=ints["bytes"],
             sidecar_checksums=[e.get("sidecar_checksum") for e in entries],
         )
+
+
+def _check_paths(entries: Sequence[Mapping[str, Any]], paths: list, shard: np.ndarray, index: np.ndarray) -> None:
+    """Every entry's path (and dead-letter path) is exactly the one the format defines for its shard and
+    index, compared as strings: so no ledger or sidecar can make a reader open a file outside the cache
+    (resolving links for 100k chunks would cost more than opening the ledger)."""
+    s_list, k_list = shard.tolist(), index.tolist()
+    # chunk_path(s, k), assembled from each distinct shard's and index's part (5x faster for 100k chunks)
+    head = {s: shard_dir(s) + "/chunk-" for s in set(s_list)}
+    tail = {k: f"{k:06d}.parquet" for k in set(k_list)}
+    if [head[s] + tail[k] for s, k in zip(s_list, k_list)] != paths:
+        i = next(i for i, (p, s, k) in enumerate(zip(paths, s_list, k_list)) if p != chunk_path(s, k))
+        s, k = s_list[i], k_list[i]
+        raise ValueError(f"chunk entry {i}: path {checks.short(paths[i], 200)}, the format's path of shard {s} "
+                         f"chunk {k} is {chunk_path(s, k)!r}")
+    for i, dl in enumerate(e.get("dead_letters") for e in entries):
+        s, k = s_list[i], k_list[i]
+        if dl is not None and dl != dead_letter_path(s, k):
+            raise ValueError(f"chunk entry {i}: dead_letters {checks.short(dl, 200)}, the format's path of the dead "
+                             f"letters of shard {s} chunk {k} is {dead_letter_path(s, k)!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,7 +349,7 @@ class Ledger:
     @staticmethod
     def parse(text: str | bytes, *, where: str = LEDGER_NAME) -> "Ledger":
         try:
-            raw = json.loads(text)
+            raw = load_json(text)
         except ValueError as e:
             raise DamagedCache(f"{where}: not valid JSON ({e}); the file is damaged or half-written") from e
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
@@ -325,10 +364,14 @@ class Ledger:
         for key in ("tokenizer", "config", "inputs"):
             if key not in raw:
                 raise DamagedCache(f"{where}: missing required key {key!r}")
+        fix = "the ledger is damaged or was edited: restore it, or rebuild the cache"
+        wrong = checks.header_problem(raw)
+        if wrong:
+            raise DamagedCache(f"{where}: {wrong}; {fix}")
         try:
-            table = ChunkTable.from_entries(raw.get("chunks", []))
-        except (KeyError, TypeError, ValueError) as e:
-            raise DamagedCache(f"{where}: malformed chunk entry ({e!r})") from e
+            table = ChunkTable.from_entries(raw.get("chunks", []), num_inputs=len(raw["inputs"]))
+        except ValueError as e:
+            raise DamagedCache(f"{where}: {e}; {fix}") from None
         return Ledger(raw=raw, chunks=table)
 
 
@@ -340,4 +383,4 @@ def config_fingerprint(tokenizer: Mapping[str, Any], config: Mapping[str, Any]) 
 def iter_json_lines(text: str) -> Iterable[Any]:
     for line in text.splitlines():
         if line.strip():
-            yield json.loads(line)
+            yield load_json(line)

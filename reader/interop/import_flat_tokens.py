@@ -23,12 +23,19 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from reader.format import spec as fmt
 from reader.interop.export import ExportError
 from reader.interop.flat_tokens import open_dataset
 from reader.interop.importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
                        add_tokenizer_from, checked_identity, is_finished, make_config, write_cache)
 
 _BLOCK = 1 << 20
+# How many bytes an array may claim per byte it holds in the store. Real flat-tokens data compresses
+# 1.5-4x (Blosc lz4, the format's codec, cannot exceed about 255x); a claim beyond this is missing chunks
+# (zarr reads them as fill values: a 188 KB dataset can claim 2**40 tokens) or a decompression bomb, and
+# is refused before anything is read or written.
+MAX_EXPANSION = 1000
+_SLACK = 1 << 20  # bytes any dataset may claim beyond that (tiny arrays, fill-value tails)
 
 
 class FlatTokensSource:
@@ -50,17 +57,25 @@ class FlatTokensSource:
         for key, dtype in (("encoded_tokens", np.uint32), ("seq_starts", np.uint64)):
             try:
                 arr = group[key]
+                shape, chunks = tuple(arr.shape), tuple(arr.chunks)
+                nbytes = int(arr.nbytes)
             except KeyError:
                 raise ImportFailed(f"{self.where}/{key}: missing array (a flat-tokens group holds encoded_tokens "
                                    "and seq_starts)") from None
+            except Exception as e:  # noqa: BLE001 - zarr raises many types for metadata it cannot use
+                raise ImportFailed(f"{self.where}/{key}: unreadable array metadata ({type(e).__name__}: {e})") from None
+            if not all(fmt.is_int(int(n), 0, fmt.MAX_COUNT) for n in shape) or not all(
+                    fmt.is_int(int(n), 1, fmt.MAX_COUNT) for n in chunks) or nbytes > fmt.MAX_TOTAL:
+                raise ImportFailed(f"{self.where}/{key}: shape {list(shape)} / chunks {list(chunks)} out of range")
             if getattr(arr, "ndim", None) != 1 or np.dtype(arr.dtype) != np.dtype(dtype):
                 raise ImportFailed(f"{self.where}/{key}: {getattr(arr, 'ndim', '?')}-d {arr.dtype}, the format needs "
                                    f"a 1-d {np.dtype(dtype).name} array")
             arrays[key] = arr
         self.tokens, self.starts = arrays["encoded_tokens"], arrays["seq_starts"]
+        self._check_claims()
         max_id = group.attrs.get("max_token_id")
-        if not isinstance(max_id, (int, np.integer)) or isinstance(max_id, bool):
-            raise ImportFailed(f"{self.where}: attribute max_token_id missing or not an integer")
+        if not isinstance(max_id, (int, np.integer)) or isinstance(max_id, bool) or max_id < 0:
+            raise ImportFailed(f"{self.where}: attribute max_token_id missing or not a non-negative integer")
         self.max_token_id = int(max_id)
         if self.max_token_id >= vocab_size:
             raise ImportFailed(f"{self.where}: max_token_id {self.max_token_id} does not fit the tokenizer's "
@@ -75,13 +90,29 @@ class FlatTokensSource:
             blk = np.asarray(self.starts[lo:lo + _BLOCK], dtype=np.uint64).astype(np.int64)
             if lo == 0 and int(blk[0]) != 0:
                 raise ImportFailed(f"{self.where}/seq_starts: starts at {int(blk[0])}, must start at 0")
-            if bool((np.diff(np.concatenate([[prev], blk])) < 0).any()):
+            steps = np.diff(np.concatenate([[prev], blk]))
+            if bool((steps < 0).any()):
                 raise ImportFailed(f"{self.where}/seq_starts: decreases (near entry {lo}); it must list the starts "
                                    "in increasing order")
+            if steps.size and int(steps.max()) > fmt.MAX_INDEX:
+                raise ImportFailed(f"{self.where}/seq_starts: a sequence near entry {lo} has {int(steps.max())} "
+                                   f"tokens, more than a document holds ({fmt.MAX_INDEX})")
             prev = int(blk[-1])
         if prev != n_tokens:
             raise ImportFailed(f"{self.where}/seq_starts: ends at {prev}, encoded_tokens holds {n_tokens} tokens "
                                "(truncated or damaged)")
+
+    def _check_claims(self) -> None:
+        """The sizes the arrays' metadata claim against the bytes their chunks hold in the store (one listing
+        of the arrays' keys), before any chunk is read (see :data:`MAX_EXPANSION`)."""
+        claimed = int(self.tokens.nbytes) + int(self.starts.nbytes)
+        stored = sum(_stored_bytes(a) for a in (self.tokens, self.starts))
+        if claimed > MAX_EXPANSION * stored + _SLACK:
+            raise ImportFailed(
+                f"{self.where}: claims {int(self.tokens.shape[0]):,} tokens and {int(self.starts.shape[0]):,} sequence "
+                f"starts ({claimed:,} bytes), but its arrays hold {stored:,} bytes in the store: more than "
+                f"{MAX_EXPANSION}x, which no flat-tokens data compresses to. Chunks are missing (zarr would read "
+                "them as fill values) or the dataset is damaged; nothing was imported")
 
     def doc_starts(self, lo: int, hi: int) -> np.ndarray:
         return np.asarray(self.starts[lo:hi], dtype=np.uint64).astype(np.int64) * self.itemsize
@@ -105,6 +136,12 @@ class FlatTokensSource:
 
     def input_entry(self) -> dict[str, Any]:
         return {}
+
+
+def _stored_bytes(array) -> int:
+    """Bytes an array's chunks (and metadata) take in its store, without reading them."""
+    got = array.nbytes_stored
+    return int(got() if callable(got) else got)
 
 
 def import_flat_tokens(path: str, tokenizer: Mapping[str, Any], out: str, *, append_eos: bool = False,

@@ -42,6 +42,10 @@ DTYPES: dict[int, np.dtype] = {1: np.dtype(np.uint8), 2: np.dtype(np.int8), 3: n
 CODES = {dt: code for code, dt in DTYPES.items()}
 OPTIMAL_DTYPE_LIMIT = 65500  # Megatron's DType.optimal_dtype: uint16 below this vocabulary size
 _BLOCK = 1 << 20  # index entries handled at a time (bounded memory for any index size)
+# Sequences (and documents) an index may list beyond one per token of its .bin: Megatron writes empty
+# ones only for empty documents, so more is a damaged or hostile index (a sparse .idx can claim 2**27 of
+# them in 8 KB on disk), refused before any of it is read.
+FREE_ENTRIES = 1 << 16
 
 
 class MegatronError(fmt.FormatError):
@@ -127,6 +131,13 @@ class MegatronIndex:
                                 f"document-index entries) implies {want}: the index is truncated or damaged")
         if docs1 < 1:
             raise MegatronError(f"{idx_path}: the document index is empty (it must start with 0)")
+        tokens = bin_size // dtype.itemsize
+        for what, n in (("sequences", seqs), ("documents", docs1 - 1)):
+            if n > tokens + FREE_ENTRIES:
+                raise MegatronError(
+                    f"{idx_path}: lists {n} {what}, but {bin_path} holds only {tokens} {dtype.name} tokens: an index "
+                    f"lists at most one {what[:-1]} per token (plus {FREE_ENTRIES} empty ones). The index is damaged, "
+                    "or does not belong to this .bin")
         mm = np.memmap(idx_path, mode="r", dtype=np.uint8)
         lengths = np.frombuffer(mm, dtype="<i4", count=seqs, offset=HEADER_BYTES)
         pointers = np.frombuffer(mm, dtype="<i8", count=seqs, offset=HEADER_BYTES + 4 * seqs)
@@ -302,19 +313,21 @@ def read_span(index: MegatronIndex, seq_bounds: np.ndarray, f) -> tuple[np.ndarr
     """``(lengths, tokens)`` of consecutive documents read from the open ``.bin`` file ``f``.
 
     Document ``i`` of the span is sequences ``[seq_bounds[i], seq_bounds[i+1])`` of ``index`` (their
-    tokens joined); ``tokens`` are all of them back to back, in the file's dtype.
+    tokens joined); ``tokens`` are all of them back to back, in the file's dtype. The sequences lie back
+    to back (:meth:`MegatronIndex.open` checked it), so a document's tokens run from its first sequence's
+    pointer to the next document's: memory per document, whatever its number of sequences.
     """
-    s_lo, s_hi = int(seq_bounds[0]), int(seq_bounds[-1])
     item = index.dtype.itemsize
-    start = int(index.sequence_pointers[s_lo]) if s_lo < index.num_sequences else index.bin_size
-    seq_cum = np.zeros(s_hi - s_lo + 1, np.int64)
-    np.cumsum(index.sequence_lengths[s_lo:s_hi], out=seq_cum[1:])
-    count = int(seq_cum[-1])
+    bounds = np.asarray(seq_bounds, np.int64)
+    ptr = np.full(bounds.size, index.bin_size, np.int64)  # sequence S starts at the end of the .bin
+    inside = bounds < index.num_sequences
+    ptr[inside] = index.sequence_pointers[bounds[inside]]
+    start, count = int(ptr[0]), (int(ptr[-1]) - int(ptr[0])) // item
     f.seek(start)
     raw = f.read(count * item)
     if len(raw) != count * item:
-        raise MegatronError(f"{index.bin_path}: ends at byte {start + len(raw)}, sequences {s_lo}..{s_hi - 1} need "
-                            f"bytes up to {start + count * item} (truncated while being read?)")
+        raise MegatronError(f"{index.bin_path}: ends at byte {start + len(raw)}, sequences {int(bounds[0])}.."
+                            f"{int(bounds[-1]) - 1} need bytes up to {start + count * item} (truncated while being "
+                            "read?)")
     tokens = np.frombuffer(raw, dtype=index.dtype.newbyteorder("<"))
-    lengths = np.diff(seq_cum[np.asarray(seq_bounds, np.int64) - s_lo])
-    return lengths, tokens
+    return np.diff(ptr) // item, tokens

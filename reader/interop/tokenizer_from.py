@@ -4,7 +4,6 @@ without the tokenizer libraries)."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Mapping
 
@@ -33,7 +32,7 @@ def _read_json_file(url: str) -> Any:
             raise remote.storage_error(url, e, anonymous=anonymous) from e
         raise
     try:
-        return json.loads(text)
+        return fmt.load_json(text)
     except ValueError as e:
         raise TokenizerIdError(f"{url}: not valid JSON ({e}); give a tokenizer identity as {MAKE_ONE} writes "
                                f"it, or a cache") from None
@@ -45,7 +44,7 @@ def _exported_identity(url: str) -> dict[str, Any] | None:
     fs, path, _ = remote.filesystem(url)
     where = path.rstrip("/") + "/.zattrs"
     try:
-        raw = json.loads(fs.cat_file(where))
+        raw = fmt.load_json(fs.cat_file(where))
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
         return None
     except Exception as e:  # noqa: BLE001 - a storage error: the cache path below reports it properly

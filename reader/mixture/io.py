@@ -1,19 +1,25 @@
-"""A mixture's reading machinery: one store, release policy and prefetcher per component, behind the
+"""A mixture's reading machinery: one store, release policy and prefetcher per distinct cache, behind the
 interfaces the reader, the assembler and reader workers use for a single cache.
 
-**Chunk space.** The assembler and the release policy name chunks by one integer. A mixture of ``C``
-components numbers chunk ``j`` of component ``c`` as ``j * C + c`` (components' chunk counts grow while
-they build, so no offsets); :class:`MixtureStore` routes every call to the component's own
+**Distinct caches.** Components naming the same cache share its opened cache, example order, store,
+release policy and prefetcher (they read the same examples, each at its own pace), so a mixture of
+many components over a few caches costs memory per cache, not per component. Below, "cache ``d``" is
+``mixture.distinct[d]``; with one component per cache, ``d`` is the component's index.
+
+**Chunk space.** The assembler and the release policy name chunks by one integer. A mixture of ``D``
+distinct caches numbers chunk ``j`` of cache ``d`` as ``j * D + d`` (chunk counts grow while caches
+build, so no offsets); :class:`MixtureStore` routes every call to that cache's own
 :class:`reader.storage.store.ChunkStore`.
 
-**Memory.** ``memory_budget_bytes`` is split equally between the components: each keeps its own
-working set (a row group per stream it reads, or one shuffle mix when shuffled) whatever its weight,
-because a component of small weight still has a current position in every stream. The stores share
-one pool of ``prefetch_threads`` threads.
+**Memory.** ``memory_budget_bytes`` is split equally between the caches: each keeps its own working set
+(a row group per stream it reads, or one shuffle mix when shuffled) whatever its weight, because a
+component of small weight still has a current position in every stream. The stores share one pool of
+``prefetch_threads`` threads.
 
-**Release and prefetch** work per component: the rows of a read are mapped to each component's own
-examples, and each component's :class:`reader.batch.release.ReleasePolicy` and
-:class:`reader.batch.prefetch.Prefetcher` see its examples as if it were read alone.
+**Release and prefetch** work per cache: the rows of a read are mapped to each cache's own examples,
+and each cache's :class:`reader.batch.release.ReleasePolicy` and :class:`reader.batch.prefetch.Prefetcher`
+see its examples as if it were read alone (a cache shared by components sees each component's reads;
+a release is only a cache decision, so a component behind another one at most decodes again).
 """
 
 from __future__ import annotations
@@ -33,16 +39,16 @@ from reader.storage.store import ChunkStore
 
 
 class MixtureStore:
-    """The components' chunk stores as one store over the mixture's chunk space (chunk ``j * C + c``).
+    """The caches' chunk stores as one store over the mixture's chunk space (chunk ``j * D + d``).
 
-    Attributes: ``stores`` (one :class:`reader.storage.store.ChunkStore` per component); the I/O counters
-    (``bytes_fetched``, ``fetches``, ``meta_fetches``, ``decodes``, ...) summed over them, and
+    Attributes: ``stores`` (one :class:`reader.storage.store.ChunkStore` per distinct cache); the I/O
+    counters (``bytes_fetched``, ``fetches``, ``meta_fetches``, ``decodes``, ...) summed over them, and
     ``opened`` in the mixture's chunk space.
     """
 
     def __init__(self, stores: list[ChunkStore], executor: cf.ThreadPoolExecutor):
         self.stores = stores
-        self.C = len(stores)
+        self.D = len(stores)
         self._pool = executor
 
     def close(self) -> None:
@@ -51,8 +57,8 @@ class MixtureStore:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _where(self, chunk: int) -> tuple[ChunkStore, int]:
-        q, c = divmod(int(chunk), self.C)
-        return self.stores[c], q
+        q, d = divmod(int(chunk), self.D)
+        return self.stores[d], q
 
     # -- what the assembler, release and prefetch call ------------------------------------------------
     def meta(self, chunk: int):
@@ -73,16 +79,16 @@ class MixtureStore:
 
     def row_groups(self, keys) -> dict[tuple[int, int], Any]:
         """``{(chunk, group): row group}`` for ``keys``, in their order (the assembler's are sorted and it
-        relies on that), duplicates once; each component's through its store's ``row_groups`` (its
-        cached ones under one lock)."""
-        C = self.C
+        relies on that), duplicates once; each cache's through its store's ``row_groups`` (its cached
+        ones under one lock)."""
+        D = self.D
         out: dict[tuple[int, int], Any] = dict.fromkeys(keys)
-        by: list[list[tuple[int, int]]] = [[] for _ in range(C)]
+        by: list[list[tuple[int, int]]] = [[] for _ in range(D)]
         for key in out:
-            by[key[0] % C].append(key)
-        for c, ks in enumerate(by):
+            by[key[0] % D].append(key)
+        for d, ks in enumerate(by):
             if ks:
-                part = self.stores[c].row_groups([(chunk // C, g) for chunk, g in ks])
+                part = self.stores[d].row_groups([(chunk // D, g) for chunk, g in ks])
                 out.update(zip(ks, part.values()))  # (ks are distinct: one value each, in order)
         return out
 
@@ -112,7 +118,7 @@ class MixtureStore:
     # -- counters -------------------------------------------------------------------------------------
     @property
     def opened(self) -> set[int]:
-        return {j * self.C + c for c, s in enumerate(self.stores) for j in s.opened}
+        return {j * self.D + d for d, s in enumerate(self.stores) for j in s.opened}
 
     def _sum(self, name: str) -> int:
         return sum(getattr(s, name) for s in self.stores)
@@ -128,12 +134,12 @@ class MixtureStore:
 
 
 class MixtureRelease:
-    """Each component's :class:`reader.batch.release.ReleasePolicy`, fed with that component's reads."""
+    """Each cache's :class:`reader.batch.release.ReleasePolicy`, fed with the reads of its components."""
 
     def __init__(self, order: MixtureOrder, policies: list[ReleasePolicy]):
         self.order = order
         self.policies = policies
-        self.C = len(policies)
+        self.D = len(policies)
         self.by_chunk = any(p.by_chunk for p in policies)
         self.by_mix = any(p.by_mix for p in policies)
         self._routed: dict[int, int] = {}  # chunk -> the first row group routed for it last time
@@ -158,24 +164,25 @@ class MixtureRelease:
         for chunk, g in first.items():
             if routed.get(chunk) != g:
                 routed[chunk] = g
-                q, c = divmod(chunk, self.C)
-                parts.setdefault(c, []).append((q, g))
-        for c, part in parts.items():
-            self.policies[c].windows_read(part, [])
+                q, d = divmod(chunk, self.D)
+                parts.setdefault(d, []).append((q, g))
+        for d, part in parts.items():
+            self.policies[d].windows_read(part, [])
 
     def examples_read(self, ex: np.ndarray) -> None:
-        """After a read of global examples ``ex``: each shuffled component releases the mixes it passed."""
+        """After a read of global examples ``ex``: each shuffled cache releases the mixes it passed."""
         if not self.by_mix or not ex.size:
             return
         comp, k = self.order.assign(ex)
-        for c in np.flatnonzero(np.bincount(comp[comp >= 0], minlength=self.C)).tolist():
-            if self.policies[c].by_mix:
-                self.policies[c].examples_read(k[comp == c])
+        dist = np.where(comp >= 0, self.order.which[np.maximum(comp, 0)], -1)
+        for d in np.flatnonzero(np.bincount(dist[dist >= 0], minlength=self.D)).tolist():
+            if self.policies[d].by_mix:
+                self.policies[d].examples_read(k[dist == d])
 
 
 class MixturePrefetcher:
-    """Prefetch for a mixture: each component's :class:`reader.batch.prefetch.Prefetcher` loads what its items
-    of the upcoming batches need."""
+    """Prefetch for a mixture: each cache's :class:`reader.batch.prefetch.Prefetcher` loads what its
+    components' items of the upcoming batches need."""
 
     def __init__(self, order: MixtureOrder, prefetchers: list[Prefetcher], options: ReadOptions, rows: np.ndarray):
         self.order, self.prefetchers, self.options, self.rows = order, prefetchers, options, rows
@@ -195,12 +202,13 @@ class MixturePrefetcher:
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable (eval during a build): the read waits
             return []
         futs: list[cf.Future] = []
-        if plans is not None:  # every component planned in one call
-            for c, plan in enumerate(plans):
-                futs += self.prefetchers[c].prefetch_plan(plan)
+        if plans is not None:  # every cache planned in one call
+            for d, plan in enumerate(plans):
+                futs += self.prefetchers[d].prefetch_plan(plan)
             return futs
-        for c in np.flatnonzero(np.bincount(comp[comp >= 0], minlength=len(self.prefetchers))).tolist():
-            futs += self.prefetchers[c].prefetch_examples([k[comp == c]], whole=mine)
+        dist = np.where(comp >= 0, self.order.which[np.maximum(comp, 0)], -1)
+        for d in np.flatnonzero(np.bincount(dist[dist >= 0], minlength=len(self.prefetchers))).tolist():
+            futs += self.prefetchers[d].prefetch_examples([k[dist == d]], whole=mine)
         return futs
 
 
@@ -209,15 +217,15 @@ def open_mixture(source: str, options: ReadOptions, rows: np.ndarray, num_reader
     """Open mixture file ``source`` for a reader: ``(mixture, store, order, release, prefetcher)``, the
     parts a :class:`reader.Reader` wires together (see the module docstring)."""
     mixture = Mixture(os.fspath(source), storage_options=storage_options)
-    C = len(mixture.caches)
-    copts = dataclasses.replace(options, memory_budget_bytes=max(1, options.memory_budget_bytes // C))
+    D = len(mixture.distinct)
+    copts = dataclasses.replace(options, memory_budget_bytes=max(1, options.memory_budget_bytes // D))
     pool = cf.ThreadPoolExecutor(max(1, options.prefetch_threads), thread_name_prefix="chunkledger-prefetch")
     stores = [ChunkStore(cache, memory_budget_bytes=copts.memory_budget_bytes, executor=pool)
-              for cache in mixture.caches]
+              for cache in mixture.distinct]
     store = MixtureStore(stores, pool)
     order = MixtureOrder(mixture, copts, stores, rows)
-    policies = [ReleasePolicy(s, o, copts) for s, o in zip(stores, order.components)]
+    policies = [ReleasePolicy(s, o, copts) for s, o in zip(stores, order.orders)]
     prefetchers = [Prefetcher(cache, s, o, copts, p, rows, num_readers, reader_index)
-                   for cache, s, o, p in zip(mixture.caches, stores, order.components, policies)]
+                   for cache, s, o, p in zip(mixture.distinct, stores, order.orders, policies)]
     return (mixture, store, order, MixtureRelease(order, policies),
             MixturePrefetcher(order, prefetchers, options, rows))

@@ -1,11 +1,13 @@
 """Weighted mixtures of caches: the components opened, and the mixture's example order.
 
 A mixture file (:mod:`reader.mixture.spec`) names component caches and weights. :class:`Mixture`
-opens every component's cache (each may still be building) and checks that they share one tokenizer.
+opens every distinct cache once (each may still be building; components naming the same cache share it)
+and checks that they share one tokenizer.
 :class:`MixtureOrder` is the mixture's example order: global example ``i`` -> ``(component c,
 component example k)`` (:mod:`reader.mixture.mixing` in training; the components one after the other in eval
 mode), and ``k`` -> tokens through ``c``'s own :class:`reader.batch.examples.ExampleOrder` (its streams, shuffle
-and epochs, exactly as when ``c`` is read alone with the same options). It answers ``locate`` with one
+and epochs, exactly as when ``c`` is read alone with the same options; components of one cache share that
+cache's order, so memory grows with distinct caches, not components). It answers ``locate`` with one
 :class:`reader.batch.examples.Placement` for the rows of all components, with ``components`` set and chunk
 numbers in the mixture's chunk space (:mod:`reader.mixture.io`), so the assembler, layouts and workers
 are the single cache's.
@@ -49,8 +51,11 @@ class Mixture:
       storage_options: fsspec options for the file and every component cache.
 
     Attributes: ``spec``, ``url`` (the file), ``caches`` (one :class:`reader.Cache` per component, in
-    file order). It waits like a :class:`reader.Cache`: ``complete`` when every component's build has
-    finished; ``refresh()`` polls the running ones.
+    file order), ``distinct`` (each cache once), ``which`` (component -> its index in ``distinct``).
+    Components naming the same cache (the same resolved path; a symlink is another path) share one
+    opened :class:`reader.Cache`: opening costs time and memory per distinct cache, not per component.
+    It waits like a :class:`reader.Cache`: ``complete`` when every component's build has finished;
+    ``refresh()`` polls the running ones.
     """
 
     def __init__(self, source: str | os.PathLike | MixtureSpec, *, storage_options: Mapping[str, Any] | None = None):
@@ -58,27 +63,35 @@ class Mixture:
         self.spec = source if isinstance(source, MixtureSpec) else load_mixture(source, storage_options=storage_options)
         self.url = self.spec.source
         comps = self.spec.components
+        first: dict[str, int] = {}  # cache URL -> the first component naming it
+        for i, c in enumerate(comps):
+            first.setdefault(c.url, i)
+        urls = list(first)
 
-        def open_one(i: int) -> Cache:
-            c = comps[i]
+        def open_one(url: str) -> Cache:
+            i = first[url]
             try:
-                return Cache(c.url, storage_options=storage_options)
+                return Cache(url, storage_options=storage_options)
             except (FileNotFoundError, ValueError) as e:
-                raise MixtureError(f"{self.url}: components[{i}].path ({c.name!r}): cannot open the cache at "
-                                   f"{c.url}: {e}") from e
+                raise MixtureError(f"{self.url}: components[{i}].path ({comps[i].name!r}): cannot open the cache at "
+                                   f"{url}: {e}") from e
 
-        if all("://" not in c.url or c.url.startswith("file://") for c in comps):
-            self.caches: list[Cache] = [open_one(i) for i in range(len(comps))]
+        if all("://" not in u or u.startswith("file://") for u in urls):
+            self.distinct: list[Cache] = [open_one(u) for u in urls]
         else:  # remote ledgers: fetched in parallel
-            with cf.ThreadPoolExecutor(min(8, len(comps))) as pool:
-                self.caches = list(pool.map(open_one, range(len(comps))))
-        ids = [tokenizer_identity(c.ledger.tokenizer) for c in self.caches]
-        for i in range(1, len(ids)):
-            if ids[i] != ids[0]:
-                a, b = self.caches[0].ledger.tokenizer, self.caches[i].ledger.tokenizer
+            with cf.ThreadPoolExecutor(min(8, len(urls))) as pool:
+                self.distinct = list(pool.map(open_one, urls))
+        position = {u: d for d, u in enumerate(urls)}
+        self.which = [position[c.url] for c in comps]  # component -> its cache in ``distinct``
+        self.caches: list[Cache] = [self.distinct[d] for d in self.which]
+        ids = [tokenizer_identity(c.ledger.tokenizer) for c in self.distinct]
+        for d in range(1, len(ids)):
+            if ids[d] != ids[0]:
+                i, i0 = first[urls[d]], first[urls[0]]
+                a, b = self.distinct[0].ledger.tokenizer, self.distinct[d].ledger.tokenizer
                 raise MixtureError(
                     f"{self.url}: components[{i}].path: component {comps[i].name!r} ({comps[i].url}) was tokenized "
-                    f"with {_describe(b)}, component {comps[0].name!r} ({comps[0].url}) with {_describe(a)}. "
+                    f"with {_describe(b)}, component {comps[i0].name!r} ({comps[i0].url}) with {_describe(a)}. "
                     "Token ids of different tokenizers mean different things: rebuild the component with the "
                     "same tokenizer, or mix only caches made with one tokenizer")
 
@@ -88,26 +101,26 @@ class Mixture:
 
     @property
     def is_local(self) -> bool:
-        return all(c.is_local for c in self.caches)
+        return all(c.is_local for c in self.distinct)
 
     @property
     def complete(self) -> bool:
-        return all(c.complete for c in self.caches)
+        return all(c.complete for c in self.distinct)
 
     @property
     def generation(self) -> int:
-        return sum(c.generation for c in self.caches)
+        return sum(c.generation for c in self.distinct)
 
     def refresh(self) -> bool:
-        """Poll every component that is still building; True if any has more chunks now."""
+        """Poll every cache that is still building; True if any has more chunks now."""
         changed = False
-        for c in self.caches:
+        for c in self.distinct:
             if not c.complete:
                 changed = c.refresh() or changed
         return changed
 
     def progress(self) -> str:
-        return "; ".join(f"{n}: {'finished' if c.complete else c.progress()}" for n, c in zip(self.names, self.caches))
+        return "; ".join(f"{c.url}: {'finished' if c.complete else c.progress()}" for c in self.distinct)
 
     def wait(self, attempt: Callable[[], T], *, timeout_s: float, poll_s: float = 1.0, what: str = "data") -> T:
         """:meth:`reader.Cache.wait` over every component."""
@@ -127,12 +140,13 @@ class MixtureOrder:
     Args:
       mixture: the opened :class:`Mixture`.
       options: the reader's :class:`reader.ReadOptions` (every component is read with them).
-      stores: one :class:`reader.storage.store.ChunkStore` per component.
+      stores: one :class:`reader.storage.store.ChunkStore` per distinct cache (``mixture.distinct``).
       rows: the rows of each global batch this reader serves.
 
-    Attributes: ``components`` (one :class:`reader.batch.examples.ExampleOrder` per component), ``index`` (the
-    :class:`reader.mixture.mixing.MixIndex` of training; None in eval mode), ``shuffle`` (None: each component
-    shuffles its own examples).
+    Attributes: ``orders`` (one :class:`reader.batch.examples.ExampleOrder` per distinct cache: the
+    components of one cache read the same examples, each at its own pace), ``components`` (each
+    component's order, ``orders[which[c]]``), ``which``, ``index`` (the :class:`reader.mixture.mixing.MixIndex`
+    of training; None in eval mode), ``shuffle`` (None: each cache's order shuffles its own examples).
     """
 
     shuffle = None
@@ -144,11 +158,15 @@ class MixtureOrder:
         # a shuffled component's cipher answers are computed ahead for the examples it serves next: about
         # _SOURCES_AHEAD batches at its largest weight w, plus w of a block of every lane (how far its
         # lanes drift apart inside blocks)
+        # (components of one cache share its order, whose examples they all read: the sum of their weights)
         spec, B, R = mixture.spec, options.batch_size, options.num_streams
         wmax = [max(ws) for ws in zip(*(spec.normalised(s) for s in range(len(spec.segments))))]
-        self.components = [ExampleOrder(cache, options, store, rows,
-                                        ahead=int(w * (_SOURCES_AHEAD * B + spec.block * R)) + R)
-                           for cache, store, w in zip(mixture.caches, stores, wmax)]
+        wsum = np.bincount(mixture.which, weights=wmax, minlength=len(mixture.distinct)).tolist()
+        self.orders = [ExampleOrder(cache, options, stores[d], rows,
+                                    ahead=int(min(w, 1.0) * (_SOURCES_AHEAD * B + spec.block * R)) + R)
+                       for d, (cache, w) in enumerate(zip(mixture.distinct, wsum))]
+        self.which = np.asarray(mixture.which, dtype=np.int64)
+        self.components = [self.orders[d] for d in mixture.which]  # one per component (shared per cache)
         self.num_components = len(self.components)
         self.index = None if options.eval_mode else MixIndex(mixture.spec.plan(options.num_streams, options.batch_size))
         self._stack: tuple[tuple, StackedStreams | None] | None = None
@@ -198,9 +216,10 @@ class MixtureOrder:
     # -- placing examples ----------------------------------------------------------------------------
     def locate(self, ex: np.ndarray, src: np.ndarray | None = None) -> Placement:
         """Where the tokens of examples ``ex`` (one per row) are, in the mixture's chunk space
-        (chunk ``local * C + component``). Raises NotYetAvailable while a needed chunk is not written."""
+        (chunk ``local * D + d`` of distinct cache ``d``). Raises NotYetAvailable while a needed chunk is
+        not written."""
         ex = np.asarray(ex, dtype=np.int64).reshape(-1)
-        C = self.num_components
+        D = len(self.orders)
         comp, k = self.assign(ex)
         stacked = self._stacked() if self.index is not None and self.options.packed else None
         if stacked is not None:
@@ -209,70 +228,73 @@ class MixtureOrder:
         rows = np.flatnonzero(valid)
         entry = np.full(ex.size, -1, np.int64)
         entry[rows] = np.arange(rows.size)
+        dist = np.where(valid, self.which[np.maximum(comp, 0)], -1)
         m = rows.size
         streams, positions, epochs, chunks, starts, lengths = (np.empty(m, np.int64) for _ in range(6))
         first = None if self.options.packed else np.empty(m, np.int64)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
-        for c in np.flatnonzero(np.bincount(comp[rows], minlength=C)).tolist():
-            sel = np.flatnonzero(comp == c)
-            sub = self.components[c].locate(k[sel])
+        for d in np.flatnonzero(np.bincount(dist[rows], minlength=D)).tolist():
+            sel = np.flatnonzero(dist == d)
+            sub = self.orders[d].locate(k[sel])
             if sub.rows.size != sel.size:
-                raise AssertionError(f"component {c}: rows past its end were assigned to it")
+                raise AssertionError(f"cache {d}: rows past its end were assigned to it")
             dst = entry[sel]
             streams[dst], positions[dst], epochs[dst] = sub.streams, sub.positions, sub.epochs
-            chunks[dst], starts[dst], lengths[dst] = sub.chunks * C + c, sub.starts, sub.lengths
+            chunks[dst], starts[dst], lengths[dst] = sub.chunks * D + d, sub.starts, sub.lengths
             if first is not None:
                 first[dst] = sub.first_positions
             for kk, pieces in sub.spill.items():
-                spill[int(dst[kk])] = [(e, ch * C + c, lo, hi) for e, ch, lo, hi in pieces]
+                spill[int(dst[kk])] = [(e, ch * D + d, lo, hi) for e, ch, lo, hi in pieces]
         examples = np.where(valid, ex, -1)
         return Placement(examples, valid, rows, streams, positions, epochs, chunks, starts, lengths, first, spill,
                          comp.astype(np.int32))
 
     def plan_components(self, comp: np.ndarray, k: np.ndarray) -> list[list[tuple[int, np.ndarray]]] | None:
-        """Every component's :meth:`reader.batch.examples.ExampleOrder.plan` of its examples ``k[comp == c]`` (from
-        :meth:`assign`), found in one stacked call: packed, unshuffled training reads of finished
-        components; else None (ask each component)."""
-        if self.index is None or not self.options.packed or self.components[0].shuffle is not None:
+        """Each distinct cache's :meth:`reader.batch.examples.ExampleOrder.plan` of the examples ``k`` of its
+        components (``comp`` and ``k`` from :meth:`assign`), found in one stacked call: packed, unshuffled
+        training reads of finished caches; else None (ask each cache's order)."""
+        if self.index is None or not self.options.packed or self.orders[0].shuffle is not None:
             return None
         stacked = self._stacked()
         if stacked is None:
             return None
-        C, L = self.num_components, self.options.seq_len
+        D, L = len(self.orders), self.options.seq_len
         s, j = split_example_index(k, self.options.num_streams)
-        comps = np.concatenate([comp, comp])  # each window's first and last token, as ExampleOrder.plan asks
-        _, chunks, offs, _ = stacked.locate(comps, np.concatenate([s, s]), np.concatenate([j * L, j * L + L - 1]))
-        plans: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(C)]
-        for x, part in group_by_key(chunks * C + comps, offs):  # (mixture chunk j * C + c)
-            plans[x % C].append((x // C, part))
+        dist = self.which[comp]
+        dists = np.concatenate([dist, dist])  # each window's first and last token, as ExampleOrder.plan asks
+        _, chunks, offs, _ = stacked.locate(dists, np.concatenate([s, s]), np.concatenate([j * L, j * L + L - 1]))
+        plans: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(D)]
+        for x, part in group_by_key(chunks * D + dists, offs):  # (mixture chunk j * D + d)
+            plans[x % D].append((x // D, part))
         return plans
 
     def _stacked(self) -> StackedStreams | None:
-        """The components' stream indexes stacked (:class:`reader.order.streams.StackedStreams`) while all of them
+        """The caches' stream indexes stacked (:class:`reader.order.streams.StackedStreams`) while all of them
         are finished, else None; made again only when an index changes."""
-        idxs = tuple(order.stream_index() for order in self.components)
+        idxs = tuple(order.stream_index() for order in self.orders)
         got = self._stack
         if got is None or any(a is not b for a, b in zip(got[0], idxs)):
             got = self._stack = (idxs, StackedStreams.of(idxs))
         return got[1]
 
     def _locate_stacked(self, stacked: StackedStreams, ex: np.ndarray, comp: np.ndarray, k: np.ndarray) -> Placement:
-        """:meth:`locate` of packed training examples, every component at once: the same placement as
-        asking each component's ``locate`` for its rows."""
-        C, L = self.num_components, self.options.seq_len
+        """:meth:`locate` of packed training examples, every cache at once: the same placement as asking
+        each cache's ``locate`` for its rows."""
+        D, L = len(self.orders), self.options.seq_len
+        dist = self.which[comp]
         src = k
-        if self.components[0].shuffle is not None:  # each component's own shuffle
+        if self.orders[0].shuffle is not None:  # each cache's own shuffle
             src = k.copy()
-            for c in np.flatnonzero(np.bincount(comp, minlength=C)).tolist():
-                sel = comp == c
-                src[sel] = self.components[c].sources([k[sel]])[0]
+            for d in np.flatnonzero(np.bincount(dist, minlength=D)).tolist():
+                sel = dist == d
+                src[sel] = self.orders[d].sources([k[sel]])[0]
         s, j = split_example_index(src, self.options.num_streams)
-        epochs, chunks, starts, avail = stacked.locate(comp, s, j * L)
+        epochs, chunks, starts, avail = stacked.locate(dist, s, j * L)
         lengths = np.minimum(avail, L)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
         for row in np.flatnonzero(lengths < L).tolist():  # windows over a chunk's end
-            c, jr = int(comp[row]), int(j[row])
-            spill[row] = [(e, ch * C + c, lo, hi) for e, ch, lo, hi in
-                          stacked.indexes[c].pieces(int(s[row]), jr * L, (jr + 1) * L)]
-        return Placement(ex.copy(), np.ones(ex.size, bool), np.arange(ex.size), s, j, epochs, chunks * C + comp,
+            d, jr = int(dist[row]), int(j[row])
+            spill[row] = [(e, ch * D + d, lo, hi) for e, ch, lo, hi in
+                          stacked.indexes[d].pieces(int(s[row]), jr * L, (jr + 1) * L)]
+        return Placement(ex.copy(), np.ones(ex.size, bool), np.arange(ex.size), s, j, epochs, chunks * D + dist,
                          starts, lengths, None, spill, comp.astype(np.int32))

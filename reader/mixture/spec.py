@@ -18,7 +18,6 @@ checks the file (every error names the file and the key); it does not open the c
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import posixpath
@@ -27,7 +26,8 @@ from typing import Any, Mapping
 
 import fsspec
 
-from reader.mixture.mixing import DEFAULT_BLOCK, MixPlan, quantise
+from reader.format.checks import load_json, short
+from reader.mixture.mixing import DEFAULT_BLOCK, QUANTUM_BITS, MixPlan, quantise
 from reader.storage.whatis import not_a_cache
 
 FORMAT_VERSION = 1
@@ -35,6 +35,8 @@ TOP_KEYS = ("mixture", "components", "schedule", "seed", "block")
 COMPONENT_KEYS = ("name", "path", "weight")
 SCHEDULE_KEYS = ("start_batch", "weights")
 MAX_BLOCK = 1 << 20
+MAX_WEIGHT = 1 << 53  # weights are relative: no mixture needs a larger one, and a float holds these exactly
+MAX_START_BATCH = 1 << 40  # start_batch * batch_size must stay far inside int64 (global example numbers)
 
 
 class MixtureError(ValueError):
@@ -82,6 +84,10 @@ class MixtureSpec:
 
     def plan(self, lanes: int, batch_size: int) -> MixPlan:
         """The :class:`reader.mixture.mixing.MixPlan` for ``R* = lanes`` and global batch size ``batch_size``."""
+        last = self.segments[-1][0]
+        if last * int(batch_size) > MAX_START_BATCH << 20:
+            raise MixtureError(f"{self.source}: schedule start_batch {last} x batch_size {batch_size} is beyond the "
+                               f"examples a run can number ({MAX_START_BATCH << 20}); lower the start_batch")
         return MixPlan(lanes=int(lanes), block=self.block, seed=self.seed,
                        starts=tuple(start * int(batch_size) for start, _ in self.segments),
                        prefixes=tuple(quantise(ws) for _, ws in self.segments))
@@ -103,17 +109,20 @@ def _resolve(base: str, path: str) -> str:
 
 
 def _weight(where: str, key: str, v: Any) -> Fraction:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise MixtureError(f"{where}: {key} must be a finite number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+        raise MixtureError(f"{where}: {key} must be a finite number, got {short(v)}")
     if v < 0:
-        raise MixtureError(f"{where}: {key} is negative ({v}); weights must be >= 0")
+        raise MixtureError(f"{where}: {key} is negative ({short(v)}); weights must be >= 0")
+    if v > MAX_WEIGHT:
+        raise MixtureError(f"{where}: {key} is {short(v)}, above the largest weight 2**53; weights are relative: "
+                           "scale them all down")
     return Fraction(v)  # exact: a float's own binary value
 
 
-def _int(where: str, key: str, v: Any, lo: int, hi: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise MixtureError(f"{where}: {key} must be an integer {rng}, got {v!r}")
+
+def _int(where: str, key: str, v: Any, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or v > hi:
+        raise MixtureError(f"{where}: {key} must be an integer in [{lo}, {hi}], got {short(v)}")
     return v
 
 
@@ -138,7 +147,7 @@ def parse_mixture(text: str | bytes, source: str) -> MixtureSpec:
     """Parse and check the text of mixture file ``source`` (see the module docstring)."""
     where = source
     try:
-        raw = json.loads(text, parse_constant=_reject_constant)
+        raw = load_json(text, parse_constant=_reject_constant)
     except ValueError as e:
         raise MixtureError(f"{where}: not valid JSON ({e})") from e
     if isinstance(raw, dict) and "mixture" not in raw and raw.get("format") == "chunkledger":
@@ -147,12 +156,13 @@ def parse_mixture(text: str | bytes, source: str) -> MixtureSpec:
     top = _keys(where, "", raw, TOP_KEYS, ("mixture", "components"))
     if top["mixture"] != FORMAT_VERSION or isinstance(top["mixture"], bool):
         raise MixtureError(f"{where}: \"mixture\" must be {FORMAT_VERSION} (the file format version), "
-                           f"got {top['mixture']!r}")
+                           f"got {short(top['mixture'])}")
     comps = top["components"]
     if not isinstance(comps, list) or not comps:
         raise MixtureError(f"{where}: \"components\" must be a non-empty list of {{name, path, weight}}")
     components: list[Component] = []
     seen: dict[str, int] = {}
+    resolved: dict[str, str] = {}  # path as written -> URL (many components may name one cache)
     for i, c in enumerate(comps):
         key = f"components[{i}]"
         _keys(where, key, c, COMPONENT_KEYS, COMPONENT_KEYS)
@@ -165,7 +175,9 @@ def parse_mixture(text: str | bytes, source: str) -> MixtureSpec:
         seen[name] = i
         if not isinstance(path, str) or not path:
             raise MixtureError(f"{where}: {key}.path must be a non-empty string, got {path!r}")
-        components.append(Component(name, path, _resolve(source, path), _weight(where, f"{key}.weight", c["weight"])))
+        if path not in resolved:
+            resolved[path] = _resolve(source, path)
+        components.append(Component(name, path, resolved[path], _weight(where, f"{key}.weight", c["weight"])))
     names = [c.name for c in components]
     segments = [(0, tuple(c.weight for c in components))]
     sched = top.get("schedule", [])
@@ -174,7 +186,7 @@ def parse_mixture(text: str | bytes, source: str) -> MixtureSpec:
     for j, e in enumerate(sched):
         key = f"schedule[{j}]"
         _keys(where, key, e, SCHEDULE_KEYS, SCHEDULE_KEYS)
-        start = _int(where, f"{key}.start_batch", e["start_batch"], 1)
+        start = _int(where, f"{key}.start_batch", e["start_batch"], 1, MAX_START_BATCH)
         if start <= segments[-1][0]:
             raise MixtureError(f"{where}: {key}.start_batch {start} must be greater than the previous "
                                f"segment's start ({segments[-1][0]}); the schedule must increase in "
@@ -195,7 +207,18 @@ def parse_mixture(text: str | bytes, source: str) -> MixtureSpec:
         key = "components[*].weight" if s == 0 else f"schedule[{s - 1}].weights"
         if sum(ws) <= 0:
             raise MixtureError(f"{where}: {key}: every weight is 0; at least one component needs a positive weight")
-    bad = spec.plan(1, 1).min_weight_error()
+    plan = spec.plan(1, 1)
+    for s, (q, (start, ws)) in enumerate(zip(plan.prefixes, segments)):
+        for c, w in enumerate(ws):
+            if w and q[c + 1] == q[c]:  # quantised to nothing: it would silently never be drawn
+                key = f"components[{c}].weight" if s == 0 else f"schedule[{s - 1}].weights.{names[c]}"
+                raise MixtureError(
+                    f"{where}: {key}: component {names[c]!r} has normalised weight {spec.normalised(s)[c]:.3g}, too "
+                    f"small to be represented: weights are quantised to multiples of 2**-{QUANTUM_BITS} "
+                    f"({2.0 ** -QUANTUM_BITS:.3g}) of their segment's total, and a nonzero weight must be at least "
+                    f"1/block ({1 / block:.3g} with block {block}; {1 / MAX_BLOCK:.3g} with the largest block, "
+                    f"{MAX_BLOCK}). Raise it, or set it to 0")
+    bad = plan.min_weight_error()
     if bad is not None:
         s, c = bad
         key = f"components[{c}].weight" if s == 0 else f"schedule[{s - 1}].weights.{names[c]}"
@@ -223,7 +246,7 @@ def load_mixture(source: str | os.PathLike, *, storage_options: Mapping[str, Any
     except FileNotFoundError:
         raise MixtureError(f"{source}: no such mixture file") from None
     try:
-        raw = json.loads(text)
+        raw = load_json(text)
     except ValueError:
         raw = None
     if isinstance(raw, dict) and "mixture" not in raw:  # a ledger or sidecar passed as a cache: say what it is

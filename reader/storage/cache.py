@@ -10,7 +10,6 @@ what will be read after the build. :meth:`Cache.refresh` polls for progress.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -134,11 +133,15 @@ class Cache:
             return changed
 
     def _check_finished(self, ledger: fmt.Ledger) -> None:
+        """A finished ledger's chunk list against its own inputs: round-robin order over the shards, and
+        each shard's chunk count as recorded (and as its uncompressed size implies). The builder records
+        every shard's count; a shard whose count is null (a plan marked finished by hand, or a ledger of a
+        test generator) is checked against its ``_DONE.json`` instead, so a plan never passes for an empty
+        finished cache. No other file is read here (``validate`` compares every shard's files with the
+        ledger)."""
         t = ledger.chunks
         where = self.display(fmt.LEDGER_NAME)
         n_inputs = len(ledger.inputs)
-        if len(t) and (t.shard.min() < 0 or t.shard.max() >= max(n_inputs, 1)):
-            raise fmt.DamagedCache(f"{where}: chunk entries name shards outside the {n_inputs} inputs")
         per_shard = np.bincount(t.shard, minlength=n_inputs) if len(t) else np.zeros(n_inputs, np.int64)
         expect = streams.round_robin_order(per_shard)
         got = np.stack([t.shard.astype(np.int64), t.index_in_shard.astype(np.int64)], axis=1) if len(t) \
@@ -148,13 +151,43 @@ class Cache:
                 f"{where}: the chunk list is not in round-robin order over the input shards; the ledger "
                 "does not match the format (rebuild the cache)."
             )
+        cb = ledger.config.get("chunk_bytes")
         for i, inp in enumerate(ledger.inputs):
-            n = inp.get("chunks")
-            if n is not None and int(n) != int(per_shard[i]):
+            n, size = inp.get("chunks"), inp.get("uncompressed_bytes")
+            if n is None:
+                n = self._done_chunks(i, where)
+            if cb and size is not None and n != fmt.num_chunks(size, cb) and not (size == 0 and n == 1):
+                # (an import of documents with no tokens at all has one chunk of them)
+                raise fmt.DamagedCache(
+                    f"{where}: input shard {i} ({inp.get('path')}) of {size} bytes has {n} chunks, the format "
+                    f"says {fmt.num_chunks(size, cb)} of {cb} bytes: the ledger was edited; restore it, or rebuild")
+            if int(n) != int(per_shard[i]):
                 raise fmt.DamagedCache(
                     f"{where}: input shard {i} ({inp.get('path')}) should have {n} chunks, the ledger lists "
-                    f"{int(per_shard[i])}"
+                    f"{int(per_shard[i])} (a build's plan marked finished, or an edited ledger): rerun the build "
+                    "command that made this cache"
                 )
+
+    def _done_chunks(self, shard: int, where: str, missing_ok: bool = False) -> int | None:
+        """The chunk count a compressed shard's ``_DONE.json`` announces (checked); None if it does not
+        exist and ``missing_ok`` (a rerun of a build may remove it while a reader polls)."""
+        rel = fmt.shard_done_path(shard)
+        try:
+            info = fmt.load_json(self.cat(rel))
+        except FileNotFoundError:
+            if missing_ok:
+                return None
+            raise fmt.DamagedCache(
+                f"{where}: says finished, but records no chunk count for input shard {shard} and {rel} does not "
+                "exist: the ledger is a build's plan marked finished, or damaged. Rerun the build command "
+                "(it finishes the build and writes the real ledger)") from None
+        except ValueError as e:
+            raise fmt.DamagedCache(f"{self.display(rel)}: not valid JSON ({e}); rerun the build command") from None
+        n = info.get("chunks") if isinstance(info, dict) else None
+        if not fmt.is_int(n, 0, fmt.MAX_INDEX):
+            raise fmt.DamagedCache(f"{self.display(rel)}: \"chunks\" {n!r} is not a chunk count in [0, "
+                                   f"{fmt.MAX_INDEX}]; rerun the build command")
+        return n
 
     def _check_prefix(self, table: fmt.ChunkTable) -> None:
         """What was known before must stay a prefix of what is known now (else the cache changed under us)."""
@@ -194,10 +227,11 @@ class Cache:
             for p in listing:
                 m = _DONE_RE.search(p)
                 if m and int(m.group(1)) == i:
-                    info = json.loads(self.fs.cat_file(p))
-                    self._done_shards[i] = int(info["chunks"])
-                    lower[i], final[i] = self._done_shards[i], True
-                    break
+                    n_done = self._done_chunks(i, self.display(fmt.LEDGER_NAME), missing_ok=True)
+                    if n_done is not None:
+                        self._done_shards[i] = n_done
+                        lower[i], final[i] = n_done, True
+                        break
                 m = _SIDECAR_RE.search(p)
                 if m and int(m.group(1)) == i:
                     lower[i] = max(lower[i], int(m.group(2)) + 1)
@@ -217,14 +251,17 @@ class Cache:
                     data = next((v for q, v in got.items() if q.endswith(p.lstrip("/"))), None)
                 if data is None or isinstance(data, Exception):
                     break
+                where = self.display(fmt.sidecar_path(s, k))
                 try:
-                    entry = json.loads(data)
+                    entry = fmt.load_json(data)
+                    fmt.ChunkTable.from_entries([entry], num_inputs=n)  # its integers and paths
                 except ValueError as e:
-                    raise fmt.DamagedCache(f"{self.display(fmt.sidecar_path(s, k))}: not valid JSON ({e})") from e
-                if entry.get("path") != fmt.chunk_path(s, k):
+                    why = str(e).removeprefix("chunk entry 0: ")
+                    raise fmt.DamagedCache(f"{where}: not a valid sidecar ({why}); delete it and its chunk, and "
+                                           "rerun the build command") from None
+                if (entry["shard"], entry["index_in_shard"]) != (s, k):
                     raise fmt.DamagedCache(
-                        f"{self.display(fmt.sidecar_path(s, k))}: names chunk {entry.get('path')!r}, "
-                        f"expected {fmt.chunk_path(s, k)!r}")
+                        f"{where}: names chunk {entry.get('path')!r}, expected {fmt.chunk_path(s, k)!r}")
                 self._sidecars[(s, k)] = entry
                 upto += 1
             else:

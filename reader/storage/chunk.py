@@ -11,7 +11,6 @@ before sidecars carried the row-group index makes the chunk be fetched whole and
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Callable
 
 import numpy as np
@@ -125,9 +124,11 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
         raise chunk_error(cache, side_rel, f"sidecar checksum mismatch: file has {fmt.checksum(raw)}, the ledger "
                           f"says {want}")
     try:
-        side = json.loads(raw)
+        side = fmt.load_json(raw)
     except ValueError as e:
         raise chunk_error(cache, side_rel, f"sidecar is not valid JSON ({e})") from None
+    if not isinstance(side, dict):
+        raise chunk_error(cache, side_rel, "sidecar is not a JSON object")
     for key, got, exp in (("path", side.get("path"), rel), ("checksum", side.get("checksum"), t.checksums[index]),
                           ("bytes", side.get("bytes"), int(t.nbytes[index])),
                           ("docs", side.get("docs"), int(t.docs[index])),
@@ -145,8 +146,12 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
         rg_docs = np.asarray([int(e[2]) for e in index_rows], dtype=np.int64)
         rg_tokens = np.asarray([int(e[3]) for e in index_rows], dtype=np.int64)
         rg_sums = [str(e[4]) for e in index_rows]
-    except (TypeError, ValueError, IndexError, KeyError) as e:
-        raise chunk_error(cache, side_rel, f"malformed row_group_index/footer ({e!r})") from None
+        if not (fmt.is_int(f_off, 0, size) and fmt.is_int(f_len, 0, size)) or bool((rg_ranges < 0).any()
+                | (rg_ranges > size).any() | (rg_docs < 0).any() | (rg_tokens < 0).any()
+                | (rg_docs > fmt.MAX_COUNT).any() | (rg_tokens > fmt.MAX_COUNT).any()):
+            raise ValueError(f"numbers outside the {size}-byte file or the counts a chunk can hold")
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError) as e:
+        raise chunk_error(cache, side_rel, f"malformed row_group_index/footer ({e})") from None
     ends = np.concatenate([[4], rg_ranges[:, 0] + rg_ranges[:, 1]])
     if (not np.array_equal(rg_ranges[:, 0], ends[:-1]) or int(ends[-1]) != f_off or f_off + f_len != size
             or int(rg_docs.sum()) != int(t.docs[index]) or int(rg_tokens.sum()) != int(t.tokens[index])):
@@ -162,7 +167,7 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
     try:
         fm = pq.read_metadata(pa.BufferReader(footer))
         kv = fm.metadata or {}
-        kv_tokens = json.loads(kv[fmt.ROW_GROUP_TOKENS_KEY])
+        kv_tokens = fmt.load_json(kv[fmt.ROW_GROUP_TOKENS_KEY])
         ok = (fm.num_row_groups == len(rg_sums) and kv_tokens == rg_tokens.tolist()
               and [fm.row_group(g).num_rows for g in range(fm.num_row_groups)] == rg_docs.tolist()
               and [list(r) for r in fmt.row_group_ranges(fm)] == rg_ranges.tolist())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import hashlib
-import json
 import os
 import threading
 
@@ -59,12 +58,14 @@ class UnpackedIndex:
         rel = self.index_file
         if cache.complete and self.index_cache and not self._counts:
             try:
-                got = json.loads(cache.fs.cat_file(cache.path(rel)))
+                got = fmt.load_json(cache.fs.cat_file(cache.path(rel)))
                 if (got.get("fingerprint") == fingerprint and got.get("seq_len") == self.seq_len
                         and len(got.get("counts", ())) == len(table)):
-                    return np.asarray(got["counts"], dtype=np.int64)
-            except (FileNotFoundError, ValueError, KeyError, TypeError):
-                pass
+                    counts = np.asarray(got["counts"], dtype=np.int64)
+                    if not ((counts < 0) | (counts > table.tokens)).any():  # (else not ours: count again)
+                        return counts
+            except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError):
+                pass  # missing or not ours: count again
         todo = [c for c in range(len(table)) if table.checksums[c] not in self._counts]
         if todo:
             with cf.ThreadPoolExecutor(8) as pool:

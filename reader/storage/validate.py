@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -113,7 +114,7 @@ def parse_chunk(cache: Cache, index: int, data: bytes, entry: dict[str, Any] | N
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
         kv = pf.metadata.metadata or {}
-        rg_tokens = json.loads(kv[fmt.ROW_GROUP_TOKENS_KEY])
+        rg_tokens = fmt.load_json(kv[fmt.ROW_GROUP_TOKENS_KEY])
         lengths = int_values(pf.read(columns=[fmt.LENGTH_COLUMN], use_threads=False).column(0)).astype(np.int64)
         rg_rows = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
     except KeyError:
@@ -199,6 +200,64 @@ def validate_ledger(cache: Cache) -> list[str]:
     return problems
 
 
+_CHUNK_FILE = re.compile(r"chunk-(\d{6,})\.(parquet|json)")
+_SHARD_DIR = re.compile(r"shard-(\d{5,})")
+
+
+def _names(cache: Cache, rel: str) -> list[str]:
+    try:
+        return [p.rstrip("/").rsplit("/", 1)[-1] for p in cache.fs.ls(cache.path(rel), detail=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def validate_shards(cache: Cache) -> list[str]:
+    """Problems of a finished ledger against the files of its shards: a ``_DONE.json`` (compressed shards)
+    that announces another chunk count or size than the ledger, a shard directory holding a chunk or
+    sidecar past the ledger's count (the ledger lists fewer chunks than were written: a plan marked
+    finished by hand, or an edited ledger), a shard directory the ledger has no input for. One listing per
+    shard directory: only ``validate`` does this (opening a cache reads no directory)."""
+    if not cache.complete:
+        return []
+    led, problems = cache.ledger, []
+    n_inputs = len(led.inputs)
+    per_shard = np.bincount(cache.table.shard, minlength=n_inputs) if len(cache.table) else np.zeros(n_inputs, int)
+    fix = "the ledger does not list every chunk that was written (a build's plan marked finished, or an edited " \
+          "ledger): rerun the build command that made this cache"
+    for name in _names(cache, fmt.CHUNKS_DIR):
+        m = _SHARD_DIR.fullmatch(name)
+        if m and int(m.group(1)) >= n_inputs:
+            where = cache.display(fmt.CHUNKS_DIR + "/" + name)
+            problems.append(f"{where}: a directory of shard {int(m.group(1))}, but {fmt.LEDGER_NAME} has {n_inputs} "
+                            f"input shards; {fix}")
+    for i, inp in enumerate(led.inputs):
+        n, rel = int(per_shard[i]), fmt.shard_dir(i)
+        names = _names(cache, rel)
+        past = sorted({int(m.group(1)) for m in map(_CHUNK_FILE.fullmatch, names) if m and int(m.group(1)) >= n})
+        if past:
+            problems.append(f"{cache.display(rel)}: holds chunk {past[0]}" + (f" (and {len(past) - 1} more)" if
+                            len(past) > 1 else "") + f", {fmt.LEDGER_NAME} lists {n} chunks of input shard {i}; {fix}")
+        done_rel = fmt.shard_done_path(i)
+        if fmt.SHARD_DONE_NAME not in names:
+            if inp.get("compression", "none") != "none":
+                problems.append(f"{cache.display(done_rel)}: missing (every compressed shard of a finished build "
+                                "has one); rerun the build command")
+            continue
+        try:
+            done = fmt.load_json(cache.cat(done_rel))
+        except ValueError as e:
+            problems.append(f"{cache.display(done_rel)}: not valid JSON ({e}); rerun the build command")
+            continue
+        says = {k: done.get(k) for k in ("chunks", "uncompressed_bytes")} if isinstance(done, dict) else {}
+        want = {"chunks": n, "uncompressed_bytes": inp.get("uncompressed_bytes")}
+        differ = [k for k in want if want[k] is not None and says.get(k) != want[k]]
+        if differ:
+            problems.append(f"{cache.display(done_rel)}: says " + ", ".join(f"{k} {says.get(k)!r}" for k in differ)
+                            + f"; {fmt.LEDGER_NAME} says " + ", ".join(f"{k} {want[k]!r}" for k in differ)
+                            + f" for input shard {i}; {fix}")
+    return problems
+
+
 def _read(cache: Cache, rel: str) -> bytes | None:
     try:
         return cache.cat(rel)
@@ -231,7 +290,7 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
         problems.append(f"{shown(side_rel)}: sidecar missing (the ledger lists its chunk)")
     else:
         try:
-            side = json.loads(raw)
+            side = fmt.load_json(raw)
         except ValueError as e:
             problems.append(f"{shown(side_rel)}: damaged sidecar: not valid JSON ({e})")
         else:
@@ -309,13 +368,20 @@ def _check_layout(cache: Cache, index: int, data: bytes, decode: bool, side: dic
     try:
         m = parse_chunk(cache, index, data, record)
         if decode:
+            vocab = cache.ledger.tokenizer.get("vocab_size")
             pf = pq.ParquetFile(pa.BufferReader(m.data))
             for g in range(pf.metadata.num_row_groups):
                 col = pf.read_row_group(g, columns=[fmt.TOKEN_COLUMN]).column(0)
-                n = len(col.combine_chunks().flatten())
+                ids = int_values(col.combine_chunks().flatten())
                 want = int(m.rg_token_starts[g + 1] - m.rg_token_starts[g])
-                if n != want:
-                    raise chunk_error(cache, rel, f"row group {g} decodes to {n} tokens, metadata says {want}")
+                if ids.size != want:
+                    raise chunk_error(cache, rel, f"row group {g} decodes to {ids.size} tokens, metadata says {want}")
+                if vocab is not None and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+                    bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                    return [f"{cache.display(rel)}: row group {g} holds token id {bad}, outside the vocabulary [0, "
+                            f"{vocab}) of the ledger's tokenizer ({cache.ledger.tokenizer.get('spec')}): the ledger's "
+                            "tokenizer was changed after the build (restore it), or the chunk was written with another "
+                            "tokenizer (rebuild)"]
     except fmt.FormatError as e:
         return [str(e).split(". The file does not match")[0]]
     except Exception as e:  # noqa: BLE001 - report, never crash the validator
