@@ -138,7 +138,7 @@ def replace(src, dst, *a, **k):
         os.kill(os.getpid(), signal.SIGKILL)
 
 os.replace = replace
-from pipelines.export.job.job import main
+from pipelines.export.job import main
 main(sys.argv[5:])
 """
 
