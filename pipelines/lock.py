@@ -2,13 +2,21 @@
 
 Two runs of the same command would write the same bytes (every file is a pure function of the inputs and
 the options, written under a temporary name and renamed), but two builds with different options that
-both find an empty ``--output`` would interleave their chunks. So the launcher creates
-``ROOT/_BUILDING.json`` (host, process id and start time) before it reads the existing ledger, and
-removes it when it stops. A second launcher refuses while the holder lives. A lock whose holder is dead
-(same host, process gone or replaced: a SIGKILL, a reboot) is taken over, so a crash never blocks the
-rerun that resumes it. On a local filesystem the lock is created with ``O_CREAT | O_EXCL``; on ``gs://``
-it is checked, then written (Cloud Storage objects appear whole; two launchers starting within the
-same second could both pass).
+both find an empty ``--output`` would interleave their chunks. So the launcher takes ``ROOT/_BUILDING.json``
+before it reads the existing ledger and removes it when it stops. The file records the holder (host,
+process id, start time) for the refusal message.
+
+A crash must never block the rerun that resumes it, even seconds after a SIGKILL, while the killed
+launcher is still exiting or is a zombie nobody has reaped yet (a container without an init reaps orphans
+late). So on a local filesystem the lock *is* an OS file lock on that file (``flock``), held on a
+descriptor open for the launcher's life: the kernel releases it when the holder's files are closed, as its
+process dies, whatever remains of it in the process table. A lock file whose ``flock`` is free is stale
+and is taken over (its record is rewritten). A record naming another host is respected anyway, as
+before: ``flock`` between machines sharing a filesystem works only where the filesystem carries locks.
+
+On ``gs://`` there are no OS locks: the record is checked, then written (objects appear whole; two
+launchers starting within the same second could both pass). Its holder counts as alive while a process
+with that pid and start time exists on this host and is neither exiting nor a zombie.
 
 The lock covers the launcher's lifetime: a job that outlives it (a Dataflow Flex Template launch, which
 only describes the job) is not covered.
@@ -17,6 +25,8 @@ only describes the job) is not covered.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import json
 import os
 import socket
@@ -32,24 +42,57 @@ from pipelines.errors import BuildError
 from pipelines.options import is_remote
 
 LOCK_NAME = "_BUILDING.json"
-HALF_WRITTEN_SECONDS = 10  # an unreadable lock younger than this is being written by another launcher
+HALF_WRITTEN_SECONDS = 10  # gs://: an unreadable lock younger than this is being written by another launcher
+EXIT_GRACE_SECONDS = 10.0  # a dying holder's flock is released when the kernel closes its files: wait that long
+PF_EXITING = 0x4  # /proc/PID/stat flags: the process is being torn down (linux/sched.h)
+
+# Descriptors of the locks this process holds. A flock belongs to the open file description, which a
+# forked child shares; a child forked without exec (multiprocessing's "fork", os.fork) would keep the lock
+# after the launcher died. So the child closes its copies at once (below), and O_CLOEXEC covers fork+exec
+# (Beam's workers and the warm process are started with exec). POSIX record locks (lockf) are not
+# inherited, but any close() of that file in the holder drops them, and they do not exclude two locks
+# taken in one process: flock with these two guards is the simpler thing to get right.
+_HELD_FDS: set[int] = set()
 
 
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a reused pid from the holder."""
+def _close_in_child() -> None:
+    for fd in _HELD_FDS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD_FDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, flags, start ticks)`` of a process from /proc (Linux), or None if unknown."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), int(fields[6]), int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
 
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid from the holder."""
+    stat = _proc_stat(pid)
+    return None if stat is None else stat[2]
+
+
 def _alive(holder: dict) -> bool | None:
-    """True/False for a holder on this host; None when it cannot be known (another host)."""
+    """True/False for a holder on this host; None when it cannot be known (another host).
+
+    A zombie or an exiting process is not alive: it will never write again.
+    """
     if holder.get("host") != socket.gethostname():
         return None
     pid = holder.get("pid")
-    if not isinstance(pid, int):
+    if not isinstance(pid, int) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
@@ -57,8 +100,15 @@ def _alive(holder: dict) -> bool | None:
         return False
     except PermissionError:
         pass  # exists, owned by another user
-    ticks = _start_ticks(pid)
-    return ticks is None or holder.get("start_ticks") in (None, ticks)
+    except (OverflowError, OSError):
+        return False
+    stat = _proc_stat(pid)
+    if stat is None:
+        return True  # no /proc: an existing pid is all there is to go by
+    state, flags, ticks = stat
+    if state in ("Z", "X") or flags & PF_EXITING:
+        return False
+    return holder.get("start_ticks") in (None, ticks)
 
 
 @dataclasses.dataclass
@@ -67,13 +117,28 @@ class BuildLock:
 
     output: str
     token: str
+    fd: int | None = None  # the flock'ed descriptor (local outputs)
+    owner: int = dataclasses.field(default_factory=os.getpid)
 
     @property
     def path(self) -> str:
         return fmt.join(self.output, LOCK_NAME)
 
     def release(self) -> None:
-        """Remove the lock if it is still ours."""
+        """Remove the lock if it is still ours (in the process that took it; a forked child does nothing)."""
+        if os.getpid() != self.owner:
+            return
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            try:
+                if _same_file(fd, self.path):  # not replaced by a later holder (after a manual delete)
+                    os.remove(self.path)  # while still locked: a waiter then finds the file gone and retries
+            except OSError:
+                pass
+            finally:
+                _HELD_FDS.discard(fd)
+                os.close(fd)
+            return
         try:
             raw = fsutil.read_bytes_or_none(self.path)
             if raw is not None and json.loads(raw).get("token") == self.token:
@@ -82,22 +147,118 @@ class BuildLock:
             pass
 
 
-def _refuse(output: str, holder: dict) -> BuildError:
+def _refuse(output: str, holder: dict, note: str = "") -> BuildError:
     who = (f"process {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}" if holder
            else "a launcher writing its lock just now")
     return BuildError(
-        f"another build ({who}) is writing into {output}. Wait for it to finish, or stop it, then rerun the "
-        f"same command. If no build is running there any more (its machine went down), delete "
+        f"another build ({who}) is writing into {output}{note}. Wait for it to finish, or stop it, then rerun "
+        f"the same command. If no build is running there any more (its machine went down), delete "
         f"{fmt.join(output, LOCK_NAME)} and rerun.")
+
+
+def _record(token: str, flock: bool) -> bytes:
+    pid = os.getpid()
+    record = {"host": socket.gethostname(), "pid": pid, "start_ticks": _start_ticks(pid),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "token": token}
+    if flock:
+        record["flock"] = True  # its liveness is the flock's (a record without it: an older launcher's)
+    return (json.dumps(record, sort_keys=True) + "\n").encode()
 
 
 def acquire(output: str) -> BuildLock:
     """Take the lock on ``output`` (creating the directory), or raise BuildError naming the holder."""
     token = uuid.uuid4().hex
-    pid = os.getpid()
-    record = {"host": socket.gethostname(), "pid": pid, "start_ticks": _start_ticks(pid),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "token": token}
-    body = (json.dumps(record, sort_keys=True) + "\n").encode()
+    if is_remote(output):
+        return _acquire_by_record(output, token)
+    return _acquire_flock(output, token)
+
+
+# --------------------------------------------------------------------------------------------------
+# Local outputs: an OS file lock
+
+
+def _parse(raw: bytes | None) -> dict | None:
+    if raw is None:
+        return None
+    try:
+        holder = json.loads(raw)
+    except ValueError:
+        return {}  # empty or half-written
+    return holder if isinstance(holder, dict) else {}
+
+
+def _read_fd(fd: int) -> bytes:
+    return os.pread(fd, 1 << 16, 0)  # a record is a few hundred bytes; anything longer is not one
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _acquire_flock(output: str, token: str) -> BuildLock:
+    lock = BuildLock(output=output, token=token)
+    path = lock.path
+    os.makedirs(output, exist_ok=True)
+    deadline = None
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise BuildError(f"{path} is a symbolic link; a build's lock is a regular file. Remove the link "
+                                 "and rerun.") from None
+            raise
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _parse(_read_fd(fd))
+            os.close(fd)
+            if holder and _alive(holder) is False:
+                # The recorded holder is dying (or dead): the kernel drops its lock once its files are
+                # closed, a moment after the SIGKILL. Wait for that, bounded.
+                deadline = deadline or time.monotonic() + EXIT_GRACE_SECONDS
+                if time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                raise _refuse(output, holder, " (that process has ended, but the lock is still held: by a "
+                                              "process it started?)") from None
+            raise _refuse(output, holder or {}) from None
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise BuildError(f"cannot lock {path}: the filesystem of --output does not support file locks "
+                                 f"({e.strerror}). Write the cache to a local disk or gs://.") from None
+            raise
+        try:
+            if not _same_file(fd, path):
+                os.close(fd)  # released and removed by its holder between our open and our lock: again
+                continue
+            holder = _parse(_read_fd(fd))
+            if holder and not holder.get("flock") and _alive(holder) is not False:
+                raise _refuse(output, holder)  # a launcher of an older version, which takes no flock
+            if holder and holder.get("flock") and _alive(holder) is None:
+                raise _refuse(output, holder)  # another machine: its flock may not reach this one
+            os.ftruncate(fd, 0)
+            body = _record(token, flock=True)
+            os.pwrite(fd, body, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        lock.fd = fd
+        _HELD_FDS.add(fd)
+        return lock
+
+
+# --------------------------------------------------------------------------------------------------
+# gs://: the record alone
+
+
+def _acquire_by_record(output: str, token: str) -> BuildLock:
+    body = _record(token, flock=False)
     lock = BuildLock(output=output, token=token)
     for _ in range(3):
         holder = _read(lock.path)
@@ -105,21 +266,14 @@ def acquire(output: str) -> BuildLock:
             stale = _alive(holder) is False if holder else _older_than(lock.path, HALF_WRITTEN_SECONDS)
             if not stale:
                 raise _refuse(output, holder)
-            _remove_stale(lock.path, holder)
-        if _create(lock.path, body, output):
+            _remove_stale(lock.path)
+        if _create(lock.path, body):
             return lock
     raise _refuse(output, _read(lock.path) or {})
 
 
 def _read(path: str) -> dict | None:
-    raw = fsutil.read_bytes_or_none(path)
-    if raw is None:
-        return None
-    try:
-        holder = json.loads(raw)
-    except ValueError:
-        return {}  # half-written by a launcher killed at that moment: stale
-    return holder if isinstance(holder, dict) else {}
+    return _parse(fsutil.read_bytes_or_none(path))
 
 
 def _older_than(path: str, seconds: float) -> bool:
@@ -130,36 +284,17 @@ def _older_than(path: str, seconds: float) -> bool:
     return not m.last_updated_in_seconds or time.time() - m.last_updated_in_seconds > seconds
 
 
-def _remove_stale(path: str, holder: dict) -> None:
-    if not is_remote(path):
-        aside = f"{path}.stale-{uuid.uuid4().hex}"
-        try:
-            os.rename(path, aside)  # only one of two launchers taking over wins this rename
-            os.remove(aside)
-        except FileNotFoundError:
-            pass
-        return
+def _remove_stale(path: str) -> None:
     fsutil.delete_if_exists(path)
 
 
-def _create(path: str, body: bytes, output: str) -> bool:
-    """Create the lock file unless it exists (False then)."""
-    if is_remote(path):
-        if FileSystems.exists(path):
-            return False
-        f = FileSystems.create(path, mime_type="application/json")
-        try:
-            f.write(body)
-        finally:
-            f.close()
-        return True
-    os.makedirs(output, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
+def _create(path: str, body: bytes) -> bool:
+    """Create the lock object unless it exists (False then)."""
+    if FileSystems.exists(path):
         return False
+    f = FileSystems.create(path, mime_type="application/json")
     try:
-        os.write(fd, body)
+        f.write(body)
     finally:
-        os.close(fd)
+        f.close()
     return True

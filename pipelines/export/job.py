@@ -41,12 +41,13 @@ from apache_beam.metrics import Metrics
 from reader.cli import support as cli_support
 from reader.format import spec as fmt
 from reader.interop.export import ExportError, output_fs, output_location, remove_quietly
+from reader.storage import atomic
 from reader.interop.megatron import open_source
 
 from pipelines import faults, lock
 from pipelines.errors import BuildError, EnvironmentFault
 from pipelines.export.finalize import finalize, join_method
-from pipelines.export.parts import FAILED_NAME, PLAN_NAME, PartResult, PartWriter, parts_dir, read_json, write_atomic
+from pipelines.export.parts import FAILED_NAME, PLAN_NAME, PartResult, PartWriter, parts_dir, read_json
 from pipelines.export.layout import ExportPlan, PartSpec, make_plan
 from pipelines.options import absolute, beam_parser, parse_size, pipeline_options
 
@@ -70,7 +71,7 @@ def record_failure(directory: str, e: BaseException) -> None:
         return  # a bug: the runner's traceback is what helps
     try:
         fs, path = output_location(directory)
-        write_atomic(fs, f"{path}/{FAILED_NAME}",
+        atomic.write(fs, f"{path}/{FAILED_NAME}",
                      fmt.dumps({"message": cli_support.message(e), "exit_code": code}).encode())
     except Exception:  # noqa: BLE001 - e.g. a full disk: the runner's error still carries the message
         pass
@@ -249,7 +250,7 @@ def _prepare(fs, plan: ExportPlan, directory: str, state: str) -> None:
         for p in fs.ls(directory, detail=False) if fs.exists(directory) else []:
             if not p.rstrip("/").endswith("/" + lock.LOCK_NAME):
                 remove_quietly(fs, p)
-        write_atomic(fs, f"{directory}/{PLAN_NAME}", fmt.dumps(plan.to_json()).encode())
+        atomic.write(fs, f"{directory}/{PLAN_NAME}", fmt.dumps(plan.to_json()).encode())
     remove_quietly(fs, f"{directory}/{FAILED_NAME}")
 
 

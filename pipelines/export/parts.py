@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 
 from reader.format import spec as fmt
+from reader.storage import atomic
+from reader.storage.atomic import TMP_PREFIX, remove_quietly
 from reader.storage.cache import Cache
-from reader.interop.export import TMP_PREFIX, check_token_range, iter_blocks, remove_quietly, rename, temp_name
+from reader.interop.export import check_token_range, iter_blocks
 from reader.interop.megatron import bin_bytes
 
 from pipelines.export.layout import ExportPlan, PartSpec, fingerprint
@@ -58,18 +60,6 @@ class PartResult:
     tokens: int
     nbytes: int
     kept: bool
-
-
-def write_atomic(fs, path: str, data: bytes) -> None:
-    """``data`` into ``path`` under a temporary name, then renamed (a half-written file never has the name)."""
-    tmp = temp_name(path)
-    try:
-        with fs.open(tmp, "wb") as f:
-            f.write(data)
-        rename(fs, tmp, path)
-    except BaseException:
-        remove_quietly(fs, tmp)
-        raise
 
 
 def read_json(fs, path: str) -> dict | None:
@@ -137,27 +127,26 @@ class PartWriter:
         remove_quietly(fs, part_path(d, spec.index, "json"))  # the record goes last: never beside new files
         dt = np.dtype(self.plan.dtype)
         bin_path, len_path = part_path(d, spec.index, "bin"), part_path(d, spec.index, "len")
-        bin_tmp = temp_name(bin_path)
         h = hashlib.sha256()
         lengths, docs, tokens = [], 0, 0
-        try:
-            with fs.open(bin_tmp, "wb") as f:
-                for block in iter_blocks(self.cache, prefetch=self.threads, chunks=spec.chunks):
-                    check_token_range(block, self.plan.vocab_size, self.cache)
-                    data = bin_bytes(block.values, dt)
-                    f.write(data)
-                    h.update(data)
-                    lengths.append(block.lengths.astype("<i4"))
-                    docs += len(block.lengths)
-                    tokens += block.values.size
+
+        def fill(f):
+            nonlocal docs, tokens
+            for block in iter_blocks(self.cache, prefetch=self.threads, chunks=spec.chunks):
+                check_token_range(block, self.plan.vocab_size, self.cache)
+                data = bin_bytes(block.values, dt)
+                f.write(data)
+                h.update(data)
+                lengths.append(block.lengths.astype("<i4"))
+                docs += len(block.lengths)
+                tokens += block.values.size
             if (docs, tokens) != (spec.docs, spec.tokens):
                 raise fmt.FormatError(f"{self.cache.display(fmt.LEDGER_NAME)}: chunks {spec.chunk_lo}..{spec.chunk_hi - 1} "
                                       f"hold {docs} documents / {tokens} tokens, the ledger {spec.docs} / {spec.tokens}")
-            rename(fs, bin_tmp, bin_path)
-        finally:
-            remove_quietly(fs, bin_tmp)
+
+        atomic.write(fs, bin_path, fill)
         len_bytes = np.concatenate(lengths).tobytes() if lengths else b""
-        write_atomic(fs, len_path, len_bytes)
+        atomic.write(fs, len_path, len_bytes)
         record.update(bin_sha256=h.hexdigest(), len_sha256=hashlib.sha256(len_bytes).hexdigest())
-        write_atomic(fs, part_path(d, spec.index, "json"), fmt.dumps(record).encode())
+        atomic.write(fs, part_path(d, spec.index, "json"), fmt.dumps(record).encode())
         return PartResult(spec.index, docs, tokens, spec.nbytes, kept=False)

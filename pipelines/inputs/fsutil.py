@@ -1,4 +1,5 @@
-"""File helpers on Beam's FileSystems (local paths and gs:// alike): atomic writes, reads, line iteration.
+"""File helpers on Beam's FileSystems (local paths and gs:// alike): atomic writes (the shared sequence of
+:mod:`reader.storage.atomic` over Beam's FileSystems), reads, line iteration.
 
 Paths are joined with :func:`reader.format.spec.join`, the one definition shared with the reader.
 """
@@ -7,18 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import posixpath
 import re
 import sys
-import uuid
 from typing import Any, BinaryIO, Callable, Iterator
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from reader.format import spec as fmt
+from reader.storage import atomic
 
-TMP_PREFIX = ".tmp-"
+TMP_PREFIX = atomic.TMP_PREFIX
 # A JSON string, or an unterminated one up to the end: always matches, so the text is scanned once.
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.S)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
@@ -49,53 +49,33 @@ def read_bytes_or_none(path: str) -> bytes | None:
         raise
 
 
-def temp_name(path: str) -> str:
-    """A unique temporary name next to ``path`` (same directory, so the rename stays cheap)."""
-    d, base = posixpath.split(path)
-    return f"{d}/{TMP_PREFIX}{uuid.uuid4().hex}-{base}"
+class BeamStorage(atomic.Storage):
+    """The atomic writes' operations over Beam's FileSystems: the builder's writes use the client and the
+    credentials its reads use, on every runner (gcsfs is not needed on Flink or Spark workers)."""
+
+    def create(self, path: str) -> BinaryIO:
+        return FileSystems.create(path, mime_type="application/octet-stream",
+                                  compression_type=CompressionTypes.UNCOMPRESSED)
+
+    def rename(self, src: str, dst: str) -> None:
+        FileSystems.rename([src], [dst])
+
+    def remove(self, path: str) -> None:
+        delete_if_exists(path)
+
+
+BEAM = BeamStorage()
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` under a temporary name in the same directory, then rename over ``path``.
-
-    A reader sees either no file or the complete file. Writing the same bytes twice (a retried bundle)
-    is harmless.
-    """
-    _write_atomic(path, lambda f: f.write(data))
+    """Write ``data`` under a temporary name in the same directory, then rename over ``path``
+    (:mod:`reader.storage.atomic`). A reader sees either no file or the complete file."""
+    atomic.write(BEAM, path, data)
 
 
 def write_atomic_stream(path: str, source: BinaryIO, block: int = 1 << 20) -> None:
     """:func:`write_atomic` with the content copied from a readable binary file, block by block."""
-
-    def copy(f):
-        while True:
-            b = source.read(block)
-            if not b:
-                return
-            f.write(b)
-
-    _write_atomic(path, copy)
-
-
-def _write_atomic(path: str, fill) -> None:
-    tmp = temp_name(path)
-    f = FileSystems.create(tmp, mime_type="application/octet-stream",
-                           compression_type=CompressionTypes.UNCOMPRESSED)
-    try:
-        try:
-            fill(f)
-        finally:
-            f.close()
-    except BaseException as e:
-        # A full disk or a lost connection: give the space back now (a crash leaves it to the next run).
-        try:
-            FileSystems.delete([tmp])
-        except Exception:  # noqa: BLE001 - the original error matters, not this one
-            pass
-        if isinstance(e, OSError) and e.errno and not e.filename:
-            raise OSError(e.errno, e.strerror, path) from e  # name the file (a write() error does not)
-        raise
-    FileSystems.rename([tmp], [path])
+    atomic.write_stream(BEAM, path, source, block)
 
 
 def delete_if_exists(path: str) -> None:

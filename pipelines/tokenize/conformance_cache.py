@@ -33,8 +33,9 @@ import marshal
 import os
 import platform
 import sys
-import tempfile
 from typing import Iterable, Sequence
+
+from reader.storage import atomic
 
 ENV_DIR = "CHUNKLEDGER_CACHE_DIR"
 ENV_SWITCH = "CHUNKLEDGER_CONFORMANCE_CACHE"
@@ -127,16 +128,8 @@ def record(key: str, about: dict) -> None:
     """Record a pass under ``key`` (atomically; a failure to write is ignored)."""
     if not enabled():
         return
-    d = directory()
+    body = json.dumps({"key": key, "passed": True, **about}, sort_keys=True).encode("utf-8")
     try:
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"key": key, "passed": True, **about}, f, sort_keys=True)
-            os.replace(tmp, os.path.join(d, key + ".json"))
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        atomic.write(atomic.local(), os.path.join(directory(), key + ".json"), body)
     except OSError:
         pass

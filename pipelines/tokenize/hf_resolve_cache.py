@@ -20,9 +20,9 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 
 from reader.format.tokenizer_id import hash_hf_json
+from reader.storage import atomic
 
 from pipelines.tokenize.conformance_cache import directory as _conformance_directory
 from pipelines.tokenize.conformance_cache import package_digest
@@ -74,20 +74,11 @@ def record(k: str, vocab_size: int, eos_id: int | None, hash_: str, payload: str
     """Record a resolution under ``k`` (payload first, then the entry naming it; a failure is ignored)."""
     if not enabled():
         return
-    d = directory()
+    base = os.path.join(directory(), k)
+    entry = json.dumps({"key": k, "vocab_size": vocab_size, "eos_id": eos_id, "eos_token": eos_token,
+                        "eos_how": eos_how, "hash": hash_}, sort_keys=True)
     try:
-        os.makedirs(d, exist_ok=True)
-        for suffix, text in ((".payload", payload),
-                             (".json", json.dumps({"key": k, "vocab_size": vocab_size, "eos_id": eos_id,
-                                                   "eos_token": eos_token, "eos_how": eos_how, "hash": hash_},
-                                                  sort_keys=True))):
-            fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(text)
-                os.replace(tmp, os.path.join(d, k + suffix))
-            except BaseException:
-                os.unlink(tmp)
-                raise
+        for suffix, text in ((".payload", payload), (".json", entry)):
+            atomic.write(atomic.local(), base + suffix, text.encode("utf-8"))
     except OSError:
         pass

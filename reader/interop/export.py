@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import os
-import uuid
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -26,13 +24,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
-from reader.storage import remote
+from reader.storage import atomic, remote
+from reader.storage.atomic import TMP_PREFIX, remove_quietly, temp_name  # noqa: F401 - the exports' names for them
 from reader.storage.cache import Cache
 from reader.storage.remote import protocol_of
 from reader.storage.validate import chunk_error, file_mismatch
 from reader.storage.whatis import not_a_cache
 
-TMP_PREFIX = ".tmp-"
 SPLITS = fmt.SPLIT_NAMES
 
 
@@ -164,12 +162,6 @@ def vocab_size_of(cache: Cache) -> int:
 # Atomic outputs
 
 
-def temp_name(path: str) -> str:
-    """A temporary name in the same directory as ``path`` (renamed onto ``path`` when complete)."""
-    d, base = os.path.split(path.rstrip("/"))
-    return f"{d}/{TMP_PREFIX}{uuid.uuid4().hex[:12]}-{base}" if d else f"{TMP_PREFIX}{uuid.uuid4().hex[:12]}-{base}"
-
-
 def output_location(path: str):
     """``(fs, path)`` of an output location; an unreachable remote location fails in seconds with a
     :class:`reader.storage.remote.StorageError` naming it."""
@@ -190,17 +182,7 @@ def output_fs(path: str):
 
 def rename(fs, src: str, dst: str) -> None:
     """Move ``src`` onto ``dst`` (atomic on a local filesystem; on Cloud Storage ``dst`` appears whole)."""
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    if "file" in protocols:
-        os.replace(src, dst)
-    elif set(protocols) & {"gs", "gcs"}:
-        # gcsfs's mv tries Cloud Storage's moveTo first and, where that is not served (a 501 from an
-        # emulator or a gateway), retries it for about 30 s before doing exactly this: a server-side copy,
-        # then the delete.
-        fs.copy(src, dst)
-        fs.rm(src)
-    else:
-        fs.mv(src, dst, recursive=True)
+    atomic.storage(fs).rename(src, dst)
 
 
 def write_file(path: str, write: Callable[[Any], None]) -> None:
@@ -209,21 +191,7 @@ def write_file(path: str, write: Callable[[Any], None]) -> None:
     fs, p = output_fs(path)
     if fs.isdir(p):
         raise IsADirectoryError(f"{path}: is a directory; give a file name, e.g. {path.rstrip('/')}/batches.npz")
-    tmp = temp_name(p)
-    try:
-        with fs.open(tmp, "wb") as f:
-            write(f)
-        rename(fs, tmp, p)
-    except BaseException:
-        remove_quietly(fs, tmp)
-        raise
-
-
-def remove_quietly(fs, path: str) -> None:
-    try:
-        fs.rm(path, recursive=True)
-    except FileNotFoundError:
-        pass
+    atomic.write(fs, p, write)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -29,7 +29,9 @@ from reader.format import spec as fmt
 from reader.format import tokenizer_id
 from reader.interop import tokenizer_from
 from reader.format.chunk_file import ChunkParquet, flat_row_group_table, ledger_chunks, make_sidecar
-from reader.interop.export import TMP_PREFIX, output_fs, output_location, remove_quietly, rename, temp_name
+from reader.storage import atomic
+from reader.storage.atomic import TMP_PREFIX, remove_quietly
+from reader.interop.export import output_fs, output_location
 from reader.order.streams import round_robin_order
 
 DEFAULT_CHUNK_TOKENS = 1 << 24  # about what the builder's default 64 MiB chunk of jsonl text holds
@@ -126,16 +128,6 @@ class Source(Protocol):
         """Extra keys of the ledger's ``inputs`` entry (e.g. the index file)."""
 
 
-def write_atomic(fs, path: str, data: bytes) -> None:
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    tmp = temp_name(path)
-    try:
-        fs.pipe_file(tmp, data)
-        rename(fs, tmp, path)
-    finally:
-        remove_quietly(fs, tmp)
-
-
 def make_config(source: dict[str, Any], *, append_eos: bool, chunk_bytes: int, row_group_tokens: int,
                 compression: str = "zstd", compression_level: int | None = 3) -> dict[str, Any]:
     """The ledger ``config`` of an import: the builder's keys (text-only ones null) plus ``source``."""
@@ -218,8 +210,8 @@ def write_chunk(fs, root: str, src: Source, shard: int, k: int, docs: tuple[int,
     cb = int(config["chunk_bytes"])
     sidecar = make_sidecar(shard=shard, index_in_shard=k, byte_range=[k * cb, min((k + 1) * cb, src.size)],
                            data=data, row_group_index=rg_index, footer=footer, docs=b - a, tokens=int(values.size))
-    write_atomic(fs, fmt.join(root, fmt.chunk_path(shard, k)), data)
-    write_atomic(fs, fmt.join(root, fmt.sidecar_path(shard, k)), fmt.sidecar_bytes(sidecar))
+    atomic.write(fs, fmt.join(root, fmt.chunk_path(shard, k)), data)
+    atomic.write(fs, fmt.join(root, fmt.sidecar_path(shard, k)), fmt.sidecar_bytes(sidecar))
     return sidecar
 
 
@@ -274,7 +266,7 @@ def write_cache(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
             return old
     elif fs.exists(root) and fs.ls(root):
         raise ImportFailed(f"{out} exists, is not empty and holds no ledger.json; choose an empty or new --out")
-    write_atomic(fs, ledger_path, fmt.dumps_ledger(ledger).encode())
+    atomic.write(fs, ledger_path, fmt.dumps_ledger(ledger).encode())
     jobs = []
     for shard, src in enumerate(sources):
         bounds = chunk_doc_bounds(src, config["chunk_bytes"])
@@ -293,5 +285,5 @@ def write_cache(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
         "docs": sum(c["docs"] for c in chunks), "tokens": sum(c["tokens"] for c in chunks), "chunks": len(chunks),
         "bytes": sum(c["bytes"] for c in chunks), "input_bytes": sum(i["size"] for i in inputs),
         "uncompressed_bytes": sum(i["size"] for i in inputs), "bad_records": 0})
-    write_atomic(fs, ledger_path, fmt.dumps_ledger(ledger).encode())
+    atomic.write(fs, ledger_path, fmt.dumps_ledger(ledger).encode())
     return ledger

@@ -11,14 +11,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import hashlib
-import os
 import threading
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
-from reader.storage import remote
+from reader.storage import atomic, remote
 from reader.storage.cache import Cache
 from reader.storage.chunk import DocIndex
 from reader.storage.pages import int_values
@@ -76,14 +75,7 @@ class UnpackedIndex:
             body = fmt.dumps({"format": "chunkledger-unpacked-index", "seq_len": self.seq_len,
                               "fingerprint": fingerprint, "counts": counts.tolist()}).encode()
             try:
-                fs, final = cache.fs, cache.path(rel)
-                fs.makedirs(cache.path(INDEX_DIR), exist_ok=True)
-                if cache.is_local:
-                    tmp = f"{final}.tmp-{os.getpid()}-{threading.get_ident()}"
-                    fs.pipe_file(tmp, body)
-                    os.replace(tmp, final)  # atomic: a concurrent reader sees the old or the new file
-                else:
-                    fs.pipe_file(final, body)  # object stores publish whole objects atomically
+                atomic.write(cache.fs, cache.path(rel), body)  # a concurrent reader sees the old or the new file
             except Exception:  # read-only cache: keep the table in memory only
                 pass
         return counts

@@ -15,12 +15,13 @@ every line is in a chunk or a dead letter, never lost).
 
 The default is quick enough for CI (a couple of minutes). ``CHUNKLEDGER_CHAOS=long`` runs many more
 random cases; ``CHUNKLEDGER_CHAOS_REPORT=path.json`` collects every case's outcome (docs/RELIABILITY.md
-shows the table of a long run).
+shows the table of a long run; tests/support/chaos.py). Kills of the launcher's process group at random
+moments under CPU contention, and reruns while the killed launcher is still a zombie, are in
+tests/end_to_end/test_chaos_contention.py.
 """
 
 from __future__ import annotations
 
-import collections
 import glob
 import gzip
 import json
@@ -36,46 +37,18 @@ import time
 import pytest
 import zstandard
 
-from build_helpers import REPO, load_ledger, sample_texts, tree_bytes, write_shard
+from build_helpers import REPO, build, load_ledger, sample_texts, tree_bytes, write_shard
+from chaos import LONG, OPTS, SEED, argv, n, record, write_corpus, write_report
 from pipelines.errors import BuildError, EnvironmentFault
 from reader.format import spec as fmt
-from build_helpers import build
-from build_helpers import mixed_lines
 
-LONG = os.environ.get("CHUNKLEDGER_CHAOS", "").lower() == "long"
-SEED = int(os.environ.get("CHUNKLEDGER_CHAOS_SEED", "0"))
-CHUNK = 3000
-OPTS = dict(chunk_bytes=CHUNK, max_bad_fraction=1.0)
 pytestmark = pytest.mark.timeout(1800 if LONG else 600)
-
-OUTCOMES: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-
-
-def record(case: str, outcome: str) -> None:
-    OUTCOMES[case][outcome] += 1
 
 
 @pytest.fixture(scope="module", autouse=True)
 def report():
     yield
-    path = os.environ.get("CHUNKLEDGER_CHAOS_REPORT")
-    if path:
-        old = json.load(open(path)) if os.path.exists(path) else {}
-        for case, counts in OUTCOMES.items():
-            merged = collections.Counter(old.get(case, {}))
-            merged.update(counts)
-            old[case] = dict(merged)
-        with open(path, "w") as f:
-            json.dump(old, f, indent=1, sort_keys=True)
-
-
-def n(quick: int, long: int) -> int:
-    return long if LONG else quick
-
-
-def argv(inputs: str, out: str, *extra: str) -> list[str]:
-    return ["--input", inputs, "--output", out, "--tokenizer", "tiktoken:cl100k_base", "--chunk_bytes", str(CHUNK),
-            "--max_bad_fraction", "1.0", "--runner=FnApiRunner", *extra]
+    write_report()
 
 
 LOG_DIR = ""  # the builders' failure logs go here, not to the system's temporary directory
@@ -109,10 +82,7 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
 def corpus(tmp_path_factory):
     """A plain shard with bad lines, a gzip and a zstd shard."""
     d = tmp_path_factory.mktemp("chaos_in")
-    lines, _ = mixed_lines(31, n_good=70)
-    write_shard(str(d / "a.jsonl"), lines)
-    write_shard(str(d / "b.jsonl.gz"), [{"text": t} for t in sample_texts(40, seed=32)])
-    write_shard(str(d / "c.jsonl.zst"), [{"text": t} for t in sample_texts(30, seed=33)])
+    write_corpus(d)
     return d
 
 
