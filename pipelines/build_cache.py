@@ -11,7 +11,7 @@ Steps:
    order), resolve the tokenizer, and write ``ledger.json`` with ``"finished": false`` (the plan). If a
    ledger already exists, its tokenizer/configuration and input files must match (else: refuse); the
    build then resumes.
-2. **Build chunks (workers, pipelines/build/transforms.py).** One work unit per chunk of an uncompressed
+2. **Build chunks (workers, pipelines/chunking/transforms.py).** One work unit per chunk of an uncompressed
    shard (a byte range, split at line starts like TextIO) and one per compressed shard (streamed, cut
    into chunks by uncompressed offset). Units whose chunks already exist and verify against their
    sidecars are skipped.
@@ -21,7 +21,7 @@ Steps:
    ``_FAILED.json``. :func:`run` reads that verdict once the runner returns or raises.
 
 With ``--validation_fraction F`` the same steps write two caches from one pass over the input,
-``OUTPUT/train`` and ``OUTPUT/validation`` (``pipelines/build/splits.py``), each with its own ledger.
+``OUTPUT/train`` and ``OUTPUT/validation`` (``pipelines/chunking/splits.py``), each with its own ledger.
 
 Options not listed by ``--help`` are passed to Beam (``--runner``, ``--project``, ...); an option that
 is neither ours nor Beam's is an error. Without ``--runner`` the local DirectRunner runs with one worker
@@ -60,13 +60,13 @@ import apache_beam as beam  # noqa: E402
 
 from pipelines import faults, lock, status  # noqa: E402
 from pipelines.runners import choice as runners  # noqa: E402
-from pipelines.build import unit_queue  # noqa: E402
+from pipelines.chunking import unit_queue  # noqa: E402
 from pipelines.errors import BuildError, EnvironmentFault  # noqa: E402
 from pipelines.tokenize.fast_tokenizer import backend_note  # noqa: E402
 from pipelines.launcher import Prepared, plan_build, reconcile_output  # noqa: E402
 from pipelines.options import Arguments, build_arg_parser, parse_args, pipeline_options  # noqa: E402
-from pipelines.build.splits import cache_names, cache_root  # noqa: E402
-from pipelines.build.transforms import METRICS_NAMESPACE, BuildCache  # noqa: E402
+from pipelines.chunking.splits import cache_names, cache_root  # noqa: E402
+from pipelines.chunking.transforms import METRICS_NAMESPACE, BuildCache  # noqa: E402
 
 if __name__ == "__main__":
     gc.freeze()  # what was imported lives as long as the process: never walk it again

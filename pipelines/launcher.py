@@ -34,7 +34,7 @@ from pipelines.ledger import EmptyInput
 from pipelines.options import Arguments, absolute, chunk_config, is_remote, split_spec
 from pipelines.plan import BuildPlan, MatchedFile, check_ledger, make_plan, reconcile
 from pipelines.tokenize.fast_tokenizer import preflight
-from pipelines.build.splits import SplitSpec, cache_root
+from pipelines.chunking.splits import SplitSpec, cache_root
 from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec, resolve, warn_if_guessed
 
 LOG = logging.getLogger("chunkledger.build")

@@ -14,7 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.errors import BuildError
 from pipelines.plan import DEFAULT_MAX_DOC_BYTES, MAX_JSON_DEPTH, ChunkConfig
 from pipelines.runners.choice import runner_args
-from pipelines.build.splits import MAX_SEED, SplitSpec
+from pipelines.chunking.splits import MAX_SEED, SplitSpec
 from pipelines.tokenize.tokenizer import BACKENDS, DEFAULT_VERIFY_EVERY, MAX_PIECE_CHARS, PIECE_CHARS
 
 DEFAULT_CHUNK_BYTES = 64 << 20

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from reader.format import spec as fmt
 
 from pipelines.errors import BuildError
-from pipelines.build.splits import SplitSpec
+from pipelines.chunking.splits import SplitSpec
 
 # Uncompressed / compressed bytes of jsonl text: only orders work units by size, never changes a byte.
 COMPRESSION_RATIO_GUESS = 4

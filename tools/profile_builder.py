@@ -19,7 +19,7 @@ import tempfile
 import time
 
 from pipelines.inputs import fsutil
-from pipelines.build.chunk_writer import ENCODE_BATCH_DOCS, ChunkBuilder
+from pipelines.chunking.chunk_writer import ENCODE_BATCH_DOCS, ChunkBuilder
 from pipelines.options import DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL, DEFAULT_ROW_GROUP_TOKENS, TOKEN_ENCODING
 from pipelines.tokenize.fast_tokenizer import load_encoder
 from pipelines.tokenize.tokenizer import resolve

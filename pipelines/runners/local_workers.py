@@ -252,7 +252,7 @@ def serve(socket_path: str, hint: dict) -> None:
     try:
         from apache_beam.runners.worker import sdk_worker_main  # noqa: F401
 
-        from pipelines.build import transforms  # noqa: F401 - the DoFns' modules
+        from pipelines.chunking import transforms  # noqa: F401 - the DoFns' modules
         trace.event("warm_imported")
     finally:
         loader.join()

@@ -1,6 +1,6 @@
 """Writing chunks: the Parquet bytes of one chunk, its sidecar, and the finished ledger's chunk list.
 
-The format-level half of every chunkledger writer. The Beam builder (``pipelines/build/chunk_writer.py``) and the
+The format-level half of every chunkledger writer. The Beam builder (``pipelines/chunking/chunk_writer.py``) and the
 Megatron import (``reader/interop/import_megatron.py``) both use it, so a chunk written by either has the same
 encoding, row-group layout, metadata and sidecar. Everything here is a pure function of its arguments
 (no clocks, hosts or random names); callers do the I/O (temporary file, then rename).

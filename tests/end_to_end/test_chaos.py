@@ -456,7 +456,7 @@ def test_fuzzed_lines_are_never_lost():
     from pipelines.plan import ChunkConfig, MatchedFile, make_plan, work_units
     from pipelines.tokenize.fast_tokenizer import load_cached
     from pipelines.tokenize.tokenizer import MAX_PIECE_CHARS, PIECE_CHARS, resolve
-    from pipelines.build.units import UnitBuilder
+    from pipelines.chunking.units import UnitBuilder
 
     tok = resolve("tiktoken:cl100k_base")
     enc = load_cached(tok)

@@ -12,7 +12,7 @@ from build_helpers import FNAPI, small_plan
 from pipelines.errors import BuildError
 from pipelines.ledger import TooManyBadRecords, check_bad_fraction, finished_ledger
 from pipelines.plan import UnitResult
-from pipelines.build.transforms import BuildCache
+from pipelines.chunking.transforms import BuildCache
 from reader.format import spec as fmt
 
 

@@ -198,7 +198,7 @@ def test_no_import_cycle():
     graph, _ = import_graph(sources)
     # the parser sees imports at every depth: Reader's facade uses the worker pool, the builder its units
     assert "reader.workers.pool" in graph["reader.reader"]
-    assert "pipelines.build.transforms" in graph["pipelines.build_cache"]
+    assert "pipelines.chunking.transforms" in graph["pipelines.build_cache"]
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 

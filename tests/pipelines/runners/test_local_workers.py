@@ -86,7 +86,7 @@ def test_workers_are_forked_and_build_the_same_bytes(tmp_path):
         assert [e["event"] for e in ev if e["event"].startswith("warm_")] == ["warm_process_started", "warm_imported",
                                                                             "warm_loaded"]
         assert max(e["cpu"] for e in ev if e["event"] == "setup_done") < 0.5, setups
-        assert_units_once(ev)  # the shared queue: every unit once, by both workers (pipelines/build/unit_queue.py)
+        assert_units_once(ev)  # the shared queue: every unit once, by both workers (pipelines/chunking/unit_queue.py)
         warm = [e["warm_pid"] for e in ev if e["event"] == "warm_process_started"]
         assert len(warm) == 1 and not alive(warm[0])  # stopped with the launcher
         assert not any(alive(e["pid"]) for e in setups)
@@ -181,7 +181,7 @@ def test_which_command_lines_use_local_workers():
 
 
 def _claim_all(directory: str, n: int, out) -> None:
-    from pipelines.build.unit_queue import ClaimQueue
+    from pipelines.chunking.unit_queue import ClaimQueue
 
     got = []
     for i in ClaimQueue(directory, n):

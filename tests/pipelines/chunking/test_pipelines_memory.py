@@ -11,7 +11,7 @@ from pipelines.launcher import match_inputs
 from pipelines.options import build_arg_parser, chunk_config
 from pipelines.plan import make_plan, work_units
 from pipelines.tokenize.tokenizer import resolve
-from pipelines.build.transforms import BuildChunksFn
+from pipelines.chunking.transforms import BuildChunksFn
 
 
 def test_streamed_gzip_shard_of_bad_lines_keeps_python_memory_bounded(tmp_path):

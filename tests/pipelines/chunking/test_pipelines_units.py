@@ -1,4 +1,4 @@
-"""Building one work unit on a worker (pipelines/build/units.py)."""
+"""Building one work unit on a worker (pipelines/chunking/units.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from build_helpers import small_plan
 from pipelines.errors import BuildError
 from pipelines.plan import work_units
 from pipelines.tokenize.fast_tokenizer import load_cached
-from pipelines.build.units import UnitBuilder
+from pipelines.chunking.units import UnitBuilder
 
 
 def test_input_changed_after_planning_is_an_error_naming_the_file(tmp_path):

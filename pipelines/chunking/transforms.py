@@ -5,7 +5,7 @@
     PlanUnits (Create) -> Spread (Reshuffle) -> BuildChunks (ParDo) -> AfterAllUnits (ToList) -> Finalize
 
 or, on the local multi-process runner, ``WorkerSlots`` (one element per worker) instead of ``PlanUnits``: each
-worker then takes units from a shared queue until none is left (pipelines/build/unit_queue.py).
+worker then takes units from a shared queue until none is left (pipelines/chunking/unit_queue.py).
 
 Counters (namespace ``chunkledger``): ``documents``, ``tokens``, ``input_bytes``, ``output_bytes``,
 ``bad_records`` and ``bad_<reason>`` (all of chunks written by this run), ``chunks_written`` (built by this
@@ -28,15 +28,15 @@ from reader.format import spec as fmt
 
 from pipelines import status, trace
 from pipelines.inputs import fsutil
-from pipelines.build.chunk_writer import Counters
+from pipelines.chunking.chunk_writer import Counters
 from pipelines.errors import BuildError
 from pipelines.ledger import check_bad_fraction_of, check_empty_of, finished_ledger
 from pipelines.plan import BuildPlan, ChunkConfig, UnitResult, WorkUnit, work_units
 from pipelines.tokenize.fast_tokenizer import load_cached
-from pipelines.build.splits import SplitSpec, cache_root
+from pipelines.chunking.splits import SplitSpec, cache_root
 from pipelines.tokenize.tokenizer import TokenizerSpec
-from pipelines.build.unit_queue import ClaimQueue
-from pipelines.build.units import UnitBuilder
+from pipelines.chunking.unit_queue import ClaimQueue
+from pipelines.chunking.units import UnitBuilder
 
 METRICS_NAMESPACE = "chunkledger"
 
@@ -134,7 +134,7 @@ class BuildChunksFn(beam.DoFn):
 
 class BuildQueuedUnitsFn(BuildChunksFn):
     """A worker slot -> the UnitResults of the units this worker claims from the run's shared queue
-    (local multi-process runs, see pipelines/build/unit_queue.py).
+    (local multi-process runs, see pipelines/chunking/unit_queue.py).
 
     Args:
       units: every work unit of the plan, in its order.
@@ -229,7 +229,7 @@ class BuildCache(beam.PTransform):
       max_bad_fraction, allow_empty, started: see :class:`FinalizeLedgerFn`.
       finished: see :class:`BuildChunksFn`.
       queue: ``(claims directory, workers)`` for a local multi-process run: each worker gets one slot and
-        takes units from a shared queue (see pipelines/build/unit_queue.py); None: one element per unit, dealt out
+        takes units from a shared queue (see pipelines/chunking/unit_queue.py); None: one element per unit, dealt out
         by the runner.
     """
 

@@ -5,7 +5,7 @@ unit (compressed shard) decompresses the shard once, checked to the end of the c
 cuts it into chunks by uncompressed offset, then writes the shard's ``_DONE.json``.
 
 A chunk left by an earlier run is skipped only if it is complete (its files agree with its sidecar, see
-:func:`~pipelines.build.chunk_writer.verify_chunk`) **and** the input still holds the bytes it was built from:
+:func:`~pipelines.chunking.chunk_writer.verify_chunk`) **and** the input still holds the bytes it was built from:
 the lines starting in its byte range are read again and their span and sha256 compared with the
 sidecar's ``input_span`` and ``input_checksum`` (no tokenizing). A chunk that fails either check is
 rebuilt, so a rerun after an input was edited in place rebuilds exactly the chunks whose lines changed.
@@ -32,11 +32,11 @@ from typing import Any, Iterator, Mapping
 from reader.format import spec as fmt
 
 from pipelines.inputs import fsutil
-from pipelines.build.chunk_writer import ChunkBuilder, ChunkCheck, Counters, verify_chunk
+from pipelines.chunking.chunk_writer import ChunkBuilder, ChunkCheck, Counters, verify_chunk
 from pipelines.inputs.decompress import open_input
 from pipelines.errors import BuildError, DamagedInput
 from pipelines.plan import MAX_SHARD_BYTES, UnitResult, WorkUnit
-from pipelines.build.splits import SplitSpec, cache_names, cache_roots
+from pipelines.chunking.splits import SplitSpec, cache_names, cache_roots
 
 LOG = logging.getLogger("chunkledger.build")
 REPLAY_MEMORY = 8 << 20  # a verified chunk's lines are kept in memory up to this, then in a local temp file

@@ -19,7 +19,7 @@ from reader.format.chunk_file import make_sidecar
 
 from pipelines.inputs import fsutil
 from pipelines.plan import MAX_JSON_DEPTH
-from pipelines.build.splits import SplitRouter, SplitSpec, cache_roots
+from pipelines.chunking.splits import SplitRouter, SplitSpec, cache_roots
 
 # Reasons a line is dead-lettered (the keys of the ledger's "bad_records").
 BAD_REASONS = (
@@ -154,7 +154,7 @@ class ChunkBuilder:
     The sidecar records the span of input bytes the chunk was built from and their sha256
     (``input_span``, ``input_checksum``), so that a rerun can tell whether the input still holds those bytes.
 
-    With ``split`` (a split build, :mod:`pipelines.build.splits`) each document is tokenized once and goes to the
+    With ``split`` (a split build, :mod:`pipelines.chunking.splits`) each document is tokenized once and goes to the
     chunk of its split under ``root/train`` or ``root/validation``; both chunks record the same input span
     and checksum (each cache can be checked against the input alone); dead letters go to train only.
 
@@ -272,7 +272,7 @@ class ChunkBuilder:
     # -- output -----------------------------------------------------------------------------------
     def finish(self, hi: int, end: int) -> tuple[dict[str, Any], ...]:
         """Write the chunk (in each cache of the build); ``hi`` ends its byte range, ``end`` its input span
-        (the next line's offset). Returns its sidecars, in :func:`pipelines.build.splits.cache_names` order."""
+        (the next line's offset). Returns its sidecars, in :func:`pipelines.chunking.splits.cache_names` order."""
         self._encode_pending()
         parquets = self.router.finish()
         self._spool_bad()

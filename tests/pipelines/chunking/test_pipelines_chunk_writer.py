@@ -1,8 +1,8 @@
-"""The chunk writer (pipelines/build/chunk_writer.py): line parsing and its bad-record reasons."""
+"""The chunk writer (pipelines/chunking/chunk_writer.py): line parsing and its bad-record reasons."""
 
 from __future__ import annotations
 
-from pipelines.build.chunk_writer import BAD_REASONS, parse_line
+from pipelines.chunking.chunk_writer import BAD_REASONS, parse_line
 
 
 def test_parse_line_reasons():
@@ -83,7 +83,7 @@ def _verdict(fn, raw):
 
 
 def test_fast_json_path_gives_the_standard_parsers_verdict_on_nasty_lines():
-    from pipelines.build import chunk_writer
+    from pipelines.chunking import chunk_writer
 
     assert chunk_writer._orjson_loads is not None, "orjson (a dependency of apache-beam) is not installed"
     for raw in NASTY_LINES:
@@ -100,7 +100,7 @@ def test_nesting_verdict_does_not_depend_on_the_stack():
     the same holds with a smaller limit (a cache whose ledger records another)."""
     import sys
 
-    from pipelines.build import chunk_writer
+    from pipelines.chunking import chunk_writer
 
     good = b'{"text": "ok", "deep": ' + b"[" * 999 + b"]" * 999 + b"}"
     bad = b'{"text": "ok", "deep": ' + b"[" * 1000 + b"]" * 1000 + b"}"
@@ -125,7 +125,7 @@ def test_fast_json_path_equals_the_standard_parser_on_mutated_lines():
     """Random byte edits of good and nasty lines: the fast path never disagrees with the standard parser."""
     import random
 
-    from pipelines.build import chunk_writer
+    from pipelines.chunking import chunk_writer
 
     rng = random.Random(7)
     seeds = [raw for raw in NASTY_LINES if len(raw) < 400] + [
@@ -153,8 +153,8 @@ def test_fast_json_path_equals_the_standard_parser_on_mutated_lines():
 
 def test_dead_letters_identical_with_and_without_the_fast_json_path(tmp_path, monkeypatch):
     """A chunk built from every nasty line: dead letters, sidecar and Parquet bytes as with ``json`` alone."""
-    from pipelines.build import chunk_writer
-    from pipelines.build.chunk_writer import ChunkBuilder
+    from pipelines.chunking import chunk_writer
+    from pipelines.chunking.chunk_writer import ChunkBuilder
     from pipelines.tokenize.fast_tokenizer import load_cached
     from pipelines.tokenize.tokenizer import resolve
     from reader.format import spec as fmt
@@ -194,7 +194,7 @@ def test_a_config_without_the_record_limits_builds_as_before_them(tmp_path):
     depth 1000 (what ``json`` allowed then); with the keys, a longer line is ``too_long``."""
     import json
 
-    from pipelines.build.chunk_writer import ChunkBuilder
+    from pipelines.chunking.chunk_writer import ChunkBuilder
     from pipelines.tokenize.fast_tokenizer import load_cached
     from pipelines.tokenize.tokenizer import resolve
 
@@ -225,7 +225,7 @@ def test_a_config_without_the_record_limits_builds_as_before_them(tmp_path):
 def test_a_hand_edited_sidecar_is_an_incomplete_chunk_not_a_crash(tmp_path):
     import json
 
-    from pipelines.build.chunk_writer import SIDECAR_KEYS, verify_chunk
+    from pipelines.chunking.chunk_writer import SIDECAR_KEYS, verify_chunk
     from reader.format import spec as fmt
 
     path = tmp_path / fmt.sidecar_path(0, 0)
