@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from reader.batch.schema import LAYOUTS
 from reader.order.shuffle import ShuffleConfig
+
+LAYOUTS = ("arrays", "flat")  # how a batch's tokens are laid out: reader.batch.schema defines each
 
 
 @dataclasses.dataclass(frozen=True)

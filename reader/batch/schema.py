@@ -22,7 +22,7 @@ from typing import Mapping
 
 import numpy as np
 
-LAYOUTS = ("arrays", "flat")
+from reader.options import LAYOUTS
 
 
 @dataclasses.dataclass(frozen=True)
