@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 INSTALL := VENV=$(VENV) PYTHON=$(PYTHON) sh tools/install.sh
 # What `make demo` needs (the builder, tiktoken, the fast tokenizer); everything else is for tests and benchmarks.
 DEMO_EXTRAS := pipeline
-ALL_EXTRAS  := pipeline,hf,gcs,jax,torch,dask,export,test,bench
+ALL_EXTRAS  := pipeline,hf,gcs,jax,torch,dask,export,report,test,bench
 LOCK_TOOLS  := .lock-venv
 PIP_COMPILE := $(LOCK_TOOLS)/bin/pip-compile --strip-extras --allow-unsafe --no-emit-index-url \
                --no-emit-find-links --no-emit-trusted-host

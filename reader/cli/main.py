@@ -1,4 +1,4 @@
-"""Command line: ``python -m reader inspect|validate|batches|export|import-megatron|import-flat-tokens``.
+"""Command line: ``python -m reader inspect|validate|batches|report|export|import-megatron|import-flat-tokens``.
 
 Also installed as the ``chunkledger`` script.
 
@@ -6,7 +6,10 @@ Also installed as the ``chunkledger`` script.
   mixture file, each component's weights per schedule segment and the passes N steps take.
 * ``validate`` check every chunk against the ledger (size, sha256, Parquet layout, counts, sidecars);
   exits non-zero on any problem.
-* ``batches``  write one reader's rows of some batches to an ``.npz`` file, to look at any batch of a run.
+* ``batches``  write one reader's rows of some batches to an ``.npz`` file, to look at any batch of a run;
+  ``--show`` prints them decoded.
+* ``report``   one HTML page about a cache or a mixture: summary, histograms, bad records, decoded batches
+  (``reader/cli/report.py``, ``reader/report/``).
 * ``export``   write a cache as Megatron ``.bin``/``.idx`` or seqax flat-tokens (``reader/interop/export.py``).
 * ``import-megatron``, ``import-flat-tokens``  turn Megatron ``.bin``/``.idx`` files or a seqax flat-tokens
   dataset into a cache (``reader/interop/import_megatron.py``, ``reader/interop/import_flat_tokens.py``), the tokenizer's
@@ -23,52 +26,18 @@ import sys
 
 import numpy as np
 
+from reader.cli import report as report_cli
 from reader.cli import support as cli_support
 from reader.format import spec as fmt
 from reader.storage.cache import Cache
 from reader.interop.export import write_file
-from reader.mixture.mixing import MixIndex
-from reader.mixture.mixture import Mixture
 from reader.mixture.spec import is_mixture_path
 from reader.options import ReadOptions
 from reader.reader import Reader
 from reader.batch.schema import BATCH_KEYS
-from reader.storage.validate import chunk_doc_lengths, validate_chunk, validate_ledger, validate_shards
-
-PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
-
-
-def _doc_lengths(cache: Cache, indices, threads: int) -> np.ndarray:
-    with cf.ThreadPoolExecutor(threads) as pool:
-        parts = list(pool.map(lambda c: chunk_doc_lengths(cache, c), indices))
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-
-def mixture_summary(path: str, opts: ReadOptions, steps: int | None) -> dict:
-    """What ``inspect`` prints for a mixture file: each component's size, its weight per schedule
-    segment and, for ``steps`` global batches of ``opts``, the examples, tokens and passes drawn from it
-    (packed: ``seq_len`` tokens per example)."""
-    mix = Mixture(path)
-    spec = mix.spec
-    sizes = [(len(c.table), int(c.table.docs.sum()), int(c.table.tokens.sum())) for c in mix.distinct]
-    comps = []
-    for c, cache, d in zip(spec.components, mix.caches, mix.which):
-        chunks, docs, tokens = sizes[d]  # (once per distinct cache: components may share one)
-        comps.append({"name": c.name, "path": c.url, "finished": cache.complete, "chunks": chunks,
-                      "documents": docs, "tokens": tokens})
-    segs = [{"start_batch": start, "weights": dict(zip(spec.names, spec.normalised(s)))}
-            for s, (start, _) in enumerate(spec.segments)]
-    info = {"path": path, "seed": spec.seed, "block": spec.block,
-            "tokenizer": dict(mix.caches[0].ledger.tokenizer), "components": comps, "segments": segs}
-    if steps is not None:
-        drawn = MixIndex(spec.plan(opts.num_streams, opts.batch_size)).consumed(steps * opts.batch_size)
-        info["steps"] = {"steps": steps, "seq_len": opts.seq_len, "batch_size": opts.batch_size,
-                         "ideal_readers": opts.ideal_readers, "examples": steps * opts.batch_size}
-        for comp, n in zip(comps, drawn.tolist()):
-            comp["examples_drawn"] = n
-            comp["tokens_drawn"] = n * opts.seq_len
-            comp["passes"] = n * opts.seq_len / comp["tokens"] if comp["tokens"] else None
-    return info
+from reader.report import summary
+from reader.storage.progress import describe as describe_progress, read_progress
+from reader.storage.validate import validate_chunk, validate_ledger, validate_shards
 
 
 def cmd_inspect_mixture(args) -> int:
@@ -76,7 +45,7 @@ def cmd_inspect_mixture(args) -> int:
         print("error: --steps must be >= 0", file=sys.stderr)
         return 2
     opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, ideal_readers=args.ideal_readers)
-    info = mixture_summary(args.path, opts, args.steps)
+    info = summary.mixture_summary(args.path, opts, args.steps)
     if args.json:
         print(fmt.dumps(info), end="")
         return 0
@@ -114,32 +83,11 @@ def cmd_inspect(args) -> int:
     if is_mixture_path(args.path):
         return cmd_inspect_mixture(args)
     cache = Cache(args.path)
-    t = cache.table
-    n = len(t)
-    if args.max_chunks and n > args.max_chunks:
-        sample = np.unique(np.linspace(0, n - 1, args.max_chunks).astype(np.int64)).tolist()
-    else:
-        sample = list(range(n))
-    lengths = _doc_lengths(cache, sample, args.threads)
-    info = {
-        "path": args.path,
-        "finished": cache.complete,
-        "chunks": n,
-        "empty_chunks": int((t.docs == 0).sum()),
-        "documents": int(t.docs.sum()),
-        "tokens": int(t.tokens.sum()),
-        "bytes": int(t.nbytes.sum()),
-        "inputs": len(cache.ledger.inputs),
-        "tokenizer": dict(cache.ledger.tokenizer),
-        "config": dict(cache.ledger.config),
-        "bad_records": dict(cache.ledger.raw.get("bad_records", {})),
-        "doc_length_percentiles": {f"p{p}": (int(np.percentile(lengths, p)) if lengths.size else None)
-                                   for p in PERCENTILES},
-        "doc_length_mean": float(lengths.mean()) if lengths.size else None,
-        "length_sample": f"{len(sample)} of {n} chunks",
-        "tokens_per_chunk_percentiles": {f"p{p}": (int(np.percentile(t.tokens, p)) if n else None)
-                                         for p in (0, 50, 100)},
-    }
+    info, _ = summary.cache_summary(cache, args.path, max_chunks=args.max_chunks, threads=args.threads)
+    n = info["chunks"]
+    progress = None if cache.complete else read_progress(cache)
+    if progress is not None:
+        info["progress"] = progress.as_dict()
     if args.json:
         print(fmt.dumps(info), end="")
         return 0
@@ -157,6 +105,8 @@ def cmd_inspect(args) -> int:
     print(f"doc length  {pct}  (tokens; {info['length_sample']})")
     pct = "  ".join(f"{k}={v}" for k, v in info["tokens_per_chunk_percentiles"].items())
     print(f"chunk size  {pct}  (tokens)")
+    if progress is not None:  # a running build: how far it is, from every chunk written (not only the prefix)
+        print("progress    " + "\n            ".join(describe_progress(progress, readable=n)))
     return 0
 
 
@@ -189,12 +139,19 @@ def cmd_batches(args) -> int:
     if args.count < 0 or (args.count == 0 and not args.eval):
         print("error: --count must be positive (0 = to the end, only with --eval)", file=sys.stderr)
         return 2
+    if not args.out and not args.show:
+        print("error: give --out FILE.npz (the arrays), --show (the rows decoded) or both", file=sys.stderr)
+        return 2
     with Reader(args.path, opts, num_readers=args.num_readers, reader_index=args.reader_index,
                 wait_timeout_s=args.wait_timeout_s) as r:
         got = list(r.iter_batches(start=args.start, count=args.count or None))
     if not got:
         print(f"no batches: the eval pass has {r.num_batches} batches, --start was {args.start}", file=sys.stderr)
         return 1
+    if args.show:
+        report_cli.show_rows(r, got, args.tokenizer)
+    if not args.out:
+        return 0
     arrays = {k: np.stack([b[k] for _, b in got]) for k in BATCH_KEYS}
     arrays["batch_index"] = np.asarray([b for b, _ in got], dtype=np.int64)
     arrays["rows"] = r.my_rows
@@ -261,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--shuffle_seed", type=int, default=None, help="growing-window shuffle seed (training)")
     b.add_argument("--wait_timeout_s", type=float, default=600.0,
                    help="while a build runs: seconds to wait for chunks not yet written")
-    b.add_argument("--out", required=True, help="output .npz file")
+    b.add_argument("--out", default=None, help="output .npz file")
+    report_cli.add_show_arguments(b)  # --show: the rows decoded in the terminal
     b.set_defaults(fn=cmd_batches)
 
     from reader.cli import export as export_cli  # Megatron and seqax formats (docs/INTEROP.md)
@@ -271,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     export_cli.add_parser(sub)
     import_megatron.add_parser(sub)
     import_flat_tokens.add_parser(sub)
+    report_cli.add_parser(sub)  # one HTML page about a cache (reader/report/)
     cli_support.finish_parsers(p, sub)  # --debug, examples and exit status in every --help
     return p
 

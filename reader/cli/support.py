@@ -41,7 +41,11 @@ EXAMPLES = {
     "validate": ["python -m reader validate ./cache                  # every chunk, token columns decoded",
                  "python -m reader validate gs://bucket/caches/web --quick --threads 16"],
     "batches": ["python -m reader batches ./cache --seq_len 2048 --batch_size 256 --shuffle_seed 0 --start 1000 "
-                "--count 2 --out step1000.npz"],
+                "--count 2 --out step1000.npz",
+                "python -m reader batches ./cache --seq_len 64 --batch_size 4 --show"],
+    "report": ["python -m reader report ./cache --out report/ --seq_len 2048 --batch_size 64 --shuffle_seed 0 "
+               "--steps 1000",
+               "python -m reader report mix.json --out mix-report/ --steps 5000"],
     "export": ["python -m reader export ./cache --format megatron --out /data/megatron/web_text_document",
                "python -m reader export ./split-build --format flat-tokens --out data.zarr"],
     "import-megatron": ["python -m reader import-megatron /data/megatron/web_text_document --tokenizer_from "
@@ -57,7 +61,7 @@ EXIT_HELP = ("exit status: 0 done; 1 the cache is damaged (validate: problems fo
 # integer options and their lower bounds, checked when parsed (the error names the option)
 _AT_LEAST = {"threads": 1, "seq_len": 1, "batch_size": 1, "ideal_readers": 1, "num_readers": 1, "chunk_tokens": 1,
              "row_group_tokens": 1, "tokens_chunk_size": 1, "seq_starts_chunk_size": 1, "max_chunks": 0,
-             "reader_index": 0, "start": 0, "count": 0, "wait_timeout_s": 0}
+             "reader_index": 0, "start": 0, "count": 0, "wait_timeout_s": 0, "steps": 0, "rows": 0}
 _QUIET_LOGGERS = ("gcsfs", "fsspec", "google", "urllib3", "aiohttp")
 
 

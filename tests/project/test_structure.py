@@ -31,7 +31,8 @@ OWNED_LIBRARIES = {"jax": "reader.jax", "torch": "reader.torch", "zarr": "reader
                    "numcodecs": "reader.interop.flat_tokens",
                    # the one tokenizer resolver; huggingface_hub only fetches a hub tokenizer's files for it
                    "tiktoken": "reader.format.tokenizer_lib", "tiktoken_ext": "reader.format.tokenizer_lib",
-                   "tokenizers": "reader.format.tokenizer_lib", "huggingface_hub": "reader.format.tokenizer_files"}
+                   "tokenizers": "reader.format.tokenizer_lib", "huggingface_hub": "reader.format.tokenizer_files",
+                   "matplotlib": "reader.report.page"}  # the report page's figures
 # What reader/ shares with pipelines/: the on-disk format, the global chunk order, opening a cache (the
 # export reads one), the atomic write every writer uses, the interop readers and writers both exports and
 # the importers use, and the command line's error messages. Everything else in reader/ is the reader's own.

@@ -104,7 +104,7 @@ def test_help_explains_every_command():
                        text=True)
     assert p.returncode == 0
     for flag in ("--seq_len", "--batch_size", "--unpacked", "--ideal_readers", "--num_readers", "--reader_index",
-                 "--start", "--count", "--eval", "--shuffle_seed", "--out"):
+                 "--start", "--count", "--eval", "--shuffle_seed", "--out", "--show"):
         assert flag in p.stdout
 
 
@@ -199,7 +199,7 @@ def test_debug_shows_the_traceback(tmp_path):
         assert loud.returncode == 2 and "Traceback" in loud.stderr and "NotACache" in loud.stderr
 
 
-@pytest.mark.parametrize("command", ["inspect", "validate", "batches", "export", "import-megatron",
+@pytest.mark.parametrize("command", ["inspect", "validate", "batches", "report", "export", "import-megatron",
                                      "import-flat-tokens"])
 def test_help_explains_the_command_with_an_example(command, capsys):
     with pytest.raises(SystemExit) as e:

@@ -1,0 +1,163 @@
+"""The numbers behind each figure and table of the ``report`` page, as pure functions (no I/O, no plotting).
+
+:mod:`reader.report.collect` gathers their inputs from a cache; :mod:`reader.report.page` draws them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from reader.order.shuffle import ShuffleConfig, shuffle_example_indices
+
+
+@dataclasses.dataclass(frozen=True)
+class Histogram:
+    """``counts[i]`` values in ``[edges[i], edges[i+1])`` (the last bin includes its right edge)."""
+
+    edges: np.ndarray
+    counts: np.ndarray
+    log: bool = False
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+
+def log_histogram(values: Sequence[float], bins: int = 30) -> Histogram:
+    """Counts of ``values`` in ``bins`` bins of equal width on a log scale, from 1 to the largest value
+    (values below 1, such as documents of zero tokens, count in the first bin)."""
+    v = np.maximum(np.asarray(values, dtype=np.float64), 1.0)
+    if v.size == 0:
+        return Histogram(np.array([1.0, 10.0]), np.zeros(1, np.int64), log=True)
+    top = max(float(v.max()), 2.0)
+    edges = np.geomspace(1.0, top, bins + 1)
+    counts, _ = np.histogram(v, bins=edges)
+    return Histogram(edges, counts.astype(np.int64), log=True)
+
+
+def linear_histogram(values: Sequence[float], bins: int = 30) -> Histogram:
+    """Counts of ``values`` in ``bins`` equal bins from the smallest to the largest value."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return Histogram(np.array([0.0, 1.0]), np.zeros(1, np.int64))
+    lo, hi = float(v.min()), float(v.max())
+    if hi == lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    counts, edges = np.histogram(v, bins=bins, range=(lo, hi))
+    return Histogram(edges, counts.astype(np.int64))
+
+
+def tokens_per_shard(shard: Sequence[int], tokens: Sequence[int], num_shards: int) -> np.ndarray:
+    """Tokens of each input shard (int64 [num_shards]) from per-chunk shard numbers and token counts."""
+    s = np.asarray(shard, dtype=np.int64)
+    t = np.asarray(tokens, dtype=np.int64)
+    out = np.zeros(num_shards, np.int64)
+    np.add.at(out, s, t)
+    return out
+
+
+def top_values(counts: Mapping[Any, int], top: int = 20) -> list[tuple[str, int]]:
+    """The ``top`` largest of ``value -> count`` as ``(label, count)``, largest first (ties by label), the
+    rest summed as ``"other (k values)"``; a None value is labelled ``(none)``."""
+    items = sorted(((("(none)" if v is None else str(v)), int(n)) for v, n in counts.items()),
+                   key=lambda x: (-x[1], x[0]))
+    head, rest = items[:top], items[top:]
+    if rest:
+        head.append((f"other ({len(rest)} values)", sum(n for _, n in rest)))
+    return head
+
+
+def tokens_per_value(tally: Mapping[Any, Any], top: int = 20) -> list[tuple[str, int]]:
+    """Tokens per value of a kept metadata field (``--keep_fields``), for its bar chart: ``tally`` maps each
+    value to its tokens, or to ``(documents, tokens)`` as ``reader.storage.fields.tally`` gives them."""
+    return top_values({v: (n[1] if isinstance(n, (tuple, list)) else n) for v, n in tally.items()}, top)
+
+
+def bad_record_rows(reasons: Mapping[str, int]) -> list[tuple[str, int, float]]:
+    """``(reason, count, share of all bad records)``, most frequent first."""
+    total = sum(int(n) for n in reasons.values())
+    return [(r, int(n), int(n) / total if total else 0.0)
+            for r, n in sorted(reasons.items(), key=lambda x: (-int(x[1]), x[0])) if int(n)]
+
+
+def truncate(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, marked with an ellipsis and the full length when cut."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def dead_letter_examples(records: Iterable[Mapping[str, Any]], per_reason: int = 3,
+                         limit: int = 200) -> dict[str, list[dict[str, Any]]]:
+    """At most ``per_reason`` dead letters of each reason, in the order given, each with its file, offset,
+    detail and its line cut to ``limit`` characters (a line that is not UTF-8 shows its size)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        got = out.setdefault(str(r.get("reason")), [])
+        if len(got) >= per_reason:
+            continue
+        if "line" in r:
+            line = truncate(str(r["line"]), limit)
+        else:
+            line = f"(not UTF-8: {len(str(r.get('line_base64', ''))) * 3 // 4:,} bytes, base64 in the dead letter)"
+        got.append({"file": r.get("file"), "offset": r.get("offset"), "detail": truncate(str(r.get("detail") or ""),
+                                                                                             limit), "line": line})
+    return out
+
+
+def checkpoints(steps: int, points: int = 50) -> np.ndarray:
+    """Up to ``points`` steps in ``[1, steps]``, evenly spread, ending at ``steps``."""
+    if steps < 1:
+        return np.zeros(0, np.int64)
+    return np.unique(np.linspace(1, steps, min(points, steps)).round().astype(np.int64))
+
+
+def realised_shares(consumed: Callable[[int], np.ndarray], batch_size: int, at_steps: Sequence[int]) -> np.ndarray:
+    """``[len(at_steps), C]``: each component's share of the examples of the first ``s`` steps, for each ``s``
+    (``consumed(n)``: examples of each component among the first ``n``, ``MixIndex.consumed``)."""
+    rows = [np.asarray(consumed(int(s) * batch_size), dtype=np.float64) for s in at_steps]
+    if not rows:
+        return np.zeros((0, 0))
+    got = np.stack(rows)
+    return got / np.maximum(got.sum(axis=1, keepdims=True), 1)
+
+
+def target_shares(segments: Sequence[tuple[int, Sequence[float]]], at_steps: Sequence[int]) -> np.ndarray:
+    """``[len(at_steps), C]``: the weights the schedule asks for, averaged over the first ``s`` steps.
+
+    ``segments``: ``(start_batch, normalised weights)`` in order, the first starting at 0.
+    """
+    starts = np.asarray([s for s, _ in segments], dtype=np.float64)
+    w = np.asarray([list(ws) for _, ws in segments], dtype=np.float64)
+    out = []
+    for s in at_steps:
+        ends = np.append(starts[1:], np.inf)
+        span = np.clip(np.minimum(ends, s) - starts, 0, None)  # steps of [0, s) in each segment
+        out.append(span @ w / s if s else w[0])
+    return np.asarray(out).reshape(len(out), w.shape[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Locality:
+    """Where the shuffled rows of some steps come from: ``steps[i]`` served ``sources[i]`` (the source
+    example: its index in the unshuffled order, of its component in a mixture ``components[i]``)."""
+
+    steps: np.ndarray
+    sources: np.ndarray
+    components: np.ndarray
+
+
+def shuffle_locality(cfg: ShuffleConfig, batch_size: int, steps: int, *, max_points: int = 4000,
+                     assign: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None) -> Locality:
+    """Source positions of the rows of steps ``[0, steps]`` under the shuffle ``cfg``, at most about
+    ``max_points`` of them (evenly spread steps, evenly spread rows). ``assign``: a mixture's
+    ``MixIndex.assign`` (global example -> component, component example); each component shuffles its own."""
+    n_steps = steps + 1
+    rows_per = max(1, min(batch_size, max_points // n_steps))
+    step_ids = np.unique(np.linspace(0, steps, min(n_steps, max_points)).round().astype(np.int64))
+    row_ids = np.unique(np.linspace(0, batch_size - 1, rows_per).round().astype(np.int64))
+    ex = (step_ids[:, None] * batch_size + row_ids[None, :]).reshape(-1)
+    comp, k = assign(ex) if assign is not None else (np.zeros(ex.size, np.int64), ex)
+    src = np.asarray(shuffle_example_indices(np.asarray(k, dtype=np.int64), cfg), dtype=np.int64)
+    return Locality(steps=ex // batch_size, sources=src, components=np.asarray(comp, dtype=np.int64))

@@ -1,0 +1,93 @@
+"""What ``python -m reader inspect`` shows, as data: a cache's summary and a mixture's, shared by ``inspect`` and
+the ``report`` page.
+
+Counts come from the ledger (every chunk); document-length percentiles from the ``num_tokens`` column of at most
+``max_chunks`` chunks spread evenly over the cache, so a summary never reads every chunk of a large cache.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from typing import Callable
+
+import numpy as np
+
+from reader.mixture.mixing import MixIndex
+from reader.mixture.mixture import Mixture
+from reader.options import ReadOptions
+from reader.storage.cache import Cache
+from reader.storage.validate import chunk_doc_lengths
+
+PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
+LengthReader = Callable[[Cache, int], np.ndarray]
+
+
+def length_sample(num_chunks: int, max_chunks: int) -> list[int]:
+    """The chunks whose document lengths are read: all of them, or ``max_chunks`` spread evenly (0 = all)."""
+    if max_chunks and num_chunks > max_chunks:
+        return np.unique(np.linspace(0, num_chunks - 1, max_chunks).astype(np.int64)).tolist()
+    return list(range(num_chunks))
+
+
+def doc_lengths(cache: Cache, indices, threads: int, read: LengthReader = chunk_doc_lengths) -> np.ndarray:
+    """The document lengths of chunks ``indices`` (``read``: one chunk's ``num_tokens`` column)."""
+    with cf.ThreadPoolExecutor(threads) as pool:
+        parts = list(pool.map(lambda c: read(cache, c), indices))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def cache_summary(cache: Cache, path: str, *, max_chunks: int, threads: int,
+                  read: LengthReader = chunk_doc_lengths) -> tuple[dict, np.ndarray]:
+    """``inspect``'s figures for ``cache`` (the chunks known so far, on a running build) and the document
+    lengths it sampled."""
+    t = cache.table
+    n = len(t)
+    sample = length_sample(n, max_chunks)
+    lengths = doc_lengths(cache, sample, threads, read)
+    info = {
+        "path": path,
+        "finished": cache.complete,
+        "chunks": n,
+        "empty_chunks": int((t.docs == 0).sum()),
+        "documents": int(t.docs.sum()),
+        "tokens": int(t.tokens.sum()),
+        "bytes": int(t.nbytes.sum()),
+        "inputs": len(cache.ledger.inputs),
+        "tokenizer": dict(cache.ledger.tokenizer),
+        "config": dict(cache.ledger.config),
+        "bad_records": dict(cache.ledger.raw.get("bad_records", {})),
+        "doc_length_percentiles": {f"p{p}": (int(np.percentile(lengths, p)) if lengths.size else None)
+                                   for p in PERCENTILES},
+        "doc_length_mean": float(lengths.mean()) if lengths.size else None,
+        "length_sample": f"{len(sample)} of {n} chunks",
+        "tokens_per_chunk_percentiles": {f"p{p}": (int(np.percentile(t.tokens, p)) if n else None)
+                                         for p in (0, 50, 100)},
+    }
+    return info, lengths
+
+
+def mixture_summary(path: str, opts: ReadOptions, steps: int | None, mix: Mixture | None = None) -> dict:
+    """What ``inspect`` prints for a mixture file: each component's size, its weight per schedule
+    segment and, for ``steps`` global batches of ``opts``, the examples, tokens and passes drawn from it
+    (packed: ``seq_len`` tokens per example)."""
+    mix = Mixture(path) if mix is None else mix
+    spec = mix.spec
+    sizes = [(len(c.table), int(c.table.docs.sum()), int(c.table.tokens.sum())) for c in mix.distinct]
+    comps = []
+    for c, cache, d in zip(spec.components, mix.caches, mix.which):
+        chunks, docs, tokens = sizes[d]  # (once per distinct cache: components may share one)
+        comps.append({"name": c.name, "path": c.url, "finished": cache.complete, "chunks": chunks,
+                      "documents": docs, "tokens": tokens})
+    segs = [{"start_batch": start, "weights": dict(zip(spec.names, spec.normalised(s)))}
+            for s, (start, _) in enumerate(spec.segments)]
+    info = {"path": path, "seed": spec.seed, "block": spec.block,
+            "tokenizer": dict(mix.caches[0].ledger.tokenizer), "components": comps, "segments": segs}
+    if steps is not None:
+        drawn = MixIndex(spec.plan(opts.num_streams, opts.batch_size)).consumed(steps * opts.batch_size)
+        info["steps"] = {"steps": steps, "seq_len": opts.seq_len, "batch_size": opts.batch_size,
+                         "ideal_readers": opts.ideal_readers, "examples": steps * opts.batch_size}
+        for comp, n in zip(comps, drawn.tolist()):
+            comp["examples_drawn"] = n
+            comp["tokens_drawn"] = n * opts.seq_len
+            comp["passes"] = n * opts.seq_len / comp["tokens"] if comp["tokens"] else None
+    return info
