@@ -35,8 +35,13 @@ def main(argv=None) -> int:
     ap.add_argument("--output", default="demo-cache", help="cache directory (default demo-cache)")
     ap.add_argument("--show", type=int, default=4, help="documents to decode and show (default 4)")
     args, beam_args = ap.parse_known_args(argv)
-    logging.getLogger().setLevel(logging.ERROR)  # Beam's import-time notices about optional GCP libraries
-    from pipelines import build_cache
+    root_logger = logging.getLogger()
+    level = root_logger.level
+    root_logger.setLevel(logging.ERROR)  # Beam's import-time notices about optional GCP libraries
+    try:
+        from pipelines import build_cache
+    finally:
+        root_logger.setLevel(level)  # (a caller's logging stays as it was)
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args.append("--runner=FnApiRunner")
     inputs = [os.path.join(SAMPLE_DIR, "*.jsonl"), os.path.join(SAMPLE_DIR, "*.jsonl.gz")]

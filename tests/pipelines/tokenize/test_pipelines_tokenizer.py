@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import subprocess
@@ -125,6 +126,7 @@ def test_resolve_hf_file_and_directory(tmp_path):
 
 
 def test_hf_tokenizer_end_to_end(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="pipelines")
     path = train_tiny_tokenizer(str(tmp_path / "tok" / "tokenizer.json"))
     texts = sample_texts(40, seed=5)
     a = write_shard(str(tmp_path / "in" / "a.jsonl"), [{"text": t} for t in texts[:25]])
