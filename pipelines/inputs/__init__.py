@@ -1,0 +1,1 @@
+"""Input files: matching and checking them, their (decompressed) bytes and lines, Cloud Storage checks."""

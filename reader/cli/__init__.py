@@ -1,0 +1,1 @@
+"""``python -m reader``: inspect, validate, batches, report, export and the imports."""
