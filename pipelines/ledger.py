@@ -140,14 +140,9 @@ class EmptyInput:
         return cls(files=tuple((str(p), int(n), int(b)) for p, n, b in obj["files"]))
 
 
-def check_empty(ledger: Mapping[str, Any], allow_empty: bool) -> EmptyInput | None:
-    """None if every input file of the finished ``ledger`` yields a document (or ``allow_empty``), else the verdict."""
-    return check_empty_of([ledger], allow_empty)
-
-
 def check_empty_of(ledgers: Sequence[Mapping[str, Any]], allow_empty: bool) -> EmptyInput | None:
-    """:func:`check_empty` over every cache of one build: a file whose documents all went to one split of a
-    split build is not empty."""
+    """None if every input file yields a document in some cache of the build (or ``allow_empty``), else the
+    verdict: a file whose documents all went to one split of a split build is not empty."""
     if allow_empty:
         return None
     docs: dict[int, int] = {}

@@ -22,7 +22,6 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
-from typing import BinaryIO
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -216,8 +215,3 @@ def open_input(path: str, compression: str) -> CheckedInput:
         raise
     raw.close()
     raise ValueError(f"unknown compression {compression!r} for {path}")
-
-
-def open_raw(path: str) -> BinaryIO:
-    """``path`` as stored (no decompression), for reading byte ranges of an uncompressed shard."""
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)

@@ -98,11 +98,6 @@ def runner_args(pipeline_args: list[str]) -> list[str]:
     return pipeline_args + extra
 
 
-def is_dask(pipeline_args: list[str]) -> bool:
-    """True when the (resolved) arguments run Beam's Dask runner."""
-    return any(a == f"--runner={DASK_RUNNER}" for a in pipeline_args)
-
-
 def local_process_workers(options) -> int:
     """The number of worker processes of Beam's multi-process DirectRunner for these (resolved) pipeline
     options, or 0 for any other runner."""

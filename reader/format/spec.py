@@ -37,7 +37,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -378,9 +378,3 @@ class Ledger:
 def config_fingerprint(tokenizer: Mapping[str, Any], config: Mapping[str, Any]) -> str:
     """What must match for a rerun to resume into an existing cache (tokenizer identity + chunking config)."""
     return hashlib.sha256(dumps({"tokenizer": tokenizer, "config": config}).encode()).hexdigest()
-
-
-def iter_json_lines(text: str) -> Iterable[Any]:
-    for line in text.splitlines():
-        if line.strip():
-            yield load_json(line)
