@@ -36,6 +36,10 @@ _RETIRED_SCAN = 16  # retired buffers of a size looked at per decode (those stil
 _BUFFER_STEP = 16384  # decode buffers are sized in steps of 64 KiB, so similar row groups share them
 
 
+def _nothing() -> None:
+    pass
+
+
 def _shutdown(pool: cf.ThreadPoolExecutor | None, files: dict, lock: threading.Lock) -> None:
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -80,6 +84,7 @@ class ChunkStore:
         self._retired_count = 0
         self._retired_bytes = 0
         self.fresh_buffers = 0  # decode buffers allocated (the rest were reused)
+        self.progress: Callable[[], None] = _nothing  # called at every fetch (a reader's liveness)
         own = executor is None
         self._pool = executor or cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
         # Local caches: byte ranges are os.pread() calls on descriptors kept open (fsspec opens the file
@@ -208,6 +213,7 @@ class ChunkStore:
 
     def _count(self, index: int, nbytes: int, *, data: bool | None) -> None:
         """Tally a fetch: ``data`` True for chunk data, False for opening a chunk, None for its footer."""
+        self.progress()
         with self._lock:
             self.opened.add(index)
             self.bytes_fetched += nbytes
