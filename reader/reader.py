@@ -22,7 +22,9 @@ keep the store ahead of the reads, and :mod:`reader.workers.pool` runs it all in
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import os
+import warnings
 import weakref
 from typing import Iterator
 
@@ -36,6 +38,7 @@ from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder
 from reader.batch.prefetch import Prefetcher
 from reader.batch.readahead import Progress, read_ahead
+from reader.batch.schema import batch_spec
 from reader.batch.release import ReleasePolicy
 from reader.storage.store import ChunkStore
 from reader.order.streams import StreamIndex, reader_rows
@@ -92,15 +95,19 @@ class Reader:
         self.wait_timeout_s = float(wait_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
         self.progress = Progress()  # moves with every byte range fetched and every try of a read
+        # the budget: batches assembled ahead by iter_batches (a quarter at most), decoded data (the rest)
+        self.slab, self.ahead_bytes = self._read_ahead_size()
+        data = dataclasses.replace(opts, memory_budget_bytes=opts.memory_budget_bytes - min(
+            self.ahead_bytes, opts.memory_budget_bytes // 4))
         if self.cache is None:  # a mixture file: the same parts, one per component behind each
             self.cache, self.store, self.order, self.release, self.prefetcher = open_mixture(
-                source, opts, self.my_rows, self.num_readers, self.reader_index, storage_options=storage_options)
+                source, data, self.my_rows, self.num_readers, self.reader_index, storage_options=storage_options)
         else:
-            self.store = ChunkStore(self.cache, memory_budget_bytes=opts.memory_budget_bytes,
+            self.store = ChunkStore(self.cache, memory_budget_bytes=data.memory_budget_bytes,
                                     threads=opts.prefetch_threads)
-            self.order = ExampleOrder(self.cache, opts, self.store, self.my_rows)
-            self.release = ReleasePolicy(self.store, self.order, opts)
-            self.prefetcher = Prefetcher(self.cache, self.store, self.order, opts, self.release, self.my_rows,
+            self.order = ExampleOrder(self.cache, data, self.store, self.my_rows)
+            self.release = ReleasePolicy(self.store, self.order, data)
+            self.prefetcher = Prefetcher(self.cache, self.store, self.order, data, self.release, self.my_rows,
                                          self.num_readers, self.reader_index)
         for store in getattr(self.store, "stores", [self.store]):  # (a mixture's: one per component)
             store.progress = self.progress.beat
@@ -117,6 +124,31 @@ class Reader:
 
     def __exit__(self, *exc):
         self.close()
+
+    def _read_ahead_size(self) -> tuple[int, int]:
+        """``(batches per slab, bytes)`` of what ``iter_batches`` may hold assembled ahead: the
+        ``prefetch_batches`` and up to three slabs (queued, being filled, being served), within a quarter
+        of ``memory_budget_bytes`` when a slab of one batch fits there."""
+        opts = self.options
+        batch = sum(d.itemsize * int(np.prod(shape)) for _, d, shape in
+                    batch_spec(opts.layout, opts.seq_len, len(self.my_rows)))
+        depth = max(1, opts.prefetch_batches)
+        slab = max(1, min(SLAB_BATCHES, (opts.memory_budget_bytes // 4 // batch - depth) // 3))
+        return slab, (depth + 3 * slab) * batch
+
+    def memory(self) -> dict[str, int]:
+        """Bytes against ``memory_budget_bytes`` (``budget``): ``decoded`` (row groups and chunk layouts held
+        now), ``kept_buffers`` (decode buffers kept for reuse), ``ahead_limit`` (the most ``iter_batches``
+        holds assembled ahead); and, not the reader's alone, ``rss``: the whole process (with the
+        interpreter, numpy and pyarrow, about 70 MiB, and whatever else it runs; 0 where unknown)."""
+        stores = getattr(self.store, "stores", [self.store])
+        try:
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            rss = 0
+        return {"budget": self.options.memory_budget_bytes, "decoded": sum(s.used_bytes for s in stores),
+                "kept_buffers": sum(s.retired_bytes for s in stores), "ahead_limit": self.ahead_bytes, "rss": rss}
 
     def _wait(self, attempt, what: str):
         """``attempt()``, waiting while it needs chunks a running build has not written yet (each try
@@ -223,11 +255,20 @@ class Reader:
             yield from pool
             return
         opts = self.options
+        if self.ahead_bytes > opts.memory_budget_bytes // 4:
+            mib = lambda n: f"{n / 2**20:.3g} MiB"  # noqa: E731
+            warnings.warn(f"memory_budget_bytes={mib(opts.memory_budget_bytes)} is too small for batches of "
+                          f"{mib(self.ahead_bytes // (max(1, opts.prefetch_batches) + 3))}: reading ahead holds up to "
+                          f"{mib(self.ahead_bytes)} of them (prefetch_batches={opts.prefetch_batches} plus three "
+                          f"slabs of one), beyond the quarter of the budget they may use, so the reader holds more "
+                          f"than its budget. Raise memory_budget_bytes to {mib(4 * self.ahead_bytes)} or more, or "
+                          f"lower batch_size or prefetch_batches",
+                          RuntimeWarning, stacklevel=2)
         assembler = cf.ThreadPoolExecutor(1, thread_name_prefix="chunkledger-assemble")
         try:
             yield from read_ahead(
                 self.batches, start, stop=None if count is None else start + int(count),
-                available=self.has_batch, slab=SLAB_BATCHES, depth=max(1, opts.prefetch_batches),
+                available=self.has_batch, slab=self.slab, depth=max(1, opts.prefetch_batches),
                 executor=assembler, hint=lambda b, n: self.prefetch(b, None, n), submit_hint=self.store.submit,
                 lookahead=self.lookahead_batches() if opts.prefetch_threads > 0 else 0,
                 progress=self.progress, timeout_s=opts.worker_timeout_s,
