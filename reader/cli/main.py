@@ -112,6 +112,7 @@ def cmd_inspect_mixture(args) -> int:
 def cmd_inspect(args) -> int:
     if is_mixture_path(args.path):
         return cmd_inspect_mixture(args)
+    memory = _reader_memory(args) if args.read_batches else None  # first: what inspect reads adds to the RSS
     cache = Cache(args.path)
     t = cache.table
     n = len(t)
@@ -139,8 +140,8 @@ def cmd_inspect(args) -> int:
         "tokens_per_chunk_percentiles": {f"p{p}": (int(np.percentile(t.tokens, p)) if n else None)
                                          for p in (0, 50, 100)},
     }
-    if args.read_batches:
-        info["memory"] = _reader_memory(args)
+    if memory is not None:
+        info["memory"] = memory
     if args.json:
         print(fmt.dumps(info), end="")
         return 0
@@ -160,7 +161,7 @@ def cmd_inspect(args) -> int:
     print(f"chunk size  {pct}  (tokens)")
     if args.read_batches:
         m = {k: v / 2**20 for k, v in info["memory"].items()}
-        print(f"memory      after {args.read_batches} batches, peak: budget {m['budget']:.0f} MiB: decoded row groups "
+        print(f"memory      reading {args.read_batches} batches, at most: budget {m['budget']:.0f} MiB: decoded row groups "
               f"{m['decoded']:.1f} MiB, kept decode buffers {m['kept_buffers']:.1f} MiB, batches read ahead up to "
               f"{m['ahead_limit']:.1f} MiB; process RSS {m['rss']:.0f} MiB (the interpreter, numpy and pyarrow "
               "alone: about 70 MiB)")
@@ -171,11 +172,13 @@ def _reader_memory(args) -> dict[str, int]:
     """A reader's memory at its peak over ``--read_batches`` batches read as a training run would."""
     opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, ideal_readers=args.ideal_readers,
                        shuffle_seed=args.shuffle_seed, memory_budget_bytes=args.memory_budget_bytes)
-    peak: dict[str, int] = {}
+    peak: dict[str, int] = {}  # the moment the reader held the most, and the process's largest RSS
     with Reader(args.path, opts) as r:
         for _, _ in r.iter_batches(0, args.read_batches):
             got = r.memory()
-            peak = {k: max(v, peak.get(k, 0)) for k, v in got.items()}
+            if got["decoded"] + got["kept_buffers"] >= peak.get("decoded", 0) + peak.get("kept_buffers", 0):
+                peak = dict(got, rss=max(got["rss"], peak.get("rss", 0)))
+            peak["rss"] = max(got["rss"], peak["rss"])
     return peak
 
 

@@ -74,7 +74,7 @@ def test_inspect_shows_the_readers_memory(cache, capsys):
     assert main(["inspect", cache, "--read_batches", "20", "--seq_len", str(L), "--batch_size", str(B),
                  "--ideal_readers", "4", "--memory_budget_bytes", str(1 << 22)]) == 0
     out = capsys.readouterr().out
-    assert "memory      after 20 batches, peak: budget 4 MiB: decoded row groups" in out
+    assert "memory      reading 20 batches, at most: budget 4 MiB: decoded row groups" in out
     assert main(["inspect", cache, "--json", "--read_batches", "5", "--seq_len", str(L), "--batch_size", str(B),
                  "--ideal_readers", "4"]) == 0
     got = json.loads(capsys.readouterr().out)["memory"]
