@@ -26,6 +26,13 @@ started as ``python -m reader.workers.process`` (not ``multiprocessing``), so a 
 needs no ``if __name__ == "__main__"`` guard and no fork of a process that runs threads. A worker
 that fails raises its exception (with the worker's traceback as a note) in the consumer; a worker
 that dies is reported with its exit code; workers exit when the parent closes the iterator or dies.
+
+Liveness: each worker counts its progress (:class:`reader.batch.readahead.Progress`: every byte range
+fetched, every poll of a running build, every slab filled) in a shared array. The parent waits for a
+worker's report with a bounded poll and checks that count four times per ``worker_timeout_s``: a
+worker that holds work (its start-up, a slab) and does not move it for that long (stopped, or stuck on a
+storage read) is reported as :class:`reader.ReaderStalled`, naming it and its batches, and every worker
+is killed.
 """
 
 from __future__ import annotations
@@ -215,7 +222,7 @@ class WorkerPool:
                     "rows": self.rows, "slots": [s.path for s in self._slots], "progress": self._progress.path,
                 })
             for w in range(W):
-                self._expect(w, OP_READY, what="starting (opening the cache)")
+                self._expect(w, OP_READY, what="starting (opening the cache)", limit=max(self.timeout_s, _START_S))
             for s in self._slots + [self._progress]:  # every worker has mapped them: the names can go
                 s.unlink()
             self._owner: dict[int, tuple[int, int]] = {}  # first batch of a granted slab -> (slot, batches)
@@ -269,12 +276,10 @@ class WorkerPool:
                     if got[0] == OP_ERROR:
                         self._raise(w, got)
 
-    def _recv(self, w: int, what: str) -> bytes:
+    def _recv(self, w: int, what: str, limit: float) -> bytes:
         """Worker ``w``'s next message; :class:`ReaderStalled` once its progress count has not moved for
-        ``worker_timeout_s`` while waiting (``what``: the work it holds)."""
-        conn, limit = self._conns[w], self.timeout_s
-        if what.startswith("starting"):
-            limit = max(limit, _START_S)
+        ``limit`` seconds while waiting (``what``: the work it holds)."""
+        conn = self._conns[w]
         count = self._progress.arrays["progress"]
         seen, since = int(count[w]), time.monotonic()
         while True:
@@ -312,10 +317,11 @@ class WorkerPool:
         raise WorkerError(f"reader worker {w} (pid {proc.pid}) exited with code {code} without a report; "
                           "see its output above (out of memory? killed?)") from None
 
-    def _expect(self, w: int, op: int, b: int | None = None, what: str = "") -> int:
+    def _expect(self, w: int, op: int, b: int | None = None, what: str = "", limit: float | None = None) -> int:
         """Receive worker ``w``'s next report and return its batch count (``op`` with batch ``b``
-        expected, for ``what``); raise the worker's exception if it reports one."""
-        msg = self._recv(w, what)
+        expected, for ``what``, within ``limit`` seconds without progress: default ``worker_timeout_s``);
+        raise the worker's exception if it reports one."""
+        msg = self._recv(w, what, self.timeout_s if limit is None else limit)
         got = msg[0]
         if got == OP_ERROR:
             self._raise(w, msg)
