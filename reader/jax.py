@@ -433,7 +433,7 @@ class JaxLoader:
         for pool in list(self._worker_pools):
             pool.close()
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)  # (not for a read that never returns)
             self._pool = None
         close = getattr(self.reader, "close", None)
         if callable(close) and self._owns_reader:

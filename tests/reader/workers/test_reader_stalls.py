@@ -7,7 +7,6 @@ nobody writes (what a storage read that never returns looks like). Every test re
 or blocked, and pytest-timeout bounds it should the code under test hang.
 """
 
-import errno
 import glob
 import os
 import shutil
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 import cachegen
+import stalls
 from reader import ReadOptions, Reader, ReaderStalled
 from reader.workers import pool as rw
 
@@ -49,32 +49,10 @@ def alive(pid: int) -> bool:
     return True
 
 
-def release(fifo: str) -> None:
-    """Let every read blocked opening ``fifo`` go on (it then reads nothing)."""
-    try:
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-    except OSError as e:
-        if e.errno != errno.ENXIO:  # ENXIO: nobody is waiting
-            raise
-
-
 @pytest.fixture
 def hanging_chunks(cache, tmp_path):
-    """A copy of the cache whose chunk files are FIFOs: opening one blocks until a writer comes. Yields
-    the copy's root; afterwards the real files are put back and blocked reads are let go."""
-    root = str(tmp_path / "cache")
-    shutil.copytree(cache, root)
-    victims = glob.glob(os.path.join(root, "chunks", "*", "*.parquet"))
-    for victim in victims:
-        os.replace(victim, victim + ".real")
-        os.mkfifo(victim)
-        os.link(victim, victim + ".fifo")  # the FIFO stays reachable once the real file is back
-    try:
+    with stalls.hanging_chunks(cache, str(tmp_path / "cache")) as root:
         yield root
-    finally:
-        for victim in victims:
-            os.replace(victim + ".real", victim)
-            release(victim + ".fifo")
 
 
 @pytest.mark.timeout(120)
