@@ -174,7 +174,7 @@ def token_loader(ds: "TokenBatches", *, num_workers: int = 0, loader: type = Dat
     the loader's ``timeout`` is what ends a wait for a worker that stopped or is stuck on a storage
     read: ``ds.options.worker_timeout_s`` plus the reader's ``wait_timeout_s`` (a worker may wait that
     long, legitimately, for chunks a running build has not written yet). When it fires,
-    :class:`reader.ReaderStalled` names the worker (index, pid) and the batch it was reading, and the
+    :class:`reader.ReaderStalled` names the worker (index, pid) and the batch due from it, and the
     loader's workers are shut down. With ``num_workers=0`` the dataset reads in this process, where the
     reader itself raises ``ReaderStalled`` (torch allows no timeout there).
 
