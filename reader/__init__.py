@@ -15,6 +15,7 @@ from reader.mixture.spec import MixtureError
 from reader.options import ReadOptions
 from reader.reader import Reader
 from reader.storage.remote import StorageError
+from reader.batch.readahead import ReaderStalled
 from reader.batch.schema import BATCH_KEYS, FLAT_KEYS, expand_flat
 from reader.order.streams import EmptyStream, EndOfStream, NotYetAvailable
 from reader.storage.validate import ChunkError
@@ -35,6 +36,7 @@ __all__ = [
     "NotYetAvailable",
     "ReadOptions",
     "Reader",
+    "ReaderStalled",
     "StorageError",
     "expand_flat",
 ]

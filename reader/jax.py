@@ -19,9 +19,9 @@ for any process count, mesh or partition spec; resuming is ``iter_batches(start=
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
 import dataclasses
+import itertools
 import os
 import threading
 import time
@@ -34,11 +34,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from reader.options import ReadOptions
 from reader.reader import Reader
+from reader.batch.readahead import read_ahead
 from reader.batch.schema import FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS
 from reader.workers.pool import WorkerPool
-
-# --------------------------------------------------------------------------------------------------
-# Which rows live where
 
 
 def batch_axes(spec: PartitionSpec) -> tuple[str, ...]:
@@ -92,9 +90,6 @@ def process_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int)
     return np.unique(np.concatenate(list(per.values())))
 
 
-# --------------------------------------------------------------------------------------------------
-# layout="flat" on the devices
-
 def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     """``reader.expand_flat`` in jax.numpy (jit-able): the five ``[B, L]`` token fields of a
     ``layout="flat"`` batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``)."""
@@ -117,15 +112,7 @@ def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
             "loss_mask": real}
 
 
-__all__ = [
-    "JaxLoader",
-    "expand_flat",
-    "TOKEN_FIELDS",
-    "ROW_FIELDS",
-    "process_rows",
-    "device_rows",
-    "batch_shardings",
-]
+__all__ = ["JaxLoader", "expand_flat", "TOKEN_FIELDS", "ROW_FIELDS", "process_rows", "device_rows", "batch_shardings"]
 
 # The layout the loader reads packed examples in when it opens the cache itself: same fields, bit for
 # bit, as "arrays", for a quarter of the host work and host-to-device bytes (expanded on the devices).
@@ -138,18 +125,6 @@ LOADER_LAYOUT = "flat"
 
 def _expand_for_loader(tokens, first_positions, num_tokens):
     return expand_flat({"tokens": tokens, "first_positions": first_positions, "num_tokens": num_tokens})
-
-
-# --------------------------------------------------------------------------------------------------
-# The loader
-
-
-def _reader_options(reader) -> Any:
-    for name in ("opts", "options"):
-        got = getattr(reader, name, None)
-        if got is not None:
-            return got
-    raise TypeError(f"{type(reader).__name__} has no .options; pass a reader.Reader or a cache path")
 
 
 class JaxLoader:
@@ -208,7 +183,9 @@ class JaxLoader:
                 raise TypeError(f"source must be a cache path or a reader.Reader, got {type(source).__name__}")
             self.reader = source
             self._owns_reader = False
-        self.opts = _reader_options(self.reader)
+        self.opts = getattr(self.reader, "options", None)
+        if self.opts is None:
+            raise TypeError(f"{type(self.reader).__name__} has no .options; pass a reader.Reader or a cache path")
         self.num_workers = int(getattr(self.opts, "num_workers", 0) or 0)
         self.batch_size = int(self.opts.batch_size)
         self.seq_len = int(self.opts.seq_len)
@@ -381,62 +358,43 @@ class JaxLoader:
         if self.num_batches is not None:
             stop = self.num_batches if stop is None else min(stop, self.num_batches)
         if self.num_workers and self.rows.size:
-            yield from self._iter_workers(b, stop)
-            return
-        if self.prefetch == 0:
-            while stop is None or b < stop:
-                yield b, self.global_batch(b)
-                b += 1
-            return
-        pool = self._executor()
-        window: collections.deque = collections.deque()
-        nxt = b
-        # Reader.prefetch(b, rows) starts loading (on the reader's own threads) the row groups that batch b
-        # will need; we run it `look` batches ahead of the batch being built, like Reader.iter_batches does.
-        look = self._lookahead()
-        touches: collections.deque = collections.deque()
-
-        def touch(step):
-            try:
-                touches.extend(self.reader.prefetch(step, self.rows))
-            except Exception:  # noqa: BLE001 - a hint only; the real read reports any error
-                pass
-
-        def refill():
-            nonlocal nxt
-            while len(window) < self.prefetch and (stop is None or nxt < stop):
-                window.append((nxt, pool.submit(self.global_batch, nxt)))
-                if look and (stop is None or nxt + look < stop):
-                    while touches and touches[0].done():
-                        touches.popleft()
-                    if len(touches) < 256:
-                        pool.submit(touch, nxt + look)
-                nxt += 1
-
-        try:
-            if look:
-                for step in range(b, b + self.prefetch + 1 if stop is None else min(stop, b + self.prefetch + 1)):
-                    touch(step)  # the first window's chunks load in parallel
-            refill()
-            while window:
-                step, fut = window.popleft()
-                refill()  # keep `prefetch` batches in flight while this one is consumed
+            it = self._from_workers(b, stop)
+        elif self.prefetch == 0:
+            it = ((s, self.global_batch(s)) for s in (itertools.count(b) if stop is None else range(b, stop)))
+        else:
+            it = self._read_ahead(b, stop)
+        try:  # the time the caller waits for each batch goes into stats
+            while True:
                 t0 = time.perf_counter()
-                batch = fut.result()
+                got = next(it, None)
+                if got is None:
+                    return
                 waited = time.perf_counter() - t0
                 with self._lock:
                     self.stats["wait_seconds"] += waited
                     self.stats["max_wait_seconds"] = max(self.stats["max_wait_seconds"], waited)
-                yield step, batch
+                yield got
+                del got  # (a worker's slot is refilled only once nothing refers to its batches)
         finally:
-            for _, fut in window:
-                fut.cancel()
-            for fut in touches:
-                fut.cancel()
+            it.close()
 
-    def _iter_workers(self, b: int, stop: int | None) -> Iterator[tuple[int, dict]]:
-        """``iter_batches`` with ``ReadOptions(num_workers=W)``: this process's rows of each batch come
-        from W worker processes (views of shared memory) and are put on the devices here."""
+    def _read_ahead(self, b: int, stop: int | None) -> Iterator[tuple[int, dict]]:
+        """Batches built on :attr:`threads` threads, ``prefetch`` ahead; the reader loads their row groups
+        further ahead (:func:`reader.batch.readahead.read_ahead`)."""
+        reader = self.reader
+        if isinstance(reader, Reader):  # the reader's own threads plan the hints; its progress shows liveness
+            hint, submit, progress = (lambda i, n: reader.prefetch(i, self.rows, n)), reader.store.submit, reader.progress
+        else:
+            hint = lambda i, n: [f for s in range(i, i + n) for f in reader.prefetch(s, self.rows)]  # noqa: E731
+            submit, progress = self._executor().submit, None
+        return read_ahead(lambda i, n: [self.global_batch(i)], b, stop=stop, depth=self.prefetch,
+                          executor=self._executor(), hint=hint, submit_hint=submit, lookahead=self._lookahead(),
+                          progress=progress, timeout_s=getattr(self.opts, "worker_timeout_s", None),
+                          describe=lambda i, n: f"global batch {i} for JaxLoader")
+
+    def _from_workers(self, b: int, stop: int | None) -> Iterator[tuple[int, dict]]:
+        """``ReadOptions(num_workers=W)``: this process's rows of each batch come from W worker processes
+        (views of shared memory) and are put on the devices here."""
         if stop is not None and b >= stop:
             return
         t0 = time.perf_counter()  # (the workers' start-up is time the loop waits too)
@@ -444,20 +402,16 @@ class JaxLoader:
         self._worker_pools.add(pool)
         try:
             for step, data in pool:
-                t1 = time.perf_counter()
+                with self._lock:
+                    self.stats["batches"] += 1
+                    self.stats["rows_loaded"] += int(self.rows.size)
+                    self.stats["fetch_seconds"] += time.perf_counter() - t0
                 # jax may alias `data` (zero-copy on CPU): the arrays then reference it, which keeps the
                 # pool from refilling its slot while they live
                 batch = self._assemble(data)
                 del data
-                waited = time.perf_counter() - t0
-                with self._lock:
-                    self.stats["batches"] += 1
-                    self.stats["rows_loaded"] += int(self.rows.size)
-                    self.stats["fetch_seconds"] += t1 - t0
-                    self.stats["wait_seconds"] += waited
-                    self.stats["max_wait_seconds"] = max(self.stats["max_wait_seconds"], waited)
                 yield step, batch
-                del batch  # (a slot is refilled only once nothing refers to its batches)
+                del batch
                 t0 = time.perf_counter()
         finally:
             pool.close()  # stops the workers: the iterator was exhausted, closed early or failed
@@ -479,7 +433,7 @@ class JaxLoader:
         for pool in list(self._worker_pools):
             pool.close()
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)  # (not for a read that never returns)
             self._pool = None
         close = getattr(self.reader, "close", None)
         if callable(close) and self._owns_reader:

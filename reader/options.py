@@ -49,6 +49,16 @@ class ReadOptions:
         plus two per-row ints (``reader.batch.schema.FLAT_KEYS``); about 4x fewer bytes to assemble and to
         send to an accelerator, where :func:`reader.expand_flat` (numpy) or ``reader.jax.expand_flat``
         (jit) rebuilds the five arrays exactly.
+      worker_timeout_s: how long a reader may hold work without any progress (no byte range fetched,
+        no poll of a running build, nothing assembled) before :class:`reader.ReaderStalled` is raised in
+        the training process, naming the worker process (or the slab) that stalled; stuck workers are
+        killed. A SIGSTOPped worker or a storage read that never returns then fails the run instead of
+        hanging it. Not ``wait_timeout_s`` (a ``Reader`` argument): how long to wait for chunks a
+        running build has not written yet; a worker waiting for them polls, which is progress. The
+        default, 10 minutes, is far above the longest silence of a healthy reader (one range read with
+        the storage client's retries, one listing of a running build, a worker's start-up: seconds to a
+        minute or two) and still reports a hang in minutes. ``reader.torch.token_loader`` sets the
+        DataLoader's ``timeout`` from it.
     """
 
     seq_len: int = 2048
@@ -64,6 +74,7 @@ class ReadOptions:
     index_cache: bool = True
     layout: str = "arrays"
     num_workers: int = 0
+    worker_timeout_s: float = 600.0
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -75,6 +86,8 @@ class ReadOptions:
             raise ValueError(f"prefetch_threads must be >= 0, got {self.prefetch_threads}")
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if not self.worker_timeout_s > 0:
+            raise ValueError(f"worker_timeout_s must be > 0 seconds, got {self.worker_timeout_s}")
         if self.seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
         if self.batch_size < 1:

@@ -21,9 +21,10 @@ keep the store ahead of the reads, and :mod:`reader.workers.pool` runs it all in
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
+import dataclasses
 import os
+import warnings
 import weakref
 from typing import Iterator
 
@@ -36,10 +37,15 @@ from reader.mixture.io import open_mixture
 from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder
 from reader.batch.prefetch import Prefetcher
+from reader.batch.readahead import Progress, read_ahead
+from reader.batch.schema import batch_spec
 from reader.batch.release import ReleasePolicy
 from reader.storage.store import ChunkStore
 from reader.order.streams import StreamIndex, reader_rows
 from reader.workers.pool import WorkerPool
+
+
+WAIT_TIMEOUT_S = 600.0  # how long a read waits for chunks a running build has not written yet, by default
 
 
 class Reader:
@@ -52,8 +58,10 @@ class Reader:
       options: :class:`ReadOptions`.
       num_readers, reader_index: this host is reader ``reader_index`` of ``num_readers`` (R, r).
       wait_timeout_s: while the build runs, how long to wait for a chunk that is not written yet before
-        raising :class:`reader.storage.cache.CacheNotReady`.
-      poll_interval_s: how often to look for build progress while waiting.
+        raising :class:`reader.storage.cache.CacheNotReady` (not ``ReadOptions.worker_timeout_s``, which
+        bounds a reader that makes no progress at all).
+      poll_interval_s: how often to look for build progress while waiting (at least four times per
+        ``ReadOptions.worker_timeout_s``).
       storage_options: passed to fsspec (e.g. ``{"token": ...}`` for gcsfs).
       serve_rows: serve only these rows of every batch, a sorted subset of reader ``reader_index``'s
         rows, as :attr:`my_rows` (``batch``, ``batches``, ``iter_batches`` and the prefetch use them;
@@ -67,7 +75,7 @@ class Reader:
     """
 
     def __init__(self, cache: str | Cache, options: ReadOptions | None = None, num_readers: int = 1,
-                 reader_index: int = 0, wait_timeout_s: float = 600.0, *, poll_interval_s: float = 1.0,
+                 reader_index: int = 0, wait_timeout_s: float = WAIT_TIMEOUT_S, *, poll_interval_s: float = 1.0,
                  storage_options: dict | None = None, serve_rows=None):
         self.options = opts = options or ReadOptions()
         source = os.fspath(cache) if isinstance(cache, os.PathLike) else cache
@@ -86,16 +94,23 @@ class Reader:
             self.my_rows = rows
         self.wait_timeout_s = float(wait_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
+        self.progress = Progress()  # moves with every byte range fetched and every try of a read
+        # the budget: batches assembled ahead by iter_batches (a quarter at most), decoded data (the rest)
+        self.slab, self.ahead_bytes = self._read_ahead_size()
+        data = dataclasses.replace(opts, memory_budget_bytes=opts.memory_budget_bytes - min(
+            self.ahead_bytes, opts.memory_budget_bytes // 4))
         if self.cache is None:  # a mixture file: the same parts, one per component behind each
             self.cache, self.store, self.order, self.release, self.prefetcher = open_mixture(
-                source, opts, self.my_rows, self.num_readers, self.reader_index, storage_options=storage_options)
+                source, data, self.my_rows, self.num_readers, self.reader_index, storage_options=storage_options)
         else:
-            self.store = ChunkStore(self.cache, memory_budget_bytes=opts.memory_budget_bytes,
+            self.store = ChunkStore(self.cache, memory_budget_bytes=data.memory_budget_bytes,
                                     threads=opts.prefetch_threads)
-            self.order = ExampleOrder(self.cache, opts, self.store, self.my_rows)
-            self.release = ReleasePolicy(self.store, self.order, opts)
-            self.prefetcher = Prefetcher(self.cache, self.store, self.order, opts, self.release, self.my_rows,
+            self.order = ExampleOrder(self.cache, data, self.store, self.my_rows)
+            self.release = ReleasePolicy(self.store, self.order, data)
+            self.prefetcher = Prefetcher(self.cache, self.store, self.order, data, self.release, self.my_rows,
                                          self.num_readers, self.reader_index)
+        for store in getattr(self.store, "stores", [self.store]):  # (a mixture's: one per component)
+            store.progress = self.progress.beat
         self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read)
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 
@@ -110,9 +125,43 @@ class Reader:
     def __exit__(self, *exc):
         self.close()
 
+    def _read_ahead_size(self) -> tuple[int, int]:
+        """``(batches per slab, bytes)`` of what ``iter_batches`` may hold assembled ahead: the
+        ``prefetch_batches`` and up to three slabs (queued, being filled, being served), within a quarter
+        of ``memory_budget_bytes`` when a slab of one batch fits there."""
+        opts = self.options
+        batch = sum(d.itemsize * int(np.prod(shape)) for _, d, shape in
+                    batch_spec(opts.layout, opts.seq_len, len(self.my_rows)))
+        depth = max(1, opts.prefetch_batches)
+        slab = max(1, min(SLAB_BATCHES, (opts.memory_budget_bytes // 4 // batch - depth) // 3))
+        return slab, (depth + 3 * slab) * batch
+
+    def memory(self) -> dict[str, int]:
+        """Bytes against ``memory_budget_bytes`` (``budget``): ``decoded`` (row groups and chunk layouts held
+        now), ``kept_buffers`` (decode buffers kept for reuse), ``ahead_limit`` (the most ``iter_batches``
+        holds assembled ahead); and, not the reader's alone, ``rss``: the whole process (with the
+        interpreter, numpy and pyarrow, about 70 MiB, and whatever else it runs; 0 where unknown)."""
+        stores = getattr(self.store, "stores", [self.store])
+        try:
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            rss = 0
+        return {"budget": self.options.memory_budget_bytes, "decoded": sum(s.used_bytes for s in stores),
+                "kept_buffers": sum(s.retired_bytes for s in stores), "ahead_limit": self.ahead_bytes, "rss": rss}
+
     def _wait(self, attempt, what: str):
-        """``attempt()``, waiting while it needs chunks a running build has not written yet."""
-        return self.cache.wait(attempt, timeout_s=self.wait_timeout_s, poll_s=self.poll_interval_s, what=what)
+        """``attempt()``, waiting while it needs chunks a running build has not written yet (each try
+        is progress: a reader waiting for a build is not stalled)."""
+        beat = self.progress.beat
+
+        def counted():
+            beat()
+            return attempt()
+
+        # a poll is what shows that a waiting reader is alive: several per worker_timeout_s
+        poll_s = min(self.poll_interval_s, self.options.worker_timeout_s / 4)
+        return self.cache.wait(counted, timeout_s=self.wait_timeout_s, poll_s=poll_s, what=what)
 
     # -- sizes ------------------------------------------------------------------------------------------
     def stream_index(self) -> StreamIndex:
@@ -191,59 +240,40 @@ class Reader:
         """Yield ``(b, self.batch(b))`` for b = start, start+1, ... (``count`` batches, or until the end of
         the eval pass, or forever when training).
 
-        Background work: the next ``prefetch_batches`` batches are assembled on a thread, a slab of up to
-        ``SLAB_BATCHES`` at a time, and the row groups that batch ``b + lookahead`` will need are
-        fetched, verified and decoded on ``prefetch_threads`` threads while batch ``b`` is served
-        (:meth:`lookahead_batches`), so decoding overlaps serving. With ``num_workers > 0`` the batches
-        come from reader workers instead (:class:`reader.workers.pool.WorkerPool`): views of shared memory
-        that stay valid, unchanged, for as long as they are referenced.
+        Background work (:func:`reader.batch.readahead.read_ahead`): the next ``prefetch_batches``
+        batches are assembled on a thread, a slab of up to ``SLAB_BATCHES`` at a time, and the row
+        groups that batch ``b + lookahead`` will need are fetched, verified and decoded on
+        ``prefetch_threads`` threads while batch ``b`` is served (:meth:`lookahead_batches`), so
+        decoding overlaps serving. With ``num_workers > 0`` the batches come from reader workers
+        instead (:class:`reader.workers.pool.WorkerPool`): views of shared memory that stay valid,
+        unchanged, for as long as they are referenced. Either way, work held for
+        ``worker_timeout_s`` without progress raises :class:`reader.ReaderStalled`.
         """
         if self.options.num_workers > 0:
             pool = WorkerPool(self, start, count)
             self._pools.add(pool)
             yield from pool
             return
-        stop = None if count is None else start + int(count)
-        ahead = max(1, self.options.prefetch_batches)
-        look = self.lookahead_batches() if self.options.prefetch_threads > 0 else 0
-        pending: collections.deque[tuple[int, int, cf.Future]] = collections.deque()  # (b, batches, future)
-        queued = 0  # batches in `pending`
-        touches: collections.deque[cf.Future] = collections.deque()
-        nxt = start
-        # plan `stride` batches per background task (one vectorized locate), not one task per batch
-        stride = max(1, min(8, look // 2))
-        planned = start + 1  # first batch not planned yet
+        opts = self.options
+        if self.ahead_bytes > opts.memory_budget_bytes // 4:
+            mib = lambda n: f"{n / 2**20:.3g} MiB"  # noqa: E731
+            warnings.warn(f"memory_budget_bytes={mib(opts.memory_budget_bytes)} is too small for batches of "
+                          f"{mib(self.ahead_bytes // (max(1, opts.prefetch_batches) + 3))}: reading ahead holds up to "
+                          f"{mib(self.ahead_bytes)} of them (prefetch_batches={opts.prefetch_batches} plus three "
+                          f"slabs of one), beyond the quarter of the budget they may use, so the reader holds more "
+                          f"than its budget. Raise memory_budget_bytes to {mib(4 * self.ahead_bytes)} or more, or "
+                          f"lower batch_size or prefetch_batches",
+                          RuntimeWarning, stacklevel=2)
         assembler = cf.ThreadPoolExecutor(1, thread_name_prefix="chunkledger-assemble")
         try:
-            if look and (stop is None or start < stop):
-                touches.extend(self.prefetcher.prefetch(start))  # the first batch's chunks load in parallel
-            while True:
-                while queued < ahead + SLAB_BATCHES and (stop is None or nxt < stop) and self.has_batch(nxt):
-                    n = 1
-                    while n < SLAB_BATCHES and (stop is None or nxt + n < stop) and self.has_batch(nxt + n):
-                        n += 1
-                    pending.append((nxt, n, assembler.submit(self.batches, nxt, n)))
-                    queued += n
-                    for _ in range(n):
-                        if look and nxt + look >= planned and (stop is None or planned < stop):
-                            while touches and touches[0].done():
-                                touches.popleft()
-                            k = stride if stop is None else min(stride, stop - planned)
-                            if len(touches) < 64:  # plan on the pool too: keep the consumer's thread free
-                                touches.append(self.store.submit(self.prefetcher.prefetch, planned, None, k))
-                            planned += k
-                        nxt += 1
-                if not pending:
-                    return
-                b, n, fut = pending.popleft()
-                queued -= n
-                for i, x in enumerate(fut.result()):
-                    yield b + i, x
+            yield from read_ahead(
+                self.batches, start, stop=None if count is None else start + int(count),
+                available=self.has_batch, slab=self.slab, depth=max(1, opts.prefetch_batches),
+                executor=assembler, hint=lambda b, n: self.prefetch(b, None, n), submit_hint=self.store.submit,
+                lookahead=self.lookahead_batches() if opts.prefetch_threads > 0 else 0,
+                progress=self.progress, timeout_s=opts.worker_timeout_s,
+                describe=lambda b, n: f"batches {b}..{b + n - 1} in this process")
         finally:
-            for _, _, fut in pending:
-                fut.cancel()
-            for fut in touches:
-                fut.cancel()
             assembler.shutdown(wait=False, cancel_futures=True)
 
     # -- prefetch hints for loaders ---------------------------------------------------------------------
@@ -251,11 +281,14 @@ class Reader:
         """How many batches ahead ``iter_batches`` decodes: about one row group per stream, within budget."""
         return self.prefetcher.lookahead()
 
-    def prefetch(self, b: int, rows=None) -> list[cf.Future]:
+    def prefetch(self, b: int, rows=None, count: int = 1, every: int = 1) -> list[cf.Future]:
         """Start loading, on the background threads, what rows ``rows`` (default: this reader's rows) of
-        batch ``b`` need, and return at once. For loaders that call :meth:`rows` themselves; use it
-        :meth:`lookahead_batches` ahead so decoding overlaps serving."""
-        return self.prefetcher.prefetch(b, rows)
+        batch ``b`` (and of ``b + every``, ... : ``count`` batches, planned in one pass) need, and return
+        at once. For loaders that call :meth:`rows` themselves; use it :meth:`lookahead_batches` ahead
+        so decoding overlaps serving."""
+        if every == 1:
+            return self.prefetcher.prefetch(b, rows, count)
+        return [f for i in range(count) for f in self.prefetcher.prefetch(b + i * every, rows)]
 
 
 __all__ = ["Reader"]

@@ -3,12 +3,11 @@
 This is the only module of ``reader/`` that imports torch. Every rank of a ``torch.distributed`` job
 runs the same code::
 
-    from torch.utils.data import DataLoader
     from reader import ReadOptions
-    from reader.torch import TokenBatches
+    from reader.torch import TokenBatches, token_loader
 
     ds = TokenBatches("gs://bucket/cache", ReadOptions(seq_len=2048, batch_size=256), start=step)
-    for item in DataLoader(ds, batch_size=None, num_workers=4, pin_memory=True):
+    for item in token_loader(ds, num_workers=4, pin_memory=True):  # a DataLoader that times out on a stall
         loss = model(item["inputs"].cuda(), item["targets"].cuda(), ...)   # item["step"]: the global batch
 
 What a rank gets. Rank ``r`` of ``W`` receives, for every global batch ``b``, the rows ``k ≡ r (mod W)``
@@ -28,10 +27,8 @@ in your process through ``Reader.iter_batches``, where ``ReadOptions(num_workers
 rows between W reader processes by stream, so nothing is decoded twice. An item leaves a worker as one
 buffer (torch would send each tensor through its own shared-memory segment).
 
-State. ``state_dict()`` is ``{"step": next global batch, ...}``. torchdata's ``StatefulDataLoader`` keeps
-one such dict per worker (each worker's own next batch) plus the number of items it has yielded;
-:func:`resume_step` turns that whole loader state into the next global batch, whatever the worker count
-or world size it was saved with, and ``TokenBatches.load_state_dict`` accepts it directly.
+State. ``state_dict()`` is ``{"step": next global batch, ...}``; :mod:`reader.loaders.torch_state` reads
+it, and a whole ``StatefulDataLoader`` state, saved with any worker count or world size.
 
 Tensors. ``torch.from_numpy`` (no copy) of the reader's arrays, which are fresh per batch or, with reader
 worker processes, shared-memory slots that are not refilled while anything refers to them. ``int32``,
@@ -42,19 +39,21 @@ for any vocabulary under ``2**30`` tokens; :func:`expand_flat` reads the bits, s
 
 from __future__ import annotations
 
-import collections
 import os
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from reader import ReadOptions, Reader
-from reader.order.streams import reader_rows
+from reader.batch.readahead import read_ahead
 from reader.batch.schema import FLAT_FIELDS
+from reader.loaders.torch_state import STATE_KEY, STATE_VERSION, resume_step
+from reader.loaders.torch_watch import WorkerTable, warn_without_timeout, watch_loader, watched_loader
+from reader.order.streams import reader_rows
 
-__all__ = ["TokenBatches", "as_tensors", "expand_flat", "resume_step", "STATE_KEY"]
+__all__ = ["TokenBatches", "token_loader", "as_tensors", "expand_flat", "resume_step", "STATE_KEY"]
 
 def as_tensors(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """A reader batch (numpy arrays) as CPU tensors sharing its memory.
@@ -153,60 +152,7 @@ def expand_flat(batch: Mapping[str, Any]) -> dict[str, Any]:
     out["loss_mask"] = real
     return out
 
-STATE_KEY = "chunkledger_torch"  # marks (and versions) a TokenBatches.state_dict()
-_STATE_VERSION = 1
-_MAX_HINTS = 256  # Reader.prefetch futures kept in flight by a DataLoader worker
 _WORKER_GROUP = 4  # batches a DataLoader worker assembles per reader call (the per-call costs, paid once)
-
-
-# --------------------------------------------------------------------------------------------------
-# State
-
-
-def _ours(state: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(state, Mapping) or STATE_KEY not in state:
-        raise ValueError(f"{where} holds no TokenBatches state (got {type(state).__name__}"
-                         f"{' with keys ' + str(sorted(state)) if isinstance(state, Mapping) else ''}); was "
-                         f"the DataLoader's dataset a reader.torch.TokenBatches?")
-    return state
-
-
-def resume_step(state: Mapping[str, Any]) -> int:
-    """The next global batch recorded in ``state``.
-
-    Args:
-      state: a :meth:`TokenBatches.state_dict` of the process that iterated (not of one DataLoader
-        worker), or a whole ``torchdata.stateful_dataloader.StatefulDataLoader.state_dict()`` over a
-        :class:`TokenBatches`, saved with any ``num_workers`` and any world size (every rank of a job
-        holds the same step; any rank's state will do).
-
-    A StatefulDataLoader with ``k`` workers stores each worker's own next batch plus the number of
-    items it has yielded in order; every worker's state also holds the batch its iteration began at,
-    so the next global batch is that batch plus the items yielded. At the end of an eval pass this is
-    the pass's ``num_batches``.
-    """
-    if not isinstance(state, Mapping):
-        raise TypeError(f"state must be a dict, got {type(state).__name__}")
-    if STATE_KEY in state:
-        if int(state.get("num_workers", 1)) > 1:
-            raise ValueError(
-                f"this is the state of DataLoader worker {state.get('worker_id')} of {state.get('num_workers')}, "
-                "which knows only its own batches; pass the StatefulDataLoader's whole state_dict(), or the "
-                "step of the last item you trained on + 1 ({'step': n})")
-        return int(state["step"])
-    if "_snapshot" in state:  # StatefulDataLoader, num_workers > 0
-        snap = state["_snapshot"]
-        workers = [_ours((ws or {}).get("dataset_state"), f"StatefulDataLoader worker state {key!r}")
-                   for key, ws in sorted(snap.get("_worker_snapshots", {}).items())]
-        starts = {int(w["start"]) for w in workers}
-        if len(starts) != 1:
-            raise ValueError(f"the StatefulDataLoader's workers began at different batches {sorted(starts)}; "
-                             "the state is not one TokenBatches iteration")
-        return starts.pop() + int(snap["_snapshot_step"]) + int(state.get("_steps_since_snapshot", 0))
-    if "_num_yielded" in state:  # StatefulDataLoader, num_workers == 0: the dataset iterated in-process
-        return resume_step(_ours(state.get("dataset_state"), "the StatefulDataLoader state"))
-    raise ValueError(f"not a TokenBatches or StatefulDataLoader state (keys {sorted(state)}); "
-                     "pass TokenBatches.state_dict(), StatefulDataLoader.state_dict(), or {'step': n}")
 
 
 def _worker() -> tuple[int, int]:
@@ -219,6 +165,29 @@ def _distributed() -> tuple[int, int] | None:
     if dist.is_available() and dist.is_initialized():
         return int(dist.get_rank()), int(dist.get_world_size())
     return None
+
+
+def token_loader(ds: "TokenBatches", *, num_workers: int = 0, loader: type = DataLoader, **kwargs):
+    """A ``DataLoader`` over ``ds`` (``batch_size=None``) that does not hang on a stalled worker.
+
+    In a DataLoader worker the dataset's code runs in another process and cannot raise in this one, so
+    the loader's ``timeout`` is what ends a wait for a worker that stopped or is stuck on a storage
+    read: ``ds.options.worker_timeout_s`` plus the reader's ``wait_timeout_s`` (a worker may wait that
+    long, legitimately, for chunks a running build has not written yet). When it fires,
+    :class:`reader.ReaderStalled` names the worker (index, pid) and the batch due from it, and the
+    loader's workers are shut down. With ``num_workers=0`` the dataset reads in this process, where the
+    reader itself raises ``ReaderStalled`` (torch allows no timeout there).
+
+    Args:
+      ds: a :class:`TokenBatches`.
+      loader: the loader class: ``DataLoader``, or torchdata's ``StatefulDataLoader``.
+      kwargs: other loader arguments (``pin_memory``, ``prefetch_factor``, ``persistent_workers``,
+        ``multiprocessing_context``, ``worker_init_fn``; ``timeout`` replaces the one above).
+    """
+    if kwargs.pop("batch_size", None) is not None:
+        raise ValueError("token_loader: every TokenBatches item already is a whole batch; drop batch_size")
+    watch_loader(ds, num_workers, kwargs, get_worker_info)
+    return watched_loader(loader)(ds, batch_size=None, num_workers=num_workers, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -249,7 +218,8 @@ class TokenBatches(IterableDataset):
         ``storage_options``).
 
     Attributes: ``options``, ``rank``, ``world_size``, ``start``, ``rows`` (the rows of each global batch
-    this rank gets), ``num_batches`` (eval: the size of the pass; training: None).
+    this rank gets), ``num_batches`` (eval: the size of the pass; training: None), ``loader_timeout_s``
+    (the DataLoader's timeout, set by :func:`token_loader`; without one, workers warn), ``watch``.
     """
 
     def __init__(self, source, opts=None, rank: int | None = None, world_size: int | None = None, *,
@@ -294,6 +264,10 @@ class TokenBatches(IterableDataset):
         # worker restored by StatefulDataLoader, ("worker", its own next batch, the iteration's start)
         self._resume: tuple[str, int, int | None] | None = None
         self._iter_state: dict[str, Any] | None = None  # the latest iteration in this process
+        # the timeout of the DataLoader this dataset runs under (token_loader sets it; set it yourself for
+        # a DataLoader you build with timeout=...), and where its workers say what they are doing
+        self.loader_timeout_s = 0.0
+        self.watch = WorkerTable(0)
 
     # -- the reader of this process ---------------------------------------------------------------
     def _open(self):
@@ -360,6 +334,9 @@ class TokenBatches(IterableDataset):
                 f"ReadOptions(num_workers={self.options.num_workers}) starts reader worker processes, and this "
                 f"dataset already runs in DataLoader worker {w} of {k}: use ReadOptions(num_workers=0) with "
                 f"DataLoader workers, or DataLoader(num_workers=0) with reader workers")
+        if get_worker_info() is not None:
+            self.watch.next_batch(w, first)
+            warn_without_timeout(self.loader_timeout_s, w)
         # set now, not when the generator starts: StatefulDataLoader asks for the state right after iter()
         st = {"pid": os.getpid(), "next": first, "start": start, "finished": False, "worker": (w, k)}
         self._iter_state = st
@@ -376,52 +353,35 @@ class TokenBatches(IterableDataset):
                     item["step"] = int(b)
                     del data
                     st["next"] = int(b) + 1  # before the yield: a state taken after this item resumes after it
+                    self.watch.next_batch(0, st["next"])
                     yield item
             finally:
                 it.close()
             st["finished"] = True
             return
-        # DataLoader worker w of k: batches first, first + k, ...; the reader loads ahead on its threads,
-        # and _WORKER_GROUP of them are assembled in one call (what Reader.iter_batches does for its own)
+        # DataLoader worker w of k: batches first, first + k, ... (its own batch j is first + j * k), a
+        # group of them assembled per reader call; the reader loads ahead on its threads
         end = reader.num_batches  # eval: the pass's size (waits for the build); training: None
-        look = int(reader.lookahead_batches()) if hasattr(reader, "lookahead_batches") else k
-        ahead = max(1, -(-look // k))  # own batches ahead
         B, rows, n = int(self.options.batch_size), self.rows, int(self.rows.size)
-        hints: collections.deque = collections.deque()
 
-        def hint(step: int) -> None:
-            if end is not None and step >= end:
-                return
-            while hints and hints[0].done():
-                hints.popleft()
-            if len(hints) < _MAX_HINTS:
-                try:
-                    hints.extend(reader.prefetch(step))
-                except Exception:  # noqa: BLE001 - a hint only; the read itself reports any error
-                    pass
+        def produce(j: int, m: int) -> list[dict]:  # own batches j .. j+m-1: rows(step, rows) of each, one call
+            steps = [first + (j + i) * k for i in range(m)]
+            data = reader.examples(np.concatenate([step * B + rows for step in steps]))
+            return [{key: v[i * n:(i + 1) * n] for key, v in data.items()} for i in range(m)]
 
-        b = first
+        it = read_ahead(produce, 0, stop=None if end is None else max(0, -(-(end - first) // k)), slab=_WORKER_GROUP,
+                        depth=0, hint=lambda j, m: reader.prefetch(first + j * k, None, m, k),
+                        submit_hint=reader.store.submit, lookahead=max(1, -(-reader.lookahead_batches() // k)))
         try:
-            for j in range(min(ahead, _WORKER_GROUP)):
-                hint(b + j * k)
-            while True:
-                steps = [b + j * k for j in range(_WORKER_GROUP) if end is None or b + j * k < end]
-                if not steps:
-                    break
-                for step in steps:
-                    hint(step + ahead * k)
-                # rows(step, rows) of each step, in one call: the same examples, b * B + row
-                data = reader.examples(np.concatenate([step * B + rows for step in steps]))
-                for i, step in enumerate(steps):
-                    item = wrap(as_tensors({key: v[i * n:(i + 1) * n] for key, v in data.items()}))
-                    item["step"] = step
-                    st["next"] = step + k
-                    yield item
+            for j, data in it:
+                item = wrap(as_tensors(data))
+                item["step"] = step = first + j * k
+                st["next"] = step + k
+                self.watch.next_batch(st["worker"][0], st["next"])
                 del data
-                b += _WORKER_GROUP * k
+                yield item
         finally:
-            for f in hints:
-                f.cancel()
+            it.close()
         st["finished"] = True
 
     # -- state ------------------------------------------------------------------------------------
@@ -438,7 +398,7 @@ class TokenBatches(IterableDataset):
             step, start, finished = st["next"], st["start"], st["finished"]
         else:
             (step, start), finished = self._first(self._resume, w), False
-        return {STATE_KEY: _STATE_VERSION, "step": int(step), "start": int(start), "worker_id": w,
+        return {STATE_KEY: STATE_VERSION, "step": int(step), "start": int(start), "worker_id": w,
                 "num_workers": k, "finished": bool(finished), "rank": self.rank, "world_size": self.world_size}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -459,7 +419,7 @@ class TokenBatches(IterableDataset):
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
         if STATE_KEY not in state and "step" in state and len(state) == 1:  # a bare {"step": n}
-            state = {STATE_KEY: _STATE_VERSION, "step": state["step"]}
+            state = {STATE_KEY: STATE_VERSION, "step": state["step"]}
         if STATE_KEY in state:
             w, k = _worker()
             saved = (int(state.get("worker_id", 0)), int(state.get("num_workers", 1)))

@@ -82,12 +82,15 @@ def cmd_inspect_mixture(args) -> int:
 def cmd_inspect(args) -> int:
     if is_mixture_path(args.path):
         return cmd_inspect_mixture(args)
+    memory = _reader_memory(args) if args.read_batches else None  # first: what inspect reads adds to the RSS
     cache = Cache(args.path)
     info, _ = summary.cache_summary(cache, args.path, max_chunks=args.max_chunks, threads=args.threads)
     n = info["chunks"]
     progress = None if cache.complete else read_progress(cache)
     if progress is not None:
         info["progress"] = progress.as_dict()
+    if memory is not None:
+        info["memory"] = memory
     if args.json:
         print(fmt.dumps(info), end="")
         return 0
@@ -107,7 +110,27 @@ def cmd_inspect(args) -> int:
     print(f"chunk size  {pct}  (tokens)")
     if progress is not None:  # a running build: how far it is, from every chunk written (not only the prefix)
         print("progress    " + "\n            ".join(describe_progress(progress, readable=n)))
+    if args.read_batches:
+        m = {k: v / 2**20 for k, v in info["memory"].items()}
+        print(f"memory      reading {args.read_batches} batches, at most: budget {m['budget']:.0f} MiB: decoded row groups "
+              f"{m['decoded']:.1f} MiB, kept decode buffers {m['kept_buffers']:.1f} MiB, batches read ahead up to "
+              f"{m['ahead_limit']:.1f} MiB; process RSS {m['rss']:.0f} MiB (the interpreter, numpy and pyarrow "
+              "alone: about 70 MiB)")
     return 0
+
+
+def _reader_memory(args) -> dict[str, int]:
+    """A reader's memory at its peak over ``--read_batches`` batches read as a training run would."""
+    opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, ideal_readers=args.ideal_readers,
+                       shuffle_seed=args.shuffle_seed, memory_budget_bytes=args.memory_budget_bytes)
+    peak: dict[str, int] = {}  # the moment the reader held the most, and the process's largest RSS
+    with Reader(args.path, opts) as r:
+        for _, _ in r.iter_batches(0, args.read_batches):
+            got = r.memory()
+            if got["decoded"] + got["kept_buffers"] >= peak.get("decoded", 0) + peak.get("kept_buffers", 0):
+                peak = dict(got, rss=max(got["rss"], peak.get("rss", 0)))
+            peak["rss"] = max(got["rss"], peak["rss"])
+    return peak
 
 
 def cmd_validate(args) -> int:
@@ -191,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "evenly over the cache (default 1000; 0 = all). Counts always cover every chunk.")
     q.add_argument("--json", action="store_true", help="print JSON instead of text")
     q.add_argument("--threads", type=int, default=8, help="parallel chunk reads")
+    q.add_argument("--read_batches", type=int, default=0, metavar="N",
+                   help="cache: read N batches (--seq_len, --batch_size, --ideal_readers, --shuffle_seed, "
+                        "--memory_budget_bytes) and show the reader's memory against its budget")
+    q.add_argument("--shuffle_seed", type=int, default=None, help="with --read_batches: shuffle")
+    q.add_argument("--memory_budget_bytes", type=int, default=ReadOptions.memory_budget_bytes,
+                   help=f"with --read_batches: the reader's budget (default {ReadOptions.memory_budget_bytes})")
     q.set_defaults(fn=cmd_inspect)
 
     v = sub.add_parser("validate", help="check every chunk against the ledger; exit 1 on any problem")

@@ -31,9 +31,13 @@ from reader.storage.validate import arrow_message, chunk_error
 
 
 _MAX_OPEN_FILES = 64
-_MAX_RETIRED = 64  # row groups kept for their buffers after leaving the cache, even with the cache full
+_SPARE_RETIRED = 4  # row groups kept for their buffers beyond the budget: a decode's buffer when the cache is full
 _RETIRED_SCAN = 16  # retired buffers of a size looked at per decode (those still referred to are skipped)
 _BUFFER_STEP = 16384  # decode buffers are sized in steps of 64 KiB, so similar row groups share them
+
+
+def _nothing() -> None:
+    pass
 
 
 def _shutdown(pool: cf.ThreadPoolExecutor | None, files: dict, lock: threading.Lock) -> None:
@@ -73,13 +77,14 @@ class ChunkStore:
         # Decoded row groups that left the cache (evicted, or released by a read that has passed them,
         # see reader.batch.release): their buffers are reused for new decodes once nothing refers to them any
         # more, so a long read writes into memory that is already mapped instead of faulting in fresh
-        # pages. By buffer size (entries), oldest first. Up to _MAX_RETIRED are kept whatever the cache
-        # holds, more while the cache and they together stay within the budget (a read that releases
-        # what it has passed, e.g. a shuffled read at the end of a mix, keeps the cache well below it).
+        # pages. By buffer size (entries), oldest first. They count against the budget: kept while the
+        # cache and they together stay within it (a read that releases what it has passed keeps the
+        # cache well below it), and _SPARE_RETIRED beyond it, so that a full cache still reuses memory.
         self._retired: dict[int, collections.OrderedDict[int, RowGroup]] = {}
         self._retired_count = 0
         self._retired_bytes = 0
         self.fresh_buffers = 0  # decode buffers allocated (the rest were reused)
+        self.progress: Callable[[], None] = _nothing  # called at every fetch (a reader's liveness)
         own = executor is None
         self._pool = executor or cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
         # Local caches: byte ranges are os.pread() calls on descriptors kept open (fsspec opens the file
@@ -139,9 +144,9 @@ class ChunkStore:
             self._retired_bytes += value.buf.nbytes
 
     def _trim_retired(self) -> None:
-        """Forget retired buffers (oldest of the most common size first) beyond _MAX_RETIRED while the cache
+        """Forget retired buffers (oldest of the most common size first) beyond _SPARE_RETIRED while the cache
         and they together exceed the budget (lock held)."""
-        while self._retired_count > _MAX_RETIRED and self._used + self._retired_bytes > self.budget:
+        while self._retired_count > _SPARE_RETIRED and self._used + self._retired_bytes > self.budget:
             size = max(self._retired, key=lambda k: len(self._retired[k]))
             bucket = self._retired[size]
             bucket.popitem(last=False)
@@ -149,6 +154,11 @@ class ChunkStore:
                 del self._retired[size]
             self._retired_count -= 1
             self._retired_bytes -= size * 4
+
+    @property
+    def retired_bytes(self) -> int:
+        """Bytes of the buffers kept for new decodes."""
+        return self._retired_bytes
 
     @property
     def retired_buffers(self) -> int:
@@ -208,6 +218,7 @@ class ChunkStore:
 
     def _count(self, index: int, nbytes: int, *, data: bool | None) -> None:
         """Tally a fetch: ``data`` True for chunk data, False for opening a chunk, None for its footer."""
+        self.progress()
         with self._lock:
             self.opened.add(index)
             self.bytes_fetched += nbytes

@@ -26,6 +26,13 @@ started as ``python -m reader.workers.process`` (not ``multiprocessing``), so a 
 needs no ``if __name__ == "__main__"`` guard and no fork of a process that runs threads. A worker
 that fails raises its exception (with the worker's traceback as a note) in the consumer; a worker
 that dies is reported with its exit code; workers exit when the parent closes the iterator or dies.
+
+Liveness: each worker counts its progress (:class:`reader.batch.readahead.Progress`: every byte range
+fetched, every poll of a running build, every slab filled) in a shared array. The parent waits for a
+worker's report with a bounded poll and checks that count four times per ``worker_timeout_s``: a
+worker that holds work (its start-up, a slab) and does not move it for that long (stopped, or stuck on a
+storage read) is reported as :class:`reader.ReaderStalled`, naming it and its batches, and every worker
+is killed.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from multiprocessing.connection import Connection
 from typing import Iterator
@@ -46,6 +54,7 @@ from typing import Iterator
 import numpy as np
 
 from reader.batch.assemble import SLAB_BATCHES
+from reader.batch.readahead import ReaderStalled
 from reader.batch.schema import batch_spec
 
 OP_STOP, OPFILL, OP_SLOT = 0, 1, 2  # parent -> worker
@@ -53,6 +62,12 @@ OP_READY, OP_DONE, OP_ERROR = 10, 11, 13  # worker -> parent
 FILL = struct.Struct("<Bqii")  # op, first batch, slot, batches (asked for, or filled)
 _ALIGN = 64
 _SLOT_BYTES = 8 << 20
+_START_S = 60.0  # a worker's start-up (a new interpreter, imports, opening the cache) may take this long at least
+
+
+def progress_spec(workers: int) -> list:
+    """The shared array where each worker's :class:`reader.batch.readahead.Progress` counts."""
+    return [("progress", np.dtype(np.int64), (workers,))]
 
 
 def _slot_layout(spec) -> tuple[list[tuple[str, np.dtype, tuple, int]], int]:
@@ -170,8 +185,11 @@ class WorkerPool:
         self._procs: list[subprocess.Popen] = []
         self._conns: list[Connection] = []
         self._closed = False
+        self.timeout_s = float(opts.worker_timeout_s)
+        self._progress: Slot | None = None
         try:
             self._slots = [self._new_slot() for _ in range(self.depth)]
+            self._progress = Slot(os.path.join(_shm_dir(), f"{self._tag}-progress"), progress_spec(W), create=True)
             # On a local cache the workers decode inline (prefetch_threads=0): CPU, not I/O, is what
             # they share, and planning ahead costs CPU. Remote caches keep the prefetch threads, which
             # hide the fetch latency.
@@ -201,11 +219,11 @@ class WorkerPool:
                     "my_rows": mine_rows,
                     "wait_timeout_s": reader.wait_timeout_s, "poll_interval_s": reader.poll_interval_s,
                     "start": self.start, "count": count, "worker": w, "workers": W, "spec": self.spec,
-                    "rows": self.rows, "slots": [s.path for s in self._slots],
+                    "rows": self.rows, "slots": [s.path for s in self._slots], "progress": self._progress.path,
                 })
             for w in range(W):
-                self._expect(w, OP_READY)
-            for s in self._slots:  # every worker has mapped them: the names can go
+                self._expect(w, OP_READY, what="starting (opening the cache)", limit=max(self.timeout_s, _START_S))
+            for s in self._slots + [self._progress]:  # every worker has mapped them: the names can go
                 s.unlink()
             self._owner: dict[int, tuple[int, int]] = {}  # first batch of a granted slab -> (slot, batches)
             self._next_grant = self.start
@@ -258,11 +276,31 @@ class WorkerPool:
                     if got[0] == OP_ERROR:
                         self._raise(w, got)
 
-    def _recv(self, w: int) -> bytes:
-        try:
-            return self._conns[w].recv_bytes()
-        except (EOFError, OSError):  # only the worker holds the other end: it has exited
-            self._dead(w)
+    def _recv(self, w: int, what: str, limit: float) -> bytes:
+        """Worker ``w``'s next message; :class:`ReaderStalled` once its progress count has not moved for
+        ``limit`` seconds while waiting (``what``: the work it holds)."""
+        conn = self._conns[w]
+        count = self._progress.arrays["progress"]
+        seen, since = int(count[w]), time.monotonic()
+        while True:
+            try:
+                if conn.poll(min(limit / 4, max(0.0, since + limit - time.monotonic()))):
+                    return conn.recv_bytes()
+            except (EOFError, OSError):  # only the worker holds the other end: it has exited
+                self._dead(w)
+            if int(count[w]) != seen:
+                seen, since = int(count[w]), time.monotonic()
+            elif time.monotonic() - since >= limit:
+                self._stalled(w, what, limit)
+
+    def _stalled(self, w: int, what: str, limit: float):
+        pid = self._procs[w].pid
+        for p in self._procs:  # the stalled worker cannot finish, and the others serve the same batches
+            p.kill()
+            p.wait()
+        raise ReaderStalled(f"reader worker {w} (pid {pid}) made no progress for {limit:g} s while {what} "
+                            f"(ReadOptions.worker_timeout_s={self.timeout_s:g}): stopped, or stuck on a storage "
+                            "read; the reader workers were killed. Check the storage, or raise worker_timeout_s")
 
     def _raise(self, w: int, msg: bytes):
         exc, tb = pickle.loads(msg[1:])
@@ -279,10 +317,11 @@ class WorkerPool:
         raise WorkerError(f"reader worker {w} (pid {proc.pid}) exited with code {code} without a report; "
                           "see its output above (out of memory? killed?)") from None
 
-    def _expect(self, w: int, op: int, b: int | None = None) -> int:
+    def _expect(self, w: int, op: int, b: int | None = None, what: str = "", limit: float | None = None) -> int:
         """Receive worker ``w``'s next report and return its batch count (``op`` with batch ``b``
-        expected); raise the worker's exception if it reports one."""
-        msg = self._recv(w)
+        expected, for ``what``, within ``limit`` seconds without progress: default ``worker_timeout_s``);
+        raise the worker's exception if it reports one."""
+        msg = self._recv(w, what, self.timeout_s if limit is None else limit)
         got = msg[0]
         if got == OP_ERROR:
             self._raise(w, msg)
@@ -299,7 +338,8 @@ class WorkerPool:
             while b in self._owner:
                 k, want = self._owner.pop(b)
                 # batches the workers filled: fewer than asked only at the end of an eval pass
-                got = min(self._expect(w, OP_DONE, b) for w in range(self.num_workers))
+                what = f"assembling batches {b}..{b + want - 1} (shared-memory slot {k})"
+                got = min(self._expect(w, OP_DONE, b, what) for w in range(self.num_workers))
                 slot = self._slots[k]
                 slot.unlink()  # a new slot's name is needed only until the workers have mapped it
                 arrays = slot.arrays
@@ -332,7 +372,7 @@ class WorkerPool:
                 p.wait()
         for c in self._conns:
             c.close()
-        for s in self._slots + self._retired:
+        for s in self._slots + self._retired + ([self._progress] if self._progress else []):
             s.unlink()
 
     def __del__(self):

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from reader.workers.pool import FILL, OP_DONE, OP_ERROR, OP_READY, OP_SLOT, OP_STOP, Slot
+from reader.workers.pool import FILL, OP_DONE, OP_ERROR, OP_READY, OP_SLOT, OP_STOP, Slot, progress_spec
 
 
 def _send_error(conn: Connection, e: BaseException) -> None:
@@ -43,10 +43,13 @@ def _serve(conn: Connection) -> None:
 
     try:
         slots = {k: rows_of(Slot(p, spec, create=False)) for k, p in enumerate(setup["slots"])}
+        progress = Slot(setup["progress"], progress_spec(W), create=False).arrays["progress"][w:w + 1]
+        progress[0] += 1  # started: the parent watches this count while it waits for us
         reader = Reader(setup["cache"], setup["options"], num_readers=setup["num_readers"],
                         reader_index=setup["reader_index"], wait_timeout_s=setup["wait_timeout_s"],
                         poll_interval_s=setup["poll_interval_s"], storage_options=setup["storage_options"],
                         serve_rows=setup["my_rows"])
+        reader.progress.share(progress)  # every fetch and every poll of a running build moves it
         inline = reader.options.prefetch_threads == 0  # all on this thread: the least CPU per batch
         if not inline:
             batches = reader.iter_batches(setup["start"], setup["count"])
@@ -86,6 +89,7 @@ def _serve(conn: Connection) -> None:
                     for key, a in batch.items():
                         np.copyto(slots[k][key][i * per:(i + 1) * per], a, casting="no")
                     done += 1
+            reader.progress.beat()
             conn.send_bytes(FILL.pack(OP_DONE, b, k, done))
     except BaseException as e:  # noqa: BLE001
         try:

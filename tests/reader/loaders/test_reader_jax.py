@@ -381,3 +381,18 @@ def test_expand_flat_in_jax_equals_numpy(cache):
             got = jax.jit(expand_jax)({k: x[k] for k in ("tokens", "first_positions", "num_tokens")})
             for k in TOKEN_FIELDS:
                 np.testing.assert_array_equal(np.asarray(got[k]), want[k], err_msg=f"{k} batch {b}")
+
+
+@pytest.mark.timeout(120)
+def test_a_read_that_never_returns_raises_instead_of_hanging(cache, tmp_path):
+    """The loader's read-ahead thread blocks on a chunk that is a FIFO nobody writes: after
+    worker_timeout_s without progress the loop raises ReaderStalled naming the batch."""
+    import stalls
+    from reader import ReaderStalled
+
+    opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=2, worker_timeout_s=2)
+    with stalls.hanging_chunks(cache, str(tmp_path / "cache")) as root:
+        with JaxLoader(root, opts, make_mesh((8,), ("data",)), P("data", None)) as loader:
+            with pytest.raises(ReaderStalled, match=r"^the reader made no progress for 2 s while assembling "
+                                                    r"global batch 0 for JaxLoader"):
+                next(loader.iter_batches())

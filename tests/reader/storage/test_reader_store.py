@@ -254,11 +254,11 @@ def test_a_sequential_read_releases_what_it_has_passed():
 
 
 def test_released_buffers_are_kept_within_the_budget(cache_dir, monkeypatch):
-    """Beyond _MAX_RETIRED, released row groups' buffers are kept only while the cache and they together
+    """Beyond _SPARE_RETIRED, released row groups' buffers are kept only while the cache and they together
     fit the memory budget; kept ones serve new decodes (fresh_buffers stays put)."""
     from reader.storage import store as store_mod
     root, chunks, entries = cache_dir
-    monkeypatch.setattr(store_mod, "_MAX_RETIRED", 2)
+    monkeypatch.setattr(store_mod, "_SPARE_RETIRED", 2)
     keys = [(c, g) for c in range(len(entries)) for g in range(len(_sidecar(root, entries[c])["row_group_index"]))]
     assert len(keys) >= 8
     with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
@@ -280,7 +280,7 @@ def test_released_buffers_are_kept_within_the_budget(cache_dir, monkeypatch):
         assert st.retired_buffers == 5
         st.budget = 1
         st.release(0, 10**6)
-        assert st.retired_buffers == 2  # _MAX_RETIRED, whatever the budget
+        assert st.retired_buffers == 2  # _SPARE_RETIRED, whatever the budget
         st.row_group(*keys[0])
         assert st.fresh_buffers == len(keys) and st.retired_buffers == 1
 
