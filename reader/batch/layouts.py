@@ -7,6 +7,8 @@ layout's arrays (:mod:`reader.batch.schema`):
   (one copy per run), then :meth:`mark_documents`: the document starts inside them, for the
   whole batch at once;
 * :meth:`write_row`: any other row, from its tokens (after the previous token) and their positions;
+* :meth:`write_packed`: best-fit rows, from their pieces, for the whole read at once
+  (:func:`piece_tokens` gives every token's output and input offsets, one gather per row group);
 * :meth:`pad`: rows past the end of an eval pass.
 
 Rows may be written with scratch values first (a run's copy, or a whole-array shift, covers rows the
@@ -30,6 +32,36 @@ def _arange32(n: int) -> np.ndarray:
     if a.size < n:
         a = _AR32[0] = np.arange(n, dtype=np.int32)
     return a[:n]
+
+
+def piece_tokens(dst: np.ndarray, src: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every token of pieces ``lengths`` long that start at offset ``dst`` of an output and ``src`` of an
+    input: ``(output offsets, input offsets)``, piece after piece (a few vectorized calls for a read)."""
+    tot = int(lengths.sum())
+    step = np.ones(tot, np.int64)  # offsets advance by one inside a piece and jump between pieces
+    if tot:
+        heads = np.cumsum(lengths) - lengths
+        keep = lengths > 0
+        heads, d0, s0, m = heads[keep], dst[keep], src[keep], lengths[keep]
+        step[heads[0]] = 0
+        out_step, in_step = step.copy(), step
+        out_step[heads[1:]] = d0[1:] - (d0[:-1] + m[:-1] - 1)
+        in_step[heads[1:]] = s0[1:] - (s0[:-1] + m[:-1] - 1)
+        out_step[0] += d0[0]
+        in_step[0] += s0[0]
+        return np.cumsum(out_step), np.cumsum(in_step)
+    return step, step
+
+
+def _pieces_by_group(groups: np.ndarray, lengths: np.ndarray):
+    """``(order, bounds, token_bounds)``: pieces sorted by row group (stable), where each row group's pieces
+    and their tokens begin and end in that order."""
+    order = np.argsort(groups, kind="stable")
+    g = groups[order]
+    cuts = np.flatnonzero(g[1:] != g[:-1]) + 1
+    bounds = np.concatenate([[0], cuts, [g.size]]).tolist()
+    tok = np.concatenate([[0], np.cumsum(lengths[order])])
+    return order, bounds, tok[bounds].tolist()
 
 
 class ArraysWriter:
@@ -125,6 +157,47 @@ class ArraysWriter:
             out["segment_ids"][d] = real
             out["loss_mask"][d] = real
 
+    def write_packed(self, out, rows, totals, pieces_row, columns, local, first, lengths, group, padded) -> None:
+        """Packed rows made of pieces (best-fit rows), for the whole read: rows ``rows`` hold ``totals``
+        tokens; piece ``k`` writes ``lengths[k]`` tokens of decoded row group ``padded[group[k]]`` from
+        token ``local[k]`` into row ``pieces_row[k]`` from column ``columns[k]``, its first token at
+        position ``first[k]`` of its document. Pieces come row after row, in column order, filling each
+        row from column 0; a piece at position 0 starts a document. The other rows are scratch."""
+        L = self.L
+        nrows = out["targets"].shape[0]
+        size = nrows * L
+        tg, ip = out["targets"].reshape(-1), out["inputs"].reshape(-1)
+        dst0 = pieces_row * L + columns
+        order, bounds, tb = _pieces_by_group(group, lengths)
+        d, s = piece_tokens(dst0[order], local[order], lengths[order])
+        for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            p = padded[int(group[order[a]])]
+            lo, hi = tb[i], tb[i + 1]
+            dd, ss = d[lo:hi], s[lo:hi]
+            tg[dd] = p[1:][ss]
+            ip[dd] = p[ss]
+        # segments, as flat offsets: the pieces, then each row's padding (rows of no pieces: all padding)
+        total = np.zeros(nrows, np.int64)
+        total[rows] = totals
+        pad_rows = np.flatnonzero(total < L)
+        flat = np.concatenate([dst0, pad_rows * L + total[pad_rows]])
+        pos0 = np.concatenate([first, np.zeros(pad_rows.size, np.int64)])
+        head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece (rows ascend)
+        in_row = np.arange(pieces_row.size) - np.repeat(head, np.diff(np.append(head, pieces_row.size)))
+        segnum = np.concatenate([in_row + 1, np.zeros(pad_rows.size, np.int64)])
+        o = np.argsort(flat, kind="stable")
+        flat, pos0, segnum = flat[o], pos0[o], segnum[o]
+        seg_len = np.diff(np.append(flat, size))
+        mask = out["loss_mask"].reshape(-1)
+        np.copyto(mask, np.repeat(segnum > 0, seg_len))
+        np.copyto(out["segment_ids"].reshape(-1), np.repeat(segnum.astype(np.int32), seg_len))
+        pos = out["positions"].reshape(-1)
+        np.subtract(_arange32(size), np.repeat((flat - pos0).astype(np.int32), seg_len), out=pos)
+        pos *= mask
+        tg *= mask
+        ip *= mask
+        ip[dst0[first == 0]] = 0  # a document's first token has no input
+
     def pad(self, out, rows: np.ndarray) -> None:
         for k in TOKEN_FIELDS:
             out[k][rows] = 0
@@ -187,6 +260,34 @@ class FlatWriter:
 
     def write_pieces(self, *args) -> None:
         raise ValueError("layout='flat' holds packed windows only; unpacked examples use layout='arrays'")
+
+    def write_packed(self, out, rows, totals, pieces_row, columns, local, first, lengths, group, padded) -> None:
+        """Best-fit rows, for the whole read: see :meth:`ArraysWriter.write_packed`. Column 0 is the token
+        before a row's first piece (0 when it starts a document), each piece's tokens follow from column
+        ``1 + columns[k]``, and a piece at position 0 sets its first token's start bit."""
+        L1 = self.L + 1
+        tok = out["tokens"]
+        direct = tok.flags.c_contiguous
+        W = tok.view(np.int32) if direct else np.empty(tok.shape, np.int32)
+        flat = W.reshape(-1)
+        flat[:] = 0
+        dst0 = pieces_row * L1 + 1 + columns
+        order, bounds, tb = _pieces_by_group(group, lengths)
+        d, s = piece_tokens(dst0[order], local[order], lengths[order])
+        row_head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece
+        lead = np.zeros(group.size, bool)
+        lead[row_head[first[row_head] > 0]] = True  # rows that continue a document: their column 0
+        for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            p = padded[int(group[order[a]])]
+            flat[d[tb[i]:tb[i + 1]]] = p[1:][s[tb[i]:tb[i + 1]]]
+            k = order[a:b][lead[order[a:b]]]
+            flat[pieces_row[k] * L1] = p[local[k]]
+        flat <<= 1
+        flat[dst0[first == 0]] += 1
+        if not direct:  # strided rows (a reader worker's rows of a slot): written apart, copied once
+            np.copyto(tok, W.view(np.uint32))
+        out["first_positions"][rows] = first[row_head]
+        out["num_tokens"][rows] = totals
 
     def pad(self, out, rows: np.ndarray) -> None:
         out["tokens"][rows] = 0

@@ -23,7 +23,7 @@ from reader.storage.cache import Cache, wait_for
 from reader.mixture.mixing import MixIndex
 from reader.mixture.spec import MixtureError, MixtureSpec, load_mixture
 from reader.options import ReadOptions
-from reader.batch.examples import ExampleOrder, Placement, group_by_key
+from reader.batch.examples import ExampleOrder, Placement, RowPieces, group_by_key
 from reader.storage.store import ChunkStore
 from reader.order.streams import NotYetAvailable, StackedStreams, split_example_index
 
@@ -202,7 +202,8 @@ class MixtureOrder:
         ex = np.asarray(ex, dtype=np.int64).reshape(-1)
         C = self.num_components
         comp, k = self.assign(ex)
-        stacked = self._stacked() if self.index is not None and self.options.packed else None
+        concat = self.options.kind == "concat"
+        stacked = self._stacked() if self.index is not None and concat else None
         if stacked is not None:
             return self._locate_stacked(stacked, ex, comp, k)
         valid = comp >= 0
@@ -211,8 +212,9 @@ class MixtureOrder:
         entry[rows] = np.arange(rows.size)
         m = rows.size
         streams, positions, epochs, chunks, starts, lengths = (np.empty(m, np.int64) for _ in range(6))
-        first = None if self.options.packed else np.empty(m, np.int64)
+        first = None if concat else np.empty(m, np.int64)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
+        pieces = [] if self.options.kind == "best_fit" else None
         for c in np.flatnonzero(np.bincount(comp[rows], minlength=C)).tolist():
             sel = np.flatnonzero(comp == c)
             sub = self.components[c].locate(k[sel])
@@ -223,17 +225,21 @@ class MixtureOrder:
             chunks[dst], starts[dst], lengths[dst] = sub.chunks * C + c, sub.starts, sub.lengths
             if first is not None:
                 first[dst] = sub.first_positions
+            if pieces is not None:
+                pieces.append((dst, sub.pieces))
             for kk, pieces in sub.spill.items():
                 spill[int(dst[kk])] = [(e, ch * C + c, lo, hi) for e, ch, lo, hi in pieces]
         examples = np.where(valid, ex, -1)
+        if pieces is not None:
+            pieces = RowPieces.scatter(m, pieces)
         return Placement(examples, valid, rows, streams, positions, epochs, chunks, starts, lengths, first, spill,
-                         comp.astype(np.int32))
+                         comp.astype(np.int32), pieces)
 
     def plan_components(self, comp: np.ndarray, k: np.ndarray) -> list[list[tuple[int, np.ndarray]]] | None:
         """Every component's :meth:`reader.batch.examples.ExampleOrder.plan` of its examples ``k[comp == c]`` (from
         :meth:`assign`), found in one stacked call: packed, unshuffled training reads of finished
         components; else None (ask each component)."""
-        if self.index is None or not self.options.packed or self.components[0].shuffle is not None:
+        if self.index is None or self.options.kind != "concat" or self.components[0].shuffle is not None:
             return None
         stacked = self._stacked()
         if stacked is None:
