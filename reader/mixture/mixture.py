@@ -214,7 +214,7 @@ class MixtureOrder:
         streams, positions, epochs, chunks, starts, lengths = (np.empty(m, np.int64) for _ in range(6))
         first = None if concat else np.empty(m, np.int64)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
-        pieces = [] if self.options.kind == "best_fit" else None
+        rows_pieces = [] if self.options.kind == "best_fit" else None
         for c in np.flatnonzero(np.bincount(comp[rows], minlength=C)).tolist():
             sel = np.flatnonzero(comp == c)
             sub = self.components[c].locate(k[sel])
@@ -225,15 +225,13 @@ class MixtureOrder:
             chunks[dst], starts[dst], lengths[dst] = sub.chunks * C + c, sub.starts, sub.lengths
             if first is not None:
                 first[dst] = sub.first_positions
-            if pieces is not None:
-                pieces.append((dst, sub.pieces))
+            if rows_pieces is not None:
+                rows_pieces.append((dst, sub.pieces))
             for kk, pieces in sub.spill.items():
                 spill[int(dst[kk])] = [(e, ch * C + c, lo, hi) for e, ch, lo, hi in pieces]
         examples = np.where(valid, ex, -1)
-        if pieces is not None:
-            pieces = RowPieces.scatter(m, pieces)
         return Placement(examples, valid, rows, streams, positions, epochs, chunks, starts, lengths, first, spill,
-                         comp.astype(np.int32), pieces)
+                         comp.astype(np.int32), None if rows_pieces is None else RowPieces.scatter(m, rows_pieces))
 
     def plan_components(self, comp: np.ndarray, k: np.ndarray) -> list[list[tuple[int, np.ndarray]]] | None:
         """Every component's :meth:`reader.batch.examples.ExampleOrder.plan` of its examples ``k[comp == c]`` (from
