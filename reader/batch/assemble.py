@@ -218,8 +218,8 @@ class Assembler:
             g = np.searchsorted(rg_starts, pc.starts[m], side="right") - 1
             group[m] = g
             local[m] = pc.starts[m] - rg_starts[g]
-        keys, inv = np.unique(np.stack([chunk, group], axis=1), axis=0, return_inverse=True)
-        keys = [(c, g) for c, g in keys.tolist()]
+        ukeys, inv = np.unique((chunk << 32) | group, return_inverse=True)  # (row groups per chunk < 2**32)
+        keys = [(k >> 32, k & 0xFFFFFFFF) for k in ukeys.tolist()]
         groups = store.row_groups(keys)  # (sorted, as the mixture's store expects)
         self.writer.write_packed(out, pl.rows, pl.lengths, np.repeat(pl.rows, counts), pc.columns, local,
                                  pc.first_positions, pc.lengths, inv.reshape(-1),

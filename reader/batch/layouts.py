@@ -7,8 +7,8 @@ layout's arrays (:mod:`reader.batch.schema`):
   (one copy per run), then :meth:`mark_documents`: the document starts inside them, for the
   whole batch at once;
 * :meth:`write_row`: any other row, from its tokens (after the previous token) and their positions;
-* :meth:`write_packed`: best-fit rows, from their pieces, for the whole read at once
-  (:func:`piece_tokens` gives every token's output and input offsets, one gather per row group);
+* :meth:`write_packed`: best-fit rows, from their pieces, for the whole read at once (one copy per
+  piece, then the documents marked for the whole read, as :meth:`mark_documents` does);
 * :meth:`pad`: rows past the end of an eval pass.
 
 Rows may be written with scratch values first (a run's copy, or a whole-array shift, covers rows the
@@ -34,34 +34,35 @@ def _arange32(n: int) -> np.ndarray:
     return a[:n]
 
 
-def piece_tokens(dst: np.ndarray, src: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every token of pieces ``lengths`` long that start at offset ``dst`` of an output and ``src`` of an
-    input: ``(output offsets, input offsets)``, piece after piece (a few vectorized calls for a read)."""
-    tot = int(lengths.sum())
-    step = np.ones(tot, np.int64)  # offsets advance by one inside a piece and jump between pieces
-    if tot:
-        heads = np.cumsum(lengths) - lengths
-        keep = lengths > 0
-        heads, d0, s0, m = heads[keep], dst[keep], src[keep], lengths[keep]
-        step[heads[0]] = 0
-        out_step, in_step = step.copy(), step
-        out_step[heads[1:]] = d0[1:] - (d0[:-1] + m[:-1] - 1)
-        in_step[heads[1:]] = s0[1:] - (s0[:-1] + m[:-1] - 1)
-        out_step[0] += d0[0]
-        in_step[0] += s0[0]
-        return np.cumsum(out_step), np.cumsum(in_step)
-    return step, step
+_Z32: dict[int, np.ndarray] = {}
 
 
-def _pieces_by_group(groups: np.ndarray, lengths: np.ndarray):
-    """``(order, bounds, token_bounds)``: pieces sorted by row group (stable), where each row group's pieces
-    and their tokens begin and end in that order."""
-    order = np.argsort(groups, kind="stable")
-    g = groups[order]
-    cuts = np.flatnonzero(g[1:] != g[:-1]) + 1
-    bounds = np.concatenate([[0], cuts, [g.size]]).tolist()
-    tok = np.concatenate([[0], np.cumsum(lengths[order])])
-    return order, bounds, tok[bounds].tolist()
+def _zeros32(n: int) -> np.ndarray:
+    """A read-only int32 array of ``n`` zeros, cached (padding, in the parts a packed row is made of)."""
+    z = _Z32.get(n)
+    if z is None:
+        z = np.zeros(n, np.int32)
+        z.setflags(write=False)
+        _Z32[n] = z
+    return z
+
+
+def segments(nrows: int, L: int, rows, totals, pieces_row, flat_start, first):
+    """The segments of packed rows made of pieces, over a ``[nrows, L]`` array seen flat: each piece (a
+    segment numbered from 1 in its row, starting at flat offset ``flat_start`` and position ``first``),
+    then each row's padding (segment 0; rows without pieces are all padding). Returns ``(starts,
+    starts - first positions, numbers, lengths)`` in offset order, for ``np.repeat``."""
+    total = np.zeros(nrows, np.int64)
+    total[rows] = totals
+    pad_rows = np.flatnonzero(total < L)
+    head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece (rows ascend)
+    in_row = np.arange(pieces_row.size) - np.repeat(head, np.diff(np.append(head, pieces_row.size)))
+    starts = np.concatenate([flat_start, pad_rows * L + total[pad_rows]])
+    base = starts - np.concatenate([first, np.zeros(pad_rows.size, np.int64)])
+    num = np.concatenate([in_row + 1, np.zeros(pad_rows.size, np.int64)])
+    o = np.argsort(starts, kind="stable")
+    starts = starts[o]
+    return starts, base[o], num[o], np.diff(np.append(starts, nrows * L))
 
 
 class ArraysWriter:
@@ -162,41 +163,42 @@ class ArraysWriter:
         tokens; piece ``k`` writes ``lengths[k]`` tokens of decoded row group ``padded[group[k]]`` from
         token ``local[k]`` into row ``pieces_row[k]`` from column ``columns[k]``, its first token at
         position ``first[k]`` of its document. Pieces come row after row, in column order, filling each
-        row from column 0; a piece at position 0 starts a document. The other rows are scratch."""
+        row from column 0; a piece at position 0 starts a document. The other rows are scratch.
+
+        The rows' contents are listed piece by piece (views of the row groups, zeros for padding) and
+        written by one ``np.concatenate`` per array: pieces are long (about L/2 at L = 2048 on real
+        text) and a read's pieces lie in hundreds of row groups, so per-token index arrays (or one
+        gather per row group) cost several times more."""
         L = self.L
         nrows = out["targets"].shape[0]
-        size = nrows * L
-        tg, ip = out["targets"].reshape(-1), out["inputs"].reshape(-1)
+        z = _zeros32(L)
+        tparts, iparts = [], []  # the two arrays' contents, row after row, for one concatenate each
+        r0, used = -1, L
+        for r, g, a, m, f in zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist(),
+                                 first.tolist()):
+            if r != r0:  # a new row: pad the last one, and rows without pieces
+                tparts += [z[:L - used]] + [z] * (r - r0 - 1)
+                iparts += [z[:L - used]] + [z] * (r - r0 - 1)
+                r0, used = r, 0
+            p = padded[g]
+            tparts.append(p[a + 1:a + 1 + m])
+            if f:
+                iparts.append(p[a:a + m])
+            else:  # a document's first token has no input
+                iparts += [z[:1], p[a + 1:a + m]]
+            used += m
+        tparts += [z[:L - used]] + [z] * (nrows - r0 - 1)
+        iparts += [z[:L - used]] + [z] * (nrows - r0 - 1)
+        np.concatenate(tparts, out=out["targets"].reshape(-1))
+        np.concatenate(iparts, out=out["inputs"].reshape(-1))
         dst0 = pieces_row * L + columns
-        order, bounds, tb = _pieces_by_group(group, lengths)
-        d, s = piece_tokens(dst0[order], local[order], lengths[order])
-        for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-            p = padded[int(group[order[a]])]
-            lo, hi = tb[i], tb[i + 1]
-            dd, ss = d[lo:hi], s[lo:hi]
-            tg[dd] = p[1:][ss]
-            ip[dd] = p[ss]
-        # segments, as flat offsets: the pieces, then each row's padding (rows of no pieces: all padding)
-        total = np.zeros(nrows, np.int64)
-        total[rows] = totals
-        pad_rows = np.flatnonzero(total < L)
-        flat = np.concatenate([dst0, pad_rows * L + total[pad_rows]])
-        pos0 = np.concatenate([first, np.zeros(pad_rows.size, np.int64)])
-        head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece (rows ascend)
-        in_row = np.arange(pieces_row.size) - np.repeat(head, np.diff(np.append(head, pieces_row.size)))
-        segnum = np.concatenate([in_row + 1, np.zeros(pad_rows.size, np.int64)])
-        o = np.argsort(flat, kind="stable")
-        flat, pos0, segnum = flat[o], pos0[o], segnum[o]
-        seg_len = np.diff(np.append(flat, size))
+        starts, base, num, seg_len = segments(nrows, L, rows, totals, pieces_row, dst0, first)
         mask = out["loss_mask"].reshape(-1)
-        np.copyto(mask, np.repeat(segnum > 0, seg_len))
-        np.copyto(out["segment_ids"].reshape(-1), np.repeat(segnum.astype(np.int32), seg_len))
+        np.copyto(mask, np.repeat(num > 0, seg_len))
+        np.copyto(out["segment_ids"].reshape(-1), np.repeat(num.astype(np.int32), seg_len))
         pos = out["positions"].reshape(-1)
-        np.subtract(_arange32(size), np.repeat((flat - pos0).astype(np.int32), seg_len), out=pos)
+        np.subtract(_arange32(nrows * L), np.repeat(base.astype(np.int32), seg_len), out=pos)
         pos *= mask
-        tg *= mask
-        ip *= mask
-        ip[dst0[first == 0]] = 0  # a document's first token has no input
 
     def pad(self, out, rows: np.ndarray) -> None:
         for k in TOKEN_FIELDS:
@@ -269,24 +271,28 @@ class FlatWriter:
         tok = out["tokens"]
         direct = tok.flags.c_contiguous
         W = tok.view(np.int32) if direct else np.empty(tok.shape, np.int32)
+        z = _zeros32(L1)
+        parts = []  # the tokens array's content, row after row, for one concatenate
+        r0, used = -1, L1
+        for r, g, a, m, f in zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist(),
+                                 first.tolist()):
+            p = padded[g]
+            if r != r0:  # a new row: pad the last one and rows without pieces; column 0 is the token
+                # before the row's first piece when it continues a document
+                parts += [z[:L1 - used]] + [z] * (r - r0 - 1) + [p[a:a + 1] if f else z[:1]]
+                r0, used = r, 1
+            parts.append(p[a + 1:a + 1 + m])
+            used += m
+        parts += [z[:L1 - used]] + [z] * (tok.shape[0] - r0 - 1)
         flat = W.reshape(-1)
-        flat[:] = 0
-        dst0 = pieces_row * L1 + 1 + columns
-        order, bounds, tb = _pieces_by_group(group, lengths)
-        d, s = piece_tokens(dst0[order], local[order], lengths[order])
-        row_head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece
-        lead = np.zeros(group.size, bool)
-        lead[row_head[first[row_head] > 0]] = True  # rows that continue a document: their column 0
-        for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-            p = padded[int(group[order[a]])]
-            flat[d[tb[i]:tb[i + 1]]] = p[1:][s[tb[i]:tb[i + 1]]]
-            k = order[a:b][lead[order[a:b]]]
-            flat[pieces_row[k] * L1] = p[local[k]]
+        np.concatenate(parts, out=flat)
         flat <<= 1
+        dst0 = pieces_row * L1 + 1 + columns
         flat[dst0[first == 0]] += 1
         if not direct:  # strided rows (a reader worker's rows of a slot): written apart, copied once
             np.copyto(tok, W.view(np.uint32))
-        out["first_positions"][rows] = first[row_head]
+        head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece
+        out["first_positions"][rows] = first[head]
         out["num_tokens"][rows] = totals
 
     def pad(self, out, rows: np.ndarray) -> None:
