@@ -58,7 +58,7 @@ def _check(lengths, seq_len: int) -> np.ndarray:
     return arr
 
 
-def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[list[int], int]:
+def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[np.ndarray, int]:
     """Best-fit decreasing of the remainder pieces ``rem`` (each in 1..L-1, in document order; ``cont``:
     the piece continues its document, i.e. starts past token 0): the row of each piece (rows numbered in
     creation order), and the number of rows.
@@ -73,37 +73,62 @@ def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[list[int
     The capacities that have rows are bits of a two-level bitmap of Python ints per set (words of about
     sqrt(L) bits and a summary of non-empty words), so "smallest capacity >= p" is a shift and a
     lowest-set-bit per level, on ints of a few machine words at any practical L; the sort and the heaps
-    make the whole O(n log n).
+    make the whole O(n log n). Pieces longer than L/2 come first and each opens a row (every row then
+    holds a longer piece, so has less room than they need): those rows are made at once.
     """
+    n = len(rem)
     order = np.argsort(-rem, kind="stable")  # length descending; stable keeps document order on ties
+    sizes, conts = rem[order], cont[order]
+    big = int(np.searchsorted(-sizes, -(seq_len // 2), side="left"))  # pieces > L/2 (sizes descend)
     shift = max(6, (int(seq_len).bit_length() + 1) // 2)
     low = (1 << shift) - 1
     words = ([0] * ((seq_len >> shift) + 1), [0] * ((seq_len >> shift) + 1))
     summary = [0, 0]
     heaps: tuple[list, list] = ([None] * seq_len, [None] * seq_len)  # per set: capacity -> heap of rows
-    row_of = [0] * len(rem)
-    rows = 0
+    # the big pieces' rows: row i has capacity L - size, in set 1 if its piece continues a document; rows
+    # of one (set, capacity) in ascending order, a valid heap
+    key = conts[:big].astype(np.int64) * seq_len + (seq_len - sizes[:big])
+    by = np.argsort(key, kind="stable")
+    cuts = np.flatnonzero(np.diff(key[by])) + 1
+    for grp in np.split(by, cuts) if big else ():
+        k, c = divmod(int(key[grp[0]]), seq_len)
+        heaps[k][c] = grp.tolist()
+        words[k][c >> shift] |= 1 << (c & low)
+        summary[k] |= 1 << (c >> shift)
+    words0, words1 = words
+    heaps0, heaps1 = heaps
+    rest = []
+    rows = big
     heappush, heappop = heapq.heappush, heapq.heappop
-
-    def smallest(k: int, p: int) -> int:  # smallest capacity >= p with a row in set k, or 0
-        wk = words[k]
+    for p, is_cont in zip(sizes[big:].tolist(), conts[big:].tolist()):
+        # c: the smallest capacity >= p of set 0 (0: none), then of set 1 for a document start
         w = p >> shift
-        m = wk[w] >> (p & low)
+        m = words0[w] >> (p & low)
         if m:
-            return p + (m & -m).bit_length() - 1
-        s = summary[k] >> (w + 1)
-        if not s:
-            return 0
-        w += (s & -s).bit_length()
-        m = wk[w]
-        return (w << shift) + (m & -m).bit_length() - 1
-
-    for i, p, is_cont in zip(order.tolist(), rem[order].tolist(), cont[order].tolist()):
-        c = smallest(0, p)
+            c = p + (m & -m).bit_length() - 1
+        else:
+            sm = summary[0] >> (w + 1)
+            if sm:
+                w += (sm & -sm).bit_length()
+                m = words0[w]
+                c = (w << shift) + (m & -m).bit_length() - 1
+            else:
+                c = 0
         k = 0
         if not is_cont:  # set 1 is open to it too: the smaller capacity, then the older row
-            c1 = smallest(1, p)
-            if c1 and (not c or c1 < c or (c1 == c and heaps[1][c1][0] < heaps[0][c][0])):
+            w = p >> shift
+            m = words1[w] >> (p & low)
+            if m:
+                c1 = p + (m & -m).bit_length() - 1
+            else:
+                sm = summary[1] >> (w + 1)
+                if sm:
+                    w += (sm & -sm).bit_length()
+                    m = words1[w]
+                    c1 = (w << shift) + (m & -m).bit_length() - 1
+                else:
+                    c1 = 0
+            if c1 and (not c or c1 < c or (c1 == c and heaps1[c1][0] < heaps0[c][0])):
                 c, k = c1, 1
         if c:
             h = heaps[k][c]
@@ -120,7 +145,7 @@ def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[list[int
             c = seq_len - p
         if is_cont:
             k = 1
-        row_of[i] = row
+        rest.append(row)
         if c:
             h = heaps[k][c]
             if h:
@@ -130,6 +155,9 @@ def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[list[int
                 w = c >> shift
                 words[k][w] |= 1 << (c & low)
                 summary[k] |= 1 << w
+    row_of = np.empty(n, np.int64)
+    row_of[order[:big]] = np.arange(big)
+    row_of[order[big:]] = rest
     return row_of, rows
 
 
@@ -170,7 +198,7 @@ def best_fit_rows(lengths, seq_len: int) -> PackedRows:
     # piece is its own, a remainder's row has the smallest piece index among its members.
     piece = np.arange(total, dtype=np.int64)
     rem_piece = piece[is_rem]
-    rem_row = np.asarray(rem_rows, dtype=np.int64)
+    rem_row = rem_rows
     _, first_member = np.unique(rem_row, return_index=True)  # rem_piece ascends: first seen = smallest
     row_key = piece.copy()
     row_key[is_rem] = rem_piece[first_member][rem_row]
