@@ -2,7 +2,8 @@
 with ``--cache``, best fit's figures on a built cache.
 
     python -m benchmarks.packing_cost [--docs 20000] [--median 600] [--sigma 1.0] [--seq_len 2048 8192]
-    python -m benchmarks.packing_cost --cache DIR [--seq_len 2048 8192] [--split 8] [--rounds 2] [--quick]
+    python -m benchmarks.packing_cost --cache DIR [--seq_len 2048 8192] [--split 8] [--rounds 2]
+        [--eval_fraction 0.25] [--train_fraction 0.5] [--quick]
 
 Document lengths are log-normal (median ``--median`` tokens, log-space sigma ``--sigma``), one chunk of
 ``--docs`` documents, seeded. For each L it prints the median CPU microseconds per piece (all pieces,
@@ -14,7 +15,8 @@ packed alone), of concatenation (the documents in global chunk order) and of unp
 cache's chunks and on chunks ``--split`` times smaller (each chunk's documents cut into ``--split``
 consecutive runs of about equal tokens: what a build with a ``--split`` times smaller ``--chunk_bytes``
 writes, give or take where the cuts fall); and the reader's real tokens per second with best fit against
-concatenation (:func:`read_rates`). Prints one ``BENCH_RESULT {json}`` line.
+concatenation (:func:`read_rates`), in training over ``--train_fraction`` of the cache's tokens (reader
+workers; by default one pass) and in an eval pass over ``--eval_fraction`` of it (one process). Prints one ``BENCH_RESULT {json}`` line.
 """
 
 from __future__ import annotations
@@ -100,16 +102,22 @@ def cache_figures(chunks: list[np.ndarray], seq_len: int) -> dict:
     return out
 
 
-def read_rates(cache: str, seq_len: int, batches: int, rounds: int, workers: int = 2) -> dict:
+def read_rates(cache: str, seq_len: int, batches: int, rounds: int, *, eval_mode: bool) -> dict:
     """Real tokens (``num_tokens``) per second read from ``cache`` with ``packing="best_fit"`` and with
-    ``"concat"``: the reader benchmark's headline configuration (``workers`` reader workers, flat layout,
-    R* = 16, batch 64, default budget), ``batches`` batches from opening the reader (a best-fit read decodes
-    each stream's whole chunk when it enters it, as the chunk's first rows take documents from all of it:
-    timing from the opening keeps that cost in), runs alternating, best of ``rounds`` each."""
-    from benchmarks.reader_bench import B
+    ``"concat"``, ``batches`` batches from opening the reader, runs alternating, best of ``rounds`` each;
+    batch 64, flat layout, default budget.
+
+    ``eval_mode``: one pass in global chunk order, in one process (``num_workers=0``): both read the same
+    chunks, every row group decoded once (best fit's last chunk whole), so the ratio is the cost of the
+    packing per token. Else the reader benchmark's headline configuration (R* = 16, its reader workers):
+    a best-fit read decodes each stream's whole chunk when it enters it (the chunk's first rows take
+    documents from all of it), so the first batch waits for R* whole chunks and the run's last chunks
+    are decoded whole; timing from the opening keeps that in."""
+    from benchmarks.reader_bench import B, WORKERS
     from reader import Reader, ReadOptions
 
-    base = ReadOptions(seq_len=seq_len, batch_size=B, layout="flat", num_workers=workers)
+    base = ReadOptions(seq_len=seq_len, batch_size=B, layout="flat", eval_mode=eval_mode,
+                       num_workers=0 if eval_mode else WORKERS)
     best = {"concat": 0.0, "best_fit": 0.0}
     for _ in range(rounds):
         for name in best:
@@ -132,20 +140,22 @@ def cache_main(a) -> None:
     cache = Cache(str(a.cache))
     chunks = cache_lengths(cache)
     small = split_chunks(chunks, a.split)
+    tokens = int(cache.table.tokens.sum())
     res: dict = {"packing_chunks": len(chunks), "packing_small_chunks": len(small), "packing_split": a.split,
-                 "packing_tokens_per_chunk": float(cache.table.tokens.mean()) if len(chunks) else 0.0}
+                 "packing_tokens_per_chunk": tokens / max(1, len(chunks))}
     for L in a.seq_len:
         res.update({f"{k}_L{L}": v for k, v in cache_figures(chunks, L).items()})
         # (concatenation and unpacked reading do not depend on the chunks)
         res.update({f"{k}_L{L}_small": v for k, v in cache_figures(small, L).items() if k.startswith("best_fit")})
-        # half the cache's tokens (at least one batch): a few chunks per stream, so that the whole first
-        # chunk a best-fit read decodes is a small part of the run
-        batches = max(1, int(cache.table.tokens.sum()) // 2 // (B * L)) if not a.quick else 4
-        res.update({f"{k}_L{L}": v for k, v in read_rates(str(a.cache), L, batches, a.rounds).items()})
-        res[f"packing_read_batches_L{L}"] = batches
+        for tag, eval_mode, frac in (("", False, a.train_fraction), ("_eval", True, a.eval_fraction)):
+            batches = 4 if a.quick else max(1, int(tokens * frac) // (B * L))
+            res.update({f"{k}{tag}_L{L}": v for k, v in read_rates(str(a.cache), L, batches, a.rounds,
+                                                                   eval_mode=eval_mode).items()})
+            res[f"packing_read_batches{tag}_L{L}"] = batches
         log(f"best fit, L={L}: padding {res[f'best_fit_padding_L{L}']:.2%} ({res[f'best_fit_padding_L{L}_small']:.2%} "
             f"with {a.split}x smaller chunks), cut documents {res[f'best_fit_cut_documents_L{L}']:.2%} "
-            f"(concat {res[f'concat_cut_documents_L{L}']:.2%}), reads at {res[f'best_fit_vs_concat_L{L}']:.2f} of concat")
+            f"(concat {res[f'concat_cut_documents_L{L}']:.2%}), reads at {res[f'best_fit_vs_concat_L{L}']:.2f} of "
+            f"concat (training, workers), {res[f'best_fit_vs_concat_eval_L{L}']:.2f} (an eval pass, one process)")
     emit_result(res)
 
 
@@ -158,6 +168,10 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=None, help="timing rounds (default 7; 2 with --cache)")
     ap.add_argument("--cache", help="a built cache: best fit's figures on it (see the module docstring)")
     ap.add_argument("--split", type=int, default=8, help="with --cache: the smaller chunks, this many per chunk")
+    ap.add_argument("--eval_fraction", type=float, default=0.25,
+                    help="with --cache: share of the cache's tokens an eval-pass rate reads")
+    ap.add_argument("--train_fraction", type=float, default=1.0,
+                    help="with --cache: share of the cache's tokens a training rate reads")
     ap.add_argument("--quick", action="store_true", help="with --cache: read 4 batches per rate")
     a = ap.parse_args(argv)
     if a.cache:
