@@ -16,7 +16,8 @@ cache's chunks and on chunks ``--split`` times smaller (each chunk's documents c
 consecutive runs of about equal tokens: what a build with a ``--split`` times smaller ``--chunk_bytes``
 writes, give or take where the cuts fall); and the reader's real tokens per second with best fit against
 concatenation (:func:`read_rates`), in training over ``--train_fraction`` of the cache's tokens (reader
-workers; by default one pass) and in an eval pass over ``--eval_fraction`` of it (one process). Prints one ``BENCH_RESULT {json}`` line.
+workers; by default one pass) and in an eval pass over ``--eval_fraction`` of it (one process). Prints
+one ``BENCH_RESULT {json}`` line.
 """
 
 from __future__ import annotations

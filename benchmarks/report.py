@@ -366,7 +366,8 @@ def packing_table(fig: dict) -> list[str]:
             for mode in ("", "_eval"):
                 rated = not tag and p != "unpacked"
                 cells.append(_fmt(fig.get(f"{p}_real_tokens_per_s{mode}_L{L}"), "rate") if rated else "")
-                cells.append(_fmt(fig.get(f"best_fit_vs_concat{mode}_L{L}"), "ratio") if rated and p == "best_fit" else "")
+                vs = fig.get(f"best_fit_vs_concat{mode}_L{L}")
+                cells.append(_fmt(vs, "ratio") if rated and p == "best_fit" else "")
             out.append(f"| {L} | {label} | {_fmt(g('padding'), 'ratio')} | {_fmt(g('cut_documents'), 'ratio')} | "
                        f"{_fmt(g('cut_tokens'), 'ratio')} | " + " | ".join(cells) + " |")
     return [_meaning(x, fig) if "{" in x else x for x in out]

@@ -11,7 +11,8 @@ rows fall in three kinds, sorted in one pass over the rows:
   by row, from the placement's pieces.
 
 Unpacked rows are gathered per row group of each chunk. Best-fit rows (several pieces of one chunk
-each) are gathered for the whole read at once, one gather per row group their pieces lie in.
+each, every piece inside one row group) are written for the whole read at once by the layout's
+``write_packed``.
 """
 
 from __future__ import annotations

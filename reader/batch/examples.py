@@ -3,8 +3,8 @@
 :class:`ExampleOrder` combines the stream index (:mod:`reader.order.streams`), the shuffle
 (:mod:`reader.order.shuffle`), the end of an eval pass and, for unpacked examples and best-fit rows, the
 per-chunk example counts (:mod:`reader.storage.index`). Given global example indices it answers with a
-:class:`Placement`: for every row, the chunk and token range (or, best-fit, token ranges) it holds. The assembler (:mod:`reader.batch.assemble`) only
-gathers those tokens; the prefetcher asks :meth:`ExampleOrder.plan` what upcoming batches touch.
+:class:`Placement`: for every row, the chunk and token range (best fit: token ranges) it holds. The
+assembler (:mod:`reader.batch.assemble`) only gathers those tokens; the prefetcher asks :meth:`ExampleOrder.plan` what upcoming batches touch.
 
 This is the seam for mixtures of several caches: a mixture order maps global example ``i`` to
 ``(component, component-local example)``, each component with its own ``ExampleOrder``, and answers

@@ -50,8 +50,8 @@ def _zeros32(n: int) -> np.ndarray:
 def segments(nrows: int, L: int, rows, totals, pieces_row, flat_start, first):
     """The segments of packed rows made of pieces, over a ``[nrows, L]`` array seen flat: each piece (a
     segment numbered from 1 in its row, starting at flat offset ``flat_start`` and position ``first``),
-    then each row's padding (segment 0; rows without pieces are all padding). Returns ``(starts,
-    starts - first positions, numbers, lengths)`` in offset order, for ``np.repeat``."""
+    then each row's padding (segment 0; rows without pieces are all padding). Returns ``(starts - first
+    positions, numbers, lengths)`` in offset order, for ``np.repeat``."""
     total = np.zeros(nrows, np.int64)
     total[rows] = totals
     pad_rows = np.flatnonzero(total < L)
@@ -61,8 +61,7 @@ def segments(nrows: int, L: int, rows, totals, pieces_row, flat_start, first):
     base = starts - np.concatenate([first, np.zeros(pad_rows.size, np.int64)])
     num = np.concatenate([in_row + 1, np.zeros(pad_rows.size, np.int64)])
     o = np.argsort(starts, kind="stable")
-    starts = starts[o]
-    return starts, base[o], num[o], np.diff(np.append(starts, nrows * L))
+    return base[o], num[o], np.diff(np.append(starts[o], nrows * L))
 
 
 class ArraysWriter:
@@ -163,7 +162,7 @@ class ArraysWriter:
         tokens; piece ``k`` writes ``lengths[k]`` tokens of decoded row group ``padded[group[k]]`` from
         token ``local[k]`` into row ``pieces_row[k]`` from column ``columns[k]``, its first token at
         position ``first[k]`` of its document. Pieces come row after row, in column order, filling each
-        row from column 0; a piece at position 0 starts a document. The other rows are scratch.
+        row from column 0; a piece at position 0 starts a document. Rows without pieces are padding.
 
         The rows' contents are listed piece by piece (views of the row groups, zeros for padding) and
         written by one ``np.concatenate`` per array: pieces are long (about L/2 at L = 2048 on real
@@ -192,7 +191,7 @@ class ArraysWriter:
         np.concatenate(tparts, out=out["targets"].reshape(-1))
         np.concatenate(iparts, out=out["inputs"].reshape(-1))
         dst0 = pieces_row * L + columns
-        starts, base, num, seg_len = segments(nrows, L, rows, totals, pieces_row, dst0, first)
+        base, num, seg_len = segments(nrows, L, rows, totals, pieces_row, dst0, first)
         mask = out["loss_mask"].reshape(-1)
         np.copyto(mask, np.repeat(num > 0, seg_len))
         np.copyto(out["segment_ids"].reshape(-1), np.repeat(num.astype(np.int32), seg_len))
