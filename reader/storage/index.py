@@ -39,11 +39,12 @@ class ChunkRows:
     ``k`` being ``length[k]`` tokens from token ``token[k]`` of the chunk, the first at position ``first[k]``
     of its document, written from column ``column[k]`` of the row."""
 
-    __slots__ = ("ptr", "token", "first", "length", "column", "nbytes")
+    __slots__ = ("ptr", "token", "first", "length", "column", "nbytes", "rows")
 
     def __init__(self, lengths: np.ndarray, doc_starts: np.ndarray, seq_len: int):
         rows = best_fit_rows(lengths, seq_len)
         self.ptr = rows.row_ptr
+        self.rows = rows.num_rows
         self.token = doc_starts[rows.doc] + rows.start
         self.first = rows.start
         self.length = rows.length

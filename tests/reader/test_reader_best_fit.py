@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from reader import ReadOptions, Reader, expand_flat
+from reader import ChunkError, ReadOptions, Reader, expand_flat
 from reader.batch.schema import BATCH_KEYS
 from reader.cli.main import main
 from reader.mixture.spec import MixtureError
@@ -111,6 +111,22 @@ def test_counts_are_stored_in_the_index_and_used(cache, monkeypatch):
     monkeypatch.setattr(ExampleIndex, "_count", refuse)
     with Reader(root, opts()) as r:
         assert same(r.batch(5), want)
+
+
+def test_an_index_that_disagrees_with_the_chunks_is_a_clear_error(tmp_path):
+    root = str(tmp_path / "cache")
+    chunks = chunks_with_long_documents(4, 4)
+    cachegen.write_synthetic_cache(root, chunks)
+    with Reader(root, opts(batch_size=4)) as r:
+        r.batch(0)
+    path = os.path.join(root, "index", f"best_fit-L{L}.json")
+    got = json.load(open(path))
+    got["counts"] = [n + 1 for n in got["counts"]]  # fingerprint kept: a damaged index file
+    open(path, "w").write(json.dumps(got))
+    with Reader(root, opts(batch_size=4)) as r:
+        with pytest.raises(ChunkError, match=r"chunk-000000\.parquet: its documents pack into \d+ rows of 16, "
+                                             r"the index says \d+\. Delete .*best_fit-L16\.json"):
+            r.batch(0)
 
 
 @pytest.mark.parametrize("extra", [{}, {"shuffle_seed": 4}, {"eval_mode": True}])
