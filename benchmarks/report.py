@@ -43,6 +43,14 @@ MAIN_ROWS = report_peers.PEER_MAIN_ROWS + [
     ("pipeline_peak_rss_ratio_4x_shards", "pipeline peak RSS (process tree), {pipeline_shard_mb:.3g} MB shards / "
      "{pipeline_shard_mb_small:.3g} MB shards (flat if <= 1.25)", "ratio"),
     ("reader_rss_growth_vs_budget", "reader RSS growth while reading / its memory budget", "ratio"),
+    ("best_fit_padding_L2048", "best-fit packing (`packing=\"best_fit\"`, each chunk alone), L=2048: padding "
+     "tokens / row tokens", "ratio"),
+    ("best_fit_short_documents_cut_L2048", "best fit, L=2048: documents of at most L tokens that a row sees "
+     "without their beginning", "int"),
+    ("best_fit_short_documents_cut_L8192", "the same at L=8192", "int"),
+    ("best_fit_vs_concat_L2048", "best fit / concat, real tokens per second, L=2048 ({reader_num_workers} "
+     "workers, flat layout, R*=16, as many tokens as the cache holds, from opening the reader)", "ratio"),
+    ("best_fit_vs_concat_L8192", "the same at L=8192", "ratio"),
 ]
 
 # The encoders alone on the same documents (benchmarks/tokenizer_bench.py throughput): (label, figure prefix,
@@ -333,6 +341,38 @@ def shuffle_table(fig: dict, plots: Path, rel) -> list[str]:
     return out
 
 
+def packing_table(fig: dict) -> list[str]:
+    """Best fit against concatenation and unpacked reading (``benchmarks/packing_cost.py --cache``)."""
+    if "best_fit_padding_L2048" not in fig:
+        return []
+    out = ["", "### Best-fit packing (from `benchmarks/packing_cost.py --cache`)", "",
+           f"The benchmark cache's {int(fig.get('packing_chunks', 0))} chunks "
+           f"({fig.get('packing_tokens_per_chunk', 0) / 1e6:.1f} M tokens each on average), each packed alone by "
+           "best-fit decreasing (`ReadOptions(packing=\"best_fit\")`, docs/FORMAT.md), against concatenation "
+           "(the documents in global order cut every L tokens) and unpacked reading (a row per L-token piece of "
+           f"a document); *smaller chunks*: the same documents in chunks {int(fig.get('packing_split', 0))}x "
+           "smaller. Cut: a row sees the document (or token) without the document's beginning. Rates: real "
+           "tokens per second (`num_tokens`), flat layout, batch 64, from opening the reader, alternating, best "
+           "of the rounds; *training*: R*=16, {reader_num_workers} reader workers, as many tokens as the cache "
+           "holds (a best-fit read decodes a stream's whole chunk when it enters it, as the chunk's first rows "
+           "take documents from all of it); *eval*: a pass over a quarter of the cache in one process.", "",
+           "| L | packing | padding | documents cut | tokens cut | training: real tokens/s | / concat | eval: real "
+           "tokens/s | / concat |", "|---|---|---|---|---|---|---|---|---|"]
+    for L in (2048, 8192):
+        for label, p, tag in (("best fit", "best_fit", ""), ("best fit, smaller chunks", "best_fit", "_small"),
+                              ("concat", "concat", ""), ("unpacked", "unpacked", "")):
+            g = lambda k: fig.get(f"{p}_{k}_L{L}{tag}")  # noqa: E731
+            cells = []
+            for mode in ("", "_eval"):
+                rated = not tag and p != "unpacked"
+                cells.append(_fmt(fig.get(f"{p}_real_tokens_per_s{mode}_L{L}"), "rate") if rated else "")
+                vs = fig.get(f"best_fit_vs_concat{mode}_L{L}")
+                cells.append(_fmt(vs, "ratio") if rated and p == "best_fit" else "")
+            out.append(f"| {L} | {label} | {_fmt(g('padding'), 'ratio')} | {_fmt(g('cut_documents'), 'ratio')} | "
+                       f"{_fmt(g('cut_tokens'), 'ratio')} | " + " | ".join(cells) + " |")
+    return [_meaning(x, fig) if "{" in x else x for x in out]
+
+
 def encoder_table(fig: dict) -> list[str]:
     """MB of text per CPU-second and agreement of each encoder alone, on the same documents."""
     if "encoder_fastokens_mb_per_cpu_s" not in fig:
@@ -429,6 +469,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
     lines += report_peers.cold_encoder_table(fig)
     lines += stage_table(fig)
     lines += shuffle_table(fig, plots, rel)
+    lines += packing_table(fig)
     lines += ["", "### Supporting figures", "", "| figure | meaning | value |", "|---|---|---|"]
     for key, meaning, kind in SECONDARY_ROWS:
         if key in fig:

@@ -76,6 +76,11 @@ TARGETS = {
     "bytes_per_token": (1.5, "<="),
     "pipeline_peak_rss_ratio_4x_shards": (1.25, "<="),
     "reader_rss_growth_vs_budget": (1.0, "<="),
+    "best_fit_padding_L2048": (0.02, "<="),
+    "best_fit_short_documents_cut_L2048": (0, "<="),
+    "best_fit_short_documents_cut_L8192": (0, "<="),
+    "best_fit_vs_concat_L2048": (0.8, ">="),
+    "best_fit_vs_concat_L8192": (0.8, ">="),
 }
 
 
@@ -392,6 +397,11 @@ def main(argv=None) -> int:
     fig.update(m.result)
     log(f"mixture of 4 / single cache: {fig['reader_mixture_vs_single']:.3f} (shuffled "
         f"{fig['reader_mixture_shuffled_vs_single']:.3f}); opening {fig['mixture_open_vs_ledgers']:.2f} x its ledgers")
+
+    # -- best-fit packing against concatenation and unpacked reading (benchmarks/packing_cost.py) ----------------
+    m = run_monitored([_py(), "-m", "benchmarks.packing_cost", "--cache", str(cache_tt), "--rounds",
+                       str(min(2, P["reader_rounds"]))] + (["--quick"] if a.quick else []))
+    fig.update(m.result)
 
     # -- shuffle quality -----------------------------------------------------------------------------------------
     fig.update(shuffle_quality(plots / "bench_shuffle_quality.png", P["shuffle_quick"]))

@@ -8,6 +8,7 @@ from typing import Any
 from reader.order.shuffle import ShuffleConfig
 
 LAYOUTS = ("arrays", "flat")  # how a batch's tokens are laid out: reader.batch.schema defines each
+PACKINGS = ("concat", "best_fit")  # how packed rows are filled: windows of the stream, or best-fit rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +19,10 @@ class ReadOptions:
       seq_len: tokens per example (L).
       batch_size: examples per GLOBAL batch (B); must be a multiple of the number of readers.
       packed: True: moving windows over concatenated documents; False: one document piece per example.
+      packing: how packed rows are made: ``"concat"`` (default): a stream's documents concatenated and
+        cut every L tokens; ``"best_fit"``: each chunk's documents packed into rows by best-fit
+        decreasing, no document of at most L tokens cut (docs/FORMAT.md, "Best-fit packing"); a chunk's
+        rows are then its examples, like unpacked examples. Packed reads only.
       ideal_readers: R*, the number of streams. Keep it fixed for a run's lifetime (the order depends on
         it). Pick a power of two >= the largest number of reader hosts you expect (hosts R with R | R* or
         R* | R read only their own chunks). Ignored in eval mode (one stream).
@@ -64,6 +69,7 @@ class ReadOptions:
     seq_len: int = 2048
     batch_size: int = 64
     packed: bool = True
+    packing: str = "concat"
     ideal_readers: int = 16
     eval_mode: bool = False
     shuffle_seed: int | None = None
@@ -77,6 +83,11 @@ class ReadOptions:
     worker_timeout_s: float = 600.0
 
     def __post_init__(self):
+        if self.packing not in PACKINGS:
+            raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
+        if self.packing != "concat" and not self.packed:
+            raise ValueError(f"packing={self.packing!r} packs rows; packed=False reads one document piece per "
+                             "row. Drop packing or packed=False.")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.layout == "flat" and not self.packed:
@@ -97,6 +108,12 @@ class ReadOptions:
         if self.eval_mode and (self.shuffle_seed is not None or self.shuffle is not None):
             raise ValueError("eval_mode reads every document once in global order; it never shuffles. "
                              "Drop shuffle_seed/shuffle or eval_mode.")
+
+    @property
+    def kind(self) -> str:
+        """What an example is: ``"concat"`` (a window of a stream's tokens), ``"best_fit"`` (a best-fit row
+        of a chunk) or ``"unpacked"`` (a piece of a document). The last two are counted per chunk."""
+        return self.packing if self.packed else "unpacked"
 
     @property
     def num_streams(self) -> int:

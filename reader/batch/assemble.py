@@ -10,7 +10,9 @@ rows fall in three kinds, sorted in one pass over the rows:
 * anything else (over chunks, over more row groups, or the short last window of an eval pass): row
   by row, from the placement's pieces.
 
-Unpacked rows are gathered per row group of each chunk.
+Unpacked rows are gathered per row group of each chunk. Best-fit rows (several pieces of one chunk
+each, every piece inside one row group) are written for the whole read at once by the layout's
+``write_packed``.
 """
 
 from __future__ import annotations
@@ -125,7 +127,9 @@ class Assembler:
         out["valid"][:] = pl.valid
         out["components"][:] = 0 if pl.components is None else pl.components
         if pl.rows.size:
-            if self.packed:
+            if pl.pieces is not None:
+                self._best_fit(pl, out)
+            elif self.packed:
                 self._packed(pl, out)
             else:
                 self._unpacked(pl, out)
@@ -200,6 +204,29 @@ class Assembler:
             np.concatenate(toks, out=seq[1:])
             return seq, np.concatenate(poss) if len(poss) > 1 else poss[0]
         return seq, np.zeros(0, np.int32)
+
+    def _best_fit(self, pl: Placement, out) -> None:
+        """Rows made of pieces of one chunk each (:class:`reader.batch.examples.RowPieces`): every piece
+        lies in one document, hence in one row group."""
+        store, pc = self.store, pl.pieces
+        counts = np.diff(pc.ptr)
+        chunk = np.repeat(pl.chunks, counts)
+        group = np.empty(chunk.size, np.int64)
+        local = np.empty(chunk.size, np.int64)
+        for c in np.unique(pl.chunks).tolist():
+            m = np.flatnonzero(chunk == c)
+            rg_starts = store.meta(c).rg_token_starts
+            g = np.searchsorted(rg_starts, pc.starts[m], side="right") - 1
+            group[m] = g
+            local[m] = pc.starts[m] - rg_starts[g]
+        ukeys, inv = np.unique((chunk << 32) | group, return_inverse=True)  # (row groups per chunk < 2**32)
+        keys = [(k >> 32, k & 0xFFFFFFFF) for k in ukeys.tolist()]
+        groups = store.row_groups(keys)  # (sorted, as the mixture's store expects)
+        self.writer.write_packed(out, pl.rows, pl.lengths, np.repeat(pl.rows, counts), pc.columns, local,
+                                 pc.first_positions, pc.lengths, inv.reshape(-1),
+                                 [groups[k].padded for k in keys])
+        if self.on_windows is not None:  # rows of a chunk never go back before their earliest piece
+            self.on_windows(keys, [])
 
     def _unpacked(self, pl: Placement, out) -> None:
         w, store = self.writer, self.store

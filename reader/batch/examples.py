@@ -1,10 +1,10 @@
 """The example order: which tokens example ``i`` is, apart from fetching them.
 
 :class:`ExampleOrder` combines the stream index (:mod:`reader.order.streams`), the shuffle
-(:mod:`reader.order.shuffle`), the end of an eval pass and, for unpacked examples, the per-chunk example
-counts (:mod:`reader.storage.index`). Given global example indices it answers with a :class:`Placement`:
-for every row, the chunk and token range it holds. The assembler (:mod:`reader.batch.assemble`) only
-gathers those tokens; the prefetcher asks :meth:`ExampleOrder.plan` what upcoming batches touch.
+(:mod:`reader.order.shuffle`), the end of an eval pass and, for unpacked examples and best-fit rows, the
+per-chunk example counts (:mod:`reader.storage.index`). Given global example indices it answers with a
+:class:`Placement`: for every row, the chunk and token range (best fit: token ranges) it holds. The
+assembler (:mod:`reader.batch.assemble`) only gathers those tokens; the prefetcher asks :meth:`ExampleOrder.plan` what upcoming batches touch.
 
 This is the seam for mixtures of several caches: a mixture order maps global example ``i`` to
 ``(component, component-local example)``, each component with its own ``ExampleOrder``, and answers
@@ -25,7 +25,8 @@ from reader.options import ReadOptions
 from reader.order.shuffle import shuffle_example_indices
 from reader.storage.store import ChunkStore
 from reader.order.streams import NotYetAvailable, StreamIndex, split_example_index
-from reader.storage.index import UnpackedIndex
+from reader.storage.index import ExampleIndex
+from reader.storage.validate import ChunkError
 
 # cipher answers computed at once for the batches after a regular one (the cipher's cost is mostly
 # per call: a few hundred small numpy operations whatever the size)
@@ -47,6 +48,48 @@ def group_by_key(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, np.nda
 
 
 @dataclasses.dataclass(frozen=True)
+class RowPieces:
+    """The pieces of best-fit rows, as CSR over a placement's valid rows: row ``k`` holds pieces
+    ``ptr[k]:ptr[k+1]``, in column order, all in the row's chunk (``Placement.chunks[k]``). A piece lies
+    in one document, hence in one row group.
+
+    Attributes:
+      ptr: int64 [k+1].
+      starts: int64 [p]: the piece's first token, as an offset in the chunk.
+      first_positions: int64 [p]: that token's position in its document (> 0 only for a row's first piece).
+      lengths, columns: [p]: the piece's tokens and the row column of its first token.
+    """
+
+    ptr: np.ndarray
+    starts: np.ndarray
+    first_positions: np.ndarray
+    lengths: np.ndarray
+    columns: np.ndarray
+
+    @classmethod
+    def empty(cls) -> RowPieces:
+        z = np.zeros(0, np.int64)
+        return cls(np.zeros(1, np.int64), z, z, z, z)
+
+    @classmethod
+    def scatter(cls, rows: int, parts: list[tuple[np.ndarray, RowPieces]]) -> RowPieces:
+        """The pieces of ``rows`` rows from ``parts``: ``(dst, pieces)``, ``pieces``' row ``i`` being row
+        ``dst[i]`` (a mixture's components' rows, put back in the mixture's row order)."""
+        counts = np.zeros(rows, np.int64)
+        for dst, pc in parts:
+            counts[dst] = np.diff(pc.ptr)
+        ptr = np.concatenate([[0], np.cumsum(counts)])
+        n = int(ptr[-1])
+        out = [np.empty(n, np.int64) for _ in range(4)]
+        for dst, pc in parts:
+            m = np.diff(pc.ptr)
+            at = np.repeat(ptr[dst] - pc.ptr[:-1], m) + np.arange(int(pc.ptr[-1]), dtype=np.int64)
+            for o, a in zip(out, (pc.starts, pc.first_positions, pc.lengths, pc.columns)):
+                o[at] = a
+        return cls(ptr, *out)
+
+
+@dataclasses.dataclass(frozen=True)
 class Placement:
     """Where the tokens of each row of a read come from.
 
@@ -58,13 +101,15 @@ class Placement:
       epochs: int64 [k]: the epoch of the row's first token.
       chunks, starts: int64 [k]: the chunk holding the row's first token and that token's offset in it.
       lengths: int64 [k]: tokens of the row that lie in that chunk from ``starts`` (at most L). Packed
-        rows shorter than L continue in other chunks, or end the eval pass: see ``spill``.
-      first_positions: int64 [k] (unpacked) or None (packed: derived from the documents' starts).
+        rows shorter than L continue in other chunks, or end the eval pass: see ``spill``. Best-fit
+        rows: the row's tokens, in the pieces of ``pieces``.
+      first_positions: int64 [k] (unpacked, best-fit) or None (concat: derived from the documents' starts).
       spill: packed rows whose tokens do not lie in one chunk: ``{k: [(epoch, chunk, lo, hi), ...]}``,
         the row's pieces in order (fewer than L tokens at the end of an eval pass).
       components: int32 [n]: each row's mixture component (-1 for padding rows), or None: a single
         cache (component 0). In a mixture, ``chunks`` are the mixture's chunk ids (see
         :mod:`reader.mixture.io`) and ``streams``/``positions``/``epochs`` the components' own.
+      pieces: best-fit rows: their pieces (:class:`RowPieces`); None for the other kinds.
     """
 
     examples: np.ndarray
@@ -79,6 +124,7 @@ class Placement:
     first_positions: np.ndarray | None
     spill: dict[int, list[tuple[int, int, int, int]]]
     components: np.ndarray | None = None
+    pieces: RowPieces | None = None
 
 
 class ExampleOrder:
@@ -87,7 +133,8 @@ class ExampleOrder:
     Args:
       cache: the open cache (its known chunks grow while a build runs).
       options: the :class:`reader.ReadOptions`.
-      store: the chunk store; unpacked examples need their chunks' document lengths from it.
+      store: the chunk store; unpacked examples and best-fit rows need their chunks' document lengths
+        from it.
       rows: the rows of each global batch this reader serves (a hint: the cipher runs ahead for them).
       ahead: for a component of a mixture (whose examples are not whole batches): the cipher answers
         are computed for windows of this many examples ahead of those asked for, on the arithmetic
@@ -108,8 +155,10 @@ class ExampleOrder:
         self._residue = int(rows[0]) % self._step if rows.size else 0
         self._windows: list[tuple[int, np.ndarray]] = []
         self.shuffle = options.shuffle_config()
-        self.unpacked = None if options.packed else UnpackedIndex(cache, options.seq_len,
-                                                                  index_cache=options.index_cache)
+        self.kind = options.kind
+        # per-chunk example counts (None: a concat stream's units are its tokens)
+        self.chunk_index = None if self.kind == "concat" else ExampleIndex(
+            cache, options.seq_len, self.kind, index_cache=options.index_cache)
         self._lock = threading.Lock()
         self._index: StreamIndex | None = None
         self._index_key: tuple[int, bool] | None = None
@@ -122,7 +171,7 @@ class ExampleOrder:
             table = self.cache.table
             key = (len(table), self.cache.complete)
             if self._index is None or self._index_key != key:
-                counts = table.tokens if self.unpacked is None else self.unpacked.counts(table)
+                counts = table.tokens if self.chunk_index is None else self.chunk_index.counts(table)
                 self._index = StreamIndex(counts, self.options.num_streams, loop=not self.options.eval_mode,
                                           complete=self.cache.complete)
                 self._index_key = key
@@ -134,15 +183,16 @@ class ExampleOrder:
         if not self.options.eval_mode:
             return None
         units = int(self.stream_index().stream_length(0))
-        return -(-units // self.options.seq_len) if self.options.packed else units
+        return -(-units // self.options.seq_len) if self.kind == "concat" else units
 
     def eval_limit(self, idx: StreamIndex, j: np.ndarray) -> int:
         """Eval: number of examples, or raise NotYetAvailable if ``j`` reaches past the known part."""
         units = int(idx.stream_length(0))
         L = self.options.seq_len
+        concat = self.kind == "concat"
         if idx.complete:
-            return -(-units // L) if self.options.packed else units
-        known = units // L if self.options.packed else units
+            return -(-units // L) if concat else units
+        known = units // L if concat else units
         if j.size and int(j.max()) >= known:
             raise NotYetAvailable(f"eval example {int(j.max())} is past the {known} examples written so far")
         return known
@@ -252,31 +302,56 @@ class ExampleOrder:
             valid = np.ones(ex.size, bool)
             rows = np.arange(ex.size)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
-        if opts.packed:
+        pieces = None
+        if self.kind == "concat":
             epochs, chunks, starts = idx.locate_streams(s, j * L)
             lengths = np.minimum(idx.counts[chunks] - starts, L)
             first = None
             for k in np.flatnonzero(lengths < L).tolist():
                 jk = int(j[k])
                 spill[k] = list(idx.pieces(int(s[k]), jk * L, (jk + 1) * L))
-        else:
+        elif self.kind == "unpacked":
             epochs, chunks, offsets = idx.locate_streams(s, j)
             starts, first, lengths = (np.empty(rows.size, np.int64) for _ in range(3))
             for c in np.unique(chunks).tolist():
                 m = chunks == c
-                starts[m], first[m], lengths[m] = self.unpacked.locate(c, self.store.doc_index(c), offsets[m])
-        return Placement(examples, valid, rows, s, j, epochs, chunks, starts, lengths, first, spill)
+                starts[m], first[m], lengths[m] = self.chunk_index.locate(c, self.store.doc_index(c), offsets[m])
+        else:
+            epochs, chunks, offsets = idx.locate_streams(s, j)
+            starts, first, lengths, pieces = self._best_fit_rows(idx, chunks, offsets)
+        return Placement(examples, valid, rows, s, j, epochs, chunks, starts, lengths, first, spill, pieces=pieces)
+
+    def _best_fit_rows(self, idx: StreamIndex, chunks: np.ndarray, offsets: np.ndarray):
+        """``(starts, first_positions, lengths, pieces)`` of best-fit rows ``offsets`` of ``chunks``."""
+        parts = []
+        for c in np.unique(chunks).tolist():
+            dst = np.flatnonzero(chunks == c)
+            docs = self.store.doc_index(c)
+            got = self.chunk_index.chunk_rows(c, docs).rows
+            if got != int(idx.counts[c]):  # the counts came from the num_tokens column, or an index file
+                raise ChunkError(f"{self.cache.display(self.cache.table.paths[c])}: its documents pack into {got} "
+                                 f"rows of {self.options.seq_len}, the index says {int(idx.counts[c])}. Delete "
+                                 f"{self.cache.display(self.chunk_index.index_file)} (it is rebuilt) or run "
+                                 "`python -m reader validate`.")
+            n, *arrs = self.chunk_index.rows(c, docs, offsets[dst])
+            parts.append((dst, RowPieces(np.concatenate([[0], np.cumsum(n)]), *arrs)))
+        pieces = RowPieces.scatter(chunks.size, parts) if len(parts) > 1 else (
+            parts[0][1] if parts else RowPieces.empty())
+        head = pieces.ptr[:-1]
+        lengths = np.add.reduceat(pieces.lengths, head) if head.size else np.zeros(0, np.int64)
+        return pieces.starts[head], pieces.first_positions[head], lengths.astype(np.int64), pieces
 
     # -- what upcoming reads touch --------------------------------------------------------------------
     def plan(self, exs: list[np.ndarray]) -> list[tuple[int, np.ndarray]]:
-        """``(chunk, unit offsets)`` that examples ``exs`` touch, in chunk order (packed: token offsets of
-        each window's first and last token; unpacked: example offsets, see :meth:`token_offsets`)."""
+        """``(chunk, unit offsets)`` that examples ``exs`` touch, in chunk order (concat: token offsets of
+        each window's first and last token; unpacked and best-fit: example offsets, see
+        :meth:`token_offsets`)."""
         opts = self.options
         L = opts.seq_len
         idx = self.stream_index()
         src = np.concatenate(self.sources(exs))
         s, j = split_example_index(src, opts.num_streams)
-        if opts.packed:
+        if self.kind == "concat":
             pos = np.concatenate([j * L, j * L + L - 1])
             s = np.concatenate([s, s])
         else:
@@ -288,8 +363,11 @@ class ExampleOrder:
         return group_by_key(chunks, offs)
 
     def token_offsets(self, c: int, offsets: np.ndarray) -> np.ndarray:
-        """Token offsets in chunk ``c`` of unit offsets from :meth:`plan` (unpacked: decodes the chunk)."""
-        if self.unpacked is None:
+        """Token offsets in chunk ``c`` of unit offsets from :meth:`plan` (unpacked, best-fit: decodes the
+        chunk; best-fit: every piece of the rows)."""
+        if self.chunk_index is None:
             return offsets
-        return self.unpacked.locate(c, self.store.doc_index(c), offsets)[0]
+        if self.kind == "best_fit":
+            return self.chunk_index.rows(c, self.store.doc_index(c), offsets)[1]
+        return self.chunk_index.locate(c, self.store.doc_index(c), offsets)[0]
 

@@ -7,6 +7,8 @@ layout's arrays (:mod:`reader.batch.schema`):
   (one copy per run), then :meth:`mark_documents`: the document starts inside them, for the
   whole batch at once;
 * :meth:`write_row`: any other row, from its tokens (after the previous token) and their positions;
+* :meth:`write_packed`: best-fit rows, from their pieces, for the whole read at once (one copy per
+  piece, then the documents marked for the whole read, as :meth:`mark_documents` does);
 * :meth:`pad`: rows past the end of an eval pass.
 
 Rows may be written with scratch values first (a run's copy, or a whole-array shift, covers rows the
@@ -30,6 +32,36 @@ def _arange32(n: int) -> np.ndarray:
     if a.size < n:
         a = _AR32[0] = np.arange(n, dtype=np.int32)
     return a[:n]
+
+
+_Z32: dict[int, np.ndarray] = {}
+
+
+def _zeros32(n: int) -> np.ndarray:
+    """A read-only int32 array of ``n`` zeros, cached (padding, in the parts a packed row is made of)."""
+    z = _Z32.get(n)
+    if z is None:
+        z = np.zeros(n, np.int32)
+        z.setflags(write=False)
+        _Z32[n] = z
+    return z
+
+
+def segments(nrows: int, L: int, rows, totals, pieces_row, flat_start, first):
+    """The segments of packed rows made of pieces, over a ``[nrows, L]`` array seen flat: each piece (a
+    segment numbered from 1 in its row, starting at flat offset ``flat_start`` and position ``first``),
+    then each row's padding (segment 0; rows without pieces are all padding). Returns ``(starts - first
+    positions, numbers, lengths)`` in offset order, for ``np.repeat``."""
+    total = np.zeros(nrows, np.int64)
+    total[rows] = totals
+    pad_rows = np.flatnonzero(total < L)
+    head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece (rows ascend)
+    in_row = np.arange(pieces_row.size) - np.repeat(head, np.diff(np.append(head, pieces_row.size)))
+    starts = np.concatenate([flat_start, pad_rows * L + total[pad_rows]])
+    base = starts - np.concatenate([first, np.zeros(pad_rows.size, np.int64)])
+    num = np.concatenate([in_row + 1, np.zeros(pad_rows.size, np.int64)])
+    o = np.argsort(starts, kind="stable")
+    return base[o], num[o], np.diff(np.append(starts[o], nrows * L))
 
 
 class ArraysWriter:
@@ -125,6 +157,48 @@ class ArraysWriter:
             out["segment_ids"][d] = real
             out["loss_mask"][d] = real
 
+    def write_packed(self, out, rows, totals, pieces_row, columns, local, first, lengths, group, padded) -> None:
+        """Packed rows made of pieces (best-fit rows), for the whole read: rows ``rows`` hold ``totals``
+        tokens; piece ``k`` writes ``lengths[k]`` tokens of decoded row group ``padded[group[k]]`` from
+        token ``local[k]`` into row ``pieces_row[k]`` from column ``columns[k]``, its first token at
+        position ``first[k]`` of its document. Pieces come row after row, in column order, filling each
+        row from column 0; a piece at position 0 starts a document. Rows without pieces are padding.
+
+        The rows' contents are listed piece by piece (views of the row groups, zeros for padding) and
+        written by one ``np.concatenate`` per array: pieces are long (about L/2 at L = 2048 on real
+        text) and a read's pieces lie in hundreds of row groups, so per-token index arrays (or one
+        gather per row group) cost several times more."""
+        L = self.L
+        nrows = out["targets"].shape[0]
+        z = _zeros32(L)
+        tparts, iparts = [], []  # the two arrays' contents, row after row, for one concatenate each
+        r0, used = -1, L
+        for r, g, a, m, f in zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist(),
+                                 first.tolist()):
+            if r != r0:  # a new row: pad the last one, and rows without pieces
+                tparts += [z[:L - used]] + [z] * (r - r0 - 1)
+                iparts += [z[:L - used]] + [z] * (r - r0 - 1)
+                r0, used = r, 0
+            p = padded[g]
+            tparts.append(p[a + 1:a + 1 + m])
+            if f:
+                iparts.append(p[a:a + m])
+            else:  # a document's first token has no input
+                iparts += [z[:1], p[a + 1:a + m]]
+            used += m
+        tparts += [z[:L - used]] + [z] * (nrows - r0 - 1)
+        iparts += [z[:L - used]] + [z] * (nrows - r0 - 1)
+        np.concatenate(tparts, out=out["targets"].reshape(-1))
+        np.concatenate(iparts, out=out["inputs"].reshape(-1))
+        dst0 = pieces_row * L + columns
+        base, num, seg_len = segments(nrows, L, rows, totals, pieces_row, dst0, first)
+        mask = out["loss_mask"].reshape(-1)
+        np.copyto(mask, np.repeat(num > 0, seg_len))
+        np.copyto(out["segment_ids"].reshape(-1), np.repeat(num.astype(np.int32), seg_len))
+        pos = out["positions"].reshape(-1)
+        np.subtract(_arange32(nrows * L), np.repeat(base.astype(np.int32), seg_len), out=pos)
+        pos *= mask
+
     def pad(self, out, rows: np.ndarray) -> None:
         for k in TOKEN_FIELDS:
             out[k][rows] = 0
@@ -187,6 +261,38 @@ class FlatWriter:
 
     def write_pieces(self, *args) -> None:
         raise ValueError("layout='flat' holds packed windows only; unpacked examples use layout='arrays'")
+
+    def write_packed(self, out, rows, totals, pieces_row, columns, local, first, lengths, group, padded) -> None:
+        """Best-fit rows, for the whole read: see :meth:`ArraysWriter.write_packed`. Column 0 is the token
+        before a row's first piece (0 when it starts a document), each piece's tokens follow from column
+        ``1 + columns[k]``, and a piece at position 0 sets its first token's start bit."""
+        L1 = self.L + 1
+        tok = out["tokens"]
+        direct = tok.flags.c_contiguous
+        W = tok.view(np.int32) if direct else np.empty(tok.shape, np.int32)
+        z = _zeros32(L1)
+        parts = []  # the tokens array's content, row after row, for one concatenate
+        r0, used = -1, L1
+        for r, g, a, m, f in zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist(),
+                                 first.tolist()):
+            p = padded[g]
+            if r != r0:  # a new row: pad the last one and rows without pieces; column 0 is the token
+                # before the row's first piece when it continues a document
+                parts += [z[:L1 - used]] + [z] * (r - r0 - 1) + [p[a:a + 1] if f else z[:1]]
+                r0, used = r, 1
+            parts.append(p[a + 1:a + 1 + m])
+            used += m
+        parts += [z[:L1 - used]] + [z] * (tok.shape[0] - r0 - 1)
+        flat = W.reshape(-1)
+        np.concatenate(parts, out=flat)
+        flat <<= 1
+        dst0 = pieces_row * L1 + 1 + columns
+        flat[dst0[first == 0]] += 1
+        if not direct:  # strided rows (a reader worker's rows of a slot): written apart, copied once
+            np.copyto(tok, W.view(np.uint32))
+        head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece
+        out["first_positions"][rows] = first[head]
+        out["num_tokens"][rows] = totals
 
     def pad(self, out, rows: np.ndarray) -> None:
         out["tokens"][rows] = 0

@@ -66,10 +66,10 @@ class Prefetcher:
         return int(max(1, min(4096, math.ceil(min(self._row_group_tokens(), cap_tokens) / per_batch))))
 
     def _whole_mixes(self) -> bool:
-        """Whether to load whole mixes: shuffled packed reads where this reader reads whole lanes (``R``
+        """Whether to load whole mixes: shuffled concat reads where this reader reads whole lanes (``R``
         divides ``R* == lanes``) and a mix's row groups fit in half the memory budget."""
         cfg, opts = self.order.shuffle, self.options
-        if not (cfg is not None and opts.packed and cfg.lanes == opts.num_streams
+        if not (cfg is not None and opts.kind == "concat" and cfg.lanes == opts.num_streams
                 and cfg.lanes % self.num_readers == 0
                 and self.rows.size * self.num_readers == opts.batch_size):  # (not a worker's share of them)
             return False
@@ -110,7 +110,7 @@ class Prefetcher:
         neither cached nor loading; ``last_row``: the last shuffle row it serves (-1: unshuffled)."""
         futs = []
         for c, offs in plan:
-            if self.order.unpacked is None:  # packed: skip a chunk whose row groups are all there (or loading)
+            if self.order.chunk_index is None:  # concat: skip a chunk whose row groups are all there (or loading)
                 meta = self.store.cached_meta(c)
                 if meta is not None and not self._missing(c, meta.rg_token_starts_list, offs):
                     continue

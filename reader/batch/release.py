@@ -45,7 +45,9 @@ class ReleasePolicy:
         self.L = options.seq_len
         cfg = order.shuffle
         # with lanes == R*, a lane's rows are its stream's positions: the mixes map onto stream ranges
-        self.by_mix = cfg is not None and options.packed and cfg.lanes == options.num_streams
+        # (mixes are stream ranges of L-token windows: concat reads only; best-fit rows of a chunk never go
+        # back before their earliest piece, so they release per chunk as windows do)
+        self.by_mix = cfg is not None and options.kind == "concat" and cfg.lanes == options.num_streams
         self.by_chunk = cfg is None and options.packed
         self._lock = threading.Lock()
         self._released: dict[int, int] = {}  # chunk -> its row groups before this one were released
@@ -62,7 +64,7 @@ class ReleasePolicy:
     # -- unshuffled: per chunk --------------------------------------------------------------------------
     def windows_read(self, recs, cross) -> None:
         """The assembler's hook: what a packed read copied (runs of windows, and windows over two row
-        groups: tuples starting ``(chunk, row group)``)."""
+        groups; best-fit: the row groups its pieces lie in: tuples starting ``(chunk, row group)``)."""
         if not self.by_chunk or not (recs or cross):
             return
         first: dict[int, int] = {}

@@ -32,7 +32,7 @@ from reader.format import spec as fmt
 from reader.storage.cache import Cache
 from reader.interop.export import write_file
 from reader.mixture.spec import is_mixture_path
-from reader.options import ReadOptions
+from reader.options import PACKINGS, ReadOptions
 from reader.reader import Reader
 from reader.batch.schema import BATCH_KEYS
 from reader.report import summary
@@ -157,8 +157,13 @@ def cmd_validate(args) -> int:
 
 
 def cmd_batches(args) -> int:
+    if args.unpacked and args.packing != "concat":
+        print(f"error: --packing {args.packing} packs rows; --unpacked reads one document piece per row. Drop "
+              "one of them.", file=sys.stderr)
+        return 2
     opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, packed=not args.unpacked,
-                       ideal_readers=args.ideal_readers, eval_mode=args.eval, shuffle_seed=args.shuffle_seed)
+                       packing=args.packing, ideal_readers=args.ideal_readers, eval_mode=args.eval,
+                       shuffle_seed=args.shuffle_seed)
     if args.count < 0 or (args.count == 0 and not args.eval):
         print("error: --count must be positive (0 = to the end, only with --eval)", file=sys.stderr)
         return 2
@@ -180,6 +185,7 @@ def cmd_batches(args) -> int:
     arrays["rows"] = r.my_rows
     arrays["options"] = np.asarray(json.dumps({
         "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size, "packed": not args.unpacked,
+        "packing": args.packing,
         "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
         "num_readers": args.num_readers, "reader_index": args.reader_index}, sort_keys=True))
     write_file(args.out, lambda f: np.savez_compressed(f, **arrays))  # exactly --out (numpy would add .npz)
@@ -237,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seq_len", type=int, required=True, help="tokens per example (L)")
     b.add_argument("--batch_size", type=int, required=True, help="GLOBAL batch size (B)")
     b.add_argument("--unpacked", action="store_true", help="one document piece per row instead of packing")
+    b.add_argument("--packing", choices=PACKINGS, default="concat",
+                   help="packed rows: concat (documents concatenated, cut every seq_len tokens; default) or "
+                        "best_fit (each chunk's documents packed by best-fit decreasing: no document of at most "
+                        "seq_len tokens is cut)")
     b.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
                    help=f"R*, number of streams (default {ReadOptions.ideal_readers}); must match the run")
     b.add_argument("--num_readers", type=int, default=1, help="R, reader hosts (must divide batch_size)")

@@ -25,7 +25,7 @@ from reader.storage.cache import Cache, wait_for
 from reader.mixture.mixing import MixIndex
 from reader.mixture.spec import MixtureError, MixtureSpec, load_mixture
 from reader.options import ReadOptions
-from reader.batch.examples import ExampleOrder, Placement, group_by_key
+from reader.batch.examples import ExampleOrder, Placement, RowPieces, group_by_key
 from reader.storage.store import ChunkStore
 from reader.order.streams import NotYetAvailable, StackedStreams, split_example_index
 
@@ -221,7 +221,8 @@ class MixtureOrder:
         ex = np.asarray(ex, dtype=np.int64).reshape(-1)
         D = len(self.orders)
         comp, k = self.assign(ex)
-        stacked = self._stacked() if self.index is not None and self.options.packed else None
+        concat = self.options.kind == "concat"
+        stacked = self._stacked() if self.index is not None and concat else None
         if stacked is not None:
             return self._locate_stacked(stacked, ex, comp, k)
         valid = comp >= 0
@@ -231,8 +232,9 @@ class MixtureOrder:
         dist = np.where(valid, self.which[np.maximum(comp, 0)], -1)
         m = rows.size
         streams, positions, epochs, chunks, starts, lengths = (np.empty(m, np.int64) for _ in range(6))
-        first = None if self.options.packed else np.empty(m, np.int64)
+        first = None if concat else np.empty(m, np.int64)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
+        rows_pieces = [] if self.options.kind == "best_fit" else None
         for d in np.flatnonzero(np.bincount(dist[rows], minlength=D)).tolist():
             sel = np.flatnonzero(dist == d)
             sub = self.orders[d].locate(k[sel])
@@ -243,17 +245,19 @@ class MixtureOrder:
             chunks[dst], starts[dst], lengths[dst] = sub.chunks * D + d, sub.starts, sub.lengths
             if first is not None:
                 first[dst] = sub.first_positions
+            if rows_pieces is not None:
+                rows_pieces.append((dst, sub.pieces))
             for kk, pieces in sub.spill.items():
                 spill[int(dst[kk])] = [(e, ch * D + d, lo, hi) for e, ch, lo, hi in pieces]
         examples = np.where(valid, ex, -1)
         return Placement(examples, valid, rows, streams, positions, epochs, chunks, starts, lengths, first, spill,
-                         comp.astype(np.int32))
+                         comp.astype(np.int32), None if rows_pieces is None else RowPieces.scatter(m, rows_pieces))
 
     def plan_components(self, comp: np.ndarray, k: np.ndarray) -> list[list[tuple[int, np.ndarray]]] | None:
         """Each distinct cache's :meth:`reader.batch.examples.ExampleOrder.plan` of the examples ``k`` of its
         components (``comp`` and ``k`` from :meth:`assign`), found in one stacked call: packed, unshuffled
         training reads of finished caches; else None (ask each cache's order)."""
-        if self.index is None or not self.options.packed or self.orders[0].shuffle is not None:
+        if self.index is None or self.options.kind != "concat" or self.orders[0].shuffle is not None:
             return None
         stacked = self._stacked()
         if stacked is None:

@@ -2,7 +2,8 @@
 
 ``best_fit_rows`` never cuts a document shorter than L: each document is split only into full L-token
 pieces plus one remainder, full pieces are rows by themselves, and the remainders are placed by best-fit
-decreasing (Ding et al. 2024, "Fewer Truncations Improve Language Modeling"). ``concat_rows`` describes
+decreasing (Ding et al. 2024, "Fewer Truncations Improve Language Modeling"), at most one continuation
+piece (a long document's tail) per row, first in it. ``concat_rows`` describes
 plain concatenation cut into windows of L in the same form, and ``packing_figures`` measures either.
 The exact rule is in docs/FORMAT.md ("Best-fit packing"); ``count_best_fit_rows`` is the row count alone.
 
@@ -57,65 +58,106 @@ def _check(lengths, seq_len: int) -> np.ndarray:
     return arr
 
 
-def _best_fit(rem: np.ndarray, seq_len: int) -> tuple[list[int], int]:
-    """Best-fit decreasing of the remainder pieces ``rem`` (each in 1..L-1, in document order): the row of
-    each piece (rows numbered in creation order), and the number of rows.
+def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[np.ndarray, int]:
+    """Best-fit decreasing of the remainder pieces ``rem`` (each in 1..L-1, in document order; ``cont``:
+    the piece continues its document, i.e. starts past token 0): the row of each piece (rows numbered in
+    creation order), and the number of rows.
 
-    Open rows live in per-capacity min-heaps of row numbers: the rule takes the smallest capacity that fits,
-    then the oldest row in it. A FIFO per capacity would not do, as rows do not reach a capacity in creation
-    order: with L = 10 and pieces 7 5 4 2 1, row 0 takes 7, row 1 takes 5 then 4 (capacity 1), row 0 then
-    takes 2 (capacity 1), and the 1 must go to row 0.
+    Open rows are kept in two sets, rows without a continuation piece (set 0: any piece may go there)
+    and rows with one (set 1: only pieces that start their document). In each set, rows live in
+    per-capacity min-heaps of row numbers: the rule takes the smallest capacity that fits, then the
+    oldest row in it. A FIFO per capacity would not do, as rows do not reach a capacity in creation
+    order: with L = 10 and pieces 7 5 4 2 1, row 0 takes 7, row 1 takes 5 then 4 (capacity 1), row 0
+    then takes 2 (capacity 1), and the 1 must go to row 0.
 
-    The capacities that have rows are bits of a two-level bitmap of Python ints (words of about sqrt(L)
-    bits and a summary of non-empty words), so "smallest capacity >= p" is a shift and a lowest-set-bit
-    per level, on ints of a few machine words at any practical L; the sort and the heaps make the whole
-    O(n log n).
+    The capacities that have rows are bits of a two-level bitmap of Python ints per set (words of about
+    sqrt(L) bits and a summary of non-empty words), so "smallest capacity >= p" is a shift and a
+    lowest-set-bit per level, on ints of a few machine words at any practical L; the sort and the heaps
+    make the whole O(n log n). Pieces longer than L/2 come first and each opens a row (every row then
+    holds a longer piece, so has less room than they need): those rows are made at once.
     """
+    n = len(rem)
     order = np.argsort(-rem, kind="stable")  # length descending; stable keeps document order on ties
+    sizes, conts = rem[order], cont[order]
+    big = int(np.searchsorted(-sizes, -(seq_len // 2), side="left"))  # pieces > L/2 (sizes descend)
     shift = max(6, (int(seq_len).bit_length() + 1) // 2)
     low = (1 << shift) - 1
-    words = [0] * ((seq_len >> shift) + 1)
-    summary = 0
-    heaps: list = [None] * seq_len  # capacity -> heap of row numbers; capacities are 1..L-1
-    row_of = [0] * len(rem)
-    rows = 0
+    words = ([0] * ((seq_len >> shift) + 1), [0] * ((seq_len >> shift) + 1))
+    summary = [0, 0]
+    heaps: tuple[list, list] = ([None] * seq_len, [None] * seq_len)  # per set: capacity -> heap of rows
+    # the big pieces' rows: row i has capacity L - size, in set 1 if its piece continues a document; rows
+    # of one (set, capacity) in ascending order, a valid heap
+    key = conts[:big].astype(np.int64) * seq_len + (seq_len - sizes[:big])
+    by = np.argsort(key, kind="stable")
+    cuts = np.flatnonzero(np.diff(key[by])) + 1
+    for grp in np.split(by, cuts) if big else ():
+        k, c = divmod(int(key[grp[0]]), seq_len)
+        heaps[k][c] = grp.tolist()
+        words[k][c >> shift] |= 1 << (c & low)
+        summary[k] |= 1 << (c >> shift)
+    words0, words1 = words
+    heaps0, heaps1 = heaps
+    rest = []
+    rows = big
     heappush, heappop = heapq.heappush, heapq.heappop
-    for i, p in zip(order.tolist(), rem[order].tolist()):
+    for p, is_cont in zip(sizes[big:].tolist(), conts[big:].tolist()):
+        # c: the smallest capacity >= p of set 0 (0: none), then of set 1 for a document start
         w = p >> shift
-        m = words[w] >> (p & low)
+        m = words0[w] >> (p & low)
         if m:
             c = p + (m & -m).bit_length() - 1
         else:
-            s = summary >> (w + 1)
-            if s:
-                w += (s & -s).bit_length()
-                m = words[w]
+            sm = summary[0] >> (w + 1)
+            if sm:
+                w += (sm & -sm).bit_length()
+                m = words0[w]
                 c = (w << shift) + (m & -m).bit_length() - 1
             else:
                 c = 0
+        k = 0
+        if not is_cont:  # set 1 is open to it too: the smaller capacity, then the older row
+            w = p >> shift
+            m = words1[w] >> (p & low)
+            if m:
+                c1 = p + (m & -m).bit_length() - 1
+            else:
+                sm = summary[1] >> (w + 1)
+                if sm:
+                    w += (sm & -sm).bit_length()
+                    m = words1[w]
+                    c1 = (w << shift) + (m & -m).bit_length() - 1
+                else:
+                    c1 = 0
+            if c1 and (not c or c1 < c or (c1 == c and heaps1[c1][0] < heaps0[c][0])):
+                c, k = c1, 1
         if c:
-            h = heaps[c]
+            h = heaps[k][c]
             row = heappop(h)
-            if not h:  # capacity c has no row left: clear its bit
+            if not h:  # capacity c of set k has no row left: clear its bit
                 w = c >> shift
-                words[w] ^= 1 << (c & low)
-                if not words[w]:
-                    summary ^= 1 << w
+                words[k][w] ^= 1 << (c & low)
+                if not words[k][w]:
+                    summary[k] ^= 1 << w
             c -= p
         else:
             row = rows
             rows += 1
             c = seq_len - p
-        row_of[i] = row
+        if is_cont:
+            k = 1
+        rest.append(row)
         if c:
-            h = heaps[c]
+            h = heaps[k][c]
             if h:
                 heappush(h, row)
             else:
-                heaps[c] = [row]
+                heaps[k][c] = [row]
                 w = c >> shift
-                words[w] |= 1 << (c & low)
-                summary |= 1 << w
+                words[k][w] |= 1 << (c & low)
+                summary[k] |= 1 << w
+    row_of = np.empty(n, np.int64)
+    row_of[order[:big]] = np.arange(big)
+    row_of[order[big:]] = rest
     return row_of, rows
 
 
@@ -124,22 +166,24 @@ def count_best_fit_rows(lengths, seq_len: int) -> int:
     known otherwise), so it saves only the final layout: 10-30% of the time (benchmarks/packing_cost.py)."""
     n = _check(lengths, seq_len)
     rem = n % seq_len
-    return int((n // seq_len).sum()) + _best_fit(rem[rem > 0], seq_len)[1]
+    has = rem > 0
+    return int((n // seq_len).sum()) + _best_fit(rem[has], n[has] > seq_len, seq_len)[1]
 
 
 def best_fit_rows(lengths, seq_len: int) -> PackedRows:
     """Pack one chunk's documents (token counts ``lengths``, in file order) into rows of ``seq_len``.
 
     A document of n tokens gives ``n // L`` full pieces (each a row of its own) and a remainder of
-    ``n % L`` tokens if non-zero; remainders are placed by best-fit decreasing; rows are ordered by
-    their first piece and pieces within a row by (document, start). See docs/FORMAT.md for the rule.
+    ``n % L`` tokens if non-zero, a *continuation* piece when the document is longer than L; remainders
+    are placed by best-fit decreasing, at most one continuation piece per row; rows are ordered by their
+    earliest piece in (document, start) order, and pieces within a row are the continuation piece (if
+    any), then the others in document order. See docs/FORMAT.md ("Best-fit packing") for the rule.
     """
     n = _check(lengths, seq_len)
     L = int(seq_len)
     full = n // L
     rem = n % L
-    # Every piece in document order (the order that lays out rows): per document its full pieces, then
-    # its remainder.
+    # Every piece in document order: per document its full pieces, then its remainder.
     per_doc = full + (rem > 0)
     total = int(per_doc.sum())
     doc = np.repeat(np.arange(len(n), dtype=np.int32), per_doc)
@@ -148,16 +192,17 @@ def best_fit_rows(lengths, seq_len: int) -> PackedRows:
     start = k * L
     length = np.minimum(n[doc] - start, L).astype(np.int32)
     is_rem = length < L
-    rem_rows, _ = _best_fit(rem[rem > 0], L)
-    # Row of each piece, as the index of its first piece (rows' first pieces are distinct): a full piece
-    # is its own first piece, a remainder's row starts at the smallest piece index among its members.
+    has = rem > 0
+    rem_rows, _ = _best_fit(rem[has], n[has] > L, L)
+    # Row of each piece, as the index of its earliest piece (rows' earliest pieces are distinct): a full
+    # piece is its own, a remainder's row has the smallest piece index among its members.
     piece = np.arange(total, dtype=np.int64)
     rem_piece = piece[is_rem]
-    rem_row = np.asarray(rem_rows, dtype=np.int64)
+    rem_row = rem_rows
     _, first_member = np.unique(rem_row, return_index=True)  # rem_piece ascends: first seen = smallest
     row_key = piece.copy()
     row_key[is_rem] = rem_piece[first_member][rem_row]
-    order = np.argsort(row_key, kind="stable")  # by (row's first piece, piece)
+    order = np.lexsort((piece, start == 0, row_key))  # by row, its continuation piece first, then document order
     row_ptr = np.append(np.flatnonzero(np.diff(row_key[order], prepend=-1)), total).astype(np.int64)
     return PackedRows(row_ptr, doc[order], start[order], length[order])
 

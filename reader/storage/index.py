@@ -1,9 +1,10 @@
-"""Unpacked examples: one document piece per example (a document of ``n`` tokens gives ``ceil(n/L)``).
+"""Examples counted per chunk: unpacked examples (one document piece each: a document of ``n`` tokens
+gives ``ceil(n/L)``) and best-fit rows (:mod:`reader.order.packing`, each chunk packed on its own).
 
-How many unpacked examples a chunk yields depends on ``seq_len``, and the ledger only has token and
-document counts; so the first unpacked reader for a ``seq_len`` reads the ``num_tokens`` column of
-every chunk and stores one integer per chunk in ``ROOT/index/unpacked-L{seq_len}.json`` (with a
-fingerprint of the chunk checksums) for later readers. Packed reading needs none of this.
+How many such examples a chunk yields depends on ``seq_len``, and the ledger only has token and
+document counts; so the first reader of a kind and ``seq_len`` reads the ``num_tokens`` column of every
+chunk and stores one integer per chunk in ``ROOT/index/{kind}-L{seq_len}.json`` (with a fingerprint of
+the chunk checksums) for later readers. Concatenated packed reading needs none of this.
 """
 
 from __future__ import annotations
@@ -22,36 +23,65 @@ from reader.storage.cache import Cache
 from reader.storage.chunk import DocIndex
 from reader.storage.pages import int_values
 from reader.storage.validate import ChunkError, arrow_message, size_mismatch
+from reader.order.packing import best_fit_rows, count_best_fit_rows
 from reader.order.pieces import pieces_per_doc, unpacked_examples_per_chunk
 
 INDEX_DIR = "index"
+KINDS = ("unpacked", "best_fit")
 _CUM_CACHE = 256  # chunks whose cumulative piece counts are kept
+_ROWS_CACHE_BYTES = 64 << 20  # best-fit packings of recent chunks kept (about 30 bytes per piece)
 
 
-class UnpackedIndex:
-    """Unpacked examples per chunk for one ``seq_len`` (:meth:`counts`), and where an example lies in its
-    chunk (:meth:`locate`).
+class ChunkRows:
+    """One chunk's best-fit rows, laid out for locating: row ``i`` holds pieces ``ptr[i]:ptr[i+1]``, piece
+    ``k`` being ``length[k]`` tokens from token ``token[k]`` of the chunk, the first at position ``first[k]``
+    of its document, written from column ``column[k]`` of the row."""
+
+    __slots__ = ("ptr", "token", "first", "length", "column", "nbytes", "rows")
+
+    def __init__(self, lengths: np.ndarray, doc_starts: np.ndarray, seq_len: int):
+        rows = best_fit_rows(lengths, seq_len)
+        self.ptr = rows.row_ptr
+        self.rows = rows.num_rows
+        self.token = doc_starts[rows.doc] + rows.start
+        self.first = rows.start
+        self.length = rows.length
+        end = np.cumsum(rows.length, dtype=np.int64)
+        row_of = np.repeat(np.arange(rows.num_rows), np.diff(rows.row_ptr))
+        self.column = (end - rows.length - np.concatenate([[0], end])[rows.row_ptr[:-1]][row_of]).astype(np.int32)
+        self.nbytes = sum(a.nbytes for a in (self.ptr, self.token, self.first, self.length, self.column))
+
+
+class ExampleIndex:
+    """Examples per chunk of one kind for one ``seq_len`` (:meth:`counts`), and where an example lies in
+    its chunk (:meth:`locate` for unpacked examples, :meth:`rows` for best-fit rows).
 
     Args:
       cache: the open cache.
       seq_len: L.
+      kind: ``"unpacked"`` or ``"best_fit"``.
       index_cache: load and store the counts in ``ROOT/index/`` (when the cache is finished and writable).
     """
 
-    def __init__(self, cache: Cache, seq_len: int, *, index_cache: bool = True):
+    def __init__(self, cache: Cache, seq_len: int, kind: str = "unpacked", *, index_cache: bool = True):
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.cache = cache
         self.seq_len = int(seq_len)
+        self.kind = kind
         self.index_cache = index_cache
         self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}  # chunk checksum -> unpacked examples
+        self._counts: dict[str, int] = {}  # chunk checksum -> examples
         self._cum: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self._rows: collections.OrderedDict[int, ChunkRows] = collections.OrderedDict()
+        self._rows_bytes = 0
 
     @property
     def index_file(self) -> str:
-        return f"{INDEX_DIR}/unpacked-L{self.seq_len}.json"
+        return f"{INDEX_DIR}/{self.kind}-L{self.seq_len}.json"
 
     def counts(self, table: fmt.ChunkTable) -> np.ndarray:
-        """Unpacked examples of every chunk of ``table`` (one int per chunk; see the module docstring)."""
+        """Examples of every chunk of ``table`` (one int per chunk; see the module docstring)."""
         cache = self.cache
         fingerprint = hashlib.sha256("\n".join(table.checksums).encode()).hexdigest()
         rel = self.index_file
@@ -72,7 +102,7 @@ class UnpackedIndex:
                     self._counts[table.checksums[c]] = n
         counts = np.asarray([self._counts[h] for h in table.checksums], dtype=np.int64)
         if cache.complete and self.index_cache and todo:
-            body = fmt.dumps({"format": "chunkledger-unpacked-index", "seq_len": self.seq_len,
+            body = fmt.dumps({"format": f"chunkledger-{self.kind}-index", "seq_len": self.seq_len,
                               "fingerprint": fingerprint, "counts": counts.tolist()}).encode()
             try:
                 atomic.write(cache.fs, cache.path(rel), body)  # a concurrent reader sees the old or the new file
@@ -104,6 +134,8 @@ class UnpackedIndex:
         if lengths.size != int(table.docs[c]) or int(lengths.sum()) != int(table.tokens[c]):
             raise ChunkError(f"{cache.display(rel)}: {lengths.size} documents / {int(lengths.sum())} "
                              f"tokens, the ledger says {int(table.docs[c])} / {int(table.tokens[c])}")
+        if self.kind == "best_fit":
+            return count_best_fit_rows(lengths, self.seq_len)
         return unpacked_examples_per_chunk(lengths, self.seq_len)
 
     def _pieces_cum(self, c: int, docs: DocIndex) -> np.ndarray:
@@ -121,10 +153,36 @@ class UnpackedIndex:
         return cum
 
     def locate(self, c: int, docs: DocIndex, offsets: np.ndarray):
-        """Examples ``offsets`` of chunk ``c`` (whose documents are ``docs``): arrays ``(token offset in
+        """Unpacked examples ``offsets`` of chunk ``c`` (whose documents are ``docs``): arrays ``(token offset in
         the chunk, position in its document of the first token, tokens)``."""
         cum = self._pieces_cum(c, docs)
         doc = np.searchsorted(cum, offsets, side="right") - 1
         start = (offsets - cum[doc]) * self.seq_len
         length = np.minimum(docs.doc_lengths[doc] - start, self.seq_len)
         return docs.doc_starts[doc] + start, start, length
+
+    def chunk_rows(self, c: int, docs: DocIndex) -> ChunkRows:
+        """Chunk ``c``'s best-fit rows (the packings of recent chunks are kept)."""
+        with self._lock:
+            got = self._rows.get(c)
+            if got is not None:
+                self._rows.move_to_end(c)
+                return got
+        got = ChunkRows(docs.doc_lengths, docs.doc_starts, self.seq_len)
+        with self._lock:
+            if c not in self._rows:
+                self._rows[c] = got
+                self._rows_bytes += got.nbytes
+            while self._rows_bytes > _ROWS_CACHE_BYTES and len(self._rows) > 1:
+                self._rows_bytes -= self._rows.popitem(last=False)[1].nbytes
+        return got
+
+    def rows(self, c: int, docs: DocIndex, offsets: np.ndarray):
+        """Best-fit rows ``offsets`` of chunk ``c`` (whose documents are ``docs``): ``(pieces per row, token
+        offset in the chunk, position in its document of the first token, tokens, column in the row)``,
+        the last four per piece, row after row."""
+        got = self.chunk_rows(c, docs)
+        lo, hi = got.ptr[offsets], got.ptr[offsets + 1]
+        n = hi - lo
+        k = np.arange(int(n.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(n) - n), n)
+        return n, got.token[k], got.first[k], got.length[k], got.column[k]

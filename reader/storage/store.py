@@ -262,10 +262,22 @@ class ChunkStore:
 
     def _load_doc_index(self, index: int):
         m = self.meta(index)
-        parts = [np.diff(self.row_group(index, g).doc_starts) for g in range(m.num_row_groups)]
+        G = m.num_row_groups
+        if G > 2:  # the background threads decode the second half meanwhile (the read needs it all soon)
+            self.submit(self._warm_for_doc_index, index, list(range(G // 2, G)))
+        parts = [np.diff(self.row_group(index, g).doc_starts) for g in range(G)]
         lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         d = DocIndex(lengths, np.concatenate([[0], np.cumsum(lengths)]))
         return d, d.nbytes
+
+    def _warm_for_doc_index(self, index: int, groups: list[int]) -> None:
+        with self._lock:
+            done = ("docs", index) in self._lru or ("docs", index) not in self._inflight
+        if not done:  # (a task that starts after the index is made has nothing left to do)
+            try:
+                self.warm_row_groups(index, groups)
+            except Exception:  # noqa: BLE001 - the index's own load reports it
+                pass
 
     def row_group(self, index: int, group: int) -> RowGroup:
         return self._get(("rg", index, group), lambda: self._load_row_group(index, group))

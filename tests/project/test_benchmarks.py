@@ -130,9 +130,9 @@ def test_quick_suite_produces_every_figure(tmp_path):
     for label, n in (("benchmarks.megatron_peer limit --encoder gigatoken", 2),
                      ("benchmarks.megatron_peer limit --encoder fastokens", 2), ("benchmarks.megatron_peer fast", 1),
                      ("benchmarks.megatron_peer classic", 1), ("benchmarks.encoders_cold", 2),
-                     ("benchmarks.stages", 2)):
+                     ("benchmarks.stages", 2), ("benchmarks.packing_cost", 1)):
         assert labels.count(label) == n, (label, labels)
-    assert len(probes) == 27 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
+    assert len(probes) == 28 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
     assert 0 < fig["probe_compute_min_vs_max"] <= 1 and 0 < fig["probe_memory_min_vs_max"] <= 1
     assert "### Machine speed during the run" in text and text.count("| benchmarks.baselines limit --encoder fastokens |") == 3
     # the distinct corpus: each document once; every exact path gave our build's tokens (the run checks them),
@@ -143,6 +143,7 @@ def test_quick_suite_produces_every_figure(tmp_path):
     assert fig["parse_encode_limit_encoder"] in ("gigatoken encode_files", "orjson + fastokens")
     assert "### Against Megatron's GigaToken path" in text and "### Today's figures on both corpora" in text
     assert "### The encoders alone" in text and "### Where a worker's CPU goes" in text
+    assert "### Best-fit packing" in text and fig["best_fit_short_documents_cut_L2048"] == 0
     # Quick mode never touches the committed figures.
     assert out.parent == tmp_path
 

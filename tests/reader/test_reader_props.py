@@ -13,7 +13,7 @@ from reader.order import shuffle
 from reader.order import streams
 
 import cachegen
-from cache_strategies import caches, has_empty_stream, units_per_chunk
+from cache_strategies import KINDS, caches, has_empty_stream, kind_options, units_per_chunk
 
 KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 SETTINGS = dict(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -35,16 +35,17 @@ def assert_rows_equal(got, ref_examples, rows):
 
 
 @settings(**SETTINGS)
-@given(caches(), st.booleans(), st.integers(1, 12), st.integers(1, 6), st.integers(1, 16), st.integers(1, 3),
-       st.data())
-def test_batches_match_reference_and_are_R_invariant(cache, packed, L, r_star, R, per_reader, data):
+@given(caches(), st.sampled_from(KINDS), st.integers(1, 12), st.integers(1, 6), st.integers(1, 16),
+       st.integers(1, 3), st.data())
+def test_batches_match_reference_and_are_R_invariant(cache, kind, L, r_star, R, per_reader, data):
     chunks, cps = cache
-    assume(not has_empty_stream(chunks, r_star, packed, L))
+    ko = kind_options(kind)
+    assume(not has_empty_stream(chunks, r_star, ko["packed"], L, ko["packing"]))
     B = R * per_reader
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=7)
-        opts = ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star, prefetch_batches=2)
-        ref = cachegen.Reference(chunks, L, r_star, packed=packed)
+        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, prefetch_batches=2, **ko)
+        ref = cachegen.Reference(chunks, L, r_star, **ko)
         full = Reader(root, opts)
         readers = [Reader(root, opts, num_readers=R, reader_index=r) for r in range(R)]
         for b in [0, 1, data.draw(st.integers(2, 40))]:
@@ -68,18 +69,18 @@ def test_batches_match_reference_and_are_R_invariant(cache, packed, L, r_star, R
 
 
 @settings(**SETTINGS)
-@given(caches(), st.booleans(), st.integers(1, 9), st.integers(1, 5), st.integers(1, 4), st.integers(0, 12),
-       st.booleans())
-def test_seek_equals_iterate(cache, packed, L, r_star, R, start, shuffled):
+@given(caches(), st.sampled_from(KINDS), st.integers(1, 9), st.integers(1, 5), st.integers(1, 4),
+       st.integers(0, 12), st.booleans())
+def test_seek_equals_iterate(cache, kind, L, r_star, R, start, shuffled):
     chunks, cps = cache
-    assume(not has_empty_stream(chunks, r_star, packed, L))
+    ko = kind_options(kind)
+    assume(not has_empty_stream(chunks, r_star, ko["packed"], L, ko["packing"]))
     B = 2 * R
     cfg = shuffle.ShuffleConfig(seed=7, first_window=3, max_window=20, block_size=2, mix_size=4,
                                 lanes=r_star) if shuffled else None
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=5)
-        opts = ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star, shuffle=cfg,
-                           prefetch_batches=3)
+        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, shuffle=cfg, prefetch_batches=3, **ko)
         with Reader(root, opts, num_readers=R, reader_index=R - 1) as a, \
                 Reader(root, opts, num_readers=R, reader_index=R - 1) as c:
             from_zero = [x for _, x in a.iter_batches(0, start + 3)][start:]
@@ -92,14 +93,15 @@ def test_seek_equals_iterate(cache, packed, L, r_star, R, start, shuffled):
 
 
 @settings(**SETTINGS)
-@given(caches(), st.booleans(), st.integers(1, 12), st.integers(1, 4), st.integers(1, 3))
-def test_eval_pass_covers_every_document_once(cache, packed, L, R, per_reader):
+@given(caches(), st.sampled_from(KINDS), st.integers(1, 12), st.integers(1, 4), st.integers(1, 3))
+def test_eval_pass_covers_every_document_once(cache, kind, L, R, per_reader):
     chunks, cps = cache
+    ko = kind_options(kind)
     B = R * per_reader
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=6)
-        opts = ReadOptions(seq_len=L, batch_size=B, packed=packed, eval_mode=True, ideal_readers=5)
-        ref = cachegen.Reference(chunks, L, 1, packed=packed, loop=False)
+        opts = ReadOptions(seq_len=L, batch_size=B, eval_mode=True, ideal_readers=5, **ko)
+        ref = cachegen.Reference(chunks, L, 1, loop=False, **ko)
         readers = [Reader(root, opts, num_readers=R, reader_index=r) for r in range(R)]
         nb = readers[0].num_batches
         assert readers[0].num_examples == ref.num_examples()
@@ -122,9 +124,15 @@ def test_eval_pass_covers_every_document_once(cache, packed, L, R, per_reader):
         targets = np.concatenate([glob[(b, "targets")] for b in range(nb)])
         mask = np.concatenate([glob[(b, "loss_mask")] for b in range(nb)])
         assert not mask[n:].any() and not targets[n:].any()
-        # every token of every document exactly once, in global order
+        # every token of every document exactly once, in global order (best fit: chunk by chunk, each
+        # chunk's tokens in its rows' order; token ids are unique)
         every = np.concatenate([np.concatenate(c) if c else np.zeros(0, np.int32) for c in chunks])
-        assert np.array_equal(targets[mask], every)
+        if kind == "best_fit":
+            assert np.array_equal(np.sort(targets[mask]), np.sort(every))
+            chunk_of = np.repeat(np.arange(len(chunks)), [sum(len(d) for d in c) for c in chunks])
+            assert (np.diff(chunk_of[np.searchsorted(every, targets[mask], sorter=np.argsort(every))]) >= 0).all()
+        else:
+            assert np.array_equal(targets[mask], every)
         for i in range(n):
             e = ref.example(i)
             for k in KEYS:
@@ -134,18 +142,20 @@ def test_eval_pass_covers_every_document_once(cache, packed, L, R, per_reader):
 
 
 @settings(**SETTINGS)
-@given(caches(max_chunks=12), st.booleans(), st.integers(1, 8), st.sampled_from([(1, 1), (2, 1), (4, 2), (2, 4),
-       (1, 4), (8, 4), (3, 6), (6, 3), (4, 4), (6, 2)]), st.integers(0, 30))
-def test_locality_each_reader_opens_only_its_streams_chunks(cache, packed, L, rs, b0):
+@given(caches(max_chunks=12), st.sampled_from(KINDS), st.integers(1, 8), st.sampled_from([(1, 1), (2, 1), (4, 2),
+       (2, 4), (1, 4), (8, 4), (3, 6), (6, 3), (4, 4), (6, 2)]), st.integers(0, 30))
+def test_locality_each_reader_opens_only_its_streams_chunks(cache, kind, L, rs, b0):
     chunks, cps = cache
     r_star, R = rs
-    assume(not has_empty_stream(chunks, r_star, packed, L))
+    ko = kind_options(kind)
+    packed = ko["packed"]
+    assume(not has_empty_stream(chunks, r_star, packed, L, ko["packing"]))
     n = len(chunks)
     B = R * 2
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=4)
-        opts = ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star)
-        units = units_per_chunk(chunks, packed, L)
+        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, **ko)
+        units = units_per_chunk(chunks, packed, L, ko["packing"])
         for r in range(R):
             with Reader(root, opts, num_readers=R, reader_index=r) as rd:
                 got = list(rd.iter_batches(b0, 3))
@@ -157,7 +167,7 @@ def test_locality_each_reader_opens_only_its_streams_chunks(cache, packed, L, rs
                 assert set(s_of.tolist()) <= set(mine)
                 allowed = set()
                 for s in set(s_of.tolist()):
-                    need = int(j_of[s_of == s].max() + 1) * (L if packed else 1)
+                    need = int(j_of[s_of == s].max() + 1) * (L if kind == "concat" else 1)
                     p, have = s, 0
                     while have < need:
                         allowed.add(p % n)
@@ -193,16 +203,18 @@ def test_empty_stream_is_a_clear_error():
 
 
 @settings(**SETTINGS)
-@given(caches(), st.booleans(), st.integers(1, 8), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**31))
-def test_shuffled_rows_are_permuted_examples_and_R_invariant(cache, packed, L, r_star, R, seed):
+@given(caches(), st.sampled_from(KINDS), st.integers(1, 8), st.integers(1, 4), st.integers(1, 4),
+       st.integers(0, 2**31))
+def test_shuffled_rows_are_permuted_examples_and_R_invariant(cache, kind, L, r_star, R, seed):
     chunks, cps = cache
-    assume(not has_empty_stream(chunks, r_star, packed, L))
+    ko = kind_options(kind)
+    assume(not has_empty_stream(chunks, r_star, ko["packed"], L, ko["packing"]))
     B = 2 * R
     cfg = shuffle.ShuffleConfig(seed=seed, first_window=4, max_window=32, block_size=2, mix_size=8, lanes=r_star)
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=5)
-        plain = Reader(root, ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star))
-        opts = ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star, shuffle=cfg)
+        plain = Reader(root, ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, **ko))
+        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, shuffle=cfg, **ko)
         full = Reader(root, opts)
         for b in (0, 3, 11):
             got = full.rows(b, np.arange(B))

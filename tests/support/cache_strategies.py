@@ -5,9 +5,21 @@ import math
 import numpy as np
 from hypothesis import strategies as st
 
+from packing_ref import reference_best_fit
 
-def units_per_chunk(chunks, packed, L):
-    """Stream units per chunk: tokens (packed) or unpacked examples."""
+
+KINDS = ("concat", "best_fit", "unpacked")  # what an example is (ReadOptions.kind)
+
+
+def kind_options(kind):
+    """``ReadOptions`` keywords of an example kind."""
+    return {"packed": kind != "unpacked", "packing": "best_fit" if kind == "best_fit" else "concat"}
+
+
+def units_per_chunk(chunks, packed, L, packing="concat"):
+    """Stream units per chunk: tokens (packed), best-fit rows or unpacked examples."""
+    if packed and packing == "best_fit":
+        return [len(reference_best_fit([len(d) for d in c], L)) for c in chunks]
     return [sum(len(d) for d in c) if packed else sum(math.ceil(len(d) / L) for d in c) for c in chunks]
 
 
@@ -32,8 +44,8 @@ def caches(draw, max_chunks=10):
     return chunks, cps
 
 
-def has_empty_stream(chunks, r_star, packed, L):
-    units = units_per_chunk(chunks, packed, L)
+def has_empty_stream(chunks, r_star, packed, L, packing="concat"):
+    units = units_per_chunk(chunks, packed, L, packing)
     n = len(chunks)
     g = math.gcd(n, r_star)
     return any(sum(units[c] for c in range(n) if c % g == s % g) == 0 for s in range(r_star))

@@ -29,6 +29,8 @@ import pyarrow.parquet as pq
 from reader.format import spec as fmt
 from reader.order import streams
 
+from packing_ref import reference_best_fit
+
 DEFAULT_TOKENIZER = {"spec": "synthetic", "kind": "synthetic", "name": "synthetic", "vocab_size": 1 << 20,
                      "eos_id": 0, "hash": "synthetic"}
 
@@ -291,12 +293,14 @@ def random_chunks(rng: np.random.Generator, num_chunks: int, *, max_docs: int = 
 
 
 class Reference:
-    """Examples of a synthetic cache computed naively: ``loop(chunks)[s::R*]`` walked position by position."""
+    """Examples of a synthetic cache computed naively: ``loop(chunks)[s::R*]`` walked position by position.
+    ``packing="best_fit"`` (packed): each chunk's rows from the brute-force packer (``packing_ref``)."""
 
     def __init__(self, chunks: Sequence[Sequence[Sequence[int]]], seq_len: int, num_streams: int, *,
-                 packed: bool = True, loop: bool = True):
+                 packed: bool = True, loop: bool = True, packing: str = "concat"):
         self.chunks = [[np.asarray(d, dtype=np.int64) for d in c] for c in chunks]
         self.L, self.R, self.packed, self.loop = seq_len, num_streams, packed, loop
+        self.best_fit = packed and packing == "best_fit"
         self._units: dict[int, list] = {}  # stream -> list of units (token tuples or piece dicts)
         self._pos: dict[int, int] = {}  # stream -> next looped-chunk position
 
@@ -310,7 +314,11 @@ class Reference:
                 break
             e, c = divmod(p, n)
             before = len(units)
-            for d in self.chunks[c]:
+            if self.best_fit:
+                docs = self.chunks[c]
+                for row in reference_best_fit([len(d) for d in docs], self.L):
+                    units.append({"pieces": [(docs[d], a, m) for d, a, m in row], "epoch": e})
+            for d in self.chunks[c] if not self.best_fit else ():
                 if self.packed:
                     units += [(int(t), k, int(d[k - 1]) if k else 0, e) for k, t in enumerate(d)]
                 else:
@@ -328,14 +336,28 @@ class Reference:
         """Single pass (R* = 1) only."""
         assert not self.loop and self.R == 1
         units = self._stream_units(0, 1 << 62)
-        return -(-len(units) // self.L) if self.packed else len(units)
+        return -(-len(units) // self.L) if self.packed and not self.best_fit else len(units)
 
     def example(self, i: int) -> dict[str, Any]:
         s, j = i % self.R, i // self.R
         L = self.L
         out = {k: np.zeros(L, np.int32) for k in ("inputs", "targets", "segment_ids", "positions")}
         out["loss_mask"] = np.zeros(L, bool)
-        if self.packed:
+        if self.best_fit:
+            units = self._stream_units(s, j + 1)
+            if j >= len(units):
+                out["epoch"], out["valid"] = -1, False
+                return out
+            t = 0
+            for seg, (d, a, m) in enumerate(units[j]["pieces"], start=1):
+                out["targets"][t:t + m] = d[a:a + m]
+                out["positions"][t:t + m] = np.arange(a, a + m)
+                out["inputs"][t:t + m] = np.concatenate([[d[a - 1] if a else 0], d[a:a + m - 1]])
+                out["segment_ids"][t:t + m] = seg
+                out["loss_mask"][t:t + m] = True
+                t += m
+            out["epoch"], out["valid"] = units[j]["epoch"], True
+        elif self.packed:
             units = self._stream_units(s, (j + 1) * L)[j * L:(j + 1) * L]
             seg = 0
             for t, (tok, k, prev, e) in enumerate(units):

@@ -16,35 +16,7 @@ from reader.order.packing import (
     packing_figures,
 )
 
-
-def reference_best_fit(lengths, L):
-    """The rule as plainly as possible: a list of rows, each a list of (doc, start, length)."""
-    full_rows = []
-    others = []
-    for d, n in enumerate(lengths):
-        for s in range(0, n - n % L, L):
-            full_rows.append([(d, s, L)])
-        if n % L:
-            others.append((d, n - n % L, n % L))
-    others.sort(key=lambda piece: (-piece[2], piece[0]))
-    rows = []  # in creation order: [remaining capacity, pieces]
-    for piece in others:
-        size = piece[2]
-        chosen = None
-        for i, row in enumerate(rows):
-            if row[0] >= size and (chosen is None or row[0] < rows[chosen][0]):
-                chosen = i
-        # The same choice stated as the rule: smallest remaining capacity that fits, then first created.
-        fitting = [(row[0], i) for i, row in enumerate(rows) if row[0] >= size]
-        assert chosen == (min(fitting)[1] if fitting else None)
-        if chosen is None:
-            rows.append([L, []])
-            chosen = len(rows) - 1
-        rows[chosen][0] -= size
-        rows[chosen][1].append(piece)
-    out = full_rows + [sorted(row[1]) for row in rows]
-    out.sort(key=lambda row: row[0][:2])
-    return out
+from packing_ref import reference_best_fit
 
 
 def as_lists(rows: PackedRows):
@@ -89,10 +61,12 @@ def test_best_fit_invariants(case):
     firsts = []
     for row in as_lists(rows):
         assert sum(n for _, _, n in row) <= L
-        assert row == sorted(row)  # document order within a row
+        # at most one continuation piece, first; then document starts in document order
+        assert all(s == 0 for _, s, _ in row[1:])
+        assert row[1:] == sorted(row[1:])
         assert len(row) == 1 or all(n < L for _, _, n in row)  # full pieces are alone
-        firsts.append(row[0][:2])
-    assert firsts == sorted(firsts)  # rows ordered by their first piece
+        firsts.append(min(p[:2] for p in row))
+    assert firsts == sorted(firsts)  # rows ordered by their earliest piece
 
 
 @pytest.mark.parametrize("L", [16, 64, 1000])
@@ -109,6 +83,16 @@ def test_fifo_per_capacity_is_not_enough():
     # Row 1 (5, then 4) reaches capacity 1 before row 0 (7, then 2); the last 1 still goes to row 0.
     rows = best_fit_rows([7, 5, 4, 2, 1], 10)
     assert as_lists(rows) == [[(0, 0, 7), (3, 0, 2), (4, 0, 1)], [(1, 0, 5), (2, 0, 4)]]
+
+
+def test_one_continuation_piece_per_row_and_first():
+    # The 3 (document 0's tail) may not join the 4 (document 1's tail): it opens a row of its own, and the
+    # 2 goes to the fuller of the two.
+    rows = best_fit_rows([13, 14, 2], 10)
+    assert as_lists(rows) == [[(0, 0, 10)], [(0, 10, 3)], [(1, 0, 10)], [(1, 10, 4), (2, 0, 2)]]
+    # A continuation piece leads its row even when the row's other pieces come earlier in the chunk; the
+    # row is ordered by its earliest piece, (0, 0).
+    assert as_lists(best_fit_rows([4, 15], 10)) == [[(1, 10, 5), (0, 0, 4)], [(1, 0, 10)]]
 
 
 def test_worked_example_of_the_docs():

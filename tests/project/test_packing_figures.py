@@ -1,0 +1,120 @@
+"""The best-fit figures of benchmarks/packing_cost.py on a small cache, against counts made by hand and by the
+brute-force packer (no timing: the rates are measured by the benchmark only)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cachegen
+from benchmarks import packing_cost, report
+from packing_ref import reference_best_fit
+
+
+def docs_of(lengths, first=1):
+    out = []
+    for n in lengths:
+        out.append(np.arange(first, first + n, dtype=np.int32))
+        first += n
+    return out, first
+
+
+@pytest.fixture(scope="module")
+def small_cache(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    lengths = [[0, 25, 3, 10, 0, 8, 2], [7, 5, 4, 2, 1], [], [13, 14, 2]]
+    lengths += [rng.integers(1, 40, int(rng.integers(1, 12))).tolist() for _ in range(6)]
+    chunks, nxt = [], 1
+    for ls in lengths:
+        docs, nxt = docs_of(ls, nxt)
+        chunks.append(docs)
+    root = str(tmp_path_factory.mktemp("packing-figures") / "cache")
+    cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=[5, 5], row_group_tokens=16)
+    return root, [np.asarray(x, np.int64) for x in lengths]
+
+
+def brute(chunks, L):
+    """The figures straight from their definitions, over the reference packer's rows and token by token."""
+    rows = sum(len(reference_best_fit(n.tolist(), L)) for n in chunks)
+    tokens = sum(int(n.sum()) for n in chunks)
+    docs = sum(int((n > 0).sum()) for n in chunks)
+    pieces = [(c, p) for c, n in enumerate(chunks) for row in reference_best_fit(n.tolist(), L) for p in row]
+    cut = {(c, d) for c, (d, s, _) in pieces if s > 0}
+    cut_tokens = sum(m for _, (_, s, m) in pieces if s > 0)
+    every = [int(x) for n in chunks for x in n]
+    # concatenation: token t of the whole order lies in row t // L; a document is cut when a row starts inside it
+    start, cc_docs, cc_tokens = 0, 0, 0
+    for n in every:
+        inside = [t for t in range(start + 1, start + n) if t % L == 0]  # row starts past the document's first token
+        cc_docs += bool(inside)
+        cc_tokens += start + n - inside[0] if inside else 0
+        start += n
+    concat_rows = -(-tokens // L)
+    pieces = sum(-(-n // L) for n in every)
+    return {
+        "best_fit_rows": rows, "best_fit_padding": (rows * L - tokens) / (rows * L),
+        "best_fit_cut_documents": len(cut) / docs, "best_fit_cut_tokens": cut_tokens / tokens,
+        "concat_padding": (concat_rows * L - tokens) / (concat_rows * L), "concat_cut_documents": cc_docs / docs,
+        "concat_cut_tokens": cc_tokens / tokens, "unpacked_padding": (pieces * L - tokens) / (pieces * L),
+        "unpacked_cut_documents": sum(n > L for n in every) / docs,
+        "unpacked_cut_tokens": sum(max(0, n - L) for n in every) / tokens,
+    }
+
+
+@pytest.mark.parametrize("L", [4, 10, 16])
+def test_figures_of_a_cache_equal_their_definitions(small_cache, L):
+    root, lengths = small_cache
+    chunks = packing_cost.cache_lengths(root)
+    assert [c.tolist() for c in chunks] == [n.tolist() for n in lengths]
+    got = packing_cost.cache_figures(chunks, L)
+    want = brute(chunks, L)
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v), k
+    assert got["best_fit_short_documents_cut"] == 0
+
+
+def test_figures_by_hand():
+    # L = 10: best fit rows 10 | 10 | 5+3 | 10 | 8+2 (document 1 cut: 15 tokens) and 7+2+1 | 5+4: 67 tokens
+    # in 7 rows; concat: 7 rows too; unpacked: 12 rows (25 gives 3).
+    chunks = [np.asarray([0, 25, 3, 10, 0, 8, 2]), np.asarray([7, 5, 4, 2, 1])]
+    got = packing_cost.cache_figures(chunks, 10)
+    assert got["best_fit_rows"] == 7 and got["best_fit_padding"] == pytest.approx(3 / 70)
+    assert got["best_fit_cut_documents"] == pytest.approx(1 / 10)
+    assert got["best_fit_cut_tokens"] == pytest.approx(15 / 67)
+    assert got["unpacked_padding"] == pytest.approx(1 - 67 / 120)
+    assert got["concat_padding"] == pytest.approx(3 / 70)
+
+
+def test_short_documents_cut_counts_what_a_packing_cuts(monkeypatch):
+    """The figure that must stay 0 does see cuts: with concatenation in best fit's place it counts the
+    documents of at most L tokens that a window boundary falls in."""
+    chunks = [np.asarray([6, 6, 3, 12]), np.asarray([9, 1])]  # L = 8: rows at 0, 8, 16, 24 of chunk 0
+    monkeypatch.setattr(packing_cost.packing, "best_fit_rows", packing_cost.packing.concat_rows)
+    got = packing_cost.cache_figures(chunks, 8)
+    # chunk 0: 6 | 6 (cut at 8) | 3 | 12 (cut at 16 and 24: longer than L); chunk 1: 9 (longer), 1
+    assert got["best_fit_short_documents_cut"] == 1
+
+
+def test_smaller_chunks_keep_every_document_in_order():
+    rng = np.random.default_rng(1)
+    chunks = [rng.integers(1, 50, int(rng.integers(0, 40))) for _ in range(7)]
+    small = packing_cost.split_chunks(chunks, 4)
+    assert np.array_equal(np.concatenate(small), np.concatenate(chunks))
+    assert all(x.size for x in small) and len(small) <= 4 * len(chunks)
+    per = 0
+    for n in chunks:  # runs of one chunk: about a quarter of its tokens each, cut at document ends
+        k = len([1 for _ in packing_cost.split_chunks([n], 4)])
+        assert k <= 4 and (k == 0) == (n.size == 0)
+        per += k
+    assert per == len(small)
+
+
+def test_the_report_shows_the_packing_table():
+    kinds, Ls = ("padding", "cut_documents", "cut_tokens"), (2048, 8192)
+    fig = {f"{p}_{k}_L{L}": 0.5 for p in ("best_fit", "concat", "unpacked") for k in kinds for L in Ls}
+    fig.update({f"best_fit_{k}_L{L}_small": 0.25 for k in kinds for L in Ls})
+    fig.update({"best_fit_vs_concat_L2048": 0.9, "best_fit_real_tokens_per_s_L2048": 9e7, "packing_chunks": 3,
+                "packing_split": 8, "reader_num_workers": 2})
+    text = "\n".join(report.packing_table(fig))
+    assert "| 2048 | best fit | 0.500 | 0.500 | 0.500 | 90.00 M tok/s | 0.900 |" in text
+    assert "| 8192 | best fit, smaller chunks | 0.250 |" in text and "2 reader workers" in text

@@ -1,0 +1,217 @@
+"""``ReadOptions(packing="best_fit")`` through the reader: the rows are each chunk's best-fit rows, their
+per-chunk counts are stored in ``index/best_fit-L{L}.json``, both layouts carry them, and reading during
+a build, mixtures, reader workers and the command line work as for any other example kind.
+
+Batches against a brute-force reference, R-invariance, seek == iterate, shuffles and eval passes are in
+tests/reader/test_reader_props.py (every example kind); the packer itself in
+tests/reader/order/test_reader_packing.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from reader import ChunkError, ReadOptions, Reader, expand_flat
+from reader.batch.schema import BATCH_KEYS
+from reader.cli.main import main
+from reader.mixture.spec import MixtureError
+from reader.order.packing import best_fit_rows, count_best_fit_rows
+from reader.storage.index import ExampleIndex
+
+import cachegen
+from mixgen import write_components, write_mixture
+
+L = 16
+
+
+def chunks_with_long_documents(seed: int, n: int) -> list:
+    """Chunks with documents of 1..40 tokens and some of 100 (longer than L = 16: full pieces and a
+    continuation piece); every token id distinct."""
+    rng = np.random.default_rng(seed)
+    out, nxt = [], 1
+    for _ in range(n):
+        docs = []
+        for _ in range(int(rng.integers(0, 9))):
+            m = 100 if rng.random() < 0.15 else int(rng.integers(1, 41))
+            docs.append(np.arange(nxt, nxt + m, dtype=np.int32))
+            nxt += m
+        out.append(docs)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("best-fit") / "cache")
+    chunks = chunks_with_long_documents(1, 13)
+    cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=[7, 6], row_group_tokens=30)
+    return root, chunks
+
+
+def opts(**kw) -> ReadOptions:
+    return ReadOptions(**{**dict(seq_len=L, batch_size=8, ideal_readers=4, packing="best_fit"), **kw})
+
+
+def same(a: dict, b: dict, keys=None) -> bool:
+    return all(np.array_equal(a[k], b[k]) for k in (keys or a))
+
+
+def test_options_refuse_best_fit_without_packing_and_unknown_packings():
+    with pytest.raises(ValueError, match="packing='best_fit'.*packed=False"):
+        ReadOptions(packed=False, packing="best_fit")
+    with pytest.raises(ValueError, match="packing must be one of"):
+        ReadOptions(packing="first_fit")
+    assert ReadOptions().kind == "concat" and ReadOptions(packed=False).kind == "unpacked"
+    assert opts().kind == "best_fit"
+
+
+def test_an_eval_pass_is_every_chunks_rows_in_order(cache):
+    """One stream, no loop: the rows are chunk 0's best-fit rows, then chunk 1's, ...: each row holds the
+    pieces best_fit_rows names, continuation piece first, padded at its end."""
+    root, chunks = cache
+    want = []
+    for docs in chunks:
+        rows = best_fit_rows([len(d) for d in docs], L)
+        for a, b in zip(rows.row_ptr[:-1], rows.row_ptr[1:]):
+            want.append([(docs[d], s, m) for d, s, m in zip(rows.doc[a:b], rows.start[a:b], rows.length[a:b])])
+    with Reader(root, opts(eval_mode=True)) as r:
+        assert r.num_examples == len(want)
+        got = [x for _, x in r.iter_batches()]
+    batch = {k: np.concatenate([x[k] for x in got]) for k in got[0]}
+    assert (batch["valid"][:len(want)]).all() and not batch["valid"][len(want):].any()
+    continued = 0
+    for i, row in enumerate(want):
+        t = 0
+        for seg, (doc, s, m) in enumerate(row, start=1):
+            assert batch["targets"][i, t:t + m].tolist() == doc[s:s + m].tolist()
+            assert batch["positions"][i, t:t + m].tolist() == list(range(s, s + m))
+            assert batch["inputs"][i, t] == (doc[s - 1] if s else 0)
+            assert (batch["segment_ids"][i, t:t + m] == seg).all()
+            continued += s > 0 and m < L and len(row) > 1
+            t += m
+        assert not batch["loss_mask"][i, t:].any() and not batch["targets"][i, t:].any()
+        assert batch["loss_mask"][i, :t].all()
+    assert continued, "no row shares a continuation piece: the cache does not exercise the rule"
+
+
+def test_counts_are_stored_in_the_index_and_used(cache, monkeypatch):
+    root, chunks = cache
+    with Reader(root, opts()) as r:
+        want = r.batch(5)
+    got = json.load(open(os.path.join(root, "index", f"best_fit-L{L}.json")))
+    assert got["format"] == "chunkledger-best_fit-index" and got["seq_len"] == L
+    assert got["counts"] == [count_best_fit_rows([len(d) for d in c], L) for c in chunks]
+
+    def refuse(self, table, c):
+        raise AssertionError("the stored index should have been used")
+
+    monkeypatch.setattr(ExampleIndex, "_count", refuse)
+    with Reader(root, opts()) as r:
+        assert same(r.batch(5), want)
+
+
+def test_an_index_that_disagrees_with_the_chunks_is_a_clear_error(tmp_path):
+    root = str(tmp_path / "cache")
+    chunks = chunks_with_long_documents(4, 4)
+    cachegen.write_synthetic_cache(root, chunks)
+    with Reader(root, opts(batch_size=4)) as r:
+        r.batch(0)
+    path = os.path.join(root, "index", f"best_fit-L{L}.json")
+    got = json.load(open(path))
+    got["counts"] = [n + 1 for n in got["counts"]]  # fingerprint kept: a damaged index file
+    open(path, "w").write(json.dumps(got))
+    with Reader(root, opts(batch_size=4)) as r:
+        with pytest.raises(ChunkError, match=r"chunk-000000\.parquet: its documents pack into \d+ rows of 16, "
+                                             r"the index says \d+\. Delete .*best_fit-L16\.json"):
+            r.batch(0)
+
+
+@pytest.mark.parametrize("extra", [{}, {"shuffle_seed": 4}, {"eval_mode": True}])
+def test_flat_layout_expands_to_the_arrays_layout(cache, extra):
+    root, _ = cache
+    with Reader(root, opts(**extra)) as a, Reader(root, opts(layout="flat", **extra)) as f:
+        for b in range(6 if not extra.get("eval_mode") else a.num_batches):
+            x, y = a.batch(b), f.batch(b)
+            assert same(expand_flat(y), x, BATCH_KEYS), b
+            assert y["num_tokens"].tolist() == x["loss_mask"].sum(axis=1).tolist()
+
+
+@pytest.mark.parametrize("o,R,r,start", [
+    (opts(layout="flat"), 1, 0, 0),
+    (opts(shuffle_seed=3), 1, 0, 4),
+    (opts(layout="flat", shuffle_seed=3), 2, 1, 2),
+])
+def test_reader_workers_equal_one_process(cache, o, R, r, start):
+    root, _ = cache
+    with Reader(root, o, R, r) as rd:
+        want = [(b, {k: v.copy() for k, v in x.items()}) for b, x in rd.iter_batches(start, 20)]
+    with Reader(root, dataclasses.replace(o, num_workers=2), R, r) as rd:
+        got = list(rd.iter_batches(start, 20))
+    assert [b for b, _ in got] == [b for b, _ in want]
+    for (b, x), (_, y) in zip(got, want):
+        assert list(x) == list(y) and same(x, y), b
+
+
+@pytest.mark.parametrize("extra", [{}, {"eval_mode": True}])
+def test_reading_during_the_build_equals_the_finished_cache(tmp_path, extra):
+    chunks = chunks_with_long_documents(2, 10)
+    o = opts(batch_size=4, **extra)
+    got, want = cachegen.batches_during_and_after_build(str(tmp_path), chunks, [4, 3, 3], o, 8,
+                                                        compressed=[False, True, False], first=(0, 1))
+    assert [b for b, _ in got] == [b for b, _ in want]
+    for (b, x), (_, y) in zip(got, want):
+        assert same(x, y), b
+
+
+def test_a_best_fit_mixture_serves_each_components_own_rows(tmp_path):
+    paths, _ = write_components(str(tmp_path), [6, 5], max_docs=8, max_len=40)
+    f = write_mixture(str(tmp_path / "mix.json"), [("a", "c0", 0.6), ("b", "c1", 0.4)], block=8)
+    o = opts(shuffle_seed=2)
+    with Reader(f, o) as r:
+        got = [x for _, x in r.iter_batches(0, 6)]
+        comp, k = r.order.assign(np.arange(6 * 8))
+    alone = [Reader(p, o) for p in paths]
+    try:
+        for i in range(comp.size):
+            b, row = divmod(i, 8)
+            want = alone[comp[i]].examples([k[i]])
+            assert got[b]["components"][row] == comp[i] and got[b]["example_ids"][row] == i
+            for key in ("inputs", "targets", "segment_ids", "positions", "loss_mask", "epochs", "valid"):
+                assert np.array_equal(got[b][key][row], want[key][0]), (i, key)
+    finally:
+        for a in alone:
+            a.close()
+    assert set(comp.tolist()) == {0, 1}
+
+
+def test_a_mixture_component_cannot_choose_its_own_packing(tmp_path):
+    """Every component is read with the run's options (docs/MIXTURES.md): a component's own packing is an
+    unknown key of the mixture file."""
+    paths, _ = write_components(str(tmp_path), [3, 3])
+    doc = {"mixture": 1, "components": [{"name": "a", "path": "c0", "weight": 1, "packing": "best_fit"},
+                                        {"name": "b", "path": "c1", "weight": 1}]}
+    f = tmp_path / "mix.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(MixtureError, match=r"unknown key components\[0\].'packing'"):
+        Reader(str(f), opts())
+
+
+def test_cli_batches_with_packing(cache, tmp_path, capsys):
+    root, _ = cache
+    out = str(tmp_path / "b.npz")
+    assert main(["batches", root, "--seq_len", str(L), "--batch_size", "8", "--ideal_readers", "4",
+                 "--packing", "best_fit", "--start", "2", "--count", "3", "--out", out]) == 0
+    got = np.load(out)
+    assert json.loads(str(got["options"]))["packing"] == "best_fit"
+    with Reader(root, opts()) as r:
+        for i, b in enumerate(range(2, 5)):
+            x = r.batch(b)
+            for k in BATCH_KEYS:
+                assert np.array_equal(got[k][i], x[k]), (b, k)
+    capsys.readouterr()
+    assert main(["batches", root, "--seq_len", str(L), "--batch_size", "8", "--unpacked", "--packing", "best_fit",
+                 "--out", out]) == 2
+    assert "--packing best_fit" in capsys.readouterr().err
