@@ -117,6 +117,9 @@ def connect(socket_path: str) -> int:
     The warm process answers ``started <pid>`` once it forked the worker, then ``exit <status>``. Without a
     ``started`` (unreachable, refused, or gone while still loading) nothing ran and a standard worker starts.
     """
+    # Ctrl-C reaches every process of the terminal's group: this one then ends quietly, and the warm process
+    # stops its worker when the connection closes (the launcher prints the one line).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     lines: list[bytes] = []
     try:
@@ -186,6 +189,7 @@ def _run_child(conn: socket.socket, fds: list[int], message: dict) -> None:
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a Ctrl-C ends the worker quietly (see connect)
         for i, fd in enumerate(fds[:3]):
             os.dup2(fd, i)
         for fd in fds:
@@ -229,6 +233,7 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
 
 def serve(socket_path: str, hint: dict) -> None:
     """The warm process: import and load, then fork one SDK worker per client until the launcher goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the launcher's to report; it closes our stdin
     # Listen first: workers the runner starts meanwhile wait in the backlog instead of starting cold.
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
