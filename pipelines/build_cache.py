@@ -241,6 +241,8 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options,
         if claims is not None:
             unit_queue.remove(claims)
     if described:
+        if console is not None:
+            console.clear()
         print(f"chunkledger: job description written, nothing ran (the plan is {first}/ledger.json; "
               "launching the job finishes the cache)")
         plans = {name: plan.ledger() for name, plan in prepared.plan.caches()}

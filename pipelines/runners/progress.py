@@ -113,7 +113,9 @@ class Scanner:
                 if old is not None and old[0] == version:
                     continue
                 said = _parse(path, self._read(path))
-                if said is not None:  # else removed since listed (a rerun replacing a stale chunk), or damaged
+                if said is None:  # removed since listed (a rerun replacing a stale chunk), or damaged
+                    self._seen.pop(path, None)
+                else:
                     self._seen[path] = (version, i == 0, shard, said)
         for path in [p for p in self._seen if p not in present]:
             del self._seen[path]
@@ -222,7 +224,9 @@ def sample_ratio(path: str, compression: str, want: int = SAMPLE_BYTES) -> float
         else:
             import zstandard
 
-            decoder = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False)
+            # small reads: the stored bytes consumed (raw.tell()) then overshoot by little
+            decoder = zstandard.ZstdDecompressor().stream_reader(raw, read_size=16 << 10, read_across_frames=True,
+                                                                 closefd=False)
         try:
             while got < want:
                 piece = decoder.read(min(want - got, 1 << 20))
@@ -337,11 +341,10 @@ class Watcher:
             first = False
 
     def stop(self) -> None:
-        """Stop the line (erased on a terminal). The thread is not waited for long: a slow listing on
-        ``gs://`` ends on its own (daemon), and prints nothing once stopped."""
+        """Stop updating the line (it stays until :meth:`finish` or :meth:`Console.clear`). The thread is not
+        waited for long: a slow listing on ``gs://`` ends on its own (daemon), and prints nothing once stopped."""
         self._stop.set()
         self._thread.join(timeout=1.0)
-        self.console.clear()
 
     def finish(self, snap: Snapshot) -> None:
         """Stop, and print the last line: the finished build, at 100%."""
