@@ -27,10 +27,11 @@ Options not listed by ``--help`` are passed to Beam (``--runner``, ``--project``
 is neither ours nor Beam's is an error. Without ``--runner`` the local DirectRunner runs with one worker
 process per CPU.
 
-Exit codes: 0 finished; 2 refused (bad options or input, too many bad lines, another build's cache);
-1 the environment failed (disk full, permissions, network, a worker killed) or an unexpected error:
-rerunning the same command resumes. A traceback goes to a log file named in the error (``--debug``
-prints it instead).
+The command line shows a progress line while the job runs (pipelines/runners/progress.py). Exit codes: 0
+finished; 2 refused (bad options or input, too many bad lines, another build's cache); 1 the environment
+failed (disk full, permissions, network, a worker killed) or an unexpected error; 130 interrupted (Ctrl-C):
+rerunning the same command resumes. A failure is one message; tracebacks, the workers' included, go to a
+log file named in it (``--debug`` prints them instead).
 """
 
 from __future__ import annotations
@@ -46,9 +47,6 @@ import time
 from typing import Any, Sequence
 
 from pipelines import faults, trace
-from pipelines.runners import local_workers
-
-_WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
 
 
 def _interrupted_early(signum, frame) -> None:
@@ -65,6 +63,12 @@ def _on_interrupt(handler) -> None:
 
 if __name__ == "__main__":
     _on_interrupt(_interrupted_early)
+
+from pipelines.runners import local_workers  # noqa: E402
+
+_WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
+
+if __name__ == "__main__":
     trace.event("launcher_start")  # before Beam is imported: the import is part of every build's fixed cost
     if local_workers.enabled() and local_workers.wants_local_workers(sys.argv[1:]) and not {"-h", "--help"} & set(
             sys.argv):
