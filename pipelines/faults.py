@@ -124,8 +124,13 @@ class BuildLog:
         sys.stderr.flush()
         self._saved = sys.stderr
         self._saved_fd = os.dup(2)
+        try:
+            on_fd2 = sys.stderr.fileno() == 2
+        except (AttributeError, OSError, ValueError):  # a stream of its own (a caller's capture)
+            on_fd2 = False
+        # the console: what sys.stderr was, on a descriptor of its own if it was descriptor 2
         self.console = io.TextIOWrapper(io.FileIO(os.dup(self._saved_fd), "w"), encoding="utf-8",
-                                        errors="backslashreplace", line_buffering=True)
+                                        errors="backslashreplace", line_buffering=True) if on_fd2 else sys.stderr
         os.dup2(fd, 2)
         sys.stderr = self.console
 
@@ -163,10 +168,11 @@ class BuildLog:
         os.dup2(self._saved_fd, 2)
         os.close(self._saved_fd)
         sys.stderr = self._saved
-        for h in logging.getLogger().handlers:
-            if isinstance(h, logging.StreamHandler) and h.stream is self.console:
-                h.setStream(self._saved)
-        self.console.close()
+        if self.console is not self._saved:
+            for h in logging.getLogger().handlers:
+                if isinstance(h, logging.StreamHandler) and h.stream is self.console:
+                    h.setStream(self._saved)
+            self.console.close()
         try:
             self.file.close()
         except OSError:

@@ -309,9 +309,10 @@ class Watcher:
 
     def __init__(self, console: Console, scanner: Scanner):
         self.console, self.scanner = console, scanner
-        self.poll = REMOTE_POLL if scanner.remote else LOCAL_POLL
-        if not console.tty:
-            self.poll = console.interval
+        if console.tty:
+            self.poll = REMOTE_POLL if scanner.remote else LOCAL_POLL
+        else:  # a line per interval (on gs://, no more often than a listing is worth)
+            self.poll = max(console.interval, REMOTE_POLL) if scanner.remote else console.interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="chunkledger-progress", daemon=True)
         self.t0 = time.monotonic()
