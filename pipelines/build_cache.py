@@ -40,6 +40,7 @@ import contextlib
 import gc
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -48,10 +49,15 @@ from typing import Any, Sequence
 
 from pipelines import faults, trace
 
+_WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
+
 
 def _interrupted_early(signum, frame) -> None:
     """Ctrl-C while Beam is imported: nothing was written yet (the warm process stops with the launcher)."""
     print(f"interrupted. {faults.RERUN}", file=sys.stderr)
+    if _WARM is not None:  # still importing: it has forked no worker yet
+        _WARM.proc.kill()
+        shutil.rmtree(_WARM.dir, ignore_errors=True)
     os._exit(130)
 
 
@@ -65,8 +71,6 @@ if __name__ == "__main__":
     _on_interrupt(_interrupted_early)
 
 from pipelines.runners import local_workers  # noqa: E402
-
-_WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
 
 if __name__ == "__main__":
     trace.event("launcher_start")  # before Beam is imported: the import is part of every build's fixed cost

@@ -227,4 +227,25 @@ def test_ctrl_c_prints_one_line_and_exits_130(corpus, tmp_path, runner):
     assert (proc.returncode, stderr.decode(), stdout) == (130, f"interrupted. {RERUN}\n", b"")
     assert gone, "processes of the build outlived its launcher"
     assert json.load(open(os.path.join(out, fmt.LEDGER_NAME)))["finished"] is False  # interrupted mid-build
-    assert _logs(tmp_path) == []
+    assert glob.glob(str(tmp_path / "logs" / "chunkledger-*")) == []  # no log, no workers' or claims' directory
+
+
+def test_ctrl_c_while_the_launcher_starts_prints_one_line(corpus, tmp_path):
+    """Ctrl-C as soon as the warm process is started, while the launcher imports Beam: one line, 130, and
+    nothing left (the warm process, still importing, is stopped; its directory removed)."""
+    out, trace_path = str(tmp_path / "cache"), str(tmp_path / "trace.jsonl")
+    proc = subprocess.Popen(_argv(corpus, out, []), cwd=REPO, env=_env(tmp_path, CHUNKLEDGER_TRACE=trace_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + BUILD_SECONDS
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                os.path.exists(trace_path) and b"warm_process_started" in open(trace_path, "rb").read()):
+            time.sleep(0.01)  # waiting for the launcher's trace event
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+        gone = _group_gone(proc.pid)
+    finally:
+        _kill_group(proc)
+    assert (proc.returncode, stderr.decode(), stdout) == (130, f"interrupted. {RERUN}\n", b"")
+    assert gone and glob.glob(str(tmp_path / "logs" / "chunkledger-*")) == []
