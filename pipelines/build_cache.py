@@ -27,25 +27,50 @@ Options not listed by ``--help`` are passed to Beam (``--runner``, ``--project``
 is neither ours nor Beam's is an error. Without ``--runner`` the local DirectRunner runs with one worker
 process per CPU.
 
-Exit codes: 0 finished; 2 refused (bad options or input, too many bad lines, another build's cache);
-1 the environment failed (disk full, permissions, network, a worker killed) or an unexpected error:
-rerunning the same command resumes. A traceback goes to a log file named in the error (``--debug``
-prints it instead).
+The command line shows a progress line while the job runs (pipelines/runners/progress.py). Exit codes: 0
+finished; 2 refused (bad options or input, too many bad lines, another build's cache); 1 the environment
+failed (disk full, permissions, network, a worker killed) or an unexpected error; 130 interrupted (Ctrl-C):
+rerunning the same command resumes. A failure is one message; tracebacks, the workers' included, go to a
+log file named in it (``--debug`` prints them instead).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import os
+import shutil
+import signal
 import sys
 import threading
 import time
 from typing import Any, Sequence
 
-from pipelines import trace
-from pipelines.runners import local_workers
+from pipelines import faults, trace
 
 _WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
+
+
+def _interrupted_early(signum, frame) -> None:
+    """Ctrl-C while Beam is imported: nothing was written yet (the warm process stops with the launcher)."""
+    print(f"interrupted. {faults.RERUN}", file=sys.stderr)
+    if _WARM is not None:  # still importing: it has forked no worker yet
+        _WARM.proc.kill()
+        shutil.rmtree(_WARM.dir, ignore_errors=True)
+    os._exit(130)
+
+
+def _on_interrupt(handler) -> None:
+    """Handle Ctrl-C with ``handler``, unless the process was started with SIGINT ignored (``nohup``, ``&``)."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, handler)
+
+
+if __name__ == "__main__":
+    _on_interrupt(_interrupted_early)
+
+from pipelines.runners import local_workers  # noqa: E402
 
 if __name__ == "__main__":
     trace.event("launcher_start")  # before Beam is imported: the import is part of every build's fixed cost
@@ -58,7 +83,8 @@ if __name__ == "__main__":
 
 import apache_beam as beam  # noqa: E402
 
-from pipelines import faults, lock, status  # noqa: E402
+from pipelines import lock, status  # noqa: E402
+from pipelines.runners import progress  # noqa: E402
 from pipelines.runners import choice as runners  # noqa: E402
 from pipelines.chunking import unit_queue  # noqa: E402
 from pipelines.errors import BuildError, EnvironmentFault  # noqa: E402
@@ -145,9 +171,10 @@ def _only_describes_job(pipeline: beam.Pipeline) -> bool:
     return bool(options.view_as(GoogleCloudOptions).template_location or options.view_as(TestOptions).dry_run)
 
 
-def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def run(argv: Sequence[str] | None = None, console: "progress.Console | None" = None) -> dict[str, Any]:
     """Plan, run and finalize a build. Returns ``{"ledger": ..., "summary": str, "resumed": bool, ...}``;
     a split build's ``ledger`` is the train cache's, and ``splits`` maps ``train``/``validation`` to both.
+    With a ``console``, the progress line is shown there while the job runs (the command line's).
 
     Raises BuildError (naming the file or option and the fix) when the build cannot start or finish, and
     EnvironmentFault (a BuildError) when the disk, the network or a worker failed.
@@ -161,12 +188,13 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     except OSError as e:
         raise EnvironmentFault(faults.explain(e, args.output) or f"cannot create --output {args.output}: {e}") from e
     try:
-        return _run(args, reconcile_output(planned), t0, beam_options)
+        return _run(args, reconcile_output(planned), t0, beam_options, console)
     finally:
         held.release()
 
 
-def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[str, Any]:
+def _run(args: Arguments, prepared: Prepared, t0: float, beam_options,
+         console: "progress.Console | None" = None) -> dict[str, Any]:
     output = prepared.output
     names = cache_names(prepared.plan.split)
     first = cache_root(output, names[0])  # the plain cache, or the train cache (which keeps the dead letters)
@@ -186,17 +214,22 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
                                        allow_empty=args.options.allow_empty,
                                        finished=tuple(prepared.finished or ()), started=t0,
                                        queue=(claims, workers) if claims else None)
+    if console is not None:
+        console.job_started = True
+    watcher = progress.watch(console, output, prepared.plan)
+    # While the job runs, what else reaches sys.stderr (a runner's in-process workers print their tracebacks
+    # there) goes to the command line's log file, not to the console.
+    quiet = contextlib.redirect_stderr(console.log) if console is not None and console.log else contextlib.nullcontext()
     try:
-        trace.event("run_start")
-        result = p.run()
-        if _only_describes_job(p):
-            print(f"chunkledger: job description written, nothing ran (the plan is {first}/ledger.json; "
-                  "launching the job finishes the cache)")
-            plans = {name: plan.ledger() for name, plan in prepared.plan.caches()}
-            return _result(plans, "", resumed=prepared.resumed, already_complete=False, result=result,
-                           submitted=False)
-        result.wait_until_finish()
+        with quiet:
+            trace.event("run_start")
+            result = p.run()
+            described = _only_describes_job(p)
+            if not described:
+                result.wait_until_finish()
     except Exception as e:
+        if faults.interrupted(e):  # a runner with in-process workers wrapped the Ctrl-C
+            raise KeyboardInterrupt() from e
         # Runners wrap a worker's error in their own; the job's verdict, if it reached one, is in the cache.
         failure = status.read_outcome(output, names).failure
         if failure is not None:
@@ -209,10 +242,19 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
             raise EnvironmentFault(f"the Dask job failed ({type(e).__name__}: {e}). {faults.RERUN}") from e
         raise
     finally:
+        if watcher is not None:
+            watcher.stop()
         if warm is not None:
             warm.close()
         if claims is not None:
             unit_queue.remove(claims)
+    if described:
+        if console is not None:
+            console.clear()
+        print(f"chunkledger: job description written, nothing ran (the plan is {first}/ledger.json; "
+              "launching the job finishes the cache)")
+        plans = {name: plan.ledger() for name, plan in prepared.plan.caches()}
+        return _result(plans, "", resumed=prepared.resumed, already_complete=False, result=result, submitted=False)
     trace.event("run_done")
     outcome = status.read_outcome(output, names)
     if outcome.failure is not None:
@@ -226,6 +268,8 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
                        f", {prepared.tokenizer.eos.describe()}" + _this_run(counters, time.time() - t0, verified))
     note = backend_note(counters)
     summary += f"; {note}" if note else ""
+    if watcher is not None:
+        watcher.finish(progress.Snapshot.of_ledgers(outcome.ledgers))
     print(summary)
     already = verified and counters is not None and counters.get("chunks_written", 0) == 0
     return _result(outcome.ledgers, summary, resumed=prepared.resumed, already_complete=already, result=result,
@@ -254,57 +298,83 @@ def _warm_process(args: Arguments, workers: int) -> "local_workers.WarmProcess |
 def main(argv: Sequence[str] | None = None) -> None:
     """The command line (``python -m pipelines.build_cache``, ``chunkledger-build``).
 
-    Exit 2 on a BuildError, 1 on an EnvironmentFault or an unexpected error (its traceback goes to a log
-    file named in the message; ``--debug`` prints it and Beam's INFO logs instead).
+    Prints the progress line (pipelines/runners/progress.py) and, on a failure, one message and the path of the full
+    log: the launcher's stderr, and so its workers', goes to that log file (pipelines/faults.py); ``--debug``
+    shows everything on the console instead. Exit 2 on a BuildError, 1 on an EnvironmentFault or an
+    unexpected error, 130 on Ctrl-C (one line: the workers exit quietly).
     """
+    _on_interrupt(signal.default_int_handler)  # replaces the launcher's handler of its first seconds
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    log = None if debug else faults.BuildLog.start(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
-    recent, saved_level, quiet = faults.RecentLogs(), root.level, faults.HideRunnerTracebacks()
-    consoles = [h for h in root.handlers if isinstance(h, logging.StreamHandler)]
-    root.addHandler(recent)
-    saved_hook = threading.excepthook
+    saved_level, quiet, saved_hook = root.level, faults.HideRunnerTracebacks(), threading.excepthook
+    console = progress.Console(sys.stderr, show=progress.enabled(), log=log.file if log is not None else None)
+    consoles = {h: h.level for h in root.handlers if isinstance(h, logging.StreamHandler)}
+    for h in consoles:
+        h.addFilter(console.log_filter)  # last: called only for a record the handler prints
     if debug:
         root.setLevel(logging.INFO)
     else:
         for h in consoles:
-            h.addFilter(quiet)
-        threading.excepthook = recent.thread_exception  # a runner's threads dying with a killed worker
+            h.filters.insert(0, quiet)
+            h.setLevel(max(h.level, logging.WARNING))
+        if log is not None:
+            root.addHandler(log.handler)
+            root.setLevel(logging.INFO)  # every record goes to the log file; the console shows warnings
+            threading.excepthook = log.thread_exception  # a runner's threads dying with a killed worker
         # Worker start-up notices forwarded by the local job service (harmless, and noisy on every run).
         logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     trace.event("launcher_imported", gc_enabled=gc.isenabled(), gc_frozen=gc.get_freeze_count())
+    code = 0
     try:
-        run(argv)
+        run(argv, console=console)
     except BuildError as e:
-        details = ""
-        if isinstance(e, EnvironmentFault) and e.__cause__ is not None:
-            if debug:
-                raise
-            log = faults.write_log(e, argv, recent)
-            details = f"\n(details: {log}; --debug prints them)" if log else ""
+        caused = isinstance(e, EnvironmentFault) and e.__cause__ is not None
+        if debug and caused:
+            raise
+        console.clear()
+        # after the job started, the workers' side of the story is in the log
+        details = f"\n(details: {log.keep(e)}; --debug prints them)" if log and (caused or console.job_started) else ""
         print(f"error: {e}{details}", file=sys.stderr)
-        sys.exit(e.exit_code)
+        code = e.exit_code
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command is ending: no second traceback
+        console.clear()
         print(f"interrupted. {faults.RERUN}", file=sys.stderr)
-        sys.exit(130)
+        code = 130
     except Exception as e:  # noqa: BLE001 - a bug or an unforeseen environment failure: one line and a log
         if debug:
             raise
-        log = faults.write_log(e, argv, recent)
-        where = f"the traceback is in {log} (--debug prints it)" if log else "rerun with --debug for the traceback"
+        console.clear()
+        where = (f"the traceback is in {log.keep(e)} (--debug prints it)" if log
+                 else "rerun with --debug for the traceback")
         first = (str(e).strip().splitlines() or [""])[0][:300]
         print(f"error: unexpected failure ({type(e).__name__}: {first}); {where}. {faults.RERUN}", file=sys.stderr)
-        sys.exit(1)
+        code = 1
     finally:
         if _WARM is not None:  # the run ended before it needed the warm process
             _WARM.close()
-        root.removeHandler(recent)
+        if log is not None:
+            root.removeHandler(log.handler)
         root.setLevel(saved_level)
-        for h in consoles:
+        for h, level in consoles.items():
             h.removeFilter(quiet)
+            h.removeFilter(console.log_filter)
+            h.setLevel(level)
         threading.excepthook = saved_hook
+        if log is not None:
+            log.close()
     trace.event("launcher_exit")
+    if code == 130:
+        # A runner's threads may still be running the interrupted job (an in-process job service): they
+        # would print its failure, or hold the exit, while the interpreter shuts down.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

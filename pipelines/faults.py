@@ -3,14 +3,14 @@
 A full disk, a read-only or misplaced ``--output``, missing credentials or a killed worker is not a bug
 in the input: the user needs the path or the cause and to know that rerunning the same command resumes.
 :func:`explain` finds the cause in an exception (its chain of causes and, for a worker's error that a
-runner re-raised as text, that text); :class:`RecentLogs` keeps the last log records so that
-:func:`write_log` can put them, with the traceback, in a file whose path the error message names.
+runner re-raised as text, that text). :class:`BuildLog` sends everything but the launcher's own lines (the
+log records, the workers' stderr, the traceback) to a file whose path a failure's message names.
 """
 
 from __future__ import annotations
 
-import collections
 import errno
+import io
 import logging
 import os
 import re
@@ -21,7 +21,6 @@ import traceback
 from typing import Sequence
 
 RERUN = "Rerunning the same command resumes: completed chunks are kept."
-LOG_RECORDS = 2000
 
 _OS_ERRORS = {
     errno.ENOSPC: "no space left on the device",
@@ -57,6 +56,11 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from a Ctrl-C (a runner running the workers in-process wraps it in its own error)."""
+    return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
+
+
 def explain(exc: BaseException, output: str | None = None) -> str | None:
     """One or two sentences naming the cause and the path, ending with :data:`RERUN`; None if unknown."""
     where = f" (under {output})" if output else ""
@@ -81,47 +85,100 @@ def _fix(code: int) -> str:
     return ""
 
 
-class RecentLogs(logging.Handler):
-    """Keeps the last :data:`LOG_RECORDS` formatted log records (for :func:`write_log`)."""
-
-    def __init__(self):
-        super().__init__(level=logging.INFO)
-        self.records: collections.deque[str] = collections.deque(maxlen=LOG_RECORDS)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.records.append(self.format(record))
-        except Exception:  # noqa: BLE001 - logging must never fail the build
-            pass
-
-    def thread_exception(self, args) -> None:
-        """A ``threading.excepthook``: a runner thread's dying traceback goes here, not to the console."""
-        text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
-        name = args.thread.name if args.thread is not None else "?"
-        self.records.append(f"{time.strftime('%Y-%m-%d %H:%M:%S')} exception in thread {name}:\n{text}")
-
-
 class HideRunnerTracebacks(logging.Filter):
     """Keeps the console to the point: a worker's error that a runner logs with its traceback (the launcher
-    reports its cause in one or two lines, and :class:`RecentLogs` keeps the record for the log file)."""
+    reports its cause in one or two lines; :class:`BuildLog` keeps the record). Runners log under their own
+    names, and under the root logger for what their job service or a worker forwarded."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR or not record.name.startswith("apache_beam"):
+        if record.levelno < logging.ERROR or record.name.startswith("chunkledger"):
             return True
         return not (record.exc_info or "Traceback (most recent call last)" in record.getMessage())
 
 
-def write_log(exc: BaseException, argv: Sequence[str], recent: RecentLogs | None) -> str | None:
-    """Write the command, the recent log records and the traceback to a file; its path (None if impossible)."""
-    name = f"chunkledger-build-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    path = os.path.join(tempfile.gettempdir(), name)
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(f"command: {sys.executable} -m pipelines.build_cache {' '.join(argv)}\n\n")
-            if recent is not None:
-                f.write("recent log records:\n" + "\n".join(recent.records) + "\n\n")
-            f.write("".join(traceback.format_exception(exc)))
-    except OSError:
-        return None
-    return path
+class BuildLog:
+    """The full log of a command-line build, in a file named in a failure's message.
+
+    The launcher's file descriptor 2 goes to the file, and with it the stderr of every process it starts:
+    Beam's SDK workers print a failing bundle's traceback there, and their own on a Ctrl-C. ``sys.stderr``
+    becomes the console (the original stderr), where the launcher prints its own lines; :attr:`handler`
+    writes log records to the file. :meth:`close` restores both and removes the file unless :meth:`keep`
+    was called.
+
+    Args:
+      argv: the command line (written at the top of the file).
+    """
+
+    def __init__(self, argv: Sequence[str]):
+        name = f"chunkledger-build-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        self.path = os.path.join(tempfile.gettempdir(), name)
+        # O_APPEND: the launcher's lines and its children's writes never overwrite each other
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self.file = os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", buffering=1)
+        self.file.write(f"command: {sys.executable} -m pipelines.build_cache {' '.join(argv)}\n\n")
+        self.handler = logging.StreamHandler(self.file)
+        self.handler.setLevel(logging.INFO)
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.kept = False
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._saved = sys.stderr
+        self._saved_fd = os.dup(2)
+        try:
+            on_fd2 = sys.stderr.fileno() == 2
+        except (AttributeError, OSError, ValueError):  # a stream of its own (a caller's capture)
+            on_fd2 = False
+        # the console: what sys.stderr was, on a descriptor of its own if it was descriptor 2
+        self.console = io.TextIOWrapper(io.FileIO(os.dup(self._saved_fd), "w"), encoding="utf-8",
+                                        errors="backslashreplace", line_buffering=True) if on_fd2 else sys.stderr
+        os.dup2(fd, 2)
+        sys.stderr = self.console
+
+    @classmethod
+    def start(cls, argv: Sequence[str]) -> "BuildLog | None":
+        """A started log, or None if the file cannot be created (the console then shows everything)."""
+        try:
+            return cls(argv)
+        except OSError:
+            return None
+
+    def thread_exception(self, args) -> None:
+        """A ``threading.excepthook``: a runner's thread dying (with a killed worker) is logged, not shown."""
+        text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+        name = args.thread.name if args.thread is not None else "?"
+        self._write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} exception in thread {name}:\n{text}")
+
+    def keep(self, exc: BaseException | None = None) -> str:
+        """Keep the file (with ``exc``'s traceback at its end); its path."""
+        if exc is not None:
+            self._write("\n" + "".join(traceback.format_exception(exc)))
+        self.kept = True
+        return self.path
+
+    def _write(self, text: str) -> None:
+        try:
+            self.file.write(text)
+        except (OSError, ValueError):
+            pass  # a full disk: the message on the console still says what failed
+
+    def close(self) -> None:
+        """Restore stderr (console handlers writing to :attr:`console` go back to it) and remove the file
+        unless kept."""
+        self.console.flush()
+        os.dup2(self._saved_fd, 2)
+        os.close(self._saved_fd)
+        sys.stderr = self._saved
+        if self.console is not self._saved:
+            for h in logging.getLogger().handlers:
+                if isinstance(h, logging.StreamHandler) and h.stream is self.console:
+                    h.setStream(self._saved)
+            self.console.close()
+        try:
+            self.file.close()
+        except OSError:
+            pass
+        if not self.kept:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass

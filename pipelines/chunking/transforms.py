@@ -11,7 +11,9 @@ Counters (namespace ``chunkledger``): ``documents``, ``tokens``, ``input_bytes``
 ``bad_records`` and ``bad_<reason>`` (all of chunks written by this run), ``chunks_written`` (built by this
 run), and for a rerun ``chunks_checked`` (chunks an earlier run left, checked against their files and
 input), ``chunks_skipped`` (of those, complete and unchanged), ``chunks_rebuilt`` (the others) and
-``chunks_input_changed`` (rebuilt because their input bytes changed). A split build adds
+``chunks_input_changed`` (rebuilt because their input bytes changed). ``input_bytes_done`` counts the
+uncompressed input bytes of every chunk finished, built or kept: the build's progress, against the total the
+launcher's progress line shows (``input_bytes`` counts only what this run tokenized). A split build adds
 ``documents_train``, ``tokens_train``, ``documents_validation``, ``tokens_validation`` (``documents`` and
 ``tokens`` stay the totals; a chunk counts once, though written into both splits).
 """
@@ -126,6 +128,9 @@ class BuildChunksFn(beam.DoFn):
             except Exception:  # noqa: BLE001 - e.g. a full disk: the runner's error still carries the message
                 pass
             raise
+        # the byte ranges of a unit's chunks: the same in every cache of a split build, so counted once
+        done = sum(sc["byte_range"][1] - sc["byte_range"][0] for sc in results[0].sidecars)
+        self.counters.inc("input_bytes_done", done)
         if trace.enabled():
             trace.event("unit_done", shard=unit.shard, index=unit.index,
                         tokens=sum(sc["tokens"] for r in results for sc in r.sidecars))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import contextlib
 import gc
 import json
 import os
@@ -72,6 +73,22 @@ def preload_hint(argv: list[str]) -> dict:
     return {"tokenizer": a.tokenizer, "backend": a.tokenizer_backend, "verify_every": a.verify_every}
 
 
+@contextlib.contextmanager
+def _ctrl_c_ignored():
+    """SIGINT ignored while a child is started: it inherits that from its first instruction. Ctrl-C is the
+    launcher's to report; the warm process stops when the launcher is gone, and its forked workers end
+    quietly on a Ctrl-C (:func:`_run_child`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler Python did not install, which it cannot restore
+            signal.signal(signal.SIGINT, previous)
+
+
 class WarmProcess:
     """Launcher side: the warm process, and the worker command that reaches it.
 
@@ -85,7 +102,8 @@ class WarmProcess:
         cmd = [sys.executable, "-m", "pipelines.runners.local_workers", "serve", self.socket_path,
                json.dumps(preload or {})]
         # stdin is the lifeline: when the launcher exits (even killed) the warm process sees EOF and stops.
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        with _ctrl_c_ignored():
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
         from pipelines import trace
 
         trace.event("warm_process_started", warm_pid=self.proc.pid)
@@ -117,6 +135,9 @@ def connect(socket_path: str) -> int:
     The warm process answers ``started <pid>`` once it forked the worker, then ``exit <status>``. Without a
     ``started`` (unreachable, refused, or gone while still loading) nothing ran and a standard worker starts.
     """
+    # Ctrl-C reaches every process of the terminal's group: this one then ends quietly, and the warm process
+    # stops its worker when the connection closes (the launcher prints the one line).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     lines: list[bytes] = []
     try:
@@ -186,6 +207,7 @@ def _run_child(conn: socket.socket, fds: list[int], message: dict) -> None:
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a Ctrl-C ends the worker quietly (see connect)
         for i, fd in enumerate(fds[:3]):
             os.dup2(fd, i)
         for fd in fds:
@@ -229,6 +251,7 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
 
 def serve(socket_path: str, hint: dict) -> None:
     """The warm process: import and load, then fork one SDK worker per client until the launcher goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as started by WarmProcess: a Ctrl-C is the launcher's to report
     # Listen first: workers the runner starts meanwhile wait in the backlog instead of starting cold.
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)

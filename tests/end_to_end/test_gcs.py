@@ -153,6 +153,34 @@ def test_gs_build_and_gcsfs_reads_equal_a_local_build(corpus, local_cache, emula
             np.testing.assert_array_equal(joined[k], full[k], err_msg=k)
 
 
+def test_progress_lists_a_gs_output(corpus, emulator):
+    """The progress line's numbers from a gs:// output: listed and read through Beam's GCS filesystem, a
+    compressed shard's total sampled from its object while its _DONE.json is missing."""
+    from pipelines.launcher import plan_build
+    from pipelines.options import parse_args
+    from pipelines.runners import progress
+
+    out = emulator.url("progress")
+    fs = emulator.gcsfs()
+    with emulator.beam_env():
+        res = build_cache.run(argv(emulator.url("corpus/*"), out, *FNAPI))
+        plan = plan_build(parse_args(argv(emulator.url("corpus/*"), out))).plan
+        scanner = progress.Scanner(out, plan)
+        done = scanner.scan()
+        gz = next(i for i in plan.inputs if i.compression == "gzip")
+        fs.rm(f"{emulator.bucket}/progress/{fmt.shard_done_path(gz.shard)}")
+        fs.rm(f"{emulator.bucket}/progress/{fmt.sidecar_path(0, 0)}")
+        running = scanner.scan()
+    t, ledger = res["ledger"]["totals"], res["ledger"]
+    assert scanner.remote
+    assert (done.docs, done.tokens, done.done_bytes, done.total_bytes, done.estimated) == (
+        t["docs"], t["tokens"], t["uncompressed_bytes"], t["uncompressed_bytes"], False)
+    first = next(c for c in ledger["chunks"] if (c["shard"], c["index_in_shard"]) == (0, 0))
+    assert (done.docs - running.docs, done.done_bytes - running.done_bytes) == (first["docs"], CHUNK)
+    # the gzip object decoded whole: its ratio is exact, so the estimate is the total (to float rounding)
+    assert running.estimated and abs(running.total_bytes - t["uncompressed_bytes"]) <= 1
+
+
 def test_gs_rerun_trusts_inputs_by_crc32c_and_rereads_a_replaced_object(corpus, emulator):
     """The ledger records each object's CRC32C; a rerun reads no input whose CRC32C is unchanged, and an
     object replaced by other bytes of the same size is read again and its changed chunk rebuilt."""

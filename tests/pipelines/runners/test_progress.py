@@ -1,0 +1,219 @@
+"""The progress line's numbers and output (pipelines/runners/progress.py), on real builds' outputs.
+
+The command line's line, on a terminal and piped, is tested end to end in
+tests/end_to_end/test_build_cache_console.py.
+"""
+
+import gzip
+import json
+import logging
+import os
+import pty
+import random
+import select
+import shutil
+import threading
+
+import pytest
+
+from build_helpers import build, load_ledger, sample_texts, write_shard
+from pipelines.launcher import plan_build
+from pipelines.options import parse_args
+from pipelines.runners import progress
+from reader.format import spec as fmt
+
+CHUNK = 4096
+
+
+def _argv(inputs, out):
+    return [a for p in inputs for a in ("--input", p)] + ["--output", out, "--tokenizer", "tiktoken:cl100k_base",
+                                                          "--chunk_bytes", str(CHUNK)]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished cache of a plain shard (with bad lines) and a gzip shard, and its plan."""
+    d = tmp_path_factory.mktemp("progress")
+    texts = sample_texts(160, seed=7)
+    lines = [{"text": t} for t in texts[:80]]
+    lines[5:5] = [b"not json", b'{"no_text": 1}']
+    inputs = [write_shard(str(d / "in" / "a.jsonl"), lines),
+              write_shard(str(d / "in" / "b.jsonl.gz"), [{"text": t} for t in texts[80:]])]
+    out, res = build(d, inputs, chunk_bytes=CHUNK, max_bad_fraction=0.1)
+    plan = plan_build(parse_args(_argv(inputs, out))).plan
+    return out, plan, res["ledger"], inputs
+
+
+def _sidecars(out):
+    root = os.path.join(out, fmt.CHUNKS_DIR)
+    return sorted(os.path.join(root, s, f) for s in os.listdir(root) for f in os.listdir(os.path.join(root, s))
+                  if f.startswith("chunk-") and f.endswith(".json"))
+
+
+def test_a_finished_output_sums_to_its_ledger(finished):
+    out, plan, ledger, _ = finished
+    snap = progress.Scanner(out, plan).scan()
+    t = ledger["totals"]
+    assert (snap.docs, snap.tokens, snap.bad_records, snap.done_bytes, snap.total_bytes, snap.estimated) == (
+        t["docs"], t["tokens"], t["bad_records"], t["uncompressed_bytes"], t["uncompressed_bytes"], False)
+    assert t["bad_records"] == 2 and t["chunks"] > 4
+
+
+def test_mid_build_counts_only_finished_chunks_and_estimates_the_compressed_total(finished, tmp_path):
+    out, plan, ledger, inputs = finished
+    partial = str(tmp_path / "partial")
+    shutil.copytree(out, partial)  # a copy to take files away from
+    gz = plan.inputs[1]
+    os.remove(os.path.join(partial, fmt.shard_done_path(gz.shard)))  # the gzip shard still streaming
+    gone = _sidecars(partial)[::2]
+    for path in gone:
+        os.remove(path)
+    kept = [c for c in ledger["chunks"] if os.path.join(partial, fmt.sidecar_path(c["shard"], c["index_in_shard"]))
+            not in gone]
+    snap = progress.Scanner(partial, plan).scan()
+    assert snap.docs == sum(c["docs"] for c in kept) and snap.tokens == sum(c["tokens"] for c in kept)
+    assert snap.bad_records == sum(c["bad_records"] for c in kept)
+    assert snap.done_bytes == sum(c["byte_range"][1] - c["byte_range"][0] for c in kept)
+    # the gzip shard's size times its ratio, sampled from its head (here the whole file: exact)
+    uncompressed = len(gzip.decompress(open(inputs[1], "rb").read()))
+    assert snap.estimated and snap.total_bytes == plan.inputs[0].size + int(gz.size * (uncompressed / gz.size))
+    assert progress.render(snap, None).startswith(f"building: {snap.done_bytes / 1e6:,.1f} of ~")
+
+
+def test_a_changed_or_damaged_sidecar_is_read_again_or_skipped(finished, tmp_path):
+    out, plan, ledger, _ = finished
+    partial = str(tmp_path / "p")
+    shutil.copytree(out, partial)
+    scanner = progress.Scanner(partial, plan)
+    before = scanner.scan()
+    first = _sidecars(partial)[0]
+    with open(first, "wb") as f:
+        f.write(b"{half a sidecar")  # a damaged file from an earlier run: not counted, not fatal
+    after = scanner.scan()
+    c = ledger["chunks"][0]
+    assert (before.docs - after.docs, before.done_bytes - after.done_bytes) == (
+        c["docs"], c["byte_range"][1] - c["byte_range"][0])
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_sample_ratio_of_a_small_file_is_exact_and_of_a_big_one_from_its_head(tmp_path, compression):
+    ext = ".gz" if compression == "gzip" else ".zst"
+    rng = random.Random(5)
+    words = [f"w{rng.randrange(10 ** 6)}" for _ in range(2000)]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 200))) for _ in range(4000)]
+    small = write_shard(str(tmp_path / f"s.jsonl{ext}"), [{"text": t} for t in texts[:100]])
+    body = b"".join(json.dumps({"text": t}).encode() + b"\n" for t in texts[:100])
+    assert progress.sample_ratio(small, compression) == len(body) / os.path.getsize(small)
+    big = write_shard(str(tmp_path / f"b.jsonl{ext}"), [{"text": t} for t in texts])
+    body = b"".join(json.dumps({"text": t}).encode() + b"\n" for t in texts)
+    assert len(body) > 3 << 20  # the head sampled is under a third of it
+    ratio = progress.sample_ratio(big, compression, want=1 << 20)
+    assert abs(ratio / (len(body) / os.path.getsize(big)) - 1) < 0.1  # homogeneous text: the head's is the file's
+
+
+def test_the_line_exact():
+    snap = progress.Snapshot(docs=41200, tokens=11234567, bad_records=3, done_bytes=52_300_000,
+                             total_bytes=104_000_000, estimated=True)
+    assert progress.render(snap, 13.9e6) == ("building: 52.3 of ~104.0 MB (50.3%), 41,200 documents, 11,234,567 "
+                                             "tokens, 3 bad records, 13.9 MB/s, ETA 4s")
+    assert progress.render(snap, None).endswith(", 3 bad records, ETA unknown")
+    slow = progress.render(snap, 0.01e6)
+    assert slow.endswith("0.0 MB/s, ETA 1h26m")
+    # every chunk is there, the ledger not yet: 99.9% until the build ends
+    there = progress.Snapshot(docs=1, tokens=2, bad_records=0, done_bytes=5_000_000, total_bytes=5_000_000,
+                              estimated=False)
+    assert "(99.9%)" in progress.render(there, 1e6)
+    done = progress.Snapshot.of_ledgers({None: {"totals": {"docs": 7, "tokens": 70, "bad_records": 1,
+                                                           "uncompressed_bytes": 2_500_000}}})
+    assert progress.render(done, 2e6) == ("built: 2.5 of 2.5 MB (100.0%), 7 documents, 70 tokens, 1 bad records, "
+                                          "2.0 MB/s")
+
+
+class _Lines:
+    """A text stream that signals each write (the test waits on it instead of sleeping)."""
+
+    def __init__(self):
+        self.parts, self.wrote = [], threading.Event()
+
+    def write(self, s):
+        self.parts.append(s)
+        self.wrote.set()
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+
+def test_piped_console_prints_a_line_per_interval_and_the_last(finished, monkeypatch):
+    out, plan, ledger, _ = finished
+    monkeypatch.setenv(progress.ENV_INTERVAL, "0.05")
+    stream = _Lines()
+    console = progress.Console(stream)
+    watcher = progress.watch(console, out, plan)
+    assert stream.wrote.wait(30), "no line"
+    watcher.finish(progress.Snapshot.of_ledgers({None: ledger}))
+    lines = "".join(stream.parts).splitlines()
+    assert len(lines) >= 2 and all(ln.startswith("building: ") for ln in lines[:-1])
+    assert lines[-1].startswith(f"built: {ledger['totals']['uncompressed_bytes'] / 1e6:,.1f} of ")
+    assert "(100.0%)" in lines[-1]
+
+
+def test_terminal_console_rewrites_one_line_and_clears_it_for_a_log_record():
+    master, slave = pty.openpty()
+    stream = os.fdopen(slave, "w", encoding="utf-8")
+    try:
+        console = progress.Console(stream)
+        assert console.tty
+        console.show("building: one")
+        console.show("building: two")
+        console.log_filter(logging.LogRecord("x", logging.WARNING, "", 0, "m", (), None))
+        console.clear()  # nothing shown any more: writes nothing
+        console.end("built: three")
+        got = b""
+        while not got.endswith(b"\n") and select.select([master], [], [], 10)[0]:
+            got += os.read(master, 4096)
+        assert got.decode() == "\rbuilding: one\x1b[K\rbuilding: two\x1b[K\r\x1b[K\rbuilt: three\x1b[K\r\n"
+    finally:
+        os.close(master)
+        stream.close()
+
+
+def test_a_progress_failure_is_logged_and_never_raised(finished, tmp_path):
+    _, plan, _, _ = finished
+    out = tmp_path / "broken"
+    out.mkdir()
+    (out / fmt.CHUNKS_DIR).write_text("a file where the chunks directory should be")
+    logged, records = threading.Event(), []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+            logged.set()
+
+    handler = Handler()
+    progress.LOG.addHandler(handler)
+    try:
+        stream = _Lines()
+        watcher = progress.watch(progress.Console(stream), str(out), plan)  # the scan fails at once
+        assert logged.wait(30)
+        watcher.stop()
+    finally:
+        progress.LOG.removeHandler(handler)
+    assert records == ["no progress line from now on (NotADirectoryError: [Errno 20] Not a directory: "
+                       f"'{out / fmt.CHUNKS_DIR}'); the build goes on"]
+    assert stream.parts == []
+
+
+def test_input_bytes_done_counts_built_and_kept_chunks(finished, tmp_path):
+    """The counter a Dataflow user watches: every chunk's input bytes, whether this run built or kept it."""
+    out, plan, ledger, inputs = finished
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    os.remove(os.path.join(copy, fmt.chunk_path(0, 1)))  # one chunk to rebuild, the rest kept
+    _, res = build(tmp_path, inputs, name="copy", chunk_bytes=CHUNK, max_bad_fraction=0.1)
+    c = res["counters"]
+    assert c["input_bytes_done"] == ledger["totals"]["uncompressed_bytes"]
+    assert c["chunks_written"] == 1 and c["input_bytes"] < c["input_bytes_done"]
+    assert load_ledger(str(copy))["totals"] == ledger["totals"]
