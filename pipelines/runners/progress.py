@@ -41,7 +41,7 @@ from pipelines.inputs import fsutil
 from pipelines.inputs.decompress import open_raw
 from pipelines.options import is_remote
 from pipelines.plan import COMPRESSION_RATIO_GUESS, BuildPlan, InputFile
-from pipelines.build.splits import cache_roots
+from pipelines.chunking.splits import cache_roots
 
 LOG = logging.getLogger("chunkledger.build")
 
