@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
+from typing import BinaryIO
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -215,3 +216,8 @@ def open_input(path: str, compression: str) -> CheckedInput:
         raise
     raw.close()
     raise ValueError(f"unknown compression {compression!r} for {path}")
+
+
+def open_raw(path: str) -> BinaryIO:
+    """``path`` as stored (no decompression): the first bytes of a compressed shard, for its ratio."""
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
