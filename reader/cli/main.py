@@ -25,6 +25,7 @@ import numpy as np
 
 from reader.cli import support as cli_support
 from reader.format import spec as fmt
+from reader.storage import fields
 from reader.storage.cache import Cache
 from reader.interop.export import write_file
 from reader.mixture.mixing import MixIndex
@@ -139,6 +140,9 @@ def cmd_inspect(args) -> int:
         "tokens_per_chunk_percentiles": {f"p{p}": (int(np.percentile(t.tokens, p)) if n else None)
                                          for p in (0, 50, 100)},
     }
+    if args.by:  # documents and tokens per value of a kept field
+        info["by"] = {args.by: [{"value": v, "documents": d, "tokens": n} for v, (d, n) in
+                                fields.tally(cache, args.by).items()]}
     if args.json:
         print(fmt.dumps(info), end="")
         return 0
@@ -156,6 +160,11 @@ def cmd_inspect(args) -> int:
     print(f"doc length  {pct}  (tokens; {info['length_sample']})")
     pct = "  ".join(f"{k}={v}" for k, v in info["tokens_per_chunk_percentiles"].items())
     print(f"chunk size  {pct}  (tokens)")
+    for name, rows in info.get("by", {}).items():
+        w = max([len(name) + 3] + [len(str(r["value"])) for r in rows])
+        print(f"\n{'by ' + name:<{w}}  {'documents':>14}  {'tokens':>18}")
+        for r in rows:
+            print(f"{'(none)' if r['value'] is None else r['value']:<{w}}  {r['documents']:>14,}  {r['tokens']:>18,}")
     return 0
 
 
@@ -233,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "evenly over the cache (default 1000; 0 = all). Counts always cover every chunk.")
     q.add_argument("--json", action="store_true", help="print JSON instead of text")
     q.add_argument("--threads", type=int, default=8, help="parallel chunk reads")
+    q.add_argument("--by", metavar="FIELD", help="documents and tokens per value of FIELD, a field the build kept "
+                                                 "(--keep_fields); reads that field of every chunk")
     q.set_defaults(fn=cmd_inspect)
 
     v = sub.add_parser("validate", help="check every chunk against the ledger; exit 1 on any problem")

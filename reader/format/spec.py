@@ -75,6 +75,19 @@ CHUNK_SCHEMA = pa.schema(
     ]
 )
 
+# --keep_fields: one more column, a struct of the kept fields (nullable strings, in config.keep_fields order).
+# Batches never read it; Cache.fields and `inspect --by` do.
+FIELDS_COLUMN = "fields"
+
+
+def chunk_schema(keep_fields: Sequence[str] = ()) -> pa.Schema:
+    """The schema of a chunk of a cache built with ``config.keep_fields`` (CHUNK_SCHEMA when none)."""
+    if not keep_fields:
+        return CHUNK_SCHEMA
+    return CHUNK_SCHEMA.append(pa.field(FIELDS_COLUMN, pa.struct([pa.field(n, pa.string()) for n in keep_fields]),
+                                        nullable=False))
+
+
 # Key in a chunk's Parquet key-value metadata: JSON list of token counts per row group, so a reader can
 # decode only the row groups a token range needs.
 ROW_GROUP_TOKENS_KEY = b"chunkledger.row_group_tokens"
