@@ -22,6 +22,7 @@ is a BuildError. Neither ever yields fewer rows.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import hashlib
@@ -357,6 +358,17 @@ def chunk_checksum(layout: ColumnarLayout, k: int, *, text_key: str, keep_fields
             else:
                 h.update(src.read(f.offsets[g], f.group_bytes[g]))
     return "sha256:" + h.hexdigest()
+
+
+def dead_letter(file: str, shard: int, rec: Record) -> dict[str, Any]:
+    """The dead letter of a bad row: ``file``, ``shard``, ``row``, ``reason``, ``detail`` and the text column's
+    value (``value``: a string or null; ``value_base64`` for bytes that are not UTF-8)."""
+    out = {"file": file, "shard": shard, "row": rec.row, "reason": rec.reason, "detail": rec.detail}
+    if type(rec.value) is bytes:
+        out["value_base64"] = base64.b64encode(rec.value).decode("ascii")
+    else:
+        out["value"] = rec.value
+    return out
 
 
 def _values(arr: pa.Array) -> list:

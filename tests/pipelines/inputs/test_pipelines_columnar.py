@@ -4,6 +4,8 @@ the bytes read, dead letters, refusals and damage."""
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -11,7 +13,8 @@ import pytest
 from columnar_files import corpus_table, save_to_disk, write_arrow, write_parquet
 from pipelines.errors import BuildError, DamagedFile
 from pipelines.inputs import arrow_ipc, formats
-from pipelines.inputs.columnar import ARROW, PARQUET, ChunkReader, chunk_checksum, plan, plan_chunks
+from pipelines.inputs.columnar import (ARROW, PARQUET, ChunkReader, chunk_checksum, dead_letter, plan,
+                                       plan_chunks)
 from pipelines.inputs.ranges import ByteSource
 
 N = 600
@@ -135,6 +138,12 @@ def test_checksum_follows_exactly_the_bytes_read(tmp_path, table):
     sources = table.column("source").to_pylist()
     sources[599] = "other"
     assert checksums(table.set_column(2, "source", pa.array(sources)), "src.parquet")[:5] == base[:5]
+    # the bytes themselves, not only their lengths: the same edit without a codec keeps every size
+    plain = checksums(table, "plain.parquet", compression="none", write_statistics=False)
+    edited_plain = checksums(table.set_column(1, "text", pa.array(texts)), "plain-edited.parquet",
+                             compression="none", write_statistics=False)
+    assert [a == b for a, b in zip(plain, edited_plain)] == [True, True, False, True, True, True]
+    assert os.path.getsize(tmp_path / "plain.parquet") == os.path.getsize(tmp_path / "plain-edited.parquet")
     # Arrow: the batch messages as stored
     arrow = [plan(write_arrow(tmp_path / f"{i}.arrow", t, batch_rows=100), ARROW, text_key="text", chunk_bytes=1)
              for i, t in enumerate([table, table.set_column(1, "text", pa.array(texts))])]
@@ -159,6 +168,11 @@ def test_bad_texts_are_records_with_their_reason_and_row(tmp_path):
             (4, None, "invalid_utf8", b"\xff\xfe not utf-8", ("e", "5")),
             (5, "last", None, None, (None, "6"))]
         assert records[4].detail == "invalid start byte at byte 0"
+        assert [dead_letter(path, 3, r) for r in records if r.reason] == [
+            {"file": path, "shard": 3, "row": 1, "reason": "null_text", "detail": "", "value": None},
+            {"file": path, "shard": 3, "row": 2, "reason": "empty_text", "detail": "", "value": ""},
+            {"file": path, "shard": 3, "row": 4, "reason": "invalid_utf8", "detail": "invalid start byte at byte 0",
+             "value_base64": "//4gbm90IHV0Zi04"}]
 
 
 def test_invalid_utf8_in_a_string_column_and_a_null_parent(tmp_path):
