@@ -10,9 +10,9 @@ read by hand (:class:`_Table`): pyarrow reads a message only together with its b
 
 A message that runs past the end of the file, a stream that ends without its end-of-stream marker (every
 writer writes it; a file cut at a message boundary would otherwise read as a shorter one), metadata that
-is not a flatbuffer ``Message``, or a file whose closing magic is missing is damage (:class:`~pipelines.errors.DamagedFile`); dictionary batches
-are refused (:class:`~pipelines.errors.BuildError`): a chunk's batches would need every dictionary before
-them, which no writer of text corpora produces.
+is not a flatbuffer ``Message``, or a file whose closing magic is missing is damage
+(:class:`~pipelines.errors.DamagedFile`); dictionary batches are refused (:class:`~pipelines.errors.BuildError`):
+a chunk's batches would need every dictionary before them, which no writer of text corpora produces.
 """
 
 from __future__ import annotations
@@ -136,8 +136,9 @@ def scan(path: str, read: Read, size: int) -> IpcLayout:
         if meta_len == 0:  # end-of-stream marker
             break
         if not 8 <= meta_len <= MAX_METADATA or pos + 8 + meta_len > end:
-            raise DamagedFile(path, f"at byte {pos}", f"an Arrow message header of {meta_len} bytes runs past the end of the "
-                                          "file (truncated?)" if meta_len > 0 else "a negative Arrow message length")
+            raise DamagedFile(path, f"at byte {pos}",
+                              f"an Arrow message header of {meta_len} bytes runs past the end of the file (truncated?)"
+                              if meta_len > 0 else "a negative Arrow message length")
         meta = block[8:8 + meta_len]
         if len(meta) < meta_len:
             meta = read(pos + 8, meta_len)
@@ -147,8 +148,8 @@ def scan(path: str, read: Read, size: int) -> IpcLayout:
             raise DamagedFile(path, f"at byte {pos}", f"a damaged Arrow message header ({e})") from e
         length = 8 + meta_len + body
         if pos + length > end:
-            raise DamagedFile(path, f"at byte {pos}", f"an Arrow message of {length} bytes runs past the end of the file "
-                                          f"({size} bytes; truncated?)")
+            raise DamagedFile(path, f"at byte {pos}", f"an Arrow message of {length} bytes runs past the end of "
+                                                     f"the file ({size} bytes; truncated?)")
         if schema_range is None:
             if kind != SCHEMA:
                 raise DamagedFile(path, f"at byte {pos}", "an Arrow stream that does not start with its schema")

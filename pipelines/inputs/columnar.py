@@ -37,8 +37,8 @@ from pipelines.errors import BuildError, DamagedFile
 from pipelines.inputs import arrow_ipc, keys
 from pipelines.inputs.ranges import ByteSource, RangeFile
 
-# A worker decodes one group at a time, at a peak of about 5 times its size (benchmarks/columnar_memory.py:
-# 330 MB above the imports for 64 MB row groups); larger groups are refused (see plan).
+# A worker decodes one group at a time, at a peak of 3.5 to 5 times its size (benchmarks/columnar_memory.py:
+# 220 to 340 MB above the imports for 64 MB row groups); larger groups are refused (see plan).
 MAX_GROUP_BYTES = 256 << 20
 SLICE_ROWS = 1024  # rows turned into Python values at a time
 FOOTER_READ = 64 << 10  # the first read of a Parquet tail (the footer usually fits)
@@ -189,7 +189,7 @@ class _Parquet:
             if self._pf is None:
                 self._pf = pq.ParquetFile(self._file, metadata=self.meta, pre_buffer=False,
                                           page_checksum_verification=True)
-            table = self._pf.read_row_group(g, columns=self.columns)
+            table = self._pf.read_row_group(g, columns=self.columns, use_threads=False)  # one group, few columns
         except (OSError, pa.ArrowException) as e:
             raise DamagedFile(self.path, f"row group {g}", f"its pages do not decode ({e})") from e
         finally:

@@ -1,11 +1,10 @@
 """Input formats: chosen per file by its name, then checked against its bytes, before any work.
 
-| name | format |
-|---|---|
-| ``.jsonl``, ``.ndjson`` (plain, ``.gz``, ``.zst``) | JSON Lines |
-| ``.json`` (plain, ``.gz``, ``.zst``) | one JSON array of records if its first byte other than whitespace (after a byte-order mark) is ``[``, else JSON Lines |
-| ``.parquet`` | Parquet, any codec |
-| ``.arrow`` | Arrow IPC, the stream format (what Hugging Face ``datasets`` writes) or the file format |
+- ``.jsonl``, ``.ndjson`` (plain, ``.gz``, ``.zst``): JSON Lines;
+- ``.json`` (plain, ``.gz``, ``.zst``): one JSON array of records if its first byte other than whitespace
+  (after a byte-order mark) is ``[``, else JSON Lines;
+- ``.parquet``: Parquet, any codec;
+- ``.arrow``: Arrow IPC, the stream format (what Hugging Face ``datasets`` writes) or the file format.
 
 :func:`detect` reads a file's first 4 KiB (decompressed for ``.gz`` / ``.zst``) and, for Parquet and Arrow,
 its last bytes. A file whose bytes contradict its name (a Parquet file named ``.jsonl``, a ``.gz`` that is
@@ -190,8 +189,9 @@ def saved_dataset_files(directory: str, storage_options: dict[str, Any] | None =
     if fs.exists(_join(p, SAVED_DICT)):
         with fs.open(_join(p, SAVED_DICT), "rb") as f:
             splits = json.loads(f.read()).get("splits", [])
+        first = _join(directory, splits[0] if splits else "train")
         raise UnsupportedInput(f"--input {directory} is a datasets DatasetDict (splits: {', '.join(splits)}); pass "
-                               f"one split's directory, e.g. --input {_join(directory, splits[0] if splits else 'train')}")
+                               f"one split's directory, e.g. --input {first}")
     if not (fs.exists(_join(p, SAVED_STATE)) and fs.exists(_join(p, SAVED_INFO))):
         return None
     try:
