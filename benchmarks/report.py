@@ -13,14 +13,16 @@ import math
 import sys
 from pathlib import Path
 
+from benchmarks import report_peers
 from benchmarks.common import REPO
+from benchmarks.report_peers import stage_table
 
 # (key, meaning, format): the targeted figures first, the build's before the reader's.
-MAIN_ROWS = [
+MAIN_ROWS = report_peers.PEER_MAIN_ROWS + [
     ("pipeline_vs_tiktoken_limit", "our build (DirectRunner, 2 workers, whole command, tiktoken's cl100k tokens via the "
      "fast backend) / tiktoken's limit (tiktoken alone, 2 processes, texts in memory)", "ratio"),
-    ("pipeline_vs_limit", "our build / the limit: the fastest exact encoder (fastokens, as our fast backend runs it) "
-     "alone, 2 processes, texts in memory", "ratio"),
+    ("pipeline_vs_limit", "our build / fastokens (as our fast backend runs it) alone, 2 processes, texts in memory "
+     "(reported: no build that reads and writes files reaches an encoder on texts in memory)", "ratio"),
     ("pipeline_vs_hf_datasets", "our build / HF `datasets` json→map(num_proc=2)→to_parquet with tiktoken", "ratio"),
     ("pipeline_hf_vs_raw_hf", "our build with the cl100k `tokenizer.json` (fast backend) / raw HF `tokenizers` on 2 "
      "cores", "ratio"),
@@ -53,12 +55,6 @@ ENCODER_ROWS = [
     ("fastokens on the same `tokenizer.json` (our fast backend)", "encoder_fastokens_hf_json",
      "HF `tokenizers`, every document"),
 ]
-
-STAGE_ROWS = [("read_hash", "reading the lines and hashing them (the input checksum)"),
-              ("parse", "parsing the JSON lines (`parse_line`: orjson, the standard parser for the rest)"),
-              ("encode", "encoding (the fast backend, batches of 256)"),
-              ("parquet", "writing Parquet (`row_group_table`, zstd-3 `ParquetWriter`, row-group index, checksums)"),
-              ("other", "the rest (batching, dead letters, sidecars, file writes)")]
 
 SECONDARY_ROWS = [
     ("limit_tokens_per_s", "the limit: fastokens alone, 2 processes, texts in memory (faster of the runs before "
@@ -351,54 +347,10 @@ def encoder_table(fig: dict) -> list[str]:
     return out
 
 
-def stage_table(fig: dict) -> list[str]:
-    if "stage_whole_cpu_s" not in fig:
-        return []
-    out = ["", "### Where a worker's CPU goes", "",
-           f"One process, the builder's own code, each stage alone over the corpus's first shard "
-           f"({fig.get('stage_input_mb', 0):.1f} MB, {int(fig.get('stage_tokens', 0)):,} tokens), best of 2 "
-           f"(`benchmarks/stages.py`); the whole `ChunkBuilder` ran at "
-           f"{fig.get('stage_whole_tokens_per_cpu_s', 0) / 1e6:.1f} M tokens per CPU-second.", "",
-           "| stage | share of the whole | M tokens per CPU-second alone |", "|---|---|---|"]
-    for key, label in STAGE_ROWS:
-        rate = fig.get(f"stage_{key}_tokens_per_cpu_s")
-        out.append(f"| {label} | {_fmt(fig.get(f'stage_{key}_share'), 'ratio')} | "
-                   f"{'' if rate is None else f'{rate / 1e6:.1f}'} |")
-    return out
-
-
 def auto_notes(fig: dict) -> dict[str, str]:
     """Why a pipeline target is missed and what would close it, from the figures of the run itself."""
     g = lambda k, d=0.0: fig.get(k) if isinstance(fig.get(k), (int, float)) else d  # noqa: E731
     notes = {}
-    if "stage_encode_vs_whole" in fig:
-        notes["pipeline_vs_limit"] = (
-            f"The limit is the encoder alone; a worker also reads, hashes, parses and writes. On this corpus a "
-            f"worker spends {g('stage_encode_share'):.0%} of its CPU encoding, {g('stage_parquet_share'):.0%} writing "
-            f"Parquet (zstd level 3 of the token column, row groups, checksums), {g('stage_parse_share'):.0%} "
-            f"parsing JSON and {g('stage_read_hash_share'):.0%} reading and hashing the input (\"Where a worker's CPU "
-            f"goes\"), so with no start-up, tail or scaling loss at all a build reaches at most "
-            f"{g('stage_encode_vs_whole'):.2f} of the limit; its steady state reached {g('pipeline_steady_vs_limit'):.2f} "
-            f"and the whole command {g('pipeline_vs_limit'):.2f}. Writing is not all of it: a worker that wrote "
-            f"nothing would reach at most {g('stage_ceiling_without_writing'):.2f}, and one that only parsed JSON "
-            f"lines already in memory and encoded them {g('stage_ceiling_parse_encode'):.2f} (orjson, the fastest "
-            "parser measured, is the parser). The Parquet bytes are the cache's identity (they "
-            "must not change with speed work); a cheaper codec or level is another cache (`--parquet_compression`, "
-            "`--compression_level` change its bytes and fingerprint) and, by the bounds above, would not reach the "
-            "target either. The target assumed the encoder stays most of a worker's CPU, as tiktoken was; the fast "
-            f"encoder runs {g('encoder_fastokens_mb_per_cpu_s') / max(g('encoder_tiktoken_mb_per_cpu_s'), 1e-9):.0f}x "
-            "tiktoken's speed per CPU-second on this corpus (\"The encoders alone\"), so the rest of the per-document "
-            "path dominates. Against tiktoken, the encoder users had before, the build runs "
-            f"{g('pipeline_vs_tiktoken_limit'):.1f}x its limit.")
-    notes["pipeline_startup_fraction_max"] = (
-        f"Start-up and tail, 2 workers: {g('pipeline_fixed_before_s'):.1f} s before the first unit, "
-        f"{g('pipeline_tail_s'):.1f} s of tail, {g('pipeline_fixed_after_s'):.1f} s after the last unit, of "
-        f"{g('pipeline_wall_s'):.1f} s; HF build {g('pipeline_hf_fixed_before_s'):.1f} s before, "
-        f"{g('pipeline_hf_tail_s'):.1f} s tail (the builds' itemized fixed seconds are in latest-details.json). "
-        f"The launcher spent {g('pipeline_launcher_to_run_cpu_s'):.1f} CPU-s before the run (Python, Beam, planning) "
-        f"and {int(g('pipeline_workers_forked'))} of 2 workers were forked from the warm process. These seconds do "
-        "not grow with the corpus: a larger corpus closes the gap; contention from other processes (see "
-        "\"Contention\") stretches them.")
     notes["pipeline_scaling_2_vs_1"] = (
         f"The encoder alone scales {g('limit_scaling_2_vs_1'):.2f} from 1 to 2 processes on this machine in the same "
         f"run (one core runs {g('limit_per_core_2p_vs_1p'):.2f} as fast when the other is busy); our build scales "
@@ -419,6 +371,7 @@ def auto_notes(fig: dict) -> dict[str, str]:
 def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = False) -> None:
     notes = dict(NOTES)
     notes.update(auto_notes(fig))
+    notes.update(report_peers.peer_notes(fig))
     if NOTES_FILE.exists():
         notes.update(json.loads(NOTES_FILE.read_text()))
     targets = {k: tuple(v) for k, v in (details.get("targets") or {}).items()}
@@ -457,8 +410,8 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "",
         "## Figures against their targets",
         "",
-        "| figure (key in `benchmarks/latest.json`) | meaning | value | target | met |",
-        "|---|---|---|---|---|",
+        "| figure (key in `benchmarks/latest.json`) | meaning | corpus | value | target | met |",
+        "|---|---|---|---|---|---|",
     ]
     missed = []
     for key, meaning, kind in MAIN_ROWS:
@@ -468,8 +421,12 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         mark = "" if ok is None else ("met" if ok else "**missed**")
         if ok is False:
             missed.append(key)
-        lines.append(f"| `{key}` | {_meaning(meaning, fig)} | {_fmt(v, kind)} | {tgt} | {mark} |")
+        corpus = report_peers.CORPUS_OF.get(key, report_peers.TODAY)
+        lines.append(f"| `{key}` | {_meaning(meaning, fig)} | {corpus} | {_fmt(v, kind)} | {tgt} | {mark} |")
+    lines += report_peers.peer_table(fig)
+    lines += report_peers.both_corpora_table(fig)
     lines += encoder_table(fig)
+    lines += report_peers.cold_encoder_table(fig)
     lines += stage_table(fig)
     lines += shuffle_table(fig, plots, rel)
     lines += ["", "### Supporting figures", "", "| figure | meaning | value |", "|---|---|---|"]
@@ -534,6 +491,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "minutes. Our builds' tokens on those shards are checked to equal the baselines' (and on the whole corpus, "
         "the limit's). The memory figure's small-shard build uses "
         f"{(details.get('corpus_small_shards') or {}).get('bytes', 0) / 1e6:.0f} MB of it in shards 4x smaller.",
+        *report_peers.corpus_paragraph(details),
         "",
         "## Machine",
         "",
@@ -602,6 +560,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "alternating, median of the repetitions.",
         "- **Ledger of 100k chunks**: a synthetic finished ledger (100 shards x 1000 chunks, real "
         "tokenizer/config block) opened with `Reader(...)` plus `stream_index()`; median of 3.",
+        *report_peers.method_bullets(),
         "",
         "## Commands",
         "",

@@ -171,7 +171,7 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
     names = cache_names(prepared.plan.split)
     first = cache_root(output, names[0])  # the plain cache, or the train cache (which keeps the dead letters)
     if prepared.old_format:
-        summary = _summary(prepared.finished, output) + (
+        summary = _summary(prepared.finished, output, f", {prepared.tokenizer.eos.describe()}") + (
             " (already complete; a format 1 cache: readable as before, not verified again because its chunks "
             "do not record the input bytes they were built from)")
         print(summary)
@@ -222,7 +222,8 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options) -> dict[s
         raise EnvironmentFault(f"the pipeline ended but {unfinished[0]}/ledger.json is not finished. {faults.RERUN}")
     counters = _counters(result)
     verified = prepared.complete
-    summary = _summary(outcome.ledgers, output, _this_run(counters, time.time() - t0, verified))
+    summary = _summary(outcome.ledgers, output,
+                       f", {prepared.tokenizer.eos.describe()}" + _this_run(counters, time.time() - t0, verified))
     note = backend_note(counters)
     summary += f"; {note}" if note else ""
     print(summary)

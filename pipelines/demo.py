@@ -57,9 +57,10 @@ def main(argv=None) -> int:
     print("  first chunks: " + ", ".join(f"{c['path'].split('/', 1)[1]}[{c['docs']} docs]"
                                          for c in ledger["chunks"][:5]) + ", ...")
 
-    import tiktoken
+    from reader.storage.cache import Cache
+    from reader.format import tokenizer_lib
 
-    enc = tiktoken.get_encoding(ledger["tokenizer"]["name"])
+    tok = tokenizer_lib.for_cache(Cache(root))  # the tokenizer the cache records, as any reader decodes
     eos = ledger["tokenizer"]["eos_id"]
     inputs_by_shard = {i["shard"]: i["path"] for i in ledger["inputs"]}
     n_chunks = len(ledger["chunks"])
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
         if ledger["config"]["append_eos"]:
             assert ids[-1] == eos
             ids = ids[:-1]
-        text = enc.decode(ids)
+        text = tok.decode(ids)
         original = json.loads(_line_at(inputs_by_shard[row[fmt.SHARD_COLUMN]], row[fmt.OFFSET_COLUMN]))["text"]
         same = text == original
         ok &= same

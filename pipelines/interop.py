@@ -25,10 +25,13 @@ from reader.interop import import_flat_tokens
 from reader.interop import import_megatron
 from reader.interop.export import write_file
 
-from pipelines.tokenize.tokenizer import resolve
+from pipelines.tokenize.tokenizer import resolve, warn_if_guessed
 
 SPEC_HELP = ("'tiktoken:<encoding>', a Hugging Face tokenizer.json file or a directory holding one (local or "
-             "gs://...), or a hub name (needs transformers and network access): as the builder's --tokenizer")
+             "gs://...), or a hub name ORG/NAME (needs transformers, and network access or the local hub cache): as "
+             "the builder's --tokenizer")
+EOS_HELP = ("the end-of-sequence token (a token, or its id), as the builder's --eos_token (default: the one the "
+            "tokenizer declares, else a guess, with a warning)")
 EXAMPLES = {
     "import-megatron": ["python -m pipelines.interop import-megatron /data/megatron/web_text_document --tokenizer "
                         "tiktoken:cl100k_base --append_eos --out ./cache"],
@@ -40,13 +43,16 @@ EXAMPLES = {
 }
 
 
-def identity(spec: str) -> dict[str, Any]:
-    """The ledger's ``tokenizer`` object for ``spec``: what a build with ``--tokenizer spec`` records."""
-    return resolve(spec).identity()
+def identity(spec: str, eos: str | None = None) -> dict[str, Any]:
+    """The ledger's ``tokenizer`` object for ``spec``: what a build with ``--tokenizer spec [--eos_token eos]``
+    records."""
+    tok = resolve(spec, eos=eos)
+    warn_if_guessed(tok)
+    return tok.identity()
 
 
 def identity_from_spec(args: argparse.Namespace) -> dict[str, Any]:
-    return identity(args.tokenizer)
+    return identity(args.tokenizer, args.eos_token)
 
 
 def add_tokenizer_spec(parser: argparse.ArgumentParser) -> None:
@@ -55,11 +61,12 @@ def add_tokenizer_spec(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", required=True, metavar="SPEC",
                         help=f"the tokenizer the data was made with: {SPEC_HELP}. Its identity is recorded in the "
                              "ledger exactly as a build with it records it")
+    parser.add_argument("--eos_token", default="", metavar="TOKEN|ID", help=EOS_HELP)
     parser.set_defaults(identity_of=identity_from_spec)
 
 
 def cmd_identity(args: argparse.Namespace) -> int:
-    text = fmt.dumps(identity(args.spec))
+    text = fmt.dumps(identity(args.spec, args.eos_token))
     if args.out is None:
         sys.stdout.write(text)
         return 0
@@ -81,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "reader import-megatron / import-flat-tokens --tokenizer_from FILE.json take "
                                    "that file, so the reader needs no tokenizer library.")
     t.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
+    t.add_argument("--eos_token", default="", metavar="TOKEN|ID", help=EOS_HELP)
     t.add_argument("--out", metavar="FILE.json", default=None,
                    help="write the JSON here (local or gs://..., written whole or not at all) instead of stdout")
     t.set_defaults(fn=cmd_identity)

@@ -31,7 +31,7 @@ from pipelines.options import Arguments, absolute, chunk_config, is_remote, spli
 from pipelines.plan import BuildPlan, MatchedFile, make_plan, reconcile
 from pipelines.tokenize.fast_tokenizer import preflight
 from pipelines.build.splits import SplitSpec, cache_root
-from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec, resolve
+from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec, resolve, warn_if_guessed
 
 LOG = logging.getLogger("chunkledger.build")
 
@@ -213,7 +213,9 @@ def plan_build(args: Arguments) -> Planned:
     remote.check_access([absolute(p) for p in options.input] + [output])
     files = match_inputs(options.input)
     try:
-        tok = resolve(options.tokenizer).with_backend(options.tokenizer_backend, options.verify_every)
+        tok = resolve(options.tokenizer, eos=options.eos_token).with_backend(options.tokenizer_backend,
+                                                                            options.verify_every)
+        warn_if_guessed(tok)
         if tok.backend == "fast":
             preflight(tok)  # fail before writing anything, rather than in every worker
     except TokenizerError as e:
@@ -221,7 +223,8 @@ def plan_build(args: Arguments) -> Planned:
     config = chunk_config(options)
     split = split_spec(options)
     if config.append_eos and tok.eos_id is None:
-        raise BuildError(f"--append_eos: tokenizer {options.tokenizer!r} has no end-of-sequence token")
+        raise BuildError(f"--append_eos: tokenizer {options.tokenizer!r} has no end-of-sequence token; name one "
+                         "with --eos_token TOKEN|ID")
     plan = make_plan(tok.identity(), config, files, split=split)
     if not options.allow_empty and (empty := _empty_files(plan)) is not None:
         raise BuildError(empty.message(output))

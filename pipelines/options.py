@@ -111,9 +111,23 @@ def parse_verify_every(text: str) -> int:
     return v
 
 
-def build_arg_parser() -> argparse.ArgumentParser:
+class BuilderParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that keeps what it was given: :attr:`options` maps each ``--name`` to its action
+    (argparse has no public way to list a parser's options)."""
+
+    def __init__(self, *args, **kwargs):
+        self.options: dict[str, argparse.Action] = {}  # first: ArgumentParser.__init__ adds --help
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.options.update((o, action) for o in action.option_strings if o.startswith("--") and o != "--help")
+        return action
+
+
+def build_arg_parser() -> BuilderParser:
     """The parser of the builder's own options (Beam options are passed through untouched)."""
-    p = argparse.ArgumentParser(
+    p = BuilderParser(
         prog="python -m pipelines.build_cache",
         description="Tokenize jsonl shards into a deterministic, resumable chunkledger cache "
                     "(Parquet chunks + ledger.json). Unlisted options go to Apache Beam "
@@ -134,6 +148,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--text_key", default="text", metavar="KEY", help="JSON key holding each document's text (default: text).")
     p.add_argument("--append_eos", action="store_true",
                    help="Append the tokenizer's end-of-sequence token to every document.")
+    p.add_argument("--eos_token", default="", metavar="TOKEN|ID",
+                   help="The end-of-sequence token (a token of the tokenizer, or its id), recorded in the ledger "
+                        "and appended with --append_eos. Default: the one the tokenizer declares, else a guess "
+                        "(a warning names it); the summary says which.")
     p.add_argument("--chunk_bytes", type=parse_chunk_bytes, default=DEFAULT_CHUNK_BYTES, metavar="SIZE",
                    help="Uncompressed input bytes per chunk; chunk K of a shard holds the lines whose first byte "
                         "is in [K*SIZE, (K+1)*SIZE). Default 64MiB (accepts 67108864, 64MiB, 512KiB); "
@@ -203,15 +221,15 @@ def beam_parser(pipeline_args: Sequence[str] = ()) -> argparse.ArgumentParser:
             import apache_beam.runners.dask.dask_runner  # noqa: F401
         except ImportError:
             pass
-    from apache_beam.options.pipeline_options import _BeamArgumentParser
+    # Beam hands its parser to get_all_options' add_extra_args_fn hook, after adding every option to it.
+    got: list[argparse.ArgumentParser] = []
+    PipelineOptions([]).get_all_options(add_extra_args_fn=got.append)
+    return got[0]
 
-    parser = _BeamArgumentParser(allow_abbrev=False)
-    seen: dict[str, type] = {}
-    for cls in PipelineOptions.__subclasses__():
-        seen.setdefault(str(cls), cls)
-    for cls in seen.values():
-        cls._add_argparse_args(parser)  # as PipelineOptions.get_all_options does
-    return parser
+
+def beam_option_names() -> set[str]:
+    """``--name`` of every Beam option (its destination: an option's aliases may be missing; for suggestions)."""
+    return {"--" + name for name in PipelineOptions([]).get_all_options()}
 
 
 def _suggest(name: str, ours: Sequence[str], beams: set[str]) -> str:
@@ -222,21 +240,19 @@ def _suggest(name: str, ours: Sequence[str], beams: set[str]) -> str:
     return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
-def check_leftovers(parser: argparse.ArgumentParser, pipeline_args: Sequence[str]) -> None:
+def check_leftovers(parser: BuilderParser, pipeline_args: Sequence[str]) -> None:
     """Refuse what is neither ours nor Beam's: unknown options and stray words (an unquoted glob).
 
     Beam would only log "Discarding unparseable args" and build with the defaults, or with a fraction of
     the input files.
     """
-    ours = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]  # argparse has no public accessor
-    beam = beam_parser(pipeline_args)
-    beams = {o for a in beam._actions for o in a.option_strings if o.startswith("--")}
-    _, rest = beam.parse_known_args(list(pipeline_args))
+    _, rest = beam_parser(pipeline_args).parse_known_args(list(pipeline_args))
     unknown = [a.split("=", 1)[0] for a in rest if a.startswith("-") and len(a) > 1 and not a[1].isdigit()]
     if unknown:
         name = unknown[0]
-        raise BuildError(f"unknown option {name}{_suggest(name, ours, beams)} (neither a builder option, see "
-                         "--help, nor an Apache Beam pipeline option)")
+        suggestion = _suggest(name, list(parser.options), beam_option_names())
+        raise BuildError(f"unknown option {name}{suggestion} (neither a builder option, see --help, nor an Apache "
+                         "Beam pipeline option)")
     if rest:
         shown = " ".join(rest[:3]) + (f" ... ({len(rest)} in all)" if len(rest) > 3 else "")
         raise BuildError(

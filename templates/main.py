@@ -25,14 +25,10 @@ TRUE = ("true", "1", "yes")
 FALSE = ("false", "0", "no", "")
 
 
-def _switches(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """Option string -> action, for the parser's value-less switches (store_true / store_false)."""
-    out = {}
-    for action in parser._actions:  # argparse has no public accessor
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-            for opt in action.option_strings:
-                out[opt] = action
-    return out
+def _switches(parser) -> dict[str, argparse.Action]:
+    """Option string -> action, for the builder parser's value-less switches (store_true / store_false)."""
+    return {opt: action for opt, action in parser.options.items()
+            if action.nargs == 0 and isinstance(action.const, bool)}
 
 
 def template_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:

@@ -169,8 +169,8 @@ def _at_least_one(text: str) -> int:
 
 HELP_EPILOG = """\
 examples:
-  python -m pipelines.export.job ./cache --format megatron --out /data/megatron/web_text_document
-  python -m pipelines.export.job gs://BUCKET/cache --format megatron --out gs://BUCKET/megatron/web_text \\
+  python -m pipelines.export ./cache --format megatron --out /data/megatron/web_text_document
+  python -m pipelines.export gs://BUCKET/cache --format megatron --out gs://BUCKET/megatron/web_text \\
       --runner=DataflowRunner --project=PROJECT --region=REGION --temp_location=gs://BUCKET/tmp
 
 resuming: parts are written into .tmp-NAME.parts/ beside the output and PREFIX.bin/.idx appear only
@@ -187,7 +187,7 @@ unfinished cache, a split build's top directory, token outside the vocabulary, e
 def build_arg_parser() -> argparse.ArgumentParser:
     """The export's own options (the others go to Beam)."""
     p = argparse.ArgumentParser(
-        prog="python -m pipelines.export.job", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m pipelines.export", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(
             "Write a finished cache as Megatron PREFIX.bin + PREFIX.idx with Apache Beam: the same bytes as `python "
             "-m reader export CACHE --format megatron --out PREFIX`, with the chunks read and checked on many "
@@ -295,7 +295,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     beam_options = pipeline_options(pipeline_args)  # a bad runner fails before anything is written
     cache_url, out_url = absolute(args.cache), absolute(args.out)
     cache, vocab, dt = open_source(cache_url, None if args.dtype == "auto" else args.dtype,
-                                 command="python -m pipelines.export.job")
+                                 command="python -m pipelines.export")
     fs, out = output_fs(out_url)
     t = cache.table
     plan = make_plan(cache_url, t.checksums, t.docs, t.tokens, dt.name, vocab, args.part_bytes)

@@ -37,6 +37,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from reader.format import tokenizer_lib
+
 from pipelines.tokenize import conformance
 from pipelines.tokenize import conformance_cache
 from pipelines.errors import BuildError
@@ -193,15 +195,15 @@ def _import_fastokens():
     return fastokens
 
 
-def _tiktoken_fast(enc) -> tuple[object, str]:
-    """fastokens for a tiktoken Encoding: its ranks (written to a temporary file), its pattern (or a faster
+def _tiktoken_fast(definition: tokenizer_lib.TiktokenDefinition) -> tuple[object, str]:
+    """fastokens for a tiktoken encoding: its ranks (written to a temporary file), its pattern (or a faster
     equivalent one, see EQUIVALENT_PATTERNS), no special tokens; and the sha256 of those inputs."""
     fastokens = _import_fastokens()
-    ranks: Mapping[bytes, int] = enc._mergeable_ranks
+    ranks: Mapping[bytes, int] = definition.ranks
     lines = [base64.b64encode(tok) + b" " + str(rank).encode() for tok, rank in
              sorted(ranks.items(), key=lambda kv: kv[1])]
     data = b"\n".join(lines) + b"\n"
-    pattern = fast_pattern(enc._pat_str, ranks)
+    pattern = fast_pattern(definition.pattern, ranks)
     origin = hashlib.sha256(b"tiktoken\0" + pattern.encode() + b"\0" + data).hexdigest()
     fd, path = tempfile.mkstemp(prefix="chunkledger-ranks-", suffix=".tiktoken")
     try:
@@ -224,7 +226,7 @@ def fast_pattern(pattern: str, ranks) -> str:
 def _special_strings(reference: Encoder) -> list[str]:
     enc = getattr(reference, "enc", None)
     if enc is not None:
-        return sorted(enc._special_tokens)
+        return sorted(enc.special_tokens_set)
     tok = getattr(reference, "tok", None)
     if tok is not None:
         return sorted(t.content for t in tok.get_added_tokens_decoder().values())
@@ -235,7 +237,7 @@ def make_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
     """The fast encoder of ``spec`` (unchecked). Raises :class:`TokenizerError` if it cannot be built."""
     try:
         if spec.kind == "tiktoken":
-            tok, origin = _tiktoken_fast(reference.enc)
+            tok, origin = _tiktoken_fast(tokenizer_lib.tiktoken_encoding(spec.name)[0])
             return FastEncoder(tok, reference, split_long=True, verify_every=spec.verify_every, origin=origin)
         tokenizer_json = tokenizer_json or spec.tokenizer_json()
         tok = _import_fastokens().Tokenizer.from_json_str(tokenizer_json)
@@ -298,8 +300,13 @@ def _check_key(fast: FastEncoder, reference: Encoder, specials) -> str | None:
     if getattr(library, "__file__", None) is None:
         return None
     # the HF reference is built from the same tokenizer.json as fastokens (fast.origin); tiktoken's from the
-    # Encoding, whose ranks fast.origin covers
-    ref_inputs = "" if enc is None else enc._pat_str + "\0" + json.dumps(sorted(enc._special_tokens.items()))
+    # encoding's definition, whose ranks fast.origin covers
+    try:
+        definition = None if enc is None else tokenizer_lib.tiktoken_encoding(enc.name)[0]
+    except KeyError:  # an Encoding no plugin defines (made in a test): not remembered
+        return None
+    ref_inputs = "" if definition is None else (definition.pattern + "\0"
+                                                + json.dumps(sorted(definition.special_tokens.items())))
     classes = [c for c in type(fast).__mro__ + type(reference).__mro__ if c is not object]
     return conformance_cache.make_key([
         fast.origin, ref_inputs, REFERENCE_ONLY_CHARS, f"{fast.split_long} {tk.PIECE_CHARS} {tk.MAX_PIECE_CHARS}",

@@ -51,7 +51,8 @@ def key(tokenizer_json: bytes, config_json: bytes | None) -> str:
 
 
 def lookup(k: str) -> dict | None:
-    """``{"vocab_size", "eos_id", "hash", "payload"}`` recorded under ``k``, or None."""
+    """``{"vocab_size", "eos_id", "eos_token", "eos_how", "hash", "payload"}`` recorded under ``k``, or None
+    (``eos_how`` is None in an entry from before it was recorded: resolve again)."""
     if not enabled():
         return None
     base = os.path.join(directory(), k)
@@ -64,10 +65,12 @@ def lookup(k: str) -> dict | None:
         return None
     if not (isinstance(entry, dict) and entry.get("key") == k and entry.get("hash") == hash_hf_json(payload)):
         return None  # damaged or from something else: parse the file again
-    return {"vocab_size": entry["vocab_size"], "eos_id": entry["eos_id"], "hash": entry["hash"], "payload": payload}
+    return {"vocab_size": entry["vocab_size"], "eos_id": entry["eos_id"], "eos_token": entry.get("eos_token"),
+            "eos_how": entry.get("eos_how"), "hash": entry["hash"], "payload": payload}
 
 
-def record(k: str, vocab_size: int, eos_id: int | None, hash_: str, payload: str) -> None:
+def record(k: str, vocab_size: int, eos_id: int | None, hash_: str, payload: str, *, eos_token: str | None = None,
+           eos_how: str | None = None) -> None:
     """Record a resolution under ``k`` (payload first, then the entry naming it; a failure is ignored)."""
     if not enabled():
         return
@@ -76,7 +79,8 @@ def record(k: str, vocab_size: int, eos_id: int | None, hash_: str, payload: str
         os.makedirs(d, exist_ok=True)
         for suffix, text in ((".payload", payload),
                              (".json", json.dumps({"key": k, "vocab_size": vocab_size, "eos_id": eos_id,
-                                                   "hash": hash_}, sort_keys=True))):
+                                                   "eos_token": eos_token, "eos_how": eos_how, "hash": hash_},
+                                                  sort_keys=True))):
             fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as f:

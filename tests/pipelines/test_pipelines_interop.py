@@ -73,7 +73,12 @@ def test_bad_specs_name_the_fix(tmp_path, capsys):
     rc, _, err = _identity_cli(capsys, str(tmp_path / "tokenizer.json"))
     assert rc == 2 and f"tokenizer '{tmp_path / 'tokenizer.json'}': not a valid tokenizer.json" in err
     rc, _, err = _identity_cli(capsys, str(tmp_path / "empty-dir-that-is-not-there"))
+    assert rc == 2 and "not a tokenizer spec, and no such file or directory. A tokenizer is tiktoken:NAME" in err
+    os.makedirs(tmp_path / "empty-dir")  # no tokenizer.json: transformers is asked, and finds nothing either
+    rc, _, err = _identity_cli(capsys, str(tmp_path / "empty-dir"))
     assert rc == 2 and "not loadable as a Hugging Face tokenizer" in err
+    rc, _, err = _identity_cli(capsys, "tiktoken:cl100k_base", "--eos_token", "<|endofprmpt|>")
+    assert rc == 2 and "--eos_token '<|endofprmpt|>': not a token of tokenizer 'tiktoken:cl100k_base'" in err
 
 
 def _megatron_data(tmp_path, vocab):
@@ -132,7 +137,8 @@ def test_the_commands_keep_the_readers_options(capsys):
 
     for command in ("import-megatron", "import-flat-tokens"):
         mine, reader_side = options(ours(), command), options(theirs(), command)
-        assert mine == reader_side - {"--tokenizer_from"}, command  # the reader's --tokenizer only refuses
+        # the reader's --tokenizer only refuses; --eos_token, like --tokenizer SPEC, chooses what the identity holds
+        assert mine == reader_side - {"--tokenizer_from"} | {"--eos_token"}, command
         with pytest.raises(SystemExit) as e:
             interop([command, "--help"])
         assert e.value.code == 0

@@ -7,10 +7,12 @@ from pipelines.options import build_arg_parser
 
 def test_arg_parser_is_side_effect_free_and_documents_every_option():
     parser = build_arg_parser()
-    names = {a.dest for a in parser._actions if a.dest != "help"}
-    assert {"input", "output", "tokenizer", "text_key", "append_eos", "chunk_bytes", "row_group_tokens",
+    names = {a.dest for a in parser.options.values()}
+    assert {"input", "output", "tokenizer", "text_key", "append_eos", "eos_token", "chunk_bytes", "row_group_tokens",
             "max_bad_fraction", "parquet_compression", "compression_level"} <= names
-    assert all(a.help for a in parser._actions)
+    assert all(a.help for a in parser.options.values())
+    # parser.options is every option argparse knows (checked here through its internals, which the code avoids)
+    assert set(parser.options) == {o for a in parser._actions for o in a.option_strings} - {"-h", "--help"}
     args, rest = parser.parse_known_args(["--input", "a", "--input", "b", "--output", "o", "--tokenizer", "t",
                                           "--chunk_bytes", "64KiB", "--runner=FnApiRunner"])
     assert args.input == ["a", "b"] and args.chunk_bytes == 65536 and rest == ["--runner=FnApiRunner"]
@@ -38,6 +40,8 @@ def test_unknown_options_are_refused_with_a_suggestion():
             parse(*args)
     with pytest.raises(BuildError, match="unknown option --no_such_thing \\(neither"):
         parse("--no_such_thing")
+    with pytest.raises(BuildError, match="unknown option --direct_num_worker; did you mean --direct_num_workers\\?"):
+        parse("--direct_num_worker=2")  # the closest of Beam's when none of ours is close
 
 
 def test_beam_options_pass_through_and_stray_words_are_refused():
@@ -45,8 +49,10 @@ def test_beam_options_pass_through_and_stray_words_are_refused():
 
     from pipelines.errors import BuildError
 
+    # --experiment and --no_use_public_ips are aliases (their destinations are experiments, use_public_ips)
     beam = ["--runner=DirectRunner", "--project", "p", "--direct_num_workers=2", "--save_main_session",
-            "--experiments=a", "--experiments", "b", "--region", "us-central1"]
+            "--experiments=a", "--experiments", "b", "--region", "us-central1", "--experiment", "c",
+            "--no_use_public_ips"]
     assert parse(*beam).pipeline_args == beam
     pytest.importorskip("dask", reason="the dask extra is not installed")
     dask = ["--runner=DaskRunner", "--dask_client_address=localhost:8786"]
@@ -76,3 +82,9 @@ def test_value_ranges(monkeypatch):
     with pytest.raises(BuildError, match="snappy has no levels"):
         parse("--parquet_compression", "snappy", "--compression_level", "5")
     assert parse("--parquet_compression", "brotli", "--compression_level", "11").options.compression_level == 11
+
+
+def test_eos_token_is_a_string_the_tokenizer_resolves():
+    assert parse().options.eos_token == ""  # the tokenizer's own
+    assert parse("--eos_token", "</s>").options.eos_token == "</s>"
+    assert parse("--eos_token=7").options.eos_token == "7"

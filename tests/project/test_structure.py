@@ -28,7 +28,10 @@ MAX_MODULES_PER_FOLDER = 12
 # anywhere, and each optional library in the one module that owns it.
 BASE_LIBRARIES = {"numpy", "pyarrow", "fsspec"}
 OWNED_LIBRARIES = {"jax": "reader.jax", "torch": "reader.torch", "zarr": "reader.interop.flat_tokens",
-                   "numcodecs": "reader.interop.flat_tokens"}
+                   "numcodecs": "reader.interop.flat_tokens",
+                   # the one tokenizer resolver; huggingface_hub only fetches a hub tokenizer's files for it
+                   "tiktoken": "reader.format.tokenizer_lib", "tiktoken_ext": "reader.format.tokenizer_lib",
+                   "tokenizers": "reader.format.tokenizer_lib", "huggingface_hub": "reader.format.tokenizer_files"}
 # What reader/ shares with pipelines/: the on-disk format, the global chunk order, opening a cache (the
 # export reads one), the interop readers and writers both exports and the importers use, and the command
 # line's error messages. Everything else in reader/ is the reader's own.
@@ -247,7 +250,7 @@ def test_the_checks_fail_on_broken_code():
     assert sorted(private) == ["reader.a: b._x (private name of reader.b)", "reader.a: from reader.b import _helper"]
     assert reader_library_problems(bad) == [
         "reader.c:2: imports torch (only reader.torch may)",
-        "reader.c:5: imports tiktoken (reader/ needs numpy, pyarrow and fsspec only)",
+        "reader.c:5: imports tiktoken (only reader.format.tokenizer_lib may)",
         "reader.c:6: imports pipelines (reader/ needs numpy, pyarrow and fsspec only)"]
     bad["reader.order.examples"] = bad["reader.format.spec"] = bad["reader.format"] = bad["reader.order"] = ""
     assert shared_only(bad) == ["pipelines.plan imports reader.order.examples"]

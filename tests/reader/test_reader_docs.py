@@ -1,6 +1,7 @@
 """The worked example of docs/FORMAT.md (reading-order) is what the reader returns; reader/ stays light."""
 
 import os
+import pkgutil
 import shutil
 import subprocess
 import sys
@@ -50,12 +51,12 @@ def test_worked_example_of_format_md():
 def test_reader_imports_no_beam_transformers_tokenizers_or_pipelines():
     """Every module of reader/ but the jax and torch ones imports numpy, pyarrow and fsspec only (and the
     stdlib); test_reader_torch checks that the torch ones leave jax alone."""
-    mods = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "reader"))
-                  if f.endswith(".py") and f not in ("__init__.py", "__main__.py")
-                  and not f.startswith(("jax", "torch")))
-    assert {"reader", "order", "store", "assemble", "workers"} <= set(mods)
+    mods = sorted(m.name for m in pkgutil.walk_packages([os.path.join(ROOT, "reader")], "reader.")
+                  if not m.name.startswith(("reader.jax", "reader.torch")) and not m.name.endswith("__main__"))
+    assert {"reader.reader", "reader.batch.examples", "reader.storage.store", "reader.batch.assemble",
+            "reader.workers.pool"} <= set(mods)
     code = ("import importlib, sys;"
-            f"[importlib.import_module('reader.' + m) for m in {mods!r}];"
+            f"[importlib.import_module(m) for m in {mods!r}];"
             "bad = [m for m in sys.modules if m.split('.')[0] in "
             "('apache_beam', 'transformers', 'tokenizers', 'pipelines', 'pandas', 'tiktoken', 'jax', 'torch')];"
             "print(bad); sys.exit(1 if bad else 0)")

@@ -67,7 +67,7 @@ def test_build_cache_transform_finalizes_ledger(tmp_path):
 
 def test_freeze_long_lived_freezes_once_per_process():
     """Workers move what start-up created to the permanent generation once, not again per bundle."""
-    code = ("import gc; from pipelines import transforms as b; b.freeze_long_lived(); n = gc.get_freeze_count(); "
+    code = ("import gc; from pipelines.build import transforms as b; b.freeze_long_lived(); n = gc.get_freeze_count(); "
             "junk = [[i] for i in range(10000)]; b.freeze_long_lived(); "
             "assert n > 0 and gc.get_freeze_count() == n, (n, gc.get_freeze_count()); print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

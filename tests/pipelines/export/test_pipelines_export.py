@@ -138,7 +138,7 @@ def replace(src, dst, *a, **k):
         os.kill(os.getpid(), signal.SIGKILL)
 
 os.replace = replace
-from pipelines.export.job.job import main
+from pipelines.export.job import main
 main(sys.argv[5:])
 """
 
@@ -254,7 +254,7 @@ def test_a_split_builds_top_directory_is_refused_as_the_cli_does_and_each_split_
     cli_err = capsys.readouterr().err
     code, err = _main(capsys, top, "--format", "megatron", "--out", str(tmp_path / "beam" / "m"), *FNAPI)
     assert code == 2
-    for command, text in (("python -m reader export", cli_err), ("python -m pipelines.export.job", err)):
+    for command, text in (("python -m reader export", cli_err), ("python -m pipelines.export", err)):
         assert f"{top}: the top of a split build" in text, text
         for split in ("train", "validation"):
             assert f"{command} {top}/{split} --format megatron --out PREFIX_{split}" in text, text

