@@ -12,23 +12,27 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
+import errno
 import logging
 import os
+import re
+import stat
 from typing import Any, Sequence
 
+from apache_beam.io.filesystem import FileSystem
 from apache_beam.io.filesystems import FileSystems
 
 from reader.format import spec as fmt
 
 from pipelines import faults, status
+from pipelines.lock import LOCK_NAME
 from pipelines.inputs import fsutil
 from pipelines.inputs import remote
 from pipelines.inputs.decompress import open_input
 from pipelines.errors import BuildError, DamagedInput, EnvironmentFault
 from pipelines.ledger import EmptyInput
 from pipelines.options import Arguments, absolute, chunk_config, is_remote, split_spec
-from pipelines.plan import BuildPlan, MatchedFile, make_plan, reconcile
+from pipelines.plan import BuildPlan, MatchedFile, check_ledger, make_plan, reconcile
 from pipelines.tokenize.fast_tokenizer import preflight
 from pipelines.build.splits import SplitSpec, cache_root
 from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec, resolve, warn_if_guessed
@@ -37,6 +41,7 @@ LOG = logging.getLogger("chunkledger.build")
 
 TOKENIZER_FILE = "tokenizer.json"  # Hugging Face builds: the tokenizer's JSON, at the cache root
 READ_CHECK_THREADS = 16  # input files are opened in parallel: on gs:// each check is a round trip
+INDEX_DIR = "index"  # reader.storage.index.INDEX_DIR, the reader's files in a cache (not imported: a light launcher)
 
 
 def _same_local_file(paths: Sequence[str]) -> dict[str, str]:
@@ -55,6 +60,50 @@ def _same_local_file(paths: Sequence[str]) -> dict[str, str]:
     return aliases
 
 
+def _match_local(pattern: str, given: str) -> list[tuple[str, int]]:
+    """``(path, size)`` of the local paths matching ``pattern``, as Beam matches them (``*`` within a
+    directory, ``**`` across; symlinked directories not followed), each checked to be a regular file or a
+    symlink to one, or a directory (the caller's message). Beam's own listing drops a broken or looping
+    symlink silently, and opening a FIFO blocks forever: those, sockets and devices are refused here,
+    before anything is opened."""
+    if pattern.endswith("/"):
+        pattern += "*"
+    prefix = re.match(r"^[^[*?]*", pattern).group(0)
+    if prefix == pattern:
+        paths = [pattern] if os.path.lexists(pattern) else []
+    else:
+        regex = re.compile(FileSystem.translate_pattern(pattern))
+        paths = [p for d, _, names in os.walk(os.path.dirname(prefix)) for p in (os.path.join(d, n) for n in names)
+                 if regex.match(p)]
+    out = []
+    for path in sorted(paths):
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            if not os.path.islink(path):
+                raise BuildError(f"input {path} cannot be read ({e.strerror}); fix its permissions or leave it out of "
+                                 f"--input {given!r}") from e
+            what = "a symlink in a loop" if e.errno == errno.ELOOP else f"a broken symlink (to {os.readlink(path)})"
+            raise _not_an_input(path, what, given) from e
+        if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+            out.append((path, st.st_size))
+            continue
+        kind = next(name for test, name in _KINDS if test(st.st_mode))
+        if os.path.islink(path):
+            kind += f" (through the symlink to {os.path.realpath(path)})"
+        raise _not_an_input(path, kind, given)
+    return out
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (lambda mode: True, "not a regular file"))
+
+
+def _not_an_input(path: str, what: str, given: str) -> BuildError:
+    return BuildError(f"--input {given!r} matches {path}, {what}: only regular files (or symlinks to them) and "
+                      "gs:// objects are inputs; remove it, or narrow the pattern")
+
+
 def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
     """Every matched input file, sorted by path, each checked readable; one shard per file.
 
@@ -65,11 +114,14 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
     found: dict[str, int] = {}
     for pat in patterns:
         full = absolute(pat)
-        try:
-            res = FileSystems.match([full])[0].metadata_list
-        except Exception as e:  # BeamIOError for unreadable buckets, bad patterns
-            raise BuildError(f"--input {pat!r}: cannot list files ({e})") from e
-        dirs = [m for m in res if m.path.endswith("/") or (not is_remote(m.path) and os.path.isdir(m.path))]
+        if is_remote(full):
+            try:
+                res = [(m.path, m.size_in_bytes) for m in FileSystems.match([full])[0].metadata_list]
+            except Exception as e:  # BeamIOError for unreadable buckets, bad patterns
+                raise BuildError(f"--input {pat!r}: cannot list files ({e})") from e
+        else:
+            res = _match_local(full, pat)
+        dirs = [m for m in res if m[0].endswith("/") or (not is_remote(m[0]) and os.path.isdir(m[0]))]
         files = [m for m in res if m not in dirs]
         if not files:
             if dirs:
@@ -77,10 +129,10 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
                                  f"quoted so that the builder expands it: --input '{pat.rstrip('/')}/*.jsonl'")
             where = "" if is_remote(full) else f" (relative paths start at {os.getcwd()})"
             raise BuildError(f"--input {pat!r} matches no file; check the path{where}")
-        for m in files:
-            if m.path in found:
-                LOG.warning("input file %s is matched by more than one --input; it is read once", m.path)
-            found[m.path] = m.size_in_bytes
+        for path, size in files:
+            if path in found:
+                LOG.warning("input file %s is matched by more than one --input; it is read once", path)
+            found[path] = size
     for alias, kept in _same_local_file(list(found)).items():
         LOG.warning("input %s is the same file as %s (a link); it is read once, as %s", alias, kept, kept)
         del found[alias]
@@ -107,7 +159,8 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
 
 
 def check_output(output: str) -> None:
-    """A local ``--output`` must be a directory or not exist yet (its parent not a file)."""
+    """A local ``--output`` must be a directory or not exist yet (its parent not a file), and hold nothing
+    but what builds write (:func:`check_output_tree`)."""
     if is_remote(output):
         return
     if os.path.exists(output) and not os.path.isdir(output):
@@ -118,6 +171,50 @@ def check_output(output: str) -> None:
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
         raise BuildError(f"--output {output}: {parent} is a file, not a directory")
+    if os.path.isdir(output):
+        check_output_tree(output)
+
+
+# What builds write into an output (a cache, or a split build's two), by the entry's place in the tree:
+# True for a regular file, a dict for a directory. Any name under ``index/`` is the reader's.
+_SHARD = re.compile(r"shard-\d{5,}")
+_CACHE: dict[Any, Any] = {
+    fmt.LEDGER_NAME: True, TOKENIZER_FILE: True, status.FAILED_NAME: True,
+    fmt.CHUNKS_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.(parquet|json)"): True, fmt.SHARD_DONE_NAME: True}},
+    fmt.BAD_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.jsonl"): True}},
+    INDEX_DIR: None,  # the reader's
+}
+_OUTPUT = {**_CACHE, fmt.SPLITS_MANIFEST_NAME: True, **{name: _CACHE for name in fmt.SPLIT_NAMES},
+           re.compile(re.escape(LOCK_NAME) + r".*"): True}
+
+
+def check_output_tree(output: str) -> None:
+    """Refuse (one line naming the entry) an output holding a symlink anywhere below it (chunks would be
+    written through it, outside the cache), or an entry no build writes. Temporary files (``.tmp-*``), the
+    reader's ``index/`` and the lock (a stale one too) are expected."""
+    def walk(path: str, rules: dict[Any, Any] | None) -> None:
+        with os.scandir(path) as entries:
+            for e in entries:
+                if e.is_symlink():
+                    raise BuildError(f"--output {output} holds a symlink, {e.path} -> {os.readlink(e.path)}; a build "
+                                     "writes only into its own directories: remove the link, or use another --output")
+                rule = _rule(rules, e.name) if rules is not None else None
+                if rules is not None and (rule is False or (rule is True) != e.is_file()):
+                    raise BuildError(f"--output {output} holds {e.path}, which no build writes; use another "
+                                     "--output (a new or empty directory), or move it away")
+                if e.is_dir():
+                    walk(e.path, rule if isinstance(rule, dict) else None)
+
+    walk(output, _OUTPUT)
+
+
+def _rule(rules: dict[Any, Any], name: str) -> Any:
+    """What ``name`` may be in a directory with ``rules``: True a file, a dict or None a directory, False nothing."""
+    if name.startswith(fsutil.TMP_PREFIX):
+        return True
+    if name in rules:
+        return rules[name]
+    return next((r for k, r in rules.items() if isinstance(k, re.Pattern) and k.fullmatch(name)), False)
 
 
 def ship_tokenizer(roots: Sequence[str], tok: TokenizerSpec) -> TokenizerSpec:
@@ -143,7 +240,7 @@ def check_layout(output: str, split: SplitSpec | None) -> bool:
     manifest = None
     if raw is not None:
         try:
-            manifest = json.loads(raw)
+            manifest = fsutil.load_json(raw)
             held = _split_text(float(manifest["validation_fraction"]), int(manifest["seed"]))
         except (ValueError, KeyError, TypeError) as e:
             raise BuildError(f"{path} is damaged ({type(e).__name__}: {e}); use another --output, or delete "
@@ -246,17 +343,33 @@ def prepare(args: Arguments) -> Prepared:
     return reconcile_output(plan_build(args))
 
 
+def _read_ledger(root: str) -> dict[str, Any] | None:
+    """The ledger in ``root``, its numbers checked (:func:`pipelines.plan.check_ledger`), or None."""
+    path = fmt.join(root, fmt.LEDGER_NAME)
+    try:
+        old = status.read_ledger(root)
+    except (OverflowError, TypeError, KeyError, AttributeError) as e:  # a hand-edited ledger the parser took
+        raise BuildError(f"{path}: damaged ({type(e).__name__}: {str(e)[:100]}). Restore it, or delete {root} to "
+                         "rebuild the cache") from e
+    if old is not None:
+        check_ledger(old, path)
+    return old
+
+
 def _reconcile_and_write(plan: BuildPlan, tok: TokenizerSpec, output: str) -> Prepared:
     has_manifest = check_layout(output, plan.split)
     caches = plan.caches()
     roots = {name: cache_root(output, name) for name, _ in caches}
-    olds = {name: status.read_ledger(root) for name, root in roots.items()}
+    olds = {name: _read_ledger(root) for name, root in roots.items()}
     finished = {name: old for name, old in olds.items() if old is not None and old.get("finished")}
     if len(finished) == len(caches) and all(o.get("format_version") != fmt.FORMAT_VERSION for o in finished.values()):
         return Prepared(output=output, plan=plan, tokenizer=tok, resumed=True, finished=finished, old_format=True)
     # a finished ledger of an older format beside an unfinished one (a split build): resumed as unfinished
     finished = {name: old for name, old in finished.items() if old.get("format_version") == fmt.FORMAT_VERSION}
     if any(old is not None for old in olds.values()):
+        existing = next(old for old in olds.values() if old is not None)
+        plan = dataclasses.replace(plan, config=plan.config.as_in(existing["config"]))  # an older cache's keys
+        caches = plan.caches()
         trusted = None
         for name, cache_plan in caches:
             old, root = olds[name], roots[name]

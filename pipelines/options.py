@@ -12,7 +12,7 @@ from typing import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.errors import BuildError
-from pipelines.plan import ChunkConfig
+from pipelines.plan import DEFAULT_MAX_DOC_BYTES, MAX_JSON_DEPTH, ChunkConfig
 from pipelines.runners.choice import runner_args
 from pipelines.build.splits import MAX_SEED, SplitSpec
 from pipelines.tokenize.tokenizer import BACKENDS, DEFAULT_VERIFY_EVERY, MAX_PIECE_CHARS, PIECE_CHARS
@@ -60,6 +60,15 @@ def parse_chunk_bytes(text: str) -> int:
             "unit, so tiny chunks make millions of files (the default 64MiB suits most corpora)")
     if value > MAX_CHUNK_BYTES:
         raise argparse.ArgumentTypeError(f"{text} is above the maximum of 4GiB (a worker holds a chunk in memory)")
+    return value
+
+
+def parse_max_doc_bytes(text: str) -> int:
+    """``--max_doc_bytes``: a size up to 4 GiB."""
+    value = parse_size(text)
+    if value > MAX_CHUNK_BYTES:
+        raise argparse.ArgumentTypeError(f"{text} is above the maximum of 4GiB (a worker tokenizes a document in "
+                                         "memory, about 7 bytes per byte)")
     return value
 
 
@@ -169,6 +178,11 @@ def build_arg_parser() -> BuilderParser:
     p.add_argument("--max_bad_fraction", type=parse_fraction, default=DEFAULT_MAX_BAD_FRACTION, metavar="F",
                    help="Fail at the end if more than this fraction of input lines are bad (dead-lettered). "
                         f"Default {DEFAULT_MAX_BAD_FRACTION}. A rerun with a higher value just finalizes.")
+    p.add_argument("--max_doc_bytes", type=parse_max_doc_bytes, default=DEFAULT_MAX_DOC_BYTES, metavar="SIZE",
+                   help="A line longer than this is a bad record (too_long; its dead letter keeps its first 4 KiB "
+                        "and its size), read past without being held: a worker's memory is bounded by this, about "
+                        "7 bytes per byte, not by the longest line. Default 32MiB; up to 4GiB. Part of the cache's "
+                        "configuration.")
     p.add_argument("--allow_empty", action="store_true",
                    help="Accept input files that yield no document (empty, or every line bad); by default the "
                         "build fails naming them.")
@@ -298,6 +312,8 @@ def chunk_config(options: argparse.Namespace) -> ChunkConfig:
         token_encoding=TOKEN_ENCODING,
         piece_chars=PIECE_CHARS,
         max_piece_chars=MAX_PIECE_CHARS,
+        max_doc_bytes=int(options.max_doc_bytes),
+        max_json_depth=MAX_JSON_DEPTH,
     )
 
 

@@ -20,6 +20,18 @@ from pipelines.build.splits import SplitSpec
 
 # Uncompressed / compressed bytes of jsonl text: only orders work units by size, never changes a byte.
 COMPRESSION_RATIO_GUESS = 4
+# Record limits (docs/FORMAT.md): a longer line is the bad record ``too_long``, a deeper one ``too_deep``.
+# Constants, never derived from the machine: a worker's memory is bounded by max_doc_bytes (about 7
+# bytes per byte of the longest document it tokenizes, docs/RUNNING.md), not by its longest input line.
+DEFAULT_MAX_DOC_BYTES = 32 << 20
+# Python's recursion limit: builds before this limit existed parsed with ``json``, which could not go
+# deeper (minus its caller's stack), so no record they accepted is deeper; this keeps their verdicts.
+MAX_JSON_DEPTH = 1000
+# Config keys added after caches were built without them -> their value in a new build by default. A key
+# absent from a ledger means what the cache was built with: no size limit, and MAX_JSON_DEPTH.
+LATER_KEYS = {"max_doc_bytes": DEFAULT_MAX_DOC_BYTES, "max_json_depth": MAX_JSON_DEPTH}
+# Range checks of the numbers an existing ledger holds (a shard's bytes, its chunks, the chunk size).
+MAX_SHARD_BYTES = 1 << 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,12 +48,22 @@ class ChunkConfig:
     piece_chars: int  # long-document splitting (pipelines/tokenize/tokenizer.py)
     max_piece_chars: int
     split: Mapping[str, Any] | None = None  # a split build's cache: SplitSpec.identity(name)
+    # None: absent from the ledger (a cache built before the key existed, resumed as it was built)
+    max_doc_bytes: int | None = None
+    max_json_depth: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        if out["split"] is None:
-            del out["split"]  # a plain build's config stays exactly as it always was
+        for key in ("split", *LATER_KEYS):
+            if out[key] is None:
+                del out[key]  # a plain build's config, or an older cache's, stays exactly as it was
         return out
+
+    def as_in(self, existing: Mapping[str, Any]) -> "ChunkConfig":
+        """This configuration to resume a cache whose ledger ``config`` is ``existing``: a later key the
+        ledger lacks stays absent (the cache's behaviour) if this run leaves it at its default."""
+        absent = {k: None for k, default in LATER_KEYS.items() if k not in existing and getattr(self, k) == default}
+        return dataclasses.replace(self, **absent)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +230,8 @@ def reconcile(plan: BuildPlan, existing: Mapping[str, Any], output: str,
       roots: every cache of the build (default ``output`` alone), whose files of a resized shard the
         message says to delete (a split build's train and validation).
     """
+    check_ledger(existing, fmt.join(output, fmt.LEDGER_NAME))
+    plan = dataclasses.replace(plan, config=plan.config.as_in(existing["config"]))
     config = plan.config.to_json()
     if fmt.config_fingerprint(plan.tokenizer, config) != fmt.config_fingerprint(existing["tokenizer"],
                                                                                 existing["config"]):
@@ -256,3 +280,54 @@ def reconcile(plan: BuildPlan, existing: Mapping[str, Any], output: str,
                     f"then, {inp.crc32c} now). A finished cache is never rebuilt from other inputs: build into "
                     "another --output, or restore the object.")
     return dataclasses.replace(plan, trusted=frozenset(trusted))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_ledger(ledger: Mapping[str, Any], where: str) -> None:
+    """Refuse (BuildError, one line) an existing ledger whose numbers the builder would use out of range.
+
+    A hand-edited or damaged ledger must not become a loop over 2**40 chunks or a huge allocation:
+    each input's size, shard and chunk count, the chunk size, and a finished ledger's chunk entries.
+    """
+    def bad(what: str, value: Any, why: str = "out of range") -> BuildError:
+        root = where.rsplit("/", 1)[0]
+        return BuildError(f"{where}: {what} is {_shown(value)}, {why}: the ledger is damaged. Restore it, or delete "
+                          f"{root} to rebuild the cache")
+
+    def integer(value: Any, lo: int, hi: int) -> bool:
+        return type(value) is int and lo <= value <= hi
+
+    config, inputs = ledger.get("config"), ledger.get("inputs")
+    if not isinstance(config, dict) or not isinstance(ledger.get("tokenizer"), dict):
+        raise bad("config or tokenizer", config, "not an object")
+    cb = config.get("chunk_bytes")
+    if not integer(cb, 1, MAX_SHARD_BYTES):
+        raise bad("config.chunk_bytes", cb)
+    if not isinstance(inputs, list):
+        raise bad("inputs", inputs, "not a list")
+    most = fmt.num_chunks(MAX_SHARD_BYTES, cb)
+    counts = []
+    for i, inp in enumerate(inputs):
+        if not isinstance(inp, dict) or not isinstance(inp.get("path"), str) or inp.get("shard") != i:
+            raise bad(f"inputs[{i}]", inp, f"not input {i} (a path and shard {i})")
+        size, chunks = inp.get("size"), inp.get("chunks")
+        if not integer(size, 0, MAX_SHARD_BYTES):
+            raise bad(f"inputs[{i}].size", size)
+        stored = inp.get("compression", "none") == "none"  # else the uncompressed size is not known here
+        if chunks is not None and not integer(chunks, 0, max(1, fmt.num_chunks(size, cb)) if stored else most):
+            raise bad(f"inputs[{i}].chunks", chunks)
+        counts.append(most if chunks is None else chunks)
+    entries = ledger.get("chunks", [])
+    if not isinstance(entries, list):
+        raise bad("chunks", entries, "not a list")
+    for j, c in enumerate(entries):
+        shard = c.get("shard") if isinstance(c, dict) else None
+        if not integer(shard, 0, len(inputs) - 1):
+            raise bad(f"chunks[{j}].shard", shard)
+        index = c.get("index_in_shard")
+        if not integer(index, 0, counts[shard] - 1):
+            raise bad(f"chunks[{j}].index_in_shard", index)

@@ -18,6 +18,7 @@ from reader.format import spec as fmt
 from reader.format.chunk_file import make_sidecar
 
 from pipelines.inputs import fsutil
+from pipelines.plan import MAX_JSON_DEPTH
 from pipelines.build.splits import SplitRouter, SplitSpec, cache_roots
 
 # Reasons a line is dead-lettered (the keys of the ledger's "bad_records").
@@ -31,6 +32,8 @@ BAD_REASONS = (
     "empty_text",  # the text is the empty string
     "invalid_unicode",  # the text holds lone surrogates (from JSON escapes such as a lone high surrogate): not encodable as UTF-8
     "tokenizer_error",  # the tokenizer failed on the text for another reason
+    "too_deep",  # arrays/objects nested deeper than config max_json_depth (counted on the text, valid or not)
+    "too_long",  # the line is longer than config max_doc_bytes (its dead letter keeps the first 4 KiB and the size)
 )
 
 # Every key a sidecar of this version holds; a sidecar missing one was written by older code.
@@ -41,9 +44,6 @@ ENCODE_BATCH_DOCS = 256
 ENCODE_BATCH_CHARS = 4 << 20
 BAD_BUFFER_RECORDS = 4096  # dead letters held in memory before they are sorted into the spool
 BAD_SPOOL_MEMORY = 4 << 20  # the spool moves to a local temporary file beyond this
-# parse_line's fast path takes objects nested at most this deep; ``json`` parses them without coming near
-# the interpreter's recursion limit (about 1000 levels, minus the caller's stack).
-FAST_PATH_MAX_DEPTH = 100
 
 try:  # a dependency of apache-beam; without it every line takes the standard parser
     from orjson import loads as _orjson_loads
@@ -51,31 +51,37 @@ except ImportError:  # pragma: no cover
     _orjson_loads = None
 
 
-def parse_line(raw: bytes, text_key: str) -> tuple[str | None, str | None, str]:
+def parse_line(raw: bytes, text_key: str, max_depth: int = MAX_JSON_DEPTH) -> tuple[str | None, str | None, str]:
     """``(text, None, "")`` for a good record, ``(None, reason, detail)`` for a bad one.
 
     Good records take a fast path (orjson, about twice the standard parser's speed). Everything else, and
     every line orjson could read differently, goes through :func:`parse_line_json`, which defines the
     reasons and details: orjson is stricter than ``json`` (it rejects lone-surrogate escapes, NaN, integers
-    beyond 64 bits, a byte-order mark and invalid UTF-8), so those lines fail the fast path and fall back;
-    a line it accepts yields the same object, except for integers it turns into floats (only the text's
-    type matters here, and a text that is not a string falls back) and nesting ``json`` may refuse (its
-    recursion limit: deep objects fall back).
+    beyond 64 bits, a byte-order mark and invalid UTF-8, and nesting beyond 1024 levels), so those lines
+    fail the fast path and fall back; a line it accepts yields the same object, except for integers it
+    turns into floats (only the text's type matters here, and a text that is not a string falls back).
+    A line with more than ``max_depth`` brackets falls back too (it may nest that deep, even in a
+    duplicate key's value orjson drops), and the standard parser measures it.
     """
-    if _orjson_loads is not None:
+    if _orjson_loads is not None and raw.count(b"[") + raw.count(b"{") <= max_depth:
         try:
             obj = _orjson_loads(raw)
         except Exception:  # noqa: BLE001 - any failure: the standard parser decides (reason and detail)
             obj = None
         if type(obj) is dict:
             text = obj.get(text_key)
-            if type(text) is str and text and not _deeper_than(obj, FAST_PATH_MAX_DEPTH):
+            if type(text) is str and text:
                 return text, None, ""
-    return parse_line_json(raw, text_key)
+    return parse_line_json(raw, text_key, max_depth)
 
 
-def parse_line_json(raw: bytes, text_key: str) -> tuple[str | None, str | None, str]:
-    """:func:`parse_line` with the standard library alone: the definition of every reason and detail."""
+def parse_line_json(raw: bytes, text_key: str, max_depth: int = MAX_JSON_DEPTH) -> tuple[str | None, str | None, str]:
+    """:func:`parse_line` with the standard library alone: the definition of every reason and detail.
+
+    Nesting is measured on the text before parsing (``json`` recurses once per level, and how deep it can
+    go depends on the caller's stack): a line nested deeper than ``max_depth`` is ``too_deep``, valid
+    JSON or not, on any stack.
+    """
     try:
         s = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -84,6 +90,10 @@ def parse_line_json(raw: bytes, text_key: str) -> tuple[str | None, str | None, 
         return None, "invalid_utf8", f"{e.reason} at byte {e.start}"
     if s.startswith("\ufeff"):  # a byte-order mark (files saved by some Windows tools)
         s = s[1:]
+    depth = fsutil.json_nesting(s, max_depth)
+    if depth is None:
+        return None, "too_deep", f"arrays or objects nested more than {max_depth} deep"
+    fsutil.json_headroom(depth)
     try:
         obj = json.loads(s)
     except ValueError as e:
@@ -102,19 +112,6 @@ def parse_line_json(raw: bytes, text_key: str) -> tuple[str | None, str | None, 
     return text, None, ""
 
 
-def _deeper_than(obj: dict, limit: int) -> bool:
-    """Whether a parsed object nests containers more than ``limit`` deep (the top level is depth 1)."""
-    stack = [(obj, 1)]
-    while stack:
-        o, depth = stack.pop()
-        for v in (o.values() if type(o) is dict else o):
-            if type(v) is dict or type(v) is list:
-                if depth >= limit:
-                    return True
-                stack.append((v, depth + 1))
-    return False
-
-
 def _has_lone_surrogate(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -123,8 +120,17 @@ def _has_lone_surrogate(text: str) -> bool:
     return False
 
 
-def dead_letter(file: str, shard: int, offset: int, reason: str, detail: str, raw: bytes) -> dict[str, Any]:
+def dead_letter(file: str, shard: int, offset: int, reason: str, detail: str, raw: bytes,
+                size: int | None = None) -> dict[str, Any]:
+    """A bad line's record; ``size`` (the whole line's) when ``raw`` is only its first bytes (``too_long``)."""
     rec = {"file": file, "shard": shard, "offset": offset, "reason": reason, "detail": detail}
+    if size is not None:
+        rec["size"] = size
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if e.end == len(raw) and e.reason == "unexpected end of data":
+                raw = raw[:e.start]  # the first bytes end inside a character: keep the text readable
     try:
         rec["line"] = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -166,6 +172,9 @@ class ChunkBuilder:
         self.lo = lo
         self.encoder = encoder
         self.text_key = config["text_key"]
+        # absent from a ledger written before these keys existed: its behaviour then (see plan.ChunkConfig)
+        self.max_depth = config.get("max_json_depth") or MAX_JSON_DEPTH
+        self.max_bytes = config.get("max_doc_bytes")
         self.eos_id = eos_id if config["append_eos"] else None
         self.counters = counters or Counters()
         self.expect = expect
@@ -183,12 +192,24 @@ class ChunkBuilder:
         self.routed: dict[int, int] = {}  # offset -> cache index of each pending document not in the first cache
 
     # -- lines ------------------------------------------------------------------------------------
-    def add(self, offset: int, raw: bytes) -> None:
-        self.input_bytes += len(raw) + 1
+    def add(self, offset: int, raw: bytes | fsutil.LongLine) -> None:
+        """Take the line at ``offset`` (a :class:`~pipelines.inputs.fsutil.LongLine` is hashed as it streams)."""
         self.span.add(offset, raw)
-        text, reason, detail = parse_line(raw, self.text_key)
-        if reason is not None:
-            self._bad(offset, reason, detail, raw)
+        self.take(offset, raw)
+
+    def take(self, offset: int, raw: bytes | fsutil.LongLine) -> None:
+        """:meth:`add` for a line already hashed into :attr:`span` (a replay)."""
+        size = len(raw)
+        self.input_bytes += size + 1
+        if type(raw) is bytes and (self.max_bytes is None or size <= self.max_bytes):
+            text, reason, detail = parse_line(raw, self.text_key, self.max_depth)
+            if reason is not None:
+                self._bad(offset, reason, detail, raw)
+        else:  # streamed past by the line reader (a LongLine): only its first bytes are here
+            text = None
+            head = raw[:fsutil.LONG_LINE_HEAD] if type(raw) is bytes else raw.head
+            self._bad(offset, "too_long", f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size)
+        if text is None:
             if len(self.bad_buffer) >= BAD_BUFFER_RECORDS:
                 self._encode_pending()  # its tokenizer errors precede every later line
                 self._spool_bad()
@@ -203,8 +224,8 @@ class ChunkBuilder:
         if len(self.pending_texts) >= ENCODE_BATCH_DOCS or self.pending_chars >= ENCODE_BATCH_CHARS:
             self._encode_pending()
 
-    def _bad(self, offset: int, reason: str, detail: str, raw: bytes) -> None:
-        rec = dead_letter(self.input_path, self.shard, offset, reason, detail, raw)
+    def _bad(self, offset: int, reason: str, detail: str, raw: bytes, size: int | None = None) -> None:
+        rec = dead_letter(self.input_path, self.shard, offset, reason, detail, raw, size)
         self.bad_buffer.append((offset, (json.dumps(rec, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")))
         self.bad_reasons[reason] += 1
 
@@ -346,7 +367,7 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: tuple[int, int] 
         return ChunkCheck(None, None, problem)
 
     try:
-        sidecar = json.loads(raw)
+        sidecar = fsutil.load_json(raw)
     except ValueError:
         return bad("sidecar is not valid JSON")
     if not isinstance(sidecar, dict) or sidecar.get("path") != fmt.chunk_path(shard, index):
@@ -355,7 +376,7 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: tuple[int, int] 
         return bad("sidecar written by an older chunkledger (no input checksum)")
     if sidecar["shard"] != shard or sidecar["index_in_shard"] != index:
         return bad("sidecar names another chunk")
-    if byte_range is not None and list(sidecar["byte_range"]) != list(byte_range):
+    if byte_range is not None and sidecar["byte_range"] != list(byte_range):
         return bad("sidecar has another byte range")
     path = fmt.join(root, sidecar["path"])
     data = fsutil.read_bytes_or_none(path)

@@ -23,11 +23,11 @@ it is rebuilt in both (the one that was intact is rewritten with the same bytes)
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
+import struct
 import tempfile
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from reader.format import spec as fmt
 
@@ -35,12 +35,13 @@ from pipelines.inputs import fsutil
 from pipelines.build.chunk_writer import ChunkBuilder, ChunkCheck, Counters, verify_chunk
 from pipelines.inputs.decompress import open_input
 from pipelines.errors import BuildError, DamagedInput
-from pipelines.plan import UnitResult, WorkUnit
+from pipelines.plan import MAX_SHARD_BYTES, UnitResult, WorkUnit
 from pipelines.build.splits import SplitSpec, cache_names, cache_roots
 
 LOG = logging.getLogger("chunkledger.build")
 REPLAY_MEMORY = 8 << 20  # a verified chunk's lines are kept in memory up to this, then in a local temp file
 _CHUNK_FILE = re.compile(r"chunk-(\d+)\.(parquet|json|jsonl)$")
+_REPLAY_HEADER = struct.Struct("<qq")  # a kept line's offset and size (-1: an over-long line, kept aside)
 
 Sidecars = tuple[dict[str, Any], ...]  # one chunk's sidecars, one per cache of the build
 
@@ -83,21 +84,31 @@ class _Verifying:
     """Stands in for a ChunkBuilder while a complete chunk's input is re-read: hashes and keeps its lines.
 
     If the span and checksum match the sidecar, :meth:`finish` returns the sidecar; if not, the kept lines
-    are replayed into a real ChunkBuilder (a streamed shard cannot be read twice cheaply).
+    are replayed into a real ChunkBuilder (a streamed shard cannot be read twice cheaply), which takes
+    over this hash of them. A line over ``max_doc_bytes`` is kept as its first bytes and size (all its
+    dead letter needs).
     """
 
     def __init__(self, unit_builder: "UnitBuilder", unit: WorkUnit, index: int, lo: int, check: Found):
         self.ub, self.unit, self.index, self.lo, self.check = unit_builder, unit, index, lo, check
         self.span = fsutil.SpanHasher()
-        self.kept = tempfile.SpooledTemporaryFile(max_size=REPLAY_MEMORY)
-        self.first: int | None = None
+        self.kept = tempfile.SpooledTemporaryFile(max_size=REPLAY_MEMORY)  # (offset, size, bytes) records
+        self.long: dict[int, fsutil.LongLine] = {}  # offset -> an over-long line, drained (head and size)
 
-    def add(self, offset: int, raw: bytes) -> None:
-        if self.first is None:
-            self.first = offset
+    def add(self, offset: int, raw: bytes | fsutil.LongLine) -> None:
         self.span.add(offset, raw)
-        self.kept.write(raw)
-        self.kept.write(b"\n")
+        if type(raw) is bytes:
+            self.kept.write(_REPLAY_HEADER.pack(offset, len(raw)))
+            self.kept.write(raw)
+        else:
+            self.long[offset] = raw
+            self.kept.write(_REPLAY_HEADER.pack(offset, -1))
+
+    def _replay(self) -> Iterator[tuple[int, bytes | fsutil.LongLine]]:
+        self.kept.seek(0)
+        while header := self.kept.read(_REPLAY_HEADER.size):
+            off, n = _REPLAY_HEADER.unpack(header)
+            yield off, (self.long[off] if n < 0 else self.kept.read(n))
 
     def finish(self, hi: int, end: int) -> Sidecars:
         span, checksum = self.span.finish(end)
@@ -106,10 +117,9 @@ class _Verifying:
             return self.ub.skipped(self.unit, self.index, self.check)
         self.ub.input_changed(self.unit, self.index)
         builder = self.ub.chunk_builder(self.unit, self.index, self.lo)
-        self.kept.seek(0)
-        if self.first is not None:
-            for off, raw in fsutil.LineReader(self.kept, base=self.first):
-                builder.add(off, raw)
+        builder.span = self.span  # the same lines, hashed already
+        for off, raw in self._replay():
+            builder.take(off, raw)
         self.kept.close()
         return builder.finish(hi, end)
 
@@ -136,6 +146,7 @@ class UnitBuilder:
         self.output = output
         self.encoder = encoder
         self.config = config
+        self.max_line = config.get("max_doc_bytes")  # longer lines are streamed past, never held
         self.eos_id = eos_id
         self.counters = counters or Counters()
         self.split = split
@@ -221,7 +232,7 @@ class UnitBuilder:
         if check.complete:
             if unit.trusted:
                 return self.skipped(unit, k, check)
-            lines = fsutil.RangeLines(unit.path, unit.lo, unit.hi)
+            lines = fsutil.RangeLines(unit.path, unit.lo, unit.hi, max_line=self.max_line)
             hasher = fsutil.SpanHasher()
             for off, raw in lines:
                 hasher.add(off, raw)
@@ -229,7 +240,7 @@ class UnitBuilder:
                 return self.skipped(unit, k, check)
             self.input_changed(unit, k)
         builder = self.chunk_builder(unit, k, unit.lo)
-        lines = fsutil.RangeLines(unit.path, unit.lo, unit.hi)
+        lines = fsutil.RangeLines(unit.path, unit.lo, unit.hi, max_line=self.max_line)
         for off, raw in lines:
             builder.add(off, raw)
         return builder.finish(unit.hi, lines.end)
@@ -240,8 +251,8 @@ class UnitBuilder:
         done_paths = [fmt.join(root, fmt.shard_done_path(shard)) for root in self.roots]
         raw_dones = [fsutil.read_bytes_or_none(p) for p in done_paths]
         self._check_unchanged(unit)
-        if raw_dones[0] is not None and len(set(raw_dones)) == 1 and unit.trusted:  # the same _DONE.json in each cache
-            done = json.loads(raw_dones[0])
+        done = _done_record(raw_dones[0], self.config["chunk_bytes"])
+        if done is not None and len(set(raw_dones)) == 1 and unit.trusted:  # the same _DONE.json in each cache
             checks = [self._found(shard, k) for k in range(done["chunks"])]
             if all(c.complete for c in checks):
                 self.counters.inc("chunks_checked", len(checks))
@@ -274,7 +285,7 @@ class UnitBuilder:
             return _Verifying(self, unit, k, k * cb, check)
 
         with open_input(unit.path, unit.compression) as f:
-            reader = fsutil.LineReader(f)
+            reader = fsutil.LineReader(f, max_line=self.max_line)
             for off, raw in reader:
                 k = off // cb
                 if cur is None or k != len(sidecars):
@@ -327,6 +338,23 @@ class UnitBuilder:
         files = sorted(self._shard_files(shard), key=lambda pk: not pk[0].endswith(".json"))
         for path, _ in files:
             fsutil.delete_if_exists(path)
+
+
+def _done_record(raw: bytes | None, chunk_bytes: int) -> dict[str, int] | None:
+    """A shard's ``_DONE.json`` if it is one this configuration writes, else None (the shard is streamed
+    again and the file rewritten): its numbers are checked before any is used as a count."""
+    if raw is None:
+        return None
+    try:
+        done = fsutil.load_json(raw)
+    except ValueError:
+        return None
+    if not isinstance(done, dict) or set(done) != {"chunks", "uncompressed_bytes"}:
+        return None
+    total, chunks = done["uncompressed_bytes"], done["chunks"]
+    if type(total) is not int or type(chunks) is not int or not 0 <= total <= MAX_SHARD_BYTES:
+        return None
+    return done if chunks == fmt.num_chunks(total, chunk_bytes) else None
 
 
 class _Trusted:

@@ -6,9 +6,12 @@ Paths are joined with :func:`reader.format.spec.join`, the one definition shared
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
+import re
+import sys
 import uuid
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -16,7 +19,12 @@ from apache_beam.io.filesystems import FileSystems
 from reader.format import spec as fmt
 
 TMP_PREFIX = ".tmp-"
+# A JSON string, or an unterminated one up to the end: always matches, so the text is scanned once.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+STATUS_JSON_DEPTH = 32  # our own small JSON files (sidecars, _DONE.json, splits.json) nest a few levels
 READ_BLOCK = 1 << 20
+LONG_LINE_HEAD = 4 << 10  # bytes of an over-long line kept (for its dead letter)
 
 
 def exists(path: str) -> bool:
@@ -136,44 +144,119 @@ def file_size(path: str) -> int | None:
     return res[0].size_in_bytes if res else None
 
 
+class LongLine:
+    """A line longer than a :class:`LineReader`'s ``max_line``, streamed rather than held.
+
+    :meth:`pieces` yields every byte of the line once, in order, keeping only its first
+    :data:`LONG_LINE_HEAD` bytes in ``head`` (for its dead letter); once it is exhausted (or after
+    :meth:`drain`) ``head`` is complete and ``len()`` is the line's size. The reader drains a line its
+    consumer did not, so offsets stay exact either way; a consumer that needs the bytes (a hash) must take
+    them before it asks for the next line.
+    """
+
+    def __init__(self, parts: list[bytes], rest: Callable[["LongLine"], Iterator[bytes]] | None = None):
+        self._parts = parts
+        self._rest = rest(self) if rest is not None else iter(())
+        self.head = b""
+        self.size = 0
+        self.newline = False  # ended by a newline (False: by the end of the stream)
+        self.leftover = b""  # bytes read past its newline (the next lines)
+
+    def pieces(self) -> Iterator[bytes]:
+        parts, self._parts = self._parts, []
+        parts.reverse()
+        while parts:  # released one by one: what was read before the line was found long is not held
+            yield self._count(parts.pop())
+        for b in self._rest:
+            yield self._count(b)
+
+    def _count(self, b: bytes) -> bytes:
+        if len(self.head) < LONG_LINE_HEAD:  # the same bytes however the stream was cut into reads
+            self.head += b[:LONG_LINE_HEAD - len(self.head)]
+        self.size += len(b)
+        return b
+
+    def drain(self) -> None:
+        for _ in self.pieces():
+            pass
+
+    def __len__(self) -> int:
+        return self.size
+
+
 class LineReader:
     """Iterates ``(offset, line)`` over a binary stream, ``line`` without its ``\\n``.
 
     ``offset`` is the byte position of the line's first byte, counted from ``base`` (the stream's
     position when the reader starts). After exhaustion ``end`` is the position just past the last byte.
-    Memory is bounded by the read block plus the longest line.
+    A line longer than ``max_line`` bytes comes as a :class:`LongLine` (streamed), so memory is bounded
+    by the read block plus ``max_line``, whatever the longest line (None: no limit, the longest line).
     """
 
-    def __init__(self, stream: BinaryIO, base: int = 0, block: int = READ_BLOCK):
+    def __init__(self, stream: BinaryIO, base: int = 0, block: int = READ_BLOCK, max_line: int | None = None):
         self.stream = stream
         self.pos = base
         self.end = base
         self.block = block
+        self.max_line = max_line
+
+    def _read(self) -> bytes:
+        block = self.stream.read(self.block)
+        self.end += len(block)
+        return block
+
+    def _rest_of_line(self, line: LongLine) -> Iterator[bytes]:
+        """The blocks of a long line after its first parts, up to its newline; the bytes after it are
+        ``line.leftover``."""
+        while True:
+            block = self._read()
+            if not block:
+                return
+            i = block.find(b"\n")
+            if i < 0:
+                yield block
+                continue
+            line.leftover, line.newline = block[i + 1:], True
+            yield block[:i]
+            return
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         pending: list[bytes] = []
+        held = 0  # bytes in pending
         pos = self.pos
-        read = self.stream.read
+        max_line = self.max_line
+        carry = b""  # bytes read past a long line: split before reading more
         while True:
-            block = read(self.block)
+            block, carry = (carry, b"") if carry else (self._read(), b"")
             if not block:
                 break
-            self.end += len(block)
             parts = block.split(b"\n")
             del block
             last = parts.pop()
-            if not parts:  # no newline in this block: part of a long line
-                pending.append(last)
-                continue
-            if pending:
+            if parts and pending:
                 pending.append(parts[0])
                 parts[0] = b"".join(pending)
-                pending = []
+                pending, held = [], 0
             for line in parts:
+                if max_line is not None and len(line) > max_line:
+                    line = LongLine([line])
+                    yield pos, line
+                    line.drain()
+                    pos += line.size + 1
+                    continue
                 yield pos, line
                 pos += len(line) + 1
-            if last:
-                pending.append(last)
+            if not last:
+                continue
+            pending.append(last)
+            held += len(last)
+            if max_line is not None and held > max_line:  # no newline yet: stream the rest of this line
+                line = LongLine(pending, self._rest_of_line)
+                pending, held = [], 0
+                yield pos, line
+                line.drain()
+                pos += line.size + line.newline
+                carry, line.leftover = line.leftover, b""  # a consumer may keep the (drained) line
         if pending:
             line = b"".join(pending)
             yield pos, line
@@ -188,8 +271,8 @@ class RangeLines:
     at or after ``hi`` (or the file's end): the chunk's lines span exactly ``[first offset, end)``.
     """
 
-    def __init__(self, path: str, lo: int, hi: int, block: int = READ_BLOCK):
-        self.path, self.lo, self.hi, self.block = path, lo, hi, block
+    def __init__(self, path: str, lo: int, hi: int, block: int = READ_BLOCK, max_line: int | None = None):
+        self.path, self.lo, self.hi, self.block, self.max_line = path, lo, hi, block, max_line
         self.end: int | None = None
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
@@ -199,7 +282,7 @@ class RangeLines:
             start = max(lo - 1, 0)
             if start:
                 f.seek(start)
-            reader = LineReader(f, base=start, block=min(block, max(hi - start + 1, 1 << 16)))
+            reader = LineReader(f, base=start, block=min(block, max(hi - start + 1, 1 << 16)), max_line=self.max_line)
             first = lo > 0
             for off, line in reader:
                 if first:
@@ -217,9 +300,10 @@ class RangeLines:
             f.close()
 
 
-def iter_range_lines(path: str, lo: int, hi: int, block: int = READ_BLOCK) -> Iterator[tuple[int, bytes]]:
+def iter_range_lines(path: str, lo: int, hi: int, block: int = READ_BLOCK,
+                     max_line: int | None = None) -> Iterator[tuple[int, bytes]]:
     """Lines of an uncompressed file whose first byte lies in ``[lo, hi)`` (see :class:`RangeLines`)."""
-    return iter(RangeLines(path, lo, hi, block))
+    return iter(RangeLines(path, lo, hi, block, max_line))
 
 
 class SpanHasher:
@@ -235,18 +319,68 @@ class SpanHasher:
         self._start: int | None = None
         self._line_end: int | None = None  # just past the last line's content (before its '\n')
 
-    def add(self, offset: int, line: bytes) -> None:
+    def add(self, offset: int, line: bytes | LongLine) -> None:
+        """Hash ``line`` (a :class:`LongLine` is streamed through, and so consumed)."""
         if self._line_end is None:
             self._start = offset
         else:
             self._h.update(b"\n")
-        self._h.update(line)
+        if type(line) is LongLine:
+            for piece in line.pieces():
+                self._h.update(piece)
+        else:
+            self._h.update(line)
         self._line_end = offset + len(line)
 
     def finish(self, end: int) -> tuple[list[int], str]:
-        """``([start, end], "sha256:<hex>")`` of the chunk's input span."""
+        """``([start, end], "sha256:<hex>")`` of the chunk's input span (the hasher is left as it was)."""
+        h = self._h.copy()
         if self._line_end is not None and self._line_end < end:
-            self._h.update(b"\n")  # the last line's terminator (a file may end without one)
+            h.update(b"\n")  # the last line's terminator (a file may end without one)
         start = end if self._start is None else self._start
-        return [start, end], "sha256:" + self._h.hexdigest()
+        return [start, end], "sha256:" + h.hexdigest()
 
+
+def json_nesting(text: str, limit: int) -> int | None:
+    """A bound (at most ``limit``) on how deep ``text`` nests JSON arrays and objects, or None if deeper.
+
+    Counted on the text, valid JSON or not, without recursion: brackets outside strings, exact on every
+    prefix that is valid JSON (all a parser recurses into), so the verdict never depends on the stack.
+    """
+    bound = text.count("[") + text.count("{")
+    if bound <= limit:
+        return bound
+    depth = top = 0
+    for c in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        if c == "[" or c == "{":
+            depth += 1
+            if depth > top:
+                if depth > limit:
+                    return None
+                top = depth
+        else:
+            depth -= 1
+    return top
+
+
+def json_headroom(depth: int) -> None:
+    """Let ``json.loads`` parse ``depth`` levels from here: it recurses once per level, and the interpreter's
+    recursion limit counts the caller's frames too (a deep Beam stack). Only ever raised, process-wide."""
+    frames, f = 0, sys._getframe()
+    while f is not None:
+        frames += 1
+        f = f.f_back
+    need = frames + depth + 50
+    if sys.getrecursionlimit() < need:
+        sys.setrecursionlimit(need)
+
+
+def load_json(raw: bytes | str, limit: int = STATUS_JSON_DEPTH) -> Any:
+    """``json.loads`` of a file a user may have edited: a ValueError (never a RecursionError) if it is not
+    JSON or nests deeper than ``limit``."""
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    bound = json_nesting(text, limit)
+    if bound is None:
+        raise ValueError(f"JSON nested more than {limit} deep")
+    json_headroom(bound)
+    return json.loads(text)

@@ -70,3 +70,19 @@ def test_prepare_forgets_an_earlier_verdict_before_a_rerun(tmp_path):
     assert not os.path.exists(os.path.join(out, status.FAILED_NAME))
     assert status.read_outcome(out).failure is None and not status.read_outcome(out).finished
     assert load_ledger(out) == json.loads(json.dumps(prepared.plan.ledger()))
+
+
+def test_the_output_tree_rules_name_the_readers_index_directory():
+    from pipelines import launcher
+    from reader.storage.index import INDEX_DIR
+
+    assert launcher.INDEX_DIR == INDEX_DIR
+
+
+def test_a_splits_manifest_nested_deep_is_a_one_line_error(tmp_path):
+    from pipelines.build.splits import SplitSpec
+    from pipelines.launcher import check_layout
+
+    (tmp_path / "splits.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(BuildError, match=r"splits.json is damaged \(ValueError: JSON nested more than 32 deep\)"):
+        check_layout(str(tmp_path), SplitSpec(validation_fraction=0.1, seed=0))

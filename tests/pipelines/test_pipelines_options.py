@@ -88,3 +88,28 @@ def test_eos_token_is_a_string_the_tokenizer_resolves():
     assert parse().options.eos_token == ""  # the tokenizer's own
     assert parse("--eos_token", "</s>").options.eos_token == "</s>"
     assert parse("--eos_token=7").options.eos_token == "7"
+
+
+def test_max_doc_bytes_is_a_constant_default_recorded_in_the_config():
+    import pytest
+
+    from pipelines.options import chunk_config
+    from pipelines.plan import DEFAULT_MAX_DOC_BYTES, MAX_JSON_DEPTH
+
+    config = chunk_config(parse().options).to_json()
+    assert config["max_doc_bytes"] == DEFAULT_MAX_DOC_BYTES == 32 << 20 and config["max_json_depth"] == MAX_JSON_DEPTH
+    assert chunk_config(parse("--max_doc_bytes", "1MiB").options).to_json()["max_doc_bytes"] == 1 << 20
+    for bad in ("0", "-5", "5GiB", "lots"):
+        with pytest.raises(SystemExit):
+            parse("--max_doc_bytes", bad)
+
+
+def test_a_config_resuming_an_older_cache_keeps_the_keys_it_lacks_absent():
+    from pipelines.options import chunk_config
+
+    config = chunk_config(parse().options)
+    old = {k: v for k, v in config.to_json().items() if k not in ("max_doc_bytes", "max_json_depth")}
+    assert config.as_in(old).to_json() == old  # the same fingerprint: the rerun resumes
+    assert config.as_in(config.to_json()) == config
+    other = chunk_config(parse("--max_doc_bytes", "1MiB").options)
+    assert other.as_in(old).to_json() == {**old, "max_doc_bytes": 1 << 20}  # another value: refused by reconcile

@@ -43,9 +43,18 @@ NASTY_LINES = [
     b'{"text": "ok", "deep": ' + b"[" * DEEP + b"]" * DEEP + b"}",
     b'{"text": "ok", "deep": ' + b'{"a": ' * DEEP + b"1" + b"}" * DEEP + b"}",
     b'{"text": "ok", "deep": ' + b"[" * 99 + b"]" * 99 + b"}",
-    b'{"text": "ok", "deep": ' + b"[" * 1010 + b"]" * 1010 + b"}",  # orjson takes it, json raises RecursionError
+    b'{"text": "ok", "deep": ' + b"[" * 998 + b"]" * 998 + b"}",  # 999 deep: json needs headroom for it
+    b'{"text": "ok", "deep": ' + b"[" * 999 + b"]" * 999 + b"}",  # 1000 deep: exactly MAX_JSON_DEPTH
+    b'{"text": "ok", "deep": ' + b"[" * 1000 + b"]" * 1000 + b"}",  # one more: too_deep
+    b'{"text": "ok", "deep": ' + b"[" * 1010 + b"]" * 1010 + b"}",  # orjson takes it, json alone could not
     b'{"text": "ok", "deep": ' + b"[" * 1030 + b"]" * 1030 + b"}",  # beyond both parsers' limits
     b"[" * 1030 + b"]" * 1030,
+    b"[" * 5000,  # not JSON, but nested: too_deep, whatever the stack
+    b'{"text": "ok", "a": ' + b"[" * 1200 + b"]" * 1200 + b', "a": 1}',  # orjson keeps the last "a" only
+    b'{"text": "' + b"[{" * 1500 + b'"}',  # brackets in a string nest nothing: a document
+    b'{"text": "ok", "s": "\\"' + b"[" * 1500 + b'"}',  # an escaped quote does not end the string
+    b'{"text": "unterminated ' + b"[" * 1500,
+    b'{"text": "ok"}' + b"]" * 1500 + b"[" * 1500,
     b'\xef\xbb\xbf{"text": "after a BOM"}',
     b'\xef\xbb\xbf',
     b'\xef\xbb\xbf\xef\xbb\xbf{"text": "two BOMs"}',
@@ -70,10 +79,7 @@ NASTY_LINES = [
 
 
 def _verdict(fn, raw):
-    try:
-        return fn(raw, "text")
-    except Exception as e:  # noqa: BLE001 - json's RecursionError must stay what it was
-        return ("raised", type(e).__name__)
+    return fn(raw, "text")  # never raises: every failure is a reason
 
 
 def test_fast_json_path_gives_the_standard_parsers_verdict_on_nasty_lines():
@@ -82,10 +88,37 @@ def test_fast_json_path_gives_the_standard_parsers_verdict_on_nasty_lines():
     assert chunk_writer._orjson_loads is not None, "orjson (a dependency of apache-beam) is not installed"
     for raw in NASTY_LINES:
         assert _verdict(parse_line, raw) == _verdict(chunk_writer.parse_line_json, raw), raw[:80]
-    # the nasty lines cover every reason but the tokenizer's
-    reasons = {chunk_writer.parse_line_json(raw, "text")[1] for raw in NASTY_LINES
-               if _verdict(chunk_writer.parse_line_json, raw)[0] != "raised"}
-    assert set(BAD_REASONS) - reasons == {"invalid_unicode", "tokenizer_error"}
+    # the nasty lines cover every reason but the tokenizer's and the line length's (decided before parsing)
+    reasons = {chunk_writer.parse_line_json(raw, "text")[1] for raw in NASTY_LINES}
+    assert set(BAD_REASONS) - reasons == {"invalid_unicode", "tokenizer_error", "too_long"}
+    deep = {raw.count(b"["): parse_line(raw, "text")[1] for raw in NASTY_LINES[22:27]}
+    assert deep == {998: None, 999: None, 1000: "too_deep", 1010: "too_deep", 1030: "too_deep"}
+
+
+def test_nesting_verdict_does_not_depend_on_the_stack():
+    """A record 1000 deep (the limit) is a document and 1001 deep is too_deep, parsed on a deep stack too;
+    the same holds with a smaller limit (a cache whose ledger records another)."""
+    import sys
+
+    from pipelines.build import chunk_writer
+
+    good = b'{"text": "ok", "deep": ' + b"[" * 999 + b"]" * 999 + b"}"
+    bad = b'{"text": "ok", "deep": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    limit = sys.getrecursionlimit()
+
+    def at_depth(n, fn, *args):
+        return at_depth(n - 1, fn, *args) if n else fn(*args)
+
+    try:
+        for fn in (parse_line, chunk_writer.parse_line_json):
+            for stack in (0, 500, 900):
+                assert at_depth(stack, fn, good, "text") == ("ok", None, "")
+                assert at_depth(stack, fn, bad, "text") == (None, "too_deep",
+                                                            "arrays or objects nested more than 1000 deep")
+            assert fn(b'{"text": "ok", "d": [[[[]]]]}', "text", 5) == ("ok", None, "")
+            assert fn(b'{"text": "ok", "d": [[[[[]]]]]}', "text", 5)[1] == "too_deep"
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_fast_json_path_equals_the_standard_parser_on_mutated_lines():
@@ -126,8 +159,7 @@ def test_dead_letters_identical_with_and_without_the_fast_json_path(tmp_path, mo
     from pipelines.tokenize.tokenizer import resolve
     from reader.format import spec as fmt
 
-    lines = [raw for raw in NASTY_LINES if _verdict(chunk_writer.parse_line_json, raw)[0] != "raised"]
-    lines = [raw for raw in lines if b"\n" not in raw]
+    lines = [raw for raw in NASTY_LINES if b"\n" not in raw]
     body = b"".join(raw + b"\n" for raw in lines)
     src = tmp_path / "nasty.jsonl"
     src.write_bytes(body)
@@ -155,3 +187,52 @@ def test_dead_letters_identical_with_and_without_the_fast_json_path(tmp_path, mo
     assert fast["bad_records"] > 40 and "invalid_unicode" in fast["bad_reasons"]
     for rel in (fmt.chunk_path(0, 0), fmt.sidecar_path(0, 0), fmt.dead_letter_path(0, 0)):
         assert (tmp_path / "fast" / rel).read_bytes() == (tmp_path / "slow" / rel).read_bytes(), rel
+
+
+def test_a_config_without_the_record_limits_builds_as_before_them(tmp_path):
+    """A ledger written before ``max_doc_bytes`` / ``max_json_depth`` existed builds with no size limit and
+    depth 1000 (what ``json`` allowed then); with the keys, a longer line is ``too_long``."""
+    import json
+
+    from pipelines.build.chunk_writer import ChunkBuilder
+    from pipelines.tokenize.fast_tokenizer import load_cached
+    from pipelines.tokenize.tokenizer import resolve
+
+    tok = resolve("tiktoken:cl100k_base").with_backend("reference")
+    enc = load_cached(tok)
+    long = b'{"text": "' + b"word " * 20_000 + b'"}'
+    deep = b'{"text": "deep", "m": ' + b"[" * 999 + b"]" * 999 + b"}"
+    base = {"text_key": "text", "append_eos": False, "row_group_tokens": 1024, "compression": "zstd",
+            "compression_level": 3, "token_encoding": "PLAIN"}
+
+    def build(name, **limits):
+        b = ChunkBuilder(root=str(tmp_path / name), input_path="in.jsonl", shard=0, index=0, lo=0, encoder=enc,
+                         config={**base, **limits}, eos_id=None)
+        b.add(0, long)
+        b.add(len(long) + 1, deep)
+        (sidecar,) = b.finish(len(long) + len(deep) + 2, len(long) + len(deep) + 2)
+        return sidecar
+
+    assert build("old")["docs"] == 2
+    assert build("new", max_doc_bytes=1 << 20, max_json_depth=1000)["docs"] == 2
+    limited = build("limited", max_doc_bytes=len(long) - 1, max_json_depth=999)
+    assert limited["docs"] == 0 and limited["bad_reasons"] == {"too_long": 1, "too_deep": 1}
+    dead = [json.loads(line) for line in (tmp_path / "limited" / limited["dead_letters"]).read_text().splitlines()]
+    assert dead[0]["size"] == len(long) and dead[0]["line"] == long[:4096].decode()
+    assert dead[1]["line"] == deep.decode() and "size" not in dead[1]
+
+
+def test_a_hand_edited_sidecar_is_an_incomplete_chunk_not_a_crash(tmp_path):
+    import json
+
+    from pipelines.build.chunk_writer import SIDECAR_KEYS, verify_chunk
+    from reader.format import spec as fmt
+
+    path = tmp_path / fmt.sidecar_path(0, 0)
+    path.parent.mkdir(parents=True)
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert verify_chunk(str(tmp_path), 0, 0).problem == "sidecar is not valid JSON"
+    sidecar = {**{k: 1 for k in SIDECAR_KEYS}, "path": fmt.chunk_path(0, 0), "shard": 0, "index_in_shard": 0,
+               "byte_range": 5}
+    path.write_text(json.dumps(sidecar))
+    assert verify_chunk(str(tmp_path), 0, 0, (0, 10)).problem == "sidecar has another byte range"
