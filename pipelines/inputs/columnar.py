@@ -22,13 +22,12 @@ is a BuildError. Neither ever yields fewer rows.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import hashlib
 import json
 import struct
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,25 +35,14 @@ import pyarrow.parquet as pq
 from pipelines.errors import BuildError, DamagedFile
 from pipelines.inputs import arrow_ipc, keys
 from pipelines.inputs.ranges import ByteSource, RangeFile
+from pipelines.inputs.rows import Record, binary_view, dead_letter, records  # noqa: F401 - re-exported
 
 # A worker decodes one group at a time, at a peak of 3.5 to 5 times its size (benchmarks/columnar_memory.py:
 # 220 to 340 MB above the imports for 64 MB row groups); larger groups are refused (see plan).
 MAX_GROUP_BYTES = 256 << 20
-SLICE_ROWS = 1024  # rows turned into Python values at a time
 FOOTER_READ = 64 << 10  # the first read of a Parquet tail (the footer usually fits)
 CHECKSUM_TAG = b"chunkledger-columnar-1\n"
 PARQUET, ARROW = "parquet", "arrow"
-
-
-class Record(NamedTuple):
-    """One row: a document (``reason`` None) or a bad record (``text`` None, ``value`` the raw value)."""
-
-    row: int
-    text: str | None
-    reason: str | None
-    detail: str
-    value: Any  # the text column's value of a bad record (None, "", bytes)
-    fields: tuple[str | None, ...]  # the kept fields, in --keep_fields order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +67,53 @@ class ColumnarLayout:
         g0, g1 = self.chunks[k]
         first = sum(self.group_rows[:g0])
         return first, first + sum(self.group_rows[g0:g1])
+
+    @property
+    def groups_digest(self) -> str:
+        return groups_digest(self.group_rows, self.group_bytes)
+
+    def chunk(self, k: int) -> "ColumnarChunk":
+        """What a worker needs to read chunk ``k``: its groups alone (a work unit carries it)."""
+        g0, g1 = self.chunks[k]
+        return ColumnarChunk(path=self.path, format=self.format, size=self.size, index=k, first_group=g0,
+                             first_row=self.row_range(k)[0], group_rows=self.group_rows[g0:g1],
+                             group_bytes=self.group_bytes[g0:g1], group_offsets=self.group_offsets[g0:g1],
+                             schema_range=self.schema_range, footer_bytes=self.footer_bytes,
+                             groups_digest=self.groups_digest)
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnarChunk:
+    """Chunk ``index`` of a planned columnar input, as a work unit carries it: its groups only (so units stay
+    small however many groups the file has), and a digest of the file's groups, which a Parquet read checks
+    against the footer (a file changed since it was planned is an error)."""
+
+    path: str
+    format: str
+    size: int
+    index: int
+    first_group: int
+    first_row: int
+    group_rows: tuple[int, ...]
+    group_bytes: tuple[int, ...]
+    group_offsets: tuple[int, ...] = ()
+    schema_range: tuple[int, int] | None = None
+    footer_bytes: int = 0
+    groups_digest: str = ""
+
+    @property
+    def span(self) -> list[int]:
+        """``[g0, g1)``, its groups: the sidecar's ``input_span``."""
+        return [self.first_group, self.first_group + len(self.group_rows)]
+
+    @property
+    def row_range(self) -> list[int]:
+        """``[r0, r1)``, the rows of its groups: the sidecar's ``row_range``."""
+        return [self.first_row, self.first_row + sum(self.group_rows)]
+
+
+def groups_digest(rows: Sequence[int], sizes: Sequence[int]) -> str:
+    return hashlib.sha256(json.dumps([list(rows), list(sizes)]).encode()).hexdigest()[:32]
 
 
 def plan_chunks(group_bytes: Sequence[int], chunk_bytes: int) -> tuple[tuple[int, int], ...]:
@@ -204,17 +239,17 @@ class _Arrow:
     """An Arrow IPC file's schema and record batch messages (located by :func:`arrow_ipc.scan` when planned)."""
 
     def __init__(self, src: ByteSource, text_key: str, keep_fields: Sequence[str],
-                 layout: ColumnarLayout | None = None):
+                 chunk: ColumnarChunk | None = None):
         self.src, self.path = src, src.path
-        if layout is None:
+        if chunk is None:  # planning: every batch, from the message headers
             ipc = arrow_ipc.scan(self.path, src.read, src.size)
-            self.schema_range = ipc.schema_range
+            self.schema_range, self.base = ipc.schema_range, 0
             self.offsets = tuple(b.offset for b in ipc.batches)
             self.group_rows = tuple(b.rows for b in ipc.batches)
             self.group_bytes = tuple(b.length for b in ipc.batches)
-        else:
-            self.schema_range, self.offsets = layout.schema_range, layout.group_offsets
-            self.group_rows, self.group_bytes = layout.group_rows, layout.group_bytes
+        else:  # reading: the chunk's batches, as planned (a stream is never scanned twice)
+            self.schema_range, self.offsets, self.base = chunk.schema_range, chunk.group_offsets, chunk.first_group
+            self.group_rows, self.group_bytes = chunk.group_rows, chunk.group_bytes
         self.schema_message = src.read(*self.schema_range)
         try:
             self.schema = arrow_ipc.read_schema(self.schema_message)
@@ -225,17 +260,27 @@ class _Arrow:
     def descriptor(self) -> bytes:
         return self.schema_message
 
-    def arrays(self, g: int, hasher) -> list[pa.Array]:
-        where = f"record batch {g} at byte {self.offsets[g]}"
-        data = self.src.read(self.offsets[g], self.group_bytes[g])
+    def raw(self, g: int, hasher) -> bytes:
+        """Record batch ``g``'s message as stored, fed to ``hasher``."""
+        i = g - self.base
+        data = self.src.read(self.offsets[i], self.group_bytes[i])
+        if len(data) != self.group_bytes[i]:
+            raise DamagedFile(self.path, f"record batch {g} at byte {self.offsets[i]}", "it lies past the end of "
+                                                                                       "the file")
         hasher.update(data)
+        return data
+
+    def arrays(self, g: int, hasher) -> list[pa.Array]:
+        i = g - self.base
+        where = f"record batch {g} at byte {self.offsets[i]}"
+        data = self.raw(g, hasher)
         try:
             batch = arrow_ipc.read_batch(data, self.schema)
-            if batch.num_rows != self.group_rows[g]:
-                raise DamagedFile(self.path, where, f"{batch.num_rows} rows, its header says {self.group_rows[g]}")
+            if batch.num_rows != self.group_rows[i]:
+                raise DamagedFile(self.path, where, f"{batch.num_rows} rows, its header says {self.group_rows[i]}")
             out = [_leaf(batch.column(self.schema.get_field_index(n[0])), n[1:]) for n in self.names]
             for a in out:  # offsets in bounds (Arrow data carries no checksum); UTF-8 is checked per value
-                _binary_view(a).validate(full=True)
+                binary_view(a).validate(full=True)
         except (OSError, pa.ArrowException) as e:
             raise DamagedFile(self.path, where, f"it does not decode ({e})") from e
         return out
@@ -253,20 +298,11 @@ def _leaf(arr: pa.Array, names: Sequence[str]) -> pa.Array:
     return arr
 
 
-def _binary_view(arr: pa.Array) -> pa.Array:
-    t = arr.type
-    if pa.types.is_string(t):
-        return arr.view(pa.binary())
-    if pa.types.is_large_string(t):
-        return arr.view(pa.large_binary())
-    return arr
-
-
-def _open(src: ByteSource, fmt: str, text_key: str, keep_fields: Sequence[str], layout=None):
+def _open(src: ByteSource, fmt: str, text_key: str, keep_fields: Sequence[str], chunk=None):
     if fmt == PARQUET:
-        return _Parquet(src, text_key, keep_fields, layout)
+        return _Parquet(src, text_key, keep_fields, chunk)
     if fmt == ARROW:
-        return _Arrow(src, text_key, keep_fields, layout)
+        return _Arrow(src, text_key, keep_fields, chunk)
     raise ValueError(f"not a columnar format: {fmt!r}")
 
 
@@ -300,123 +336,63 @@ def _size(n: int) -> str:
 
 
 class ChunkReader:
-    """The records of chunk ``k`` of a planned columnar input, in row order; then its checksum.
+    """The records of one chunk of a planned columnar input, in row order; then its checksum.
 
+    ``chunk`` is a :class:`ColumnarChunk`, or a :class:`ColumnarLayout` with the chunk's index ``k``.
     After iterating: :attr:`checksum` (``"sha256:<hex>"``, the sidecar's ``input_checksum``), :attr:`span`
     (``[g0, g1]``, its groups: the sidecar's ``input_span``) and :attr:`row_range`. ``source`` (tests) is an
     open :class:`ByteSource` of the file, to count what is read.
     """
 
-    def __init__(self, layout: ColumnarLayout, k: int, *, text_key: str, keep_fields: Sequence[str] = (),
-                 storage_options: dict[str, Any] | None = None, source: ByteSource | None = None):
-        self.layout, self.k = layout, k
+    def __init__(self, chunk: ColumnarChunk | ColumnarLayout, k: int | None = None, *, text_key: str,
+                 keep_fields: Sequence[str] = (), storage_options: dict[str, Any] | None = None,
+                 source: ByteSource | None = None):
+        self.chunk = chunk if isinstance(chunk, ColumnarChunk) else chunk.chunk(k)
         self.text_key, self.keep_fields = text_key, tuple(keep_fields)
         self.storage_options, self.source = storage_options, source
-        self.span = list(layout.chunks[k])
-        self.row_range = list(layout.row_range(k))
+        self.span = self.chunk.span
+        self.row_range = self.chunk.row_range
         self.checksum: str | None = None
 
     def _opened(self, src: ByteSource):
-        lay = self.layout
-        if src.size != lay.size:
-            raise BuildError(f"input file {lay.path} changed during the build (planned size {lay.size}, now "
+        c = self.chunk
+        if src.size != c.size:
+            raise BuildError(f"input file {c.path} changed during the build (planned size {c.size}, now "
                              f"{src.size}); inputs must not change while a cache is built")
-        f = _open(src, lay.format, self.text_key, self.keep_fields, lay)
-        if (f.group_rows, f.group_bytes) != (lay.group_rows, lay.group_bytes):
-            raise BuildError(f"input file {lay.path} changed during the build (its groups differ from the plan); "
+        f = _open(src, c.format, self.text_key, self.keep_fields, c)
+        if c.format == PARQUET and groups_digest(f.group_rows, f.group_bytes) != c.groups_digest:
+            raise BuildError(f"input file {c.path} changed during the build (its row groups differ from the plan); "
                              "inputs must not change while a cache is built")
         h = hashlib.sha256(CHECKSUM_TAG)
         h.update(f.descriptor())
         return f, h
 
     def __iter__(self) -> Iterator[Record]:
-        src = self.source or ByteSource(self.layout.path, self.storage_options)
+        src = self.source or ByteSource(self.chunk.path, self.storage_options)
         try:
             f, h = self._opened(src)
-            g0, g1 = self.span
             row = self.row_range[0]
-            for g in range(g0, g1):
+            for i, g in enumerate(range(*self.span)):
                 arrays = f.arrays(g, h)
-                yield from _records(arrays, row)
-                row += self.layout.group_rows[g]
+                yield from records(arrays, row)
+                row += self.chunk.group_rows[i]
                 del arrays
             self.checksum = "sha256:" + h.hexdigest()
         finally:
             if self.source is None:
                 src.close()
 
-
-def chunk_checksum(layout: ColumnarLayout, k: int, *, text_key: str, keep_fields: Sequence[str] = (),
-                   storage_options: dict[str, Any] | None = None) -> str:
-    """:attr:`ChunkReader.checksum` of chunk ``k`` computed from the stored bytes alone (nothing decoded)."""
-    reader = ChunkReader(layout, k, text_key=text_key, keep_fields=keep_fields, storage_options=storage_options)
-    with ByteSource(layout.path, storage_options) as src:
-        f, h = reader._opened(src)  # the same checks as a read
-        for g in range(*layout.chunks[k]):
-            if layout.format == PARQUET:
+    def input_checksum(self) -> str:
+        """:attr:`checksum` computed from the stored bytes alone (nothing decoded): a rerun checks a kept chunk."""
+        with ByteSource(self.chunk.path, self.storage_options) as src:
+            f, h = self._opened(src)  # the same checks as a read
+            for g in range(*self.span):
                 f.raw(g, h)
-            else:
-                h.update(src.read(f.offsets[g], f.group_bytes[g]))
-    return "sha256:" + h.hexdigest()
+        return "sha256:" + h.hexdigest()
 
 
-def dead_letter(file: str, shard: int, rec: Record) -> dict[str, Any]:
-    """The dead letter of a bad row: ``file``, ``shard``, ``row``, ``reason``, ``detail`` and the text column's
-    value (``value``: a string or null; ``value_base64`` for bytes that are not UTF-8)."""
-    out = {"file": file, "shard": shard, "row": rec.row, "reason": rec.reason, "detail": rec.detail}
-    if type(rec.value) is bytes:
-        out["value_base64"] = base64.b64encode(rec.value).decode("ascii")
-    else:
-        out["value"] = rec.value
-    return out
-
-
-def _values(arr: pa.Array) -> list:
-    """Python values of a text or kept-field slice: str (bytes where not UTF-8), int, or None."""
-    try:
-        return arr.to_pylist()
-    except UnicodeDecodeError:  # a string column holding invalid UTF-8: decided value by value
-        out = []
-        for v in _binary_view(arr).to_pylist():
-            try:
-                out.append(None if v is None else v.decode("utf-8"))
-            except UnicodeDecodeError:
-                out.append(v)
-        return out
-
-
-def _kept(values: list) -> list:
-    """Kept field values: strings as they are, integers as decimal text (bytes: a value not UTF-8)."""
-    return [v if v is None or type(v) is str or type(v) is bytes else str(v) for v in values]
-
-
-def _records(arrays: list[pa.Array], first_row: int) -> Iterator[Record]:
-    text, fields = arrays[0], arrays[1:]
-    for a in range(0, len(text), SLICE_ROWS):
-        texts = _values(text.slice(a, SLICE_ROWS))
-        kept = [_kept(_values(f.slice(a, SLICE_ROWS))) for f in fields]
-        per_row = list(zip(*kept)) if kept else None
-        not_utf8 = {i for f in kept for i, v in enumerate(f) if type(v) is bytes} if kept else ()
-        for i, t in enumerate(texts):
-            row, fv = first_row + a + i, per_row[i] if per_row is not None else ()
-            if type(t) is str and t and i not in not_utf8:  # nearly every row
-                yield Record(row, t, None, "", None, fv)
-                continue
-            reason, detail = None, ""
-            if type(t) is bytes:
-                try:
-                    t = t.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    reason, detail = "invalid_utf8", f"{e.reason} at byte {e.start}"
-            value = t
-            if reason is None:
-                if t is None:
-                    reason = "null_text"
-                elif not t:
-                    reason = "empty_text"
-                elif i in not_utf8:
-                    reason, detail = "bad_field", "a kept field is not UTF-8"
-            if reason is None:
-                yield Record(row, t, None, "", None, fv)
-            else:
-                yield Record(row, None, reason, detail, value, fv)
+def chunk_checksum(chunk: ColumnarChunk | ColumnarLayout, k: int | None = None, *, text_key: str,
+                   keep_fields: Sequence[str] = (), storage_options: dict[str, Any] | None = None) -> str:
+    """:attr:`ChunkReader.checksum` of a chunk computed from the stored bytes alone (nothing decoded)."""
+    return ChunkReader(chunk, k, text_key=text_key, keep_fields=keep_fields,
+                       storage_options=storage_options).input_checksum()

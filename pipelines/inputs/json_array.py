@@ -12,6 +12,10 @@ run to the end of the file, the closing ``]`` included), so a chunk's record byt
 file and its ``input_checksum`` their sha256. Element boundaries are only known from the start of the
 file, so an array file is read in one pass, like a compressed jsonl shard.
 
+An element longer than ``max_element`` bytes is not held: its bytes pass through (into the chunk's input
+checksum, :class:`Spans`), and it comes as a :class:`LongElement`, its first bytes and its size, which the
+builder sets aside as ``too_long``, exactly as an over-long jsonl line.
+
 Anything that stops the array from being one JSON array (a missing comma, a bracket that does not match,
 bytes after the closing bracket, an end before it) is damage: :class:`~pipelines.errors.DamagedFile`
 naming the offset, never a shorter cache.
@@ -19,8 +23,9 @@ naming the offset, never a shorter cache.
 
 from __future__ import annotations
 
+import hashlib
 import re
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, Protocol
 
 from pipelines.errors import DamagedFile
 
@@ -31,6 +36,57 @@ _NESTED = re.compile(rb'["\\{}\[\]]')
 _TOP = re.compile(rb'["{}\[\],\s]')
 _CLOSE = {ord("}"): ord("{"), ord("]"): ord("[")}
 BOM = b"\xef\xbb\xbf"
+LONG_HEAD = 4 << 10  # bytes of an over-long element kept for its dead letter (fsutil.LONG_LINE_HEAD)
+
+
+class LongElement:
+    """An element longer than ``max_element``: its first :data:`LONG_HEAD` bytes and its size."""
+
+    __slots__ = ("head", "size")
+
+    def __init__(self, head: bytes, size: int):
+        self.head, self.size = head, size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class Feed(Protocol):
+    """Where :class:`ArrayRecords` sends the record bytes: ``start(offset)`` at each element's first byte,
+    then ``update(data)`` with every byte from there on, in order (see :class:`Spans`)."""
+
+    def start(self, offset: int) -> None: ...
+
+    def update(self, data: bytes) -> None: ...
+
+
+class Spans:
+    """Each chunk's input span and checksum of a JSON array, fed by :class:`ArrayRecords`.
+
+    Chunk ``k`` holds the elements starting in ``[k*chunk_bytes, (k+1)*chunk_bytes)``; its span runs from its
+    first element's first byte to the next chunk's (or the end of the file), and its checksum is the sha256
+    of those bytes, which the reader sends here as it passes them (an over-long element is never held).
+    """
+
+    def __init__(self, chunk_bytes: int):
+        self.chunk_bytes = chunk_bytes
+        self.spans: dict[int, tuple[int, "hashlib._Hash"]] = {}  # chunk -> (first element's offset, hash)
+        self._h = None
+
+    def start(self, offset: int) -> None:
+        k = offset // self.chunk_bytes
+        if k not in self.spans:
+            self._h = hashlib.sha256()
+            self.spans[k] = (offset, self._h)
+
+    def update(self, data: bytes) -> None:
+        self._h.update(data)
+
+    def result(self, k: int, end: int) -> tuple[list[int], str]:
+        """``([start, end], "sha256:<hex>")`` of chunk ``k``, whose span ends at ``end`` (the next chunk's first
+        element, or the end of the file); an empty span ``[end, end]`` for a chunk holding no element."""
+        start, h = self.spans.pop(k, (end, hashlib.sha256()))
+        return [start, end], "sha256:" + h.hexdigest()
 
 
 def first_byte(head: bytes) -> int | None:
@@ -44,11 +100,13 @@ class ArrayRecords:
     """``(offset, element, tail)`` for each element of the JSON array in ``stream``.
 
     ``element`` is the element's bytes, ``tail`` the bytes after it up to the next element (``, ``) or, for
-    the last one, to the end of the file. Memory: one element plus a read block.
+    the last one, to the end of the file. Memory: one element (at most ``max_element`` bytes) plus a read block.
     """
 
-    def __init__(self, stream: BinaryIO, path: str, block: int = READ_BLOCK):
+    def __init__(self, stream: BinaryIO, path: str, block: int = READ_BLOCK, max_element: int | None = None,
+                 feed: Feed | None = None):
         self.stream, self.path, self.block = stream, path, block
+        self.max_element, self.feed = max_element, feed
         self.end: int | None = None  # the stream's length, once read to the end
 
     def _damaged(self, pos: int, what: str) -> DamagedFile:
@@ -70,10 +128,25 @@ class ArrayRecords:
         depth: list[int] = []  # open brackets of the current element
         in_str = escape = False
         elem: list[bytes] = []
+        size, head = 0, None  # the element's bytes so far; its first bytes once it is over max_element
         elem_start = 0
-        prev: tuple[int, bytes] | None = None  # the finished element waiting for its tail
+        prev: tuple[int, bytes | LongElement] | None = None  # the finished element waiting for its tail
         tail: list[bytes] = []
         base = 0
+        feed, fed = self.feed, -1  # fed: bytes of this block sent to feed (-1: no element started yet)
+        limit = self.max_element
+
+        def put(piece: bytes) -> None:
+            nonlocal size, head
+            size += len(piece)
+            if head is None:
+                elem.append(piece)
+                if limit is not None and size > limit:  # stream the rest past: keep its first bytes
+                    head = b"".join(elem)[:LONG_HEAD]
+                    elem.clear()
+            elif len(head) < LONG_HEAD:
+                head += piece[:LONG_HEAD - len(head)]
+
         for b in self._blocks():
             i, n = 0, len(b)
             if base == 0 and b.startswith(BOM):
@@ -81,13 +154,13 @@ class ArrayRecords:
             while i < n:
                 if state == "in":
                     if escape:  # the byte after a backslash that ended the last block
-                        elem.append(b[i:i + 1])
+                        put(b[i:i + 1])
                         escape, i = False, i + 1
                         continue
                     pattern = _IN_STRING if in_str else _NESTED if depth else _TOP
                     m = pattern.search(b, i)
                     if m is None:
-                        elem.append(b[i:])
+                        put(b[i:])
                         i = n
                         continue
                     j, c = m.start(), b[m.start()]
@@ -116,13 +189,15 @@ class ArrayRecords:
                     else:  # ',' or whitespace after a scalar element
                         done = j
                     if done is None:
-                        elem.append(b[i:j + 1])
+                        put(b[i:j + 1])
                         i = j + 1
                         continue
-                    elem.append(b[i:done])
+                    put(b[i:done])
                     if prev is not None:
                         yield prev[0], prev[1], b"".join(tail)
-                    prev, elem, tail = (elem_start, b"".join(elem)), [], []
+                    whole = b"".join(elem) if head is None else LongElement(head, size)
+                    prev, tail = (elem_start, whole), []
+                    elem, size, head = [], 0, None
                     state, i = "after", done
                     continue
                 c = b[i]
@@ -143,6 +218,11 @@ class ArrayRecords:
                     elif c in (0x2C, 0x5D):
                         raise self._damaged(base + i, f"{chr(c)!r} where a value belongs")
                     else:
+                        if feed is not None:  # the bytes before this element are the last one's
+                            if fed >= 0:
+                                feed.update(b[fed:i])
+                            feed.start(base + i)
+                            fed = i
                         if prev is not None:
                             yield prev[0], prev[1], b"".join(tail)
                             prev, tail = None, []
@@ -155,6 +235,9 @@ class ArrayRecords:
                     i += 1
                 else:
                     raise self._damaged(base + i, "bytes after the closing ']'")
+            if feed is not None and fed >= 0:
+                feed.update(b[fed:] if fed else b)
+                fed = 0
             base += n
         self.end = base
         if state != "end":

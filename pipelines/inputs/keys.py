@@ -15,10 +15,15 @@ so ``--text_key content`` is one look away.
 from __future__ import annotations
 
 import collections
+import io
+import json
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, BinaryIO, Iterable, Sequence
 
 import pyarrow as pa
+
+from pipelines.errors import DamagedFile
+from pipelines.inputs.json_array import ArrayRecords
 
 MAX_LISTED = 12  # keys or columns named in a message
 MAX_DEPTH = 3  # nested keys listed down to this depth
@@ -152,3 +157,38 @@ def missing_column_message(path: str, key: str, schema: pa.Schema, option: str) 
     texts = [p for p in paths if is_text_type(schema_lookup(schema, p)[1])]
     hint = f"; pass {option} {texts[0]}?" if texts and option == "--text_key" else ""
     return f"input file {path} has no column {key!r} ({option} {key}). Its columns: {listed}{more}{hint}"
+
+
+# -- a file's first records, for the text key check before the build ----------------------------------
+SAMPLE_RECORDS = 100
+SAMPLE_BYTES = 1 << 20
+
+
+def sample_objects(stream: BinaryIO, path: str, array: bool) -> list[dict]:
+    """The JSON objects among the first :data:`SAMPLE_RECORDS` records of a JSON Lines stream (or a JSON array,
+    ``array``) within its first :data:`SAMPLE_BYTES`; records that are not objects are left out (they are bad
+    records, reported by the build)."""
+    data = stream.read(SAMPLE_BYTES)
+    if array:
+        raws = []
+        try:
+            for _, element, _ in ArrayRecords(io.BytesIO(data), path):
+                raws.append(element)
+                if len(raws) >= SAMPLE_RECORDS:
+                    break
+        except DamagedFile:  # the sample ends inside the array (or the file is damaged: the build says so)
+            pass
+    else:
+        lines = data.split(b"\n")
+        if len(data) == SAMPLE_BYTES:
+            lines.pop()  # cut by the sample
+        raws = [line for line in lines if line.strip()][:SAMPLE_RECORDS]
+    out = []
+    for raw in raws:
+        try:
+            obj = json.loads(raw.decode("utf-8-sig"))
+        except (ValueError, RecursionError):
+            continue
+        if type(obj) is dict:
+            out.append(obj)
+    return out

@@ -123,16 +123,16 @@ class ChunkParquet:
         return data, rg_index, footer
 
 
-def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], data: bytes,
+def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int] | None, data: bytes,
                  row_group_index: list, footer: list, docs: int, tokens: int,
                  bad_reasons: Mapping[str, int] | None = None, dead_letters: str | None = None,
                  dead_letters_checksum: str | None = None, input_span: Sequence[int] | None = None,
-                 input_checksum: str | None = None) -> dict[str, Any]:
+                 input_checksum: str | None = None, row_range: Sequence[int] | None = None) -> dict[str, Any]:
     """The sidecar of a chunk (docs/FORMAT.md): write it with ``fmt.sidecar_bytes`` after the Parquet file.
 
     Args:
       shard, index_in_shard: the chunk's place (its path follows from them).
-      byte_range: ``[lo, hi)`` of the uncompressed input shard the chunk covers.
+      byte_range: ``[lo, hi)`` of the uncompressed input shard the chunk covers (None for a columnar input).
       data: the chunk file's bytes (size and checksum).
       row_group_index, footer: from :meth:`ChunkParquet.finish`.
       docs, tokens: counts in the chunk.
@@ -141,13 +141,16 @@ def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], 
       input_span, input_checksum: ``[start, end)`` of the input bytes the chunk was built from (its lines)
         and their checksum, which a rerun compares with the input to find chunks whose input changed
         (None for imported caches, which are not rebuilt from an input).
+      row_range: ``[r0, r1)``, the rows of a columnar input the chunk covers (a ``row_range`` key; none
+        for other inputs, whose sidecars stay as they were).
     """
     bad = dict(sorted((bad_reasons or {}).items()))
+    extra = {} if row_range is None else {"row_range": [int(row_range[0]), int(row_range[1])]}
     return {
         "path": fmt.chunk_path(shard, index_in_shard),
         "shard": shard,
         "index_in_shard": index_in_shard,
-        "byte_range": [int(byte_range[0]), int(byte_range[1])],
+        "byte_range": None if byte_range is None else [int(byte_range[0]), int(byte_range[1])],
         "docs": int(docs),
         "tokens": int(tokens),
         "bytes": len(data),
@@ -161,6 +164,7 @@ def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], 
         "dead_letters_checksum": dead_letters_checksum,
         "input_span": None if input_span is None else [int(input_span[0]), int(input_span[1])],
         "input_checksum": input_checksum,
+        **extra,
     }
 
 

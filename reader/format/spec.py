@@ -44,9 +44,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 FORMAT_NAME = "chunkledger"
-FORMAT_VERSION = 2  # the version this code writes
-# Versions this code reads; they differ only in what the builder records for resuming (docs/FORMAT.md).
-READABLE_FORMAT_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # the newest version this code writes
+# What a cache that uses nothing version 3 added (inputs other than JSON Lines, kept fields) is written as:
+# byte for byte what writers before version 3 wrote, so older readers and builders keep reading it.
+BASE_FORMAT_VERSION = 2
+# Versions this code reads; a reader needs nothing of the differences but the optional fields column
+# (docs/FORMAT.md, "Versions").
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 
 LEDGER_NAME = "ledger.json"
 CHUNKS_DIR = "chunks"
