@@ -104,11 +104,14 @@ class ChunkBuilder:
     def take(self, pos: int, record: Any) -> None:
         """Take the record at ``pos`` (a byte offset, or a columnar row number)."""
         if type(record) is Record:
+            text, fields = record.text, record.fields
             if record.reason is not None:
                 self._bad(pos, rows.dead_letter(self.input_path, self.shard, record))
-                text = None
-            else:
-                text, fields = record.text, record.fields
+            elif self.max_bytes is not None and len(text) * 4 > self.max_bytes:  # a character is 1 to 4 bytes
+                data = text.encode("utf-8", "surrogatepass")
+                if len(data) > self.max_bytes:
+                    text = None
+                    self._bad(pos, rows.too_long(self.input_path, self.shard, record, data, self.max_bytes))
         else:
             size = len(record)
             self.input_bytes += size + 1

@@ -10,7 +10,8 @@
 its last bytes. A file whose bytes contradict its name (a Parquet file named ``.jsonl``, a ``.gz`` that is
 not gzip, text named ``.parquet``, binary data named ``.jsonl``) and a name of any other kind are refused
 (:class:`UnsupportedInput`, naming the file, what its bytes look like and the formats accepted). Text is
-refused as binary when its first 4 KiB hold a NUL byte (JSON text never does; UTF-16 text does).
+refused as binary when NUL bytes are at least 1 in 8 of its first 4 KiB (UTF-16 text and most binary data
+hold far more; a bad line holding a NUL byte is a bad record, not a binary file: :func:`is_binary`).
 
 A directory written by ``datasets.Dataset.save_to_disk`` (its ``state.json`` and ``dataset_info.json``)
 stands for its ``.arrow`` files in ``state.json`` order (:func:`saved_dataset_files`).
@@ -149,7 +150,7 @@ def sniff(path: str, head: bytes, tail: bytes, size: int) -> InputFormat:
         raise _contradiction(path, "*.arrow", looks_like(head) or _text_or_binary(head))
     text = head if compression == "none" else _decompressed_head(path, head, compression)
     text = text[:SNIFF_BYTES]
-    what = looks_like(text) or ("binary data (a NUL byte in its first 4 KiB)" if b"\0" in text else None)
+    what = looks_like(text) or ("binary data (NUL bytes in its first 4 KiB)" if is_binary(text) else None)
     if what is not None:
         raise _contradiction(path, f"*{suffix}" + ("" if compression == "none" else " (compressed)"), what)
     if suffix == ".json" and first_byte(text) == ord("["):
@@ -158,7 +159,12 @@ def sniff(path: str, head: bytes, tail: bytes, size: int) -> InputFormat:
 
 
 def _text_or_binary(head: bytes) -> str:
-    return "binary data of no known format" if b"\0" in head[:SNIFF_BYTES] else "text"
+    return "binary data of no known format" if is_binary(head[:SNIFF_BYTES]) else "text"
+
+
+def is_binary(head: bytes) -> bool:
+    """At least 1 in 8 bytes of ``head`` is NUL (never in JSON text: a raw NUL is only ever in a bad line)."""
+    return head.count(0) * 8 >= len(head) > 0
 
 
 def detect(path: str, storage_options: dict[str, Any] | None = None) -> InputFormat:

