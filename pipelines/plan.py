@@ -230,9 +230,11 @@ def work_units(plan: BuildPlan) -> list[WorkUnit]:
         if inp.format in COLUMNAR:
             for k in range(inp.chunks):
                 c = inp.layout.chunk(k)
+                # as a byte range's: chunks of about chunk_bytes tie, and go in order (the order readers follow)
                 units.append(WorkUnit(shard=inp.shard, path=inp.path, compression="none", size=inp.size, index=k,
-                                      lo=c.row_range[0], hi=c.row_range[1], estimate=sum(c.group_bytes),
-                                      trusted=trusted, format=inp.format, columnar=c))
+                                      lo=c.row_range[0], hi=c.row_range[1],
+                                      estimate=min(sum(c.group_bytes), chunk_bytes), trusted=trusted,
+                                      format=inp.format, columnar=c))
         elif inp.compression == "none" and inp.format == JSONL:
             for k in range(inp.chunks):
                 lo, hi = k * chunk_bytes, min((k + 1) * chunk_bytes, inp.size)

@@ -238,3 +238,26 @@ def test_a_hand_edited_sidecar_is_an_incomplete_chunk_not_a_crash(tmp_path):
                "byte_range": 5}
     path.write_text(json.dumps(sidecar))
     assert verify_chunk(str(tmp_path), 0, 0, (0, 10)).problem == "sidecar has another byte range"
+
+
+def test_dotted_text_keys_and_kept_fields_of_json_records():
+    from pipelines.build.records import parse_record, parse_record_json
+
+    keep = ("source", "meta.id", "n")
+    cases = [
+        (b'{"meta": {"text": "nested", "id": 7}, "source": "web", "n": 18446744073709551616}',
+         ("nested", ("web", "7", "18446744073709551616"), None)),  # orjson reads that integer as a float
+        (b'{"meta.text": "literal wins", "meta": {"text": "not this"}}', ("literal wins", (None, None, None), None)),
+        (b'{"meta": {"text": 5}}', (None, (), "text_not_string")),
+        (b'{"meta": "flat"}', (None, (), "missing_text")),
+        (b'{"meta": {"text": "t"}, "source": 1.5}', (None, (), "bad_field")),
+        (b'{"meta": {"text": "t"}, "n": true}', (None, (), "bad_field")),
+        (b'{"meta": {"text": "t", "id": {"a": 1}}}', (None, (), "bad_field")),
+        (b'{"meta": {"text": "t"}, "source": null}', ("t", (None, None, None), None)),
+    ]
+    for raw, (text, fields, reason) in cases:
+        for fn in (parse_record, parse_record_json):
+            got = fn(raw, "meta.text", keep)
+            assert (got[0], got[1], got[2]) == (text, fields, reason), (fn.__name__, raw)
+    assert "'source' is float" in parse_record(cases[4][0], "meta.text", keep)[3]
+    assert parse_record(b'{"text": "x", "n": 2.0}', "text")[:3] == ("x", (), None)  # not kept: not checked

@@ -82,3 +82,36 @@ def test_random_arrays_round_trip():
         data = json.dumps(recs, indent=rng.choice([None, 1])).encode()
         out = list(ArrayRecords(io.BytesIO(data), "r.json", rng.randint(1, 9)))
         assert [json.loads(e) for _, e, _ in out] == recs
+
+
+@pytest.mark.parametrize("block", [1, 5, 64, 1 << 20])
+def test_over_long_elements_are_streamed_past_and_every_byte_is_fed(block):
+    """An element over ``max_element`` comes as its first bytes and size; the feed sees every byte from the first
+    element on, each in the span of the element it follows (docs/FORMAT.md: record bytes)."""
+    from pipelines.inputs.json_array import LONG_HEAD, LongElement
+
+    long_text = "x" * (3 * LONG_HEAD)
+    records = [{"text": "a"}, {"text": long_text}, [1, 2], {"text": "b" * 40}, {"text": "c"}]
+    data = json.dumps(records, indent=1).encode() + b"  \n"
+
+    class Feed:
+        def __init__(self):
+            self.starts, self.data = [], bytearray()
+
+        def start(self, offset):
+            assert offset == self.starts[0] + len(self.data) if self.starts else True
+            self.starts.append(offset)
+
+        def update(self, b):
+            self.data += b
+
+    feed = Feed()
+    out = list(ArrayRecords(io.BytesIO(data), "f.json", block, max_element=30, feed=feed))
+    assert feed.starts == [off for off, _, _ in out]
+    assert bytes(feed.data) == data[out[0][0]:]  # every byte from the first element to the end, once
+    kinds = [type(e) for _, e, _ in out]
+    assert kinds == [bytes, LongElement, bytes, LongElement, bytes]
+    whole = list(ArrayRecords(io.BytesIO(data), "f.json", block))  # no limit: every element held
+    assert [(off, t) for off, _, t in out] == [(off, t) for off, _, t in whole]
+    for (_, e, _), (_, w, _) in zip(out, whole):
+        assert e == w if type(e) is bytes else (len(e) == len(w) > 30 and e.head == w[:LONG_HEAD])
