@@ -284,10 +284,10 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: Sequence[int] | 
                  row_range: Sequence[int] | None = None) -> ChunkCheck:
     """Check chunk ``index`` of ``shard`` in the cache at ``root`` against its sidecar.
 
-    Complete means: the sidecar parses, names this chunk (and ``byte_range`` or ``row_range`` if given), carries every key
-    this version writes, and agrees with the files: the Parquet file's size and sha256, its row-group
-    index and footer (recomputed), its document and token counts, and the dead-letter file's sha256 and
-    line count. The input bytes are the caller's to check (the sidecar's ``input_span`` and
+    Complete means: the sidecar parses, names this chunk (and ``byte_range`` or ``row_range`` if given),
+    carries every key this version writes, and agrees with the files: the Parquet file's size and sha256,
+    its row-group index and footer (recomputed), its document and token counts, and the dead-letter file's
+    sha256 and line count. The input bytes are the caller's to check (the sidecar's ``input_span`` and
     ``input_checksum``).
     """
     raw = fsutil.read_bytes_or_none(fmt.join(root, fmt.sidecar_path(shard, index)))

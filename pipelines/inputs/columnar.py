@@ -11,7 +11,7 @@ before the build, with the fix (smaller row groups).
 row group only the column chunks of the columns read, each one range read through fsspec (local paths and
 ``gs://`` alike) and handed to pyarrow, which reads nothing else; an Arrow record batch as its one message.
 It yields a :class:`Record` per row (provenance: the row number in the file) and computes the chunk's
-``input_checksum`` from the bytes it read (docs/notes-columnar.md defines it): a sha256 of the stored
+``input_checksum`` from the bytes it read (docs/FORMAT.md defines it): a sha256 of the stored
 bytes, so it is the same with every pyarrow version and costs one pass over compressed bytes.
 :func:`chunk_checksum` computes it without decoding (a rerun checks a kept chunk's input with it).
 
