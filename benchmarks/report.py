@@ -31,7 +31,7 @@ MAIN_ROWS = report_peers.PEER_MAIN_ROWS + [
     ("pipeline_scaling_2_vs_1", "our build, 2 workers / 1 worker (the encoder alone scales {limit_scaling_2_vs_1:.2f} "
      "on this machine in the same run)", "ratio"),
     ("pipeline_parquet_vs_jsonl_input", "our build of the corpus's first shards as Parquet (zstd, 8 MB row groups) / of "
-     "the same jsonl shards, whole command, side by side (the faster of two jsonl builds around it)", "ratio"),
+     "the same jsonl shards, whole command, side by side (the mean of the two jsonl builds around it)", "ratio"),
     ("reader_vs_memmap", "packed sequential batches (L=2048, B=64, flat-tokens layout; one reader with "
      "{reader_num_workers} worker processes, steady state) / memmap of a flat uint32 file", "ratio"),
     ("reader_tokens_per_s", "reader tokens/s, packed sequential (absolute floor)", "rate"),

@@ -147,7 +147,8 @@ def build_arg_parser() -> BuilderParser:
     """The parser of the builder's own options (Beam options are passed through untouched)."""
     p = BuilderParser(
         prog="python -m pipelines.build_cache",
-        description="Tokenize jsonl shards into a deterministic, resumable chunkledger cache "
+        description="Tokenize a corpus (JSON Lines, JSON arrays, Parquet or Arrow files) into a deterministic, "
+                    "resumable chunkledger cache "
                     "(Parquet chunks + ledger.json). Unlisted options go to Apache Beam "
                     "(e.g. --runner=DataflowRunner --project=... --region=... --temp_location=gs://...); "
                     "without --runner the local DirectRunner runs one worker process per CPU.",

@@ -103,7 +103,7 @@ def _saved_dataset(pattern: str, given: str) -> list[tuple[str, int]] | None:
         paths = formats.saved_dataset_files(pattern)
     except formats.UnsupportedInput as e:
         raise BuildError(str(e)) from e
-    except (OSError, ValueError):  # not a directory we can list: matched as a pattern below
+    except Exception:  # noqa: BLE001 - not a directory we can list: matched as a pattern below, which says why
         return None
     if paths is None:
         return None

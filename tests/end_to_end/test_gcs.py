@@ -320,3 +320,23 @@ def test_hf_tokenizer_on_gs_resolves_like_the_local_file(tmp_path, emulator):
         assert (got.hash, got.vocab_size, got.eos_id) == (ref.hash, ref.vocab_size, ref.eos_id)
     text = "The quick brown fox jumps over the lazy dog."
     assert by_dir.load_reference().encode_many([text])[0].tolist() == ref.load_reference().encode_many([text])[0].tolist()
+
+
+def test_columnar_and_json_array_inputs_on_gs_build_the_local_cache(tmp_path):
+    """Parquet, Arrow and a JSON array on gs:// (read by byte ranges through gcsfs) build the local build's bytes."""
+    from columnar_files import corpus_table, write_arrow, write_json_array, write_parquet
+
+    d = tmp_path / "in"
+    d.mkdir()
+    t = corpus_table(150, seed=8)
+    paths = [write_parquet(d / "a.parquet", t, row_group_size=25), write_arrow(d / "b.arrow", t, batch_rows=40),
+             write_json_array(d / "c.json", t)]
+    local = str(tmp_path / "local")
+    args = ["--keep_fields", "source", *FNAPI]
+    build_cache.run(argv(str(d / "*"), local, *args))
+    with GcsEmulator(bucket="chunkledger-cols") as emu:
+        for p in paths:
+            emu.upload(p, "in/" + os.path.basename(p))
+        with emu.beam_env():
+            build_cache.run(argv(emu.url("in/*"), emu.url("cache"), *args))
+        assert_same_cache(gs_tree(emu, "cache"), local_tree(local), emu.url("in/"), str(d) + "/")
