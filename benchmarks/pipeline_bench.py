@@ -14,6 +14,7 @@ chunk's end).
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 import time
@@ -244,6 +245,66 @@ def build(
                                             if fx else "") +
         f", peak RSS tree {m.peak_rss_tree_mb:.0f} MB (other processes used {m.other_cores:.2f} cores meanwhile)")
     return res
+
+
+def write_parquet_copy(jsonl: Path, out: Path, group_bytes: int = 8 << 20) -> int:
+    """The texts of a ``{"text": ...}`` jsonl shard as a Parquet file (zstd, row groups of about
+    ``group_bytes`` of text, as datatrove and HF datasets write them); returns its documents."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("text", pa.string())])
+    docs = 0
+    with open(jsonl, "rb") as f, pq.ParquetWriter(str(out), schema, compression="zstd") as w:
+        batch, held = [], 0
+        for line in f:
+            batch.append(json.loads(line)["text"])
+            held += len(line)
+            if held >= group_bytes:
+                w.write_table(pa.table({"text": batch}, schema=schema), row_group_size=len(batch))
+                docs += len(batch)
+                batch, held = [], 0
+        if batch:
+            w.write_table(pa.table({"text": batch}, schema=schema), row_group_size=len(batch))
+            docs += len(batch)
+    return docs
+
+
+def parquet_vs_jsonl(corpus: Path, files: list[str], work: Path, tokenizer: str = "tiktoken:cl100k_base") -> dict:
+    """A build of the shards ``files`` of ``corpus`` written as Parquet against the build of the same jsonl shards,
+    side by side (2 workers each): jsonl, Parquet, jsonl again; the Parquet build's rate over the mean of the two
+    jsonl builds' around it (a drift of the machine's speed during the three cancels). Both must hold the same
+    documents and tokens."""
+    pq_dir = Path(work) / "parquet-input"
+    shutil.rmtree(pq_dir, ignore_errors=True)
+    pq_dir.mkdir(parents=True)
+    for name in files:
+        write_parquet_copy(Path(corpus) / name, pq_dir / (Path(name).stem + ".parquet"))
+    jsonl = [str(Path(corpus) / name) for name in files]
+    cache = Path(work) / "cache-input-format"
+    first = build(jsonl, cache, tokenizer)
+    parquet = build([str(p) for p in sorted(pq_dir.glob("*.parquet"))], cache, tokenizer)
+    second = build(jsonl, cache, tokenizer)
+    shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(pq_dir, ignore_errors=True)
+    for ref in (first, second):
+        if (parquet["tokens"], parquet["docs"]) != (ref["tokens"], ref["docs"]):
+            raise AssertionError(f"the Parquet-input build holds {parquet['docs']} documents and {parquet['tokens']} "
+                                 f"tokens, the jsonl build of the same texts {ref['docs']} and {ref['tokens']}")
+
+    def mean(key: str) -> float:
+        return ((first[key] or 0) + (second[key] or 0)) / 2 or math.inf
+
+    ratio = parquet["tokens_per_s"] / mean("tokens_per_s")
+    log(f"Parquet input / jsonl input, same texts: {ratio:.3f} (jsonl builds before and after: "
+        f"{first['tokens_per_s'] / 1e6:.2f} and {second['tokens_per_s'] / 1e6:.2f} M tok/s)")
+    return {"pipeline_parquet_input_tokens_per_s": parquet["tokens_per_s"],
+            "pipeline_jsonl_input_tokens_per_s": mean("tokens_per_s"),
+            "pipeline_parquet_vs_jsonl_input": ratio,
+            "pipeline_parquet_vs_jsonl_input_steady": (parquet["steady_tokens_per_s"] or 0)
+                                                      / mean("steady_tokens_per_s"),
+            "pipeline_parquet_vs_jsonl_input_cpu": (parquet["tokens_per_cpu_s"] or 0) / mean("tokens_per_cpu_s"),
+            "other_cores_during_pipeline_parquet_input": parquet["other_cores"]}
 
 
 def main(argv=None) -> int:

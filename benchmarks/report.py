@@ -30,6 +30,8 @@ MAIN_ROWS = report_peers.PEER_MAIN_ROWS + [
      "ratio"),
     ("pipeline_scaling_2_vs_1", "our build, 2 workers / 1 worker (the encoder alone scales {limit_scaling_2_vs_1:.2f} "
      "on this machine in the same run)", "ratio"),
+    ("pipeline_parquet_vs_jsonl_input", "our build of the corpus's first shards as Parquet (zstd, 8 MB row groups) / of "
+     "the same jsonl shards, whole command, side by side (the mean of the two jsonl builds around it)", "ratio"),
     ("reader_vs_memmap", "packed sequential batches (L=2048, B=64, flat-tokens layout; one reader with "
      "{reader_num_workers} worker processes, steady state) / memmap of a flat uint32 file", "ratio"),
     ("reader_tokens_per_s", "reader tokens/s, packed sequential (absolute floor)", "rate"),
@@ -502,6 +504,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
                      + notes.get(key, "No analysis recorded yet for this run."))
     if notes.get("_general"):
         lines += ["", notes["_general"]]
+    lines += columnar_memory_section()
     lines += ["", "## Plots", ""]
     if has_pipe:
         lines += [f"![pipeline progress and CPU]({rel(p_pipe)})", "",
@@ -551,7 +554,8 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "`encode_ordinary`, on the corpus's first shards. Order of the suite: encoders alone, limit, our build "
         "(2 workers), tiktoken's limit, our build (1 worker), limit (1 process, first half), limit, HF datasets "
         "(tiktoken), our HF build, raw HF tokenizers, HF datasets (HF tokenizers), small-shard build, stages, "
-        "reader, mixture, shuffle.",
+        "the Parquet-input comparison (jsonl, Parquet, jsonl: the first shards, each also written as a Parquet "
+        "file of the same texts), reader, mixture, shuffle.",
         "- **Raw HF tokenizers**: `Tokenizer.encode_batch_fast` over batches of 1024 documents, "
         "`RAYON_NUM_THREADS=2`, with cl100k converted offline to a `tokenizer.json` by transformers' "
         "`TikTokenConverter` using the **original** (non-possessive) cl100k pattern, special tokens at "
@@ -613,6 +617,36 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
     lines += ["```", "", "Raw figures: `benchmarks/latest.json` (flat); per-build details, baselines' phase times and "
               "the sampled time series: `benchmarks/latest-details.json`.", ""]
     doc.write_text("\n".join(lines))
+
+
+COLUMNAR_MEMORY = Path(__file__).with_name("columnar_memory.json")
+
+
+def columnar_memory_section(path: Path = COLUMNAR_MEMORY) -> list[str]:
+    """Peak memory of Parquet inputs of the same row groups at two file sizes, as saved by
+    ``python -m benchmarks.columnar_memory --build --save benchmarks/columnar_memory.json`` (not part of ``make
+    bench``: it writes and reads 2 GB)."""
+    if not path.exists():
+        return []
+    m = json.loads(path.read_text())
+    files = m["files"]
+    rows = [f"| {f['file_mb']:.0f} MB | {f['chunks']} of {f['row_group_mb']} MB | {f['peak_rss'] / 2**20:.0f} MB "
+            f"({f['base_rss'] / 2**20:.0f} MB after the imports) | {f['arrow_pool_peak'] / 2**20:.0f} MB | "
+            + (f"{f['build_peak_rss_worker_mb']:.0f} MB |" if "build_peak_rss_worker_mb" in f else "not measured |")
+            for f in files]
+    build = m.get("columnar_build_peak_rss_ratio")
+    return ["", "## Columnar inputs: peak memory", "",
+            "A worker decodes one row group at a time, so its memory follows the largest row group, not the file. "
+            "`benchmarks/columnar_memory.py` writes Parquet files of uncompressed text in row groups of the same "
+            "size and reads every chunk of each (a chunk per row group) in a fresh process as a worker does "
+            "(`ChunkReader`: only the text column, by byte ranges, every text turned into a Python string), "
+            "then builds a cache of each (`python -m pipelines.build_cache`, one worker, tiktoken) and takes "
+            "the largest process's peak RSS (the worker's, sampled every 0.25 s). Measured once, saved in "
+            "`benchmarks/columnar_memory.json`; not part of `make bench`.", "",
+            "| file | row groups | peak RSS, reading | pyarrow's allocations, peak | peak RSS, the build's worker |",
+            "|---|---|---|---|---|", *rows, "",
+            f"Largest file / smallest: {m['columnar_peak_rss_ratio']:.3f} reading"
+            + (f", {build:.3f} building" if build is not None else "") + " (the bound: 1.25)."]
 
 
 def main(argv=None) -> int:

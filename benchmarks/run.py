@@ -67,6 +67,7 @@ TARGETS = {
     "pipeline_vs_hf_datasets": (3.0, ">="),
     "pipeline_hf_vs_raw_hf": (5.0, ">="),
     "pipeline_scaling_2_vs_1": (1.7, ">="),
+    "pipeline_parquet_vs_jsonl_input": (0.9, ">="),
     "reader_vs_memmap": (0.25, ">="),
     "reader_tokens_per_s": (1e8, ">="),
     "reader_shuffled_vs_memmap": (0.2, ">="),
@@ -245,6 +246,7 @@ def main(argv=None) -> int:
     builds["tiktoken_2w_small_shards"] = pipeline_bench.build(
         [str(small / "shard-*.jsonl")], work / f"cache-{profile}-small-shards", "tiktoken:cl100k_base", workers=2)
     stages = run_stages(corpus)
+    fig.update(pipeline_bench.parquet_vs_jsonl(corpus, cm["files"][:k_tt], work))  # the same texts as Parquet
     best = lambda *ls: max(ls, key=lambda r: r["tokens_per_s"])  # noqa: E731
     limit = best(limit_a, limit_b)  # around our builds
 

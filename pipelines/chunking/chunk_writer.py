@@ -1,42 +1,34 @@
-"""Building one chunk: parse lines, tokenize, write the Parquet file, its dead letters and its sidecar.
+"""Building one chunk: parse records, tokenize, write the Parquet file, its dead letters and its sidecar.
 
-Everything here is a pure function of (input lines, configuration): no clocks, no worker ids, no random
-names in any file's *content* (temporary file *names* are random, and renamed away).
+:class:`ChunkBuilder` is the sink that writes: it takes a chunk's records in input order (JSON records as
+their bytes, columnar rows as :class:`~pipelines.inputs.rows.Record`), and :meth:`ChunkBuilder.write` writes
+the chunk with the input span and checksum its record source computed. :mod:`pipelines.chunking.sinks` holds
+the other sinks (a chunk an earlier run left, verified or trusted). Everything here is a pure function of
+(input records, configuration): no clocks, no worker ids, no random names in any file's *content*
+(temporary file *names* are random, and renamed away).
 """
 
 from __future__ import annotations
 
-import base64
 import collections
 import dataclasses
 import hashlib
 import json
 import tempfile
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from reader.format import spec as fmt
 from reader.format.chunk_file import make_sidecar
 
-from pipelines.inputs import fsutil
-from pipelines.plan import MAX_JSON_DEPTH
+from pipelines.chunking.records import (BAD_REASONS, dead_letter, has_lone_surrogate, parse_line,  # noqa: F401
+                                     parse_line_json, parse_record)
 from pipelines.chunking.splits import SplitRouter, SplitSpec, cache_roots
+from pipelines.inputs import fsutil, rows
+from pipelines.inputs.rows import Record
+from pipelines.plan import MAX_JSON_DEPTH
 
-# Reasons a line is dead-lettered (the keys of the ledger's "bad_records").
-BAD_REASONS = (
-    "blank_line",  # empty or whitespace-only line
-    "invalid_utf8",  # the line's bytes are not UTF-8
-    "invalid_json",  # not parseable as JSON
-    "not_an_object",  # valid JSON but not an object
-    "missing_text",  # object without the text key
-    "text_not_string",  # the text value is not a string
-    "empty_text",  # the text is the empty string
-    "invalid_unicode",  # the text holds lone surrogates (from JSON escapes such as a lone high surrogate): not encodable as UTF-8
-    "tokenizer_error",  # the tokenizer failed on the text for another reason
-    "too_deep",  # arrays/objects nested deeper than config max_json_depth (counted on the text, valid or not)
-    "too_long",  # the line is longer than config max_doc_bytes (its dead letter keeps the first 4 KiB and the size)
-)
-
-# Every key a sidecar of this version holds; a sidecar missing one was written by older code.
+# Every key a sidecar of this version holds; a sidecar missing one was written by older code (``row_range``:
+# columnar chunks only).
 SIDECAR_KEYS = ("path", "shard", "index_in_shard", "byte_range", "input_span", "input_checksum", "docs", "tokens",
                 "bytes", "checksum", "row_groups", "row_group_index", "footer", "bad_records", "bad_reasons",
                 "dead_letters", "dead_letters_checksum")
@@ -44,98 +36,6 @@ ENCODE_BATCH_DOCS = 256
 ENCODE_BATCH_CHARS = 4 << 20
 BAD_BUFFER_RECORDS = 4096  # dead letters held in memory before they are sorted into the spool
 BAD_SPOOL_MEMORY = 4 << 20  # the spool moves to a local temporary file beyond this
-
-try:  # a dependency of apache-beam; without it every line takes the standard parser
-    from orjson import loads as _orjson_loads
-except ImportError:  # pragma: no cover
-    _orjson_loads = None
-
-
-def parse_line(raw: bytes, text_key: str, max_depth: int = MAX_JSON_DEPTH) -> tuple[str | None, str | None, str]:
-    """``(text, None, "")`` for a good record, ``(None, reason, detail)`` for a bad one.
-
-    Good records take a fast path (orjson, about twice the standard parser's speed). Everything else, and
-    every line orjson could read differently, goes through :func:`parse_line_json`, which defines the
-    reasons and details: orjson is stricter than ``json`` (it rejects lone-surrogate escapes, NaN, integers
-    beyond 64 bits, a byte-order mark and invalid UTF-8, and nesting beyond 1024 levels), so those lines
-    fail the fast path and fall back; a line it accepts yields the same object, except for integers it
-    turns into floats (only the text's type matters here, and a text that is not a string falls back).
-    A line with more than ``max_depth`` brackets falls back too (it may nest that deep, even in a
-    duplicate key's value orjson drops), and the standard parser measures it.
-    """
-    if _orjson_loads is not None and raw.count(b"[") + raw.count(b"{") <= max_depth:
-        try:
-            obj = _orjson_loads(raw)
-        except Exception:  # noqa: BLE001 - any failure: the standard parser decides (reason and detail)
-            obj = None
-        if type(obj) is dict:
-            text = obj.get(text_key)
-            if type(text) is str and text:
-                return text, None, ""
-    return parse_line_json(raw, text_key, max_depth)
-
-
-def parse_line_json(raw: bytes, text_key: str, max_depth: int = MAX_JSON_DEPTH) -> tuple[str | None, str | None, str]:
-    """:func:`parse_line` with the standard library alone: the definition of every reason and detail.
-
-    Nesting is measured on the text before parsing (``json`` recurses once per level, and how deep it can
-    go depends on the caller's stack): a line nested deeper than ``max_depth`` is ``too_deep``, valid
-    JSON or not, on any stack.
-    """
-    try:
-        s = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        if not raw.strip():
-            return None, "blank_line", ""
-        return None, "invalid_utf8", f"{e.reason} at byte {e.start}"
-    if s.startswith("\ufeff"):  # a byte-order mark (files saved by some Windows tools)
-        s = s[1:]
-    depth = fsutil.json_nesting(s, max_depth)
-    if depth is None:
-        return None, "too_deep", f"arrays or objects nested more than {max_depth} deep"
-    fsutil.json_headroom(depth)
-    try:
-        obj = json.loads(s)
-    except ValueError as e:
-        if not raw.strip():  # checked only on failure: keeps the hot path free of a copy per line
-            return None, "blank_line", ""
-        return None, "invalid_json", str(e)
-    if not isinstance(obj, dict):
-        return None, "not_an_object", f"top-level JSON {type(obj).__name__}"
-    if text_key not in obj:
-        return None, "missing_text", f"no key {text_key!r}"
-    text = obj[text_key]
-    if not isinstance(text, str):
-        return None, "text_not_string", f"{text_key!r} is {type(text).__name__}"
-    if not text:
-        return None, "empty_text", ""
-    return text, None, ""
-
-
-def _has_lone_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def dead_letter(file: str, shard: int, offset: int, reason: str, detail: str, raw: bytes,
-                size: int | None = None) -> dict[str, Any]:
-    """A bad line's record; ``size`` (the whole line's) when ``raw`` is only its first bytes (``too_long``)."""
-    rec = {"file": file, "shard": shard, "offset": offset, "reason": reason, "detail": detail}
-    if size is not None:
-        rec["size"] = size
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            if e.end == len(raw) and e.reason == "unexpected end of data":
-                raw = raw[:e.start]  # the first bytes end inside a character: keep the text readable
-    try:
-        rec["line"] = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        rec["line_base64"] = base64.b64encode(raw).decode("ascii")
-    return rec
 
 
 class Counters:
@@ -146,13 +46,15 @@ class Counters:
 
 
 class ChunkBuilder:
-    """Accumulates the lines of chunk ``k`` of a shard and writes it.
+    """Accumulates the records of chunk ``index`` of a shard and writes it.
 
-    Call :meth:`add` for each line (in file order) whose first byte is in the chunk's byte range, then
-    :meth:`finish` with the range's end and the span's end; it writes dead letters, the Parquet file and
-    the sidecar (each atomically, in that order) and returns the sidecars, one per cache of the build.
-    The sidecar records the span of input bytes the chunk was built from and their sha256
-    (``input_span``, ``input_checksum``), so that a rerun can tell whether the input still holds those bytes.
+    Call :meth:`take` for each record in input order: a JSON record's bytes (a line, or an array element; a
+    :class:`~pipelines.inputs.fsutil.LongLine` or anything with ``head`` and ``len`` for one streamed past
+    as over-long) at its byte offset, or a columnar row's :class:`~pipelines.inputs.rows.Record` (its row
+    number is its position); then :meth:`write` with what the record source read (the chunk's
+    ``input_span`` and ``input_checksum``). It writes dead letters, the Parquet file and the sidecar (each
+    atomically, in that order) and returns the sidecars, one per cache of the build. :meth:`add` and
+    :meth:`finish` do the same for the lines of a byte range, hashing them here.
 
     With ``split`` (a split build, :mod:`pipelines.chunking.splits`) each document is tokenized once and goes to the
     chunk of its split under ``root/train`` or ``root/validation``; both chunks record the same input span
@@ -172,65 +74,78 @@ class ChunkBuilder:
         self.lo = lo
         self.encoder = encoder
         self.text_key = config["text_key"]
+        self.keep_fields = tuple(config.get("keep_fields") or ())
         # absent from a ledger written before these keys existed: its behaviour then (see plan.ChunkConfig)
         self.max_depth = config.get("max_json_depth") or MAX_JSON_DEPTH
         self.max_bytes = config.get("max_doc_bytes")
         self.eos_id = eos_id if config["append_eos"] else None
         self.counters = counters or Counters()
         self.expect = expect
-        self.span = fsutil.SpanHasher()
-        self.bad_buffer: list[tuple[int, bytes]] = []  # (offset, dead-letter JSON line), not yet spooled
+        self.span = fsutil.SpanHasher()  # add() / finish(): the lines of a byte range
+        self.bad_buffer: list[tuple[int, bytes]] = []  # (position, dead-letter JSON line), not yet spooled
         self.bad_spool = None  # SpooledTemporaryFile of sorted dead-letter lines (memory stays bounded)
         self.bad_reasons: collections.Counter = collections.Counter()
         self.pending_texts: list[str] = []
-        self.pending_offsets: list[int] = []
-        self.pending_raws: list[bytes] = []
+        self.pending_pos: list[int] = []
+        self.pending_records: list[Any] = []  # each document's record (its dead letter if tokenizing fails)
+        self.pending_fields: list[tuple] = []
         self.pending_chars = 0
         self.input_bytes = 0
         self.verified = 0  # documents re-encoded by the reference tokenizer (fast backend)
         self.router = SplitRouter(config, shard, self.eos_id, split)
-        self.routed: dict[int, int] = {}  # offset -> cache index of each pending document not in the first cache
+        self.routed: dict[int, int] = {}  # position -> cache index of each pending document not in the first cache
 
-    # -- lines ------------------------------------------------------------------------------------
+    # -- records ----------------------------------------------------------------------------------
     def add(self, offset: int, raw: bytes | fsutil.LongLine) -> None:
-        """Take the line at ``offset`` (a :class:`~pipelines.inputs.fsutil.LongLine` is hashed as it streams)."""
+        """Take the line at ``offset``, hashing it into :attr:`span` (a LongLine is hashed as it streams)."""
         self.span.add(offset, raw)
         self.take(offset, raw)
 
-    def take(self, offset: int, raw: bytes | fsutil.LongLine) -> None:
-        """:meth:`add` for a line already hashed into :attr:`span` (a replay)."""
-        size = len(raw)
-        self.input_bytes += size + 1
-        if type(raw) is bytes and (self.max_bytes is None or size <= self.max_bytes):
-            text, reason, detail = parse_line(raw, self.text_key, self.max_depth)
-            if reason is not None:
-                self._bad(offset, reason, detail, raw)
-        else:  # streamed past by the line reader (a LongLine): only its first bytes are here
-            text = None
-            head = raw[:fsutil.LONG_LINE_HEAD] if type(raw) is bytes else raw.head
-            self._bad(offset, "too_long", f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size)
+    def take(self, pos: int, record: Any) -> None:
+        """Take the record at ``pos`` (a byte offset, or a columnar row number)."""
+        if type(record) is Record:
+            text, fields = record.text, record.fields
+            if record.reason is not None:
+                self._bad(pos, rows.dead_letter(self.input_path, self.shard, record))
+            elif self.max_bytes is not None and len(text) * 4 > self.max_bytes:  # a character is 1 to 4 bytes
+                data = text.encode("utf-8", "surrogatepass")
+                if len(data) > self.max_bytes:
+                    text = None
+                    self._bad(pos, rows.too_long(self.input_path, self.shard, record, data, self.max_bytes))
+        else:
+            size = len(record)
+            self.input_bytes += size + 1
+            if type(record) is bytes and (self.max_bytes is None or size <= self.max_bytes):
+                text, fields, reason, detail = parse_record(record, self.text_key, self.keep_fields, self.max_depth)
+                if reason is not None:
+                    self._bad(pos, dead_letter(self.input_path, self.shard, pos, reason, detail, record))
+            else:  # streamed past by its reader: only its first bytes are here
+                text = None
+                head = record[:fsutil.LONG_LINE_HEAD] if type(record) is bytes else record.head
+                self._bad(pos, dead_letter(self.input_path, self.shard, pos, "too_long",
+                                           f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size))
         if text is None:
             if len(self.bad_buffer) >= BAD_BUFFER_RECORDS:
-                self._encode_pending()  # its tokenizer errors precede every later line
+                self._encode_pending()  # its tokenizer errors precede every later record
                 self._spool_bad()
             return
         self.pending_texts.append(text)
-        self.pending_offsets.append(offset)
-        self.pending_raws.append(raw)
+        self.pending_pos.append(pos)
+        self.pending_records.append(record)
+        self.pending_fields.append(fields)
         part = self.router.route(text)
         if part:
-            self.routed[offset] = part
+            self.routed[pos] = part
         self.pending_chars += len(text)
         if len(self.pending_texts) >= ENCODE_BATCH_DOCS or self.pending_chars >= ENCODE_BATCH_CHARS:
             self._encode_pending()
 
-    def _bad(self, offset: int, reason: str, detail: str, raw: bytes, size: int | None = None) -> None:
-        rec = dead_letter(self.input_path, self.shard, offset, reason, detail, raw, size)
-        self.bad_buffer.append((offset, (json.dumps(rec, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")))
-        self.bad_reasons[reason] += 1
+    def _bad(self, pos: int, letter: dict[str, Any]) -> None:
+        self.bad_buffer.append((pos, (json.dumps(letter, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")))
+        self.bad_reasons[letter["reason"]] += 1
 
     def _spool_bad(self) -> None:
-        """Move buffered dead letters, sorted by offset, to the spool (all earlier lines are settled)."""
+        """Move buffered dead letters, sorted by position, to the spool (all earlier records are settled)."""
         if not self.bad_buffer:
             return
         if self.bad_spool is None:
@@ -240,8 +155,9 @@ class ChunkBuilder:
         self.bad_buffer = []
 
     def _encode_pending(self) -> None:
-        texts, offsets, raws = self.pending_texts, self.pending_offsets, self.pending_raws
-        self.pending_texts, self.pending_offsets, self.pending_raws, self.pending_chars = [], [], [], 0
+        texts, positions, recs, fields = self.pending_texts, self.pending_pos, self.pending_records, self.pending_fields
+        self.pending_texts, self.pending_pos, self.pending_records, self.pending_fields = [], [], [], []
+        self.pending_chars = 0
         if not texts:
             return
         try:
@@ -249,30 +165,45 @@ class ChunkBuilder:
         except BaseException as e:  # noqa: BLE001 - pyo3 panics derive from BaseException
             if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                 raise
-            arrays = self._encode_one_by_one(texts, offsets, raws)
-        self.verified += self.encoder.verify(texts, offsets, arrays, self.input_path)
-        for a, off in zip(arrays, offsets):
+            arrays = self._encode_one_by_one(texts, positions, recs)
+        self.verified += self.encoder.verify(texts, positions, arrays, self.input_path)
+        for a, pos, f in zip(arrays, positions, fields):
             if a is None:
                 continue
-            self.router.add(self.routed.pop(off, 0), a, off)
+            self.router.add(self.routed.pop(pos, 0), a, pos, f)
 
-    def _encode_one_by_one(self, texts, offsets, raws):
+    def _encode_one_by_one(self, texts: Sequence[str], positions: Sequence[int], recs: Sequence[Any]):
         out = []
-        for t, off, raw in zip(texts, offsets, raws):
+        for t, pos, rec in zip(texts, positions, recs):
             try:
                 out.append(self.encoder.encode_many([t])[0])
             except BaseException as e:  # noqa: BLE001
                 if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                     raise
-                reason = "invalid_unicode" if _has_lone_surrogate(t) else "tokenizer_error"
-                self._bad(off, reason, f"{type(e).__name__}: {e}"[:500], raw)
+                reason = "invalid_unicode" if has_lone_surrogate(t) else "tokenizer_error"
+                detail = f"{type(e).__name__}: {e}"[:500]
+                if type(rec) is Record:
+                    letter = rows.dead_letter(self.input_path, self.shard, rec._replace(
+                        text=None, reason=reason, detail=detail, value=t))
+                else:
+                    letter = dead_letter(self.input_path, self.shard, pos, reason, detail, rec)
+                self._bad(pos, letter)
+                self.routed.pop(pos, None)
                 out.append(None)
         return out
 
     # -- output -----------------------------------------------------------------------------------
     def finish(self, hi: int, end: int) -> tuple[dict[str, Any], ...]:
-        """Write the chunk (in each cache of the build); ``hi`` ends its byte range, ``end`` its input span
-        (the next line's offset). Returns its sidecars, in :func:`pipelines.chunking.splits.cache_names` order."""
+        """:meth:`write` a chunk of lines taken with :meth:`add`: ``hi`` ends its byte range, ``end`` its
+        input span (the next line's offset)."""
+        span, checksum = self.span.finish(end)
+        return self.write(byte_range=[self.lo, hi], input_span=span, input_checksum=checksum)
+
+    def write(self, *, byte_range: Sequence[int] | None, input_span: Sequence[int], input_checksum: str,
+              row_range: Sequence[int] | None = None) -> tuple[dict[str, Any], ...]:
+        """Write the chunk (in each cache of the build). ``byte_range``: ``[lo, hi)`` of a byte-offset input
+        (None for a columnar one, which has ``row_range``); ``input_span`` and ``input_checksum``: what the
+        chunk was built from. Returns its sidecars, in :func:`pipelines.chunking.splits.cache_names` order."""
         self._encode_pending()
         parquets = self.router.finish()
         self._spool_bad()
@@ -280,16 +211,16 @@ class ChunkBuilder:
         if self.bad_spool is not None:  # the first cache (train) keeps every dead letter
             dl_rel = fmt.dead_letter_path(self.shard, self.index)
             dl_sum = _stream_checksum(self.bad_spool)
-        span, input_sum = self.span.finish(end)
         files, sidecars = [], []
         for i, parquet in enumerate(parquets):
             data, rg_index, footer = parquet.finish()
             first = i == 0
             sidecars.append(make_sidecar(
-                shard=self.shard, index_in_shard=self.index, byte_range=[self.lo, hi], data=data,
+                shard=self.shard, index_in_shard=self.index, byte_range=byte_range, row_range=row_range, data=data,
                 row_group_index=rg_index, footer=footer, docs=parquet.docs, tokens=parquet.tokens,
                 bad_reasons=self.bad_reasons if first else None, dead_letters=dl_rel if first else None,
-                dead_letters_checksum=dl_sum if first else None, input_span=span, input_checksum=input_sum))
+                dead_letters_checksum=dl_sum if first else None, input_span=input_span,
+                input_checksum=input_checksum))
             files.append(data)
         if self.expect is not None:
             self.expect(tuple(sidecars))
@@ -349,13 +280,14 @@ class ChunkCheck:
         return self.problem == "absent"
 
 
-def verify_chunk(root: str, shard: int, index: int, byte_range: tuple[int, int] | None = None) -> ChunkCheck:
+def verify_chunk(root: str, shard: int, index: int, byte_range: Sequence[int] | None = None,
+                 row_range: Sequence[int] | None = None) -> ChunkCheck:
     """Check chunk ``index`` of ``shard`` in the cache at ``root`` against its sidecar.
 
-    Complete means: the sidecar parses, names this chunk (and ``byte_range`` if given), carries every key
-    this version writes, and agrees with the files: the Parquet file's size and sha256, its row-group
-    index and footer (recomputed), its document and token counts, and the dead-letter file's sha256 and
-    line count. The input bytes are the caller's to check (the sidecar's ``input_span`` and
+    Complete means: the sidecar parses, names this chunk (and ``byte_range`` or ``row_range`` if given),
+    carries every key this version writes, and agrees with the files: the Parquet file's size and sha256,
+    its row-group index and footer (recomputed), its document and token counts, and the dead-letter file's
+    sha256 and line count. The input bytes are the caller's to check (the sidecar's ``input_span`` and
     ``input_checksum``).
     """
     raw = fsutil.read_bytes_or_none(fmt.join(root, fmt.sidecar_path(shard, index)))
@@ -378,6 +310,8 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: tuple[int, int] 
         return bad("sidecar names another chunk")
     if byte_range is not None and sidecar["byte_range"] != list(byte_range):
         return bad("sidecar has another byte range")
+    if row_range is not None and sidecar.get("row_range") != list(row_range):
+        return bad("sidecar has another row range")
     path = fmt.join(root, sidecar["path"])
     data = fsutil.read_bytes_or_none(path)
     if data is None:

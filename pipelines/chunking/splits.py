@@ -96,15 +96,18 @@ class _Part:
 
     def __init__(self, config: Mapping[str, Any], shard: int, eos_id: int | None, row_group_tokens: int):
         self.shard, self.eos_id, self.row_group_tokens = shard, eos_id, row_group_tokens
+        self.keep_fields = tuple(config.get("keep_fields") or ())
         self.extra = 1 if eos_id is not None else 0
         self.arrays: list[np.ndarray] = []
         self.offsets: list[int] = []
+        self.fields: list[tuple] = []  # each document's kept fields, in config.keep_fields order
         self.tokens = 0
         self.parquet = ChunkParquet(config)
 
-    def add(self, array: np.ndarray, offset: int) -> None:
+    def add(self, array: np.ndarray, offset: int, fields: tuple = ()) -> None:
         self.arrays.append(array)
         self.offsets.append(offset)
+        self.fields.append(fields)
         self.tokens += len(array) + self.extra
         if self.tokens >= self.row_group_tokens:
             self.flush()
@@ -112,8 +115,9 @@ class _Part:
     def flush(self) -> None:
         if not self.arrays:
             return
-        self.parquet.write(row_group_table(self.arrays, self.shard, self.offsets, self.eos_id), self.tokens)
-        self.arrays, self.offsets, self.tokens = [], [], 0
+        kept = {name: [f[i] for f in self.fields] for i, name in enumerate(self.keep_fields)} or None
+        self.parquet.write(row_group_table(self.arrays, self.shard, self.offsets, self.eos_id, kept), self.tokens)
+        self.arrays, self.offsets, self.fields, self.tokens = [], [], [], 0
 
 
 class SplitRouter:
@@ -139,8 +143,8 @@ class SplitRouter:
         """Index of the cache (in :func:`cache_names` order) that the document ``text`` belongs to."""
         return 0 if self.spec is None else int(self.spec.is_validation(text))
 
-    def add(self, part: int, array: np.ndarray, offset: int) -> None:
-        self.parts[part].add(array, offset)
+    def add(self, part: int, array: np.ndarray, offset: int, fields: tuple = ()) -> None:
+        self.parts[part].add(array, offset, fields)
 
     def finish(self) -> list[ChunkParquet]:
         """Flush the last row groups; the Parquet writers, one per cache, ready for ``finish()``."""

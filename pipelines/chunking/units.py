@@ -1,127 +1,50 @@
-"""Building one work unit on a worker: read its lines, feed the chunk writer, skip chunks already complete.
+"""Building one work unit on a worker: read its records, hand them to a sink, skip chunks already complete.
 
-A byte-range unit (uncompressed shard) reads the lines starting in its range with a seek; a streamed
-unit (compressed shard) decompresses the shard once, checked to the end of the compressed stream, and
-cuts it into chunks by uncompressed offset, then writes the shard's ``_DONE.json``.
+A unit is one chunk of a randomly readable input, or a whole shard read in one pass:
 
-A chunk left by an earlier run is skipped only if it is complete (its files agree with its sidecar, see
-:func:`~pipelines.chunking.chunk_writer.verify_chunk`) **and** the input still holds the bytes it was built from:
-the lines starting in its byte range are read again and their span and sha256 compared with the
-sidecar's ``input_span`` and ``input_checksum`` (no tokenizing). A chunk that fails either check is
-rebuilt, so a rerun after an input was edited in place rebuilds exactly the chunks whose lines changed.
-Inputs known unchanged by their Cloud Storage CRC32C (``WorkUnit.trusted``) are not read again.
+- a byte range of an uncompressed JSON Lines shard: the lines starting in it, read with a seek;
+- a columnar chunk (Parquet row groups, Arrow record batches): :class:`~pipelines.inputs.columnar.ChunkReader`;
+- a compressed JSON Lines shard or a JSON array (plain or compressed), streamed once from the start and cut
+  into chunks by uncompressed offset (:mod:`pipelines.inputs.streams`); a compressed one then writes the
+  shard's ``_DONE.json``.
+
+Each chunk's records go to a sink (:mod:`pipelines.chunking.sinks`): the writer, or, for a chunk an earlier run
+left complete (its files agree with its sidecar, see :func:`~pipelines.chunking.chunk_writer.verify_chunk`), a
+stand-in that keeps it if the input still holds what it was built from (the sidecar's ``input_span`` and
+``input_checksum``, computed again without tokenizing) and rebuilds it otherwise. So a rerun after an input
+was edited in place rebuilds exactly the chunks whose input changed. Inputs known unchanged by their Cloud
+Storage CRC32C (``WorkUnit.trusted``) are not read again.
 
 When the cache is already finished (``recorded`` holds its ledger's sidecar checksums) a rebuilt chunk
 must reproduce the recorded one byte for byte: a repair never turns a finished cache into a cache of
 other inputs.
 
 In a split build every chunk is written into both caches (train and validation) from one read of its
-lines: it counts as complete only if it is complete in both and both record the same input bytes; else
-it is rebuilt in both (the one that was intact is rewritten with the same bytes).
+records: it counts as complete only if it is complete in both and both record the same input; else it is
+rebuilt in both (the one that was intact is rewritten with the same bytes).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
-import struct
-import tempfile
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping, Sequence
 
 from reader.format import spec as fmt
 
-from pipelines.inputs import fsutil
-from pipelines.chunking.chunk_writer import ChunkBuilder, ChunkCheck, Counters, verify_chunk
-from pipelines.inputs.decompress import open_input
-from pipelines.errors import BuildError, DamagedInput
-from pipelines.plan import MAX_SHARD_BYTES, UnitResult, WorkUnit
+from pipelines.chunking.chunk_writer import ChunkBuilder, Counters, verify_chunk
+from pipelines.chunking.sinks import Existing, Found, Sidecars, Trusted, Verifying
 from pipelines.chunking.splits import SplitSpec, cache_names, cache_roots
+from pipelines.errors import BuildError, DamagedInput
+from pipelines.inputs import fsutil
+from pipelines.inputs.columnar import ChunkReader
+from pipelines.inputs.decompress import open_input
+from pipelines.inputs.formats import JSON_ARRAY
+from pipelines.inputs.streams import ArrayStream, LineStream
+from pipelines.plan import MAX_SHARD_BYTES, UnitResult, WorkUnit
 
 LOG = logging.getLogger("chunkledger.build")
-REPLAY_MEMORY = 8 << 20  # a verified chunk's lines are kept in memory up to this, then in a local temp file
 _CHUNK_FILE = re.compile(r"chunk-(\d+)\.(parquet|json|jsonl)$")
-_REPLAY_HEADER = struct.Struct("<qq")  # a kept line's offset and size (-1: an over-long line, kept aside)
-
-Sidecars = tuple[dict[str, Any], ...]  # one chunk's sidecars, one per cache of the build
-
-
-@dataclasses.dataclass(frozen=True)
-class Found:
-    """What a rerun finds of one chunk in every cache of the build (one :class:`ChunkCheck` each)."""
-
-    checks: tuple[ChunkCheck, ...]
-
-    @property
-    def complete(self) -> bool:
-        first = self.checks[0].sidecar
-        return all(c.complete and c.sidecar["input_span"] == first["input_span"]
-                   and c.sidecar["input_checksum"] == first["input_checksum"] for c in self.checks)
-
-    @property
-    def absent(self) -> bool:
-        return all(c.absent for c in self.checks)
-
-    @property
-    def sidecars(self) -> Sidecars:
-        return tuple(c.sidecar for c in self.checks)
-
-    def input_matches(self, span: list[int], checksum: str) -> bool:
-        """The input bytes the chunk was built from are ``span`` with sha256 ``checksum``."""
-        first = self.checks[0].sidecar
-        return span == first["input_span"] and checksum == first["input_checksum"]
-
-    def problem(self, roots: tuple[str, ...], shard: int, index: int) -> str:
-        """Why the chunk is not complete, naming the file."""
-        for root, c in zip(roots, self.checks):
-            if not c.complete:
-                return f"{fmt.join(root, fmt.chunk_path(shard, index))}: {c.problem}"
-        return (f"{fmt.join(roots[-1], fmt.chunk_path(shard, index))}: records other input bytes than "
-                f"{fmt.join(roots[0], fmt.chunk_path(shard, index))}")
-
-
-class _Verifying:
-    """Stands in for a ChunkBuilder while a complete chunk's input is re-read: hashes and keeps its lines.
-
-    If the span and checksum match the sidecar, :meth:`finish` returns the sidecar; if not, the kept lines
-    are replayed into a real ChunkBuilder (a streamed shard cannot be read twice cheaply), which takes
-    over this hash of them. A line over ``max_doc_bytes`` is kept as its first bytes and size (all its
-    dead letter needs).
-    """
-
-    def __init__(self, unit_builder: "UnitBuilder", unit: WorkUnit, index: int, lo: int, check: Found):
-        self.ub, self.unit, self.index, self.lo, self.check = unit_builder, unit, index, lo, check
-        self.span = fsutil.SpanHasher()
-        self.kept = tempfile.SpooledTemporaryFile(max_size=REPLAY_MEMORY)  # (offset, size, bytes) records
-        self.long: dict[int, fsutil.LongLine] = {}  # offset -> an over-long line, drained (head and size)
-
-    def add(self, offset: int, raw: bytes | fsutil.LongLine) -> None:
-        self.span.add(offset, raw)
-        if type(raw) is bytes:
-            self.kept.write(_REPLAY_HEADER.pack(offset, len(raw)))
-            self.kept.write(raw)
-        else:
-            self.long[offset] = raw
-            self.kept.write(_REPLAY_HEADER.pack(offset, -1))
-
-    def _replay(self) -> Iterator[tuple[int, bytes | fsutil.LongLine]]:
-        self.kept.seek(0)
-        while header := self.kept.read(_REPLAY_HEADER.size):
-            off, n = _REPLAY_HEADER.unpack(header)
-            yield off, (self.long[off] if n < 0 else self.kept.read(n))
-
-    def finish(self, hi: int, end: int) -> Sidecars:
-        span, checksum = self.span.finish(end)
-        if self.check.input_matches(span, checksum):
-            self.kept.close()
-            return self.ub.skipped(self.unit, self.index, self.check)
-        self.ub.input_changed(self.unit, self.index)
-        builder = self.ub.chunk_builder(self.unit, self.index, self.lo)
-        builder.span = self.span  # the same lines, hashed already
-        for off, raw in self._replay():
-            builder.take(off, raw)
-        self.kept.close()
-        return builder.finish(hi, end)
 
 
 class UnitBuilder:
@@ -146,7 +69,7 @@ class UnitBuilder:
         self.output = output
         self.encoder = encoder
         self.config = config
-        self.max_line = config.get("max_doc_bytes")  # longer lines are streamed past, never held
+        self.max_line = config.get("max_doc_bytes")  # longer records are streamed past, never held
         self.eos_id = eos_id
         self.counters = counters or Counters()
         self.split = split
@@ -158,14 +81,16 @@ class UnitBuilder:
 
     def build(self, unit: WorkUnit) -> tuple[UnitResult, ...]:
         """The unit's chunks written or verified: one result per cache of the build."""
-        if unit.streamed:
+        if unit.columnar is not None:
+            per_chunk, done = [self._build_columnar(unit)], None
+        elif unit.streamed:
             per_chunk, done = self._build_stream(unit)
         else:
             per_chunk, done = [self._build_range(unit)], None
         return tuple(UnitResult(shard=unit.shard, sidecars=tuple(sc[i] for sc in per_chunk), done=done, split=name)
                      for i, name in enumerate(self.names))
 
-    # -- chunk outcomes (shared by both kinds of unit) ---------------------------------------------
+    # -- chunk outcomes (shared by every kind of unit) ---------------------------------------------
     def chunk_builder(self, unit: WorkUnit, index: int, lo: int) -> ChunkBuilder:
         expect = None
         if self.finished:
@@ -190,7 +115,7 @@ class UnitBuilder:
         return check.sidecars
 
     def input_changed(self, unit: WorkUnit, index: int) -> None:
-        """A complete chunk whose input bytes changed since it was built: rebuild it (never in a finished cache)."""
+        """A complete chunk whose input changed since it was built: rebuild it (never in a finished cache)."""
         if self.finished:
             raise self._finished_input_changed(unit, index)
         LOG.warning("input file %s changed since chunk %d of shard %d was built: rebuilding that chunk",
@@ -198,18 +123,27 @@ class UnitBuilder:
         self.counters.inc("chunks_rebuilt", 1)
         self.counters.inc("chunks_input_changed", 1)
 
+    def _existing(self, unit: WorkUnit, index: int, lo: int, check: Found) -> Existing:
+        def rebuild() -> ChunkBuilder:
+            self.input_changed(unit, index)
+            return self.chunk_builder(unit, index, lo)
+
+        return Existing(found=check, keep=lambda: self.skipped(unit, index, check), rebuild=rebuild)
+
     def _finished_input_changed(self, unit: WorkUnit, index: int) -> BuildError:
         return BuildError(
-            f"input file {unit.path} changed since the cache in {self.finished[0]} was finished (the lines of chunk "
-            f"{index} of shard {unit.shard} are not the bytes it was built from). A finished cache is never "
+            f"input file {unit.path} changed since the cache in {self.finished[0]} was finished (the records of "
+            f"chunk {index} of shard {unit.shard} are not the input it was built from). A finished cache is never "
             "rebuilt from other inputs (readers may be using it): build into another --output, or restore "
             "the file.")
 
-    def _found(self, shard: int, index: int, byte_range: tuple[int, int] | None = None) -> Found:
-        return Found(tuple(verify_chunk(root, shard, index, byte_range) for root in self.roots))
+    def _found(self, shard: int, index: int, byte_range: Sequence[int] | None = None,
+               row_range: Sequence[int] | None = None) -> Found:
+        return Found(tuple(verify_chunk(root, shard, index, byte_range, row_range) for root in self.roots))
 
-    def _check(self, unit: WorkUnit, index: int, byte_range: tuple[int, int] | None) -> Found:
-        check = self._found(unit.shard, index, byte_range)
+    def _check(self, unit: WorkUnit, index: int, byte_range: Sequence[int] | None = None,
+               row_range: Sequence[int] | None = None) -> Found:
+        check = self._found(unit.shard, index, byte_range, row_range)
         if not check.absent:
             self.counters.inc("chunks_checked", 1)
         if not check.complete and not check.absent:
@@ -224,7 +158,7 @@ class UnitBuilder:
             raise BuildError(f"input file {unit.path} changed during the build (planned size {unit.size}, "
                              f"now {size}); inputs must not change while a cache is built into the same --output")
 
-    # -- an uncompressed shard's chunk: a byte range ----------------------------------------------
+    # -- an uncompressed JSON Lines shard's chunk: a byte range ------------------------------------
     def _build_range(self, unit: WorkUnit) -> Sidecars:
         k = unit.index
         check = self._check(unit, k, (unit.lo, unit.hi))
@@ -245,24 +179,51 @@ class UnitBuilder:
             builder.add(off, raw)
         return builder.finish(unit.hi, lines.end)
 
-    # -- a compressed shard: streamed once ---------------------------------------------------------
-    def _build_stream(self, unit: WorkUnit) -> tuple[list[Sidecars], dict[str, int]]:
-        shard = unit.shard
-        done_paths = [fmt.join(root, fmt.shard_done_path(shard)) for root in self.roots]
+    # -- a columnar chunk: whole row groups or record batches --------------------------------------
+    def _build_columnar(self, unit: WorkUnit) -> Sidecars:
+        chunk = unit.columnar
+        k = chunk.index
+        check = self._check(unit, k, row_range=chunk.row_range)
+        self._check_unchanged(unit)
+        reader = ChunkReader(chunk, text_key=self.config["text_key"], keep_fields=self.config.get("keep_fields") or ())
+        if check.complete:
+            if unit.trusted or check.input_matches(reader.span, reader.input_checksum()):  # stored bytes, not decoded
+                return self.skipped(unit, k, check)
+            self.input_changed(unit, k)
+        builder = self.chunk_builder(unit, k, 0)
+        for record in reader:
+            builder.take(record.row, record)
+        builder.input_bytes = sum(chunk.group_bytes)
+        return builder.write(byte_range=None, row_range=reader.row_range, input_span=reader.span,
+                             input_checksum=reader.checksum)
+
+    # -- a shard read in one pass: compressed JSON Lines, a JSON array -----------------------------
+    def _build_stream(self, unit: WorkUnit) -> tuple[list[Sidecars], dict[str, int] | None]:
+        """Every chunk of the shard; its ``_DONE.json`` content (None for a plain JSON array, whose chunks are
+        known from its size)."""
+        shard, cb = unit.shard, self.config["chunk_bytes"]
+        plain = unit.compression == "none"
+        done_paths = [] if plain else [fmt.join(root, fmt.shard_done_path(shard)) for root in self.roots]
         raw_dones = [fsutil.read_bytes_or_none(p) for p in done_paths]
         self._check_unchanged(unit)
-        done = _done_record(raw_dones[0], self.config["chunk_bytes"])
-        if done is not None and len(set(raw_dones)) == 1 and unit.trusted:  # the same _DONE.json in each cache
-            checks = [self._found(shard, k) for k in range(done["chunks"])]
+        if plain:
+            known = fmt.num_chunks(unit.size, cb)
+        else:
+            done = _done_record(raw_dones[0], cb)
+            known = done["chunks"] if done is not None and len(set(raw_dones)) == 1 else None  # one in each cache
+        if known is not None and unit.trusted:
+            checks = [self._found(shard, k) for k in range(known)]
             if all(c.complete for c in checks):
                 self.counters.inc("chunks_checked", len(checks))
-                return [self.skipped(unit, k, c) for k, c in enumerate(checks)], done
+                return [self.skipped(unit, k, c) for k, c in enumerate(checks)], None if plain else done
         try:
             sidecars, total = self._stream(unit)
         except DamagedInput:
             if not self.finished:
                 self._forget_shard(shard)  # nothing built from a damaged stream is kept as complete
             raise
+        if plain:
+            return sidecars, None
         done = {"chunks": len(sidecars), "uncompressed_bytes": total}
         self._remove_stale_chunks(shard, len(sidecars))
         done_bytes = fmt.dumps(done).encode()
@@ -277,33 +238,35 @@ class UnitBuilder:
         cur = None
 
         def start(k: int):
-            check = self._check(unit, k, None)
+            check = self._check(unit, k)
             if not check.complete:
                 return self.chunk_builder(unit, k, k * cb)
-            if unit.trusted:
-                return _Trusted(self, unit, k, check)
-            return _Verifying(self, unit, k, k * cb, check)
+            existing = self._existing(unit, k, k * cb, check)
+            return Trusted(existing) if unit.trusted else Verifying(existing)
+
+        def finish(sink, hi: int, end: int) -> None:
+            k = len(sidecars)
+            span, checksum = source.result(k, end)
+            sidecars.append(sink.write(byte_range=[k * cb, hi], input_span=span, input_checksum=checksum))
 
         with open_input(unit.path, unit.compression) as f:
-            reader = fsutil.LineReader(f, max_line=self.max_line)
-            for off, raw in reader:
+            source = (ArrayStream(f, unit.path, cb, self.max_line) if unit.format == JSON_ARRAY
+                      else LineStream(f, cb, self.max_line))
+            for off, raw in source:
                 k = off // cb
                 if cur is None or k != len(sidecars):
                     if cur is not None:
-                        sidecars.append(cur.finish(len(sidecars) * cb + cb, off))
-                    while len(sidecars) < k:  # chunks holding no line start
-                        j = len(sidecars)
-                        sidecars.append(start(j).finish(j * cb + cb, off))
+                        finish(cur, len(sidecars) * cb + cb, off)
+                    while len(sidecars) < k:  # chunks holding no record start
+                        finish(start(len(sidecars)), len(sidecars) * cb + cb, off)
                     cur = start(k)
-                cur.add(off, raw)
-            total = reader.pos
+                cur.take(off, raw)
+            total = source.end
         n = fmt.num_chunks(total, cb)
         if cur is not None:
-            k = len(sidecars)
-            sidecars.append(cur.finish(min(k * cb + cb, total), total))
+            finish(cur, min(len(sidecars) * cb + cb, total), total)
         while len(sidecars) < n:
-            k = len(sidecars)
-            sidecars.append(start(k).finish(min(k * cb + cb, total), total))
+            finish(start(len(sidecars)), min(len(sidecars) * cb + cb, total), total)
         # byte ranges come from the sidecar: a chunk of another length (the input changed) is not complete
         for k, scs in enumerate(sidecars):
             want = [k * cb, min(k * cb + cb, total)]
@@ -355,16 +318,3 @@ def _done_record(raw: bytes | None, chunk_bytes: int) -> dict[str, int] | None:
     if type(total) is not int or type(chunks) is not int or not 0 <= total <= MAX_SHARD_BYTES:
         return None
     return done if chunks == fmt.num_chunks(total, chunk_bytes) else None
-
-
-class _Trusted:
-    """Stands in for a ChunkBuilder when a complete chunk's input is known unchanged (same CRC32C)."""
-
-    def __init__(self, unit_builder: UnitBuilder, unit: WorkUnit, index: int, check: Found):
-        self.ub, self.unit, self.index, self.check = unit_builder, unit, index, check
-
-    def add(self, offset: int, raw: bytes) -> None:
-        pass
-
-    def finish(self, hi: int, end: int) -> Sidecars:
-        return self.ub.skipped(self.unit, self.index, self.check)

@@ -29,6 +29,7 @@ import numpy as np
 from reader.cli import report as report_cli
 from reader.cli import support as cli_support
 from reader.format import spec as fmt
+from reader.storage import fields
 from reader.storage.cache import Cache
 from reader.interop.export import write_file
 from reader.mixture.spec import is_mixture_path
@@ -91,6 +92,9 @@ def cmd_inspect(args) -> int:
         info["progress"] = progress.as_dict()
     if memory is not None:
         info["memory"] = memory
+    if args.by:  # documents and tokens per value of a kept field
+        info["by"] = {args.by: [{"value": v, "documents": d, "tokens": n} for v, (d, n) in
+                                fields.tally(cache, args.by).items()]}
     if args.json:
         print(fmt.dumps(info), end="")
         return 0
@@ -116,6 +120,11 @@ def cmd_inspect(args) -> int:
               f"{m['decoded']:.1f} MiB, kept decode buffers {m['kept_buffers']:.1f} MiB, batches read ahead up to "
               f"{m['ahead_limit']:.1f} MiB; process RSS {m['rss']:.0f} MiB (the interpreter, numpy and pyarrow "
               "alone: about 70 MiB)")
+    for name, rows in info.get("by", {}).items():
+        w = max([len(name) + 3] + [len(str(r["value"])) for r in rows])
+        print(f"\n{'by ' + name:<{w}}  {'documents':>14}  {'tokens':>18}")
+        for r in rows:
+            print(f"{'(none)' if r['value'] is None else r['value']:<{w}}  {r['documents']:>14,}  {r['tokens']:>18,}")
     return 0
 
 
@@ -226,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--shuffle_seed", type=int, default=None, help="with --read_batches: shuffle")
     q.add_argument("--memory_budget_bytes", type=int, default=ReadOptions.memory_budget_bytes,
                    help=f"with --read_batches: the reader's budget (default {ReadOptions.memory_budget_bytes})")
+    q.add_argument("--by", metavar="FIELD", help="documents and tokens per value of FIELD, a field the build kept "
+                                                 "(--keep_fields); reads that field of every chunk")
     q.set_defaults(fn=cmd_inspect)
 
     v = sub.add_parser("validate", help="check every chunk against the ledger; exit 1 on any problem")

@@ -45,7 +45,8 @@ def parquet_writer_options(config: Mapping[str, Any]) -> dict[str, Any]:
     return opts
 
 
-def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eos_id: int | None) -> pa.Table:
+def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eos_id: int | None,
+                    fields: Mapping[str, Sequence[str | None]] | None = None) -> pa.Table:
     """One row group: documents' token arrays (EOS appended when ``eos_id`` is not None).
 
     Args:
@@ -53,6 +54,7 @@ def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eo
       shard: the input shard of every document (the ``shard`` column).
       offsets: each document's byte offset in its uncompressed input shard (the ``offset`` column).
       eos_id: appended to every document when not None.
+      fields: the kept fields (``config.keep_fields``, in that order): name -> one value per document.
     """
     n = len(arrays)
     if eos_id is not None:
@@ -66,21 +68,24 @@ def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eo
         parts = arrays
         lengths = np.fromiter((len(a) for a in arrays), dtype=np.int32, count=n)
     values = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
-    return flat_row_group_table(values, lengths, shard, offsets)
+    return flat_row_group_table(values, lengths, shard, offsets, fields)
 
 
-def flat_row_group_table(values: np.ndarray, lengths: np.ndarray, shard: int, offsets) -> pa.Table:
+def flat_row_group_table(values: np.ndarray, lengths: np.ndarray, shard: int, offsets,
+                         fields: Mapping[str, Sequence[str | None]] | None = None) -> pa.Table:
     """One row group from the documents' tokens concatenated (``values``) and their ``lengths``."""
     n = len(lengths)
     offs = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offs[1:])
     tokens = pa.ListArray.from_arrays(pa.array(offs), pa.array(np.asarray(values, dtype=np.int32), type=pa.int32()),
                                       type=_TOKEN_TYPE)
-    return pa.Table.from_arrays(
-        [tokens, pa.array(np.asarray(lengths, dtype=np.int32), type=pa.int32()),
-         pa.array(np.full(n, shard, dtype=np.int32)), pa.array(np.asarray(offsets, dtype=np.int64))],
-        schema=fmt.CHUNK_SCHEMA,
-    )
+    columns = [tokens, pa.array(np.asarray(lengths, dtype=np.int32), type=pa.int32()),
+               pa.array(np.full(n, shard, dtype=np.int32)), pa.array(np.asarray(offsets, dtype=np.int64))]
+    schema = fmt.chunk_schema(tuple(fields or ()))
+    if fields:
+        columns.append(pa.StructArray.from_arrays([pa.array(v, type=pa.string()) for v in fields.values()],
+                                                  fields=list(schema.field(fmt.FIELDS_COLUMN).type)))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 class ChunkParquet:
@@ -91,7 +96,8 @@ class ChunkParquet:
 
     def __init__(self, config: Mapping[str, Any]):
         self.sink = pa.BufferOutputStream()
-        self.writer = pq.ParquetWriter(self.sink, fmt.CHUNK_SCHEMA, **parquet_writer_options(config))
+        schema = fmt.chunk_schema(tuple(config.get("keep_fields") or ()))
+        self.writer = pq.ParquetWriter(self.sink, schema, **parquet_writer_options(config))
         self.row_group_tokens: list[int] = []
         self.docs = 0
 
@@ -117,16 +123,16 @@ class ChunkParquet:
         return data, rg_index, footer
 
 
-def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], data: bytes,
+def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int] | None, data: bytes,
                  row_group_index: list, footer: list, docs: int, tokens: int,
                  bad_reasons: Mapping[str, int] | None = None, dead_letters: str | None = None,
                  dead_letters_checksum: str | None = None, input_span: Sequence[int] | None = None,
-                 input_checksum: str | None = None) -> dict[str, Any]:
+                 input_checksum: str | None = None, row_range: Sequence[int] | None = None) -> dict[str, Any]:
     """The sidecar of a chunk (docs/FORMAT.md): write it with ``fmt.sidecar_bytes`` after the Parquet file.
 
     Args:
       shard, index_in_shard: the chunk's place (its path follows from them).
-      byte_range: ``[lo, hi)`` of the uncompressed input shard the chunk covers.
+      byte_range: ``[lo, hi)`` of the uncompressed input shard the chunk covers (None for a columnar input).
       data: the chunk file's bytes (size and checksum).
       row_group_index, footer: from :meth:`ChunkParquet.finish`.
       docs, tokens: counts in the chunk.
@@ -135,13 +141,16 @@ def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], 
       input_span, input_checksum: ``[start, end)`` of the input bytes the chunk was built from (its lines)
         and their checksum, which a rerun compares with the input to find chunks whose input changed
         (None for imported caches, which are not rebuilt from an input).
+      row_range: ``[r0, r1)``, the rows of a columnar input the chunk covers (a ``row_range`` key; none
+        for other inputs, whose sidecars stay as they were).
     """
     bad = dict(sorted((bad_reasons or {}).items()))
+    extra = {} if row_range is None else {"row_range": [int(row_range[0]), int(row_range[1])]}
     return {
         "path": fmt.chunk_path(shard, index_in_shard),
         "shard": shard,
         "index_in_shard": index_in_shard,
-        "byte_range": [int(byte_range[0]), int(byte_range[1])],
+        "byte_range": None if byte_range is None else [int(byte_range[0]), int(byte_range[1])],
         "docs": int(docs),
         "tokens": int(tokens),
         "bytes": len(data),
@@ -155,6 +164,7 @@ def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], 
         "dead_letters_checksum": dead_letters_checksum,
         "input_span": None if input_span is None else [int(input_span[0]), int(input_span[1])],
         "input_checksum": input_checksum,
+        **extra,
     }
 
 

@@ -47,9 +47,13 @@ from reader.format import checks
 from reader.format.checks import MAX_COUNT, MAX_INDEX, MAX_TOTAL, is_int, load_json  # noqa: F401 - re-exported
 
 FORMAT_NAME = "chunkledger"
-FORMAT_VERSION = 2  # the version this code writes
-# Versions this code reads; they differ only in what the builder records for resuming (docs/FORMAT.md).
-READABLE_FORMAT_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # the newest version this code writes
+# What a cache that uses nothing version 3 added (inputs other than JSON Lines, kept fields) is written as:
+# byte for byte what writers before version 3 wrote, so older readers and builders keep reading it.
+BASE_FORMAT_VERSION = 2
+# Versions this code reads; a reader needs nothing of the differences but the optional fields column
+# (docs/FORMAT.md, "Versions").
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 
 LEDGER_NAME = "ledger.json"
 CHUNKS_DIR = "chunks"
@@ -77,6 +81,19 @@ CHUNK_SCHEMA = pa.schema(
         pa.field(OFFSET_COLUMN, pa.int64(), nullable=False),
     ]
 )
+
+# --keep_fields: one more column, a struct of the kept fields (nullable strings, in config.keep_fields order).
+# Batches never read it; Cache.fields and `inspect --by` do.
+FIELDS_COLUMN = "fields"
+
+
+def chunk_schema(keep_fields: Sequence[str] = ()) -> pa.Schema:
+    """The schema of a chunk of a cache built with ``config.keep_fields`` (CHUNK_SCHEMA when none)."""
+    if not keep_fields:
+        return CHUNK_SCHEMA
+    return CHUNK_SCHEMA.append(pa.field(FIELDS_COLUMN, pa.struct([pa.field(n, pa.string()) for n in keep_fields]),
+                                        nullable=False))
+
 
 # Key in a chunk's Parquet key-value metadata: JSON list of token counts per row group, so a reader can
 # decode only the row groups a token range needs.

@@ -230,7 +230,7 @@ def plan_ledger(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
     inputs = [dict({"shard": i, "path": s.path, "size": s.size, "compression": "none",
                     "chunks": num_chunks(s, config["chunk_bytes"])}, **s.input_entry())
               for i, s in enumerate(sources)]
-    return {"format": fmt.FORMAT_NAME, "format_version": fmt.FORMAT_VERSION, "finished": False,
+    return {"format": fmt.FORMAT_NAME, "format_version": fmt.BASE_FORMAT_VERSION, "finished": False,
             "tokenizer": tokenizer, "config": config, "inputs": inputs, "chunks": [], "totals": {},
             "bad_records": {}}
 

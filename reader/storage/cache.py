@@ -20,6 +20,7 @@ import numpy as np
 from reader.format import spec as fmt
 from reader.storage import remote
 from reader.order import streams
+from reader.storage import fields as kept
 from reader.storage import whatis
 
 T = TypeVar("T")
@@ -93,6 +94,11 @@ class Cache:
             if remote.is_storage_error(e):
                 raise remote.storage_error(self.display(rel), e, anonymous=self.anonymous) from e
             raise
+
+    def fields(self, start: int, stop: int, names=None) -> dict[str, list]:
+        """Kept fields (``--keep_fields``) of documents ``[start, stop)`` in global order: ``name -> values``
+        (:func:`reader.storage.fields.read_fields`)."""
+        return kept.read_fields(self, start, stop, names)
 
     # -- loading ----------------------------------------------------------------------------------
     def _read_ledger(self) -> fmt.Ledger:

@@ -314,3 +314,22 @@ def _kill_a_busy_worker(cluster: DaskCluster, launcher: subprocess.Popen):
             return victim, open_units[busy[0]], done
         time.sleep(0.01)
     raise AssertionError(f"no worker was busy after 3 units (build exit code {launcher.poll()})")
+
+
+@pytest.mark.slow
+def test_dask_cluster_builds_columnar_and_json_array_inputs_byte_identical(tmp_path):
+    from columnar_files import corpus_table, every_format
+
+    inputs = list(every_format(tmp_path / "in", corpus_table(300, seed=6)).values())
+    args = [a for p in inputs for a in ("--input", p)] + ["--tokenizer", "tiktoken:cl100k_base", "--chunk_bytes",
+                                                          "8192", "--keep_fields", "source", "--append_eos"]
+    ref = str(tmp_path / "fnapi")
+    build_cache.run(args + ["--output", ref] + FNAPI)
+    with dask_cluster(tmp_path) as cluster:
+        out = str(tmp_path / "dask")
+        proc = subprocess.run([sys.executable, "-m", "pipelines.build_cache", *args, "--output", out,
+                               "--runner=DaskRunner", f"--dask_client_address={cluster.address}"], cwd=REPO,
+                              capture_output=True, text=True, timeout=BUILD_SECONDS)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert tree_bytes(out) == tree_bytes(ref)
+    assert {i["format"] for i in load_ledger(out)["inputs"]} == {"jsonl", "json_array", "parquet", "arrow"}

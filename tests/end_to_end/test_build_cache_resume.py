@@ -147,8 +147,8 @@ def test_rerun_with_other_config_or_tokenizer_or_inputs_refuses(corpus, tmp_path
         build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK * 2, max_bad_fraction=1.0)
     with pytest.raises(BuildError, match="config.append_eos"):
         build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK, append_eos=True)
-    with pytest.raises(BuildError, match="config.text_key: 'text' in the cache, 'body' now"):
-        build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK, text_key="body")
+    with pytest.raises(BuildError, match="config.text_key: 'text' in the cache, 'id' now"):
+        build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK, text_key="id")  # a key every record has
     tok = train_tiny_tokenizer(str(tmp_path / "tok" / "tokenizer.json"))
     with pytest.raises(BuildError, match="different tokenizer"):
         build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK, tokenizer=tok)

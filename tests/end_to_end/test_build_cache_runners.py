@@ -66,3 +66,19 @@ def test_identical_bytes_across_runners(tmp_path, job_service):
         assert sorted(got) == sorted(ref), other
         for k in ref:
             assert got[k] == ref[k], f"{other}: {k} differs"
+
+
+@pytest.mark.slow
+def test_columnar_and_json_array_inputs_identical_bytes_across_runners(tmp_path, job_service):
+    """Every input format in one build: the same bytes on every runner (Dask: test_build_cache_dask.py)."""
+    from columnar_files import corpus_table, every_format
+
+    inputs = list(every_format(tmp_path / "in", corpus_table(200, seed=4)).values())
+    common = dict(chunk_bytes=CHUNK * 2, max_bad_fraction=1.0, append_eos=True, keep_fields="source,id")
+    outs = [build(tmp_path, inputs, name=name, runner=runner, **common)[0] for name, runner in (
+        ("fnapi", FNAPI), ("direct_mp2", DIRECT_MP2),
+        ("portable", ["--runner=PortableRunner", f"--job_endpoint={job_service}", "--environment_type=LOOPBACK"]))]
+    ref = tree_bytes(outs[0])
+    assert len(ref) > 50
+    for other in outs[1:]:
+        assert tree_bytes(other) == ref, other

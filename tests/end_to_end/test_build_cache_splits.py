@@ -408,7 +408,8 @@ def test_a_file_whose_documents_all_went_to_validation_is_not_empty(tmp_path):
     docs = {name: sum(c["docs"] for c in load_ledger(os.path.join(out, name))["chunks"] if c["shard"] == 1)
             for name in SPLITS}
     assert docs == {"train": 0, "validation": 2}
-    c = write_shard(str(tmp_path / "in" / "c.jsonl"), [b"not json", b"{}"])  # every line bad: no document anywhere
+    # every line bad: no document anywhere (records lacking the text key would be refused before the build)
+    c = write_shard(str(tmp_path / "in" / "c.jsonl"), [b"not json", b'{"text": 5}'])
     with pytest.raises(BuildError, match=f"1 input file.s. yield no document: {c} "):
         build(tmp_path, [a, c], name="bad", chunk_bytes=CHUNK, max_bad_fraction=1.0, validation_fraction=FRACTION,
               split_seed=SEED)

@@ -348,3 +348,28 @@ def test_hf_tokenizer_on_gs_resolves_like_the_local_file(tmp_path, emulator):
         assert (got.hash, got.vocab_size, got.eos_id) == (ref.hash, ref.vocab_size, ref.eos_id)
     text = "The quick brown fox jumps over the lazy dog."
     assert by_dir.load_reference().encode_many([text])[0].tolist() == ref.load_reference().encode_many([text])[0].tolist()
+
+
+def test_columnar_and_json_array_inputs_on_gs_build_the_local_cache(tmp_path):
+    """Parquet, Arrow, a JSON array and a save_to_disk directory on gs:// (read by byte ranges through gcsfs) build
+    the local build's bytes."""
+    from columnar_files import corpus_table, save_to_disk, write_arrow, write_json_array, write_parquet
+
+    d = tmp_path / "in"
+    d.mkdir()
+    t = corpus_table(150, seed=8)
+    write_parquet(d / "a.parquet", t, row_group_size=25)
+    write_arrow(d / "b.arrow", t, batch_rows=40)
+    write_json_array(d / "c.json", t)
+    save_to_disk(d / "saved", t, num_shards=2)
+    local = str(tmp_path / "local")
+    args = ["--keep_fields", "source", *FNAPI]
+    build_cache.run(argv(str(d / "*"), local, "--input", str(d / "saved"), *args))
+    assert len(json.load(open(os.path.join(local, fmt.LEDGER_NAME)))["inputs"]) == 5
+    with GcsEmulator(bucket="chunkledger-cols") as emu:
+        for p in sorted(glob.glob(str(d / "**"), recursive=True)):
+            if os.path.isfile(p):
+                emu.upload(p, "in/" + os.path.relpath(p, d))
+        with emu.beam_env():
+            build_cache.run(argv(emu.url("in/*"), emu.url("cache"), "--input", emu.url("in/saved"), *args))
+        assert_same_cache(gs_tree(emu, "cache"), local_tree(local), emu.url("in/"), str(d) + "/")

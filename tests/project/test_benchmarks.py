@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 REQUIRED = [
     "pipeline_vs_tiktoken_limit", "pipeline_vs_limit", "pipeline_hf_vs_raw_hf", "pipeline_vs_hf_datasets",
     "pipeline_hf_vs_hf_datasets", "pipeline_startup_fraction_max",
-    "pipeline_scaling_2_vs_1", "reader_vs_memmap", "reader_tokens_per_s", "memmap_tokens_per_s",
+    "pipeline_scaling_2_vs_1", "pipeline_parquet_vs_jsonl_input", "reader_vs_memmap", "reader_tokens_per_s", "memmap_tokens_per_s",
     "reader_shuffled_vs_memmap", "reader_shuffled_tokens_per_s", "memmap_shuffled_tokens_per_s",
     "reader_mixture_vs_single", "reader_mixture_shuffled_vs_single", "mixture_open_vs_ledgers",
     "reader_1p_vs_memmap", "reader_shuffled_1p_vs_memmap", "reader_workers_peak_rss_mb",
@@ -116,7 +116,7 @@ def test_quick_suite_produces_every_figure(tmp_path):
     assert details["profile"] == "quick" and details["samples"]
     # The machine's own 2-vs-1 scaling is measured beside ours, and a speed probe ran before every measured
     # command (encoders, the limit x3 (twice on 2 processes, once on 1), tiktoken's limit, builds x4, HF datasets
-    # x2, raw HF, stages, reader, mixture), each shown in the report.
+    # x2, raw HF, stages, the Parquet-input comparison's 3 builds, reader, mixture), each shown in the report.
     assert fig["limit_1p_tokens_per_s"] > 0 and fig["limit_scaling_2_vs_1"] > 0
     assert math.isclose(fig["pipeline_scaling_vs_limit_scaling"],
                         fig["pipeline_scaling_2_vs_1"] / fig["limit_scaling_2_vs_1"])
@@ -132,7 +132,7 @@ def test_quick_suite_produces_every_figure(tmp_path):
                      ("benchmarks.megatron_peer classic", 1), ("benchmarks.encoders_cold", 2),
                      ("benchmarks.stages", 2), ("benchmarks.packing_cost", 1)):
         assert labels.count(label) == n, (label, labels)
-    assert len(probes) == 28 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
+    assert len(probes) == 31 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
     assert 0 < fig["probe_compute_min_vs_max"] <= 1 and 0 < fig["probe_memory_min_vs_max"] <= 1
     assert "### Machine speed during the run" in text and text.count("| benchmarks.baselines limit --encoder fastokens |") == 3
     # the distinct corpus: each document once; every exact path gave our build's tokens (the run checks them),

@@ -45,6 +45,7 @@ EXAMPLES = {
     "max_bad_fraction": ["0", "0.05", "1", ".5"],
     "validation_fraction": ["0.01", ".005", "0.5"],
     "split_seed": ["0", "17"],
+    "keep_fields": ["source,url", "metadata.lang"],
 }
 # Values every regex of the parameter must reject.
 BAD = {
@@ -60,6 +61,7 @@ BAD = {
     "max_bad_fraction": ["2", "-0.1", "ten percent"],
     "validation_fraction": ["1", "1.0", "-0.1", "5%"],
     "split_seed": ["-1", "seven", ""],
+    "keep_fields": ["source, url", "a,,b", ","],
 }
 
 

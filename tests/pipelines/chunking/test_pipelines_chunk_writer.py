@@ -1,8 +1,9 @@
-"""The chunk writer (pipelines/chunking/chunk_writer.py): line parsing and its bad-record reasons."""
+"""The chunk writer (pipelines/chunking/chunk_writer.py) and the record parser (pipelines/chunking/records.py): JSON
+records and their bad-record reasons, dotted keys and kept fields, the chunks written."""
 
 from __future__ import annotations
 
-from pipelines.chunking.chunk_writer import BAD_REASONS, parse_line
+from pipelines.chunking.records import BAD_REASONS, parse_line
 
 
 def test_parse_line_reasons():
@@ -83,14 +84,15 @@ def _verdict(fn, raw):
 
 
 def test_fast_json_path_gives_the_standard_parsers_verdict_on_nasty_lines():
-    from pipelines.chunking import chunk_writer
+    from pipelines.chunking import records
 
-    assert chunk_writer._orjson_loads is not None, "orjson (a dependency of apache-beam) is not installed"
+    assert records._orjson_loads is not None, "orjson (a dependency of apache-beam) is not installed"
     for raw in NASTY_LINES:
-        assert _verdict(parse_line, raw) == _verdict(chunk_writer.parse_line_json, raw), raw[:80]
-    # the nasty lines cover every reason but the tokenizer's and the line length's (decided before parsing)
-    reasons = {chunk_writer.parse_line_json(raw, "text")[1] for raw in NASTY_LINES}
-    assert set(BAD_REASONS) - reasons == {"invalid_unicode", "tokenizer_error", "too_long"}
+        assert _verdict(parse_line, raw) == _verdict(records.parse_line_json, raw), raw[:80]
+    # the nasty lines cover every reason but the tokenizer's, the line length's (decided before parsing), the
+    # kept fields' (below) and the columnar text's (tests/pipelines/inputs/test_pipelines_columnar.py)
+    reasons = {records.parse_line_json(raw, "text")[1] for raw in NASTY_LINES}
+    assert set(BAD_REASONS) - reasons == {"invalid_unicode", "tokenizer_error", "too_long", "bad_field", "null_text"}
     deep = {raw.count(b"["): parse_line(raw, "text")[1] for raw in NASTY_LINES[22:27]}
     assert deep == {998: None, 999: None, 1000: "too_deep", 1010: "too_deep", 1030: "too_deep"}
 
@@ -100,7 +102,7 @@ def test_nesting_verdict_does_not_depend_on_the_stack():
     the same holds with a smaller limit (a cache whose ledger records another)."""
     import sys
 
-    from pipelines.chunking import chunk_writer
+    from pipelines.chunking import records
 
     good = b'{"text": "ok", "deep": ' + b"[" * 999 + b"]" * 999 + b"}"
     bad = b'{"text": "ok", "deep": ' + b"[" * 1000 + b"]" * 1000 + b"}"
@@ -110,7 +112,7 @@ def test_nesting_verdict_does_not_depend_on_the_stack():
         return at_depth(n - 1, fn, *args) if n else fn(*args)
 
     try:
-        for fn in (parse_line, chunk_writer.parse_line_json):
+        for fn in (parse_line, records.parse_line_json):
             for stack in (0, 500, 900):
                 assert at_depth(stack, fn, good, "text") == ("ok", None, "")
                 assert at_depth(stack, fn, bad, "text") == (None, "too_deep",
@@ -125,7 +127,7 @@ def test_fast_json_path_equals_the_standard_parser_on_mutated_lines():
     """Random byte edits of good and nasty lines: the fast path never disagrees with the standard parser."""
     import random
 
-    from pipelines.chunking import chunk_writer
+    from pipelines.chunking import records
 
     rng = random.Random(7)
     seeds = [raw for raw in NASTY_LINES if len(raw) < 400] + [
@@ -146,14 +148,14 @@ def test_fast_json_path_equals_the_standard_parser_on_mutated_lines():
             else:
                 raw[pos:pos + 1] = bytes([rng.randrange(256)])
         raw = bytes(raw)
-        assert _verdict(parse_line, raw) == _verdict(chunk_writer.parse_line_json, raw), raw
+        assert _verdict(parse_line, raw) == _verdict(records.parse_line_json, raw), raw
         checked += 1
     assert checked == 4000
 
 
 def test_dead_letters_identical_with_and_without_the_fast_json_path(tmp_path, monkeypatch):
     """A chunk built from every nasty line: dead letters, sidecar and Parquet bytes as with ``json`` alone."""
-    from pipelines.chunking import chunk_writer
+    from pipelines.chunking import records
     from pipelines.chunking.chunk_writer import ChunkBuilder
     from pipelines.tokenize.fast_tokenizer import load_cached
     from pipelines.tokenize.tokenizer import resolve
@@ -170,7 +172,7 @@ def test_dead_letters_identical_with_and_without_the_fast_json_path(tmp_path, mo
 
     def build(root, fast: bool):
         if not fast:
-            monkeypatch.setattr(chunk_writer, "_orjson_loads", None)
+            monkeypatch.setattr(records, "_orjson_loads", None)
         b = ChunkBuilder(root=str(root), input_path=str(src), shard=0, index=0, lo=0, encoder=enc, config=config,
                          eos_id=tok.eos_id)
         off = 0
@@ -236,3 +238,26 @@ def test_a_hand_edited_sidecar_is_an_incomplete_chunk_not_a_crash(tmp_path):
                "byte_range": 5}
     path.write_text(json.dumps(sidecar))
     assert verify_chunk(str(tmp_path), 0, 0, (0, 10)).problem == "sidecar has another byte range"
+
+
+def test_dotted_text_keys_and_kept_fields_of_json_records():
+    from pipelines.chunking.records import parse_record, parse_record_json
+
+    keep = ("source", "meta.id", "n")
+    cases = [
+        (b'{"meta": {"text": "nested", "id": 7}, "source": "web", "n": 18446744073709551616}',
+         ("nested", ("web", "7", "18446744073709551616"), None)),  # orjson reads that integer as a float
+        (b'{"meta.text": "literal wins", "meta": {"text": "not this"}}', ("literal wins", (None, None, None), None)),
+        (b'{"meta": {"text": 5}}', (None, (), "text_not_string")),
+        (b'{"meta": "flat"}', (None, (), "missing_text")),
+        (b'{"meta": {"text": "t"}, "source": 1.5}', (None, (), "bad_field")),
+        (b'{"meta": {"text": "t"}, "n": true}', (None, (), "bad_field")),
+        (b'{"meta": {"text": "t", "id": {"a": 1}}}', (None, (), "bad_field")),
+        (b'{"meta": {"text": "t"}, "source": null}', ("t", (None, None, None), None)),
+    ]
+    for raw, (text, fields, reason) in cases:
+        for fn in (parse_record, parse_record_json):
+            got = fn(raw, "meta.text", keep)
+            assert (got[0], got[1], got[2]) == (text, fields, reason), (fn.__name__, raw)
+    assert "'source' is float" in parse_record(cases[4][0], "meta.text", keep)[3]
+    assert parse_record(b'{"text": "x", "n": 2.0}', "text")[:3] == ("x", (), None)  # not kept: not checked

@@ -1,0 +1,194 @@
+"""Finding a record's text and kept fields: ``--text_key`` and ``--keep_fields`` in JSON records and columns.
+
+A key names a JSON key or a column; dots reach into nested objects or struct columns (``metadata.text``).
+A key that exists as written wins over the nested reading, so a JSON key or column literally named
+``metadata.text`` is still found.
+
+Kept fields hold string and integer values: a string is kept as it is, an integer as its decimal text
+(so ``1`` and ``"1"`` count as one value), a missing or null value as null. Any other JSON value (a float,
+a boolean, an object, a list) cannot be kept; a column of another type is refused before the build.
+
+When most records of a file lack the text key, :func:`missing_key_problem` says which keys they do have,
+so ``--text_key content`` is one look away.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import re
+from typing import Any, BinaryIO, Iterable, Sequence
+
+import pyarrow as pa
+
+from pipelines.errors import DamagedFile
+from pipelines.inputs.json_array import ArrayRecords
+
+MAX_LISTED = 12  # keys or columns named in a message
+MAX_DEPTH = 3  # nested keys listed down to this depth
+_NAME = re.compile(r"[^,\s]+")
+
+
+def parse_keep_fields(text: str | None) -> tuple[str, ...]:
+    """``"source,url"`` -> ``("source", "url")``; empty for None or ``""``. ValueError on a repeated name."""
+    names = tuple(n.strip() for n in (text or "").split(",") if n.strip())
+    for n in names:
+        if not _NAME.fullmatch(n):
+            raise ValueError(f"--keep_fields: {n!r} is not a field name")
+    dup = [n for n, c in collections.Counter(names).items() if c > 1]
+    if dup:
+        raise ValueError(f"--keep_fields names {dup[0]!r} twice")
+    return names
+
+
+# -- JSON records -------------------------------------------------------------------------------------
+MISSING = object()  # json_lookup: no such key
+
+
+def json_lookup(obj: dict, key: str) -> Any:
+    """``obj[key]``, else the nested value ``key`` names with dots; :data:`MISSING` if there is none."""
+    if key in obj:
+        return obj[key]
+    if "." not in key:
+        return MISSING
+    value: Any = obj
+    for part in key.split("."):
+        if type(value) is not dict or part not in value:
+            return MISSING
+        value = value[part]
+    return value
+
+
+def keep_value(value: Any) -> tuple[str | None, bool]:
+    """A JSON value as a kept field: ``(text or None, True)``, or ``(None, False)`` if it cannot be kept."""
+    if value is MISSING or value is None:
+        return None, True
+    if type(value) is str:
+        return value, True
+    if type(value) is int:  # bool is not int here: True is not a count
+        return str(value), True
+    return None, False
+
+
+def json_key_paths(obj: dict, prefix: str = "", depth: int = 1) -> Iterable[str]:
+    """Every key of ``obj``, nested objects' keys with dots (down to :data:`MAX_DEPTH`)."""
+    for k, v in obj.items():
+        path = f"{prefix}{k}"
+        yield path
+        if type(v) is dict and depth < MAX_DEPTH:
+            yield from json_key_paths(v, path + ".", depth + 1)
+
+
+def missing_key_problem(path: str, key: str, objects: Sequence[dict]) -> str | None:
+    """The error for a file whose sampled records mostly lack ``key`` (None if at least half have it).
+
+    Names the keys the records have (with how many have each) and suggests the one most often a string.
+    """
+    if not objects:
+        return None
+    lacking = sum(1 for o in objects if json_lookup(o, key) is MISSING)
+    if lacking * 2 <= len(objects):
+        return None
+    counts: collections.Counter = collections.Counter()
+    texts: collections.Counter = collections.Counter()
+    for o in objects:
+        for p in json_key_paths(o):
+            counts[p] += 1
+            if type(json_lookup(o, p)) is str:
+                texts[p] += 1
+    listed = ", ".join(f"{p} ({n})" for p, n in counts.most_common(MAX_LISTED))
+    more = f" and {len(counts) - MAX_LISTED} more" if len(counts) > MAX_LISTED else ""
+    hint = f"; pass --text_key {texts.most_common(1)[0][0]}?" if texts else ""
+    return (f"input file {path}: {lacking} of the first {len(objects)} records have no key {key!r} (--text_key "
+            f"{key}). Their keys (records having each): {listed or 'none'}{more}{hint}")
+
+
+# -- columns (an Arrow schema: Parquet files are read through theirs) ----------------------------------
+def schema_lookup(schema: pa.Schema, key: str) -> tuple[list[str], pa.DataType] | None:
+    """``(names from the top-level column down, type)`` of the column ``key`` names, or None.
+
+    Dots descend through struct columns; a column named exactly ``key`` wins.
+    """
+    if key in schema.names:
+        return [key], schema.field(key).type
+    parts = key.split(".")
+    if len(parts) == 1 or parts[0] not in schema.names:
+        return None
+    typ = schema.field(parts[0]).type
+    for part in parts[1:]:
+        if not pa.types.is_struct(typ) or typ.get_field_index(part) < 0:
+            return None
+        typ = typ.field(part).type
+    return parts, typ
+
+
+def column_paths(schema: pa.Schema) -> list[str]:
+    """Every column of ``schema``, struct children with dots, in schema order."""
+    out: list[str] = []
+
+    def walk(prefix: str, typ: pa.DataType, depth: int) -> None:
+        if pa.types.is_struct(typ) and depth < MAX_DEPTH:
+            for i in range(typ.num_fields):
+                out.append(f"{prefix}.{typ.field(i).name}")
+                walk(out[-1], typ.field(i).type, depth + 1)
+
+    for f in schema:
+        out.append(f.name)
+        walk(f.name, f.type, 1)
+    return out
+
+
+def is_text_type(typ: pa.DataType) -> bool:
+    return (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
+            or pa.types.is_large_binary(typ) or typ == pa.string_view() or typ == pa.binary_view())
+
+
+def is_keepable_type(typ: pa.DataType) -> bool:
+    return (pa.types.is_string(typ) or pa.types.is_large_string(typ) or typ == pa.string_view()
+            or pa.types.is_integer(typ) or pa.types.is_null(typ))
+
+
+def missing_column_message(path: str, key: str, schema: pa.Schema, option: str) -> str:
+    """The error for a column ``key`` that the file does not have: its columns, and the likely text one."""
+    paths = column_paths(schema)
+    listed = ", ".join(f"{p} ({schema_lookup(schema, p)[1]})" for p in paths[:MAX_LISTED])
+    more = f" and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else ""
+    texts = [p for p in paths if is_text_type(schema_lookup(schema, p)[1])]
+    hint = f"; pass {option} {texts[0]}?" if texts and option == "--text_key" else ""
+    return f"input file {path} has no column {key!r} ({option} {key}). Its columns: {listed}{more}{hint}"
+
+
+# -- a file's first records, for the text key check before the build ----------------------------------
+SAMPLE_RECORDS = 100
+SAMPLE_BYTES = 64 << 10  # of every JSON file, before the build: on gs:// thousands of files are read
+
+
+def sample_objects(stream: BinaryIO, path: str, array: bool) -> list[dict]:
+    """The JSON objects among the first :data:`SAMPLE_RECORDS` records of a JSON Lines stream (or a JSON array,
+    ``array``) within its first :data:`SAMPLE_BYTES`; records that are not objects are left out (they are bad
+    records, reported by the build)."""
+    data = stream.read(SAMPLE_BYTES)
+    if array:
+        raws = []
+        try:
+            for _, element, _ in ArrayRecords(io.BytesIO(data), path):
+                raws.append(element)
+                if len(raws) >= SAMPLE_RECORDS:
+                    break
+        except DamagedFile:  # the sample ends inside the array (or the file is damaged: the build says so)
+            pass
+    else:
+        lines = data.split(b"\n")
+        if len(data) == SAMPLE_BYTES:
+            lines.pop()  # cut by the sample
+        raws = [line for line in lines if line.strip()][:SAMPLE_RECORDS]
+    out = []
+    for raw in raws:
+        try:
+            obj = json.loads(raw.decode("utf-8-sig"))
+        except (ValueError, RecursionError):
+            continue
+        if type(obj) is dict:
+            out.append(obj)
+    return out

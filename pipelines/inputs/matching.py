@@ -1,0 +1,206 @@
+"""``--input`` patterns -> the input files, each checked before the build: matched, of an accepted format,
+and (Parquet, Arrow) planned from its metadata.
+
+:func:`match_inputs` lists the patterns (local paths as Beam matches them, ``gs://`` through Beam's
+FileSystems; a ``datasets`` ``save_to_disk`` directory stands for its ``.arrow`` files), refuses what is not
+a regular file, and checks each file's bytes against its name (:func:`pipelines.inputs.formats.detect`).
+:func:`plan_inputs` plans each columnar file's chunks (:func:`pipelines.inputs.columnar.plan`) and checks
+the text key on each JSON file's first records. Files are checked in parallel: on gs:// each is a round trip.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import errno
+import logging
+import os
+import re
+import stat
+from typing import Sequence
+
+from apache_beam.io.filesystem import FileSystem
+from apache_beam.io.filesystems import FileSystems
+
+from reader.format import spec as fmt
+
+from pipelines.errors import BuildError
+from pipelines.inputs import columnar, formats, keys, remote
+from pipelines.inputs.decompress import open_input
+from pipelines.options import absolute, is_remote
+from pipelines.plan import ChunkConfig, MatchedFile
+
+LOG = logging.getLogger("chunkledger.build")
+READ_CHECK_THREADS = 16  # input files are checked in parallel: on gs:// each check is a round trip
+
+
+def _same_local_file(paths: Sequence[str]) -> dict[str, str]:
+    """``alias -> kept path`` for local paths naming one file (symlinks, hard links): the first in path order."""
+    kept: dict[tuple[int, int], str] = {}
+    aliases = {}
+    for path in sorted(paths):
+        if is_remote(path):
+            continue
+        st = os.stat(path)
+        key = (st.st_dev, st.st_ino)
+        if key in kept:
+            aliases[path] = kept[key]
+        else:
+            kept[key] = path
+    return aliases
+
+
+def _match_local(pattern: str, given: str) -> list[tuple[str, int]]:
+    """``(path, size)`` of the local paths matching ``pattern``, as Beam matches them (``*`` within a
+    directory, ``**`` across; symlinked directories not followed), each checked to be a regular file or a
+    symlink to one, or a directory (the caller's message). Beam's own listing drops a broken or looping
+    symlink silently, and opening a FIFO blocks forever: those, sockets and devices are refused here,
+    before anything is opened."""
+    if pattern.endswith("/"):
+        pattern += "*"
+    prefix = re.match(r"^[^[*?]*", pattern).group(0)
+    if prefix == pattern:
+        paths = [pattern] if os.path.lexists(pattern) else []
+    else:
+        regex = re.compile(FileSystem.translate_pattern(pattern))
+        paths = [p for d, _, names in os.walk(os.path.dirname(prefix)) for p in (os.path.join(d, n) for n in names)
+                 if regex.match(p)]
+    out = []
+    for path in sorted(paths):
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            if not os.path.islink(path):
+                raise BuildError(f"input {path} cannot be read ({e.strerror}); fix its permissions or leave it out of "
+                                 f"--input {given!r}") from e
+            what = "a symlink in a loop" if e.errno == errno.ELOOP else f"a broken symlink (to {os.readlink(path)})"
+            raise _not_an_input(path, what, given) from e
+        if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+            out.append((path, st.st_size))
+            continue
+        kind = next(name for test, name in _KINDS if test(st.st_mode))
+        if os.path.islink(path):
+            kind += f" (through the symlink to {os.path.realpath(path)})"
+        raise _not_an_input(path, kind, given)
+    return out
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (lambda mode: True, "not a regular file"))
+
+
+def _not_an_input(path: str, what: str, given: str) -> BuildError:
+    return BuildError(f"--input {given!r} matches {path}, {what}: only regular files (or symlinks to them) and "
+                      "gs:// objects are inputs; remove it, or narrow the pattern")
+
+
+def _saved_dataset(pattern: str, given: str) -> list[tuple[str, int]] | None:
+    """``(path, size)`` of the ``.arrow`` files of a ``datasets`` ``save_to_disk`` directory named by
+    ``pattern`` (no wildcard), in ``state.json`` order; None if it names no such directory."""
+    if re.search(r"[*?\[]", pattern):
+        return None
+    try:
+        paths = formats.saved_dataset_files(pattern)
+    except formats.UnsupportedInput as e:
+        raise BuildError(str(e)) from e
+    except Exception:  # noqa: BLE001 - not a directory we can list: matched as a pattern below, which says why
+        return None
+    if paths is None:
+        return None
+    if paths != sorted(paths):  # shards follow path order; datasets' own names sort in their order
+        raise BuildError(f"--input {given!r}: its state.json lists its .arrow files out of name order, and "
+                         "shards follow the order of their names; pass the files as --input in the order wanted")
+    if is_remote(pattern):
+        sizes = {m.path: m.size_in_bytes for r in FileSystems.match(paths) for m in r.metadata_list}
+        return [(p, sizes[p]) for p in paths]
+    return [(p, os.path.getsize(p)) for p in paths]
+
+
+def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
+    """Every matched input file, sorted by path, each checked readable and of its format; one shard per file.
+
+    A ``datasets`` ``save_to_disk`` directory stands for its ``.arrow`` files. A path matched by several
+    patterns, or a local file reached through several names (a symlink, a hard link), is one shard (a warning
+    names the others). Fails (BuildError) naming the pattern that matches no file, or the file that cannot be
+    read, is of no accepted format or whose bytes contradict its name (:func:`pipelines.inputs.formats.detect`).
+    Parquet and Arrow files have no layout yet: :func:`plan_inputs` plans them.
+    """
+    found: dict[str, int] = {}
+    for pat in patterns:
+        full = absolute(pat)
+        saved = _saved_dataset(full, pat)
+        if saved is not None:
+            res = saved
+        elif is_remote(full):
+            try:
+                res = [(m.path, m.size_in_bytes) for m in FileSystems.match([full])[0].metadata_list]
+            except Exception as e:  # BeamIOError for unreadable buckets, bad patterns
+                raise BuildError(f"--input {pat!r}: cannot list files ({e})") from e
+        else:
+            res = _match_local(full, pat)
+        dirs = [m for m in res if m[0].endswith("/") or (not is_remote(m[0]) and os.path.isdir(m[0]))]
+        files = [m for m in res if m not in dirs]
+        if not files:
+            if dirs:
+                raise BuildError(f"--input {pat!r} is a directory, not a file: give a pattern for its files, "
+                                 f"quoted so that the builder expands it: --input '{pat.rstrip('/')}/*.jsonl' "
+                                 "(a directory written by datasets' save_to_disk is taken as it is)")
+            where = "" if is_remote(full) else f" (relative paths start at {os.getcwd()})"
+            raise BuildError(f"--input {pat!r} matches no file; check the path{where}")
+        for path, size in files:
+            if path in found:
+                LOG.warning("input file %s is matched by more than one --input; it is read once", path)
+            found[path] = size
+    for alias, kept in _same_local_file(list(found)).items():
+        LOG.warning("input %s is the same file as %s (a link); it is read once, as %s", alias, kept, kept)
+        del found[alias]
+    paths = sorted(found)
+
+    def check(path: str) -> formats.InputFormat | str:
+        try:
+            return formats.detect(path)
+        except BuildError as e:  # UnsupportedInput, DamagedFile
+            return str(e)
+        except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
+            return (f"input file {path} is not readable ({type(e).__name__}: {e}); fix its permissions/contents "
+                    "or leave it out of --input")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=READ_CHECK_THREADS) as pool:
+        kinds = list(pool.map(check, paths))
+    for kind in kinds:
+        if isinstance(kind, str):
+            raise BuildError(kind)
+    crc = remote.crc32c_of(paths, [absolute(p) for p in patterns])
+    return [MatchedFile(path=p, size=found[p], crc32c=crc.get(p), format=k.kind) for p, k in zip(paths, kinds)]
+
+
+def plan_inputs(files: Sequence[MatchedFile], config: ChunkConfig) -> list[MatchedFile]:
+    """Each Parquet and Arrow file's layout planned from its metadata (:func:`pipelines.inputs.columnar.plan`:
+    refuses a missing or mistyped column, listing the file's columns, and a group too large to decode), and
+    each JSON file's first records checked for ``--text_key`` (refused, listing the keys they have, when most
+    lack it). Raises BuildError naming the file."""
+    def one(f: MatchedFile) -> MatchedFile | str:
+        try:
+            if f.format in (formats.PARQUET, formats.ARROW):
+                layout = columnar.plan(f.path, f.format, text_key=config.text_key, keep_fields=config.keep_fields,
+                                       chunk_bytes=config.chunk_bytes)
+                return dataclasses.replace(f, layout=layout)
+            if f.size:
+                with open_input(f.path, fmt.compression_of(f.path)) as stream:
+                    objects = keys.sample_objects(stream, f.path, f.format == formats.JSON_ARRAY)
+                problem = keys.missing_key_problem(f.path, config.text_key, objects)
+                if problem:
+                    return problem
+            return f
+        except BuildError as e:  # a missing column, a damaged file, ...
+            return str(e)
+        except Exception as e:  # noqa: BLE001
+            return (f"input file {f.path} is not readable ({type(e).__name__}: {e}); fix its permissions/contents "
+                    "or leave it out of --input")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=READ_CHECK_THREADS) as pool:
+        out = list(pool.map(one, files))
+    for f in out:
+        if isinstance(f, str):
+            raise BuildError(f)
+    return out

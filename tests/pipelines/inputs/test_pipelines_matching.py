@@ -1,0 +1,92 @@
+"""Matching and planning inputs (pipelines/inputs/matching.py, pipelines/plan.py): formats found per file, a
+save_to_disk directory as its .arrow files, columnar layouts planned from metadata, the work units and the
+ledger's format version (3 only when the cache uses what version 3 added)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from build_helpers import write_shard
+from columnar_files import corpus_table, save_to_disk, write_arrow, write_json_array, write_parquet
+from pipelines.errors import BuildError
+from pipelines.inputs.columnar import ColumnarChunk
+from pipelines.inputs.matching import match_inputs, plan_inputs
+from pipelines.options import build_arg_parser, chunk_config
+from pipelines.plan import make_plan, work_units
+from reader.format import spec as fmt
+
+
+def config(*extra: str):
+    args = build_arg_parser().parse_args(["--input", "x", "--output", "y", "--tokenizer", "t", "--chunk_bytes",
+                                          "4000", *extra])
+    return chunk_config(args)
+
+
+def test_formats_are_found_per_file_and_columnar_files_planned(tmp_path):
+    t = corpus_table(100)
+    d = tmp_path / "in"
+    d.mkdir()
+    write_parquet(d / "a.parquet", t, row_group_size=10)
+    write_arrow(d / "b.arrow", t, batch_rows=30)
+    write_json_array(d / "c.json", t)
+    write_shard(str(d / "d.jsonl.gz"), t.to_pylist())
+    files = match_inputs([str(d / "*")])
+    assert [(os.path.basename(f.path), f.format, f.layout) for f in files] == [
+        ("a.parquet", "parquet", None), ("b.arrow", "arrow", None), ("c.json", "json_array", None),
+        ("d.jsonl.gz", "jsonl", None)]
+    cfg = config("--keep_fields", "source")
+    plan = make_plan({"spec": "t"}, cfg, plan_inputs(files, cfg))
+    a, b, c, e = plan.inputs
+    assert (a.rows, b.rows) == (100, 100) and a.chunks == len(a.layout.chunks) > 1 and b.chunks > 1
+    assert (c.chunks, e.chunks) == (fmt.num_chunks(c.size, 4000), None)
+    ledger = plan.ledger()
+    assert ledger["format_version"] == 3 and ledger["config"]["keep_fields"] == ["source"]
+    assert [i["format"] for i in ledger["inputs"]] == ["parquet", "arrow", "json_array", "jsonl"]
+    assert [i.get("rows") for i in ledger["inputs"]] == [100, 100, None, None]
+    units = work_units(plan)
+    columnar = [u for u in units if u.columnar is not None]
+    assert len(columnar) == a.chunks + b.chunks and all(isinstance(u.columnar, ColumnarChunk) for u in columnar)
+    assert [u.columnar.index for u in columnar if u.shard == 0] == list(range(a.chunks))  # in order
+    assert {(u.shard, u.format) for u in units if u.streamed} == {(2, "json_array"), (3, "jsonl")}
+    # a unit carries its chunk's groups only, never the whole file's
+    assert all(len(u.columnar.group_rows) == u.columnar.span[1] - u.columnar.span[0] for u in columnar)
+
+
+def test_a_jsonl_build_is_version_2_exactly_as_before(tmp_path):
+    path = write_shard(str(tmp_path / "a.jsonl"), [{"text": "one"}])
+    cfg = config()
+    ledger = make_plan({"spec": "t"}, cfg, plan_inputs(match_inputs([path]), cfg)).ledger()
+    assert ledger["format_version"] == 2 and "keep_fields" not in ledger["config"]
+    assert set(ledger["inputs"][0]) == {"shard", "path", "size", "compression", "chunks", "crc32c"}
+
+
+def test_a_save_to_disk_directory_is_its_arrow_files(tmp_path):
+    t = corpus_table(50)
+    saved = save_to_disk(tmp_path / "ds", t, num_shards=2)
+    files = match_inputs([saved])
+    assert [os.path.basename(f.path) for f in files] == ["data-00000-of-00002.arrow", "data-00001-of-00002.arrow"]
+    assert {f.format for f in files} == {"arrow"}
+    state = json.loads((tmp_path / "ds" / "state.json").read_text())
+    state["_data_files"].reverse()
+    (tmp_path / "ds" / "state.json").write_text(json.dumps(state))
+    with pytest.raises(BuildError, match="lists its .arrow files out of name order"):
+        match_inputs([saved])
+
+
+def test_planning_refuses_a_missing_column_or_text_key_naming_what_the_file_has(tmp_path):
+    t = corpus_table(30)
+    parquet = write_parquet(tmp_path / "a.parquet", t)
+    cfg = config("--text_key", "body")
+    with pytest.raises(BuildError, match=f"input file {parquet} has no column 'body' .* Its columns: id .*; pass "
+                                         "--text_key text\\?"):
+        plan_inputs(match_inputs([parquet]), cfg)
+    jsonl = write_shard(str(tmp_path / "b.jsonl"), [{"content": f"doc {i}", "id": i} for i in range(30)])
+    with pytest.raises(BuildError, match=f"input file {jsonl}: 30 of the first 30 records have no key 'body' "
+                                         "\\(--text_key body\\). Their keys .*: content \\(30\\), id \\(30\\); pass "
+                                         "--text_key content\\?"):
+        plan_inputs(match_inputs([jsonl]), cfg)
+    half = write_shard(str(tmp_path / "c.jsonl"), [{"body": "x"}] * 15 + [{"content": "y"}] * 15)
+    assert plan_inputs(match_inputs([half]), cfg)[0].path == half  # half of them have it: bad records, if any
