@@ -239,7 +239,8 @@ def _check_key(fast: FastEncoder, reference: Encoder, specials) -> str | None:
 
 
 def preflight(spec: TokenizerSpec) -> None:
-    """Launcher, ``--tokenizer_backend fast`` or ``gigatoken``: load it and run the conformance check before any worker does.
+    """Launcher, ``--tokenizer_backend fast`` or ``gigatoken``: load it and run the conformance check before any
+    worker does.
 
     Raises:
         TokenizerError: naming why the fast backend cannot be used.

@@ -1,8 +1,8 @@
 """The GigaToken tokenizer backend (``--tokenizer_backend gigatoken``): the reference's tokens, guarded as fastokens is.
 
 :class:`GigaTokenEncoder` is a :class:`~pipelines.tokenize.guarded_encoder.GuardedEncoder` on GigaToken (Rust), as
-fastokens' is: the same conformance check at worker start, ``--verify_every`` sampling, the reference for a batch it fails
-on, and long documents cut like the reference's. Only the library call and the loading differ.
+fastokens' is: the same conformance check at worker start, ``--verify_every`` sampling, the reference for a
+batch it fails on, and long documents cut like the reference's. Only the library call and the loading differ.
 
 Special-token strings. The reference decides what they are:
 
@@ -19,9 +19,12 @@ The conformance set holds every special string of the tokenizer in many contexts
 start proves it.
 
 Memory. GigaToken caches the pieces it has encoded, per tokenizer object and without bound (0.10 has no
-way to limit or clear them: about 2 MB of RSS per MB of distinct unicode-heavy text). The encoder is
-therefore loaded afresh after every :data:`REBUILD_CHARS` characters it has encoded: a worker's RSS stays
-bounded, and the tokens are the same (a fresh tokenizer is the one the conformance check passed).
+way to limit or clear them: 3-14 MB of RSS per million characters of distinct unicode-heavy text, a few
+on real prose, whose pieces repeat). So the tokenizer is replaced by a fresh one (its caches freed with
+it) once the process's RSS has grown by :data:`RSS_BUDGET` since it was loaded: real text, whose caches
+level off, seldom pays for a reload, and a worker's RSS stays bounded whatever the text. Where the RSS
+cannot be read (no ``/proc``), after every :data:`REBUILD_CHARS` characters instead. The tokens are the
+same either way: a fresh tokenizer is the one the conformance check passed.
 """
 
 from __future__ import annotations
@@ -37,12 +40,28 @@ import numpy as np
 
 from reader.format import tokenizer_lib
 
-from pipelines.tokenize.guarded_encoder import CL100K_ORIGINAL_PATTERN, CL100K_PATTERN, GuardedEncoder, ranks_file_bytes
+from pipelines.tokenize.guarded_encoder import (CL100K_ORIGINAL_PATTERN, CL100K_PATTERN, GuardedEncoder,
+                                                ranks_file_bytes)
 from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec
 
-# Characters encoded by one tokenizer object before it is replaced by a fresh one (benchmarks/gigatoken_facts.py
-# rss measures RSS and speed against it; see docs/DESIGN.md, "Tokenizer backends").
-REBUILD_CHARS = 256_000_000
+# Growth of the process's RSS since the tokenizer was loaded that makes it reloaded, and the characters
+# encoded between reloads where the RSS cannot be read (about that growth on the most unicode-heavy text
+# measured). benchmarks/gigatoken_facts.py rss measures RSS and speed with them (docs/DESIGN.md,
+# "Tokenizer backends").
+RSS_BUDGET = 256 << 20
+REBUILD_CHARS = 24_000_000
+STATM = "/proc/self/statm"
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def process_rss() -> int | None:
+    """This process's resident set size in bytes, or None where ``/proc`` does not tell it."""
+    try:
+        with open(STATM, "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
 
 # tiktoken patterns (as tiktoken's encodings write them) and GigaToken's pre-tokenizer scheme for each. A
 # pattern not listed cannot be loaded: GigaToken runs named schemes, not patterns.
@@ -58,24 +77,28 @@ class GigaTokenEncoder(GuardedEncoder):
     """GigaToken behind the :class:`Encoder` interface, with the reference for checks and failures.
 
     Args:
-        load: makes a fresh ``gigatoken.Tokenizer`` (called now, and again every ``rebuild_chars`` characters).
+        load: makes a fresh ``gigatoken.Tokenizer`` (called now, and again whenever the caches are full).
         reference: the reference encoder of the same tokenizer.
         split_long: cut texts longer than PIECE_CHARS like the reference (tiktoken) does.
         verify_every: re-encode about one document in N with the reference (0: never).
         origin: sha256 of what GigaToken is built from (the conformance cache's key).
         reference_only: documents holding one of these strings are encoded by the reference.
-        rebuild_chars: characters encoded by one tokenizer object before it is replaced (0: never).
+        rss_budget: RSS growth (bytes) since the tokenizer was loaded that makes it reloaded.
+        rebuild_chars: where the RSS cannot be read, characters encoded between reloads.
     """
 
     backend = "gigatoken"
     library = "gigatoken"
 
-    def __init__(self, load: Callable[[], object], reference, *, split_long: bool, verify_every: int, origin: str = "",
-                 reference_only: Sequence[str] = (), rebuild_chars: int = REBUILD_CHARS):
+    def __init__(self, load: Callable[[], object], reference, *, split_long: bool, verify_every: int,
+                 origin: str = "", reference_only: Sequence[str] = (), rss_budget: int = RSS_BUDGET,
+                 rebuild_chars: int = REBUILD_CHARS):
         super().__init__(load(), reference, split_long=split_long, verify_every=verify_every, origin=origin)
         self.load = load
         self.reference_only = tuple(reference_only)
+        self.rss_budget = rss_budget
         self.rebuild_chars = rebuild_chars
+        self.loaded_rss = process_rss()
         self.encoded_chars = 0
         self.rebuilds = 0
         self._lock = threading.Lock()  # DoFn instances of a worker share the encoder
@@ -90,13 +113,20 @@ class GigaTokenEncoder(GuardedEncoder):
         return np.asarray(layout.content.data).view(np.int32), offsets
 
     def _tokenizer(self, chars: int):
-        """The tokenizer to encode ``chars`` more characters with: a fresh one once the current one has encoded
-        ``rebuild_chars`` (its caches then go with it)."""
+        """The tokenizer to encode ``chars`` more characters with: a fresh one once the current one's caches
+        have grown by ``rss_budget`` (or it has encoded ``rebuild_chars``, where the RSS cannot be read)."""
         with self._lock:
-            if self.rebuild_chars and self.encoded_chars >= self.rebuild_chars:
+            rss = process_rss()
+            if rss is not None and self.loaded_rss is not None:
+                # other memory freed since the load lowers the baseline: only growth counts
+                self.loaded_rss = min(self.loaded_rss, rss)
+                full = rss - self.loaded_rss > self.rss_budget
+            else:
+                full = self.encoded_chars >= self.rebuild_chars
+            if full:
                 self.tok = None  # freed before the next one is made: the caches do not coexist
                 self.tok = self.load()
-                self.encoded_chars = 0
+                self.loaded_rss, self.encoded_chars = process_rss(), 0
                 self.rebuilds += 1
             self.encoded_chars += chars
             return self.tok
@@ -111,7 +141,7 @@ def _import_gigatoken():
     return gigatoken
 
 
-def _tiktoken_loader(definition: tokenizer_lib.TiktokenDefinition) -> tuple[Callable[[], object], str]:
+def tiktoken_loader(definition: tokenizer_lib.TiktokenDefinition) -> tuple[Callable[[], object], str]:
     """A maker of GigaToken tokenizers for a tiktoken encoding (its ranks, its pattern's scheme, no special
     tokens), and the sha256 of those inputs."""
     scheme = SCHEMES.get(definition.pattern)
@@ -145,7 +175,7 @@ def make_gigatoken(spec: TokenizerSpec, reference, tokenizer_json: str = "") -> 
     """The GigaToken encoder of ``spec`` (unchecked). Raises :class:`TokenizerError` if it cannot be built."""
     try:
         if spec.kind == "tiktoken":
-            load, origin = _tiktoken_loader(tokenizer_lib.tiktoken_encoding(spec.name)[0])
+            load, origin = tiktoken_loader(tokenizer_lib.tiktoken_encoding(spec.name)[0])
             return GigaTokenEncoder(load, reference, split_long=True, verify_every=spec.verify_every, origin=origin)
         tokenizer_json = tokenizer_json or spec.tokenizer_json()
         gt = _import_gigatoken()

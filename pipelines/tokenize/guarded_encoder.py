@@ -90,7 +90,7 @@ class GuardedEncoder(Encoder):
     def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
         texts = list(texts)
         only = self.reference_only_strings()
-        # ``in`` is O(1) on the usual Latin-1 texts (the characters cannot be there), a memchr-like scan otherwise
+        # ``in``: O(1) for a character beyond Latin-1 in the usual Latin-1 texts, else a memchr-like scan
         by_reference = [i for i, t in enumerate(texts) if any(c in t for c in only)] if only else []
         if not by_reference:
             return self._encode_fast(texts)
@@ -143,7 +143,7 @@ class GuardedEncoder(Encoder):
                 got = arrays[i]
                 raise TokenMismatchError(
                     f"{self.backend} {MISMATCH_MARKER} on the document at byte offset {offsets[i]} of {where}: first "
-                    f"difference at token {pos} ({self.backend} {int(got[pos]) if pos < len(got) else 'end'}, reference "
-                    f"{int(ref[pos]) if pos < len(ref) else 'end'}). The cache would not be the reference's; "
+                    f"difference at token {pos} ({self.backend} {int(got[pos]) if pos < len(got) else 'end'}, "
+                    f"reference {int(ref[pos]) if pos < len(ref) else 'end'}). The cache would not be the reference's; "
                     "rerun with --tokenizer_backend reference (completed chunks are kept) and report the document.")
         return len(idx)
