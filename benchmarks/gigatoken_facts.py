@@ -13,7 +13,9 @@ and for a ``tokenizer.json``.
 shard order, then generated unicode-heavy documents with a seed of their own once the corpus is used up),
 one thread, batches of 256 (GigaToken ``encode_batch_list(parallel=False)``, as a build worker would call
 it; fastokens as our fast backend runs it), and reports this process's RSS after each checkpoint of
-MB of text. Both encoders cache the pieces they have encoded; GigaToken's caches have no bound in 0.10.
+MB of text (and the highest RSS seen after any batch so far). Both encoders cache the pieces they have
+encoded; GigaToken's caches have no bound in 0.10.
+
 ``--encoder backend`` is our GigaToken backend as a build worker runs it (``GigaTokenEncoder.encode_many``),
 which loads a fresh tokenizer once the RSS has grown by ``--budget_mb`` MB since the last load (default: its
 own, ``gigatoken_backend.RSS_BUDGET``; 0: never). Each checkpoint also reports the CPU-seconds spent encoding
@@ -138,7 +140,7 @@ def rss(corpus: Path, encoder: str, checkpoints: list[float], budget_mb: float |
     encode(["warm up"])
     out = {"encoder": encoder, "rss_mb_loaded": proc.memory_info().rss / 1e6, "points": [],
            "rss_budget_mb": None if backend is None else backend.rss_budget / 2**20}
-    fed, chars, batch, sources, cpu, last_fed = 0, 0, [], set(), 0.0, 0
+    fed, chars, batch, sources, cpu, last_fed, peak = 0, 0, [], set(), 0.0, 0, 0
     targets = sorted(checkpoints)
     for source, text in _stream(corpus):
         batch.append(text)
@@ -150,14 +152,16 @@ def rss(corpus: Path, encoder: str, checkpoints: list[float], budget_mb: float |
             encode(batch)
             cpu += time.process_time() - c
             batch = []
+            peak = max(peak, proc.memory_info().rss)
         if fed >= targets[0] * 1e6:
             point = {"text_mb": fed / 1e6, "text_mchars": chars / 1e6, "rss_mb": proc.memory_info().rss / 1e6,
-                     "sources": sorted(sources),
+                     "rss_peak_mb": peak / 1e6, "sources": sorted(sources),
                      "encode_cpu_s": cpu, "mb_per_cpu_s": (fed - last_fed) / 1e6 / max(cpu, 1e-9)}
             if backend is not None:
                 point["rebuilds"] = backend.rebuilds
             out["points"].append(point)
-            print(f"{encoder}: {fed / 1e6:.0f} MB of distinct text, RSS {point['rss_mb']:.0f} MB, "
+            print(f"{encoder}: {fed / 1e6:.0f} MB of distinct text, RSS {point['rss_mb']:.0f} MB (peak "
+                  f"{point['rss_peak_mb']:.0f}), "
                   f"{point['mb_per_cpu_s']:.1f} MB/CPU-s since the last point ({', '.join(sorted(sources))})",
                   file=sys.stderr)
             cpu, last_fed = 0.0, fed

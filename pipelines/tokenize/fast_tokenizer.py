@@ -44,6 +44,7 @@ from reader.format import tokenizer_lib
 
 from pipelines.tokenize import conformance
 from pipelines.tokenize import conformance_cache
+from pipelines.tokenize import gigatoken_backend
 from pipelines.tokenize.guarded_encoder import (CL100K_ORIGINAL_PATTERN, CL100K_PATTERN, MISMATCH_MARKER,  # noqa: F401
                                                 GuardedEncoder, TokenMismatchError, ranks_file_bytes, sampled)
 from pipelines.tokenize.tokenizer import (BACKENDS, DEFAULT_VERIFY_EVERY, PIECE_CHARS, Encoder, TokenizerError,  # noqa: F401
@@ -165,11 +166,9 @@ def make_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
 AUTO_BACKENDS = {"tiktoken": "fast", "huggingface": "fast"}
 
 
-def make_encoder(backend: str, spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "") -> FastEncoder:
+def make_encoder(backend: str, spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "") -> GuardedEncoder:
     """The unchecked encoder of ``backend`` ("fast" or "gigatoken"). Raises :class:`TokenizerError`."""
     if backend == "gigatoken":
-        from pipelines.tokenize import gigatoken_backend  # it imports this module
-
         return gigatoken_backend.make_gigatoken(spec, reference, tokenizer_json)
     return make_fast(spec, reference, tokenizer_json)
 
@@ -209,7 +208,7 @@ def load_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
     return fast
 
 
-def _check_key(fast: FastEncoder, reference: Encoder, specials) -> str | None:
+def _check_key(fast: GuardedEncoder, reference: Encoder, specials) -> str | None:
     """The conformance cache's key of checking ``fast`` against ``reference`` on the conformance texts of
     ``specials`` (None: uncached)."""
     if not conformance_cache.enabled() or not getattr(fast, "origin", ""):
