@@ -287,3 +287,14 @@ def test_the_summary_names_each_backend_that_ran():
     assert ft.backend_note({"backend_fast": 1, "backend_reference": 1, "backend_fast_rejected": 1}) == (
         "tokenizer backend: fast on 1 worker (0 documents re-checked by the reference) and reference on 1 worker, "
         "the fast one rejected on 1 (the worker logs say why)")
+
+
+def test_a_passed_check_is_remembered_per_backend(monkeypatch):
+    calls = []
+    real = conformance.check
+    monkeypatch.setattr(conformance, "check", lambda fast, ref, texts: calls.append(fast.backend) or real(fast, ref, texts))
+    monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as loading fastokens sets it (the keys hold it)
+    spec = tk.resolve("tiktoken:cl100k_base")
+    for backend in ("gigatoken", "gigatoken", "fast", "gigatoken", "fast"):
+        assert ft.load_encoder(spec.with_backend(backend)).backend == backend
+    assert calls == ["gigatoken", "fast"]  # each checked once, under a key of its own
