@@ -292,7 +292,8 @@ def test_the_summary_names_each_backend_that_ran():
 def test_a_passed_check_is_remembered_per_backend(monkeypatch):
     calls = []
     real = conformance.check
-    monkeypatch.setattr(conformance, "check", lambda fast, ref, texts: calls.append(fast.backend) or real(fast, ref, texts))
+    monkeypatch.setattr(conformance, "check",
+                        lambda fast, ref, texts: calls.append(fast.backend) or real(fast, ref, texts))
     monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as loading fastokens sets it (the keys hold it)
     spec = tk.resolve("tiktoken:cl100k_base")
     for backend in ("gigatoken", "gigatoken", "fast", "gigatoken", "fast"):
