@@ -1,7 +1,8 @@
 """Facts about GigaToken (0.10) that a tokenizer backend built on it must handle, measured here.
 
     python -m benchmarks.gigatoken_facts specials [--work DIR]
-    python -m benchmarks.gigatoken_facts rss --corpus DIR --encoder gigatoken|fastokens [--mb 50,100,200,400]
+    python -m benchmarks.gigatoken_facts rss --corpus DIR --encoder gigatoken|fastokens|backend [--mb 50,100,200,400]
+                                             [--budget_mb N]
 
 ``specials``: does GigaToken recognize special-token strings inside text (``encode_batch_list``,
 ``encode_files``), against tiktoken's ``encode_ordinary``; which ways there are to turn that off (the
@@ -12,7 +13,13 @@ and for a ``tokenizer.json``.
 shard order, then generated unicode-heavy documents with a seed of their own once the corpus is used up),
 one thread, batches of 256 (GigaToken ``encode_batch_list(parallel=False)``, as a build worker would call
 it; fastokens as our fast backend runs it), and reports this process's RSS after each checkpoint of
-MB of text. Both encoders cache the pieces they have encoded; GigaToken's caches have no bound in 0.10.
+MB of text (and the highest RSS seen after any batch so far). Both encoders cache the pieces they have
+encoded; GigaToken's caches have no bound in 0.10.
+
+``--encoder backend`` is our GigaToken backend as a build worker runs it (``GigaTokenEncoder.encode_many``),
+which loads a fresh tokenizer once the RSS has grown by ``--budget_mb`` MB since the last load (default: its
+own, ``gigatoken_backend.RSS_BUDGET``; 0: never). Each checkpoint also reports the CPU-seconds spent encoding
+since the previous one, and the MB of text per CPU-second.
 """
 
 from __future__ import annotations
@@ -98,19 +105,31 @@ def _stream(corpus: Path):
         seed += 1
 
 
-def rss(corpus: Path, encoder: str, checkpoints: list[float]) -> dict:
+def rss(corpus: Path, encoder: str, checkpoints: list[float], budget_mb: float | None = None) -> dict:
     import os
 
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
+    import time
+
     import psutil
 
     proc = psutil.Process()
+    backend = None
     if encoder == "gigatoken":
         from benchmarks.megatron_peer import load_gigatoken
 
         tok = load_gigatoken(specials=False)
         encode = lambda batch: tok.encode_batch_list(batch, parallel=False)  # noqa: E731
+    elif encoder == "backend":
+        from pipelines.tokenize import gigatoken_backend as gb
+        from pipelines.tokenize import tokenizer as tk
+
+        spec = tk.resolve("tiktoken:cl100k_base")
+        backend = gb.make_gigatoken(spec, spec.load_reference())
+        if budget_mb is not None:
+            backend.rss_budget = int(budget_mb * 2**20) if budget_mb > 0 else 2**62
+        encode = backend.encode_many
     else:
         from pipelines.tokenize import fast_tokenizer as ft
         from pipelines.tokenize import tokenizer as tk
@@ -119,21 +138,33 @@ def rss(corpus: Path, encoder: str, checkpoints: list[float]) -> dict:
         fast = ft.make_fast(spec, spec.load_reference())
         encode = fast.encode_many
     encode(["warm up"])
-    out = {"encoder": encoder, "rss_mb_loaded": proc.memory_info().rss / 1e6, "points": []}
-    fed, batch, sources = 0, [], set()
+    out = {"encoder": encoder, "rss_mb_loaded": proc.memory_info().rss / 1e6, "points": [],
+           "rss_budget_mb": None if backend is None else backend.rss_budget / 2**20}
+    fed, chars, batch, sources, cpu, last_fed, peak = 0, 0, [], set(), 0.0, 0, 0
     targets = sorted(checkpoints)
     for source, text in _stream(corpus):
         batch.append(text)
         sources.add(source)
         fed += len(text.encode("utf-8"))
+        chars += len(text)
         if len(batch) == 256 or fed >= targets[0] * 1e6:
+            c = time.process_time()
             encode(batch)
+            cpu += time.process_time() - c
             batch = []
+            peak = max(peak, proc.memory_info().rss)
         if fed >= targets[0] * 1e6:
-            out["points"].append({"text_mb": fed / 1e6, "rss_mb": proc.memory_info().rss / 1e6,
-                                  "sources": sorted(sources)})
-            print(f"{encoder}: {fed / 1e6:.0f} MB of distinct text, RSS {proc.memory_info().rss / 1e6:.0f} MB "
-                  f"({', '.join(sorted(sources))})", file=sys.stderr)
+            point = {"text_mb": fed / 1e6, "text_mchars": chars / 1e6, "rss_mb": proc.memory_info().rss / 1e6,
+                     "rss_peak_mb": peak / 1e6, "sources": sorted(sources),
+                     "encode_cpu_s": cpu, "mb_per_cpu_s": (fed - last_fed) / 1e6 / max(cpu, 1e-9)}
+            if backend is not None:
+                point["rebuilds"] = backend.rebuilds
+            out["points"].append(point)
+            print(f"{encoder}: {fed / 1e6:.0f} MB of distinct text, RSS {point['rss_mb']:.0f} MB (peak "
+                  f"{point['rss_peak_mb']:.0f}), "
+                  f"{point['mb_per_cpu_s']:.1f} MB/CPU-s since the last point ({', '.join(sorted(sources))})",
+                  file=sys.stderr)
+            cpu, last_fed = 0.0, fed
             targets.pop(0)
             if not targets:
                 break
@@ -145,13 +176,15 @@ def main(argv=None) -> int:
     ap.add_argument("what", choices=["specials", "rss"])
     ap.add_argument("--work", type=Path, default=Path("benchmarks/work"))
     ap.add_argument("--corpus", type=Path, help="rss: the distinct corpus")
-    ap.add_argument("--encoder", choices=["gigatoken", "fastokens"], default="gigatoken")
+    ap.add_argument("--encoder", choices=["gigatoken", "fastokens", "backend"], default="gigatoken")
     ap.add_argument("--mb", default="50,100,200,400", help="rss: checkpoints, MB of text")
+    ap.add_argument("--budget_mb", type=float, default=None,
+                    help="rss, --encoder backend: a fresh tokenizer once the RSS grew by this many MB (0: never)")
     a = ap.parse_args(argv)
     if a.what == "specials":
         res = specials(a.work)
     else:
-        res = rss(a.corpus, a.encoder, [float(x) for x in a.mb.split(",")])
+        res = rss(a.corpus, a.encoder, [float(x) for x in a.mb.split(",")], a.budget_mb)
     print(json.dumps(res, indent=1, ensure_ascii=False))
     return 0
 

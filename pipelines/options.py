@@ -207,12 +207,13 @@ def build_arg_parser() -> BuilderParser:
     p.add_argument("--tokenizer_backend", choices=BACKENDS, default="auto",
                    help="Which library encodes: 'reference' (tiktoken / HF tokenizers), 'fast' (fastokens: the "
                         "same tokens, faster; an error if it does not support the tokenizer or differs on the "
-                        "conformance set checked at worker start), or 'auto' (default: fast when it qualifies, "
-                        "else the reference with a warning). The cache bytes are the same with either.")
+                        "conformance set checked at worker start), 'gigatoken' (GigaToken, with the same checks; "
+                        "slower than fastokens on distinct text), or 'auto' (default: fast when it qualifies, "
+                        "else the reference with a warning). The cache bytes are the same with any.")
     p.add_argument("--verify_every", type=parse_verify_every, default=DEFAULT_VERIFY_EVERY, metavar="N",
-                   help="With the fast backend, re-encode about 1 document in N with the reference and fail the "
-                        f"build, naming the file and byte offset, on any difference (default {DEFAULT_VERIFY_EVERY}; "
-                        "0: off).")
+                   help="With a fast backend (fast, gigatoken), re-encode about 1 document in N with the reference "
+                        "and fail the build, naming the file and byte offset, on any difference (default "
+                        f"{DEFAULT_VERIFY_EVERY}; 0: off).")
     p.add_argument("--validation_fraction", type=parse_validation_fraction, default=0.0, metavar="F",
                    help="Split off about this fraction of the documents as a validation set: the build writes "
                         "two complete caches, OUTPUT/train and OUTPUT/validation (same chunk structure; bad "

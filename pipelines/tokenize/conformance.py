@@ -132,6 +132,16 @@ def _snippets() -> list[tuple[str, str]]:
         return [(f"snippet:{d['label']}", d["text"]) for d in map(json.loads, f)]
 
 
+def _special_texts(s: str) -> list[tuple[str, str]]:
+    """A special-token string in the contexts a backend could treat differently from the reference: alone, at
+    the start and end, between spaces, tabs and newlines, glued to letters, digits, CJK, emoji, an apostrophe
+    and itself, cut short, and nested in its own brackets."""
+    return [(f"special:{s}", f"a {s} b{s}c\n{s}{s} {s[:-1]} {s[1:]}"),
+            (f"special-alone:{s}", s),
+            (f"special-contexts:{s}", f"{s}x\n\n{s}  \t{s}'s 1{s}2 東{s}京 👍{s}\r\n {s}\u00a0{s[0]}{s}{s[-1]} "
+                                      f"{s[:len(s) // 2]} {s[len(s) // 2:]} it'{s}s  {s}")]
+
+
 def _focused() -> list[tuple[str, str]]:
     """Short texts, one corner each."""
     out = []
@@ -150,7 +160,8 @@ def _focused() -> list[tuple[str, str]]:
             out.append((f"whitespace-end:{name}x{n}", f"word{sp * n}"))
             out.append((f"whitespace-start:{name}x{n}", f"{sp * n}word"))
     for s in COMMON_SPECIALS:
-        out.append((f"special:{s}", f"a {s} b{s}c\n{s}{s} {s[:-1]} {s[1:]}"))
+        out.extend(_special_texts(s))
+    out.append(("specials:adjacent", "".join(COMMON_SPECIALS) + " " + "\n".join(COMMON_SPECIALS)))
     for e in EMOJI:
         out.append((f"emoji:{e}", f"{e}{e} x{e} {e}!"))
     for m in MARKS:
@@ -197,7 +208,7 @@ def conformance_texts(specials: Sequence[str] = ()) -> list[tuple[str, str]]:
     out = _snippets() + _focused()
     for s in specials:
         if s not in COMMON_SPECIALS:
-            out.append((f"special:{s}", f"a {s} b{s}c\n{s}{s} {s[:-1]} {s[1:]}"))
+            out.extend(_special_texts(s))
     return out + _fuzz() + _long()
 
 

@@ -7,9 +7,10 @@ recorded under a key that digests all of it, and a worker that finds its key rec
 * the conformance texts, by what generates them (:func:`pipelines.tokenize.conformance.texts_source_digest`: the
   module's files, the code of its functions and its tables, and the tokenizer's special-token strings), so a
   remembered pass costs no generating;
-* the fast encoder's input (the ranks and pattern given to fastokens, or the ``tokenizer.json``) and the
-  reference's (the tiktoken Encoding's pattern, ranks and special tokens, or the same ``tokenizer.json``);
-* the code that runs: every file of the fastokens package and of the reference library (native libraries
+* the fast encoder's input (the ranks and pattern or scheme given to fastokens or GigaToken, or the
+  ``tokenizer.json``) and the reference's (the tiktoken Encoding's pattern, ranks and special tokens, or the
+  same ``tokenizer.json``);
+* the code that runs: every file of the fast library's package and of the reference library (native libraries
   included), the source files of the encoder classes (and of this package's tokenizer modules), the code
   objects of the encoders' methods (an encoder patched in-process gets another key), and the
   reference-only characters;

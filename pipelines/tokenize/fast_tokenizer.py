@@ -1,29 +1,32 @@
-"""The fast tokenizer backend (fastokens): the reference's tokens at several times the speed, guarded.
+"""The fast tokenizer backends: the reference's tokens at several times the speed, guarded.
 
 Backends (``--tokenizer_backend``):
 
 * ``reference``: tiktoken / Hugging Face ``tokenizers``, which define the tokens.
 * ``fast``: fastokens (Rust) for ``tiktoken:`` encodings (loaded from the encoding's own ranks and pattern,
   or an equivalent pattern fastokens runs faster, and no special tokens, so special-token strings stay
-  plain text as in the reference) and for Hugging Face ``tokenizer.json`` files it supports. An
-  unsupported tokenizer, or any difference from the reference on the conformance set
-  (:mod:`pipelines.tokenize.conformance`), is an error.
-* ``auto`` (default): ``fast`` when it is available and passes the conformance check, else the reference,
-  with a warning naming the reason (e.g. the first differing conformance text).
+  plain text as in the reference) and for Hugging Face ``tokenizer.json`` files it supports.
+* ``gigatoken``: GigaToken (Rust), the same way (:mod:`pipelines.tokenize.gigatoken_backend`).
+* ``auto`` (default): the faster of the two for the tokenizer's kind (:data:`AUTO_BACKENDS`) when it is
+  available and passes the conformance check, else the reference, with a warning naming the reason (e.g.
+  the first differing conformance text).
 
-Exactness is checked, not assumed: the conformance set runs once per process and tokenizer before the fast
-backend is used (a pass is remembered on the machine under a key of everything it depends on, see
-:mod:`pipelines.tokenize.conformance_cache`), and during the build one document in ``verify_every`` (chosen by a hash of its byte offset,
-so a retried bundle checks the same documents) is re-encoded by the reference; a difference fails the job,
-naming the input file, the document's byte offset and the first differing token. A batch the fast library
-fails on is encoded by the reference, so dead letters (and their messages) are the reference's too.
+With ``fast`` or ``gigatoken``, an unsupported tokenizer or any difference from the reference on the
+conformance set (:mod:`pipelines.tokenize.conformance`) is an error.
+
+Exactness is checked, not assumed (:mod:`pipelines.tokenize.guarded_encoder`): the conformance set runs once
+per process and tokenizer before a fast backend is used (a pass is remembered on the machine under a key of
+everything it depends on, see :mod:`pipelines.tokenize.conformance_cache`), and during the build one document
+in ``verify_every`` (chosen by a hash of its byte offset, so a retried bundle checks the same documents) is
+re-encoded by the reference; a difference fails the job, naming the input file, the document's byte offset
+and the first differing token. A batch the fast library fails on is encoded by the reference, so dead letters
+(and their messages) are the reference's too.
 
 Long documents are cut into the same pieces as the reference's (:func:`pipelines.tokenize.tokenizer.split_for_encoding`).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -41,15 +44,14 @@ from reader.format import tokenizer_lib
 
 from pipelines.tokenize import conformance
 from pipelines.tokenize import conformance_cache
-from pipelines.errors import BuildError
+from pipelines.tokenize import gigatoken_backend
+from pipelines.tokenize.guarded_encoder import (CL100K_ORIGINAL_PATTERN, CL100K_PATTERN, MISMATCH_MARKER,  # noqa: F401
+                                                GuardedEncoder, TokenMismatchError, ranks_file_bytes, sampled)
 from pipelines.tokenize.tokenizer import (BACKENDS, DEFAULT_VERIFY_EVERY, PIECE_CHARS, Encoder, TokenizerError,  # noqa: F401
                         TokenizerSpec, split_for_encoding)
 
 LOG = logging.getLogger("chunkledger.tokenizer")
 
-MISMATCH_MARKER = "fast tokenizer backend disagrees with the reference"
-_PASSTHROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 # Texts holding one of these characters are encoded by the reference. fastokens 0.3.5, on patterns it runs
 # with fancy-regex (tiktoken's possessive ones), treats U+180E MONGOLIAN VOWEL SEPARATOR as whitespace (as
 # Unicode did before 6.3) and tiktoken does not, which changes the pre-tokenization of e.g.
@@ -67,10 +69,6 @@ REFERENCE_ONLY_CHARS = "\u180e"
 # have no such token (_NEWLINE_THEN_SPACE_END; cl100k has none). Also checked on the conformance set, every
 # code point in 14 contexts and real text (benchmarks/tokenizer_bench.py); the guards check it like any
 # fast backend.
-CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
-                  r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
-CL100K_ORIGINAL_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"""
-                           r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 EQUIVALENT_PATTERNS = {CL100K_PATTERN: CL100K_ORIGINAL_PATTERN}
 # Bytes of the UTF-8 encodings of whitespace characters (str.isspace, a superset of the regex engines' \s)
 # other than \r and \n: a token ending in a newline and then only such bytes could span the cut above.
@@ -80,106 +78,19 @@ _NEWLINE_THEN_SPACE_END = re.compile(rb"[\r\n][" + b"".join(re.escape(bytes([b])
                                      + rb"]+\Z")
 
 
-class TokenMismatchError(BuildError):
-    """The fast backend's tokens differ from the reference's on a document of the build (the worker records
-    it in ``_FAILED.json`` like any reason to stop the build, so the launcher reports it on every runner)."""
-
-
-def sampled(offsets: Sequence[int], every: int) -> np.ndarray:
-    """Indices of the documents (by byte offset) that are re-encoded by the reference: about 1 in ``every``.
-
-    A multiplicative hash of the offset, so the choice depends on the document alone (not on batching,
-    workers or retries) and is not tied to line lengths.
-    """
-    if every <= 0 or not len(offsets):
-        return np.zeros(0, dtype=np.int64)
-    if every == 1:
-        return np.arange(len(offsets))
-    h = np.asarray(offsets, dtype=np.uint64) * _GOLDEN  # wraps modulo 2**64, by design
-    return np.flatnonzero((h >> np.uint64(32)) % np.uint64(every) == 0)
-
-
-class FastEncoder(Encoder):
-    """fastokens behind the :class:`Encoder` interface, with the reference for checks and failures.
-
-    Args:
-        tok: a ``fastokens.Tokenizer``.
-        reference: the reference encoder of the same tokenizer.
-        split_long: cut texts longer than PIECE_CHARS like the reference (tiktoken) does.
-        verify_every: re-encode about one document in N with the reference (0: never).
-    """
+class FastEncoder(GuardedEncoder):
+    """fastokens behind the :class:`Encoder` interface, with the reference for checks and failures (the
+    arguments are :class:`GuardedEncoder`'s; ``tok`` is a ``fastokens.Tokenizer``)."""
 
     backend = "fast"
+    library = "fastokens"
 
-    def __init__(self, tok, reference: Encoder, *, split_long: bool, verify_every: int, origin: str = ""):
-        self.tok = tok
-        self.reference = reference
-        self.split_long = split_long
-        self.verify_every = verify_every
-        self.origin = origin  # sha256 of what fastokens was built from (the conformance cache's key)
+    def reference_only_strings(self) -> Sequence[str]:
+        return REFERENCE_ONLY_CHARS
 
     def _flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         ids, offs = self.tok.encode_batch_flat(texts, add_special_tokens=False)
         return np.frombuffer(ids, dtype="<i4"), np.frombuffer(offs, dtype="<u8").astype(np.int64)
-
-    def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
-        texts = list(texts)
-        # ``in`` is O(1) on the usual Latin-1 texts (the characters cannot be there), a memchr-like scan otherwise
-        by_reference = [i for i, t in enumerate(texts) if any(c in t for c in REFERENCE_ONLY_CHARS)]
-        if not by_reference:
-            return self._encode_fast(texts)
-        skip = set(by_reference)
-        rest = [i for i in range(len(texts)) if i not in skip]
-        out: list = [None] * len(texts)
-        for i, a in zip(by_reference, self.reference.encode_many([texts[i] for i in by_reference])):
-            out[i] = a
-        for i, a in zip(rest, self._encode_fast([texts[i] for i in rest])):
-            out[i] = a
-        return out
-
-    def _encode_fast(self, texts: list[str]) -> list[np.ndarray]:
-        if not texts:
-            return []
-        try:
-            if not self.split_long or all(len(t) <= PIECE_CHARS for t in texts):
-                ids, offs = self._flat(texts)
-                return [ids[offs[i]:offs[i + 1]] for i in range(len(texts))]
-            pieces, first = [], []
-            for t in texts:
-                first.append(len(pieces))
-                pieces.extend(split_for_encoding(t) if len(t) > PIECE_CHARS else (t,))
-            first.append(len(pieces))
-            ids, offs = self._flat(pieces)
-            # the pieces of a text are consecutive in the flat buffer: its tokens are one slice
-            return [ids[offs[first[i]]:offs[first[i + 1]]] for i in range(len(texts))]
-        except BaseException as e:  # noqa: BLE001 - pyo3 panics derive from BaseException
-            if isinstance(e, _PASSTHROUGH):
-                raise
-            # The reference decides: its tokens, or its error (the dead letter's reason and message).
-            return self.reference.encode_many(texts)
-
-    def verify(self, texts: Sequence[str], offsets: Sequence[int], arrays: Sequence[np.ndarray | None],
-               where: str) -> int:
-        idx = [i for i in sampled(offsets, self.verify_every).tolist() if arrays[i] is not None]
-        if not idx:
-            return 0
-        try:
-            want = self.reference.encode_many([texts[i] for i in idx])
-        except Exception as e:  # the reference would have set these documents aside as bad records
-            raise TokenMismatchError(
-                f"{MISMATCH_MARKER} on a document among byte offsets {[offsets[i] for i in idx]} of {where}: the "
-                f"reference fails on it ({type(e).__name__}: {e}) and the fast backend does not. Rerun with "
-                "--tokenizer_backend reference (completed chunks are kept) and report the document.") from e
-        for i, ref in zip(idx, want):
-            pos = conformance.first_difference(arrays[i], ref)
-            if pos is not None:
-                got = arrays[i]
-                raise TokenMismatchError(
-                    f"{MISMATCH_MARKER} on the document at byte offset {offsets[i]} of {where}: first difference "
-                    f"at token {pos} (fast {int(got[pos]) if pos < len(got) else 'end'}, reference "
-                    f"{int(ref[pos]) if pos < len(ref) else 'end'}). The cache would not be the reference's; "
-                    "rerun with --tokenizer_backend reference (completed chunks are kept) and report the document.")
-        return len(idx)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -200,9 +111,7 @@ def _tiktoken_fast(definition: tokenizer_lib.TiktokenDefinition) -> tuple[object
     equivalent one, see EQUIVALENT_PATTERNS), no special tokens; and the sha256 of those inputs."""
     fastokens = _import_fastokens()
     ranks: Mapping[bytes, int] = definition.ranks
-    lines = [base64.b64encode(tok) + b" " + str(rank).encode() for tok, rank in
-             sorted(ranks.items(), key=lambda kv: kv[1])]
-    data = b"\n".join(lines) + b"\n"
+    data = ranks_file_bytes(ranks)
     pattern = fast_pattern(definition.pattern, ranks)
     origin = hashlib.sha256(b"tiktoken\0" + pattern.encode() + b"\0" + data).hexdigest()
     fd, path = tempfile.mkstemp(prefix="chunkledger-ranks-", suffix=".tiktoken")
@@ -252,46 +161,58 @@ def make_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
         raise TokenizerError(f"fastokens cannot load tokenizer {spec.spec!r} ({type(e).__name__}: {e})") from e
 
 
+# Which library "auto" tries, per tokenizer kind: the faster one on distinct text (docs/DESIGN.md,
+# "Tokenizer backends"); the reference if it does not qualify.
+AUTO_BACKENDS = {"tiktoken": "fast", "huggingface": "fast"}
+
+
+def make_encoder(backend: str, spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "") -> GuardedEncoder:
+    """The unchecked encoder of ``backend`` ("fast" or "gigatoken"). Raises :class:`TokenizerError`."""
+    if backend == "gigatoken":
+        return gigatoken_backend.make_gigatoken(spec, reference, tokenizer_json)
+    return make_fast(spec, reference, tokenizer_json)
+
+
 def load_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "") -> Encoder:
-    """The fast encoder if it loads and passes the conformance check; else the reference ("auto") or an error.
+    """The fast encoder of ``spec.backend`` ("fast", "gigatoken"; "auto": :data:`AUTO_BACKENDS`'s for the kind)
+    if it loads and passes the conformance check; else the reference ("auto") or an error.
 
     Raises:
-        TokenizerError: with ``spec.backend == "fast"``, naming the reason (the first differing text).
+        TokenizerError: unless ``spec.backend == "auto"``, naming the reason (the first differing text).
     """
     t0 = time.perf_counter()
+    backend = AUTO_BACKENDS[spec.kind] if spec.backend == "auto" else spec.backend
     try:
-        fast = make_fast(spec, reference, tokenizer_json)
+        fast = make_encoder(backend, spec, reference, tokenizer_json)
         specials = _special_strings(reference)
         key = _check_key(fast, reference, specials)
         if key is not None and conformance_cache.passed(key):
-            LOG.info("fast tokenizer backend for %s: the conformance check passed before with the same code, "
-                     "tokenizer and texts (%s)", spec.spec, conformance_cache.directory())
+            LOG.info("%s tokenizer backend for %s: the conformance check passed before with the same code, "
+                     "tokenizer and texts (%s)", backend, spec.spec, conformance_cache.directory())
             return fast
         texts = conformance.conformance_texts(specials)  # generated only when checked
         diff = conformance.check(fast, reference, texts)
         if diff is not None:
-            raise TokenizerError(f"the fast tokenizer backend differs from the reference for {spec.spec!r} on "
+            raise TokenizerError(f"the {backend} tokenizer backend differs from the reference for {spec.spec!r} on "
                                  f"{diff.describe()}")
         if key is not None:
             conformance_cache.record(key, {"spec": spec.spec, "texts": len(texts)})
     except TokenizerError as e:
-        if spec.backend == "fast":
+        if spec.backend != "auto":
             raise TokenizerError(f"{e}. Use --tokenizer_backend auto or reference.") from e
         LOG.warning("%s; using the reference tokenizer (as fast, exactly, but slower)", e)
         reference.fallback_reason = str(e)
         return reference
-    LOG.info("fast tokenizer backend for %s passed the conformance check in %.2fs", spec.spec,
+    LOG.info("%s tokenizer backend for %s passed the conformance check in %.2fs", backend, spec.spec,
              time.perf_counter() - t0)
     return fast
 
 
-def _check_key(fast: FastEncoder, reference: Encoder, specials) -> str | None:
+def _check_key(fast: GuardedEncoder, reference: Encoder, specials) -> str | None:
     """The conformance cache's key of checking ``fast`` against ``reference`` on the conformance texts of
     ``specials`` (None: uncached)."""
     if not conformance_cache.enabled() or not getattr(fast, "origin", ""):
         return None
-    import fastokens
-
     from pipelines.tokenize import tokenizer as tk
 
     enc = getattr(reference, "enc", None)  # tiktoken's Encoding, or
@@ -309,14 +230,16 @@ def _check_key(fast: FastEncoder, reference: Encoder, specials) -> str | None:
                                                 + json.dumps(sorted(definition.special_tokens.items())))
     classes = [c for c in type(fast).__mro__ + type(reference).__mro__ if c is not object]
     return conformance_cache.make_key([
-        fast.origin, ref_inputs, REFERENCE_ONLY_CHARS, f"{fast.split_long} {tk.PIECE_CHARS} {tk.MAX_PIECE_CHARS}",
-        conformance_cache.package_digest(fastokens), conformance_cache.package_digest(library),
+        fast.origin, ref_inputs, json.dumps(list(fast.reference_only_strings())),
+        f"{fast.split_long} {tk.PIECE_CHARS} {tk.MAX_PIECE_CHARS}",
+        conformance_cache.package_digest(sys.modules[fast.library]), conformance_cache.package_digest(library),
         conformance_cache.code_digest(classes, modules=[conformance, tk, sys.modules[__name__]]),
         conformance.texts_source_digest(specials)])
 
 
 def preflight(spec: TokenizerSpec) -> None:
-    """Launcher, ``--tokenizer_backend fast``: load it and run the conformance check before any worker does.
+    """Launcher, ``--tokenizer_backend fast`` or ``gigatoken``: load it and run the conformance check before any
+    worker does.
 
     Raises:
         TokenizerError: naming why the fast backend cannot be used.
@@ -354,15 +277,11 @@ def load_cached(spec: TokenizerSpec) -> Encoder:
 def backend_note(counters: Mapping[str, int] | None) -> str:
     """The summary line's words on the tokenizer backends that ran, from the job's counters ("" if none)."""
     counters = counters or {}
-    fast, ref = counters.get("backend_fast", 0), counters.get("backend_reference", 0)
-    if not fast and not ref:
+    ran = {b: counters.get(f"backend_{b}", 0) for b in ("fast", "gigatoken", "reference")}
+    if not any(ran.values()):
         return ""
-    parts = []
-    if fast:
-        parts.append(f"fast on {fast} worker{'s' * (fast != 1)} "
-                     f"({counters.get('tokenizer_verified_docs', 0)} documents re-checked by the reference)")
-    if ref:
-        parts.append(f"reference on {ref} worker{'s' * (ref != 1)}")
+    checked = f" ({counters.get('tokenizer_verified_docs', 0)} documents re-checked by the reference)"
+    parts = [f"{b} on {n} worker{'s' * (n != 1)}{checked if b != 'reference' else ''}" for b, n in ran.items() if n]
     note = "tokenizer backend: " + " and ".join(parts)
     rejected = counters.get("backend_fast_rejected", 0)
     if rejected:

@@ -30,8 +30,8 @@ result is then deterministic but may differ from whole-text encoding around the 
 Hugging Face tokenizers (Rust BPE with a heap of merges) are not quadratic and are encoded whole.
 
 Backends. The reference libraries (tiktoken, Hugging Face ``tokenizers``) define the tokens. A spec also
-names a *backend* (``auto``, ``fast`` or ``reference``, see :mod:`pipelines.tokenize.fast_tokenizer`): the fast one
-gives the same tokens, checked at worker start and sampled during the build. The backend is not part of
+names a *backend* (``auto``, ``fast``, ``gigatoken`` or ``reference``, see :mod:`pipelines.tokenize.fast_tokenizer`):
+the fast ones give the same tokens, checked at worker start and sampled during the build. The backend is not part of
 the identity: a cache's bytes never depend on it.
 """
 
@@ -61,7 +61,7 @@ MAX_PIECE_CHARS = 131_072
 # newline and text[p] a word character. Zero-width so ``m.start()`` is the cut.
 _SAFE_CUT = re.compile(r"(?<=\w)(?=[ \t])|(?<=\n)(?=\w)")
 
-BACKENDS = ("auto", "fast", "reference")  # see pipelines.tokenize.fast_tokenizer
+BACKENDS = ("auto", "fast", "gigatoken", "reference")  # see pipelines.tokenize.fast_tokenizer
 DEFAULT_VERIFY_EVERY = 1000
 
 
@@ -101,7 +101,7 @@ class TokenizerSpec:
     payload: str = dataclasses.field(default="", repr=False)  # HF: tokenizer JSON
     payload_path: str = ""  # HF: where workers read the tokenizer JSON from (instead of ``payload``)
     # How workers encode; not part of the identity (the tokens are the same, see pipelines.tokenize.fast_tokenizer).
-    backend: str = "auto"  # "auto", "fast" or "reference"
+    backend: str = "auto"  # "auto", "fast", "gigatoken" or "reference"
     verify_every: int = DEFAULT_VERIFY_EVERY  # fast backend: re-encode 1 document in N with the reference (0: never)
     # The EOS's text and how it was chosen (tokenizer_lib.Eos.how): shown in the summary, not in the identity.
     eos_token: str | None = None
@@ -126,7 +126,7 @@ class TokenizerSpec:
         return dataclasses.replace(self, payload="", payload_path=path)
 
     def with_backend(self, backend: str, verify_every: int = DEFAULT_VERIFY_EVERY) -> "TokenizerSpec":
-        """The same tokenizer, encoded by ``backend`` ("auto", "fast", "reference") in workers."""
+        """The same tokenizer, encoded by ``backend`` (one of BACKENDS) in workers."""
         if backend not in BACKENDS:
             raise TokenizerError(f"tokenizer backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         if verify_every < 0:

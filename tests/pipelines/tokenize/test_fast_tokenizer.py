@@ -152,9 +152,10 @@ def test_fast_backend_passes_the_conformance_set_with_cl100k(pattern):
     assert isinstance(enc, ft.FastEncoder) and enc.backend == "fast" and enc.split_long
     texts = conformance.conformance_texts(ft._special_strings(enc.reference))
     assert conformance.check(enc, enc.reference, texts) is None
-    # and token for token against tiktoken itself, text by text
+    # and token for token against tiktoken itself, text by text (long ones as cut into the reference's pieces)
     for label, text in texts[::7]:
-        assert enc.encode_many([text])[0].tolist() == ENC.encode_ordinary(text), label
+        want = ENC.encode_ordinary(text) if len(text) <= tk.PIECE_CHARS else tk.TiktokenEncoder(ENC).encode_one(text)
+        assert enc.encode_many([text])[0].tolist() == list(want), label
 
 
 def test_conformance_set_covers_scripts_marks_digits_whitespace_specials_and_long_documents():
@@ -238,7 +239,7 @@ def test_sampling_depends_on_the_offset_alone():
 
 def test_with_backend_rejects_bad_values():
     spec = tk.resolve("tiktoken:cl100k_base")
-    with pytest.raises(tk.TokenizerError, match="choose one of auto, fast, reference"):
+    with pytest.raises(tk.TokenizerError, match="choose one of auto, fast, gigatoken, reference"):
         spec.with_backend("turbo")
     with pytest.raises(tk.TokenizerError, match="verify_every"):
         spec.with_backend("fast", -1)
@@ -249,18 +250,23 @@ def test_with_backend_rejects_bad_values():
 # Builds: the same bytes whichever backend ran
 
 
+BACKENDS = ("reference", "fast", "gigatoken")
+
+
 @pytest.mark.parametrize("corpus", ["sample", "unicode"])
 def test_caches_are_byte_identical_across_backends_tiktoken(tmp_path, corpus, pattern):
     inputs = SAMPLE_INPUTS if corpus == "sample" else [str(p) for p in unicode_corpus(tmp_path / "in")]
     outs = {}
-    for backend in ("reference", "fast"):
+    for backend in BACKENDS:
         out, res = build(tmp_path, inputs, name=backend, tokenizer_backend=backend, append_eos=True,
                          chunk_bytes=60_000, row_group_tokens=3000, max_bad_fraction=0.05)
         assert f"tokenizer backend: {backend} on 1 worker" in res["summary"], res["summary"]
         outs[backend] = out
     assert "rejected" not in res["summary"]
-    ref, fast = tree_bytes(outs["reference"]), tree_bytes(outs["fast"])
-    assert sorted(ref) == sorted(fast) and ref == fast
+    ref = tree_bytes(outs["reference"])
+    for backend in BACKENDS[1:]:
+        got = tree_bytes(outs[backend])
+        assert sorted(ref) == sorted(got) and ref == got, backend
     ledger = load_ledger(outs["fast"])
     assert ledger["totals"]["docs"] > 200 and len(ledger["chunks"]) > 4
     if corpus == "unicode":
@@ -269,18 +275,31 @@ def test_caches_are_byte_identical_across_backends_tiktoken(tmp_path, corpus, pa
         assert longest > 20_000  # the long documents are in, cut into pieces
 
 
+@pytest.fixture(scope="module")
+def cl100k_tokenizer_json(tmp_path_factory) -> str:
+    """cl100k as a tokenizer.json, its special tokens among the added tokens (benchmarks/hf_tokenizer.py)."""
+    from benchmarks import hf_tokenizer
+
+    return str(hf_tokenizer.convert_added_specials(tmp_path_factory.mktemp("hf-cl100k")))
+
+
 @pytest.mark.parametrize("corpus", ["sample", "unicode"])
-def test_caches_are_byte_identical_across_backends_hf_tokenizer_json(tmp_path, corpus):
-    tok = train_tiny_tokenizer(str(tmp_path / "tok" / "tokenizer.json"),
-                               texts=sample_texts(150, seed=7) + unicode_docs(100, seed=8), vocab_size=600)
+@pytest.mark.parametrize("which", ["tiny", "cl100k"])
+def test_caches_are_byte_identical_across_backends_hf_tokenizer_json(tmp_path, corpus, which, request):
+    if which == "tiny":  # its added tokens </s> and <pad> are in the unicode corpus
+        tok = train_tiny_tokenizer(str(tmp_path / "tok" / "tokenizer.json"),
+                                   texts=sample_texts(150, seed=7) + unicode_docs(100, seed=8), vocab_size=600)
+    else:
+        tok = request.getfixturevalue("cl100k_tokenizer_json")
     inputs = SAMPLE_INPUTS if corpus == "sample" else [str(p) for p in unicode_corpus(tmp_path / "in")]
     outs = {}
-    for backend in ("reference", "fast"):
+    for backend in BACKENDS:
         out, res = build(tmp_path, inputs, name=backend, tokenizer=tok, tokenizer_backend=backend, append_eos=True,
                          chunk_bytes=60_000, max_bad_fraction=0.05)
         assert f"tokenizer backend: {backend} on 1 worker" in res["summary"], res["summary"]
         outs[backend] = out
-    assert tree_bytes(outs["reference"]) == tree_bytes(outs["fast"])
+    ref = tree_bytes(outs["reference"])
+    assert tree_bytes(outs["fast"]) == ref and tree_bytes(outs["gigatoken"]) == ref
 
 
 def test_the_backend_is_not_part_of_the_cache_identity(tmp_path):
