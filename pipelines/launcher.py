@@ -196,7 +196,7 @@ def plan_build(args: Arguments) -> Planned:
         tok = resolve(options.tokenizer, eos=options.eos_token).with_backend(options.tokenizer_backend,
                                                                             options.verify_every)
         warn_if_guessed(tok)
-        if tok.backend == "fast":
+        if tok.backend in ("fast", "gigatoken"):
             preflight(tok)  # fail before writing anything, rather than in every worker
     except TokenizerError as e:
         raise BuildError(str(e)) from e
