@@ -129,7 +129,8 @@ class BuildChunksFn(beam.DoFn):
                 pass
             raise
         # the byte ranges of a unit's chunks: the same in every cache of a split build, so counted once
-        done = sum(sc["byte_range"][1] - sc["byte_range"][0] for sc in results[0].sidecars)
+        rows = unit.columnar.file_rows if unit.columnar is not None else None
+        done = sum(fmt.chunk_input_bytes(sc, unit.size, rows) for sc in results[0].sidecars)
         self.counters.inc("input_bytes_done", done)
         if trace.enabled():
             trace.event("unit_done", shard=unit.shard, index=unit.index,

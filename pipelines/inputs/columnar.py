@@ -79,7 +79,7 @@ class ColumnarLayout:
                              first_row=self.row_range(k)[0], group_rows=self.group_rows[g0:g1],
                              group_bytes=self.group_bytes[g0:g1], group_offsets=self.group_offsets[g0:g1],
                              schema_range=self.schema_range, footer_bytes=self.footer_bytes,
-                             groups_digest=self.groups_digest)
+                             groups_digest=self.groups_digest, file_rows=self.rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +100,7 @@ class ColumnarChunk:
     schema_range: tuple[int, int] | None = None
     footer_bytes: int = 0
     groups_digest: str = ""
+    file_rows: int = 0  # the whole file's rows (its chunks' share of the file, for progress)
 
     @property
     def span(self) -> list[int]:

@@ -131,7 +131,9 @@ class Scanner:
             tokens += said[1]
             bad += said[2]
             if first:
-                done_by_shard[shard] += said[3]
+                inp = self.inputs[shard]
+                entry = {"byte_range": said[3], "row_range": said[4]}
+                done_by_shard[shard] += fmt.chunk_input_bytes(entry, inp.size, inp.rows)
         total, estimated = 0, False
         for inp in self.inputs:
             if inp.compression == "none":
@@ -200,16 +202,15 @@ class Scanner:
 
 
 def _parse(path: str, raw: bytes | None) -> tuple[int, ...] | None:
-    """``(uncompressed bytes,)`` of a ``_DONE.json``; ``(docs, tokens, bad records, input bytes)`` of a sidecar;
-    None if absent or not readable as one."""
+    """``(uncompressed bytes,)`` of a ``_DONE.json``; ``(docs, tokens, bad records, byte range, row range)`` of
+    a sidecar; None if absent or not readable as one."""
     if raw is None:
         return None
     try:
         obj = json.loads(raw)
         if path.endswith(fmt.SHARD_DONE_NAME):
             return (int(obj["uncompressed_bytes"]),)
-        lo, hi = obj["byte_range"]
-        return int(obj["docs"]), int(obj["tokens"]), int(obj["bad_records"]), int(hi) - int(lo)
+        return int(obj["docs"]), int(obj["tokens"]), int(obj["bad_records"]), obj["byte_range"], obj.get("row_range")
     except (ValueError, KeyError, TypeError):
         return None
 

@@ -392,6 +392,19 @@ class Ledger:
         return Ledger(raw=raw, chunks=table)
 
 
+def chunk_input_bytes(entry: Mapping[str, Any], size: int, rows: int | None = None) -> int:
+    """How much of its input file a chunk's entry (ledger or sidecar) covers, for progress: its byte range
+    (uncompressed bytes), or, for a columnar chunk (``row_range``), its rows' share of the file's ``size``
+    bytes (``rows``: the file's rows)."""
+    br = entry.get("byte_range")
+    if br is not None:
+        return max(0, int(br[1]) - int(br[0]))
+    rr = entry.get("row_range")
+    if rr is None or not rows:
+        return 0
+    return int(size) * max(0, int(rr[1]) - int(rr[0])) // int(rows)
+
+
 def config_fingerprint(tokenizer: Mapping[str, Any], config: Mapping[str, Any]) -> str:
     """What must match for a rerun to resume into an existing cache (tokenizer identity + chunking config)."""
     return hashlib.sha256(dumps({"tokenizer": tokenizer, "config": config}).encode()).hexdigest()

@@ -125,8 +125,7 @@ def summarize(inputs: Sequence[Mapping[str, Any]], written: Sequence[Written], *
     widths = np.zeros(n, np.int64)  # uncompressed bytes of the chunks written, per shard
     per_chunk_bytes = []  # input file bytes each written file completes (for the rate)
     for w in entries:
-        lo, hi = w.entry["byte_range"]
-        width = max(0, int(hi) - int(lo))
+        width = fmt.chunk_input_bytes(w.entry, int(inputs[w.shard]["size"]), inputs[w.shard].get("rows"))
         widths[w.shard] += width
         plain = inputs[w.shard].get("compression", "none") == "none"
         per_chunk_bytes.append(width if plain else 0)
