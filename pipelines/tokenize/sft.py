@@ -1,6 +1,6 @@
 """Supervised (SFT) records to tokens and a loss mask: prompt/completion pairs and chat conversations.
 
-Pure functions (no Beam, no transformers); the rules are written out in docs/notes-sft.md.
+Pure functions (no Beam, no transformers); the rules are written out in docs/SFT.md.
 
 * ``prompt_completion``: ``{"prompt": str, "completion": str}`` becomes the prompt's tokens, then the
   completion's, each encoded on its own as ordinary text, then EOS if given. Loss on the completion's tokens
