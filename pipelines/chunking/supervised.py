@@ -169,24 +169,35 @@ class Supervised:
             out = self._prompt_completions(records)
         else:
             out = []
-            for record in records:
+            for i, record in enumerate(records):
                 try:
                     out.append(self.encode(record))
                 except sft.BadRecord as e:
                     out.append(e)
+                except ValueError:  # the fast backend's tokens do not spell the text: a difference
+                    if self.reference is None:
+                        raise
+                    self._reference(record)  # raises if the reference fails too
+                    raise self._mismatch(positions[i], where) from None
         if self.reference is not None:
             for i in sampled(positions, self.verify_every).tolist():
-                try:
-                    want = self.encode(records[i], self.reference)
-                except sft.BadRecord as e:
-                    want = e
-                if not _same(out[i], want):
-                    raise TokenMismatchError(
-                        f"{MISMATCH_MARKER} on the supervised record at position {positions[i]} of {where}. The "
-                        "cache would not be the reference's; rerun with --tokenizer_backend reference (completed "
-                        "chunks are kept) and report the record.")
+                if not _same(out[i], self._reference(records[i])):
+                    raise self._mismatch(positions[i], where)
                 self.verified += 1
         return out
+
+    def _reference(self, record: Mapping[str, Any]):
+        try:
+            return self.encode(record, self.reference)
+        except sft.BadRecord as e:
+            return e
+
+    @staticmethod
+    def _mismatch(position: int, where: str) -> TokenMismatchError:
+        return TokenMismatchError(
+            f"{MISMATCH_MARKER} on the supervised record at position {position} of {where}. The cache would not "
+            "be the reference's; rerun with --tokenizer_backend reference (completed chunks are kept) and report "
+            "the record.")
 
 
     def _prompt_completions(self, records: Sequence[Mapping[str, Any]]) -> list:
