@@ -505,6 +505,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
     if notes.get("_general"):
         lines += ["", notes["_general"]]
     lines += columnar_memory_section()
+    lines += sft_section(fig)
     lines += ["", "## Plots", ""]
     if has_pipe:
         lines += [f"![pipeline progress and CPU]({rel(p_pipe)})", "",
@@ -617,6 +618,33 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
     lines += ["```", "", "Raw figures: `benchmarks/latest.json` (flat); per-build details, baselines' phase times and "
               "the sampled time series: `benchmarks/latest-details.json`.", ""]
     doc.write_text("\n".join(lines))
+
+
+def sft_section(fig: dict) -> list[str]:
+    """The loss mask's bytes per token and the supervised encoding rates (``benchmarks/sft_bench.py``)."""
+    if "sft_mask_spans_bytes_per_token" not in fig:
+        return []
+    f = fig
+    return ["", "## Loss masks: bytes per token", "",
+            "A supervised cache stores each document's loss tokens as ranges (`loss_spans`, docs/FORMAT.md). "
+            "`benchmarks/sft_bench.py` generates chat conversations (an optional system message, 1 to 6 turns, "
+            "messages of log-normal length), renders them with a ChatML template with generation marks and "
+            "tokenizes them with cl100k_base as the builder does, then writes the spans as a chunk does (zstd 3, "
+            "PLAIN) and, in the same run, one bit per token (`np.packbits`, a `binary` column, zstd 3).", "",
+            f"{f['sft_mask_tokens_per_record']:.0f} tokens and {f['sft_mask_spans_per_record']:.1f} spans per "
+            f"record, {f['sft_mask_loss_share']:.0%} of the tokens loss tokens.", "",
+            "| encoding | stored bytes per token | raw bytes per token |", "|---|---|---|",
+            f"| spans (`loss_spans`) | {f['sft_mask_spans_bytes_per_token']:.4f} | "
+            f"{f['sft_mask_spans_raw_bytes_per_token']:.4f} |",
+            f"| one bit per token | {f['sft_mask_bits_bytes_per_token']:.4f} | "
+            f"{f['sft_mask_bits_raw_bytes_per_token']:.4f} |", "",
+            "Encoding supervised records (`Supervised.encode_many`, batches of 256, best of the rounds), records "
+            "per CPU-second, the same records and the same bytes with either backend:", "",
+            "| records | reference (tiktoken) | fast (fastokens) | fast / reference |", "|---|---|---|---|",
+            f"| chat | {f['sft_chat_records_per_cpu_s_reference']:,.0f} | {f['sft_chat_records_per_cpu_s_fast']:,.0f} "
+            f"| {f['sft_chat_fast_vs_reference']:.2f} |",
+            f"| prompt/completion | {f['sft_pc_records_per_cpu_s_reference']:,.0f} | "
+            f"{f['sft_pc_records_per_cpu_s_fast']:,.0f} | {f['sft_pc_fast_vs_reference']:.2f} |"]
 
 
 COLUMNAR_MEMORY = Path(__file__).with_name("columnar_memory.json")

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import common, hf_tokenizer, peer_suite, pipeline_bench
+from benchmarks import common, hf_tokenizer, peer_suite, pipeline_bench, sft_bench
 from benchmarks.commands import build_commands
 from benchmarks.common import REPO, log, machine_description, run_monitored
 from benchmarks.corpus import build_corpus, load_texts
@@ -404,6 +404,9 @@ def main(argv=None) -> int:
     m = run_monitored([_py(), "-m", "benchmarks.packing_cost", "--cache", str(cache_tt), "--rounds",
                        str(min(2, P["reader_rounds"]))] + (["--quick"] if a.quick else []))
     fig.update(m.result)
+
+    # -- supervised records: the loss mask's bytes per token, encoding rates (benchmarks/sft_bench.py) ------------
+    fig.update(sft_bench.figures(a.quick))
 
     # -- shuffle quality -----------------------------------------------------------------------------------------
     fig.update(shuffle_quality(plots / "bench_shuffle_quality.png", P["shuffle_quick"]))

@@ -108,6 +108,8 @@ def _summary(ledgers: dict[str | None, dict[str, Any]], output: str, run: str = 
     tokens = sum(x["tokens"] for x in totals.values())
     bad = sum(x["bad_records"] for x in totals.values())
     s = f"chunkledger: {docs} documents, {tokens} tokens"
+    if "loss_tokens" in t:  # a supervised build
+        s += f" ({sum(x['loss_tokens'] for x in totals.values())} loss tokens)"
     if None not in totals:
         s += " (" + "; ".join(f"{name}: {x['docs']} documents, {x['tokens']} tokens" for name, x in totals.items())
         s += f"), {t['chunks']} chunks per split"

@@ -12,6 +12,7 @@ does this for each of its caches (``OUTPUT/train``, ``OUTPUT/validation``) after
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -21,7 +22,7 @@ from reader.format import spec as fmt
 
 from pipelines import faults, status
 from pipelines.lock import LOCK_NAME
-from pipelines.inputs import fsutil
+from pipelines.inputs import fsutil, keys
 from pipelines.inputs import remote
 from pipelines.inputs.matching import match_inputs, plan_inputs
 from pipelines.errors import BuildError, EnvironmentFault
@@ -30,6 +31,7 @@ from pipelines.options import Arguments, absolute, chunk_config, is_remote, spli
 from pipelines.plan import BuildPlan, check_ledger, make_plan, reconcile, shape_change
 from pipelines.tokenize.fast_tokenizer import preflight
 from pipelines.chunking.splits import SplitSpec, cache_root
+from pipelines.tokenize import chat_template
 from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec, resolve, warn_if_guessed
 
 LOG = logging.getLogger("chunkledger.build")
@@ -177,6 +179,85 @@ def _empty_files(plan: BuildPlan) -> EmptyInput | None:
     return EmptyInput(files=empty) if empty else None
 
 
+def resolve_chat_template(path: str, tok: TokenizerSpec) -> tuple[str, dict[str, Any]]:
+    """A chat build's template: its source and its identity for the ledger's ``config.chat_template``
+    (``sha256`` of its UTF-8 bytes, ``source``: the file, or ``tokenizer_config.json``, and the ``bos_token`` /
+    ``eos_token`` it is given). ``path`` is ``--chat_template`` (local or gs://; empty: the Hugging Face
+    tokenizer's own). Raises BuildError: no template, one that does not compile, or a bos/eos token that
+    is not a special token of the tokenizer (a template could not write it as one)."""
+    config = _tokenizer_config(tok)
+    if path:
+        where = absolute(path)
+        raw = fsutil.read_bytes_or_none(where)
+        if raw is None:
+            raise BuildError(f"--chat_template {path}: no such file")
+        try:
+            source = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BuildError(f"--chat_template {path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    else:
+        where = TOKENIZER_CONFIG
+        source = chat_template.template_from_config(config) if config else None
+        if not source:
+            what = ("a tiktoken encoding has no chat template" if tok.kind == "tiktoken" else
+                    f"its {TOKENIZER_CONFIG} has no chat_template")
+            raise BuildError(f"--record_format chat with tokenizer {tok.spec!r}: {what}; pass --chat_template FILE "
+                             "(a Jinja2 template, docs/SFT.md)")
+    try:
+        chat_template.compile_template(source)
+    except chat_template.ChatTemplateError as e:
+        raise BuildError(f"chat template {where}: {e}") from e
+    from pipelines.chunking.supervised import sft_encoders  # the tokenizer libraries: only for a chat build
+
+    specials = sft_encoders(tok.load_reference(tok.payload), source)[0].special_ids
+    bos = _config_token(config, "bos_token")
+    for name, token, fix in (("bos_token", bos, f"fix its {TOKENIZER_CONFIG}"),
+                             ("eos_token", tok.eos_token, "choose another with --eos_token")):
+        if token is not None and token not in specials:
+            raise BuildError(f"tokenizer {tok.spec!r}: its {name} {token!r} is not one of its special tokens, so the "
+                             f"chat template could not write it as one; {fix}")
+    identity = {"sha256": fmt.checksum(source.encode("utf-8")), "source": where, "bos_token": bos,
+                "eos_token": tok.eos_token}
+    return source, identity
+
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def _tokenizer_config(tok: TokenizerSpec) -> str | None:
+    """The text of a Hugging Face tokenizer's tokenizer_config.json, None if it has none (or is tiktoken)."""
+    if tok.kind != "huggingface":
+        return None
+    from reader.format import tokenizer_files, tokenizer_lib
+
+    spec = tok.spec
+    try:
+        form = tokenizer_lib.classify(spec)
+        if form == "hub":
+            return tokenizer_files.hub_files(spec)[1]
+        if form == "url":
+            return tokenizer_files.url_files(spec, fsutil.read_bytes_or_none)[1]
+        local = os.path.expanduser(spec)
+        folder = local if os.path.isdir(local) else os.path.dirname(local)
+        config = os.path.join(folder, TOKENIZER_CONFIG)
+        if os.path.isfile(config):
+            with open(config, encoding="utf-8", errors="replace") as f:
+                return f.read()
+    except TokenizerError:
+        pass
+    return None
+
+
+def _config_token(config: str | None, name: str) -> str | None:
+    """A token of tokenizer_config.json (``bos_token``: a string, or a dict with ``content``), or None."""
+    try:
+        value = json.loads(config).get(name) if config else None
+    except (ValueError, AttributeError):
+        return None
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) and value else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Planned:
     """A plan made from the inputs and options alone (nothing read from or written to ``--output`` yet)."""
@@ -200,7 +281,11 @@ def plan_build(args: Arguments) -> Planned:
             preflight(tok)  # fail before writing anything, rather than in every worker
     except TokenizerError as e:
         raise BuildError(str(e)) from e
-    config = chunk_config(options)
+    template = None
+    if options.record_format == keys.CHAT:
+        source, template = resolve_chat_template(options.chat_template, tok)
+        tok = dataclasses.replace(tok, chat_template=source)
+    config = chunk_config(options, template)
     split = split_spec(options)
     if config.append_eos and tok.eos_id is None:
         raise BuildError(f"--append_eos: tokenizer {options.tokenizer!r} has no end-of-sequence token; name one "

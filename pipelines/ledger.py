@@ -58,6 +58,8 @@ def finished_ledger(plan: BuildPlan, results: Iterable[UnitResult]) -> dict[str,
         "uncompressed_bytes": sum(i["uncompressed_bytes"] for i in inputs),
         "bad_records": sum(bad.values()),
     }
+    if fmt.is_masked(ledger["config"]):
+        ledger["totals"]["loss_tokens"] = sum(c["loss_tokens"] for c in chunks)
     return ledger
 
 

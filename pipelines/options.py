@@ -7,7 +7,7 @@ import dataclasses
 import difflib
 import os
 import re
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -173,8 +173,29 @@ def build_arg_parser() -> BuilderParser:
                    help="Keep these per-document fields (JSON keys or columns, dots for nested ones; string and "
                         "integer values) in the chunks: `python -m reader inspect CACHE --by NAME` counts documents "
                         "and tokens per value. Part of the cache's configuration; batches do not change.")
+    p.add_argument("--record_format", choices=keys.RECORD_FORMATS, default=keys.TEXT,
+                   help="What a record is: 'text' (default: --text_key names its text), 'prompt_completion' (a "
+                        "prompt and a completion; loss on the completion and the EOS) or 'chat' (a list of "
+                        "messages rendered with a chat template; loss on the assistant's tokens). Supervised "
+                        "caches store each document's loss tokens (docs/SFT.md). Part of the cache's "
+                        "configuration.")
+    p.add_argument("--prompt_key", default="", metavar="KEY",
+                   help="--record_format prompt_completion: the key or column of the prompt (default: prompt); "
+                        "dots reach into nested objects or struct columns.")
+    p.add_argument("--completion_key", default="", metavar="KEY",
+                   help="--record_format prompt_completion: the key or column of the completion (default: "
+                        "completion).")
+    p.add_argument("--messages_key", default="", metavar="KEY",
+                   help="--record_format chat: the key or column of the messages, a list of {role, content} "
+                        "objects (default: messages).")
+    p.add_argument("--chat_template", default="", metavar="FILE",
+                   help="--record_format chat: a Jinja2 chat template in Hugging Face's convention (local or "
+                        "gs://), with {%% generation %%} marks on the loss text or without (docs/SFT.md). Default: "
+                        "the Hugging Face tokenizer's own (chat_template in its tokenizer_config.json); a tiktoken "
+                        "encoding has none. Its sha256 is part of the cache's configuration.")
     p.add_argument("--append_eos", action="store_true",
-                   help="Append the tokenizer's end-of-sequence token to every document.")
+                   help="Append the tokenizer's end-of-sequence token to every document (to every completion "
+                        "with --record_format prompt_completion; a chat template writes its own).")
     p.add_argument("--eos_token", default="", metavar="TOKEN|ID",
                    help="The end-of-sequence token (a token of the tokenizer, or its id), recorded in the ledger "
                         "and appended with --append_eos. Default: the one the tokenizer declares, else a guess "
@@ -309,18 +330,41 @@ def _check_values(options: argparse.Namespace) -> None:
                          "has no levels")
 
 
+def _check_record_options(options: argparse.Namespace) -> None:
+    """Options of one record format given with another (a clear error rather than a silent no-op)."""
+    record_format = options.record_format
+    applies = {"prompt_key": keys.PROMPT_COMPLETION, "completion_key": keys.PROMPT_COMPLETION,
+               "messages_key": keys.CHAT, "chat_template": keys.CHAT}
+    for name, kind in applies.items():
+        if getattr(options, name) and record_format != kind:
+            raise BuildError(f"--{name} applies to --record_format {kind}, not {record_format}: drop it, or add "
+                             f"--record_format {kind}")
+    if record_format != keys.TEXT and options.text_key != "text":
+        raise BuildError(f"--text_key applies to --record_format text; a {record_format} record's keys are "
+                         + ("--prompt_key and --completion_key" if record_format == keys.PROMPT_COMPLETION
+                            else "--messages_key"))
+    if record_format == keys.CHAT and options.append_eos:
+        raise BuildError("--append_eos does not apply to --record_format chat: the chat template writes its own "
+                         "end tokens (eos_token is passed to it); drop --append_eos")
+
+
 def parse_args(argv: Sequence[str] | None) -> Arguments:
     """Parse ``argv`` (default ``sys.argv[1:]``); unknown options, stray words and bad values are a BuildError."""
     parser = build_arg_parser()
     options, pipeline_args = parser.parse_known_args(argv)
     check_leftovers(parser, pipeline_args)
     _check_values(options)
+    _check_record_options(options)
     return Arguments(options=options, pipeline_args=pipeline_args, output=absolute(options.output))
 
 
-def chunk_config(options: argparse.Namespace) -> ChunkConfig:
-    """The chunking configuration recorded in the ledger (part of the resume fingerprint)."""
+def chunk_config(options: argparse.Namespace, chat_template: Mapping[str, Any] | None = None) -> ChunkConfig:
+    """The chunking configuration recorded in the ledger (part of the resume fingerprint); ``chat_template``:
+    a chat build's template identity (``pipelines.launcher.resolve_chat_template``)."""
     leveled = options.parquet_compression in LEVELED_CODECS
+    record_format = getattr(options, "record_format", keys.TEXT)
+    used = {keys.PROMPT_COMPLETION: ("prompt_key", "completion_key"), keys.CHAT: ("messages_key",)}
+    record_keys = {name: getattr(options, name) or keys.DEFAULT_KEYS[name] for name in used.get(record_format, ())}
     return ChunkConfig(
         text_key=options.text_key,
         append_eos=bool(options.append_eos),
@@ -334,6 +378,9 @@ def chunk_config(options: argparse.Namespace) -> ChunkConfig:
         max_doc_bytes=int(options.max_doc_bytes),
         max_json_depth=MAX_JSON_DEPTH,
         keep_fields=tuple(options.keep_fields),
+        record_format=record_format,
+        chat_template=dict(chat_template) if record_format == keys.CHAT and chat_template else None,
+        **record_keys,
     )
 
 

@@ -30,6 +30,7 @@ MAX_JSON_DEPTH = 1000
 # Config keys added after caches were built without them -> their value in a new build by default. A key
 # absent from a ledger means what the cache was built with: no size limit, and MAX_JSON_DEPTH.
 LATER_KEYS = {"max_doc_bytes": DEFAULT_MAX_DOC_BYTES, "max_json_depth": MAX_JSON_DEPTH}
+SUPERVISED_KEYS = ("prompt_key", "completion_key", "messages_key", "chat_template")
 # Range checks of the numbers an existing ledger holds (a shard's bytes, its chunks, the chunk size).
 MAX_SHARD_BYTES = 1 << 50
 # Input formats (pipelines.inputs.formats): a columnar file's chunks are runs of its row groups or record
@@ -56,16 +57,26 @@ class ChunkConfig:
     max_doc_bytes: int | None = None
     max_json_depth: int | None = None
     keep_fields: tuple[str, ...] = ()  # --keep_fields: per-document metadata kept in the chunks
+    # Supervised records (pipelines/chunking/supervised.py): "text", "prompt_completion" or "chat"; the keys
+    # read (None where they do not apply), and the chat template's identity ({"sha256", "source", "bos_token",
+    # "eos_token"}). A text build's config has none of them.
+    record_format: str = fmt.PLAIN_RECORD_FORMAT
+    prompt_key: str | None = None
+    completion_key: str | None = None
+    messages_key: str | None = None
+    chat_template: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for key in ("split", *LATER_KEYS):
+        for key in ("split", *LATER_KEYS, *SUPERVISED_KEYS):
             if out[key] is None:
                 del out[key]  # a plain build's config, or an older cache's, stays exactly as it was
         if self.keep_fields:
             out["keep_fields"] = list(self.keep_fields)
         else:
             del out["keep_fields"]  # a build without it has the config (and fingerprint) it had before
+        if self.record_format == fmt.PLAIN_RECORD_FORMAT:
+            del out["record_format"]
         return out
 
     def as_in(self, existing: Mapping[str, Any]) -> "ChunkConfig":
@@ -170,8 +181,9 @@ class BuildPlan:
     @property
     def format_version(self) -> int:
         """The cache's format version: 3 if it uses what version 3 added (an input other than JSON Lines, kept
-        fields), else 2 (``fmt.BASE_FORMAT_VERSION``: what builders wrote before 3 existed)."""
-        if self.config.keep_fields or any(inp.format != JSONL for inp in self.inputs):
+        fields, loss masks), else 2 (``fmt.BASE_FORMAT_VERSION``: what builders wrote before 3 existed)."""
+        if (self.config.keep_fields or self.config.record_format != fmt.PLAIN_RECORD_FORMAT
+                or any(inp.format != JSONL for inp in self.inputs)):
             return fmt.FORMAT_VERSION
         return fmt.BASE_FORMAT_VERSION
 

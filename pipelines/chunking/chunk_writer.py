@@ -17,15 +17,20 @@ import json
 import tempfile
 from typing import Any, Callable, Mapping, Sequence
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from reader.format import spec as fmt
-from reader.format.chunk_file import make_sidecar
+from reader.format.chunk_file import loss_tokens, make_sidecar
 
 from pipelines.chunking.records import (BAD_REASONS, dead_letter, has_lone_surrogate, parse_line,  # noqa: F401
                                      parse_line_json, parse_record)
 from pipelines.chunking.splits import SplitRouter, SplitSpec, cache_roots
 from pipelines.inputs import fsutil, rows
-from pipelines.inputs.rows import Record
+from pipelines.inputs.rows import Record, SupervisedRecord
+from pipelines.chunking.supervised import Supervised, canonical
 from pipelines.plan import MAX_JSON_DEPTH
+from pipelines.tokenize import sft
 
 # Every key a sidecar of this version holds; a sidecar missing one was written by older code (``row_range``:
 # columnar chunks only).
@@ -66,7 +71,8 @@ class ChunkBuilder:
 
     def __init__(self, *, root: str, input_path: str, shard: int, index: int, lo: int, encoder,
                  config: Mapping[str, Any], eos_id: int | None, counters: Counters | None = None,
-                 expect: Callable[[tuple[dict[str, Any], ...]], None] | None = None, split: SplitSpec | None = None):
+                 expect: Callable[[tuple[dict[str, Any], ...]], None] | None = None, split: SplitSpec | None = None,
+                 supervised: Supervised | None = None):
         self.roots = cache_roots(root, split)
         self.input_path = input_path
         self.shard = shard
@@ -92,7 +98,9 @@ class ChunkBuilder:
         self.pending_chars = 0
         self.input_bytes = 0
         self.verified = 0  # documents re-encoded by the reference tokenizer (fast backend)
-        self.router = SplitRouter(config, shard, self.eos_id, split)
+        # supervised records (pipelines/chunking/supervised.py): their tokens hold the EOS they are given
+        self.supervised = supervised
+        self.router = SplitRouter(config, shard, None if supervised else self.eos_id, split)
         self.routed: dict[int, int] = {}  # position -> cache index of each pending document not in the first cache
 
     # -- records ----------------------------------------------------------------------------------
@@ -103,6 +111,8 @@ class ChunkBuilder:
 
     def take(self, pos: int, record: Any) -> None:
         """Take the record at ``pos`` (a byte offset, or a columnar row number)."""
+        if self.supervised is not None:
+            return self._take_supervised(pos, record)
         if type(record) is Record:
             text, fields = record.text, record.fields
             if record.reason is not None:
@@ -125,20 +135,65 @@ class ChunkBuilder:
                 self._bad(pos, dead_letter(self.input_path, self.shard, pos, "too_long",
                                            f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size))
         if text is None:
-            if len(self.bad_buffer) >= BAD_BUFFER_RECORDS:
-                self._encode_pending()  # its tokenizer errors precede every later record
-                self._spool_bad()
-            return
-        self.pending_texts.append(text)
+            return self._after_bad()
+        self._pend(pos, text, record, fields, text, len(text))
+
+    def _after_bad(self) -> None:
+        if len(self.bad_buffer) >= BAD_BUFFER_RECORDS:
+            self._encode_pending()  # its tokenizer errors precede every later record
+            self._spool_bad()
+
+    def _pend(self, pos: int, item: Any, record: Any, fields: tuple, routed_by: str, size: int) -> None:
+        """A document to encode: ``item`` (a text, a supervised record), its ``record`` (for a dead letter)."""
+        self.pending_texts.append(item)
         self.pending_pos.append(pos)
         self.pending_records.append(record)
         self.pending_fields.append(fields)
-        part = self.router.route(text)
+        part = self.router.route(routed_by)
         if part:
             self.routed[pos] = part
-        self.pending_chars += len(text)
+        self.pending_chars += size
         if len(self.pending_texts) >= ENCODE_BATCH_DOCS or self.pending_chars >= ENCODE_BATCH_CHARS:
             self._encode_pending()
+
+    def _take_supervised(self, pos: int, record: Any) -> None:
+        """:meth:`take` of a supervised record: its fields read (a JSON record's, a columnar row's), checked
+        against the length limit, routed by its canonical form (pipelines/chunking/supervised.py)."""
+        sup, item = self.supervised, None
+        if type(record) is SupervisedRecord:
+            if record.reason is not None:
+                self._bad(pos, rows.supervised_dead_letter(self.input_path, self.shard, record, record.reason,
+                                                           record.detail, None))
+                return self._after_bad()
+            try:
+                item = sup.from_values(record.values)
+            except sft.BadRecord as e:
+                value = dict(zip(sup.keys, record.values))
+                self._bad(pos, rows.supervised_dead_letter(self.input_path, self.shard, record, e.reason, e.detail,
+                                                           value))
+                return self._after_bad()
+            form = canonical(item)
+            size = len(form.encode("utf-8", "surrogatepass"))
+            if self.max_bytes is not None and size > self.max_bytes:
+                head = form.encode("utf-8", "surrogatepass")[:fsutil.LONG_LINE_HEAD].decode("utf-8", "ignore")
+                letter = rows.supervised_dead_letter(self.input_path, self.shard, record, "too_long",
+                                                     f"{size} bytes, over max_doc_bytes {self.max_bytes}", head)
+                self._bad(pos, {**letter, "size": size})
+                return self._after_bad()
+            return self._pend(pos, item, record, record.fields, form, size)
+        size = len(record)
+        self.input_bytes += size + 1
+        if type(record) is bytes and (self.max_bytes is None or size <= self.max_bytes):
+            item, fields, reason, detail = sup.from_json(record)
+            if reason is not None:
+                self._bad(pos, dead_letter(self.input_path, self.shard, pos, reason, detail, record))
+        else:  # streamed past by its reader: only its first bytes are here
+            head = record[:fsutil.LONG_LINE_HEAD] if type(record) is bytes else record.head
+            self._bad(pos, dead_letter(self.input_path, self.shard, pos, "too_long",
+                                       f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size))
+        if item is None:
+            return self._after_bad()
+        self._pend(pos, item, record, fields, canonical(item) if self.router.spec is not None else "", size)
 
     def _bad(self, pos: int, letter: dict[str, Any]) -> None:
         self.bad_buffer.append((pos, (json.dumps(letter, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")))
@@ -160,6 +215,8 @@ class ChunkBuilder:
         self.pending_chars = 0
         if not texts:
             return
+        if self.supervised is not None:
+            return self._encode_supervised(texts, positions, recs, fields)
         try:
             arrays = self.encoder.encode_many(texts)
         except BaseException as e:  # noqa: BLE001 - pyo3 panics derive from BaseException
@@ -171,6 +228,22 @@ class ChunkBuilder:
             if a is None:
                 continue
             self.router.add(self.routed.pop(pos, 0), a, pos, f)
+
+    def _encode_supervised(self, items: list, positions: list[int], recs: list, fields: list) -> None:
+        verified = self.supervised.verified
+        encoded = self.supervised.encode_many(items, positions, self.input_path)
+        self.verified += self.supervised.verified - verified
+        for out, pos, rec, f in zip(encoded, positions, recs, fields):
+            if isinstance(out, sft.BadRecord):
+                self.routed.pop(pos, None)
+                if type(rec) is SupervisedRecord:
+                    value = dict(zip(self.supervised.keys, rec.values))
+                    self._bad(pos, rows.supervised_dead_letter(self.input_path, self.shard, rec, out.reason,
+                                                               out.detail, value))
+                else:
+                    self._bad(pos, dead_letter(self.input_path, self.shard, pos, out.reason, out.detail, rec))
+                continue
+            self.router.add(self.routed.pop(pos, 0), out[0], pos, f, out[1])
 
     def _encode_one_by_one(self, texts: Sequence[str], positions: Sequence[int], recs: Sequence[Any]):
         out = []
@@ -220,7 +293,7 @@ class ChunkBuilder:
                 row_group_index=rg_index, footer=footer, docs=parquet.docs, tokens=parquet.tokens,
                 bad_reasons=self.bad_reasons if first else None, dead_letters=dl_rel if first else None,
                 dead_letters_checksum=dl_sum if first else None, input_span=input_span,
-                input_checksum=input_checksum))
+                input_checksum=input_checksum, loss_tokens=parquet.loss_tokens if parquet.masked else None))
             files.append(data)
         if self.expect is not None:
             self.expect(tuple(sidecars))
@@ -242,6 +315,7 @@ class ChunkBuilder:
         for name, sidecar, data in zip(self.router.names, sidecars, files):
             inc("documents", sidecar["docs"])
             inc("tokens", sidecar["tokens"])
+            inc("loss_tokens", sidecar.get("loss_tokens", 0))
             inc("output_bytes", len(data))
             if name is not None:
                 inc(f"documents_{name}", sidecar["docs"])
@@ -281,14 +355,14 @@ class ChunkCheck:
 
 
 def verify_chunk(root: str, shard: int, index: int, byte_range: Sequence[int] | None = None,
-                 row_range: Sequence[int] | None = None) -> ChunkCheck:
+                 row_range: Sequence[int] | None = None, masked: bool = False) -> ChunkCheck:
     """Check chunk ``index`` of ``shard`` in the cache at ``root`` against its sidecar.
 
     Complete means: the sidecar parses, names this chunk (and ``byte_range`` or ``row_range`` if given),
     carries every key this version writes, and agrees with the files: the Parquet file's size and sha256,
     its row-group index and footer (recomputed), its document and token counts, and the dead-letter file's
-    sha256 and line count. The input bytes are the caller's to check (the sidecar's ``input_span`` and
-    ``input_checksum``).
+    sha256 and line count; in a ``masked`` cache, the sidecar's ``loss_tokens`` and the loss spans. The input
+    bytes are the caller's to check (the sidecar's ``input_span`` and ``input_checksum``).
     """
     raw = fsutil.read_bytes_or_none(fmt.join(root, fmt.sidecar_path(shard, index)))
     if raw is None:
@@ -326,9 +400,19 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: Sequence[int] | 
             or sidecar["row_groups"] != len(rg_index) or sidecar["docs"] != sum(e[2] for e in rg_index)
             or sidecar["tokens"] != sum(e[3] for e in rg_index)):
         return bad("sidecar counts or row-group index disagree with the Parquet file")
+    if masked and sidecar.get("loss_tokens") != _loss_tokens(data):
+        return bad("sidecar loss_tokens disagree with the Parquet file's loss_spans")
     if not _dead_letters_intact(root, sidecar):
         return bad("dead-letter file missing or changed")
     return ChunkCheck(sidecar, fmt.checksum(raw), None)
+
+
+def _loss_tokens(data: bytes) -> int | None:
+    """The loss tokens of a chunk file's ``loss_spans`` column, None without one."""
+    try:
+        return loss_tokens(pq.read_table(pa.BufferReader(data), columns=[fmt.LOSS_COLUMN]))
+    except (KeyError, ValueError, OSError, pa.ArrowException):
+        return None
 
 
 def _dead_letters_intact(root: str, sidecar: Mapping[str, Any]) -> bool:

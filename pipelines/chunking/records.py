@@ -73,7 +73,26 @@ def parse_record(raw: bytes, text_key: str, keep_fields: Sequence[str] = (), max
 
 def parse_record_json(raw: bytes, text_key: str, keep_fields: Sequence[str] = (), max_depth: int = MAX_JSON_DEPTH
                       ) -> tuple[str | None, tuple, str | None, str]:
-    """:func:`parse_record` with the standard library alone: the definition of every reason and detail.
+    """:func:`parse_record` with the standard library alone: the definition of every reason and detail."""
+    obj, reason, detail = parse_object_json(raw, max_depth)
+    if obj is None:
+        return None, NO_FIELDS, reason, detail
+    text = json_lookup(obj, text_key)
+    if text is MISSING:
+        return None, NO_FIELDS, "missing_text", f"no key {text_key!r}"
+    if not isinstance(text, str):
+        return None, NO_FIELDS, "text_not_string", f"{text_key!r} is {type(text).__name__}"
+    if not text:
+        return None, NO_FIELDS, "empty_text", ""
+    fields, reason, detail = kept_fields(obj, keep_fields)
+    if fields is None:
+        return None, NO_FIELDS, reason, detail
+    return text, fields, None, ""
+
+
+def parse_object_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> tuple[dict | None, str | None, str]:
+    """``(object, None, "")`` if ``raw`` is a JSON object (a leading byte-order mark and a trailing ``\\r``
+    tolerated), else ``(None, reason, detail)``; the standard library alone.
 
     Nesting is measured on the text before parsing (``json`` recurses once per level, and how deep it can
     go depends on the caller's stack): a record nested deeper than ``max_depth`` is ``too_deep``, valid
@@ -83,35 +102,33 @@ def parse_record_json(raw: bytes, text_key: str, keep_fields: Sequence[str] = ()
         s = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         if not raw.strip():
-            return None, NO_FIELDS, "blank_line", ""
-        return None, NO_FIELDS, "invalid_utf8", f"{e.reason} at byte {e.start}"
+            return None, "blank_line", ""
+        return None, "invalid_utf8", f"{e.reason} at byte {e.start}"
     if s.startswith("\ufeff"):  # a byte-order mark (files saved by some Windows tools)
         s = s[1:]
     depth = fsutil.json_nesting(s, max_depth)
     if depth is None:
-        return None, NO_FIELDS, "too_deep", f"arrays or objects nested more than {max_depth} deep"
+        return None, "too_deep", f"arrays or objects nested more than {max_depth} deep"
     fsutil.json_headroom(depth)
     try:
         obj = json.loads(s)
     except ValueError as e:
         if not raw.strip():  # checked only on failure: keeps the hot path free of a copy per line
-            return None, NO_FIELDS, "blank_line", ""
-        return None, NO_FIELDS, "invalid_json", str(e)
+            return None, "blank_line", ""
+        return None, "invalid_json", str(e)
     if not isinstance(obj, dict):
-        return None, NO_FIELDS, "not_an_object", f"top-level JSON {type(obj).__name__}"
-    text = json_lookup(obj, text_key)
-    if text is MISSING:
-        return None, NO_FIELDS, "missing_text", f"no key {text_key!r}"
-    if not isinstance(text, str):
-        return None, NO_FIELDS, "text_not_string", f"{text_key!r} is {type(text).__name__}"
-    if not text:
-        return None, NO_FIELDS, "empty_text", ""
-    fields = _fields(obj, keep_fields)
-    if fields is None:
-        name = next(n for n in keep_fields if not keep_value(json_lookup(obj, n))[1])
-        kind = type(json_lookup(obj, name)).__name__
-        return None, NO_FIELDS, "bad_field", f"{name!r} is {kind}: --keep_fields keeps strings and integers"
-    return text, fields, None, ""
+        return None, "not_an_object", f"top-level JSON {type(obj).__name__}"
+    return obj, None, ""
+
+
+def kept_fields(obj: dict, keep_fields: Sequence[str]) -> tuple[tuple | None, str | None, str]:
+    """``(fields, None, "")``: the kept fields of ``obj``; or ``(None, "bad_field", detail)``."""
+    fields = _fields(obj, keep_fields) if keep_fields else NO_FIELDS
+    if fields is not None:
+        return fields, None, ""
+    name = next(n for n in keep_fields if not keep_value(json_lookup(obj, n))[1])
+    kind = type(json_lookup(obj, name)).__name__
+    return None, "bad_field", f"{name!r} is {kind}: --keep_fields keeps strings and integers"
 
 
 def _fields(obj: dict, keep_fields: Sequence[str]) -> tuple | None:

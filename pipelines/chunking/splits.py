@@ -101,13 +101,16 @@ class _Part:
         self.arrays: list[np.ndarray] = []
         self.offsets: list[int] = []
         self.fields: list[tuple] = []  # each document's kept fields, in config.keep_fields order
+        self.spans: list[np.ndarray] | None = [] if fmt.is_masked(config) else None  # each one's loss_spans
         self.tokens = 0
         self.parquet = ChunkParquet(config)
 
-    def add(self, array: np.ndarray, offset: int, fields: tuple = ()) -> None:
+    def add(self, array: np.ndarray, offset: int, fields: tuple = (), spans: np.ndarray | None = None) -> None:
         self.arrays.append(array)
         self.offsets.append(offset)
         self.fields.append(fields)
+        if self.spans is not None:
+            self.spans.append(spans)
         self.tokens += len(array) + self.extra
         if self.tokens >= self.row_group_tokens:
             self.flush()
@@ -116,8 +119,11 @@ class _Part:
         if not self.arrays:
             return
         kept = {name: [f[i] for f in self.fields] for i, name in enumerate(self.keep_fields)} or None
-        self.parquet.write(row_group_table(self.arrays, self.shard, self.offsets, self.eos_id, kept), self.tokens)
+        self.parquet.write(row_group_table(self.arrays, self.shard, self.offsets, self.eos_id, kept, self.spans),
+                           self.tokens)
         self.arrays, self.offsets, self.fields, self.tokens = [], [], [], 0
+        if self.spans is not None:
+            self.spans = []
 
 
 class SplitRouter:
@@ -140,11 +146,13 @@ class SplitRouter:
         self.parts = [_Part(config, shard, eos_id, rgt) for _ in self.names]
 
     def route(self, text: str) -> int:
-        """Index of the cache (in :func:`cache_names` order) that the document ``text`` belongs to."""
+        """Index of the cache (in :func:`cache_names` order) that the document ``text`` belongs to (a supervised
+        record's canonical form, pipelines/chunking/supervised.py)."""
         return 0 if self.spec is None else int(self.spec.is_validation(text))
 
-    def add(self, part: int, array: np.ndarray, offset: int, fields: tuple = ()) -> None:
-        self.parts[part].add(array, offset, fields)
+    def add(self, part: int, array: np.ndarray, offset: int, fields: tuple = (),
+            spans: np.ndarray | None = None) -> None:
+        self.parts[part].add(array, offset, fields, spans)
 
     def finish(self) -> list[ChunkParquet]:
         """Flush the last row groups; the Parquet writers, one per cache, ready for ``finish()``."""

@@ -7,15 +7,16 @@
 or, on the local multi-process runner, ``WorkerSlots`` (one element per worker) instead of ``PlanUnits``: each
 worker then takes units from a shared queue until none is left (pipelines/chunking/unit_queue.py).
 
-Counters (namespace ``chunkledger``): ``documents``, ``tokens``, ``input_bytes``, ``output_bytes``,
-``bad_records`` and ``bad_<reason>`` (all of chunks written by this run), ``chunks_written`` (built by this
-run), and for a rerun ``chunks_checked`` (chunks an earlier run left, checked against their files and
-input), ``chunks_skipped`` (of those, complete and unchanged), ``chunks_rebuilt`` (the others) and
-``chunks_input_changed`` (rebuilt because their input bytes changed). ``input_bytes_done`` counts the
-uncompressed input bytes of every chunk finished, built or kept: the build's progress, against the total the
-launcher's progress line shows (``input_bytes`` counts only what this run tokenized). A split build adds
-``documents_train``, ``tokens_train``, ``documents_validation``, ``tokens_validation`` (``documents`` and
-``tokens`` stay the totals; a chunk counts once, though written into both splits).
+Counters (namespace ``chunkledger``): ``documents``, ``tokens``, ``loss_tokens`` (supervised builds),
+``input_bytes``, ``output_bytes``, ``bad_records`` and ``bad_<reason>`` (all of chunks written by this run),
+``chunks_written`` (built by this run), and for a rerun ``chunks_checked`` (chunks an earlier run left,
+checked against their files and input), ``chunks_skipped`` (of those, complete and unchanged),
+``chunks_rebuilt`` (the others) and ``chunks_input_changed`` (rebuilt because their input bytes changed).
+``input_bytes_done`` counts the uncompressed input bytes of every chunk finished, built or kept: the build's
+progress, against the total the launcher's progress line shows (``input_bytes`` counts only what this run
+tokenized). A split build adds ``documents_train``, ``tokens_train``, ``documents_validation``,
+``tokens_validation`` (``documents`` and ``tokens`` stay the totals; a chunk counts once, though written
+into both splits).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from reader.format import spec as fmt
 from pipelines import status, trace
 from pipelines.inputs import fsutil
 from pipelines.chunking.chunk_writer import Counters
+from pipelines.chunking.supervised import Supervised
 from pipelines.errors import BuildError
 from pipelines.ledger import check_bad_fraction_of, check_empty_of, finished_ledger
 from pipelines.plan import BuildPlan, ChunkConfig, UnitResult, WorkUnit, work_units
@@ -109,8 +111,11 @@ class BuildChunksFn(beam.DoFn):
         self.encoder = load_cached(self.tokenizer)
         self.counters = _BeamCounters()
         self.backend_reported = False
-        self.units = UnitBuilder(self.output, self.encoder, self.config.to_json(),
-                                 self.tokenizer.eos_id, self.counters, recorded=recorded, split=self.split)
+        config = self.config.to_json()
+        supervised = (Supervised(config, self.encoder, self.tokenizer.eos_id, self.tokenizer.chat_template)
+                      if fmt.is_masked(config) else None)
+        self.units = UnitBuilder(self.output, self.encoder, config, self.tokenizer.eos_id, self.counters,
+                                 recorded=recorded, split=self.split, supervised=supervised)
         freeze_long_lived()
         trace.event("setup_done")
 

@@ -40,6 +40,8 @@ from pipelines.inputs import fsutil
 from pipelines.inputs.columnar import ChunkReader
 from pipelines.inputs.decompress import open_input
 from pipelines.inputs.formats import JSON_ARRAY
+from pipelines.inputs.keys import RecordShape
+from pipelines.chunking.supervised import Supervised
 from pipelines.inputs.streams import ArrayStream, LineStream
 from pipelines.plan import MAX_SHARD_BYTES, UnitResult, WorkUnit
 
@@ -60,12 +62,13 @@ class UnitBuilder:
         ``"train"``/``"validation"``), ``(shard, index) -> sidecar_checksum`` from its ledger; rebuilt chunks
         must reproduce those sidecars exactly. None (or empty) while no cache is finished.
       split: the train/validation split of a split build, None for one cache.
+      supervised: a supervised build's records (pipelines/chunking/supervised.py), None for text.
     """
 
     def __init__(self, output: str, encoder, config: Mapping[str, Any], eos_id: int | None,
                  counters: Counters | None = None,
                  recorded: Mapping[str | None, Mapping[tuple[int, int], str]] | None = None,
-                 split: SplitSpec | None = None):
+                 split: SplitSpec | None = None, supervised: Supervised | None = None):
         self.output = output
         self.encoder = encoder
         self.config = config
@@ -73,6 +76,9 @@ class UnitBuilder:
         self.eos_id = eos_id
         self.counters = counters or Counters()
         self.split = split
+        self.supervised = supervised
+        self.masked = fmt.is_masked(config)
+        self.shape = RecordShape.of(config)
         self.names = cache_names(split)
         self.roots = cache_roots(output, split)
         # per cache, in ``names`` order: the recorded sidecar checksums if it was finished, else None
@@ -101,7 +107,7 @@ class UnitBuilder:
 
         return ChunkBuilder(root=self.output, input_path=unit.path, shard=unit.shard, index=index, lo=lo,
                             encoder=self.encoder, config=self.config, eos_id=self.eos_id, counters=self.counters,
-                            expect=expect, split=self.split)
+                            expect=expect, split=self.split, supervised=self.supervised)
 
     def skipped(self, unit: WorkUnit, index: int, check: Found) -> Sidecars:
         """A complete chunk whose input is unchanged: kept (in a finished cache: if it is the recorded one)."""
@@ -139,7 +145,7 @@ class UnitBuilder:
 
     def _found(self, shard: int, index: int, byte_range: Sequence[int] | None = None,
                row_range: Sequence[int] | None = None) -> Found:
-        return Found(tuple(verify_chunk(root, shard, index, byte_range, row_range) for root in self.roots))
+        return Found(tuple(verify_chunk(root, shard, index, byte_range, row_range, self.masked) for root in self.roots))
 
     def _check(self, unit: WorkUnit, index: int, byte_range: Sequence[int] | None = None,
                row_range: Sequence[int] | None = None) -> Found:
@@ -185,7 +191,7 @@ class UnitBuilder:
         k = chunk.index
         check = self._check(unit, k, row_range=chunk.row_range)
         self._check_unchanged(unit)
-        reader = ChunkReader(chunk, text_key=self.config["text_key"], keep_fields=self.config.get("keep_fields") or ())
+        reader = ChunkReader(chunk, keep_fields=self.config.get("keep_fields") or (), shape=self.shape)
         if check.complete:
             if unit.trusted or check.input_matches(reader.span, reader.input_checksum()):  # stored bytes, not decoded
                 return self.skipped(unit, k, check)

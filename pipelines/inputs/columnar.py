@@ -35,7 +35,8 @@ import pyarrow.parquet as pq
 from pipelines.errors import BuildError, DamagedFile
 from pipelines.inputs import arrow_ipc, keys
 from pipelines.inputs.ranges import ByteSource, RangeFile
-from pipelines.inputs.rows import Record, binary_view, dead_letter, records  # noqa: F401 - re-exported
+from pipelines.inputs.keys import RecordShape
+from pipelines.inputs.rows import Record, binary_view, dead_letter, records, supervised_records  # noqa: F401
 
 # A worker decodes one group at a time, at a peak of 3.5 to 5 times its size (benchmarks/columnar_memory.py:
 # 220 to 340 MB above the imports for 64 MB row groups); larger groups are refused (see plan).
@@ -131,17 +132,25 @@ def plan_chunks(group_bytes: Sequence[int], chunk_bytes: int) -> tuple[tuple[int
     return tuple(chunks)
 
 
-def _resolve(path: str, schema: pa.Schema, text_key: str, keep_fields: Sequence[str]) -> list[list[str]]:
-    """The name paths of the text column and the kept fields, each checked (BuildError naming the fix)."""
+def _shape(text_key: str, shape: RecordShape | None) -> RecordShape:
+    return shape if shape is not None else RecordShape(keys.TEXT, ((text_key, "--text_key", str),))
+
+
+def _resolve(path: str, schema: pa.Schema, shape: RecordShape, keep_fields: Sequence[str]) -> list[list[str]]:
+    """The name paths of the record's columns (the text, or a supervised record's) and the kept fields, each
+    checked (BuildError naming the fix)."""
     out = []
-    for key, option in [(text_key, "--text_key")] + [(f, "--keep_fields") for f in keep_fields]:
+    for key, option, kind in list(shape.keys) + [(f, "--keep_fields", None) for f in keep_fields]:
         found = keys.schema_lookup(schema, key)
         if found is None:
             raise BuildError(keys.missing_column_message(path, key, schema, option))
         names, typ = found
-        if option == "--text_key" and not keys.is_text_type(typ):
-            raise BuildError(f"input file {path}: column {key!r} is {typ}, not text; --text_key must name a string "
+        if kind is str and not keys.is_text_type(typ):
+            raise BuildError(f"input file {path}: column {key!r} is {typ}, not text; {option} must name a string "
                              "column")
+        if kind is list and not keys.is_messages_type(typ):
+            raise BuildError(f"input file {path}: column {key!r} is {typ}; {option} must name a list of messages, "
+                             "list<struct<role: string, content: string, ...>>")
         if option == "--keep_fields" and not keys.is_keepable_type(typ):
             raise BuildError(f"input file {path}: column {key!r} is {typ}; --keep_fields keeps string and integer "
                              "columns only")
@@ -160,7 +169,7 @@ def _column_span(col) -> tuple[int, int]:
 class _Parquet:
     """A Parquet file's footer and the column chunks of the columns read."""
 
-    def __init__(self, src: ByteSource, text_key: str, keep_fields: Sequence[str], layout=None):
+    def __init__(self, src: ByteSource, shape: RecordShape, keep_fields: Sequence[str], layout=None):
         self.src, self.path = src, src.path
         if src.size < 12:
             raise DamagedFile(self.path, f"{src.size} bytes", "too short for a Parquet file")
@@ -183,10 +192,11 @@ class _Parquet:
             self.schema = self.meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as e:
             raise DamagedFile(self.path, "at its footer", f"an unreadable Parquet footer ({e})") from e
-        self.names = _resolve(self.path, self.schema, text_key, keep_fields)
+        self.names = _resolve(self.path, self.schema, shape, keep_fields)
         dotted = [".".join(n) for n in self.names]
-        leaves = {self.meta.schema.column(i).path: i for i in reversed(range(self.meta.num_columns))}
-        self.leaves = sorted({leaves[d] for d in dotted})  # distinct leaf columns read, in file order
+        paths = [self.meta.schema.column(i).path for i in range(self.meta.num_columns)]
+        # distinct leaf columns read, in file order (a list of messages has several: role, content, ...)
+        self.leaves = [i for i, p in enumerate(paths) if any(p == d or p.startswith(d + ".") for d in dotted)]
         self.columns = sorted(set(dotted), key=dotted.index)
         self.group_rows = tuple(self.meta.row_group(g).num_rows for g in range(self.meta.num_row_groups))
         self.group_bytes = tuple(sum(self.meta.row_group(g).column(i).total_uncompressed_size for i in self.leaves)
@@ -239,7 +249,7 @@ class _Parquet:
 class _Arrow:
     """An Arrow IPC file's schema and record batch messages (located by :func:`arrow_ipc.scan` when planned)."""
 
-    def __init__(self, src: ByteSource, text_key: str, keep_fields: Sequence[str],
+    def __init__(self, src: ByteSource, shape: RecordShape, keep_fields: Sequence[str],
                  chunk: ColumnarChunk | None = None):
         self.src, self.path = src, src.path
         if chunk is None:  # planning: every batch, from the message headers
@@ -256,7 +266,7 @@ class _Arrow:
             self.schema = arrow_ipc.read_schema(self.schema_message)
         except (OSError, pa.ArrowException) as e:
             raise DamagedFile(self.path, f"at byte {self.schema_range[0]}", f"an unreadable Arrow schema ({e})") from e
-        self.names = _resolve(self.path, self.schema, text_key, keep_fields)
+        self.names = _resolve(self.path, self.schema, shape, keep_fields)
 
     def descriptor(self) -> bytes:
         return self.schema_message
@@ -299,24 +309,25 @@ def _leaf(arr: pa.Array, names: Sequence[str]) -> pa.Array:
     return arr
 
 
-def _open(src: ByteSource, fmt: str, text_key: str, keep_fields: Sequence[str], chunk=None):
+def _open(src: ByteSource, fmt: str, shape: RecordShape, keep_fields: Sequence[str], chunk=None):
     if fmt == PARQUET:
-        return _Parquet(src, text_key, keep_fields, chunk)
+        return _Parquet(src, shape, keep_fields, chunk)
     if fmt == ARROW:
-        return _Arrow(src, text_key, keep_fields, chunk)
+        return _Arrow(src, shape, keep_fields, chunk)
     raise ValueError(f"not a columnar format: {fmt!r}")
 
 
 def plan(path: str, fmt: str, *, text_key: str, keep_fields: Sequence[str] = (), chunk_bytes: int,
          max_group_bytes: int = MAX_GROUP_BYTES, storage_options: dict[str, Any] | None = None,
-         source: ByteSource | None = None) -> ColumnarLayout:
+         source: ByteSource | None = None, shape: RecordShape | None = None) -> ColumnarLayout:
     """The layout of a Parquet (``fmt`` PARQUET) or Arrow IPC (ARROW) input, from its metadata alone.
 
     Raises BuildError for a missing or mistyped column or a group above ``max_group_bytes``, DamagedFile for
     damaged metadata. ``source`` (tests): an open :class:`ByteSource` of the file, to count what is read.
+    ``shape``: the columns of a supervised record, instead of ``text_key``.
     """
     with contextlib.nullcontext(source) if source is not None else ByteSource(path, storage_options) as src:
-        f = _open(src, fmt, text_key, keep_fields)
+        f = _open(src, fmt, _shape(text_key, shape), keep_fields)
         for g, n in enumerate(f.group_bytes):
             if n > max_group_bytes:
                 what, whats = ("row group", "row groups") if fmt == PARQUET else ("record batch", "record batches")
@@ -342,14 +353,15 @@ class ChunkReader:
     ``chunk`` is a :class:`ColumnarChunk`, or a :class:`ColumnarLayout` with the chunk's index ``k``.
     After iterating: :attr:`checksum` (``"sha256:<hex>"``, the sidecar's ``input_checksum``), :attr:`span`
     (``[g0, g1]``, its groups: the sidecar's ``input_span``) and :attr:`row_range`. ``source`` (tests) is an
-    open :class:`ByteSource` of the file, to count what is read.
+    open :class:`ByteSource` of the file, to count what is read. With a supervised ``shape`` the records are
+    :class:`~pipelines.inputs.rows.SupervisedRecord` values.
     """
 
-    def __init__(self, chunk: ColumnarChunk | ColumnarLayout, k: int | None = None, *, text_key: str,
+    def __init__(self, chunk: ColumnarChunk | ColumnarLayout, k: int | None = None, *, text_key: str = "text",
                  keep_fields: Sequence[str] = (), storage_options: dict[str, Any] | None = None,
-                 source: ByteSource | None = None):
+                 source: ByteSource | None = None, shape: RecordShape | None = None):
         self.chunk = chunk if isinstance(chunk, ColumnarChunk) else chunk.chunk(k)
-        self.text_key, self.keep_fields = text_key, tuple(keep_fields)
+        self.shape, self.keep_fields = _shape(text_key, shape), tuple(keep_fields)
         self.storage_options, self.source = storage_options, source
         self.span = self.chunk.span
         self.row_range = self.chunk.row_range
@@ -360,7 +372,7 @@ class ChunkReader:
         if src.size != c.size:
             raise BuildError(f"input file {c.path} changed during the build (planned size {c.size}, now "
                              f"{src.size}); inputs must not change while a cache is built")
-        f = _open(src, c.format, self.text_key, self.keep_fields, c)
+        f = _open(src, c.format, self.shape, self.keep_fields, c)
         if c.format == PARQUET and groups_digest(f.group_rows, f.group_bytes) != c.groups_digest:
             raise BuildError(f"input file {c.path} changed during the build (its row groups differ from the plan); "
                              "inputs must not change while a cache is built")
@@ -373,9 +385,10 @@ class ChunkReader:
         try:
             f, h = self._opened(src)
             row = self.row_range[0]
+            rows_of = records if self.shape.format == keys.TEXT else supervised_records
             for i, g in enumerate(range(*self.span)):
                 arrays = f.arrays(g, h)
-                yield from records(arrays, row)
+                yield from rows_of(arrays, row, len(self.shape.keys))
                 row += self.chunk.group_rows[i]
                 del arrays
             self.checksum = "sha256:" + h.hexdigest()
@@ -392,8 +405,9 @@ class ChunkReader:
         return "sha256:" + h.hexdigest()
 
 
-def chunk_checksum(chunk: ColumnarChunk | ColumnarLayout, k: int | None = None, *, text_key: str,
-                   keep_fields: Sequence[str] = (), storage_options: dict[str, Any] | None = None) -> str:
+def chunk_checksum(chunk: ColumnarChunk | ColumnarLayout, k: int | None = None, *, text_key: str = "text",
+                   keep_fields: Sequence[str] = (), storage_options: dict[str, Any] | None = None,
+                   shape: RecordShape | None = None) -> str:
     """:attr:`ChunkReader.checksum` of a chunk computed from the stored bytes alone (nothing decoded)."""
-    return ChunkReader(chunk, k, text_key=text_key, keep_fields=keep_fields,
-                       storage_options=storage_options).input_checksum()
+    return ChunkReader(chunk, k, text_key=text_key, keep_fields=keep_fields, storage_options=storage_options,
+                       shape=shape).input_checksum()

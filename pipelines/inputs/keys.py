@@ -15,10 +15,11 @@ so ``--text_key content`` is one look away.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import io
 import json
 import re
-from typing import Any, BinaryIO, Iterable, Sequence
+from typing import Any, BinaryIO, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -80,10 +81,12 @@ def json_key_paths(obj: dict, prefix: str = "", depth: int = 1) -> Iterable[str]
             yield from json_key_paths(v, path + ".", depth + 1)
 
 
-def missing_key_problem(path: str, key: str, objects: Sequence[dict]) -> str | None:
+def missing_key_problem(path: str, key: str, objects: Sequence[dict], option: str = "--text_key",
+                        kind: type = str) -> str | None:
     """The error for a file whose sampled records mostly lack ``key`` (None if at least half have it).
 
-    Names the keys the records have (with how many have each) and suggests the one most often a string.
+    Names the keys the records have (with how many have each) and suggests the one most often of type
+    ``kind`` (a string for a text, a list for chat messages) for ``option``.
     """
     if not objects:
         return None
@@ -95,13 +98,41 @@ def missing_key_problem(path: str, key: str, objects: Sequence[dict]) -> str | N
     for o in objects:
         for p in json_key_paths(o):
             counts[p] += 1
-            if type(json_lookup(o, p)) is str:
+            if type(json_lookup(o, p)) is kind:
                 texts[p] += 1
     listed = ", ".join(f"{p} ({n})" for p, n in counts.most_common(MAX_LISTED))
     more = f" and {len(counts) - MAX_LISTED} more" if len(counts) > MAX_LISTED else ""
-    hint = f"; pass --text_key {texts.most_common(1)[0][0]}?" if texts else ""
-    return (f"input file {path}: {lacking} of the first {len(objects)} records have no key {key!r} (--text_key "
+    hint = f"; pass {option} {texts.most_common(1)[0][0]}?" if texts else ""
+    return (f"input file {path}: {lacking} of the first {len(objects)} records have no key {key!r} ({option} "
             f"{key}). Their keys (records having each): {listed or 'none'}{more}{hint}")
+
+
+# -- what a record is read from ----------------------------------------------------------------------
+TEXT, PROMPT_COMPLETION, CHAT = "text", "prompt_completion", "chat"  # --record_format
+RECORD_FORMATS = (TEXT, PROMPT_COMPLETION, CHAT)
+DEFAULT_KEYS = {"prompt_key": "prompt", "completion_key": "completion", "messages_key": "messages"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordShape:
+    """What a record is read from: ``format`` (``--record_format``) and its keys, each with the option that
+    names it; a text (``str``) or a list of messages (``list``) is expected under each."""
+
+    format: str = TEXT
+    keys: tuple[tuple[str, str, type], ...] = (("text", "--text_key", str),)  # (key, option, kind)
+
+    @staticmethod
+    def of(config: Mapping[str, Any]) -> "RecordShape":
+        """The shape of a ledger ``config``."""
+        fmt = config.get("record_format", TEXT)
+        if fmt == TEXT:
+            return RecordShape(TEXT, ((config["text_key"], "--text_key", str),))
+        if fmt == PROMPT_COMPLETION:
+            return RecordShape(fmt, ((config["prompt_key"], "--prompt_key", str),
+                                     (config["completion_key"], "--completion_key", str)))
+        if fmt == CHAT:
+            return RecordShape(fmt, ((config["messages_key"], "--messages_key", list),))
+        raise ValueError(f"unknown record_format {fmt!r}")
 
 
 # -- columns (an Arrow schema: Parquet files are read through theirs) ----------------------------------
@@ -142,6 +173,15 @@ def column_paths(schema: pa.Schema) -> list[str]:
 def is_text_type(typ: pa.DataType) -> bool:
     return (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
             or pa.types.is_large_binary(typ) or typ == pa.string_view() or typ == pa.binary_view())
+
+
+def is_messages_type(typ: pa.DataType) -> bool:
+    """A list of structs with ``role`` and ``content`` fields (a chat's messages)."""
+    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_list_view(typ)
+            or pa.types.is_large_list_view(typ)):
+        return False
+    item = typ.value_type
+    return pa.types.is_struct(item) and item.get_field_index("role") >= 0 and item.get_field_index("content") >= 0
 
 
 def is_keepable_type(typ: pa.DataType) -> bool:

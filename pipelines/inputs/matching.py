@@ -177,20 +177,23 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
 def plan_inputs(files: Sequence[MatchedFile], config: ChunkConfig) -> list[MatchedFile]:
     """Each Parquet and Arrow file's layout planned from its metadata (:func:`pipelines.inputs.columnar.plan`:
     refuses a missing or mistyped column, listing the file's columns, and a group too large to decode), and
-    each JSON file's first records checked for ``--text_key`` (refused, listing the keys they have, when most
-    lack it). Raises BuildError naming the file."""
+    each JSON file's first records checked for ``--text_key`` (or a supervised record's keys; refused, listing
+    the keys they have, when most lack it). Raises BuildError naming the file."""
+    shape = keys.RecordShape.of(config.to_json())
+
     def one(f: MatchedFile) -> MatchedFile | str:
         try:
             if f.format in (formats.PARQUET, formats.ARROW):
                 layout = columnar.plan(f.path, f.format, text_key=config.text_key, keep_fields=config.keep_fields,
-                                       chunk_bytes=config.chunk_bytes)
+                                       chunk_bytes=config.chunk_bytes, shape=shape)
                 return dataclasses.replace(f, layout=layout)
             if f.size:
                 with open_input(f.path, fmt.compression_of(f.path)) as stream:
                     objects = keys.sample_objects(stream, f.path, f.format == formats.JSON_ARRAY)
-                problem = keys.missing_key_problem(f.path, config.text_key, objects)
-                if problem:
-                    return problem
+                for key, option, kind in shape.keys:
+                    problem = keys.missing_key_problem(f.path, key, objects, option, kind)
+                    if problem:
+                        return problem
             return f
         except BuildError as e:  # a missing column, a damaged file, ...
             return str(e)

@@ -14,6 +14,8 @@ from typing import Any, Iterator, NamedTuple
 
 import pyarrow as pa
 
+from pipelines.inputs import keys
+
 SLICE_ROWS = 1024  # rows turned into Python values at a time
 LONG_HEAD = 4 << 10  # bytes of an over-long text kept in its dead letter (fsutil.LONG_LINE_HEAD)
 
@@ -27,6 +29,17 @@ class Record(NamedTuple):
     detail: str
     value: Any  # the text column's value of a bad record (None, "", bytes)
     fields: tuple[str | None, ...]  # the kept fields, in --keep_fields order
+
+
+class SupervisedRecord(NamedTuple):
+    """One row of a supervised input: its ``values`` (the record's columns as Python values: a prompt and a
+    completion, or a list of messages) or a bad record (``values`` None; ``reason``, ``detail``)."""
+
+    row: int
+    values: tuple | None
+    reason: str | None
+    detail: str
+    fields: tuple[str | None, ...]
 
 
 def binary_view(arr: pa.Array) -> pa.Array:
@@ -78,7 +91,8 @@ def _kept(values: list) -> list:
     return [v if v is None or type(v) is str or type(v) is bytes else str(v) for v in values]
 
 
-def records(arrays: list[pa.Array], first_row: int) -> Iterator[Record]:
+def records(arrays: list[pa.Array], first_row: int, n_keys: int = 1) -> Iterator[Record]:
+    """A text record per row: ``arrays`` are the text column, then the kept fields (``n_keys`` is 1)."""
     text, fields = arrays[0], arrays[1:]
     for a in range(0, len(text), SLICE_ROWS):
         texts = _values(text.slice(a, SLICE_ROWS))
@@ -108,3 +122,60 @@ def records(arrays: list[pa.Array], first_row: int) -> Iterator[Record]:
                 yield Record(row, t, None, "", None, fv)
             else:
                 yield Record(row, None, reason, detail, value, fv)
+
+
+def _nested_values(arr: pa.Array) -> list:
+    """Python values of a nested slice (a list of messages); a row whose strings are not UTF-8 is
+    :data:`NOT_UTF8`."""
+    try:
+        return arr.to_pylist()
+    except UnicodeDecodeError:
+        out = []
+        for i in range(len(arr)):
+            try:
+                out.append(arr[i].as_py())
+            except UnicodeDecodeError:
+                out.append(NOT_UTF8)
+        return out
+
+
+NOT_UTF8 = object()  # a value whose strings are not UTF-8
+
+
+def _text_values(arr: pa.Array) -> list:
+    """A text column's values: str, None, or :data:`NOT_UTF8` (a binary column's bytes decoded)."""
+    out = _values(arr)
+    for i, v in enumerate(out):
+        if type(v) is bytes:
+            try:
+                out[i] = v.decode("utf-8")
+            except UnicodeDecodeError:
+                out[i] = NOT_UTF8
+    return out
+
+
+def supervised_records(arrays: list[pa.Array], first_row: int, n_keys: int) -> Iterator[SupervisedRecord]:
+    """A :class:`SupervisedRecord` per row: ``arrays`` are the record's ``n_keys`` columns (text columns, or
+    one list of messages), then the kept fields. Values are as in a JSON record (a null is None); only text
+    that is not UTF-8 makes a bad record here (``invalid_utf8``, or ``bad_field`` for a kept field); the
+    record's own checks are the encoding's (:mod:`pipelines.tokenize.sft`)."""
+    columns, fields = arrays[:n_keys], arrays[n_keys:]
+    for a in range(0, len(arrays[0]), SLICE_ROWS):
+        values = [_text_values(c.slice(a, SLICE_ROWS)) if keys.is_text_type(c.type)
+                  else _nested_values(c.slice(a, SLICE_ROWS)) for c in columns]
+        kept = [_kept(_values(f.slice(a, SLICE_ROWS))) for f in fields]
+        for i, row_values in enumerate(zip(*values)):
+            row, fv = first_row + a + i, tuple(f[i] for f in kept)
+            if any(v is NOT_UTF8 for v in row_values):
+                yield SupervisedRecord(row, None, "invalid_utf8", "a value of the record is not UTF-8", fv)
+            elif any(type(v) is bytes for v in fv):
+                yield SupervisedRecord(row, None, "bad_field", "a kept field is not UTF-8", fv)
+            else:
+                yield SupervisedRecord(row, row_values, None, "", fv)
+
+
+def supervised_dead_letter(file: str, shard: int, rec: SupervisedRecord, reason: str, detail: str,
+                           value: Any) -> dict[str, Any]:
+    """The dead letter of a bad supervised row: ``file``, ``shard``, ``row``, ``reason``, ``detail`` and
+    ``value`` (the record as far as it was read: an object of its fields, or null)."""
+    return {"file": file, "shard": shard, "row": rec.row, "reason": reason, "detail": detail, "value": value}

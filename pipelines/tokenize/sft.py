@@ -1,6 +1,6 @@
 """Supervised (SFT) records to tokens and a loss mask: prompt/completion pairs and chat conversations.
 
-Pure functions (no Beam, no transformers); the rules are written out in docs/notes-sft.md.
+Pure functions (no Beam, no transformers); the rules are written out in docs/SFT.md.
 
 * ``prompt_completion``: ``{"prompt": str, "completion": str}`` becomes the prompt's tokens, then the
   completion's, each encoded on its own as ordinary text, then EOS if given. Loss on the completion's tokens
@@ -26,14 +26,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import itertools
-import json
 import re
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from . import chat_template
+from .sft_encoders import HFSft, TiktokenSft, offsets_from_bytes, offsets_from_lengths  # noqa: F401 - sft's encoders
 
 ROLES = ("system", "user", "assistant", "tool")  # what Hugging Face chat templates render
 ASSISTANT = "assistant"
@@ -67,8 +66,9 @@ class Encoder(Protocol):
     def encode_ordinary(self, text: str) -> list[int]:
         """Tokens of ``text`` as plain text: special-token strings in it are never special ids."""
 
-    def encode_with_offsets(self, text: str) -> tuple[list[int], Sequence[int], Sequence[int]]:
-        """:meth:`encode_ordinary`'s tokens and each one's character span ``[start, end)`` in ``text``."""
+    def encode_with_offsets(self, text: str) -> tuple[Sequence[int], Sequence[int], Sequence[int]]:
+        """:meth:`encode_ordinary`'s tokens and each one's character span ``[start, end)`` in ``text`` (lists
+        or arrays)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -196,37 +196,39 @@ def tokenize_rendered(rendered: Rendered, encoder: Encoder) -> tuple[np.ndarray,
     transformers' own loop (``apply_chat_template(..., return_assistant_tokens_mask=True)``).
     """
     text = rendered.text
-    ids: list[int] = []
-    starts: list[int] = []
-    ends: list[int] = []
+    ids: list = []
+    starts: list = []
+    ends: list = []
     pos = 0
     for s, e in list(rendered.specials) + [(len(text), len(text))]:
         if s > pos:
             piece_ids, ps, pe = encoder.encode_with_offsets(text[pos:s])
-            ids.extend(piece_ids)
-            starts.extend(pos + int(x) for x in ps)
-            ends.extend(pos + int(x) for x in pe)
+            ids.append(np.asarray(piece_ids, dtype=np.int64))
+            starts.append(np.asarray(ps, dtype=np.int64) + pos)
+            ends.append(np.asarray(pe, dtype=np.int64) + pos)
         if e > s:
-            ids.append(encoder.special_ids[text[s:e]])
-            starts.append(s)
-            ends.append(e)
+            ids.append(np.array([encoder.special_ids[text[s:e]]], dtype=np.int64))
+            starts.append(np.array([s], dtype=np.int64))
+            ends.append(np.array([e], dtype=np.int64))
         pos = e
-    return np.asarray(ids, dtype=np.int32), loss_mask(starts, ends, rendered.loss_spans)
+    if not ids:
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=bool)
+    return (np.concatenate(ids).astype(np.int32),
+            loss_mask(np.concatenate(starts), np.concatenate(ends), rendered.loss_spans))
 
 
 def loss_mask(starts: Sequence[int], ends: Sequence[int], spans: Sequence[tuple[int, int]]) -> np.ndarray:
     """transformers' assistant mask: token t is masked in if ``ends[t] > span start`` for the first span
-    (in order) that does not end at or before ``starts[t]``; one pass, spans and tokens in order."""
-    mask = np.zeros(len(starts), dtype=bool)
-    k = 0
-    for t, (ts, te) in enumerate(zip(starts, ends)):
-        while k < len(spans) and ts >= spans[k][1]:
-            k += 1
-        if k == len(spans):
-            break
-        if te > spans[k][0]:
-            mask[t] = True
-    return mask
+    (in order) that does not end at or before ``starts[t]``. transformers walks spans and tokens in one
+    loop; as token starts never decrease, that span is the first whose end exceeds ``starts[t]``, found
+    here for every token at once through the running maximum of the span ends."""
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    if not len(spans):
+        return np.zeros(len(starts), dtype=bool)
+    span_starts, span_ends = np.asarray(spans, dtype=np.int64).reshape(-1, 2).T
+    k = np.searchsorted(np.maximum.accumulate(span_ends), starts, side="right")
+    inside = k < len(span_starts)
+    return inside & (ends > span_starts[np.minimum(k, len(span_starts) - 1)])
 
 
 def encode_chat(record: Mapping[str, Any], template_source: str, encoder: Encoder, *,
@@ -348,81 +350,3 @@ def _assistant_spans(source: str, messages: list, full: str, variables: dict) ->
                             "located; mark it with {% generation %}")
         spans.append((len(before), len(through)))
     return spans
-
-
-# --------------------------------------------------------------------------------------------------
-# encoders
-
-
-def offsets_from_bytes(text: str, token_bytes: Sequence[bytes]) -> tuple[Sequence[int], Sequence[int]]:
-    """Each token's character span in ``text``, from the tokens' bytes (which must spell ``text``'s UTF-8).
-
-    A token covers the characters its bytes belong to: a token holding part of a multi-byte character
-    covers that whole character, so two tokens splitting one character both cover it (Hugging Face
-    tokenizers' offsets, the ones transformers' assistant mask reads, follow the same rule).
-    """
-    raw = text.encode("utf-8")
-    if b"".join(token_bytes) != raw:
-        raise ValueError("the encoder's tokens do not spell the text byte for byte; cannot place them")
-    if len(raw) == len(text):  # ASCII: bytes are characters (most pieces; numpy costs more on short ones)
-        ends = list(itertools.accumulate(map(len, token_bytes)))
-        return [e - len(b) for e, b in zip(ends, token_bytes)], ends
-    lens = np.fromiter(map(len, token_bytes), dtype=np.int64, count=len(token_bytes))
-    byte_end = np.cumsum(lens)
-    char_of_byte = np.cumsum((np.frombuffer(raw, dtype=np.uint8) & 0xC0) != 0x80) - 1
-    return char_of_byte[byte_end - lens], char_of_byte[byte_end - 1] + 1
-
-
-class TiktokenSft:
-    """:class:`Encoder` over a ``tiktoken.Encoding`` (public API only); its special tokens are the
-    encoding's ``special_tokens_set``."""
-
-    def __init__(self, enc):
-        self.enc = enc
-        self.special_ids = {s: int(enc.encode_single_token(s)) for s in sorted(enc.special_tokens_set)}
-
-    def encode_ordinary(self, text: str) -> list[int]:
-        return self.enc.encode_ordinary(text)
-
-    def encode_with_offsets(self, text: str):
-        ids = self.enc.encode_ordinary(text)
-        starts, ends = offsets_from_bytes(text, [self.enc.decode_single_token_bytes(t) for t in ids])
-        return ids, starts, ends
-
-
-class HFSft:
-    """:class:`Encoder` over a Hugging Face ``tokenizers.Tokenizer``.
-
-    Its special-token strings are the control tokens of transformers' ``sanitize_control_tokens``: the added
-    tokens marked special, plus, for a chat template, the other added tokens its literal text holds (Qwen3's
-    ``<think>``), whitespace-only ones excepted. Other added tokens (Gemma's whitespace runs and HTML tags)
-    are ordinary text that the tokenizer matches wherever it occurs, content included, as transformers
-    does. Ordinary text is encoded by a copy of the tokenizer without the control tokens, truncation or
-    padding; token spans are that encoding's offsets (what transformers' assistant mask reads).
-    """
-
-    def __init__(self, tokenizer, chat_template_source: str | None = None):
-        from tokenizers import Tokenizer
-
-        literals = chat_template.literal_text(chat_template_source) if chat_template_source else ""
-        added = {t.content: int(i) for i, t in tokenizer.get_added_tokens_decoder().items()
-                 if not (t.special or (t.content in literals and not t.content.isspace()))}
-        self.special_ids = {t.content: int(i) for i, t in tokenizer.get_added_tokens_decoder().items()
-                            if t.content not in added}
-        spec = json.loads(tokenizer.to_str())
-        spec.update(added_tokens=[t for t in spec["added_tokens"] if t["content"] in added], truncation=None,
-                    padding=None)
-        self._plain = Tokenizer.from_str(json.dumps(spec))
-        # tokenizers numbers the added tokens a vocabulary lacks after it, whatever ids the JSON gives
-        self._ids = {self._plain.token_to_id(c): i for c, i in added.items() if self._plain.token_to_id(c) != i}
-
-    def _encode(self, text: str):
-        e = self._plain.encode(text, add_special_tokens=False)
-        return ([self._ids.get(t, t) for t in e.ids] if self._ids else e.ids), e.offsets
-
-    def encode_ordinary(self, text: str) -> list[int]:
-        return self._encode(text)[0]
-
-    def encode_with_offsets(self, text: str):
-        ids, offsets = self._encode(text)
-        return ids, [s for s, _ in offsets], [t for _, t in offsets]

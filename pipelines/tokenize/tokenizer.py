@@ -106,6 +106,8 @@ class TokenizerSpec:
     # The EOS's text and how it was chosen (tokenizer_lib.Eos.how): shown in the summary, not in the identity.
     eos_token: str | None = None
     eos_how: str = tokenizer_lib.NONE
+    # A chat build's template source (workers render with it); the ledger's config records its identity.
+    chat_template: str = dataclasses.field(default="", repr=False)
 
     @classmethod
     def of(cls, tok: tokenizer_lib.Tokenizer) -> "TokenizerSpec":

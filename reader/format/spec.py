@@ -82,17 +82,33 @@ CHUNK_SCHEMA = pa.schema(
     ]
 )
 
+# Supervised caches only (``config.record_format`` other than "text"): list<int32>, the document's loss
+# tokens as sorted, disjoint, non-empty half-open ranges flattened, ``[s0, e0, s1, e1, ...]``. The fifth
+# column (index 4), before ``fields``.
+LOSS_COLUMN = "loss_spans"
+MASKED_CHUNK_SCHEMA = CHUNK_SCHEMA.append(
+    pa.field(LOSS_COLUMN, pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False))
+# ``config.record_format`` of a cache without loss masks (absent means the same)
+PLAIN_RECORD_FORMAT = "text"
+
 # --keep_fields: one more column, a struct of the kept fields (nullable strings, in config.keep_fields order).
 # Batches never read it; Cache.fields and `inspect --by` do.
 FIELDS_COLUMN = "fields"
 
 
-def chunk_schema(keep_fields: Sequence[str] = ()) -> pa.Schema:
-    """The schema of a chunk of a cache built with ``config.keep_fields`` (CHUNK_SCHEMA when none)."""
+def is_masked(config: Mapping[str, Any]) -> bool:
+    """Whether a cache with ledger ``config`` has the ``loss_spans`` column: any record format but text."""
+    return config.get("record_format", PLAIN_RECORD_FORMAT) != PLAIN_RECORD_FORMAT
+
+
+def chunk_schema(keep_fields: Sequence[str] = (), masked: bool = False) -> pa.Schema:
+    """The schema of a chunk of a cache built with ``config.keep_fields`` and, if ``masked``, loss masks
+    (CHUNK_SCHEMA when neither)."""
+    schema = MASKED_CHUNK_SCHEMA if masked else CHUNK_SCHEMA
     if not keep_fields:
-        return CHUNK_SCHEMA
-    return CHUNK_SCHEMA.append(pa.field(FIELDS_COLUMN, pa.struct([pa.field(n, pa.string()) for n in keep_fields]),
-                                        nullable=False))
+        return schema
+    return schema.append(pa.field(FIELDS_COLUMN, pa.struct([pa.field(n, pa.string()) for n in keep_fields]),
+                                  nullable=False))
 
 
 # Key in a chunk's Parquet key-value metadata: JSON list of token counts per row group, so a reader can

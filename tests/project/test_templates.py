@@ -46,6 +46,9 @@ EXAMPLES = {
     "validation_fraction": ["0.01", ".005", "0.5"],
     "split_seed": ["0", "17"],
     "keep_fields": ["source,url", "metadata.lang"],
+    "record_format": ["chat", "prompt_completion"],
+    "prompt_key": ["instruction", "conversation.prompt"],
+    "chat_template": ["gs://my-bucket/templates/chatml.jinja"],
 }
 # Values every regex of the parameter must reject.
 BAD = {
@@ -62,6 +65,8 @@ BAD = {
     "validation_fraction": ["1", "1.0", "-0.1", "5%"],
     "split_seed": ["-1", "seven", ""],
     "keep_fields": ["source, url", "a,,b", ","],
+    "record_format": ["messages", ""],
+    "chat_template": ["/local/template.jinja", "gs://", "gs://b/with space.jinja"],
 }
 
 

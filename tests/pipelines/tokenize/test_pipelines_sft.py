@@ -325,3 +325,62 @@ def test_special_strings_that_json_would_escape_are_found_in_content():
     msgs = [{"role": "assistant", "content": 'a<"q">b<\n>c<\\>'}]
     r = sft.render_chat(msgs, template, special_tokens=specials)
     assert r.text == '<\n>a<"q">b<\n>c<\\>' and r.specials == ((0, 3),) and r.loss_spans == ((3, len(r.text)),)
+
+
+# --------------------------------------------------------------------------------------------------
+# the vectorized mask and offsets against their definitions
+
+
+def loop_mask(starts, ends, spans):
+    """transformers' loop (``apply_chat_template(..., return_assistant_tokens_mask=True)``), verbatim."""
+    mask, k = [False] * len(starts), 0
+    for t, (ts, te) in enumerate(zip(starts, ends)):
+        while k < len(spans) and ts >= spans[k][1]:
+            k += 1
+        if k == len(spans):
+            break
+        if te > spans[k][0]:
+            mask[t] = True
+    return mask
+
+
+def test_loss_mask_equals_transformers_loop_on_random_tokens_and_spans():
+    rng = random.Random(5)
+    for _ in range(3000):
+        n = rng.randint(0, 30)
+        starts = sorted(rng.randint(0, 60) for _ in range(n))  # token starts never decrease
+        ends = [s + rng.randint(0, 4) for s in starts]
+        spans = []
+        for _ in range(rng.randint(0, 5)):  # any order, overlapping, empty: as templates record them
+            a = rng.randint(0, 70)
+            spans.append((a, a + rng.randint(0, 15)))
+        assert sft.loss_mask(starts, ends, spans).tolist() == loop_mask(starts, ends, spans), (starts, ends, spans)
+
+
+def test_offsets_from_lengths_equal_offsets_from_bytes():
+    rng = random.Random(8)
+    for _ in range(300):
+        text = content(rng) or "x"
+        ids = ENC.encode_ordinary(text)
+        pieces = [ENC.decode_single_token_bytes(t) for t in ids]
+        starts, ends = sft.offsets_from_lengths(text, [len(p) for p in pieces])
+        assert (starts.tolist(), ends.tolist()) == tuple(map(list, sft.offsets_from_bytes(text, pieces)))
+    with pytest.raises(ValueError, match="do not spell the text"):
+        sft.offsets_from_lengths("héllo", [1, 1, 1, 1, 1])  # 6 bytes of UTF-8
+
+
+def test_tiktoken_encoder_over_another_ordinary_encoder_gives_the_same_records():
+    """The builder hands TiktokenSft its own encoder for ordinary text (the fast backend): same tokens, same
+    offsets, same records."""
+    from pipelines.tokenize.tokenizer import TiktokenEncoder
+
+    other = sft.TiktokenSft(ENC, ordinary=TiktokenEncoder(ENC).encode_many)
+    for msgs in conversations(60, seed=9):
+        try:
+            want = sft.encode_chat({"messages": msgs}, CL100K_CHAT, TT, eos_token="<|endoftext|>")
+        except sft.BadRecord as e:
+            with pytest.raises(sft.BadRecord, match=e.reason):
+                sft.encode_chat({"messages": msgs}, CL100K_CHAT, other, eos_token="<|endoftext|>")
+            continue
+        got = sft.encode_chat({"messages": msgs}, CL100K_CHAT, other, eos_token="<|endoftext|>")
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()

@@ -215,7 +215,7 @@ def test_token_offsets_from_bytes_equal_the_hf_tokenizers_offsets(encoders):
         text = random_text(rng)
         ids, starts, ends = encoders("tiktoken", None).encode_with_offsets(text)
         hf_ids, hf_starts, hf_ends = encoders("hf", CHATML).encode_with_offsets(text)
-        assert (ids, list(map(int, starts)), list(map(int, ends))) == (hf_ids, hf_starts, hf_ends)
+        assert (list(map(int, ids)), list(map(int, starts)), list(map(int, ends))) == (hf_ids, hf_starts, hf_ends)
         split_chars += len(set(zip(hf_starts, hf_ends))) < len(hf_ids)
         ascii += text.isascii()
     assert split_chars > 50 and ascii > 50
