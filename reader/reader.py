@@ -60,7 +60,9 @@ class Reader:
         ``num_readers``/``reader_index`` still tell its streams and lanes). Reader workers use it.
 
     Attributes: ``options``, ``cache``, ``store`` (I/O counters: ``bytes_fetched``, ``fetches``, ...),
-    ``order`` (which tokens each example is), ``my_rows`` (the rows of each global batch served here).
+    ``order`` (which tokens each example is), ``my_rows`` (the rows of each global batch served here),
+    ``masked`` (the cache, or a component of the mixture, has loss masks: a flat batch then has
+    ``loss_mask``, see ``reader.batch.schema``).
     For a mixture, ``cache`` is the :class:`reader.mixture.mixture.Mixture` (its component caches in
     ``cache.caches``), ``store`` a :class:`reader.mixture.io.MixtureStore` (``store.stores``) and
     ``order`` a :class:`reader.mixture.mixture.MixtureOrder`.
@@ -96,7 +98,11 @@ class Reader:
             self.release = ReleasePolicy(self.store, self.order, opts)
             self.prefetcher = Prefetcher(self.cache, self.store, self.order, opts, self.release, self.my_rows,
                                          self.num_readers, self.reader_index)
-        self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read)
+        # loss masks: a cache built from supervised records, or a mixture with one (its plain components'
+        # rows then have the plain rule: every real token is a loss token)
+        caches = getattr(self.cache, "caches", [self.cache])
+        self.masked = any(c.ledger.masked for c in caches)
+        self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read, masked=self.masked)
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 
     def close(self) -> None:

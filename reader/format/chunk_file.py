@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from reader.format import spec as fmt
 
 TOKEN_LEAF = f"{fmt.TOKEN_COLUMN}.list.element"
+LOSS_LEAF = f"{fmt.LOSS_COLUMN}.list.element"
 _TOKEN_TYPE = fmt.CHUNK_SCHEMA.field(fmt.TOKEN_COLUMN).type
 
 
@@ -42,10 +43,13 @@ def parquet_writer_options(config: Mapping[str, Any]) -> dict[str, Any]:
         opts["column_encoding"] = {TOKEN_LEAF: enc, fmt.LENGTH_COLUMN: "PLAIN", fmt.OFFSET_COLUMN: "DELTA_BINARY_PACKED"}
     else:
         opts["column_encoding"] = {fmt.OFFSET_COLUMN: "DELTA_BINARY_PACKED"}
+    if fmt.is_masked(config):  # PLAIN like the tokens (no dictionary: only the shard column has one)
+        opts["column_encoding"][LOSS_LEAF] = "PLAIN"
     return opts
 
 
-def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eos_id: int | None) -> pa.Table:
+def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eos_id: int | None,
+                    loss_spans: Sequence[Sequence[int]] | None = None) -> pa.Table:
     """One row group: documents' token arrays (EOS appended when ``eos_id`` is not None).
 
     Args:
@@ -53,6 +57,8 @@ def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eo
       shard: the input shard of every document (the ``shard`` column).
       offsets: each document's byte offset in its uncompressed input shard (the ``offset`` column).
       eos_id: appended to every document when not None.
+      loss_spans: a masked cache's ``loss_spans`` per document (offsets in its tokens, EOS included),
+        or None for a plain cache.
     """
     n = len(arrays)
     if eos_id is not None:
@@ -66,21 +72,35 @@ def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eo
         parts = arrays
         lengths = np.fromiter((len(a) for a in arrays), dtype=np.int32, count=n)
     values = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
-    return flat_row_group_table(values, lengths, shard, offsets)
+    return flat_row_group_table(values, lengths, shard, offsets, loss_spans)
 
 
-def flat_row_group_table(values: np.ndarray, lengths: np.ndarray, shard: int, offsets) -> pa.Table:
-    """One row group from the documents' tokens concatenated (``values``) and their ``lengths``."""
-    n = len(lengths)
-    offs = np.zeros(n + 1, dtype=np.int32)
+def _lists(lengths, values) -> pa.ListArray:
+    offs = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offs[1:])
-    tokens = pa.ListArray.from_arrays(pa.array(offs), pa.array(np.asarray(values, dtype=np.int32), type=pa.int32()),
-                                      type=_TOKEN_TYPE)
-    return pa.Table.from_arrays(
-        [tokens, pa.array(np.asarray(lengths, dtype=np.int32), type=pa.int32()),
-         pa.array(np.full(n, shard, dtype=np.int32)), pa.array(np.asarray(offsets, dtype=np.int64))],
-        schema=fmt.CHUNK_SCHEMA,
-    )
+    return pa.ListArray.from_arrays(pa.array(offs), pa.array(np.asarray(values, dtype=np.int32), type=pa.int32()),
+                                    type=_TOKEN_TYPE)
+
+
+def flat_row_group_table(values: np.ndarray, lengths: np.ndarray, shard: int, offsets,
+                         loss_spans: Sequence[Sequence[int]] | None = None) -> pa.Table:
+    """One row group from the documents' tokens concatenated (``values``) and their ``lengths``; with
+    ``loss_spans`` (one flattened span list per document, see :func:`row_group_table`), a masked one."""
+    n = len(lengths)
+    columns = [_lists(lengths, values), pa.array(np.asarray(lengths, dtype=np.int32), type=pa.int32()),
+               pa.array(np.full(n, shard, dtype=np.int32)), pa.array(np.asarray(offsets, dtype=np.int64))]
+    if loss_spans is not None:
+        if len(loss_spans) != n:
+            raise ValueError(f"{len(loss_spans)} loss_spans lists for {n} documents")
+        spans = [np.asarray(s, dtype=np.int32).reshape(-1) for s in loss_spans]
+        columns.append(_lists([s.size for s in spans], np.concatenate(spans) if spans else np.zeros(0, np.int32)))
+    return pa.Table.from_arrays(columns, schema=fmt.chunk_schema(loss_spans is not None))
+
+
+def loss_tokens(table: pa.Table) -> int:
+    """Loss tokens of a row group table of a masked cache: the lengths of its spans summed."""
+    v = table.column(fmt.LOSS_COLUMN).combine_chunks().flatten().to_numpy().astype(np.int64)
+    return int(v[1::2].sum() - v[0::2].sum())
 
 
 class ChunkParquet:
@@ -89,11 +109,16 @@ class ChunkParquet:
     Call :meth:`write` once per row group (a table from :func:`row_group_table`), then :meth:`finish`.
     """
 
-    def __init__(self, config: Mapping[str, Any]):
+    def __init__(self, config: Mapping[str, Any], *, writer_options: Mapping[str, Any] | None = None):
+        """``writer_options``: ParquetWriter keyword arguments instead of the configuration's (tests that
+        make chunks with other encodings)."""
         self.sink = pa.BufferOutputStream()
-        self.writer = pq.ParquetWriter(self.sink, fmt.CHUNK_SCHEMA, **parquet_writer_options(config))
+        self.masked = fmt.is_masked(config)
+        opts = parquet_writer_options(config) if writer_options is None else dict(writer_options)
+        self.writer = pq.ParquetWriter(self.sink, fmt.chunk_schema(self.masked), **opts)
         self.row_group_tokens: list[int] = []
         self.docs = 0
+        self.loss_tokens = 0  # masked caches: the sidecar's loss_tokens
 
     @property
     def tokens(self) -> int:
@@ -101,9 +126,14 @@ class ChunkParquet:
 
     def write(self, table: pa.Table, tokens: int) -> None:
         """Append ``table`` as one row group holding ``tokens`` tokens."""
-        self.writer.write_table(table, row_group_size=len(table))
+        if self.masked != (fmt.LOSS_COLUMN in table.column_names):
+            raise ValueError(f"a row group {'without' if self.masked else 'with'} {fmt.LOSS_COLUMN} for a chunk of a "
+                             f"{'masked' if self.masked else 'plain'} cache")
+        self.writer.write_table(table, row_group_size=max(1, len(table)))
         self.row_group_tokens.append(int(tokens))
         self.docs += len(table)
+        if self.masked:
+            self.loss_tokens += loss_tokens(table)
 
     def finish(self) -> tuple[bytes, list[list[Any]], list[Any]]:
         """``(file bytes, row_group_index, footer)``; the writer cannot be used afterwards."""
@@ -121,7 +151,7 @@ def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], 
                  row_group_index: list, footer: list, docs: int, tokens: int,
                  bad_reasons: Mapping[str, int] | None = None, dead_letters: str | None = None,
                  dead_letters_checksum: str | None = None, input_span: Sequence[int] | None = None,
-                 input_checksum: str | None = None) -> dict[str, Any]:
+                 input_checksum: str | None = None, loss_tokens: int | None = None) -> dict[str, Any]:
     """The sidecar of a chunk (docs/FORMAT.md): write it with ``fmt.sidecar_bytes`` after the Parquet file.
 
     Args:
@@ -135,9 +165,12 @@ def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int], 
       input_span, input_checksum: ``[start, end)`` of the input bytes the chunk was built from (its lines)
         and their checksum, which a rerun compares with the input to find chunks whose input changed
         (None for imported caches, which are not rebuilt from an input).
+      loss_tokens: a masked cache's loss tokens in the chunk (:attr:`ChunkParquet.loss_tokens`); None
+        for a plain cache (no key).
     """
     bad = dict(sorted((bad_reasons or {}).items()))
-    return {
+    extra = {} if loss_tokens is None else {"loss_tokens": int(loss_tokens)}
+    return {**extra,
         "path": fmt.chunk_path(shard, index_in_shard),
         "shard": shard,
         "index_in_shard": index_in_shard,

@@ -45,8 +45,10 @@ import pyarrow.parquet as pq
 
 FORMAT_NAME = "chunkledger"
 FORMAT_VERSION = 2  # the version this code writes
-# Versions this code reads; they differ only in what the builder records for resuming (docs/FORMAT.md).
-READABLE_FORMAT_VERSIONS = (1, 2)
+MASKED_FORMAT_VERSION = 3  # the version of a cache with loss masks (docs/FORMAT.md, "Loss masks")
+# Versions this code reads: 1 and 2 differ only in what the builder records for resuming; 3 adds the
+# loss_spans column of supervised caches (docs/FORMAT.md).
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 
 LEDGER_NAME = "ledger.json"
 CHUNKS_DIR = "chunks"
@@ -65,6 +67,9 @@ TOKEN_COLUMN = "token_ids"  # list<int32>: the document's token ids (EOS appende
 LENGTH_COLUMN = "num_tokens"  # int32: len(token_ids); lets readers size documents without decoding tokens
 SHARD_COLUMN = "shard"  # int32: input shard index (provenance)
 OFFSET_COLUMN = "offset"  # int64: byte offset of the line's first byte in the uncompressed shard
+# Supervised caches only (``config.record_format`` other than "text"): list<int32>, the document's loss
+# tokens as sorted, disjoint, non-empty half-open ranges flattened, ``[s0, e0, s1, e1, ...]``.
+LOSS_COLUMN = "loss_spans"
 
 CHUNK_SCHEMA = pa.schema(
     [
@@ -74,6 +79,22 @@ CHUNK_SCHEMA = pa.schema(
         pa.field(OFFSET_COLUMN, pa.int64(), nullable=False),
     ]
 )
+
+MASKED_CHUNK_SCHEMA = CHUNK_SCHEMA.append(
+    pa.field(LOSS_COLUMN, pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False))
+# ``config.record_format`` of a cache without loss masks (absent means the same)
+PLAIN_RECORD_FORMAT = "text"
+
+
+def is_masked(config: Mapping[str, Any]) -> bool:
+    """Whether a cache with ledger ``config`` has the ``loss_spans`` column: any record format but text."""
+    return config.get("record_format", PLAIN_RECORD_FORMAT) != PLAIN_RECORD_FORMAT
+
+
+def chunk_schema(masked: bool) -> pa.Schema:
+    """The Parquet schema of a chunk: with the ``loss_spans`` column for a masked cache."""
+    return MASKED_CHUNK_SCHEMA if masked else CHUNK_SCHEMA
+
 
 # Key in a chunk's Parquet key-value metadata: JSON list of token counts per row group, so a reader can
 # decode only the row groups a token range needs.
@@ -306,6 +327,11 @@ class Ledger:
     @property
     def totals(self) -> Mapping[str, Any]:
         return self.raw.get("totals", {})
+
+    @property
+    def masked(self) -> bool:
+        """True for a cache whose chunks carry loss masks (``loss_spans``)."""
+        return is_masked(self.config)
 
     @staticmethod
     def parse(text: str | bytes, *, where: str = LEDGER_NAME) -> "Ledger":

@@ -26,7 +26,7 @@ import numpy as np
 from reader.format import spec as fmt
 from reader.storage.cache import Cache
 from reader.storage.chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
-from reader.storage.pages import decode_row_group
+from reader.storage.pages import decode_loss_spans, decode_row_group, loss_flags
 from reader.storage.validate import arrow_message, chunk_error
 
 
@@ -70,6 +70,7 @@ class ChunkStore:
         self.bytes_fetched = 0  # every byte fetched: sidecars, footers, row groups
         self.decodes = 0  # row groups decoded
         self.fast_decode = True  # PLAIN pages: decompress and take the values (reader.storage.pages)
+        self.masked = cache.ledger.masked  # row groups carry loss flags (their loss_spans column)
         # Decoded row groups that left the cache (evicted, or released by a read that has passed them,
         # see reader.batch.release): their buffers are reused for new decodes once nothing refers to them any
         # more, so a long read writes into memory that is already mapped instead of faulting in fresh
@@ -342,14 +343,39 @@ class ChunkStore:
                               f"documents, the sidecar says {expect} in {docs}")
         starts = np.zeros(docs + 1, np.int64)
         np.cumsum(lengths, out=starts[1:])
+        loss = None
+        if self.masked:  # (the row group's sha256 covers every column: this one was verified with the tokens)
+            try:
+                values, counts = decode_loss_spans(buf, base=base, group=group, file_meta=m.file_meta,
+                                                   file_size=m.nbytes_file, footer=m.footer, docs=docs,
+                                                   fast=self.fast_decode)
+                loss = loss_flags(values, counts, lengths.astype(np.int64))
+            except Exception as e:
+                raise chunk_error(self.cache, m.path, f"row group {group}: its loss spans cannot be read "
+                                  f"({arrow_message(e)})") from e
         with self._lock:
             self.decodes += 1
-        rg = RowGroup(padded, starts, out)
+        rg = RowGroup(padded, starts, out, loss)
         return rg, rg.nbytes
 
     def submit(self, fn: Callable[..., Any], *args) -> cf.Future:
         """Run ``fn(*args)`` on the store's background threads (``prefetch_threads``; prefetch work)."""
         return self._pool.submit(fn, *args)
+
+    def loss_flags(self, index: int, lo: int, hi: int) -> np.ndarray | None:
+        """Loss flags of tokens ``[lo, hi)`` of chunk ``index`` (None: a cache without loss masks)."""
+        if not self.masked:
+            return None
+        m = self.meta(index)
+        g0 = int(np.searchsorted(m.rg_token_starts, lo, side="right")) - 1
+        parts = []
+        for g in range(g0, m.num_row_groups):
+            base = int(m.rg_token_starts[g])
+            if base >= hi:
+                break
+            a, b = max(lo, base) - base, min(hi, int(m.rg_token_starts[g + 1])) - base
+            parts.append(self.row_group(index, g).loss[1 + a:1 + b])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts + [np.zeros(0, bool)])
 
     # -- token ranges -------------------------------------------------------------------------------------
     def tokens(self, index: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
