@@ -135,6 +135,13 @@ class Reader:
         return self.order.num_examples()
 
     @property
+    def dropped_long(self) -> dict[str, int]:
+        """``ReadOptions(drop_long=True)``: the documents longer than ``seq_len`` (and their tokens) that the
+        read skips, in the chunks known now (of every component of a mixture); zeros otherwise."""
+        docs, tokens = self.order.dropped_long()
+        return {"documents": docs, "tokens": tokens}
+
+    @property
     def num_batches(self) -> int | None:
         """Eval mode: number of batches of the pass (last one padded). Training (looping): None."""
         n = self.num_examples

@@ -273,6 +273,7 @@ class ChunkTable:
     tokens: np.ndarray  # int64
     nbytes: np.ndarray  # int64, file size
     sidecar_checksums: list | None = None  # finished ledger: sha256 of each sidecar file (None entries: unknown)
+    loss_tokens: np.ndarray | None = None  # int64, a cache with loss masks: each chunk's loss tokens
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -298,6 +299,8 @@ class ChunkTable:
             tokens=np.fromiter((e["tokens"] for e in entries), dtype=np.int64, count=n),
             nbytes=np.fromiter((e["bytes"] for e in entries), dtype=np.int64, count=n),
             sidecar_checksums=[e.get("sidecar_checksum") for e in entries],
+            loss_tokens=np.fromiter((e["loss_tokens"] for e in entries), dtype=np.int64, count=n)
+            if n and all("loss_tokens" in e for e in entries) else None,
         )
 
 
