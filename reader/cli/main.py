@@ -138,7 +138,14 @@ def cmd_inspect(args) -> int:
         "length_sample": f"{len(sample)} of {n} chunks",
         "tokens_per_chunk_percentiles": {f"p{p}": (int(np.percentile(t.tokens, p)) if n else None)
                                          for p in (0, 50, 100)},
+        # what ReadOptions(drop_long=True) skips at --seq_len, in the documents of the length sample
+        "longer_than_seq_len": {"seq_len": args.seq_len, "documents": int((lengths > args.seq_len).sum()),
+                                "tokens": int(lengths[lengths > args.seq_len].sum())},
     }
+    if cache.ledger.masked:  # the loss tokens' share, from the ledger (the sidecars while the build runs)
+        loss = None if t.loss_tokens is None else int(t.loss_tokens.sum())
+        info["loss_tokens"] = loss
+        info["loss_token_share"] = loss / info["tokens"] if loss is not None and info["tokens"] else None
     if args.json:
         print(fmt.dumps(info), end="")
         return 0
@@ -156,6 +163,14 @@ def cmd_inspect(args) -> int:
     print(f"doc length  {pct}  (tokens; {info['length_sample']})")
     pct = "  ".join(f"{k}={v}" for k, v in info["tokens_per_chunk_percentiles"].items())
     print(f"chunk size  {pct}  (tokens)")
+    if "loss_tokens" in info:
+        share = info["loss_token_share"]
+        print(f"loss tokens {info['loss_tokens'] if info['loss_tokens'] is not None else 'unknown'}"
+              + (f" ({share:.1%} of tokens)" if share is not None else "")
+              + f"  (record_format {cache.ledger.config.get('record_format')}: loss_mask is True on these only)")
+    long = info["longer_than_seq_len"]
+    print(f"long docs   {long['documents']:,} longer than --seq_len {long['seq_len']} ({long['tokens']:,} tokens; "
+          f"{info['length_sample']}): what ReadOptions(drop_long=True) skips")
     return 0
 
 
@@ -189,7 +204,7 @@ def cmd_batches(args) -> int:
         return 2
     opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, packed=not args.unpacked,
                        packing=args.packing, ideal_readers=args.ideal_readers, eval_mode=args.eval,
-                       shuffle_seed=args.shuffle_seed)
+                       shuffle_seed=args.shuffle_seed, drop_long=args.drop_long)
     if args.count < 0 or (args.count == 0 and not args.eval):
         print("error: --count must be positive (0 = to the end, only with --eval)", file=sys.stderr)
         return 2
@@ -204,7 +219,7 @@ def cmd_batches(args) -> int:
     arrays["rows"] = r.my_rows
     arrays["options"] = np.asarray(json.dumps({
         "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size, "packed": not args.unpacked,
-        "packing": args.packing,
+        "packing": args.packing, "drop_long": args.drop_long,
         "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
         "num_readers": args.num_readers, "reader_index": args.reader_index}, sort_keys=True))
     write_file(args.out, lambda f: np.savez_compressed(f, **arrays))  # exactly --out (numpy would add .npz)
@@ -228,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--steps", type=int, default=None,
                    help="mixture: show what N global batches draw from each component")
     q.add_argument("--seq_len", type=int, default=ReadOptions.seq_len,
-                   help=f"mixture with --steps: tokens per example (default {ReadOptions.seq_len})")
+                   help=f"mixture with --steps: tokens per example; a cache: count the documents longer than "
+                        f"this, which ReadOptions(drop_long=True) skips (default {ReadOptions.seq_len})")
     q.add_argument("--batch_size", type=int, default=ReadOptions.batch_size,
                    help=f"mixture with --steps: GLOBAL batch size, also where schedule segments start "
                         f"(default {ReadOptions.batch_size})")
@@ -260,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="packed rows: concat (documents concatenated, cut every seq_len tokens; default) or "
                         "best_fit (each chunk's documents packed by best-fit decreasing: no document of at most "
                         "seq_len tokens is cut)")
+    b.add_argument("--drop_long", action="store_true",
+                   help="with --unpacked or --packing best_fit: skip documents longer than --seq_len instead of "
+                        "cutting them")
     b.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
                    help=f"R*, number of streams (default {ReadOptions.ideal_readers}); must match the run")
     b.add_argument("--num_readers", type=int, default=1, help="R, reader hosts (must divide batch_size)")
