@@ -16,6 +16,7 @@ from reader import FLAT_KEYS, ChunkError, ReadOptions, Reader, expand_flat
 from reader.batch.schema import TOKEN_FIELDS
 from reader.cli.main import main as cli
 from reader.format import spec as fmt
+from reader.storage.pages import fast_list_values
 
 KINDS = {"concat": dict(), "best_fit": dict(packing="best_fit"), "unpacked": dict(packed=False)}
 
@@ -81,6 +82,25 @@ def test_masked_batches_are_the_reference_in_both_layouts(sft, kind, eval_mode):
                     assert not (y["loss_mask"] & ~real).any()  # flags only on real tokens
                     same(expand_flat(y), x)
     assert lossy and not_lossy, "the masks do not exercise both values"
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("shuffle_seed", [None, 4])
+def test_seek_equals_iterate_with_masks(sft, kind, shuffle_seed):
+    """Iterating (slabs of 16 batches: a stream's windows of consecutive batches copied as one run when
+    batch_size == ideal_readers) equals seeking to each batch (one batch a pass), in both layouts."""
+    root = sft[0]
+    for layout in ("arrays", "flat") if kind != "unpacked" else ("arrays",):
+        opts = ReadOptions(seq_len=3, batch_size=4, ideal_readers=4, shuffle_seed=shuffle_seed, layout=layout,
+                           **KINDS[kind])
+        with Reader(root, opts, num_readers=2, reader_index=1) as a, \
+                Reader(root, opts, num_readers=2, reader_index=1) as c:
+            it = list(a.iter_batches(0, 20))
+            for b, x in it[5:] + it[:5]:
+                y = c.batch(b)
+                for k in x:
+                    assert np.array_equal(x[k], y[k]), (layout, b, k)
+            assert "loss_mask" in it[0][1]
 
 
 def test_a_short_record_is_never_cut_and_a_long_one_only_at_multiples_of_seq_len(sft):
@@ -210,6 +230,11 @@ def test_fast_loss_span_decoding_equals_pyarrow(tmp_path, options):
             assert np.array_equal(got, np.concatenate([slow.store.row_group(c, g).loss[1:] for g in range(G)]
                                                       + [np.zeros(0, bool)]))
             assert np.array_equal(got, np.concatenate(masks[c] + [np.zeros(0, bool)]))
+        m = fast.store.meta(0)
+        off, length = (int(x) for x in m.rg_ranges[0])
+        data = open(os.path.join(str(tmp_path), m.path), "rb").read()[off:off + length]
+        used = fast_list_values(data, m.file_meta.row_group(0).column(4), int(m.rg_doc_starts[1]), base=off)
+        assert (used is not None) == (options["use_dictionary"] is not True)  # the fast path read it
 
 
 def _rewrite_ledger(root, change) -> None:
