@@ -65,21 +65,6 @@ def _bools(value: bool, n: int) -> np.ndarray:
     return b
 
 
-def _loss_parts(pieces, losses, L: int, nrows: int) -> list:
-    """The loss flags of packed rows made of ``pieces`` ``(row, group, local, length)`` (row after row),
-    as views to concatenate: each piece's flags (``losses[group]``, True throughout when None), False
-    for padding and rows without pieces."""
-    parts, r0, used = [], -1, L
-    for r, g, a, m in pieces:
-        if r != r0:
-            parts += [_bools(False, L - used)] + [_bools(False, L)] * (r - r0 - 1)
-            r0, used = r, 0
-        lo = losses[g]
-        parts.append(_bools(True, m) if lo is None else lo[a + 1:a + 1 + m])
-        used += m
-    return parts + [_bools(False, L - used)] + [_bools(False, L)] * (nrows - r0 - 1)
-
-
 def _copy_loss(lm, runs, groups, L: int) -> None:
     """``loss_mask`` of runs of windows (see :meth:`ArraysWriter.copy_windows`): their tokens' loss flags."""
     for c, g, a, rows, k in runs:
@@ -223,14 +208,17 @@ class ArraysWriter:
         gather per row group) cost several times more."""
         L = self.L
         nrows = out["targets"].shape[0]
-        z = _zeros32(L)
+        z, no, yes = _zeros32(L), _bools(False, L), _bools(True, L)
         tparts, iparts = [], []  # the two arrays' contents, row after row, for one concatenate each
+        mparts = [] if self.masked else None  # the loss flags' (a plain row group's: True throughout)
         r0, used = -1, L
         for r, g, a, m, f in zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist(),
                                  first.tolist()):
             if r != r0:  # a new row: pad the last one, and rows without pieces
                 tparts += [z[:L - used]] + [z] * (r - r0 - 1)
                 iparts += [z[:L - used]] + [z] * (r - r0 - 1)
+                if mparts is not None:
+                    mparts += [no[:L - used]] + [no] * (r - r0 - 1)
                 r0, used = r, 0
             p = padded[g]
             tparts.append(p[a + 1:a + 1 + m])
@@ -238,6 +226,9 @@ class ArraysWriter:
                 iparts.append(p[a:a + m])
             else:  # a document's first token has no input
                 iparts += [z[:1], p[a + 1:a + m]]
+            if mparts is not None:
+                lo = losses[g]
+                mparts.append(yes[:m] if lo is None else lo[a + 1:a + 1 + m])
             used += m
         tparts += [z[:L - used]] + [z] * (nrows - r0 - 1)
         iparts += [z[:L - used]] + [z] * (nrows - r0 - 1)
@@ -247,9 +238,9 @@ class ArraysWriter:
         base, num, seg_len = segments(nrows, L, rows, totals, pieces_row, dst0, first)
         mask = out["loss_mask"].reshape(-1)
         real = np.repeat(num > 0, seg_len)
-        if self.masked:
-            np.concatenate(_loss_parts(zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist()),
-                                       losses, L, nrows), out=mask)
+        if mparts is not None:
+            mparts += [no[:L - used]] + [no] * (nrows - r0 - 1)
+            np.concatenate(mparts, out=mask)
         else:
             np.copyto(mask, real)
         np.copyto(out["segment_ids"].reshape(-1), np.repeat(num.astype(np.int32), seg_len))
@@ -336,8 +327,9 @@ class FlatWriter:
         tok = out["tokens"]
         direct = tok.flags.c_contiguous
         W = tok.view(np.int32) if direct else np.empty(tok.shape, np.int32)
-        z = _zeros32(L1)
+        z, no, yes = _zeros32(L1), _bools(False, L1 - 1), _bools(True, L1 - 1)
         parts = []  # the tokens array's content, row after row, for one concatenate
+        mparts = [] if self.masked else None  # the loss flags' (L per row: no column 0)
         r0, used = -1, L1
         for r, g, a, m, f in zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist(),
                                  first.tolist()):
@@ -345,8 +337,13 @@ class FlatWriter:
             if r != r0:  # a new row: pad the last one and rows without pieces; column 0 is the token
                 # before the row's first piece when it continues a document
                 parts += [z[:L1 - used]] + [z] * (r - r0 - 1) + [p[a:a + 1] if f else z[:1]]
+                if mparts is not None:
+                    mparts += [no[:L1 - used]] + [no] * (r - r0 - 1)
                 r0, used = r, 1
             parts.append(p[a + 1:a + 1 + m])
+            if mparts is not None:
+                lo = losses[g]
+                mparts.append(yes[:m] if lo is None else lo[a + 1:a + 1 + m])
             used += m
         parts += [z[:L1 - used]] + [z] * (tok.shape[0] - r0 - 1)
         flat = W.reshape(-1)
@@ -359,14 +356,13 @@ class FlatWriter:
         head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece
         out["first_positions"][rows] = first[head]
         out["num_tokens"][rows] = totals
-        if self.masked:
+        if mparts is not None:
             lm = out["loss_mask"]
-            parts = _loss_parts(zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist()), losses,
-                                self.L, lm.shape[0])
+            mparts += [no[:L1 - used]] + [no] * (tok.shape[0] - r0 - 1)
             if lm.flags.c_contiguous:
-                np.concatenate(parts, out=lm.reshape(-1))
+                np.concatenate(mparts, out=lm.reshape(-1))
             else:
-                np.copyto(lm, np.concatenate(parts).reshape(lm.shape))
+                np.copyto(lm, np.concatenate(mparts).reshape(lm.shape))
 
     def pad(self, out, rows: np.ndarray) -> None:
         out["tokens"][rows] = 0

@@ -93,30 +93,55 @@ def decode_loss_spans(buf: bytes, *, base: int, group: int, file_meta: Any, file
     return int_values(col.flatten()), np.diff(int_values(col.offsets)).astype(np.int64)
 
 
-def loss_flags(values: np.ndarray, counts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+_ALTERNATING = [np.zeros(0, bool)]
+
+
+def _alternating(n: int) -> np.ndarray:
+    """``[False, True, False, True, ...]`` of ``n`` entries (read-only, cached)."""
+    a = _ALTERNATING[0]
+    if a.size < n:
+        a = np.zeros(max(n, 2 * a.size), bool)
+        a[1::2] = True
+        a.setflags(write=False)
+        _ALTERNATING[0] = a
+    return a[:n]
+
+
+def loss_flags(values: np.ndarray, counts: np.ndarray, lengths: np.ndarray, *, strict: bool = False) -> np.ndarray:
     """A row group's loss flags from its documents' spans, laid out like ``RowGroup.padded``: bool
-    ``[tokens + 1]``, ``flags[0] == False``, ``flags[1 + t]``: token ``t`` is a loss token. Raises
-    ValueError naming what is wrong when the spans are not sorted, disjoint, non-empty ranges inside
-    their documents (docs/FORMAT.md)."""
+    ``[tokens + 1]``, ``flags[0] == False``, ``flags[1 + t]``: token ``t`` is a loss token.
+
+    ``values``: the documents' span bounds concatenated, ``counts[k]`` of them for document ``k`` of
+    ``lengths[k]`` tokens. Raises ValueError naming what is wrong when the spans do not make flags (an odd
+    list, bounds out of order or past the row group's end); ``strict`` (``validate``): also unless every
+    document's spans are sorted, disjoint, non-empty ranges within it (docs/FORMAT.md). The reader reads
+    bytes whose sha256 it checked, which the builder wrote so; it keeps to the checks that cost a few
+    array operations (a few per cent of decoding a row group)."""
     docs = lengths.size
-    if counts.size != docs or (counts % 2).any():
+    if counts.size != docs or (counts & 1).any():
         raise ValueError(f"{fmt.LOSS_COLUMN}: a list of an odd length, or {counts.size} lists for {docs} documents")
-    doc = np.repeat(np.arange(docs), counts)
-    v = values.astype(np.int64)
-    bad = (v < 0) | (v > lengths[doc])
-    inner = np.flatnonzero(doc[1:] == doc[:-1])
-    if bad.any() or (v[inner + 1] <= v[inner]).any():
-        k = int(doc[np.flatnonzero(bad)[0]]) if bad.any() else int(doc[inner[v[inner + 1] <= v[inner]][0]])
-        raise ValueError(f"{fmt.LOSS_COLUMN} of document {k} of the row group are not sorted, disjoint, non-empty "
-                         f"ranges within its {int(lengths[k])} tokens")
-    starts = np.zeros(docs + 1, np.int64)
+    starts = np.empty(docs + 1, np.int64)
+    starts[0] = 0
     np.cumsum(lengths, out=starts[1:])
-    edges = np.concatenate([[0], v + starts[doc], [starts[-1]]])
-    on = np.zeros(edges.size - 1, bool)
-    on[1::2] = True  # between s_k and e_k
-    flags = np.empty(int(starts[-1]) + 1, bool)
-    flags[0] = False
-    flags[1:] = np.repeat(on, np.diff(edges))
+    # the bounds as token offsets in the row group, after the flag of padded[0]
+    edges = np.empty(values.size + 2, np.int64)
+    edges[0], edges[-1] = -1, starts[-1]
+    np.add(values, np.repeat(starts[:-1], counts), out=edges[1:-1])
+    if strict:
+        doc = np.repeat(np.arange(docs), counts)
+        bad = (values < 0) | (edges[1:-1] > starts[doc + 1])
+        bad[1:] |= (edges[2:-1] <= edges[1:-2]) & (doc[1:] == doc[:-1])
+        if bad.any():
+            k = int(doc[np.argmax(bad)])
+            raise ValueError(f"{fmt.LOSS_COLUMN} of document {k} of the row group are not sorted, disjoint, non-empty "
+                             f"ranges within its {int(lengths[k])} tokens")
+    try:  # runs between the bounds: off before s_0, on from s_k to e_k, off after
+        flags = np.repeat(_alternating(values.size + 1), np.diff(edges))
+    except ValueError:
+        flags = None  # a bound before the one ahead of it
+    if flags is None or flags.size != edges[-1] + 1:
+        raise ValueError(f"{fmt.LOSS_COLUMN} out of order or past the end of their documents (python -m reader "
+                         "validate names the document)")
     return flags
 
 
@@ -372,14 +397,19 @@ def fast_list_values(data, col_meta, rows: int, *, base: int = 0, column: str = 
         for values, (rep, dfn), n in _data_pages(data, col_meta, base=base, column=column, levels=2):
             vals.append(np.frombuffer(values, dtype="<i4"))
             reps.append(_level_bits(rep, n))
-            defs.append(_level_bits(dfn, n))
+            defs.append((dfn, n))
         if not vals:
             return (np.zeros(0, np.int32), np.zeros(rows, np.int64)) if rows == 0 else None
-        values, rep, dfn = (np.concatenate(x) for x in (vals, reps, defs))
-        starts = rep == 0
-        if not rep.size or not starts[0] or int(starts.sum()) != rows or int(dfn.sum()) != values.size:
+        values, rep = (x[0] if len(x) == 1 else np.concatenate(x) for x in (vals, reps))
+        first = np.flatnonzero(rep == 0)  # each row's first entry
+        if first.size != rows or not rows or first[0] != 0:
             return None
-        row = np.cumsum(starts) - 1
-        return values.astype(np.int32, copy=False), np.bincount(row[dfn == 1], minlength=rows)
+        counts = np.diff(first, append=rep.size)
+        if values.size != rep.size:  # empty lists: one entry of definition level 0 each, no value
+            dfn = np.concatenate([_level_bits(d, n) for d, n in defs])
+            counts *= dfn[first]
+            if int(counts.sum()) != values.size or int(dfn.sum()) != values.size:
+                return None
+        return values, counts
     except _ERRORS:
         return None

@@ -194,9 +194,12 @@ class ChunkStore:
                 for key in list(itertools.islice(bucket, _RETIRED_SCAN)):  # oldest first
                     rg = bucket[key]
                     buf = rg.buf
-                    # refs: rg -> the bucket, `rg`, getrefcount's argument; padded -> rg and the argument;
-                    # buf -> rg, padded's base, `buf`, the argument. Anything more is a live user.
-                    if sys.getrefcount(rg) == 3 and sys.getrefcount(rg.padded) == 2 and sys.getrefcount(buf) == 4:
+                    # refs: rg -> the bucket, `rg`, getrefcount's argument; padded (and loss, when the buffer
+                    # holds the loss flags too) -> rg and the argument; buf -> rg, padded's base, `buf`, the
+                    # argument (and loss's base). Anything more is a live user.
+                    flags = rg.loss is not None and rg.loss.base is buf
+                    if (sys.getrefcount(rg) == 3 and sys.getrefcount(rg.padded) == 2
+                            and sys.getrefcount(buf) == 4 + flags and (not flags or sys.getrefcount(rg.loss) == 2)):
                         del bucket[key]
                         if not bucket:
                             del self._retired[want]
@@ -332,10 +335,13 @@ class ChunkStore:
         base = int(m.rg_ranges[group, 0])
         docs = int(m.rg_doc_starts[group + 1] - m.rg_doc_starts[group])
         expect = int(m.rg_token_starts[group + 1] - m.rg_token_starts[group])
+        # a masked cache's loss flags (a byte per token) go in the same reused buffer, after the tokens:
+        # fresh memory for them would cost a page fault per 4 KiB, about half of what decoding them costs
+        extra = -(-(expect + 1) // 4) if self.masked else 0
         try:
             padded, lengths, out = decode_row_group(
                 buf, base=base, group=group, file_meta=m.file_meta, file_size=m.nbytes_file, footer=m.footer,
-                docs=docs, tokens=expect, buffer=self._buffer, fast=self.fast_decode)
+                docs=docs, tokens=expect, buffer=lambda n: self._buffer(n + extra), fast=self.fast_decode)
         except Exception as e:
             raise chunk_error(self.cache, m.path, f"row group {group} cannot be decoded ({arrow_message(e)})") from e
         if padded.size - 1 != expect or lengths.size != docs or int(lengths.sum(dtype=np.int64)) != expect:
@@ -350,6 +356,10 @@ class ChunkStore:
                                                    file_size=m.nbytes_file, footer=m.footer, docs=docs,
                                                    fast=self.fast_decode)
                 loss = loss_flags(values, counts, lengths.astype(np.int64))
+                if out is not None:
+                    into = out.view(np.bool_)[4 * (expect + 1):4 * (expect + 1) + expect + 1]
+                    into[:] = loss
+                    loss = into
             except Exception as e:
                 raise chunk_error(self.cache, m.path, f"row group {group}: its loss spans cannot be read "
                                   f"({arrow_message(e)})") from e

@@ -323,7 +323,7 @@ def _loss_tokens(cache: Cache, rel: str, g: int, col, lengths: np.ndarray) -> in
     try:
         if col.null_count:
             raise ValueError(f"null {fmt.LOSS_COLUMN} lists")
-        flags = loss_flags(int_values(col.flatten()), np.diff(int_values(col.offsets)), lengths)
+        flags = loss_flags(int_values(col.flatten()), np.diff(int_values(col.offsets)), lengths, strict=True)
     except ValueError as e:
         raise chunk_error(cache, rel, f"row group {g}: {e}") from None
     return int(flags.sum())

@@ -66,9 +66,7 @@ def row_groups(lengths: Sequence[int], row_group_tokens: int) -> list[tuple[int,
     return groups
 
 
-# Like the pipeline's writer (PLAIN int32 tokens, zstd, no statistics); tests may pass other options.
-WRITER_OPTIONS = {"compression": "zstd", "use_dictionary": [fmt.SHARD_COLUMN], "write_statistics": False,
-                  "data_page_size": 1 << 20}
+# Chunks are written with the builder's Parquet options (reader.format.chunk_file); tests may pass others.
 MASKED_RECORD_FORMAT = "chat"  # config.record_format of a cache written with loss spans
 
 
@@ -89,7 +87,7 @@ def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offse
     lengths = [len(d) for d in docs]
     groups = row_groups(lengths, row_group_tokens)
     config = _config(1000, row_group_tokens, spans is not None)
-    out = chunk_file.ChunkParquet(config, writer_options=dict(writer_options or WRITER_OPTIONS))
+    out = chunk_file.ChunkParquet(config, writer_options=writer_options)  # (None: the builder's options)
     for lo, hi in groups:
         part = [np.asarray(d, dtype=np.int32) for d in docs[lo:hi]]
         values = np.concatenate(part) if part else np.zeros(0, np.int32)
@@ -180,7 +178,7 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
       done_shards: compressed shards whose ``_DONE.json`` exists (default: all of them if finished,
         none otherwise).
       chunk_bytes, row_group_tokens: recorded in the ledger config; row groups follow row_group_tokens.
-      writer_options: ``pq.ParquetWriter`` keyword arguments (default ``WRITER_OPTIONS``).
+      writer_options: ``pq.ParquetWriter`` keyword arguments (default: the builder's).
       spans: a masked (supervised) cache: per chunk, per document, its flattened loss spans
         ``[s0, e0, s1, e1, ...]`` (:func:`spans_of_mask` makes them from a per-token mask).
     """
