@@ -6,6 +6,10 @@ column, so the list structure (repetition/definition levels) is skipped instead 
 Anything else (dictionary pages, other encodings or codecs) makes :func:`fast_plain_values` return
 None, and :func:`decode_row_group` falls back to pyarrow's reader. The caller verifies the bytes
 against their sha256 before calling, and checks the decoded counts after.
+
+A masked cache's ``loss_spans`` column (:func:`decode_loss_spans`) is a list column without a count
+column beside it: its pages' repetition and definition levels (bit width 1) say where each document's
+spans begin (:func:`fast_list_values`); :func:`loss_flags` turns the spans into a flag per token.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A chunk is opened (:func:`reader.storage.chunk.open_chunk`) from its sidecar and
 is then one range read of its bytes, whose sha256 is compared with the sidecar BEFORE anything is
 decoded (:mod:`reader.storage.pages`): a truncated or corrupted chunk raises :class:`reader.ChunkError`
 naming the file and the row group, and no wrong token is ever returned. Decoded row groups are flat
-``int32`` token arrays plus document starts (4 bytes per token); they, and the small per-chunk
+``int32`` token arrays plus document starts (4 bytes per token; 5 with a masked cache's loss flags); they, and the small per-chunk
 metadata, count against ``memory_budget_bytes`` (fetched bytes are not kept). Concurrent requests
 for the same item (the prefetch threads and the caller) share one load.
 """
