@@ -9,7 +9,8 @@ zstd 3, row groups of 128 Ki tokens, chunks of 1 Mi tokens): ``plain`` (``record
 best of ``--rounds``, real tokens per second from opening the reader to the last batch:
 
 - ``decode``: every row group of every chunk through the chunk store (fetch, sha256, decode; with masks,
-  the spans and the per-token flags too), one thread;
+  the spans and the per-token flags too), one thread, per CPU-second of that thread (the figure least
+  moved by other work on the machine);
 - ``train``: the reader benchmark's headline read (``benchmarks/reader_bench.py``: flat layout, batch
   64, seq_len 2048, R* = 16, two reader workers), about one pass;
 - ``train_1p``: the same in one process (no workers);
@@ -107,20 +108,21 @@ def chunk_file_groups(lengths: np.ndarray, idx: np.ndarray) -> list[int]:
     return ends
 
 
-def decode_rate(root: str) -> float:
-    """Tokens per second through the chunk store: every row group fetched, verified and decoded."""
+def decode_rate(root: str, clock=time.thread_time) -> float:
+    """Tokens per second through the chunk store: every row group fetched, verified and decoded, in this
+    thread (its CPU time by default: other processes on the machine do not count)."""
     from reader.storage.cache import Cache
     from reader.storage.store import ChunkStore
 
     cache = Cache(root)
-    t = time.perf_counter()
+    t = clock()
     store = ChunkStore(cache, memory_budget_bytes=64 << 20, threads=1)
     for c in range(len(cache.table)):
         for g in range(store.meta(c).num_row_groups):
             store.row_group(c, g)
             store.release(c, g)
     store.close()
-    return int(cache.table.tokens.sum()) / (time.perf_counter() - t)
+    return int(cache.table.tokens.sum()) / (clock() - t)
 
 
 def read_rate(root: str, opts, batches: int) -> float:
