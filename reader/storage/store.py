@@ -355,7 +355,7 @@ class ChunkStore:
                 values, counts = decode_loss_spans(buf, base=base, group=group, file_meta=m.file_meta,
                                                    file_size=m.nbytes_file, footer=m.footer, docs=docs,
                                                    fast=self.fast_decode)
-                loss = loss_flags(values, counts, lengths.astype(np.int64))
+                loss = loss_flags(values, counts, lengths)
                 if out is not None:
                     into = out.view(np.bool_)[4 * (expect + 1):4 * (expect + 1) + expect + 1]
                     into[:] = loss

@@ -15,7 +15,8 @@ def test_mask_cost_runs_and_its_caches_are_the_same_documents(tmp_path, capsys):
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith(RESULT_PREFIX)][-1]
     res = json.loads(line[len(RESULT_PREFIX):])
     for read in ("decode", "train", "train_1p", "best_fit_1p"):
-        assert math.isfinite(res[f"mask_{read}_ratio"]) and res[f"mask_{read}_ratio"] > 0, read
+        for figure in (f"mask_{read}_ratio", f"mask_{read}_cpu_ratio"):
+            assert math.isfinite(res[figure]) and res[figure] > 0, figure
     assert 0.3 < res["mask_loss_token_share"] < 0.9 and res["mask_bytes_per_token"] > 0
     opts = ReadOptions(seq_len=512, batch_size=4, ideal_readers=2)
     with Reader(str(tmp_path / "plain"), opts) as plain, Reader(str(tmp_path / "masked"), opts) as masked:
