@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from reader.options import ReadOptions
 from reader.reader import Reader
 from reader.batch.readahead import read_ahead
-from reader.batch.schema import FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS
+from reader.batch.schema import FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS, loss_mask
 from reader.workers.pool import WorkerPool
 
 
@@ -92,7 +92,8 @@ def process_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int)
 
 def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     """``reader.expand_flat`` in jax.numpy (jit-able): the five ``[B, L]`` token fields of a
-    ``layout="flat"`` batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``)."""
+    ``layout="flat"`` batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``, and
+    ``loss_mask`` for a cache with loss masks)."""
     import jax.numpy as jnp
 
     tok = jnp.asarray(batch["tokens"]).astype(jnp.uint32)
@@ -107,9 +108,10 @@ def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     first = jnp.asarray(batch["first_positions"]).astype(jnp.int32)[:, None]
     positions = jnp.where(last >= 0, t - last, first + t)
     zero = jnp.zeros_like(targets)
+    stored = jnp.asarray(batch["loss_mask"]).astype(bool) if batch.get("loss_mask") is not None else None
     return {"inputs": jnp.where(real, inputs, zero), "targets": jnp.where(real, targets, zero),
             "segment_ids": jnp.where(real, segment_ids, zero), "positions": jnp.where(real, positions, zero),
-            "loss_mask": real}
+            "loss_mask": loss_mask(real, stored)}
 
 
 __all__ = ["JaxLoader", "expand_flat", "TOKEN_FIELDS", "ROW_FIELDS", "process_rows", "device_rows", "batch_shardings"]
@@ -123,8 +125,9 @@ LOADER_LAYOUT = "flat"
 # fields (example_ids, epochs) become int32 jax.Arrays unless jax_enable_x64 is on.
 
 
-def _expand_for_loader(tokens, first_positions, num_tokens):
-    return expand_flat({"tokens": tokens, "first_positions": first_positions, "num_tokens": num_tokens})
+def _expand_for_loader(tokens, first_positions, num_tokens, stored=None):
+    return expand_flat({"tokens": tokens, "first_positions": first_positions, "num_tokens": num_tokens,
+                        "loss_mask": stored})
 
 
 class JaxLoader:
@@ -215,6 +218,9 @@ class JaxLoader:
             self._flat_sharding = NamedSharding(mesh, PartitionSpec(self.spec[0] if len(self.spec) else None,
                                                                     None))
             self._expand = jax.jit(_expand_for_loader, out_shardings=self.token_sharding)
+        # a cache with loss masks: the flat rows' loss_mask goes to the devices too (reader.batch.schema)
+        masked = self.flat and bool(getattr(self.reader, "masked", False))
+        self._flat_fields = list(FLAT_FIELDS) + (["loss_mask"] if masked else [])
         self.rows = process_rows(self.token_sharding, self.batch_size, self.seq_len)
         self._row_pos = self._local_positions()
         if self.num_workers:
@@ -282,9 +288,10 @@ class JaxLoader:
     def _assemble_flat(self, data: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """Flat-tokens rows -> device arrays -> the five token fields, expanded on the devices."""
         want_tokens = [f for f in self.fields if f in TOKEN_FIELDS]
-        out = self._put(data, [f for f in self.fields if f in ROW_FIELDS] + (list(FLAT_FIELDS) if want_tokens else []))
+        flat = self._flat_fields
+        out = self._put(data, [f for f in self.fields if f in ROW_FIELDS] + (flat if want_tokens else []))
         if want_tokens:
-            expanded = self._expand(*(out.pop(f) for f in FLAT_FIELDS))
+            expanded = self._expand(*(out.pop(f) for f in flat))
             out.update({f: expanded[f] for f in want_tokens})
         return out
 

@@ -23,6 +23,9 @@ class ReadOptions:
         cut every L tokens; ``"best_fit"``: each chunk's documents packed into rows by best-fit
         decreasing, no document of at most L tokens cut (docs/FORMAT.md, "Best-fit packing"); a chunk's
         rows are then its examples, like unpacked examples. Packed reads only.
+      drop_long: unpacked and best-fit reads: skip every document longer than ``seq_len`` (it yields no
+        example) instead of cutting it into pieces of ``seq_len``; ``Reader.dropped_long`` counts them.
+        For supervised data, where a cut conversation would train on a turn without its context.
       ideal_readers: R*, the number of streams. Keep it fixed for a run's lifetime (the order depends on
         it). Pick a power of two >= the largest number of reader hosts you expect (hosts R with R | R* or
         R* | R read only their own chunks). Ignored in eval mode (one stream).
@@ -70,6 +73,7 @@ class ReadOptions:
     batch_size: int = 64
     packed: bool = True
     packing: str = "concat"
+    drop_long: bool = False
     ideal_readers: int = 16
     eval_mode: bool = False
     shuffle_seed: int | None = None
@@ -88,6 +92,10 @@ class ReadOptions:
         if self.packing != "concat" and not self.packed:
             raise ValueError(f"packing={self.packing!r} packs rows; packed=False reads one document piece per "
                              "row. Drop packing or packed=False.")
+        if self.drop_long and self.kind == "concat":
+            raise ValueError("drop_long skips documents longer than seq_len in unpacked and best-fit reads; "
+                             "concat windows cut documents anywhere. Use packing='best_fit' or packed=False "
+                             "with it.")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.layout == "flat" and not self.packed:

@@ -68,7 +68,9 @@ class Reader:
         ``num_readers``/``reader_index`` still tell its streams and lanes). Reader workers use it.
 
     Attributes: ``options``, ``cache``, ``store`` (I/O counters: ``bytes_fetched``, ``fetches``, ...),
-    ``order`` (which tokens each example is), ``my_rows`` (the rows of each global batch served here).
+    ``order`` (which tokens each example is), ``my_rows`` (the rows of each global batch served here),
+    ``masked`` (the cache, or a component of the mixture, has loss masks: a flat batch then has
+    ``loss_mask``, see ``reader.batch.schema``).
     For a mixture, ``cache`` is the :class:`reader.mixture.mixture.Mixture` (its component caches in
     ``cache.caches``), ``store`` a :class:`reader.mixture.io.MixtureStore` (``store.stores``) and
     ``order`` a :class:`reader.mixture.mixture.MixtureOrder`.
@@ -111,7 +113,11 @@ class Reader:
                                          self.num_readers, self.reader_index)
         for store in getattr(self.store, "stores", [self.store]):  # (a mixture's: one per component)
             store.progress = self.progress.beat
-        self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read)
+        # loss masks: a cache built from supervised records, or a mixture with one (its plain components'
+        # rows then have the plain rule: every real token is a loss token)
+        caches = getattr(self.cache, "caches", [self.cache])
+        self.masked = any(c.ledger.masked for c in caches)
+        self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read, masked=self.masked)
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 
     def close(self) -> None:
@@ -176,6 +182,13 @@ class Reader:
         self.cache.wait_complete(timeout_s=self.wait_timeout_s, poll_s=self.poll_interval_s,
                                  what="the size of the eval pass")
         return self.order.num_examples()
+
+    @property
+    def dropped_long(self) -> dict[str, int]:
+        """``ReadOptions(drop_long=True)``: the documents longer than ``seq_len`` (and their tokens) that the
+        read skips, in the chunks known now (of every component of a mixture); zeros otherwise."""
+        docs, tokens = self.order.dropped_long()
+        return {"documents": docs, "tokens": tokens}
 
     @property
     def num_batches(self) -> int | None:

@@ -48,7 +48,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from reader import ReadOptions, Reader
 from reader.batch.readahead import read_ahead
-from reader.batch.schema import FLAT_FIELDS
+from reader.batch.schema import FLAT_FIELDS, loss_mask
 from reader.loaders.torch_state import STATE_KEY, STATE_VERSION, resume_step
 from reader.loaders.torch_watch import WorkerTable, warn_without_timeout, watch_loader, watched_loader
 from reader.order.streams import reader_rows
@@ -123,7 +123,8 @@ def expand_flat(batch: Mapping[str, Any]) -> dict[str, Any]:
 
     Args:
       batch: ``tokens`` ``[B, L+1]`` (int32 bits as :class:`TokenBatches` yields them, uint32, or int64
-        values; numpy or torch, any device), ``first_positions`` and ``num_tokens`` ``[B]``.
+        values; numpy or torch, any device), ``first_positions`` and ``num_tokens`` ``[B]``, and
+        ``loss_mask`` ``[B, L]`` for a cache with loss masks.
 
     Returns ``inputs``, ``targets``, ``segment_ids``, ``positions`` (int32 ``[B, L]``) and ``loss_mask``
     (bool ``[B, L]``) on the device of ``tokens``, equal to ``reader.expand_flat`` of the same rows;
@@ -149,7 +150,8 @@ def expand_flat(batch: Mapping[str, Any]) -> dict[str, Any]:
                            for k, v in batch.items() if k not in FLAT_FIELDS}
     out.update({k: torch.where(real, v, 0) for k, v in (("inputs", inputs), ("targets", targets),
                                                         ("segment_ids", segment_ids), ("positions", positions))})
-    out["loss_mask"] = real
+    stored = torch.as_tensor(batch["loss_mask"], device=dev).bool() if "loss_mask" in batch else None
+    out["loss_mask"] = loss_mask(real, stored)
     return out
 
 _WORKER_GROUP = 4  # batches a DataLoader worker assembles per reader call (the per-call costs, paid once)

@@ -119,7 +119,8 @@ class _Part:
         if not self.arrays:
             return
         kept = {name: [f[i] for f in self.fields] for i, name in enumerate(self.keep_fields)} or None
-        self.parquet.write(row_group_table(self.arrays, self.shard, self.offsets, self.eos_id, kept, self.spans),
+        self.parquet.write(row_group_table(self.arrays, self.shard, self.offsets, self.eos_id, fields=kept,
+                                           loss_spans=self.spans),
                            self.tokens)
         self.arrays, self.offsets, self.fields, self.tokens = [], [], [], 0
         if self.spans is not None:

@@ -98,14 +98,17 @@ class Assembler:
       on_windows: called after each packed read with what it copied, as ``(chunk, row group, ...)``
         tuples: the runs of windows inside one row group (sorted) and the windows over two row groups;
         the release policy's hook.
+      masked: the cache (or a component of the mixture) has loss masks: rows carry their tokens' loss
+        flags (:mod:`reader.batch.layouts`).
     """
 
     def __init__(self, store: ChunkStore, options: ReadOptions,
-                 on_windows: Callable[[list, list], None] | None = None):
+                 on_windows: Callable[[list, list], None] | None = None, masked: bool = False):
         self.store = store
         self.L = options.seq_len
         self.packed = options.packed
-        self.writer = writer(options.layout, options.seq_len)
+        self.masked = masked
+        self.writer = writer(options.layout, options.seq_len, masked)
         self.on_windows = on_windows
         self._rg_starts: dict[int, list[int]] = {}  # chunk -> its row groups' first tokens (kept across reads)
 
@@ -176,7 +179,8 @@ class Assembler:
             rg1, rg2 = store.row_group(c, g), store.row_group(c, g + 1)
             seq = np.concatenate([rg1.padded[a:a + la + 1], rg2.padded[1:1 + L - la]])
             pos = np.concatenate([rg1.positions_range(a, a + la), rg2.positions_range(0, L - la)])
-            w.write_row(out, r, seq, pos)
+            loss = None if rg1.loss is None else np.concatenate([rg1.loss[a + 1:a + 1 + la], rg2.loss[1:1 + L - la]])
+            w.write_row(out, r, seq, pos, loss)
         for k in slow:
             pieces = pl.spill.get(k)
             if pieces is None:  # inside one chunk, over more than two row groups
@@ -186,10 +190,11 @@ class Assembler:
         if self.on_windows is not None:
             self.on_windows(runs, cross)
 
-    def _gather(self, pieces) -> tuple[np.ndarray, np.ndarray]:
-        """``(seq, positions)`` of a row made of ``pieces`` ``(epoch, chunk, lo, hi)``: ``seq`` is the
-        token before the first (0 at a document start), then the tokens."""
-        toks, poss = [], []
+    def _gather(self, pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(seq, positions, loss flags)`` of a row made of ``pieces`` ``(epoch, chunk, lo, hi)`` (all of
+        one cache): ``seq`` is the token before the first (0 at a document start), then the tokens; the
+        flags are None without loss masks."""
+        toks, poss, losses = [], [], []
         prev = 0
         for _, chunk, a, b in pieces:
             t, p = self.store.tokens(chunk, a, b)
@@ -197,13 +202,16 @@ class Assembler:
                 prev = int(self.store.tokens(chunk, a - 1, a)[0][0])
             toks.append(t)
             poss.append(p)
+            if self.masked:
+                losses.append(self.store.loss_flags(chunk, a, b))
+        loss = None if not losses or losses[0] is None else np.concatenate(losses)
         m = sum(t.size for t in toks)
         seq = np.empty(m + 1, np.int32)
         seq[0] = prev
         if m:
             np.concatenate(toks, out=seq[1:])
-            return seq, np.concatenate(poss) if len(poss) > 1 else poss[0]
-        return seq, np.zeros(0, np.int32)
+            return seq, np.concatenate(poss) if len(poss) > 1 else poss[0], loss
+        return seq, np.zeros(0, np.int32), loss
 
     def _best_fit(self, pl: Placement, out) -> None:
         """Rows made of pieces of one chunk each (:class:`reader.batch.examples.RowPieces`): every piece
@@ -224,7 +232,7 @@ class Assembler:
         groups = store.row_groups(keys)  # (sorted, as the mixture's store expects)
         self.writer.write_packed(out, pl.rows, pl.lengths, np.repeat(pl.rows, counts), pc.columns, local,
                                  pc.first_positions, pc.lengths, inv.reshape(-1),
-                                 [groups[k].padded for k in keys])
+                                 [groups[k].padded for k in keys], [groups[k].loss for k in keys])
         if self.on_windows is not None:  # rows of a chunk never go back before their earliest piece
             self.on_windows(keys, [])
 
@@ -237,5 +245,6 @@ class Assembler:
             group = np.searchsorted(rg_starts, tokoff, side="right") - 1
             for g in np.unique(group).tolist():
                 mg = mc[group == g]
-                w.write_pieces(out, pl.rows[mg], store.row_group(c, g).padded, pl.starts[mg] - rg_starts[g],
-                               pl.first_positions[mg], pl.lengths[mg])
+                rg = store.row_group(c, g)
+                w.write_pieces(out, pl.rows[mg], rg.padded, pl.starts[mg] - rg_starts[g],
+                               pl.first_positions[mg], pl.lengths[mg], rg.loss)

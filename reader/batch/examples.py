@@ -158,7 +158,7 @@ class ExampleOrder:
         self.kind = options.kind
         # per-chunk example counts (None: a concat stream's units are its tokens)
         self.chunk_index = None if self.kind == "concat" else ExampleIndex(
-            cache, options.seq_len, self.kind, index_cache=options.index_cache)
+            cache, options.seq_len, self.kind, index_cache=options.index_cache, drop_long=options.drop_long)
         self._lock = threading.Lock()
         self._index: StreamIndex | None = None
         self._index_key: tuple[int, bool] | None = None
@@ -176,6 +176,14 @@ class ExampleOrder:
                                           complete=self.cache.complete)
                 self._index_key = key
             return self._index
+
+    def dropped_long(self) -> tuple[int, int]:
+        """``drop_long``: ``(documents, tokens)`` longer than ``seq_len`` in the chunks known now, which
+        yield no example; ``(0, 0)`` without it."""
+        if not self.options.drop_long:
+            return 0, 0
+        self.stream_index()  # (counts every known chunk)
+        return self.chunk_index.dropped(self.cache.table)
 
     # -- the end of an eval pass ---------------------------------------------------------------------
     def num_examples(self) -> int | None:

@@ -13,6 +13,11 @@ layout's arrays (:mod:`reader.batch.schema`):
 
 Rows may be written with scratch values first (a run's copy, or a whole-array shift, covers rows the
 walk writes afterwards): the walk writes crossing and piecewise rows after the windows, and padding last.
+
+A writer made with ``masked=True`` (a cache, or a mixture with a component, with loss masks) copies each
+token's loss flag beside it from the decoded row groups' ``loss`` (:class:`reader.storage.chunk.RowGroup`;
+a row group without one, of a plain component, is loss throughout): ``loss_mask`` is the flag on real
+tokens (:func:`reader.batch.schema.loss_mask`), in either layout.
 """
 
 from __future__ import annotations
@@ -47,6 +52,31 @@ def _zeros32(n: int) -> np.ndarray:
     return z
 
 
+_B: dict[tuple[bool, int], np.ndarray] = {}
+
+
+def _bools(value: bool, n: int) -> np.ndarray:
+    """A read-only bool array of ``n`` times ``value``, cached (the flags of plain row groups, padding)."""
+    b = _B.get((value, n))
+    if b is None:
+        b = np.full(n, value, bool)
+        b.setflags(write=False)
+        _B[(value, n)] = b
+    return b
+
+
+def _copy_loss(lm, runs, groups, L: int) -> None:
+    """``loss_mask`` of runs of windows (see :meth:`ArraysWriter.copy_windows`): their tokens' loss flags."""
+    for c, g, a, rows, k in runs:
+        lo = groups[(c, g)].loss
+        if lo is None:
+            lm[rows] = True
+        elif k == 1:
+            lm[rows] = lo[a + 1:a + 1 + L]
+        else:
+            lm[rows] = lo[a + 1:a + 1 + k * L].reshape(k, L)
+
+
 def segments(nrows: int, L: int, rows, totals, pieces_row, flat_start, first):
     """The segments of packed rows made of pieces, over a ``[nrows, L]`` array seen flat: each piece (a
     segment numbered from 1 in its row, starting at flat offset ``flat_start`` and position ``first``),
@@ -70,8 +100,9 @@ class ArraysWriter:
     layout = "arrays"
     strided = False  # writes through flat views of whole arrays: rows must be contiguous
 
-    def __init__(self, seq_len: int):
+    def __init__(self, seq_len: int, masked: bool = False):
         self.L = seq_len
+        self.masked = masked
 
     def new(self, n: int) -> dict[str, np.ndarray]:
         return empty_batch(self.layout, self.L, n)
@@ -92,6 +123,8 @@ class ArraysWriter:
             else:
                 tg[rows] = rg.padded[a + 1:a + 1 + k * L].reshape(k, L)
                 ip[rows] = rg.padded[a:a + k * L].reshape(k, L)
+        if self.masked:
+            _copy_loss(out["loss_mask"], runs, groups, L)
 
     def mark_documents(self, out, rows, first, owner, offset) -> None:
         """positions, segment_ids, loss_mask and the zero inputs at document starts of the copied windows
@@ -118,11 +151,13 @@ class ArraysWriter:
                     out=out["positions"].reshape(-1))
         np.copyto(out["segment_ids"].reshape(-1), np.repeat(segnum, lengths))
         out["inputs"].reshape(-1)[starts_doc] = 0
-        out["loss_mask"][:] = True
+        if not self.masked:  # (masked: copy_windows copied the flags)
+            out["loss_mask"][:] = True
 
-    def write_row(self, out, r: int, seq: np.ndarray, pos: np.ndarray) -> None:
+    def write_row(self, out, r: int, seq: np.ndarray, pos: np.ndarray, loss: np.ndarray | None = None) -> None:
         """Row ``r`` from ``seq`` (the token before the row's first, then its ``m <= L`` tokens) and the
-        tokens' positions in their documents; columns past ``m`` are padding."""
+        tokens' positions in their documents (and their loss flags; None: all loss tokens); columns past
+        ``m`` are padding."""
         m = pos.size
         out["targets"][r, :m] = seq[1:]
         inputs = out["inputs"][r, :m]
@@ -133,15 +168,16 @@ class ArraysWriter:
         if m:
             flag[0] = True
         np.cumsum(flag, dtype=np.int32, out=out["segment_ids"][r, :m])
-        out["loss_mask"][r, :m] = True
+        out["loss_mask"][r, :m] = True if loss is None else loss
         if m < self.L:
             for k in TOKEN_FIELDS:
                 out[k][r, m:] = 0
 
     def write_pieces(self, out, dst: np.ndarray, padded: np.ndarray, local: np.ndarray, first: np.ndarray,
-                     length: np.ndarray) -> None:
-        """Unpacked rows ``dst``: ``length`` tokens of one decoded row group (``padded``) from token
-        ``local``, whose first token is at position ``first`` of its document; then padding."""
+                     length: np.ndarray, loss: np.ndarray | None = None) -> None:
+        """Unpacked rows ``dst``: ``length`` tokens of one decoded row group (``padded``, and its ``loss``
+        flags if any) from token ``local``, whose first token is at position ``first`` of its document;
+        then padding."""
         ar = np.arange(self.L, dtype=np.int64)
         # a block of rows at a time, so the [rows, L] temporaries stay in the CPU cache when a slab of
         # batches puts hundreds of rows in one row group (measured by benchmarks/unpacked_blocks.py)
@@ -155,14 +191,16 @@ class ArraysWriter:
             out["inputs"][d] = np.where(pos > 0, padded[np.maximum(gi, 0)], 0)
             out["positions"][d] = pos
             out["segment_ids"][d] = real
-            out["loss_mask"][d] = real
+            out["loss_mask"][d] = real if loss is None else loss[gi + 1]  # (loss[0] is False)
 
-    def write_packed(self, out, rows, totals, pieces_row, columns, local, first, lengths, group, padded) -> None:
+    def write_packed(self, out, rows, totals, pieces_row, columns, local, first, lengths, group, padded,
+                     losses=None) -> None:
         """Packed rows made of pieces (best-fit rows), for the whole read: rows ``rows`` hold ``totals``
         tokens; piece ``k`` writes ``lengths[k]`` tokens of decoded row group ``padded[group[k]]`` from
         token ``local[k]`` into row ``pieces_row[k]`` from column ``columns[k]``, its first token at
         position ``first[k]`` of its document. Pieces come row after row, in column order, filling each
         row from column 0; a piece at position 0 starts a document. Rows without pieces are padding.
+        ``losses``: each row group's loss flags (a masked writer), parallel to ``padded``.
 
         The rows' contents are listed piece by piece (views of the row groups, zeros for padding) and
         written by one ``np.concatenate`` per array: pieces are long (about L/2 at L = 2048 on real
@@ -170,14 +208,17 @@ class ArraysWriter:
         gather per row group) cost several times more."""
         L = self.L
         nrows = out["targets"].shape[0]
-        z = _zeros32(L)
+        z, no, yes = _zeros32(L), _bools(False, L), _bools(True, L)
         tparts, iparts = [], []  # the two arrays' contents, row after row, for one concatenate each
+        mparts = [] if self.masked else None  # the loss flags' (a plain row group's: True throughout)
         r0, used = -1, L
         for r, g, a, m, f in zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist(),
                                  first.tolist()):
             if r != r0:  # a new row: pad the last one, and rows without pieces
                 tparts += [z[:L - used]] + [z] * (r - r0 - 1)
                 iparts += [z[:L - used]] + [z] * (r - r0 - 1)
+                if mparts is not None:
+                    mparts += [no[:L - used]] + [no] * (r - r0 - 1)
                 r0, used = r, 0
             p = padded[g]
             tparts.append(p[a + 1:a + 1 + m])
@@ -185,6 +226,9 @@ class ArraysWriter:
                 iparts.append(p[a:a + m])
             else:  # a document's first token has no input
                 iparts += [z[:1], p[a + 1:a + m]]
+            if mparts is not None:
+                lo = losses[g]
+                mparts.append(yes[:m] if lo is None else lo[a + 1:a + 1 + m])
             used += m
         tparts += [z[:L - used]] + [z] * (nrows - r0 - 1)
         iparts += [z[:L - used]] + [z] * (nrows - r0 - 1)
@@ -193,11 +237,16 @@ class ArraysWriter:
         dst0 = pieces_row * L + columns
         base, num, seg_len = segments(nrows, L, rows, totals, pieces_row, dst0, first)
         mask = out["loss_mask"].reshape(-1)
-        np.copyto(mask, np.repeat(num > 0, seg_len))
+        real = np.repeat(num > 0, seg_len)
+        if mparts is not None:
+            mparts += [no[:L - used]] + [no] * (nrows - r0 - 1)
+            np.concatenate(mparts, out=mask)
+        else:
+            np.copyto(mask, real)
         np.copyto(out["segment_ids"].reshape(-1), np.repeat(num.astype(np.int32), seg_len))
         pos = out["positions"].reshape(-1)
         np.subtract(_arange32(nrows * L), np.repeat(base.astype(np.int32), seg_len), out=pos)
-        pos *= mask
+        pos *= real
 
     def pad(self, out, rows: np.ndarray) -> None:
         for k in TOKEN_FIELDS:
@@ -210,11 +259,12 @@ class FlatWriter:
     layout = "flat"
     strided = True  # indexes [row, column] only: rows may be strided (a reader worker's rows of a slot)
 
-    def __init__(self, seq_len: int):
+    def __init__(self, seq_len: int, masked: bool = False):
         self.L = seq_len
+        self.masked = masked  # a loss_mask array beside the tokens
 
     def new(self, n: int) -> dict[str, np.ndarray]:
-        return empty_batch(self.layout, self.L, n)
+        return empty_batch(self.layout, self.L, n, masked=self.masked)
 
     def reset(self, out: dict[str, np.ndarray]) -> None:
         out["first_positions"][:] = 0
@@ -233,6 +283,8 @@ class FlatWriter:
                 W[rows, 1:] = p[a + 1:a + 1 + k * L].reshape(k, L)
                 W[rows, 0] = p[a:a + k * L:L]
         W <<= 1  # (rows that are not windows hold scratch values here; the walk writes them afterwards)
+        if self.masked:
+            _copy_loss(out["loss_mask"], runs, groups, L)
 
     def mark_documents(self, out, rows, first, owner, offset) -> None:
         """Start bits and first positions of the copied windows, for the whole batch at once."""
@@ -243,10 +295,14 @@ class FlatWriter:
         tok[at_start, 1] += np.uint32(1)
         tok[at_start, 0] = 0
 
-    def write_row(self, out, r: int, seq: np.ndarray, pos: np.ndarray) -> None:
+    def write_row(self, out, r: int, seq: np.ndarray, pos: np.ndarray, loss: np.ndarray | None = None) -> None:
         """Row ``r`` from ``seq`` (the token before the row's first, then its ``m <= L`` tokens) and the
-        tokens' positions in their documents; columns past ``m`` are padding."""
+        tokens' positions in their documents (and loss flags, see :meth:`ArraysWriter.write_row`);
+        columns past ``m`` are padding."""
         m = pos.size
+        if self.masked:
+            out["loss_mask"][r, :m] = True if loss is None else loss
+            out["loss_mask"][r, m:] = False
         row = out["tokens"][r].view(np.int32)
         np.left_shift(seq, 1, out=row[:m + 1])
         if m < self.L:
@@ -262,7 +318,8 @@ class FlatWriter:
     def write_pieces(self, *args) -> None:
         raise ValueError("layout='flat' holds packed windows only; unpacked examples use layout='arrays'")
 
-    def write_packed(self, out, rows, totals, pieces_row, columns, local, first, lengths, group, padded) -> None:
+    def write_packed(self, out, rows, totals, pieces_row, columns, local, first, lengths, group, padded,
+                     losses=None) -> None:
         """Best-fit rows, for the whole read: see :meth:`ArraysWriter.write_packed`. Column 0 is the token
         before a row's first piece (0 when it starts a document), each piece's tokens follow from column
         ``1 + columns[k]``, and a piece at position 0 sets its first token's start bit."""
@@ -270,8 +327,9 @@ class FlatWriter:
         tok = out["tokens"]
         direct = tok.flags.c_contiguous
         W = tok.view(np.int32) if direct else np.empty(tok.shape, np.int32)
-        z = _zeros32(L1)
+        z, no, yes = _zeros32(L1), _bools(False, L1 - 1), _bools(True, L1 - 1)
         parts = []  # the tokens array's content, row after row, for one concatenate
+        mparts = [] if self.masked else None  # the loss flags' (L per row: no column 0)
         r0, used = -1, L1
         for r, g, a, m, f in zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist(),
                                  first.tolist()):
@@ -279,8 +337,13 @@ class FlatWriter:
             if r != r0:  # a new row: pad the last one and rows without pieces; column 0 is the token
                 # before the row's first piece when it continues a document
                 parts += [z[:L1 - used]] + [z] * (r - r0 - 1) + [p[a:a + 1] if f else z[:1]]
+                if mparts is not None:
+                    mparts += [no[:L1 - used]] + [no] * (r - r0 - 1)
                 r0, used = r, 1
             parts.append(p[a + 1:a + 1 + m])
+            if mparts is not None:
+                lo = losses[g]
+                mparts.append(yes[:m] if lo is None else lo[a + 1:a + 1 + m])
             used += m
         parts += [z[:L1 - used]] + [z] * (tok.shape[0] - r0 - 1)
         flat = W.reshape(-1)
@@ -293,13 +356,22 @@ class FlatWriter:
         head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece
         out["first_positions"][rows] = first[head]
         out["num_tokens"][rows] = totals
+        if mparts is not None:
+            lm = out["loss_mask"]
+            mparts += [no[:L1 - used]] + [no] * (tok.shape[0] - r0 - 1)
+            if lm.flags.c_contiguous:
+                np.concatenate(mparts, out=lm.reshape(-1))
+            else:
+                np.copyto(lm, np.concatenate(mparts).reshape(lm.shape))
 
     def pad(self, out, rows: np.ndarray) -> None:
         out["tokens"][rows] = 0
         out["num_tokens"][rows] = 0
         out["first_positions"][rows] = 0
+        if self.masked:
+            out["loss_mask"][rows] = False
 
 
-def writer(layout: str, seq_len: int):
-    """The writer of ``layout``."""
-    return {"arrays": ArraysWriter, "flat": FlatWriter}[layout](seq_len)
+def writer(layout: str, seq_len: int, masked: bool = False):
+    """The writer of ``layout`` (``masked``: with the loss flags of a cache with loss masks)."""
+    return {"arrays": ArraysWriter, "flat": FlatWriter}[layout](seq_len, masked)

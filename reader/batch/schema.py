@@ -8,11 +8,16 @@ rows and ``seq_len`` = L tokens per row holds, in this key order:
   fields;
 * ``layout="flat"`` (packed only): one ``uint32 [rows, L+1]`` array ``tokens`` in seed 001's
   flat-tokens encoding and two per-row ints (:data:`FLAT_FIELDS`, decoded by :func:`expand_flat`),
-  then the row fields;
+  then, for a cache with loss masks (or a mixture with one), ``loss_mask`` ``bool [rows, L]``, then the
+  row fields;
 * the per-row fields of :data:`ROW_FIELDS`: ``example_ids``, ``epochs``, ``valid``, ``components``.
 
 ``components`` tells which cache of a mixture (:mod:`reader.mixture.mixture`) a row comes from; a single cache
 is a mixture of one, so its rows say 0 (and padding rows -1, in both).
+
+``loss_mask`` has one definition, :func:`loss_mask`: a real target token (not padding) and, in a cache
+with loss masks (supervised records), a loss token of its document. A plain cache's documents are loss
+tokens throughout.
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ TOKEN_ARRAYS = (
     _f("targets", np.int32, 0, "the row's tokens"),
     _f("segment_ids", np.int32, 0, "1, 2, ... per document piece in the row; 0 at padding"),
     _f("positions", np.int32, 0, "position of each token in its document"),
-    _f("loss_mask", np.bool_, 0, "True on real tokens, False on padding"),
+    _f("loss_mask", np.bool_, 0, "True on real tokens that are loss tokens (every token of a plain cache), "
+                                 "False on padding"),
 )
 FLAT_ARRAYS = (
     _f("tokens", np.uint32, 1, "columns 1..L: 2 * token + 1 where a document starts, else 2 * token; "
@@ -79,24 +85,37 @@ FLAT_KEYS = FLAT_FIELDS + ROW_FIELDS  # layout="flat"
 FIELDS = {f.name: f for f in TOKEN_ARRAYS + FLAT_ARRAYS + ROW_ARRAYS}
 
 
-def fields(layout: str) -> tuple[Field, ...]:
-    """The fields of a batch in ``layout``, in key order."""
+MASK_FIELD = FIELDS["loss_mask"]  # the flat layout's per-token mask, for a cache with loss masks
+
+
+def fields(layout: str, masked: bool = False) -> tuple[Field, ...]:
+    """The fields of a batch in ``layout``, in key order; ``masked``: of a cache (or a mixture with a
+    component) with loss masks (the flat layout then has ``loss_mask`` too)."""
     if layout == "arrays":
         return TOKEN_ARRAYS + ROW_ARRAYS
     if layout == "flat":
-        return FLAT_ARRAYS + ROW_ARRAYS
+        return FLAT_ARRAYS + (MASK_FIELD,) * bool(masked) + ROW_ARRAYS
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
-def batch_spec(layout: str, seq_len: int, rows: int) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+def batch_spec(layout: str, seq_len: int, rows: int, masked: bool = False
+               ) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
     """``(key, dtype, shape)`` of every array of a batch of ``rows`` rows, in key order."""
-    return [(f.name, f.dtype, f.shape(rows, seq_len)) for f in fields(layout)]
+    return [(f.name, f.dtype, f.shape(rows, seq_len)) for f in fields(layout, masked)]
 
 
-def empty_batch(layout: str, seq_len: int, rows: int, *, zeros: bool = False) -> dict[str, np.ndarray]:
+def empty_batch(layout: str, seq_len: int, rows: int, *, zeros: bool = False, masked: bool = False
+                ) -> dict[str, np.ndarray]:
     """Uninitialized (or zeroed) arrays of a batch."""
     new = np.zeros if zeros else np.empty
-    return {f.name: new(f.shape(rows, seq_len), f.dtype) for f in fields(layout)}
+    return {f.name: new(f.shape(rows, seq_len), f.dtype) for f in fields(layout, masked)}
+
+
+def loss_mask(real, stored=None):
+    """The ``loss_mask`` rule, for numpy, jax.numpy and torch arrays alike: ``real`` (bool ``[B, L]``, a
+    real target token) and, when the batch carries one (a cache with loss masks), the ``stored``
+    per-token mask (the token is a loss token of its document)."""
+    return real if stored is None else real & stored
 
 
 def expand_flat(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -107,7 +126,9 @@ def expand_flat(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     begins); ``tokens[:, 0]`` is ``2 * previous token`` of the same document, or 0 when the window begins
     a document. ``first_positions`` is the first token's position in its document; ``num_tokens`` the
     real tokens of the row (``L`` except at the end of an eval pass and in padding rows).
-    ``reader.jax.expand_flat`` is the same function in jax.numpy.
+    ``loss_mask`` (a cache with loss masks): which tokens are loss tokens; :func:`loss_mask` combines it
+    with the real tokens. ``reader.jax.expand_flat`` and ``reader.torch.expand_flat`` are the same
+    function in jax.numpy and torch.
     """
     tok = np.asarray(batch["tokens"], dtype=np.uint32)
     L = tok.shape[1] - 1
@@ -122,8 +143,9 @@ def expand_flat(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     last = np.maximum.accumulate(np.where(start, t[None, :], -1), axis=1)
     first = np.asarray(batch["first_positions"], dtype=np.int32)[:, None]
     positions = np.where(last >= 0, t[None, :] - last, first + t[None, :]).astype(np.int32)
+    stored = np.asarray(batch["loss_mask"], dtype=bool) if "loss_mask" in batch else None
     out = {"inputs": inputs, "targets": targets, "segment_ids": segment_ids, "positions": positions,
-           "loss_mask": real}
+           "loss_mask": loss_mask(real, stored)}
     for k in ("inputs", "targets", "segment_ids", "positions"):
         out[k][~real] = 0
     for k in ROW_FIELDS:

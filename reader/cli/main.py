@@ -85,8 +85,16 @@ def cmd_inspect(args) -> int:
         return cmd_inspect_mixture(args)
     memory = _reader_memory(args) if args.read_batches else None  # first: what inspect reads adds to the RSS
     cache = Cache(args.path)
-    info, _ = summary.cache_summary(cache, args.path, max_chunks=args.max_chunks, threads=args.threads)
+    info, lengths = summary.cache_summary(cache, args.path, max_chunks=args.max_chunks, threads=args.threads)
     n = info["chunks"]
+    # what ReadOptions(drop_long=True) skips at --seq_len, in the documents of the length sample
+    info["longer_than_seq_len"] = {"seq_len": args.seq_len, "documents": int((lengths > args.seq_len).sum()),
+                                   "tokens": int(lengths[lengths > args.seq_len].sum())}
+    if cache.ledger.masked:  # the loss tokens' share, from the ledger (the sidecars while the build runs)
+        t = cache.table
+        loss = None if t.loss_tokens is None else int(t.loss_tokens.sum())
+        info["loss_tokens"] = loss
+        info["loss_token_share"] = loss / info["tokens"] if loss is not None and info["tokens"] else None
     progress = None if cache.complete else read_progress(cache)
     if progress is not None:
         info["progress"] = progress.as_dict()
@@ -112,6 +120,14 @@ def cmd_inspect(args) -> int:
     print(f"doc length  {pct}  (tokens; {info['length_sample']})")
     pct = "  ".join(f"{k}={v}" for k, v in info["tokens_per_chunk_percentiles"].items())
     print(f"chunk size  {pct}  (tokens)")
+    if "loss_tokens" in info:
+        share = info["loss_token_share"]
+        print(f"loss tokens {info['loss_tokens'] if info['loss_tokens'] is not None else 'unknown'}"
+              + (f" ({share:.1%} of tokens)" if share is not None else "")
+              + f"  (record_format {cache.ledger.config.get('record_format')}: loss_mask is True on these only)")
+    long = info["longer_than_seq_len"]
+    print(f"long docs   {long['documents']:,} longer than --seq_len {long['seq_len']} ({long['tokens']:,} tokens; "
+          f"{info['length_sample']}): what ReadOptions(drop_long=True) skips")
     if progress is not None:  # a running build: how far it is, from every chunk written (not only the prefix)
         print("progress    " + "\n            ".join(describe_progress(progress, readable=n)))
     if args.read_batches:
@@ -172,7 +188,7 @@ def cmd_batches(args) -> int:
         return 2
     opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, packed=not args.unpacked,
                        packing=args.packing, ideal_readers=args.ideal_readers, eval_mode=args.eval,
-                       shuffle_seed=args.shuffle_seed)
+                       shuffle_seed=args.shuffle_seed, drop_long=args.drop_long)
     if args.count < 0 or (args.count == 0 and not args.eval):
         print("error: --count must be positive (0 = to the end, only with --eval)", file=sys.stderr)
         return 2
@@ -194,7 +210,7 @@ def cmd_batches(args) -> int:
     arrays["rows"] = r.my_rows
     arrays["options"] = np.asarray(json.dumps({
         "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size, "packed": not args.unpacked,
-        "packing": args.packing,
+        "packing": args.packing, "drop_long": args.drop_long,
         "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
         "num_readers": args.num_readers, "reader_index": args.reader_index}, sort_keys=True))
     write_file(args.out, lambda f: np.savez_compressed(f, **arrays))  # exactly --out (numpy would add .npz)
@@ -218,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--steps", type=int, default=None,
                    help="mixture: show what N global batches draw from each component")
     q.add_argument("--seq_len", type=int, default=ReadOptions.seq_len,
-                   help=f"mixture with --steps: tokens per example (default {ReadOptions.seq_len})")
+                   help=f"mixture with --steps: tokens per example; a cache: count the documents longer than "
+                        f"this, which ReadOptions(drop_long=True) skips (default {ReadOptions.seq_len})")
     q.add_argument("--batch_size", type=int, default=ReadOptions.batch_size,
                    help=f"mixture with --steps: GLOBAL batch size, also where schedule segments start "
                         f"(default {ReadOptions.batch_size})")
@@ -258,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="packed rows: concat (documents concatenated, cut every seq_len tokens; default) or "
                         "best_fit (each chunk's documents packed by best-fit decreasing: no document of at most "
                         "seq_len tokens is cut)")
+    b.add_argument("--drop_long", action="store_true",
+                   help="with --unpacked or --packing best_fit: skip documents longer than --seq_len instead of "
+                        "cutting them")
     b.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
                    help=f"R*, number of streams (default {ReadOptions.ideal_readers}); must match the run")
     b.add_argument("--num_readers", type=int, default=1, help="R, reader hosts (must divide batch_size)")

@@ -27,7 +27,8 @@ EXIT_ERROR = 2
 DESCRIPTIONS = {  # for the subcommands whose parser gives none
     "inspect": "Print what a cache holds: documents, tokens, chunks (and how many are empty), bytes, input "
                "shards, the tokenizer, bad-record counts, and percentiles of document length (from up to "
-               "--max_chunks chunks spread over the cache) and of chunk size. On a cache whose build is still "
+               "--max_chunks chunks spread over the cache) and of chunk size; the documents longer than "
+               "--seq_len (what drop_long skips) and, for a cache with loss masks, the loss tokens' share. On a cache whose build is still "
                "running it shows the chunks written so far.",
     "validate": "Check every chunk of a cache against its ledger, read-only: the Parquet file's size and sha256 "
                 "(on a mismatch: where it was truncated, or which row group or the footer changed), its "

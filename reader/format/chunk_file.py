@@ -35,8 +35,18 @@ def parquet_writer_options(config: Mapping[str, Any]) -> dict[str, Any]:
         "store_schema": True,
         "data_page_size": 1 << 20,
     }
-    if config.get("compression_level") is not None and comp in ("zstd", "gzip", "brotli"):
-        opts["compression_level"] = int(config["compression_level"])
+    level = config.get("compression_level") if comp in ("zstd", "gzip", "brotli") else None
+    if level is not None:
+        opts["compression_level"] = int(level)
+    if fmt.is_masked(config) and comp != "none":
+        # the loss spans, uncompressed: about 1% of a chunk in pages of a few KiB, which cost a reader more
+        # to decompress than they save (docs/FORMAT.md)
+        # (a dict names every column: pyarrow leaves the unnamed ones uncompressed)
+        leaves = (TOKEN_LEAF, fmt.LENGTH_COLUMN, fmt.SHARD_COLUMN, fmt.OFFSET_COLUMN,
+                  *(f"{fmt.FIELDS_COLUMN}.{name}" for name in config.get("keep_fields") or ()))
+        opts["compression"] = {**dict.fromkeys(leaves, comp), LOSS_LEAF: "none"}
+        if level is not None:
+            opts["compression_level"] = dict.fromkeys(leaves, int(level))
     enc = config.get("token_encoding", "PLAIN")
     if enc != "PLAIN":
         # Column options must name the leaf path; the bare column name is silently ignored by pyarrow.
@@ -49,7 +59,7 @@ def parquet_writer_options(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eos_id: int | None,
-                    fields: Mapping[str, Sequence[str | None]] | None = None,
+                    *, fields: Mapping[str, Sequence[str | None]] | None = None,
                     loss_spans: Sequence[Sequence[int]] | None = None) -> pa.Table:
     """One row group: documents' token arrays (EOS appended when ``eos_id`` is not None).
 
@@ -74,7 +84,7 @@ def row_group_table(arrays: list[np.ndarray], shard: int, offsets: list[int], eo
         parts = arrays
         lengths = np.fromiter((len(a) for a in arrays), dtype=np.int32, count=n)
     values = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
-    return flat_row_group_table(values, lengths, shard, offsets, fields, loss_spans)
+    return flat_row_group_table(values, lengths, shard, offsets, fields=fields, loss_spans=loss_spans)
 
 
 def _lists(lengths, values) -> pa.ListArray:
@@ -85,7 +95,7 @@ def _lists(lengths, values) -> pa.ListArray:
 
 
 def flat_row_group_table(values: np.ndarray, lengths: np.ndarray, shard: int, offsets,
-                         fields: Mapping[str, Sequence[str | None]] | None = None,
+                         *, fields: Mapping[str, Sequence[str | None]] | None = None,
                          loss_spans: Sequence[Sequence[int]] | None = None) -> pa.Table:
     """One row group from the documents' tokens concatenated (``values``) and their ``lengths``; with
     ``loss_spans`` (one flattened span list per document, see :func:`row_group_table`), a masked one."""
@@ -116,11 +126,14 @@ class ChunkParquet:
     Call :meth:`write` once per row group (a table from :func:`row_group_table`), then :meth:`finish`.
     """
 
-    def __init__(self, config: Mapping[str, Any]):
+    def __init__(self, config: Mapping[str, Any], *, writer_options: Mapping[str, Any] | None = None):
+        """``writer_options``: ParquetWriter keyword arguments instead of the configuration's (tests that
+        make chunks with other encodings)."""
         self.sink = pa.BufferOutputStream()
         self.masked = fmt.is_masked(config)
         schema = fmt.chunk_schema(tuple(config.get("keep_fields") or ()), self.masked)
-        self.writer = pq.ParquetWriter(self.sink, schema, **parquet_writer_options(config))
+        opts = parquet_writer_options(config) if writer_options is None else dict(writer_options)
+        self.writer = pq.ParquetWriter(self.sink, schema, **opts)
         self.row_group_tokens: list[int] = []
         self.docs = 0
         self.loss_tokens = 0  # masked caches: the sidecar's loss_tokens
@@ -134,7 +147,7 @@ class ChunkParquet:
         if self.masked != (fmt.LOSS_COLUMN in table.column_names):
             raise ValueError(f"a row group {'without' if self.masked else 'with'} {fmt.LOSS_COLUMN} for a chunk of a "
                              f"{'masked' if self.masked else 'plain'} cache")
-        self.writer.write_table(table, row_group_size=len(table))
+        self.writer.write_table(table, row_group_size=max(1, len(table)))
         self.row_group_tokens.append(int(tokens))
         self.docs += len(table)
         if self.masked:

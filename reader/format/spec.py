@@ -48,11 +48,11 @@ from reader.format.checks import MAX_COUNT, MAX_INDEX, MAX_TOTAL, is_int, load_j
 
 FORMAT_NAME = "chunkledger"
 FORMAT_VERSION = 3  # the newest version this code writes
-# What a cache that uses nothing version 3 added (inputs other than JSON Lines, kept fields) is written as:
-# byte for byte what writers before version 3 wrote, so older readers and builders keep reading it.
+# What a cache that uses nothing version 3 added (inputs other than JSON Lines, kept fields, loss masks) is
+# written as: byte for byte what writers before version 3 wrote, so older readers and builders keep reading it.
 BASE_FORMAT_VERSION = 2
-# Versions this code reads; a reader needs nothing of the differences but the optional fields column
-# (docs/FORMAT.md, "Versions").
+# Versions this code reads; a reader needs nothing of the differences but the optional columns (fields,
+# loss_spans) (docs/FORMAT.md, "Versions").
 READABLE_FORMAT_VERSIONS = (1, 2, 3)
 
 LEDGER_NAME = "ledger.json"
@@ -72,6 +72,10 @@ TOKEN_COLUMN = "token_ids"  # list<int32>: the document's token ids (EOS appende
 LENGTH_COLUMN = "num_tokens"  # int32: len(token_ids); lets readers size documents without decoding tokens
 SHARD_COLUMN = "shard"  # int32: input shard index (provenance)
 OFFSET_COLUMN = "offset"  # int64: byte offset of the line's first byte in the uncompressed shard
+# Supervised caches only (``config.record_format`` other than "text"): list<int32>, the document's loss
+# tokens as sorted, disjoint, non-empty half-open ranges flattened, ``[s0, e0, s1, e1, ...]``. The fifth
+# column (index 4), before ``fields``.
+LOSS_COLUMN = "loss_spans"
 
 CHUNK_SCHEMA = pa.schema(
     [
@@ -82,10 +86,6 @@ CHUNK_SCHEMA = pa.schema(
     ]
 )
 
-# Supervised caches only (``config.record_format`` other than "text"): list<int32>, the document's loss
-# tokens as sorted, disjoint, non-empty half-open ranges flattened, ``[s0, e0, s1, e1, ...]``. The fifth
-# column (index 4), before ``fields``.
-LOSS_COLUMN = "loss_spans"
 MASKED_CHUNK_SCHEMA = CHUNK_SCHEMA.append(
     pa.field(LOSS_COLUMN, pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False))
 # ``config.record_format`` of a cache without loss masks (absent means the same)
@@ -288,6 +288,7 @@ class ChunkTable:
     tokens: np.ndarray  # int64
     nbytes: np.ndarray  # int64, file size
     sidecar_checksums: list | None = None  # finished ledger: sha256 of each sidecar file (None entries: unknown)
+    loss_tokens: np.ndarray | None = None  # int64, a cache with loss masks: each chunk's loss tokens
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -313,6 +314,8 @@ class ChunkTable:
             checksums = [e["checksum"] for e in entries]
             ints = {key: np.fromiter((e[key] for e in entries), dtype=np.int64, count=n)
                     for key in ("shard", "index_in_shard", "docs", "tokens", "bytes")}
+            loss = (np.fromiter((e["loss_tokens"] for e in entries), dtype=np.int64, count=n)
+                    if n and all("loss_tokens" in e for e in entries) else None)
         except (KeyError, TypeError, ValueError, OverflowError) as e:
             i, what = checks.first_malformed(entries)
             raise ValueError(f"chunk entry {i}: {what or repr(e)}") from None
@@ -329,6 +332,7 @@ class ChunkTable:
             tokens=ints["tokens"],
             nbytes=ints["bytes"],
             sidecar_checksums=[e.get("sidecar_checksum") for e in entries],
+            loss_tokens=loss,
         )
 
 
@@ -378,6 +382,11 @@ class Ledger:
     @property
     def totals(self) -> Mapping[str, Any]:
         return self.raw.get("totals", {})
+
+    @property
+    def masked(self) -> bool:
+        """True for a cache whose chunks carry loss masks (``loss_spans``)."""
+        return is_masked(self.config)
 
     @staticmethod
     def parse(text: str | bytes, *, where: str = LEDGER_NAME) -> "Ledger":

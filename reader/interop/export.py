@@ -43,11 +43,18 @@ class ExportError(fmt.FormatError):
 
 
 def open_finished(url: str) -> Cache:
-    """The cache at ``url``; raises :class:`ExportError` unless its build has finished."""
+    """The cache at ``url``; raises :class:`ExportError` unless its build has finished, or if it has loss
+    masks (neither output format has a standard place for them: the export would drop them)."""
     cache = Cache(url)
     if not cache.complete:
         raise ExportError(f"{cache.display(fmt.LEDGER_NAME)}: the build has not finished (finished: false). "
                           "Export needs a finished cache: wait for the build, or rerun the build command.")
+    if cache.ledger.masked:
+        raise ExportError(f"{cache.display(fmt.LEDGER_NAME)}: a cache with loss masks (config.record_format = "
+                          f"{cache.ledger.config.get('record_format')!r}); neither Megatron's .bin/.idx nor "
+                          "flat-tokens has a standard place for a loss mask, so an export would train on every "
+                          "token. Read it with the reader (reader.Reader, JaxLoader, TokenBatches), which carries "
+                          "the mask as loss_mask.")
     return cache
 
 

@@ -96,6 +96,10 @@ class MixtureStore:
         s, q = self._where(chunk)
         return s.tokens(q, lo, hi)
 
+    def loss_flags(self, chunk: int, lo: int, hi: int):
+        s, q = self._where(chunk)
+        return s.loss_flags(q, lo, hi)
+
     def release(self, chunk: int, group: int) -> None:
         s, q = self._where(chunk)
         s.release(q, group)

@@ -210,6 +210,11 @@ class MixtureOrder:
         """False past the end of an eval pass (raises NotYetAvailable while a build has not decided)."""
         return self.index is not None or int(self.assign([ex])[0][0]) >= 0
 
+    def dropped_long(self) -> tuple[int, int]:
+        """``drop_long``: ``(documents, tokens)`` skipped in every component's chunks known now."""
+        got = [order.dropped_long() for order in self.components]
+        return sum(d for d, _ in got), sum(t for _, t in got)
+
     def sources(self, exs: list[np.ndarray]) -> list[np.ndarray]:
         return exs  # (the components shuffle inside locate)
 

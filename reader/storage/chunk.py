@@ -75,12 +75,14 @@ class RowGroup:
     ``padded[t]`` is the token before token ``t`` (the previous-token input of flat-tokens packing) with no
     special case at the row group start. Positions within documents are not stored (4 bytes per token
     decoded, not 8): readers derive them from ``doc_starts`` for the windows they serve
-    (:meth:`positions_range`).
+    (:meth:`positions_range`). A masked cache's row group also has ``loss``, laid out like ``padded``
+    (``loss[1 + t]``: token ``t`` is a loss token; 1 byte per token).
     """
 
     padded: np.ndarray  # int32 [n+1]
     doc_starts: np.ndarray  # int64 [docs+1], token offsets relative to the row group start
-    buf: np.ndarray | None = None  # the store's reusable buffer that ``padded`` is a view of, if any
+    buf: np.ndarray | None = None  # the store's reusable buffer that ``padded`` (and ``loss``) is a view of, if any
+    loss: np.ndarray | None = None  # bool [n+1], loss[0] == False; None: a cache without loss masks
 
     @property
     def tokens(self) -> np.ndarray:
@@ -102,7 +104,9 @@ class RowGroup:
 
     @property
     def nbytes(self) -> int:
-        return (self.buf if self.buf is not None else self.padded).nbytes + self.doc_starts.nbytes
+        alone = self.loss is not None and (self.buf is None or self.loss.base is not self.buf)
+        return ((self.buf if self.buf is not None else self.padded).nbytes + self.doc_starts.nbytes
+                + (self.loss.nbytes if alone else 0))
 
 
 def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Callable[..., None]):

@@ -5,6 +5,10 @@ How many such examples a chunk yields depends on ``seq_len``, and the ledger onl
 document counts; so the first reader of a kind and ``seq_len`` reads the ``num_tokens`` column of every
 chunk and stores one integer per chunk in ``ROOT/index/{kind}-L{seq_len}.json`` (with a fingerprint of
 the chunk checksums) for later readers. Concatenated packed reading needs none of this.
+
+``drop_long`` (``ReadOptions.drop_long``): documents longer than ``seq_len`` count as empty, so they
+yield no example; those counts live in ``ROOT/index/{kind}-L{seq_len}-drop_long.json``, with the number
+of documents and tokens dropped per chunk.
 """
 
 from __future__ import annotations
@@ -61,24 +65,37 @@ class ExampleIndex:
       seq_len: L.
       kind: ``"unpacked"`` or ``"best_fit"``.
       index_cache: load and store the counts in ``ROOT/index/`` (when the cache is finished and writable).
+      drop_long: documents longer than ``seq_len`` yield no example (see the module docstring).
     """
 
-    def __init__(self, cache: Cache, seq_len: int, kind: str = "unpacked", *, index_cache: bool = True):
+    def __init__(self, cache: Cache, seq_len: int, kind: str = "unpacked", *, index_cache: bool = True,
+                 drop_long: bool = False):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.cache = cache
         self.seq_len = int(seq_len)
         self.kind = kind
         self.index_cache = index_cache
+        self.drop_long = bool(drop_long)
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}  # chunk checksum -> examples
+        self._dropped: dict[str, tuple[int, int]] = {}  # chunk checksum -> (documents, tokens) dropped
         self._cum: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._rows: collections.OrderedDict[int, ChunkRows] = collections.OrderedDict()
         self._rows_bytes = 0
 
     @property
     def index_file(self) -> str:
-        return f"{INDEX_DIR}/{self.kind}-L{self.seq_len}.json"
+        return f"{INDEX_DIR}/{self.kind}-L{self.seq_len}{'-drop_long' * self.drop_long}.json"
+
+    def lengths(self, doc_lengths: np.ndarray) -> np.ndarray:
+        """Document lengths as this read sees them: with ``drop_long``, a long document as empty."""
+        return np.where(doc_lengths > self.seq_len, 0, doc_lengths) if self.drop_long else doc_lengths
+
+    def dropped(self, table: fmt.ChunkTable) -> tuple[int, int]:
+        """``(documents, tokens)`` that ``drop_long`` skips in the chunks of ``table`` (after :meth:`counts`)."""
+        got = [self._dropped.get(h, (0, 0)) for h in table.checksums]
+        return sum(d for d, _ in got), sum(t for _, t in got)
 
     def counts(self, table: fmt.ChunkTable) -> np.ndarray:
         """Examples of every chunk of ``table`` (one int per chunk; see the module docstring)."""
@@ -91,7 +108,10 @@ class ExampleIndex:
                 if (got.get("fingerprint") == fingerprint and got.get("seq_len") == self.seq_len
                         and len(got.get("counts", ())) == len(table)):
                     counts = np.asarray(got["counts"], dtype=np.int64)
+                    dropped = got["dropped"] if self.drop_long else None
                     if not ((counts < 0) | (counts > table.tokens)).any():  # (else not ours: count again)
+                        if dropped is not None:
+                            self._dropped.update(zip(table.checksums, map(tuple, dropped)))
                         return counts
             except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError):
                 pass  # missing or not ours: count again
@@ -102,8 +122,11 @@ class ExampleIndex:
                     self._counts[table.checksums[c]] = n
         counts = np.asarray([self._counts[h] for h in table.checksums], dtype=np.int64)
         if cache.complete and self.index_cache and todo:
-            body = fmt.dumps({"format": f"chunkledger-{self.kind}-index", "seq_len": self.seq_len,
-                              "fingerprint": fingerprint, "counts": counts.tolist()}).encode()
+            entry = {"format": f"chunkledger-{self.kind}-index", "seq_len": self.seq_len,
+                     "fingerprint": fingerprint, "counts": counts.tolist()}
+            if self.drop_long:  # per chunk: [documents, tokens] dropped
+                entry["dropped"] = [list(self._dropped.get(h, (0, 0))) for h in table.checksums]
+            body = fmt.dumps(entry).encode()
             try:
                 atomic.write(cache.fs, cache.path(rel), body)  # a concurrent reader sees the old or the new file
             except Exception:  # read-only cache: keep the table in memory only
@@ -134,6 +157,10 @@ class ExampleIndex:
         if lengths.size != int(table.docs[c]) or int(lengths.sum()) != int(table.tokens[c]):
             raise ChunkError(f"{cache.display(rel)}: {lengths.size} documents / {int(lengths.sum())} "
                              f"tokens, the ledger says {int(table.docs[c])} / {int(table.tokens[c])}")
+        if self.drop_long:
+            long = lengths > self.seq_len
+            self._dropped[table.checksums[c]] = (int(long.sum()), int(lengths[long].sum()))
+            lengths = self.lengths(lengths)
         if self.kind == "best_fit":
             return count_best_fit_rows(lengths, self.seq_len)
         return unpacked_examples_per_chunk(lengths, self.seq_len)
@@ -145,7 +172,7 @@ class ExampleIndex:
             if got is not None:
                 self._cum.move_to_end(c)
                 return got
-        cum = np.concatenate([[0], np.cumsum(pieces_per_doc(docs.doc_lengths, self.seq_len))])
+        cum = np.concatenate([[0], np.cumsum(pieces_per_doc(self.lengths(docs.doc_lengths), self.seq_len))])
         with self._lock:
             self._cum[c] = cum
             while len(self._cum) > _CUM_CACHE:
@@ -168,7 +195,7 @@ class ExampleIndex:
             if got is not None:
                 self._rows.move_to_end(c)
                 return got
-        got = ChunkRows(docs.doc_lengths, docs.doc_starts, self.seq_len)
+        got = ChunkRows(self.lengths(docs.doc_lengths), docs.doc_starts, self.seq_len)
         with self._lock:
             if c not in self._rows:
                 self._rows[c] = got

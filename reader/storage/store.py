@@ -4,7 +4,7 @@ A chunk is opened (:func:`reader.storage.chunk.open_chunk`) from its sidecar and
 is then one range read of its bytes, whose sha256 is compared with the sidecar BEFORE anything is
 decoded (:mod:`reader.storage.pages`): a truncated or corrupted chunk raises :class:`reader.ChunkError`
 naming the file and the row group, and no wrong token is ever returned. Decoded row groups are flat
-``int32`` token arrays plus document starts (4 bytes per token); they, and the small per-chunk
+``int32`` token arrays plus document starts (4 bytes per token; 5 with a masked cache's loss flags); they, and the small per-chunk
 metadata, count against ``memory_budget_bytes`` (fetched bytes are not kept). Concurrent requests
 for the same item (the prefetch threads and the caller) share one load.
 """
@@ -26,7 +26,7 @@ import numpy as np
 from reader.format import spec as fmt
 from reader.storage.cache import Cache
 from reader.storage.chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
-from reader.storage.pages import decode_row_group
+from reader.storage.pages import decode_loss_spans, decode_row_group, loss_flags
 from reader.storage.validate import arrow_message, chunk_error
 
 
@@ -74,6 +74,7 @@ class ChunkStore:
         self.bytes_fetched = 0  # every byte fetched: sidecars, footers, row groups
         self.decodes = 0  # row groups decoded
         self.fast_decode = True  # PLAIN pages: decompress and take the values (reader.storage.pages)
+        self.masked = cache.ledger.masked  # row groups carry loss flags (their loss_spans column)
         # Decoded row groups that left the cache (evicted, or released by a read that has passed them,
         # see reader.batch.release): their buffers are reused for new decodes once nothing refers to them any
         # more, so a long read writes into memory that is already mapped instead of faulting in fresh
@@ -203,9 +204,12 @@ class ChunkStore:
                 for key in list(itertools.islice(bucket, _RETIRED_SCAN)):  # oldest first
                     rg = bucket[key]
                     buf = rg.buf
-                    # refs: rg -> the bucket, `rg`, getrefcount's argument; padded -> rg and the argument;
-                    # buf -> rg, padded's base, `buf`, the argument. Anything more is a live user.
-                    if sys.getrefcount(rg) == 3 and sys.getrefcount(rg.padded) == 2 and sys.getrefcount(buf) == 4:
+                    # refs: rg -> the bucket, `rg`, getrefcount's argument; padded (and loss, when the buffer
+                    # holds the loss flags too) -> rg and the argument; buf -> rg, padded's base, `buf`, the
+                    # argument (and loss's base). Anything more is a live user.
+                    flags = rg.loss is not None and rg.loss.base is buf
+                    if (sys.getrefcount(rg) == 3 and sys.getrefcount(rg.padded) == 2
+                            and sys.getrefcount(buf) == 4 + flags and (not flags or sys.getrefcount(rg.loss) == 2)):
                         del bucket[key]
                         if not bucket:
                             del self._retired[want]
@@ -342,10 +346,13 @@ class ChunkStore:
         base = int(m.rg_ranges[group, 0])
         docs = int(m.rg_doc_starts[group + 1] - m.rg_doc_starts[group])
         expect = int(m.rg_token_starts[group + 1] - m.rg_token_starts[group])
+        # a masked cache's loss flags (a byte per token) go in the same reused buffer, after the tokens:
+        # fresh memory for them would cost a page fault per 4 KiB, about half of what decoding them costs
+        extra = -(-(expect + 1) // 4) if self.masked else 0
         try:
             padded, lengths, out = decode_row_group(
                 buf, base=base, group=group, file_meta=m.file_meta, file_size=m.nbytes_file, footer=m.footer,
-                docs=docs, tokens=expect, buffer=self._buffer, fast=self.fast_decode)
+                docs=docs, tokens=expect, buffer=lambda n: self._buffer(n + extra), fast=self.fast_decode)
         except Exception as e:
             raise chunk_error(self.cache, m.path, f"row group {group} cannot be decoded ({arrow_message(e)})") from e
         if padded.size - 1 != expect or lengths.size != docs or int(lengths.sum(dtype=np.int64)) != expect:
@@ -353,14 +360,43 @@ class ChunkStore:
                               f"documents, the sidecar says {expect} in {docs}")
         starts = np.zeros(docs + 1, np.int64)
         np.cumsum(lengths, out=starts[1:])
+        loss = None
+        if self.masked:  # (the row group's sha256 covers every column: this one was verified with the tokens)
+            try:
+                values, counts = decode_loss_spans(buf, base=base, group=group, file_meta=m.file_meta,
+                                                   file_size=m.nbytes_file, footer=m.footer, docs=docs,
+                                                   fast=self.fast_decode)
+                loss = loss_flags(values, counts, lengths)
+                if out is not None:
+                    into = out.view(np.bool_)[4 * (expect + 1):4 * (expect + 1) + expect + 1]
+                    into[:] = loss
+                    loss = into
+            except Exception as e:
+                raise chunk_error(self.cache, m.path, f"row group {group}: its loss spans cannot be read "
+                                  f"({arrow_message(e)})") from e
         with self._lock:
             self.decodes += 1
-        rg = RowGroup(padded, starts, out)
+        rg = RowGroup(padded, starts, out, loss)
         return rg, rg.nbytes
 
     def submit(self, fn: Callable[..., Any], *args) -> cf.Future:
         """Run ``fn(*args)`` on the store's background threads (``prefetch_threads``; prefetch work)."""
         return self._pool.submit(fn, *args)
+
+    def loss_flags(self, index: int, lo: int, hi: int) -> np.ndarray | None:
+        """Loss flags of tokens ``[lo, hi)`` of chunk ``index`` (None: a cache without loss masks)."""
+        if not self.masked:
+            return None
+        m = self.meta(index)
+        g0 = int(np.searchsorted(m.rg_token_starts, lo, side="right")) - 1
+        parts = []
+        for g in range(g0, m.num_row_groups):
+            base = int(m.rg_token_starts[g])
+            if base >= hi:
+                break
+            a, b = max(lo, base) - base, min(hi, int(m.rg_token_starts[g + 1])) - base
+            parts.append(self.row_group(index, g).loss[1 + a:1 + b])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts + [np.zeros(0, bool)])
 
     # -- token ranges -------------------------------------------------------------------------------------
     def tokens(self, index: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from reader.format import spec as fmt
 from reader.storage import remote
 from reader.storage.cache import Cache
-from reader.storage.pages import int_values
+from reader.storage.pages import int_values, loss_flags
 
 # ledger chunk-entry keys that the sidecar does not carry
 _LEDGER_ONLY_KEYS = ("doc_offset", "token_offset", "sidecar_checksum")
@@ -187,7 +187,14 @@ def validate_ledger(cache: Cache) -> list[str]:
     where = cache.display(fmt.LEDGER_NAME)
     problems = []
     totals = cache.ledger.totals
-    for key, want in (("docs", int(t.docs.sum())), ("tokens", int(t.tokens.sum())), ("chunks", len(t))):
+    sums = [("docs", int(t.docs.sum())), ("tokens", int(t.tokens.sum())), ("chunks", len(t))]
+    if cache.ledger.masked:
+        if t.loss_tokens is None:
+            problems.append(f"{where}: a cache with loss masks whose chunk entries do not all have loss_tokens (the "
+                            "ledger was changed after the build)")
+        else:
+            sums.append(("loss_tokens", int(t.loss_tokens.sum())))
+    for key, want in sums:
         if key in totals and int(totals[key]) != want:
             problems.append(f"{where}: totals.{key} = {totals[key]}, the chunk entries sum to {want} (the ledger "
                             "was changed after the build)")
@@ -344,7 +351,7 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
             side_trusted = True
     record = None
     if ledger_blamed and side is not None:  # judge the file by its sidecar instead of the changed entry
-        record = {k: side[k] for k in ("bytes", "checksum", "docs", "tokens") if k in side}
+        record = {k: side[k] for k in ("bytes", "checksum", "docs", "tokens", "loss_tokens") if k in side}
         want_bytes, want_sum = int(record.get("bytes", want_bytes)), record.get("checksum", want_sum)
     if data is None:
         problems.append(f"{shown(rel)}: missing (the ledger lists it)")
@@ -359,6 +366,28 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
     return problems
 
 
+def _check_loss_column(cache: Cache, rel: str, pf: pq.ParquetFile) -> bool:
+    """Whether the chunk has the ``loss_spans`` column, as its cache's ledger says it must (or must not)."""
+    has = fmt.LOSS_COLUMN in pf.schema_arrow.names
+    if has != cache.ledger.masked:
+        fmt_name = cache.ledger.config.get("record_format", fmt.PLAIN_RECORD_FORMAT)
+        raise chunk_error(cache, rel, f"{'a' if has else 'no'} {fmt.LOSS_COLUMN} column, but the ledger's "
+                          f"config.record_format is {fmt_name!r}")
+    return has
+
+
+def _loss_tokens(cache: Cache, rel: str, g: int, col, lengths: np.ndarray) -> int:
+    """Loss tokens of row group ``g`` (its ``loss_spans`` column ``col``), its spans checked (sorted, disjoint,
+    non-empty, within their documents)."""
+    try:
+        if col.null_count:
+            raise ValueError(f"null {fmt.LOSS_COLUMN} lists")
+        flags = loss_flags(int_values(col.flatten()), np.diff(int_values(col.offsets)), lengths, strict=True)
+    except ValueError as e:
+        raise chunk_error(cache, rel, f"row group {g}: {e}") from None
+    return int(flags.sum())
+
+
 def _check_layout(cache: Cache, index: int, data: bytes, decode: bool, side: dict | None,
                   record: dict | None) -> list[str]:
     """Problems of a file whose bytes match the record: its Parquet layout, counts, decoded row groups."""
@@ -370,9 +399,11 @@ def _check_layout(cache: Cache, index: int, data: bytes, decode: bool, side: dic
         if decode:
             vocab = cache.ledger.tokenizer.get("vocab_size")
             pf = pq.ParquetFile(pa.BufferReader(m.data))
+            masked = _check_loss_column(cache, rel, pf)
+            loss = 0
             for g in range(pf.metadata.num_row_groups):
-                col = pf.read_row_group(g, columns=[fmt.TOKEN_COLUMN]).column(0)
-                ids = int_values(col.combine_chunks().flatten())
+                tab = pf.read_row_group(g, columns=[fmt.TOKEN_COLUMN] + [fmt.LOSS_COLUMN] * masked)
+                ids = int_values(tab.column(0).combine_chunks().flatten())
                 want = int(m.rg_token_starts[g + 1] - m.rg_token_starts[g])
                 if ids.size != want:
                     raise chunk_error(cache, rel, f"row group {g} decodes to {ids.size} tokens, metadata says {want}")
@@ -382,6 +413,16 @@ def _check_layout(cache: Cache, index: int, data: bytes, decode: bool, side: dic
                             f"{vocab}) of the ledger's tokenizer ({cache.ledger.tokenizer.get('spec')}): the ledger's "
                             "tokenizer was changed after the build (restore it), or the chunk was written with another "
                             "tokenizer (rebuild)"]
+                if masked:
+                    loss += _loss_tokens(cache, rel, g, tab.column(1).combine_chunks(),
+                                         m.doc_lengths[m.rg_doc_starts[g]:m.rg_doc_starts[g + 1]])
+            if masked:
+                t = cache.table
+                want = (record or {}).get("loss_tokens", None if t.loss_tokens is None else int(t.loss_tokens[index]))
+                if want != loss:
+                    raise chunk_error(cache, rel, f"its loss spans cover {loss} tokens, the "
+                                      f"{'sidecar' if record or not cache.complete else 'ledger'} says loss_tokens "
+                                      f"{want}")
     except fmt.FormatError as e:
         return [str(e).split(". The file does not match")[0]]
     except Exception as e:  # noqa: BLE001 - report, never crash the validator

@@ -172,10 +172,11 @@ class WorkerPool:
         self.start = int(start)
         self.stop = None if count is None else self.start + int(count)
         self.rows = len(rows)  # per batch
-        batch_bytes = _slot_layout(batch_spec(opts.layout, opts.seq_len, self.rows))[1]
+        masked = bool(getattr(reader, "masked", False))  # a flat batch's loss_mask (reader.batch.schema)
+        batch_bytes = _slot_layout(batch_spec(opts.layout, opts.seq_len, self.rows, masked))[1]
         # batches per slot: a worker's pass, at most _SLOT_BYTES a slot (Docker's /dev/shm is 64 MB)
         self.slab = max(1, min(SLAB_BATCHES, _SLOT_BYTES // batch_bytes))
-        self.spec = batch_spec(opts.layout, opts.seq_len, self.slab * self.rows)
+        self.spec = batch_spec(opts.layout, opts.seq_len, self.slab * self.rows, masked)
         self.num_workers = W
         self.depth = max(2, -(-max(1, opts.prefetch_batches) // self.slab)) + 1  # slots
         self._tag = f"chunkledger-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -28,6 +28,17 @@ class Tmp:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def masked_cache(root, chunks, mask_seed, **kw):
+    """Write ``chunks`` at ``root``: a plain cache (``mask_seed`` None) or one with random loss masks;
+    returns the masks (None: plain)."""
+    masks = None if mask_seed is None else cachegen.random_masks(np.random.default_rng(mask_seed), chunks)
+    cachegen.write_synthetic_cache(root, chunks, spans=None if masks is None else cachegen.spans_of(masks), **kw)
+    return masks
+
+
+MASK_SEEDS = st.one_of(st.none(), st.integers(0, 1 << 16))
+
+
 def assert_rows_equal(got, ref_examples, rows):
     for key in KEYS:
         want = np.stack([e[key] for e in ref_examples])
@@ -36,16 +47,16 @@ def assert_rows_equal(got, ref_examples, rows):
 
 @settings(**SETTINGS)
 @given(caches(), st.sampled_from(KINDS), st.integers(1, 12), st.integers(1, 6), st.integers(1, 16),
-       st.integers(1, 3), st.data())
-def test_batches_match_reference_and_are_R_invariant(cache, kind, L, r_star, R, per_reader, data):
+       st.integers(1, 3), MASK_SEEDS, st.data())
+def test_batches_match_reference_and_are_R_invariant(cache, kind, L, r_star, R, per_reader, mask_seed, data):
     chunks, cps = cache
     ko = kind_options(kind)
     assume(not has_empty_stream(chunks, r_star, ko["packed"], L, ko["packing"]))
     B = R * per_reader
     with Tmp() as root:
-        cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=7)
+        masks = masked_cache(root, chunks, mask_seed, chunks_per_shard=cps, row_group_tokens=7)
         opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, prefetch_batches=2, **ko)
-        ref = cachegen.Reference(chunks, L, r_star, **ko)
+        ref = cachegen.Reference(chunks, L, r_star, masks=masks, **ko)
         full = Reader(root, opts)
         readers = [Reader(root, opts, num_readers=R, reader_index=r) for r in range(R)]
         for b in [0, 1, data.draw(st.integers(2, 40))]:
@@ -70,23 +81,26 @@ def test_batches_match_reference_and_are_R_invariant(cache, kind, L, r_star, R, 
 
 @settings(**SETTINGS)
 @given(caches(), st.sampled_from(KINDS), st.integers(1, 9), st.integers(1, 5), st.integers(1, 4),
-       st.integers(0, 12), st.booleans())
-def test_seek_equals_iterate(cache, kind, L, r_star, R, start, shuffled):
+       st.integers(0, 12), st.booleans(), MASK_SEEDS, st.sampled_from(["arrays", "flat"]))
+def test_seek_equals_iterate(cache, kind, L, r_star, R, start, shuffled, mask_seed, layout):
     chunks, cps = cache
     ko = kind_options(kind)
     assume(not has_empty_stream(chunks, r_star, ko["packed"], L, ko["packing"]))
     B = 2 * R
     cfg = shuffle.ShuffleConfig(seed=7, first_window=3, max_window=20, block_size=2, mix_size=4,
                                 lanes=r_star) if shuffled else None
+    layout = layout if ko["packed"] else "arrays"
     with Tmp() as root:
-        cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=5)
-        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, shuffle=cfg, prefetch_batches=3, **ko)
+        masked_cache(root, chunks, mask_seed, chunks_per_shard=cps, row_group_tokens=5)
+        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, shuffle=cfg, prefetch_batches=3,
+                           layout=layout, **ko)
         with Reader(root, opts, num_readers=R, reader_index=R - 1) as a, \
                 Reader(root, opts, num_readers=R, reader_index=R - 1) as c:
             from_zero = [x for _, x in a.iter_batches(0, start + 3)][start:]
             seek = list(c.iter_batches(start=start, count=3))
             assert [b for b, _ in seek] == [start, start + 1, start + 2]
             for (b, x), y in zip(seek, from_zero):
+                assert ("loss_mask" in x) == (layout == "arrays" or mask_seed is not None)
                 direct = c.batch(b)
                 for k in x:
                     assert np.array_equal(x[k], y[k]) and np.array_equal(x[k], direct[k]), k

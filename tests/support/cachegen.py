@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reader.format import chunk_file
 from reader.format import spec as fmt
 from reader.order import streams
 
@@ -65,45 +66,49 @@ def row_groups(lengths: Sequence[int], row_group_tokens: int) -> list[tuple[int,
     return groups
 
 
-# Like the pipeline's writer (PLAIN int32 tokens, zstd, no statistics); tests may pass other options.
-WRITER_OPTIONS = {"compression": "zstd", "use_dictionary": [fmt.SHARD_COLUMN], "write_statistics": False,
-                  "data_page_size": 1 << 20}
+# Chunks are written with the builder's Parquet options (reader.format.chunk_file); tests may pass others.
+MASKED_RECORD_FORMAT = "chat"  # config.record_format of a cache written with loss spans
+
+
+def _config(chunk_bytes: int, row_group_tokens: int, masked: bool) -> dict[str, Any]:
+    config = {"text_key": "text", "append_eos": True, "chunk_bytes": chunk_bytes,
+              "row_group_tokens": row_group_tokens, "compression": "zstd", "compression_level": 3}
+    if masked:
+        config["record_format"] = MASKED_RECORD_FORMAT
+    return config
 
 
 def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offset: int = 0,
-                   row_group_tokens: int = 64, writer_options: Mapping[str, Any] | None = None
-                   ) -> tuple[bytes, list[int]]:
-    """The Parquet bytes of one chunk, and its token count per row group."""
+                   row_group_tokens: int = 64, writer_options: Mapping[str, Any] | None = None,
+                   spans: Sequence[Sequence[int]] | None = None) -> tuple[bytes, list[int], int | None]:
+    """The Parquet bytes of one chunk (written by ``reader.format.chunk_file``, the builder's writer), its
+    token count per row group and, with ``spans`` (one flattened loss-span list per document: a masked
+    cache), its loss tokens."""
     lengths = [len(d) for d in docs]
     groups = row_groups(lengths, row_group_tokens)
-    rg_tokens = [int(sum(lengths[lo:hi])) for lo, hi in groups]
-    schema = fmt.CHUNK_SCHEMA.with_metadata({fmt.ROW_GROUP_TOKENS_KEY: json.dumps(rg_tokens).encode()})
-    sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(sink, schema, **dict(writer_options or WRITER_OPTIONS)) as w:
-        for lo, hi in groups:
-            part = docs[lo:hi]
-            table = pa.table(
-                {
-                    fmt.TOKEN_COLUMN: pa.array([np.asarray(d, dtype=np.int32) for d in part],
-                                               type=fmt.CHUNK_SCHEMA.field(fmt.TOKEN_COLUMN).type),
-                    fmt.LENGTH_COLUMN: pa.array(lengths[lo:hi], type=pa.int32()),
-                    fmt.SHARD_COLUMN: pa.array([shard] * (hi - lo), type=pa.int32()),
-                    fmt.OFFSET_COLUMN: pa.array([first_offset + k for k in range(lo, hi)], type=pa.int64()),
-                },
-                schema=schema,
-            )
-            w.write_table(table, row_group_size=max(1, hi - lo))
-    return sink.getvalue().to_pybytes(), rg_tokens
+    config = _config(1000, row_group_tokens, spans is not None)
+    out = chunk_file.ChunkParquet(config, writer_options=writer_options)  # (None: the builder's options)
+    for lo, hi in groups:
+        part = [np.asarray(d, dtype=np.int32) for d in docs[lo:hi]]
+        values = np.concatenate(part) if part else np.zeros(0, np.int32)
+        table = chunk_file.flat_row_group_table(values, np.asarray(lengths[lo:hi], np.int32), shard,
+                                                [first_offset + k for k in range(lo, hi)],
+                                                loss_spans=None if spans is None else spans[lo:hi])
+        out.write(table, int(values.size))
+    data, _, _ = out.finish()
+    return data, out.row_group_tokens, out.loss_tokens if spans is not None else None
 
 
 def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Sequence[int]], *,
                 chunk_bytes: int = 1000, row_group_tokens: int = 64, sidecar: bool = True,
-                writer_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Write one chunk's parquet (then its sidecar) atomically; return the sidecar dict."""
+                writer_options: Mapping[str, Any] | None = None,
+                spans: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+    """Write one chunk's parquet (then its sidecar) atomically; return the sidecar dict. ``spans``: each
+    document's loss spans (a masked cache's chunk)."""
     fs, base = _fs(root)
     lo = index_in_shard * chunk_bytes
-    data, _ = chunk_bytes_of(docs, shard=shard, first_offset=lo, row_group_tokens=row_group_tokens,
-                             writer_options=writer_options)
+    data, _, loss = chunk_bytes_of(docs, shard=shard, first_offset=lo, row_group_tokens=row_group_tokens,
+                                   writer_options=writer_options, spans=spans)
     rel = fmt.chunk_path(shard, index_in_shard)
     _atomic_write(fs, base + "/" + rel, data)
     entry = {
@@ -117,6 +122,8 @@ def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Seque
         "checksum": fmt.checksum(data),
         "bad_records": 0,
     }
+    if loss is not None:
+        entry["loss_tokens"] = loss
     entry["row_group_index"], entry["footer"] = fmt.row_group_index(data)
     if sidecar:
         _atomic_write(fs, base + "/" + fmt.sidecar_path(shard, index_in_shard), fmt.sidecar_bytes(entry))
@@ -124,7 +131,7 @@ def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Seque
 
 
 def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_tokens: int,
-            tokenizer: Mapping[str, Any]) -> dict[str, Any]:
+            tokenizer: Mapping[str, Any], masked: bool = False) -> dict[str, Any]:
     chunks = []
     doc_off = tok_off = 0
     for e in entries if finished else []:
@@ -133,11 +140,10 @@ def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_toke
         tok_off += e["tokens"]
     ledger = {
         "format": fmt.FORMAT_NAME,
-        "format_version": fmt.FORMAT_VERSION,
+        "format_version": fmt.FORMAT_VERSION if masked else fmt.BASE_FORMAT_VERSION,
         "finished": finished,
         "tokenizer": dict(tokenizer),
-        "config": {"text_key": "text", "append_eos": True, "chunk_bytes": chunk_bytes,
-                   "row_group_tokens": row_group_tokens, "compression": "zstd", "compression_level": 3},
+        "config": _config(chunk_bytes, row_group_tokens, masked),
         "inputs": inputs,
         "chunks": chunks,
     }
@@ -145,6 +151,8 @@ def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_toke
         ledger["totals"] = {"docs": doc_off, "tokens": tok_off, "chunks": len(chunks),
                             "bytes": int(sum(e["bytes"] for e in entries)),
                             "input_bytes": int(sum(i["size"] for i in inputs)), "bad_records": 0}
+        if masked:
+            ledger["totals"]["loss_tokens"] = int(sum(e["loss_tokens"] for e in entries))
         ledger["bad_records"] = {}
     return ledger
 
@@ -156,7 +164,8 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
                           done_shards: Iterable[int] | None = None,
                           chunk_bytes: int = 1000, row_group_tokens: int = 64,
                           tokenizer: Mapping[str, Any] = DEFAULT_TOKENIZER,
-                          writer_options: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+                          writer_options: Mapping[str, Any] | None = None,
+                          spans: Sequence[Sequence[Sequence[int]]] | None = None) -> list[dict[str, Any]]:
     """Write a valid cache at ``root``; return the chunk entries in global order.
 
     Args:
@@ -169,7 +178,9 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
       done_shards: compressed shards whose ``_DONE.json`` exists (default: all of them if finished,
         none otherwise).
       chunk_bytes, row_group_tokens: recorded in the ledger config; row groups follow row_group_tokens.
-      writer_options: ``pq.ParquetWriter`` keyword arguments (default ``WRITER_OPTIONS``).
+      writer_options: ``pq.ParquetWriter`` keyword arguments (default: the builder's).
+      spans: a masked (supervised) cache: per chunk, per document, its flattened loss spans
+        ``[s0, e0, s1, e1, ...]`` (:func:`spans_of_mask` makes them from a per-token mask).
     """
     cps = list(chunks_per_shard) if chunks_per_shard is not None else [len(chunks)]
     if sum(cps) != len(chunks):
@@ -184,7 +195,8 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
         shard, k = int(rr[i][0]), int(rr[i][1])
         if i in todo:
             entries.append(write_chunk(root, shard, k, docs, chunk_bytes=chunk_bytes,
-                                       row_group_tokens=row_group_tokens, writer_options=writer_options))
+                                       row_group_tokens=row_group_tokens, writer_options=writer_options,
+                                       spans=None if spans is None else spans[i]))
         else:
             entries.append(None)
     if done_shards is None:
@@ -196,7 +208,7 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
                "size": cps[s] * chunk_bytes, "compression": "gzip" if comp[s] else "none",
                "chunks": None if comp[s] else cps[s]} for s in range(len(cps))]
     ledger = _ledger(inputs, entries, finished=finished, chunk_bytes=chunk_bytes,
-                     row_group_tokens=row_group_tokens, tokenizer=tokenizer)
+                     row_group_tokens=row_group_tokens, tokenizer=tokenizer, masked=spans is not None)
     _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
     return entries
 
@@ -207,7 +219,8 @@ def finish_cache(root: str, entries: Sequence[Mapping[str, Any]]) -> None:
     plan = json.loads(fs.cat_file(base + "/" + fmt.LEDGER_NAME))
     ledger = _ledger(plan["inputs"], list(entries), finished=True,
                      chunk_bytes=plan["config"]["chunk_bytes"],
-                     row_group_tokens=plan["config"]["row_group_tokens"], tokenizer=plan["tokenizer"])
+                     row_group_tokens=plan["config"]["row_group_tokens"], tokenizer=plan["tokenizer"],
+                     masked=fmt.is_masked(plan["config"]))
     ledger["config"] = plan["config"]
     _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
 
@@ -288,17 +301,53 @@ def random_chunks(rng: np.random.Generator, num_chunks: int, *, max_docs: int = 
     return out
 
 
+def spans_of_mask(mask) -> list[int]:
+    """A document's flattened loss spans from its per-token mask: the maximal runs of True."""
+    m = np.concatenate([[False], np.asarray(mask, bool), [False]])
+    return np.flatnonzero(m[1:] != m[:-1]).astype(int).tolist()
+
+
+def random_masks(rng: np.random.Generator, chunks, *, none_prob: float = 0.1) -> list[list[np.ndarray]]:
+    """A per-token loss mask for every document of ``chunks``: a few runs each (chat-like turns), some
+    documents with none, some all loss."""
+    out = []
+    for docs in chunks:
+        masks = []
+        for d in docs:
+            n = len(d)
+            u = rng.random()
+            if u < none_prob or n == 0:
+                m = np.zeros(n, bool)
+            elif u < 2 * none_prob:
+                m = np.ones(n, bool)
+            else:  # alternating runs of random lengths
+                cuts = np.sort(rng.integers(0, n + 1, size=int(rng.integers(1, 6))))
+                m = (np.searchsorted(cuts, np.arange(n), side="right") % 2).astype(bool)
+            masks.append(m)
+        out.append(masks)
+    return out
+
+
+def spans_of(masks) -> list[list[list[int]]]:
+    """``write_synthetic_cache(spans=...)`` from per-chunk, per-document masks."""
+    return [[spans_of_mask(m) for m in docs] for docs in masks]
+
+
 # --------------------------------------------------------------------------------------------------
 # Brute-force reference of the reading order (docs/FORMAT.md), straight from the definitions, for tests.
 
 
 class Reference:
     """Examples of a synthetic cache computed naively: ``loop(chunks)[s::R*]`` walked position by position.
-    ``packing="best_fit"`` (packed): each chunk's rows from the brute-force packer (``packing_ref``)."""
+    ``packing="best_fit"`` (packed): each chunk's rows from the brute-force packer (``packing_ref``).
+    ``masks``: per chunk, per document, its per-token loss mask (a masked cache); ``loss_mask`` is then
+    that mask on real tokens."""
 
     def __init__(self, chunks: Sequence[Sequence[Sequence[int]]], seq_len: int, num_streams: int, *,
-                 packed: bool = True, loop: bool = True, packing: str = "concat"):
+                 packed: bool = True, loop: bool = True, packing: str = "concat", masks=None):
         self.chunks = [[np.asarray(d, dtype=np.int64) for d in c] for c in chunks]
+        self.masks = [[np.ones(len(d), bool) for d in c] for c in self.chunks] if masks is None else \
+            [[np.asarray(m, bool) for m in c] for c in masks]
         self.L, self.R, self.packed, self.loop = seq_len, num_streams, packed, loop
         self.best_fit = packed and packing == "best_fit"
         self._units: dict[int, list] = {}  # stream -> list of units (token tuples or piece dicts)
@@ -315,15 +364,15 @@ class Reference:
             e, c = divmod(p, n)
             before = len(units)
             if self.best_fit:
-                docs = self.chunks[c]
+                docs, masks = self.chunks[c], self.masks[c]
                 for row in reference_best_fit([len(d) for d in docs], self.L):
-                    units.append({"pieces": [(docs[d], a, m) for d, a, m in row], "epoch": e})
-            for d in self.chunks[c] if not self.best_fit else ():
+                    units.append({"pieces": [(docs[d], a, m, masks[d]) for d, a, m in row], "epoch": e})
+            for d, mk in zip(self.chunks[c], self.masks[c]) if not self.best_fit else ():
                 if self.packed:
-                    units += [(int(t), k, int(d[k - 1]) if k else 0, e) for k, t in enumerate(d)]
+                    units += [(int(t), k, int(d[k - 1]) if k else 0, e, bool(mk[k])) for k, t in enumerate(d)]
                 else:
                     for k in range(0, len(d), self.L):
-                        units.append({"tokens": d[k:k + self.L], "start": k,
+                        units.append({"tokens": d[k:k + self.L], "start": k, "mask": mk[k:k + self.L],
                                       "prev": int(d[k - 1]) if k else 0, "doc": d, "epoch": e})
             p += self.R
             empty_run = empty_run + 1 if len(units) == before else 0
@@ -349,23 +398,23 @@ class Reference:
                 out["epoch"], out["valid"] = -1, False
                 return out
             t = 0
-            for seg, (d, a, m) in enumerate(units[j]["pieces"], start=1):
+            for seg, (d, a, m, mk) in enumerate(units[j]["pieces"], start=1):
                 out["targets"][t:t + m] = d[a:a + m]
                 out["positions"][t:t + m] = np.arange(a, a + m)
                 out["inputs"][t:t + m] = np.concatenate([[d[a - 1] if a else 0], d[a:a + m - 1]])
                 out["segment_ids"][t:t + m] = seg
-                out["loss_mask"][t:t + m] = True
+                out["loss_mask"][t:t + m] = mk[a:a + m]
                 t += m
             out["epoch"], out["valid"] = units[j]["epoch"], True
         elif self.packed:
             units = self._stream_units(s, (j + 1) * L)[j * L:(j + 1) * L]
             seg = 0
-            for t, (tok, k, prev, e) in enumerate(units):
+            for t, (tok, k, prev, e, mk) in enumerate(units):
                 if t == 0 or k == 0:
                     seg += 1
                 out["targets"][t], out["positions"][t], out["segment_ids"][t] = tok, k, seg
                 out["inputs"][t] = prev if k else 0
-                out["loss_mask"][t] = True
+                out["loss_mask"][t] = mk
             out["epoch"] = units[0][3] if units else -1
             out["valid"] = bool(units)
         else:
@@ -379,7 +428,7 @@ class Reference:
                 if u["start"] == 0:
                     out["inputs"][0] = 0
                 out["segment_ids"][:m] = 1
-                out["loss_mask"][:m] = True
+                out["loss_mask"][:m] = u["mask"]
                 out["epoch"], out["valid"] = u["epoch"], True
             else:
                 out["epoch"], out["valid"] = -1, False

@@ -45,7 +45,7 @@ def write_cache(root: str, chunks, keep=KEEP) -> None:
         for lo in range(0, len(docs), 3):
             part = docs[lo:lo + 3]
             kept = {n: [f[n] for _, f in part] for n in keep} if keep else None
-            w.write(row_group_table([a for a, _ in part], 0, list(range(lo, lo + len(part))), None, kept),
+            w.write(row_group_table([a for a, _ in part], 0, list(range(lo, lo + len(part))), None, fields=kept),
                     sum(len(a) for a, _ in part))
         data, index, footer = w.finish()
         os.makedirs(os.path.join(root, fmt.shard_dir(0)), exist_ok=True)
