@@ -91,9 +91,8 @@ def process_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int)
 
 
 def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """``reader.expand_flat`` in jax.numpy (jit-able): the five ``[B, L]`` token fields of a
-    ``layout="flat"`` batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``, and
-    ``loss_mask`` for a cache with loss masks)."""
+    """``reader.expand_flat`` in jax.numpy (jit-able): the five ``[B, L]`` token fields of a ``layout="flat"``
+    batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``; ``loss_mask`` if masked)."""
     import jax.numpy as jnp
 
     tok = jnp.asarray(batch["tokens"]).astype(jnp.uint32)
@@ -126,8 +125,7 @@ LOADER_LAYOUT = "flat"
 
 
 def _expand_for_loader(tokens, first_positions, num_tokens, stored=None):
-    return expand_flat({"tokens": tokens, "first_positions": first_positions, "num_tokens": num_tokens,
-                        "loss_mask": stored})
+    return expand_flat(dict(tokens=tokens, first_positions=first_positions, num_tokens=num_tokens, loss_mask=stored))
 
 
 class JaxLoader:
@@ -219,8 +217,7 @@ class JaxLoader:
                                                                     None))
             self._expand = jax.jit(_expand_for_loader, out_shardings=self.token_sharding)
         # a cache with loss masks: the flat rows' loss_mask goes to the devices too (reader.batch.schema)
-        masked = self.flat and bool(getattr(self.reader, "masked", False))
-        self._flat_fields = list(FLAT_FIELDS) + (["loss_mask"] if masked else [])
+        self._flat_fields = list(FLAT_FIELDS) + ["loss_mask"] * (self.flat and bool(getattr(self.reader, "masked", 0)))
         self.rows = process_rows(self.token_sharding, self.batch_size, self.seq_len)
         self._row_pos = self._local_positions()
         if self.num_workers:
