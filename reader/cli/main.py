@@ -85,16 +85,9 @@ def cmd_inspect(args) -> int:
         return cmd_inspect_mixture(args)
     memory = _reader_memory(args) if args.read_batches else None  # first: what inspect reads adds to the RSS
     cache = Cache(args.path)
-    info, lengths = summary.cache_summary(cache, args.path, max_chunks=args.max_chunks, threads=args.threads)
+    info, _ = summary.cache_summary(cache, args.path, max_chunks=args.max_chunks, threads=args.threads,
+                                    seq_len=args.seq_len)
     n = info["chunks"]
-    # what ReadOptions(drop_long=True) skips at --seq_len, in the documents of the length sample
-    info["longer_than_seq_len"] = {"seq_len": args.seq_len, "documents": int((lengths > args.seq_len).sum()),
-                                   "tokens": int(lengths[lengths > args.seq_len].sum())}
-    if cache.ledger.masked:  # the loss tokens' share, from the ledger (the sidecars while the build runs)
-        t = cache.table
-        loss = None if t.loss_tokens is None else int(t.loss_tokens.sum())
-        info["loss_tokens"] = loss
-        info["loss_token_share"] = loss / info["tokens"] if loss is not None and info["tokens"] else None
     progress = None if cache.complete else read_progress(cache)
     if progress is not None:
         info["progress"] = progress.as_dict()

@@ -111,7 +111,8 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
         shard_tokens, chunk_hist, field_tokens, bad, dead = [], None, {}, [], {}
     else:
         cache = caches[0]
-        info, lengths = summary.cache_summary(cache, path, max_chunks=max_chunks, threads=threads, read=counted)
+        info, lengths = summary.cache_summary(cache, path, max_chunks=max_chunks, threads=threads, seq_len=opts.seq_len,
+                                              read=counted)
         sampled, known = len(counted.got), len(cache.table)
         progress = read_progress(cache)
         shard, tokens, entries = _chunks(cache, progress)

@@ -36,10 +36,11 @@ def doc_lengths(cache: Cache, indices, threads: int, read: LengthReader = chunk_
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def cache_summary(cache: Cache, path: str, *, max_chunks: int, threads: int,
+def cache_summary(cache: Cache, path: str, *, max_chunks: int, threads: int, seq_len: int | None = None,
                   read: LengthReader = chunk_doc_lengths) -> tuple[dict, np.ndarray]:
     """``inspect``'s figures for ``cache`` (the chunks known so far, on a running build) and the document
-    lengths it sampled."""
+    lengths it sampled; with ``seq_len``, the sampled documents longer than it (what
+    ``ReadOptions(drop_long=True)`` skips)."""
     t = cache.table
     n = len(t)
     sample = length_sample(n, max_chunks)
@@ -63,6 +64,14 @@ def cache_summary(cache: Cache, path: str, *, max_chunks: int, threads: int,
         "tokens_per_chunk_percentiles": {f"p{p}": (int(np.percentile(t.tokens, p)) if n else None)
                                          for p in (0, 50, 100)},
     }
+    if seq_len is not None:
+        long = lengths > seq_len
+        info["longer_than_seq_len"] = {"seq_len": seq_len, "documents": int(long.sum()),
+                                       "tokens": int(lengths[long].sum())}
+    if cache.ledger.masked:  # the loss tokens' share, from the ledger (the sidecars while the build runs)
+        loss = None if t.loss_tokens is None else int(t.loss_tokens.sum())
+        info["loss_tokens"] = loss
+        info["loss_token_share"] = loss / info["tokens"] if loss is not None and info["tokens"] else None
     return info, lengths
 
 
