@@ -35,18 +35,8 @@ def parquet_writer_options(config: Mapping[str, Any]) -> dict[str, Any]:
         "store_schema": True,
         "data_page_size": 1 << 20,
     }
-    level = config.get("compression_level") if comp in ("zstd", "gzip", "brotli") else None
-    if level is not None:
-        opts["compression_level"] = int(level)
-    if fmt.is_masked(config) and comp != "none":
-        # the loss spans, uncompressed: about 1% of a chunk in pages of a few KiB, which cost a reader more
-        # to decompress than they save (docs/FORMAT.md)
-        # (a dict names every column: pyarrow leaves the unnamed ones uncompressed)
-        leaves = (TOKEN_LEAF, fmt.LENGTH_COLUMN, fmt.SHARD_COLUMN, fmt.OFFSET_COLUMN,
-                  *(f"{fmt.FIELDS_COLUMN}.{name}" for name in config.get("keep_fields") or ()))
-        opts["compression"] = {**dict.fromkeys(leaves, comp), LOSS_LEAF: "none"}
-        if level is not None:
-            opts["compression_level"] = dict.fromkeys(leaves, int(level))
+    if config.get("compression_level") is not None and comp in ("zstd", "gzip", "brotli"):
+        opts["compression_level"] = int(config["compression_level"])
     enc = config.get("token_encoding", "PLAIN")
     if enc != "PLAIN":
         # Column options must name the leaf path; the bare column name is silently ignored by pyarrow.
