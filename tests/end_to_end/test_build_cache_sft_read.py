@@ -20,6 +20,7 @@ from columnar_files import write_parquet
 from reader import ReadOptions, Reader, expand_flat
 from reader.batch.schema import TOKEN_FIELDS
 from reader.cli.main import main as cli
+from reader.storage.cache import Cache
 from sftgen import conversations
 
 TEMPLATE = ("{% for m in messages %}<|fim_prefix|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}{% generation %}"
@@ -31,14 +32,14 @@ KINDS = {"concat": dict(), "best_fit": dict(packing="best_fit"), "unpacked": dic
 
 @pytest.fixture(scope="module")
 def caches(tmp_path_factory):
-    """``{name: root}``: a prompt/completion cache from JSON Lines and a chat cache from Parquet, each of a
-    few chunks and row groups."""
+    """``{name: root}``: a prompt/completion cache from JSON Lines (with a kept field, the column after
+    ``loss_spans``) and a chat cache from Parquet, each of a few chunks and row groups."""
     work = tmp_path_factory.mktemp("sft_read")
     rng = random.Random(7)
     convs = conversations(200, 11)
-    lines = [json.dumps({"prompt": m[0]["content"] if rng.random() < 0.8 else "", "completion": m[-1]["content"]},
-                        ensure_ascii=False).encode() for m in convs if m[-1]["content"]]
-    pc, _ = build(work, [write_shard(str(work / "in" / "pc.jsonl"), lines)], name="pc",
+    lines = [json.dumps({"prompt": m[0]["content"] if rng.random() < 0.8 else "", "completion": m[-1]["content"],
+                         "id": i}, ensure_ascii=False).encode() for i, m in enumerate(convs) if m[-1]["content"]]
+    pc, _ = build(work, [write_shard(str(work / "in" / "pc.jsonl"), lines)], name="pc", keep_fields="id",
                   record_format="prompt_completion", append_eos=True, chunk_bytes=3000, row_group_tokens=300)
     template = work / "chat.jinja"
     template.write_text(TEMPLATE)
@@ -122,6 +123,10 @@ def test_validate_inspect_and_export_on_a_built_supervised_cache(caches, name, t
     root = caches[name]
     assert cli(["validate", root]) == 0
     capsys.readouterr()
+    if name == "prompt_completion":  # the kept field beside the spans: every record's id, in input order
+        n = len(documents(root))
+        ids = Cache(root).fields(0, n)["id"]
+        assert len(set(ids)) == n and ids == sorted(ids, key=int)
     assert cli(["inspect", root, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     docs = documents(root)
