@@ -34,6 +34,7 @@ from reader.batch.assemble import SLAB_BATCHES, Assembler
 from reader.storage.cache import Cache
 from reader.mixture.spec import is_mixture_path
 from reader.mixture.io import open_mixture
+from reader.mixture.mixture import Mixture
 from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder
 from reader.batch.prefetch import Prefetcher
@@ -97,13 +98,17 @@ class Reader:
         self.wait_timeout_s = float(wait_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
         self.progress = Progress()  # moves with every byte range fetched and every try of a read
+        mixture = None if self.cache is not None else Mixture(source, storage_options=storage_options)
+        # loss masks: a cache built from supervised records, or a mixture with one (its plain components'
+        # rows then have the plain rule: every real token is a loss token)
+        self.masked = any(c.ledger.masked for c in (mixture.caches if mixture is not None else [self.cache]))
         # the budget: batches assembled ahead by iter_batches (a quarter at most), decoded data (the rest)
         self.slab, self.ahead_bytes = self._read_ahead_size()
         data = dataclasses.replace(opts, memory_budget_bytes=opts.memory_budget_bytes - min(
             self.ahead_bytes, opts.memory_budget_bytes // 4))
         if self.cache is None:  # a mixture file: the same parts, one per component behind each
             self.cache, self.store, self.order, self.release, self.prefetcher = open_mixture(
-                source, data, self.my_rows, self.num_readers, self.reader_index, storage_options=storage_options)
+                mixture, data, self.my_rows, self.num_readers, self.reader_index)
         else:
             self.store = ChunkStore(self.cache, memory_budget_bytes=data.memory_budget_bytes,
                                     threads=opts.prefetch_threads)
@@ -113,10 +118,6 @@ class Reader:
                                          self.num_readers, self.reader_index)
         for store in getattr(self.store, "stores", [self.store]):  # (a mixture's: one per component)
             store.progress = self.progress.beat
-        # loss masks: a cache built from supervised records, or a mixture with one (its plain components'
-        # rows then have the plain rule: every real token is a loss token)
-        caches = getattr(self.cache, "caches", [self.cache])
-        self.masked = any(c.ledger.masked for c in caches)
         self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read, masked=self.masked)
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 
@@ -137,7 +138,7 @@ class Reader:
         of ``memory_budget_bytes`` when a slab of one batch fits there."""
         opts = self.options
         batch = sum(d.itemsize * int(np.prod(shape)) for _, d, shape in
-                    batch_spec(opts.layout, opts.seq_len, len(self.my_rows)))
+                    batch_spec(opts.layout, opts.seq_len, len(self.my_rows), self.masked))
         depth = max(1, opts.prefetch_batches)
         slab = max(1, min(SLAB_BATCHES, (opts.memory_budget_bytes // 4 // batch - depth) // 3))
         return slab, (depth + 3 * slab) * batch

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import os
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -216,11 +215,9 @@ class MixturePrefetcher:
         return futs
 
 
-def open_mixture(source: str, options: ReadOptions, rows: np.ndarray, num_readers: int, reader_index: int, *,
-                 storage_options: Mapping[str, Any] | None = None):
-    """Open mixture file ``source`` for a reader: ``(mixture, store, order, release, prefetcher)``, the
-    parts a :class:`reader.Reader` wires together (see the module docstring)."""
-    mixture = Mixture(os.fspath(source), storage_options=storage_options)
+def open_mixture(mixture: Mixture, options: ReadOptions, rows: np.ndarray, num_readers: int, reader_index: int):
+    """The parts a :class:`reader.Reader` wires together for an opened mixture file: ``(mixture, store, order,
+    release, prefetcher)`` (see the module docstring)."""
     D = len(mixture.distinct)
     copts = dataclasses.replace(options, memory_budget_bytes=max(1, options.memory_budget_bytes // D))
     pool = cf.ThreadPoolExecutor(max(1, options.prefetch_threads), thread_name_prefix="chunkledger-prefetch")

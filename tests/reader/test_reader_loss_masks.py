@@ -158,11 +158,20 @@ def test_a_mixture_of_a_text_and_an_sft_cache(tmp_path):
                 if opts.packed:
                     with Reader(mix, dataclasses.replace(opts, layout="flat")) as fl:
                         y = fl.batch(b)
+                        assert fl.ahead_bytes == (2 + 3 * fl.slab) * sum(a.nbytes for a in y.values())  # mask too
                     assert "loss_mask" in y
                     same(expand_flat(y), x)
             assert seen == {0, 1}
         with Reader(plain, dataclasses.replace(opts, layout="flat") if opts.packed else opts) as rd:
             assert not rd.masked and (not opts.packed or list(rd.batch(0)) == list(FLAT_KEYS))
+
+
+@pytest.mark.parametrize("layout", ["arrays", "flat"])
+def test_the_read_ahead_budget_counts_the_mask(sft, layout):
+    root, _, _ = sft
+    with Reader(root, ReadOptions(seq_len=8, batch_size=4, ideal_readers=2, layout=layout)) as rd:
+        batch = rd.batch(0)
+        assert rd.ahead_bytes == (2 + 3 * rd.slab) * sum(a.nbytes for a in batch.values())
 
 
 @pytest.mark.parametrize("layout", ["arrays", "flat"])
