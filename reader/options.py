@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from reader.batch.schema import LAYOUTS
+from reader.order.packing import WINDOW_TOKENS
 from reader.order.shuffle import ShuffleConfig
 
 PACKINGS = ("concat", "best_fit")
@@ -23,6 +24,10 @@ class ReadOptions:
         cut every L tokens; ``"best_fit"``: each chunk's documents packed into rows by best-fit
         decreasing, no document of at most L tokens cut (docs/FORMAT.md, "Best-fit packing"); a chunk's
         rows are then its examples, like unpacked examples. Packed reads only.
+      best_fit_window_tokens: best fit packs each chunk per window of consecutive whole row groups of
+        about this many tokens (docs/FORMAT.md, "Best-fit packing"). Part of the order, like seq_len. A
+        reader holds about one window decoded per stream; larger windows pad less (long ``seq_len``
+        needs more rows per window: docs/READING.md), smaller ones hold less. Best fit only.
       ideal_readers: R*, the number of streams. Keep it fixed for a run's lifetime (the order depends on
         it). Pick a power of two >= the largest number of reader hosts you expect (hosts R with R | R* or
         R* | R read only their own chunks). Ignored in eval mode (one stream).
@@ -60,6 +65,7 @@ class ReadOptions:
     batch_size: int = 64
     packed: bool = True
     packing: str = "concat"
+    best_fit_window_tokens: int = WINDOW_TOKENS
     ideal_readers: int = 16
     eval_mode: bool = False
     shuffle_seed: int | None = None
@@ -77,6 +83,12 @@ class ReadOptions:
         if self.packing != "concat" and not self.packed:
             raise ValueError(f"packing={self.packing!r} packs rows; packed=False reads one document piece per "
                              "row. Drop packing or packed=False.")
+        if isinstance(self.best_fit_window_tokens, bool) or not isinstance(self.best_fit_window_tokens, int) \
+                or self.best_fit_window_tokens < 1:
+            raise ValueError(f"best_fit_window_tokens must be an integer >= 1, got {self.best_fit_window_tokens!r}")
+        if self.best_fit_window_tokens != WINDOW_TOKENS and self.kind != "best_fit":
+            raise ValueError(f"best_fit_window_tokens={self.best_fit_window_tokens} applies to packing='best_fit' "
+                             f"only (this read is {self.kind!r}). Drop it or set packing='best_fit'.")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.layout == "flat" and not self.packed:

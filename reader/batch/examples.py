@@ -26,7 +26,6 @@ from reader.order.shuffle import shuffle_example_indices
 from reader.storage.store import ChunkStore
 from reader.order.streams import NotYetAvailable, StreamIndex, split_example_index
 from reader.storage.index import ExampleIndex
-from reader.storage.validate import ChunkError
 
 # cipher answers computed at once for the batches after a regular one (the cipher's cost is mostly
 # per call: a few hundred small numpy operations whatever the size)
@@ -158,7 +157,8 @@ class ExampleOrder:
         self.kind = options.kind
         # per-chunk example counts (None: a concat stream's units are its tokens)
         self.chunk_index = None if self.kind == "concat" else ExampleIndex(
-            cache, options.seq_len, self.kind, index_cache=options.index_cache)
+            cache, options.seq_len, self.kind, index_cache=options.index_cache,
+            window_tokens=options.best_fit_window_tokens)
         self._lock = threading.Lock()
         self._index: StreamIndex | None = None
         self._index_key: tuple[int, bool] | None = None
@@ -318,22 +318,15 @@ class ExampleOrder:
                 starts[m], first[m], lengths[m] = self.chunk_index.locate(c, self.store.doc_index(c), offsets[m])
         else:
             epochs, chunks, offsets = idx.locate_streams(s, j)
-            starts, first, lengths, pieces = self._best_fit_rows(idx, chunks, offsets)
+            starts, first, lengths, pieces = self._best_fit_rows(chunks, offsets)
         return Placement(examples, valid, rows, s, j, epochs, chunks, starts, lengths, first, spill, pieces=pieces)
 
-    def _best_fit_rows(self, idx: StreamIndex, chunks: np.ndarray, offsets: np.ndarray):
+    def _best_fit_rows(self, chunks: np.ndarray, offsets: np.ndarray):
         """``(starts, first_positions, lengths, pieces)`` of best-fit rows ``offsets`` of ``chunks``."""
         parts = []
         for c in np.unique(chunks).tolist():
             dst = np.flatnonzero(chunks == c)
-            docs = self.store.doc_index(c)
-            got = self.chunk_index.chunk_rows(c, docs).rows
-            if got != int(idx.counts[c]):  # the counts came from the num_tokens column, or an index file
-                raise ChunkError(f"{self.cache.display(self.cache.table.paths[c])}: its documents pack into {got} "
-                                 f"rows of {self.options.seq_len}, the index says {int(idx.counts[c])}. Delete "
-                                 f"{self.cache.display(self.chunk_index.index_file)} (it is rebuilt) or run "
-                                 "`python -m reader validate`.")
-            n, *arrs = self.chunk_index.rows(c, docs, offsets[dst])
+            n, *arrs = self.chunk_index.rows(c, offsets[dst], self.store)
             parts.append((dst, RowPieces(np.concatenate([[0], np.cumsum(n)]), *arrs)))
         pieces = RowPieces.scatter(chunks.size, parts) if len(parts) > 1 else (
             parts[0][1] if parts else RowPieces.empty())
@@ -363,11 +356,11 @@ class ExampleOrder:
         return group_by_key(chunks, offs)
 
     def token_offsets(self, c: int, offsets: np.ndarray) -> np.ndarray:
-        """Token offsets in chunk ``c`` of unit offsets from :meth:`plan` (unpacked, best-fit: decodes the
-        chunk; best-fit: every piece of the rows)."""
+        """Token offsets in chunk ``c`` of unit offsets from :meth:`plan` (unpacked: decodes the chunk;
+        best-fit: every piece of the rows, decoding the windows they lie in)."""
         if self.chunk_index is None:
             return offsets
         if self.kind == "best_fit":
-            return self.chunk_index.rows(c, self.store.doc_index(c), offsets)[1]
+            return self.chunk_index.rows(c, offsets, self.store)[1]
         return self.chunk_index.locate(c, self.store.doc_index(c), offsets)[0]
 

@@ -1,10 +1,15 @@
 """Examples counted per chunk: unpacked examples (one document piece each: a document of ``n`` tokens
-gives ``ceil(n/L)``) and best-fit rows (:mod:`reader.order.packing`, each chunk packed on its own).
+gives ``ceil(n/L)``) and best-fit rows (:mod:`reader.order.packing`, each chunk packed per window of
+whole row groups).
 
 How many such examples a chunk yields depends on ``seq_len``, and the ledger only has token and
 document counts; so the first reader of a kind and ``seq_len`` reads the ``num_tokens`` column of every
-chunk and stores one integer per chunk in ``ROOT/index/{kind}-L{seq_len}.json`` (with a fingerprint of
-the chunk checksums) for later readers. Concatenated packed reading needs none of this.
+chunk (and, for best fit, its row groups' document counts from the Parquet footer) and stores one
+integer per chunk (best fit: also one per window) in ``ROOT/index/`` (with a fingerprint of the chunk
+checksums) for later readers. Concatenated packed reading needs none of this.
+
+A best-fit row is located through its window: the window's rows are packed from the documents of the
+window's row groups alone (decoded from the store), so a read decodes one window, not the whole chunk.
 """
 
 from __future__ import annotations
@@ -25,27 +30,27 @@ from reader.storage.cache import Cache
 from reader.storage.chunk import DocIndex
 from reader.storage.pages import int_values
 from reader.storage.validate import ChunkError, arrow_message, size_mismatch
-from reader.order.packing import best_fit_rows, count_best_fit_rows
+from reader.order.packing import WINDOW_TOKENS, best_fit_rows, count_best_fit_windows, window_bounds
 from reader.order.pieces import pieces_per_doc, unpacked_examples_per_chunk
 
 INDEX_DIR = "index"
 KINDS = ("unpacked", "best_fit")
-_CUM_CACHE = 256  # chunks whose cumulative piece counts are kept
-_ROWS_CACHE_BYTES = 64 << 20  # best-fit packings of recent chunks kept (about 30 bytes per piece)
+_CUM_CACHE = 256  # chunks whose cumulative piece counts (or window bounds) are kept
+_ROWS_CACHE_BYTES = 64 << 20  # best-fit packings of recent windows kept (about 30 bytes per piece)
 
 
-class ChunkRows:
-    """One chunk's best-fit rows, laid out for locating: row ``i`` holds pieces ``ptr[i]:ptr[i+1]``, piece
+class WindowRows:
+    """One window's best-fit rows, laid out for locating: row ``i`` holds pieces ``ptr[i]:ptr[i+1]``, piece
     ``k`` being ``length[k]`` tokens from token ``token[k]`` of the chunk, the first at position ``first[k]``
     of its document, written from column ``column[k]`` of the row."""
 
     __slots__ = ("ptr", "token", "first", "length", "column", "nbytes", "rows")
 
-    def __init__(self, lengths: np.ndarray, doc_starts: np.ndarray, seq_len: int):
-        rows = best_fit_rows(lengths, seq_len)
+    def __init__(self, docs: DocIndex, seq_len: int):
+        rows = best_fit_rows(docs.doc_lengths, seq_len)
         self.ptr = rows.row_ptr
         self.rows = rows.num_rows
-        self.token = doc_starts[rows.doc] + rows.start
+        self.token = docs.doc_starts[rows.doc] + rows.start
         self.first = rows.start
         self.length = rows.length
         end = np.cumsum(rows.length, dtype=np.int64)
@@ -63,23 +68,28 @@ class ExampleIndex:
       seq_len: L.
       kind: ``"unpacked"`` or ``"best_fit"``.
       index_cache: load and store the counts in ``ROOT/index/`` (when the cache is finished and writable).
+      window_tokens: best fit: the window target (``ReadOptions.best_fit_window_tokens``).
     """
 
-    def __init__(self, cache: Cache, seq_len: int, kind: str = "unpacked", *, index_cache: bool = True):
+    def __init__(self, cache: Cache, seq_len: int, kind: str = "unpacked", *, index_cache: bool = True,
+                 window_tokens: int = WINDOW_TOKENS):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.cache = cache
         self.seq_len = int(seq_len)
         self.kind = kind
+        self.window_tokens = int(window_tokens)
         self.index_cache = index_cache
         self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}  # chunk checksum -> examples
+        self._counts: dict[str, np.ndarray] = {}  # chunk checksum -> examples (best fit: per window)
         self._cum: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
-        self._rows: collections.OrderedDict[int, ChunkRows] = collections.OrderedDict()
+        self._rows: collections.OrderedDict[tuple[int, int], WindowRows] = collections.OrderedDict()
         self._rows_bytes = 0
 
     @property
     def index_file(self) -> str:
+        if self.kind == "best_fit":
+            return f"{INDEX_DIR}/best_fit-L{self.seq_len}-W{self.window_tokens}.json"
         return f"{INDEX_DIR}/{self.kind}-L{self.seq_len}.json"
 
     def counts(self, table: fmt.ChunkTable) -> np.ndarray:
@@ -87,12 +97,20 @@ class ExampleIndex:
         cache = self.cache
         fingerprint = hashlib.sha256("\n".join(table.checksums).encode()).hexdigest()
         rel = self.index_file
+        best_fit = self.kind == "best_fit"
         if cache.complete and self.index_cache and not self._counts:
             try:
                 got = json.loads(cache.fs.cat_file(cache.path(rel)))
+                counts = np.asarray(got["counts"], dtype=np.int64)
                 if (got.get("fingerprint") == fingerprint and got.get("seq_len") == self.seq_len
-                        and len(got.get("counts", ())) == len(table)):
-                    return np.asarray(got["counts"], dtype=np.int64)
+                        and counts.shape == (len(table),)):
+                    if not best_fit:
+                        return counts
+                    windows = [np.asarray(w, dtype=np.int64) for w in got["windows"]]
+                    if (got.get("window_tokens") == self.window_tokens and len(windows) == len(table)
+                            and all(w.ndim == 1 and int(w.sum()) == n for w, n in zip(windows, counts.tolist()))):
+                        self._counts.update(zip(table.checksums, windows))
+                        return counts
             except (FileNotFoundError, ValueError, KeyError, TypeError):
                 pass
         todo = [c for c in range(len(table)) if table.checksums[c] not in self._counts]
@@ -100,10 +118,14 @@ class ExampleIndex:
             with cf.ThreadPoolExecutor(8) as pool:
                 for c, n in zip(todo, pool.map(lambda c: self._count(table, c), todo)):
                     self._counts[table.checksums[c]] = n
-        counts = np.asarray([self._counts[h] for h in table.checksums], dtype=np.int64)
+        per = [self._counts[h] for h in table.checksums]
+        counts = np.asarray([int(n.sum()) for n in per], dtype=np.int64)
         if cache.complete and self.index_cache and todo:
-            body = fmt.dumps({"format": f"chunkledger-{self.kind}-index", "seq_len": self.seq_len,
-                              "fingerprint": fingerprint, "counts": counts.tolist()}).encode()
+            doc = {"format": f"chunkledger-{self.kind}-index", "seq_len": self.seq_len,
+                   "fingerprint": fingerprint, "counts": counts.tolist()}
+            if best_fit:
+                doc.update(window_tokens=self.window_tokens, windows=[n.tolist() for n in per])
+            body = fmt.dumps(doc).encode()
             try:
                 fs, final = cache.fs, cache.path(rel)
                 fs.makedirs(cache.path(INDEX_DIR), exist_ok=True)
@@ -117,10 +139,11 @@ class ExampleIndex:
                 pass
         return counts
 
-    def _count(self, table: fmt.ChunkTable, c: int) -> int:
+    def _count(self, table: fmt.ChunkTable, c: int) -> np.ndarray:
+        """Chunk ``c``'s examples: ``[n]`` (unpacked), or its windows' rows (best fit)."""
         cache, rel = self.cache, table.paths[c]
         if int(table.docs[c]) == 0:
-            return 0
+            return np.zeros(1 if self.kind == "unpacked" else 0, np.int64)
         try:
             with cache.fs.open(cache.path(rel), "rb") as f:
                 size = f.size if getattr(f, "size", None) is not None else cache.fs.size(cache.path(rel))
@@ -128,7 +151,9 @@ class ExampleIndex:
                     raise ChunkError(f"{cache.display(rel)}: {size_mismatch(int(size), int(table.nbytes[c]))}. "
                                      "Rerun the build (delete this chunk and its .json sidecar first) or run "
                                      "`python -m reader validate`.")
-                lengths = int_values(pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0))
+                pf = pq.ParquetFile(f)
+                rg_docs = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+                lengths = int_values(pf.read(columns=[fmt.LENGTH_COLUMN]).column(0))
         except FileNotFoundError:
             raise ChunkError(f"{cache.display(rel)}: missing (listed in the ledger)") from None
         except ChunkError:
@@ -142,8 +167,8 @@ class ExampleIndex:
             raise ChunkError(f"{cache.display(rel)}: {lengths.size} documents / {int(lengths.sum())} "
                              f"tokens, the ledger says {int(table.docs[c])} / {int(table.tokens[c])}")
         if self.kind == "best_fit":
-            return count_best_fit_rows(lengths, self.seq_len)
-        return unpacked_examples_per_chunk(lengths, self.seq_len)
+            return count_best_fit_windows(lengths, rg_docs, self.seq_len, self.window_tokens)
+        return np.asarray([unpacked_examples_per_chunk(lengths, self.seq_len)], np.int64)
 
     def _pieces_cum(self, c: int, docs: DocIndex) -> np.ndarray:
         """Cumulative unpacked examples over chunk ``c``'s documents (a few recent chunks are kept)."""
@@ -168,28 +193,85 @@ class ExampleIndex:
         length = np.minimum(docs.doc_lengths[doc] - start, self.seq_len)
         return docs.doc_starts[doc] + start, start, length
 
-    def chunk_rows(self, c: int, docs: DocIndex) -> ChunkRows:
-        """Chunk ``c``'s best-fit rows (the packings of recent chunks are kept)."""
+    # -- best fit ---------------------------------------------------------------------------------------
+    def _mismatch(self, c: int, what: str) -> ChunkError:
+        cache = self.cache
+        return ChunkError(f"{cache.display(cache.table.paths[c])}: {what}. Delete "
+                          f"{cache.display(self.index_file)} (it is rebuilt) or run `python -m reader validate`.")
+
+    def windows(self, c: int, store) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ``c``'s windows: ``(row-group bounds, first row of each window + total)``, from its row
+        groups' token counts (``store.meta``: no decoding) and the counted rows per window."""
         with self._lock:
-            got = self._rows.get(c)
+            got = self._cum.get(c)
             if got is not None:
-                self._rows.move_to_end(c)
+                self._cum.move_to_end(c)
                 return got
-        got = ChunkRows(docs.doc_lengths, docs.doc_starts, self.seq_len)
+        per = self._counts.get(self.cache.table.checksums[c])
+        if per is None:  # (counts() runs before any read, for every known chunk)
+            raise RuntimeError(f"chunk {c} was not counted")
+        bounds = window_bounds(np.diff(store.meta(c).rg_token_starts), self.window_tokens)
+        if bounds.size - 1 != per.size:
+            raise self._mismatch(c, f"its row groups make {bounds.size - 1} packing windows of "
+                                 f"{self.window_tokens} tokens, the index lists {per.size}")
+        got = (bounds, np.concatenate([[0], np.cumsum(per)]))
         with self._lock:
-            if c not in self._rows:
-                self._rows[c] = got
+            self._cum[c] = got
+            while len(self._cum) > _CUM_CACHE:
+                self._cum.popitem(last=False)
+        return got
+
+    def window_rows(self, c: int, w: int, store) -> WindowRows:
+        """Window ``w`` of chunk ``c``: its best-fit rows, from the documents of its row groups
+        (``store.window_docs`` decodes them; the packings of recent windows are kept)."""
+        with self._lock:
+            got = self._rows.get((c, w))
+            if got is not None:
+                self._rows.move_to_end((c, w))
+                return got
+        bounds, first = self.windows(c, store)
+        got = WindowRows(store.window_docs(c, int(bounds[w]), int(bounds[w + 1])), self.seq_len)
+        want = int(first[w + 1] - first[w])
+        if got.rows != want:  # the counts came from the num_tokens column, or an index file
+            raise self._mismatch(c, f"the documents of its packing window {w} pack into {got.rows} rows of "
+                                 f"{self.seq_len}, the index says {want}")
+        with self._lock:
+            if (c, w) not in self._rows:
+                self._rows[(c, w)] = got
                 self._rows_bytes += got.nbytes
             while self._rows_bytes > _ROWS_CACHE_BYTES and len(self._rows) > 1:
                 self._rows_bytes -= self._rows.popitem(last=False)[1].nbytes
         return got
 
-    def rows(self, c: int, docs: DocIndex, offsets: np.ndarray):
-        """Best-fit rows ``offsets`` of chunk ``c`` (whose documents are ``docs``): ``(pieces per row, token
-        offset in the chunk, position in its document of the first token, tokens, column in the row)``,
-        the last four per piece, row after row."""
-        got = self.chunk_rows(c, docs)
-        lo, hi = got.ptr[offsets], got.ptr[offsets + 1]
-        n = hi - lo
-        k = np.arange(int(n.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(n) - n), n)
-        return n, got.token[k], got.first[k], got.length[k], got.column[k]
+    def rows(self, c: int, offsets: np.ndarray, store):
+        """Best-fit rows ``offsets`` of chunk ``c``: ``(pieces per row, token offset in the chunk, position in
+        its document of the first token, tokens, column in the row)``, the last four per piece, row after
+        row. Decodes only the windows the rows lie in (``store``: ``meta`` and ``window_docs``)."""
+        _, first = self.windows(c, store)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        win = np.searchsorted(first, offsets, side="right") - 1
+        ws = np.unique(win).tolist()
+        if len(ws) == 1:  # (the usual case: a read's rows of a chunk lie in one window)
+            got = self.window_rows(c, ws[0], store)
+            local = offsets - first[ws[0]]
+            lo, hi = got.ptr[local], got.ptr[local + 1]
+            n = hi - lo
+            k = np.arange(int(n.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(n) - n), n)
+            return n, got.token[k], got.first[k], got.length[k], got.column[k]
+        parts = []
+        n = np.zeros(offsets.size, np.int64)
+        for w in ws:
+            m = np.flatnonzero(win == w)
+            got = self.window_rows(c, w, store)
+            local = offsets[m] - first[w]
+            parts.append((m, got.ptr[local], got))
+            n[m] = got.ptr[local + 1] - got.ptr[local]
+        ptr = np.cumsum(n) - n  # each row's first piece in the output
+        out = [np.empty(int(n.sum()), dt) for dt in (np.int64, np.int64, np.int32, np.int32)]
+        for m, lo, got in parts:
+            cnt = n[m]
+            inner = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            dst, src = np.repeat(ptr[m], cnt) + inner, np.repeat(lo, cnt) + inner
+            for o, a in zip(out, (got.token, got.first, got.length, got.column)):
+                o[dst] = a[src]
+        return (n, *out)

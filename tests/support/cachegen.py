@@ -28,8 +28,9 @@ import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
 from reader.order import streams
+from reader.order.packing import WINDOW_TOKENS
 
-from packing_ref import reference_best_fit
+from packing_ref import reference_chunk_best_fit
 
 DEFAULT_TOKENIZER = {"spec": "synthetic", "kind": "synthetic", "name": "synthetic", "vocab_size": 1 << 20,
                      "eos_id": 0, "hash": "synthetic"}
@@ -63,6 +64,13 @@ def row_groups(lengths: Sequence[int], row_group_tokens: int) -> list[tuple[int,
     if lo < len(lengths):
         groups.append((lo, len(lengths)))
     return groups
+
+
+def best_fit_chunk(docs, L: int, row_group_tokens: int, window_tokens: int) -> list:
+    """A synthetic chunk's best-fit rows by the brute-force packer, over the row groups it is written with."""
+    lengths = [len(d) for d in docs]
+    rg_docs = [hi - lo for lo, hi in row_groups(lengths, row_group_tokens)]
+    return reference_chunk_best_fit(lengths, rg_docs, L, window_tokens)
 
 
 # Like the pipeline's writer (PLAIN int32 tokens, zstd, no statistics); tests may pass other options.
@@ -294,13 +302,16 @@ def random_chunks(rng: np.random.Generator, num_chunks: int, *, max_docs: int = 
 
 class Reference:
     """Examples of a synthetic cache computed naively: ``loop(chunks)[s::R*]`` walked position by position.
-    ``packing="best_fit"`` (packed): each chunk's rows from the brute-force packer (``packing_ref``)."""
+    ``packing="best_fit"`` (packed): each chunk's rows from the brute-force packer (``packing_ref``), per
+    window of ``best_fit_window_tokens`` over the row groups ``row_group_tokens`` makes (as the cache's)."""
 
     def __init__(self, chunks: Sequence[Sequence[Sequence[int]]], seq_len: int, num_streams: int, *,
-                 packed: bool = True, loop: bool = True, packing: str = "concat"):
+                 packed: bool = True, loop: bool = True, packing: str = "concat",
+                 best_fit_window_tokens: int = WINDOW_TOKENS, row_group_tokens: int = 64):
         self.chunks = [[np.asarray(d, dtype=np.int64) for d in c] for c in chunks]
         self.L, self.R, self.packed, self.loop = seq_len, num_streams, packed, loop
         self.best_fit = packed and packing == "best_fit"
+        self.window, self.rgt = best_fit_window_tokens, row_group_tokens
         self._units: dict[int, list] = {}  # stream -> list of units (token tuples or piece dicts)
         self._pos: dict[int, int] = {}  # stream -> next looped-chunk position
 
@@ -316,7 +327,7 @@ class Reference:
             before = len(units)
             if self.best_fit:
                 docs = self.chunks[c]
-                for row in reference_best_fit([len(d) for d in docs], self.L):
+                for row in best_fit_chunk(docs, self.L, self.rgt, self.window):
                     units.append({"pieces": [(docs[d], a, m) for d, a, m in row], "epoch": e})
             for d in self.chunks[c] if not self.best_fit else ():
                 if self.packed:
