@@ -222,6 +222,11 @@ def test_flat_layout_expands_to_the_arrays_layout(cache, extra):
             x, y = a.batch(b), f.batch(b)
             assert same(expand_flat(y), x, BATCH_KEYS), b
             assert y["num_tokens"].tolist() == x["loss_mask"].sum(axis=1).tolist()
+            # column 0 (which expand_flat ignores at a document start): the token before a continuation
+            # piece (token ids run on within a document here), 0 before a row that starts a document
+            tok = y["tokens"]
+            before = np.where(y["first_positions"] > 0, (tok[:, 1] >> 1) - 1, 0)
+            assert (tok[:, 0] >> 1).tolist() == before.tolist() and not (tok[:, 0] & 1).any(), b
 
 
 @pytest.mark.parametrize("o,R,r,start", [
