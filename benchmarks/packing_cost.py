@@ -140,11 +140,12 @@ def cache_figures(chunks: list[np.ndarray], seq_len: int, groups: list[np.ndarra
 
 
 def _cpu_s() -> float:
-    """CPU seconds of this process and its live children (reader workers), user + system."""
+    """CPU seconds of this process and its children (reader workers), user + system: the live ones, and
+    those that exited and were waited for."""
     import psutil
 
     me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
+    total = sum(me.cpu_times()[:4])  # user, system, children_user, children_system
     for child in me.children(recursive=True):
         try:
             total += sum(child.cpu_times()[:2])
@@ -179,7 +180,7 @@ def read_rates(cache: str, seq_len: int, batches: int, rounds: int, *, eval_mode
             with Reader(cache, dataclasses.replace(base, packing=name, **extra)) as r:
                 for _, x in r.iter_batches(0, batches):
                     real += int(x["num_tokens"].sum())
-                c1 = _cpu_s()  # (before the workers exit)
+                c1 = _cpu_s()
             wall[name].append(real / (time.perf_counter() - t))
             cpu[name].append(real / max(1e-9, c1 - c0))
     best = {k: max(v) for k, v in wall.items()}
