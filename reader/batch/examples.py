@@ -73,18 +73,19 @@ class RowPieces:
     @classmethod
     def scatter(cls, rows: int, parts: list[tuple[np.ndarray, RowPieces]]) -> RowPieces:
         """The pieces of ``rows`` rows from ``parts``: ``(dst, pieces)``, ``pieces``' row ``i`` being row
-        ``dst[i]`` (a mixture's components' rows, put back in the mixture's row order)."""
+        ``dst[i]`` (a read's rows of each chunk, or a mixture's components' rows, put back in row order).
+        (All parts at once: per-part numpy calls cost more than the few pieces each part has.)"""
+        dst = np.concatenate([d for d, _ in parts]) if parts else np.zeros(0, np.int64)
+        m = np.concatenate([pc.ptr[1:] - pc.ptr[:-1] for _, pc in parts]) if parts else np.zeros(0, np.int64)
         counts = np.zeros(rows, np.int64)
-        for dst, pc in parts:
-            counts[dst] = np.diff(pc.ptr)
+        counts[dst] = m
         ptr = np.concatenate([[0], np.cumsum(counts)])
         n = int(ptr[-1])
+        # piece k of the parts, in part order, goes to its row's first slot plus its place in the row
+        at = np.repeat(ptr[dst] - (np.cumsum(m) - m), m) + np.arange(n, dtype=np.int64)
         out = [np.empty(n, np.int64) for _ in range(4)]
-        for dst, pc in parts:
-            m = np.diff(pc.ptr)
-            at = np.repeat(ptr[dst] - pc.ptr[:-1], m) + np.arange(int(pc.ptr[-1]), dtype=np.int64)
-            for o, a in zip(out, (pc.starts, pc.first_positions, pc.lengths, pc.columns)):
-                o[at] = a
+        for i, o in enumerate(out):
+            o[at] = np.concatenate([(pc.starts, pc.first_positions, pc.lengths, pc.columns)[i] for _, pc in parts])
         return cls(ptr, *out)
 
 
@@ -324,10 +325,8 @@ class ExampleOrder:
     def _best_fit_rows(self, chunks: np.ndarray, offsets: np.ndarray):
         """``(starts, first_positions, lengths, pieces)`` of best-fit rows ``offsets`` of ``chunks``."""
         parts = []
-        for c in np.unique(chunks).tolist():
-            dst = np.flatnonzero(chunks == c)
-            n, *arrs = self.chunk_index.rows(c, offsets[dst], self.store)
-            parts.append((dst, RowPieces(np.concatenate([[0], np.cumsum(n)]), *arrs)))
+        for c, dst in group_by_key(chunks, np.arange(chunks.size)):
+            parts.append((dst, RowPieces(*self.chunk_index.rows(c, offsets[dst], self.store))))
         pieces = RowPieces.scatter(chunks.size, parts) if len(parts) > 1 else (
             parts[0][1] if parts else RowPieces.empty())
         head = pieces.ptr[:-1]

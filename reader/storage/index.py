@@ -244,34 +244,35 @@ class ExampleIndex:
         return got
 
     def rows(self, c: int, offsets: np.ndarray, store):
-        """Best-fit rows ``offsets`` of chunk ``c``: ``(pieces per row, token offset in the chunk, position in
-        its document of the first token, tokens, column in the row)``, the last four per piece, row after
-        row. Decodes only the windows the rows lie in (``store``: ``meta`` and ``window_docs``)."""
+        """Best-fit rows ``offsets`` of chunk ``c``: ``(ptr, token offset in the chunk, position in its document
+        of the first token, tokens, column in the row)``, the last four per piece, row after row, row ``i``
+        holding pieces ``ptr[i]:ptr[i+1]``. Decodes only the windows the rows lie in (``store``: ``meta`` and
+        ``window_docs``)."""
         _, first = self.windows(c, store)
         offsets = np.asarray(offsets, dtype=np.int64)
+        if offsets.size:  # the usual case: consecutive rows of one window (a stream's rows of a batch), slices
+            o0, o1 = int(offsets[0]), int(offsets[-1])
+            w = int(first.searchsorted(o0, side="right")) - 1
+            if o1 - o0 + 1 == offsets.size and o1 < first[w + 1] and offsets.tolist() == list(range(o0, o1 + 1)):
+                got = self.window_rows(c, w, store)
+                p = got.ptr[o0 - first[w]:o1 - first[w] + 2]
+                a, b = int(p[0]), int(p[-1])
+                return p - a, got.token[a:b], got.first[a:b], got.length[a:b], got.column[a:b]
         win = np.searchsorted(first, offsets, side="right") - 1
-        ws = np.unique(win).tolist()
-        if len(ws) == 1:  # (the usual case: a read's rows of a chunk lie in one window)
-            got = self.window_rows(c, ws[0], store)
-            local = offsets - first[ws[0]]
-            lo, hi = got.ptr[local], got.ptr[local + 1]
-            n = hi - lo
-            k = np.arange(int(n.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(n) - n), n)
-            return n, got.token[k], got.first[k], got.length[k], got.column[k]
-        parts = []
         n = np.zeros(offsets.size, np.int64)
-        for w in ws:
+        parts = []
+        for w in np.unique(win).tolist():
             m = np.flatnonzero(win == w)
             got = self.window_rows(c, w, store)
             local = offsets[m] - first[w]
             parts.append((m, got.ptr[local], got))
             n[m] = got.ptr[local + 1] - got.ptr[local]
-        ptr = np.cumsum(n) - n  # each row's first piece in the output
-        out = [np.empty(int(n.sum()), dt) for dt in (np.int64, np.int64, np.int32, np.int32)]
+        ptr = np.concatenate([[0], np.cumsum(n)])
+        out = [np.empty(int(ptr[-1]), dt) for dt in (np.int64, np.int64, np.int32, np.int32)]
         for m, lo, got in parts:
             cnt = n[m]
             inner = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
             dst, src = np.repeat(ptr[m], cnt) + inner, np.repeat(lo, cnt) + inner
             for o, a in zip(out, (got.token, got.first, got.length, got.column)):
                 o[dst] = a[src]
-        return (n, *out)
+        return (ptr, *out)
