@@ -3,7 +3,7 @@ with ``--cache``, best fit's figures on a built cache.
 
     python -m benchmarks.packing_cost [--docs 20000] [--median 600] [--sigma 1.0] [--seq_len 2048 8192]
     python -m benchmarks.packing_cost --cache DIR [--seq_len 2048 8192] [--split 8] [--rounds 2]
-        [--window_tokens N] [--eval_fraction 0.25] [--train_fraction 0.5] [--no_rates] [--quick]
+        [--window_tokens N] [--eval_fraction 0.25] [--train_fraction 1.0] [--no_rates] [--quick]
 
 Document lengths are log-normal (median ``--median`` tokens, log-space sigma ``--sigma``), one chunk of
 ``--docs`` documents, seeded. For each L it prints the median CPU microseconds per piece (all pieces,
@@ -160,7 +160,9 @@ def read_rates(cache: str, seq_len: int, batches: int, rounds: int, *, eval_mode
     ``"concat"``, ``batches`` batches from opening the reader, runs alternating (A B A B ...: a machine
     that slows down slows both); batch 64, flat layout, default budget. Per packing: the best and the
     median wall rate of the rounds, and the best rate per CPU-second (this process and its reader
-    workers, sampled before the reader closes), and best fit's ratios to concat of each.
+    workers, sampled before the reader closes), and best fit's ratios to concat of each; ``*_paired``: the
+    median over the rounds of best fit's rate over that of the concat run just before it (a busy machine
+    slows neighbouring runs alike).
 
     ``eval_mode``: one pass in global chunk order (one stream): both read the same chunks, every row group
     decoded once, so the ratio is the cost of the packing per token. Else the reader benchmark's
@@ -186,11 +188,17 @@ def read_rates(cache: str, seq_len: int, batches: int, rounds: int, *, eval_mode
     best = {k: max(v) for k, v in wall.items()}
     med = {k: statistics.median(v) for k, v in wall.items()}
     per_cpu = {k: max(v) for k, v in cpu.items()}
+
+    def paired(x: dict) -> float:  # median over the rounds of best fit / the concat run just before it
+        return statistics.median(b / a for a, b in zip(x["concat"], x["best_fit"]))
+
     return {"concat_real_tokens_per_s": best["concat"], "best_fit_real_tokens_per_s": best["best_fit"],
             "best_fit_vs_concat": best["best_fit"] / best["concat"],
             "best_fit_vs_concat_median": med["best_fit"] / med["concat"],
+            "best_fit_vs_concat_paired": paired(wall),
             "concat_real_tokens_per_cpu_s": per_cpu["concat"], "best_fit_real_tokens_per_cpu_s": per_cpu["best_fit"],
-            "best_fit_vs_concat_per_cpu": per_cpu["best_fit"] / per_cpu["concat"]}
+            "best_fit_vs_concat_per_cpu": per_cpu["best_fit"] / per_cpu["concat"],
+            "best_fit_vs_concat_per_cpu_paired": paired(cpu)}
 
 
 def cache_main(a) -> None:
@@ -227,9 +235,10 @@ def cache_main(a) -> None:
                 res[f"packing_read_batches{tag}_L{L}"] = batches
             line += "; reads at " + ", ".join(
                 f"{res[f'best_fit_vs_concat{t}_L{L}']:.2f} wall / {res[f'best_fit_vs_concat_per_cpu{t}_L{L}']:.2f} "
-                f"per CPU-s of concat ({what})" for t, what in (("", f"training, {WORKERS} workers"),
-                                                               ("_1p", "training, one process"),
-                                                               ("_eval", "an eval pass, one process")))
+                f"per CPU-s of concat, paired median {res[f'best_fit_vs_concat_paired{t}_L{L}']:.2f} / "
+                f"{res[f'best_fit_vs_concat_per_cpu_paired{t}_L{L}']:.2f} ({what})"
+                for t, what in (("", f"training, {WORKERS} workers"), ("_1p", "training, one process"),
+                                ("_eval", "an eval pass, one process")))
         log(line)
     emit_result(res)
 
