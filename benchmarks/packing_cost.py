@@ -162,7 +162,8 @@ def read_rates(cache: str, seq_len: int, batches: int, rounds: int, *, eval_mode
     median wall rate of the rounds, and the best rate per CPU-second (this process and its reader
     workers, sampled before the reader closes), and best fit's ratios to concat of each; ``*_paired``: the
     median over the rounds of best fit's rate over that of the concat run just before it (a busy machine
-    slows neighbouring runs alike).
+    slows neighbouring runs alike); ``*_first_batch_s``: the median wall seconds from opening the reader to
+    the first batch.
 
     ``eval_mode``: one pass in global chunk order (one stream): both read the same chunks, every row group
     decoded once, so the ratio is the cost of the packing per token. Else the reader benchmark's
@@ -174,6 +175,7 @@ def read_rates(cache: str, seq_len: int, batches: int, rounds: int, *, eval_mode
     base = ReadOptions(seq_len=seq_len, batch_size=B, layout="flat", eval_mode=eval_mode, num_workers=workers)
     wall: dict = {"concat": [], "best_fit": []}
     cpu: dict = {"concat": [], "best_fit": []}
+    first: dict = {"concat": [], "best_fit": []}
     for _ in range(rounds):
         for name in wall:
             extra = {"best_fit_window_tokens": window_tokens} if name == "best_fit" else {}
@@ -181,6 +183,8 @@ def read_rates(cache: str, seq_len: int, batches: int, rounds: int, *, eval_mode
             real = 0
             with Reader(cache, dataclasses.replace(base, packing=name, **extra)) as r:
                 for _, x in r.iter_batches(0, batches):
+                    if not real:
+                        first[name].append(time.perf_counter() - t)
                     real += int(x["num_tokens"].sum())
                 c1 = _cpu_s()
             wall[name].append(real / (time.perf_counter() - t))
@@ -198,7 +202,9 @@ def read_rates(cache: str, seq_len: int, batches: int, rounds: int, *, eval_mode
             "best_fit_vs_concat_paired": paired(wall),
             "concat_real_tokens_per_cpu_s": per_cpu["concat"], "best_fit_real_tokens_per_cpu_s": per_cpu["best_fit"],
             "best_fit_vs_concat_per_cpu": per_cpu["best_fit"] / per_cpu["concat"],
-            "best_fit_vs_concat_per_cpu_paired": paired(cpu)}
+            "best_fit_vs_concat_per_cpu_paired": paired(cpu),
+            "concat_first_batch_s": statistics.median(first["concat"]),
+            "best_fit_first_batch_s": statistics.median(first["best_fit"])}
 
 
 def cache_main(a) -> None:
@@ -236,7 +242,9 @@ def cache_main(a) -> None:
             line += "; reads at " + ", ".join(
                 f"{res[f'best_fit_vs_concat{t}_L{L}']:.2f} wall / {res[f'best_fit_vs_concat_per_cpu{t}_L{L}']:.2f} "
                 f"per CPU-s of concat, paired median {res[f'best_fit_vs_concat_paired{t}_L{L}']:.2f} / "
-                f"{res[f'best_fit_vs_concat_per_cpu_paired{t}_L{L}']:.2f} ({what})"
+                f"{res[f'best_fit_vs_concat_per_cpu_paired{t}_L{L}']:.2f}, first batch after "
+                f"{res[f'best_fit_first_batch_s{t}_L{L}']:.2f} s (concat {res[f'concat_first_batch_s{t}_L{L}']:.2f}) "
+                f"({what})"
                 for t, what in (("", f"training, {WORKERS} workers"), ("_1p", "training, one process"),
                                 ("_eval", "an eval pass, one process")))
         log(line)
