@@ -85,6 +85,7 @@ class ExampleIndex:
         self._cum: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._rows: collections.OrderedDict[tuple[int, int], WindowRows] = collections.OrderedDict()
         self._rows_bytes = 0
+        self._packing: dict[tuple[int, int], cf.Future] = {}  # windows being packed
 
     @property
     def index_file(self) -> str:
@@ -223,24 +224,39 @@ class ExampleIndex:
 
     def window_rows(self, c: int, w: int, store) -> WindowRows:
         """Window ``w`` of chunk ``c``: its best-fit rows, from the documents of its row groups
-        (``store.window_docs`` decodes them; the packings of recent windows are kept)."""
+        (``store.window_docs`` decodes them; the packings of recent windows are kept). A window is packed
+        once: a thread that asks while another packs it (a read and the prefetch) waits for that one."""
+        key = (c, w)
         with self._lock:
-            got = self._rows.get((c, w))
+            got = self._rows.get(key)
             if got is not None:
-                self._rows.move_to_end((c, w))
+                self._rows.move_to_end(key)
                 return got
-        bounds, first = self.windows(c, store)
-        got = WindowRows(store.window_docs(c, int(bounds[w]), int(bounds[w + 1])), self.seq_len)
-        want = int(first[w + 1] - first[w])
-        if got.rows != want:  # the counts came from the num_tokens column, or an index file
-            raise self._mismatch(c, f"the documents of its packing window {w} pack into {got.rows} rows of "
-                                 f"{self.seq_len}, the index says {want}")
+            fut = self._packing.get(key)
+            owner = fut is None
+            if owner:
+                fut = self._packing[key] = cf.Future()
+        if not owner:
+            return fut.result()
+        try:
+            bounds, first = self.windows(c, store)
+            got = WindowRows(store.window_docs(c, int(bounds[w]), int(bounds[w + 1])), self.seq_len)
+            want = int(first[w + 1] - first[w])
+            if got.rows != want:  # the counts came from the num_tokens column, or an index file
+                raise self._mismatch(c, f"the documents of its packing window {w} pack into {got.rows} rows of "
+                                     f"{self.seq_len}, the index says {want}")
+        except BaseException as e:
+            with self._lock:
+                del self._packing[key]
+            fut.set_exception(e)
+            raise
         with self._lock:
-            if (c, w) not in self._rows:
-                self._rows[(c, w)] = got
-                self._rows_bytes += got.nbytes
+            del self._packing[key]
+            self._rows[key] = got
+            self._rows_bytes += got.nbytes
             while self._rows_bytes > _ROWS_CACHE_BYTES and len(self._rows) > 1:
                 self._rows_bytes -= self._rows.popitem(last=False)[1].nbytes
+        fut.set_result(got)
         return got
 
     def rows(self, c: int, offsets: np.ndarray, store):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -185,6 +186,48 @@ def test_a_read_releases_each_window_and_reuses_its_buffers(tmp_path):
         assert most <= 2 * int(np.diff(bounds).max())  # about a window held (the next may be loading)
         assert most < len(groups) / 2
         assert r.store.fresh_buffers < len(groups) / 2  # the others reused released buffers
+
+
+def test_a_window_is_packed_once_when_two_threads_ask_for_it(cache, monkeypatch):
+    """A read and the prefetch often reach a window together: the second waits for the first's packing
+    instead of packing it again. The first is held inside the window's decoding until the second has
+    looked for the window among those being packed (no timing involved)."""
+    root, chunks = cache
+    c = next(i for i, docs in enumerate(chunks) if docs)
+    with Reader(root, opts(prefetch_threads=0)) as r:
+        r.stream_index()  # (the counts per window, as any read has them)
+        idx, store = r.order.chunk_index, r.store
+        inside, asked, packed, got = threading.Event(), threading.Event(), [], {}
+
+        class Watched(dict):  # the windows being packed; notes when the second thread looks
+            def get(self, key, default=None):
+                if threading.current_thread().name == "second":
+                    asked.set()
+                return super().get(key, default)
+
+        idx._packing = Watched()
+        window_docs = store.window_docs
+
+        def held(*args):
+            packed.append(threading.current_thread().name)
+            if threading.current_thread().name == "first":
+                inside.set()
+                asked.wait(60)
+            return window_docs(*args)
+
+        monkeypatch.setattr(store, "window_docs", held)
+
+        def ask():
+            got[threading.current_thread().name] = idx.window_rows(c, 0, store)
+
+        first, second = threading.Thread(target=ask, name="first"), threading.Thread(target=ask, name="second")
+        first.start()
+        assert inside.wait(60)
+        second.start()
+        for t in (first, second):
+            t.join(60)
+        assert asked.is_set() and not first.is_alive() and not second.is_alive()
+        assert packed == ["first"] and got["first"] is got["second"]
 
 
 def test_an_index_that_disagrees_with_the_chunks_is_a_clear_error(tmp_path):
