@@ -293,7 +293,7 @@ class FlatWriter:
         np.concatenate(parts, out=flat)
         head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece
         head_first = first[head]
-        flat[pieces_row[head][head_first == 0] * L1] = 0
+        flat[pieces_row[head][head_first == 0] * L1] = 0  # column 0 of rows that start with a document
         flat <<= 1
         dst0 = pieces_row * L1 + 1 + columns
         flat[dst0[first == 0]] += 1
