@@ -3,7 +3,7 @@ with ``--cache``, best fit's figures on a built cache.
 
     python -m benchmarks.packing_cost [--docs 20000] [--median 600] [--sigma 1.0] [--seq_len 2048 8192]
     python -m benchmarks.packing_cost --cache DIR [--seq_len 2048 8192] [--split 8] [--rounds 2]
-        [--eval_fraction 0.25] [--train_fraction 0.5] [--quick]
+        [--window_tokens N] [--eval_fraction 0.25] [--train_fraction 1.0] [--no_rates] [--quick]
 
 Document lengths are log-normal (median ``--median`` tokens, log-space sigma ``--sigma``), one chunk of
 ``--docs`` documents, seeded. For each L it prints the median CPU microseconds per piece (all pieces,
@@ -11,13 +11,14 @@ full ones included) of ``best_fit_rows`` and ``count_best_fit_rows``, and the pa
 best fit and of concatenation (``concat_rows``) on the same lengths.
 
 ``--cache``: for each L, the padding and cut figures (:func:`cache_figures`) of best fit (each chunk
-packed alone), of concatenation (the documents in global chunk order) and of unpacked reading, on the
-cache's chunks and on chunks ``--split`` times smaller (each chunk's documents cut into ``--split``
-consecutive runs of about equal tokens: what a build with a ``--split`` times smaller ``--chunk_bytes``
-writes, give or take where the cuts fall); and the reader's real tokens per second with best fit against
-concatenation (:func:`read_rates`), in training over ``--train_fraction`` of the cache's tokens (reader
-workers; by default one pass) and in an eval pass over ``--eval_fraction`` of it (one process). Prints
-one ``BENCH_RESULT {json}`` line.
+packed per window of ``--window_tokens``, default ``ReadOptions.best_fit_window_tokens``), of
+concatenation (the documents in global chunk order) and of unpacked reading, on the cache's chunks and
+on chunks ``--split`` times smaller (each chunk's documents cut into ``--split`` consecutive runs of
+about equal tokens, in row groups as the build cuts them: what a build with a ``--split`` times smaller
+``--chunk_bytes`` writes, give or take where the cuts fall); and the reader's real tokens per second
+with best fit against concatenation (:func:`read_rates`, wall and per CPU-second), in training over
+``--train_fraction`` of the cache's tokens (with reader workers, and in one process) and in an eval pass
+over ``--eval_fraction`` of it (one process). Prints one ``BENCH_RESULT {json}`` line.
 """
 
 from __future__ import annotations
@@ -50,6 +51,36 @@ def cache_lengths(cache) -> list[np.ndarray]:
     return [chunk_doc_lengths(c, i) for i in range(len(c.table))]
 
 
+def cache_row_groups(cache) -> list[np.ndarray]:
+    """Every chunk's documents per row group (its Parquet footer), in global chunk order."""
+    import pyarrow.parquet as pq
+
+    from reader.storage.cache import Cache
+
+    c = cache if isinstance(cache, Cache) else Cache(str(cache))
+    out = []
+    for rel in c.table.paths:
+        with c.fs.open(c.path(rel), "rb") as f:
+            meta = pq.ParquetFile(f).metadata
+            out.append(np.asarray([meta.row_group(g).num_rows for g in range(meta.num_row_groups)], np.int64))
+    return out
+
+
+def row_groups_of(lengths: np.ndarray, row_group_tokens: int) -> np.ndarray:
+    """Documents per row group as the build cuts them: a row group closes once it holds at least
+    ``row_group_tokens`` tokens (the last one holds the rest)."""
+    out, k, acc = [], 0, 0
+    for n in np.asarray(lengths).tolist():
+        k += 1
+        acc += n
+        if acc >= row_group_tokens:
+            out.append(k)
+            k = acc = 0
+    if k:
+        out.append(k)
+    return np.asarray(out, np.int64)
+
+
 def split_chunks(chunks: list[np.ndarray], parts: int) -> list[np.ndarray]:
     """Each chunk's documents cut into ``parts`` consecutive runs of about equal tokens (a smaller chunk
     size); a run never splits a document, so a chunk of fewer documents gives fewer runs."""
@@ -63,22 +94,27 @@ def split_chunks(chunks: list[np.ndarray], parts: int) -> list[np.ndarray]:
     return out
 
 
-def cache_figures(chunks: list[np.ndarray], seq_len: int) -> dict:
+def cache_figures(chunks: list[np.ndarray], seq_len: int, groups: list[np.ndarray],
+                  window_tokens: int = packing.WINDOW_TOKENS) -> dict:
     """Padding and cut figures (:func:`reader.order.packing.packing_figures`' meanings) of the documents of
-    ``chunks`` (lengths per chunk, global order) read with each packing at ``seq_len``:
+    ``chunks`` (lengths per chunk, global order; ``groups``: their documents per row group) read with each
+    packing at ``seq_len``:
 
-    * ``best_fit_*``: each chunk packed alone (``best_fit_rows``), as ``packing="best_fit"`` reads it;
+    * ``best_fit_*``: each chunk packed per window of ``window_tokens`` (``best_fit_chunk_rows``), as
+      ``packing="best_fit"`` reads it;
     * ``concat_*``: the documents in global chunk order concatenated and cut every L tokens (a stream of
       the order; ``R*`` streams cut at other places, in the same proportions);
     * ``unpacked_*``: a document of n tokens in ``ceil(n/L)`` rows, each padded.
 
     Also ``best_fit_short_documents_cut``: documents of at most L tokens of which some row holds a piece
-    not starting at their first token (the packing's promise: 0), and ``best_fit_rows``."""
+    not starting at their first token (the packing's promise: 0), ``best_fit_rows`` and
+    ``best_fit_windows``."""
     L = int(seq_len)
     out: dict = {}
-    rows = tokens = docs = cut_docs = cut_tokens = short_cut = 0
-    for n in chunks:
-        r = packing.best_fit_rows(n, L)
+    rows = tokens = docs = cut_docs = cut_tokens = short_cut = windows = 0
+    for n, g in zip(chunks, groups):
+        r = packing.best_fit_chunk_rows(n, g, L, window_tokens)
+        windows += packing.window_docs(n, g, window_tokens).size - 1
         late = r.start > 0
         rows += r.num_rows
         tokens += int(n.sum())
@@ -87,7 +123,7 @@ def cache_figures(chunks: list[np.ndarray], seq_len: int) -> dict:
         cut_docs += cut.size
         cut_tokens += int(r.length[late].sum(dtype=np.int64))
         short_cut += int((n[cut] <= L).sum())
-    out.update(best_fit_rows=rows, best_fit_short_documents_cut=short_cut)
+    out.update(best_fit_rows=rows, best_fit_short_documents_cut=short_cut, best_fit_windows=windows)
     cap = rows * L
     out["best_fit_padding"] = (cap - tokens) / cap if cap else 0.0
     out["best_fit_cut_documents"] = cut_docs / docs if docs else 0.0
@@ -103,60 +139,115 @@ def cache_figures(chunks: list[np.ndarray], seq_len: int) -> dict:
     return out
 
 
-def read_rates(cache: str, seq_len: int, batches: int, rounds: int, *, eval_mode: bool) -> dict:
-    """Real tokens (``num_tokens``) per second read from ``cache`` with ``packing="best_fit"`` and with
-    ``"concat"``, ``batches`` batches from opening the reader, runs alternating, best of ``rounds`` each;
-    batch 64, flat layout, default budget.
+def _cpu_s() -> float:
+    """CPU seconds of this process and its children (reader workers), user + system: the live ones, and
+    those that exited and were waited for."""
+    import psutil
 
-    ``eval_mode``: one pass in global chunk order, in one process (``num_workers=0``): both read the same
-    chunks, every row group decoded once (best fit's last chunk whole), so the ratio is the cost of the
-    packing per token. Else the reader benchmark's headline configuration (R* = 16, its reader workers):
-    a best-fit read decodes each stream's whole chunk when it enters it (the chunk's first rows take
-    documents from all of it), so the first batch waits for R* whole chunks and the run's last chunks
-    are decoded whole; timing from the opening keeps that in."""
-    from benchmarks.reader_bench import B, WORKERS
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:4])  # user, system, children_user, children_system
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # (exited meanwhile)
+            pass
+    return total
+
+
+def read_rates(cache: str, seq_len: int, batches: int, rounds: int, *, eval_mode: bool, workers: int,
+               window_tokens: int = packing.WINDOW_TOKENS) -> dict:
+    """Real tokens (``num_tokens``) per second read from ``cache`` with ``packing="best_fit"`` and with
+    ``"concat"``, ``batches`` batches from opening the reader, runs alternating (A B A B ...: a machine
+    that slows down slows both); batch 64, flat layout, default budget. Per packing: the best and the
+    median wall rate of the rounds, and the best rate per CPU-second (this process and its reader
+    workers, sampled before the reader closes), and best fit's ratios to concat of each; ``*_paired``: the
+    median over the rounds of best fit's rate over that of the concat run just before it (a busy machine
+    slows neighbouring runs alike); ``*_first_batch_s``: the median wall seconds from opening the reader to
+    the first batch.
+
+    ``eval_mode``: one pass in global chunk order (one stream): both read the same chunks, every row group
+    decoded once, so the ratio is the cost of the packing per token. Else the reader benchmark's
+    configuration, R* = 16, with ``workers`` reader workers (0: one process): a best-fit read decodes a
+    stream's window (``window_tokens``) when it enters it, so the first batch waits for R* windows."""
+    from benchmarks.reader_bench import B
     from reader import Reader, ReadOptions
 
-    base = ReadOptions(seq_len=seq_len, batch_size=B, layout="flat", eval_mode=eval_mode,
-                       num_workers=0 if eval_mode else WORKERS)
-    best = {"concat": 0.0, "best_fit": 0.0}
+    base = ReadOptions(seq_len=seq_len, batch_size=B, layout="flat", eval_mode=eval_mode, num_workers=workers)
+    wall: dict = {"concat": [], "best_fit": []}
+    cpu: dict = {"concat": [], "best_fit": []}
+    first: dict = {"concat": [], "best_fit": []}
     for _ in range(rounds):
-        for name in best:
-            t = time.perf_counter()
+        for name in wall:
+            extra = {"best_fit_window_tokens": window_tokens} if name == "best_fit" else {}
+            c0, t = _cpu_s(), time.perf_counter()
             real = 0
-            with Reader(cache, dataclasses.replace(base, packing=name)) as r:
+            with Reader(cache, dataclasses.replace(base, packing=name, **extra)) as r:
                 for _, x in r.iter_batches(0, batches):
+                    if not real:
+                        first[name].append(time.perf_counter() - t)
                     real += int(x["num_tokens"].sum())
-            best[name] = max(best[name], real / (time.perf_counter() - t))
+                c1 = _cpu_s()
+            wall[name].append(real / (time.perf_counter() - t))
+            cpu[name].append(real / max(1e-9, c1 - c0))
+    best = {k: max(v) for k, v in wall.items()}
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    per_cpu = {k: max(v) for k, v in cpu.items()}
+
+    def paired(x: dict) -> float:  # median over the rounds of best fit / the concat run just before it
+        return statistics.median(b / a for a, b in zip(x["concat"], x["best_fit"]))
+
     return {"concat_real_tokens_per_s": best["concat"], "best_fit_real_tokens_per_s": best["best_fit"],
-            "best_fit_vs_concat": best["best_fit"] / best["concat"]}
+            "best_fit_vs_concat": best["best_fit"] / best["concat"],
+            "best_fit_vs_concat_median": med["best_fit"] / med["concat"],
+            "best_fit_vs_concat_paired": paired(wall),
+            "concat_real_tokens_per_cpu_s": per_cpu["concat"], "best_fit_real_tokens_per_cpu_s": per_cpu["best_fit"],
+            "best_fit_vs_concat_per_cpu": per_cpu["best_fit"] / per_cpu["concat"],
+            "best_fit_vs_concat_per_cpu_paired": paired(cpu),
+            "concat_first_batch_s": statistics.median(first["concat"]),
+            "best_fit_first_batch_s": statistics.median(first["best_fit"])}
 
 
 def cache_main(a) -> None:
     from reader.storage.cache import Cache
 
     from benchmarks.common import emit_result, log
-    from benchmarks.reader_bench import B
+    from benchmarks.reader_bench import B, WORKERS
 
     cache = Cache(str(a.cache))
     chunks = cache_lengths(cache)
+    groups = cache_row_groups(cache)
+    rgt = int(cache.ledger.config.get("row_group_tokens") or (1 << 20))
     small = split_chunks(chunks, a.split)
+    small_groups = [row_groups_of(n, rgt) for n in small]
     tokens = int(cache.table.tokens.sum())
     res: dict = {"packing_chunks": len(chunks), "packing_small_chunks": len(small), "packing_split": a.split,
-                 "packing_tokens_per_chunk": tokens / max(1, len(chunks))}
+                 "packing_tokens_per_chunk": tokens / max(1, len(chunks)), "packing_window_tokens": a.window_tokens}
     for L in a.seq_len:
-        res.update({f"{k}_L{L}": v for k, v in cache_figures(chunks, L).items()})
+        res.update({f"{k}_L{L}": v for k, v in cache_figures(chunks, L, groups, a.window_tokens).items()})
         # (concatenation and unpacked reading do not depend on the chunks)
-        res.update({f"{k}_L{L}_small": v for k, v in cache_figures(small, L).items() if k.startswith("best_fit")})
-        for tag, eval_mode, frac in (("", False, a.train_fraction), ("_eval", True, a.eval_fraction)):
-            batches = 4 if a.quick else max(1, int(tokens * frac) // (B * L))
-            res.update({f"{k}{tag}_L{L}": v for k, v in read_rates(str(a.cache), L, batches, a.rounds,
-                                                                   eval_mode=eval_mode).items()})
-            res[f"packing_read_batches{tag}_L{L}"] = batches
-        log(f"best fit, L={L}: padding {res[f'best_fit_padding_L{L}']:.2%} ({res[f'best_fit_padding_L{L}_small']:.2%} "
-            f"with {a.split}x smaller chunks), cut documents {res[f'best_fit_cut_documents_L{L}']:.2%} "
-            f"(concat {res[f'concat_cut_documents_L{L}']:.2%}), reads at {res[f'best_fit_vs_concat_L{L}']:.2f} of "
-            f"concat (training, workers), {res[f'best_fit_vs_concat_eval_L{L}']:.2f} (an eval pass, one process)")
+        res.update({f"{k}_L{L}_small": v for k, v in cache_figures(small, L, small_groups, a.window_tokens).items()
+                    if k.startswith("best_fit")})
+        line = (f"best fit, L={L}: padding {res[f'best_fit_padding_L{L}']:.2%} ({res[f'best_fit_padding_L{L}_small']:.2%} "
+                f"with {a.split}x smaller chunks), cut documents {res[f'best_fit_cut_documents_L{L}']:.2%} "
+                f"(concat {res[f'concat_cut_documents_L{L}']:.2%}), {res[f'best_fit_windows_L{L}']} windows")
+        if not a.no_rates:
+            for tag, eval_mode, frac, workers in (("", False, a.train_fraction, WORKERS),
+                                                  ("_1p", False, a.train_fraction, 0),
+                                                  ("_eval", True, a.eval_fraction, 0)):
+                batches = 4 if a.quick else max(1, int(tokens * frac) // (B * L))
+                got = read_rates(str(a.cache), L, batches, a.rounds, eval_mode=eval_mode, workers=workers,
+                                 window_tokens=a.window_tokens)
+                res.update({f"{k}{tag}_L{L}": v for k, v in got.items()})
+                res[f"packing_read_batches{tag}_L{L}"] = batches
+            line += "; reads at " + ", ".join(
+                f"{res[f'best_fit_vs_concat{t}_L{L}']:.2f} wall / {res[f'best_fit_vs_concat_per_cpu{t}_L{L}']:.2f} "
+                f"per CPU-s of concat, paired median {res[f'best_fit_vs_concat_paired{t}_L{L}']:.2f} / "
+                f"{res[f'best_fit_vs_concat_per_cpu_paired{t}_L{L}']:.2f}, first batch after "
+                f"{res[f'best_fit_first_batch_s{t}_L{L}']:.2f} s (concat {res[f'concat_first_batch_s{t}_L{L}']:.2f}) "
+                f"({what})"
+                for t, what in (("", f"training, {WORKERS} workers"), ("_1p", "training, one process"),
+                                ("_eval", "an eval pass, one process")))
+        log(line)
     emit_result(res)
 
 
@@ -174,6 +265,9 @@ def main(argv=None) -> None:
     ap.add_argument("--train_fraction", type=float, default=1.0,
                     help="with --cache: share of the cache's tokens a training rate reads")
     ap.add_argument("--quick", action="store_true", help="with --cache: read 4 batches per rate")
+    ap.add_argument("--no_rates", action="store_true", help="with --cache: the padding and cut figures only")
+    ap.add_argument("--window_tokens", type=int, default=packing.WINDOW_TOKENS,
+                    help="with --cache: best fit's window target (ReadOptions.best_fit_window_tokens)")
     a = ap.parse_args(argv)
     if a.cache:
         a.rounds = a.rounds or 2

@@ -45,7 +45,7 @@ MAIN_ROWS = report_peers.PEER_MAIN_ROWS + [
     ("pipeline_peak_rss_ratio_4x_shards", "pipeline peak RSS (process tree), {pipeline_shard_mb:.3g} MB shards / "
      "{pipeline_shard_mb_small:.3g} MB shards (flat if <= 1.25)", "ratio"),
     ("reader_rss_growth_vs_budget", "reader RSS growth while reading / its memory budget", "ratio"),
-    ("best_fit_padding_L2048", "best-fit packing (`packing=\"best_fit\"`, each chunk alone), L=2048: padding "
+    ("best_fit_padding_L2048", "best-fit packing (`packing=\"best_fit\"`, each chunk per window), L=2048: padding "
      "tokens / row tokens", "ratio"),
     ("best_fit_short_documents_cut_L2048", "best fit, L=2048: documents of at most L tokens that a row sees "
      "without their beginning", "int"),
@@ -349,14 +349,16 @@ def packing_table(fig: dict) -> list[str]:
         return []
     out = ["", "### Best-fit packing (from `benchmarks/packing_cost.py --cache`)", "",
            f"The benchmark cache's {int(fig.get('packing_chunks', 0))} chunks "
-           f"({fig.get('packing_tokens_per_chunk', 0) / 1e6:.1f} M tokens each on average), each packed alone by "
-           "best-fit decreasing (`ReadOptions(packing=\"best_fit\")`, docs/FORMAT.md), against concatenation "
+           f"({fig.get('packing_tokens_per_chunk', 0) / 1e6:.1f} M tokens each on average), each packed by "
+           "best-fit decreasing per window of whole row groups of about "
+           f"{fig.get('packing_window_tokens', 0) / 2**20:.3g} Mi tokens (`ReadOptions(packing=\"best_fit\")`, "
+           "docs/FORMAT.md), against concatenation "
            "(the documents in global order cut every L tokens) and unpacked reading (a row per L-token piece of "
            f"a document); *smaller chunks*: the same documents in chunks {int(fig.get('packing_split', 0))}x "
            "smaller. Cut: a row sees the document (or token) without the document's beginning. Rates: real "
            "tokens per second (`num_tokens`), flat layout, batch 64, from opening the reader, alternating, best "
            "of the rounds; *training*: R*=16, {reader_num_workers} reader workers, as many tokens as the cache "
-           "holds (a best-fit read decodes a stream's whole chunk when it enters it, as the chunk's first rows "
+           "holds (a best-fit read decodes a stream's whole window when it enters it, as the window's first rows "
            "take documents from all of it); *eval*: a pass over a quarter of the cache in one process.", "",
            "| L | packing | padding | documents cut | tokens cut | training: real tokens/s | / concat | eval: real "
            "tokens/s | / concat |", "|---|---|---|---|---|---|---|---|---|"]

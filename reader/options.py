@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from reader.order.packing import WINDOW_TOKENS
 from reader.order.shuffle import ShuffleConfig
 
 LAYOUTS = ("arrays", "flat")  # how a batch's tokens are laid out: reader.batch.schema defines each
@@ -26,6 +27,10 @@ class ReadOptions:
       drop_long: unpacked and best-fit reads: skip every document longer than ``seq_len`` (it yields no
         example) instead of cutting it into pieces of ``seq_len``; ``Reader.dropped_long`` counts them.
         For supervised data, where a cut conversation would train on a turn without its context.
+      best_fit_window_tokens: best fit packs each chunk per window of consecutive whole row groups of
+        about this many tokens (docs/FORMAT.md, "Best-fit packing"). Part of the order, like seq_len. A
+        reader holds about one window decoded per stream; larger windows pad less (long ``seq_len``
+        needs more rows per window: docs/READING.md), smaller ones hold less. Best fit only.
       ideal_readers: R*, the number of streams. Keep it fixed for a run's lifetime (the order depends on
         it). Pick a power of two >= the largest number of reader hosts you expect (hosts R with R | R* or
         R* | R read only their own chunks). Ignored in eval mode (one stream).
@@ -74,6 +79,7 @@ class ReadOptions:
     packed: bool = True
     packing: str = "concat"
     drop_long: bool = False
+    best_fit_window_tokens: int = WINDOW_TOKENS
     ideal_readers: int = 16
     eval_mode: bool = False
     shuffle_seed: int | None = None
@@ -96,6 +102,12 @@ class ReadOptions:
             raise ValueError("drop_long skips documents longer than seq_len in unpacked and best-fit reads; "
                              "concat windows cut documents anywhere. Use packing='best_fit' or packed=False "
                              "with it.")
+        if isinstance(self.best_fit_window_tokens, bool) or not isinstance(self.best_fit_window_tokens, int) \
+                or self.best_fit_window_tokens < 1:
+            raise ValueError(f"best_fit_window_tokens must be an integer >= 1, got {self.best_fit_window_tokens!r}")
+        if self.best_fit_window_tokens != WINDOW_TOKENS and self.kind != "best_fit":
+            raise ValueError(f"best_fit_window_tokens={self.best_fit_window_tokens} applies to packing='best_fit' "
+                             f"only (this read is {self.kind!r}). Drop it or set packing='best_fit'.")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.layout == "flat" and not self.packed:

@@ -218,15 +218,18 @@ class Assembler:
         lies in one document, hence in one row group."""
         store, pc = self.store, pl.pieces
         counts = np.diff(pc.ptr)
-        chunk = np.repeat(pl.chunks, counts)
-        group = np.empty(chunk.size, np.int64)
-        local = np.empty(chunk.size, np.int64)
-        for c in np.unique(pl.chunks).tolist():
-            m = np.flatnonzero(chunk == c)
-            rg_starts = store.meta(c).rg_token_starts
-            g = np.searchsorted(rg_starts, pc.starts[m], side="right") - 1
-            group[m] = g
-            local[m] = pc.starts[m] - rg_starts[g]
+        # each piece's row group, in one search: the read's chunks' row-group starts one after the other,
+        # chunk i's raised by i << 40 (more tokens than a chunk holds); per-chunk numpy calls would cost
+        # more than the few pieces of each chunk
+        cs, rank = np.unique(pl.chunks, return_inverse=True)
+        starts = [store.meta(c).rg_token_starts for c in cs.tolist()]
+        first = np.cumsum([0] + [s.size for s in starts[:-1]])
+        every = np.concatenate([s + (i << 40) for i, s in enumerate(starts)])
+        rank = np.repeat(rank.reshape(-1), counts)
+        key = (rank << 40) + pc.starts
+        at = np.searchsorted(every, key, side="right") - 1
+        group, local = at - first[rank], key - every[at]
+        chunk = cs[rank]
         ukeys, inv = np.unique((chunk << 32) | group, return_inverse=True)  # (row groups per chunk < 2**32)
         keys = [(k >> 32, k & 0xFFFFFFFF) for k in ukeys.tolist()]
         groups = store.row_groups(keys)  # (sorted, as the mixture's store expects)

@@ -26,7 +26,6 @@ from reader.order.shuffle import shuffle_example_indices
 from reader.storage.store import ChunkStore
 from reader.order.streams import NotYetAvailable, StreamIndex, split_example_index
 from reader.storage.index import ExampleIndex
-from reader.storage.validate import ChunkError
 
 # cipher answers computed at once for the batches after a regular one (the cipher's cost is mostly
 # per call: a few hundred small numpy operations whatever the size)
@@ -74,18 +73,19 @@ class RowPieces:
     @classmethod
     def scatter(cls, rows: int, parts: list[tuple[np.ndarray, RowPieces]]) -> RowPieces:
         """The pieces of ``rows`` rows from ``parts``: ``(dst, pieces)``, ``pieces``' row ``i`` being row
-        ``dst[i]`` (a mixture's components' rows, put back in the mixture's row order)."""
+        ``dst[i]`` (a read's rows of each chunk, or a mixture's components' rows, put back in row order).
+        (All parts at once: per-part numpy calls cost more than the few pieces each part has.)"""
+        dst = np.concatenate([d for d, _ in parts]) if parts else np.zeros(0, np.int64)
+        m = np.concatenate([pc.ptr[1:] - pc.ptr[:-1] for _, pc in parts]) if parts else np.zeros(0, np.int64)
         counts = np.zeros(rows, np.int64)
-        for dst, pc in parts:
-            counts[dst] = np.diff(pc.ptr)
+        counts[dst] = m
         ptr = np.concatenate([[0], np.cumsum(counts)])
         n = int(ptr[-1])
+        # piece k of the parts, in part order, goes to its row's first slot plus its place in the row
+        at = np.repeat(ptr[dst] - (np.cumsum(m) - m), m) + np.arange(n, dtype=np.int64)
         out = [np.empty(n, np.int64) for _ in range(4)]
-        for dst, pc in parts:
-            m = np.diff(pc.ptr)
-            at = np.repeat(ptr[dst] - pc.ptr[:-1], m) + np.arange(int(pc.ptr[-1]), dtype=np.int64)
-            for o, a in zip(out, (pc.starts, pc.first_positions, pc.lengths, pc.columns)):
-                o[at] = a
+        for i, o in enumerate(out):
+            o[at] = np.concatenate([(pc.starts, pc.first_positions, pc.lengths, pc.columns)[i] for _, pc in parts])
         return cls(ptr, *out)
 
 
@@ -158,7 +158,8 @@ class ExampleOrder:
         self.kind = options.kind
         # per-chunk example counts (None: a concat stream's units are its tokens)
         self.chunk_index = None if self.kind == "concat" else ExampleIndex(
-            cache, options.seq_len, self.kind, index_cache=options.index_cache, drop_long=options.drop_long)
+            cache, options.seq_len, self.kind, index_cache=options.index_cache,
+            window_tokens=options.best_fit_window_tokens, drop_long=options.drop_long)
         self._lock = threading.Lock()
         self._index: StreamIndex | None = None
         self._index_key: tuple[int, bool] | None = None
@@ -326,23 +327,14 @@ class ExampleOrder:
                 starts[m], first[m], lengths[m] = self.chunk_index.locate(c, self.store.doc_index(c), offsets[m])
         else:
             epochs, chunks, offsets = idx.locate_streams(s, j)
-            starts, first, lengths, pieces = self._best_fit_rows(idx, chunks, offsets)
+            starts, first, lengths, pieces = self._best_fit_rows(chunks, offsets)
         return Placement(examples, valid, rows, s, j, epochs, chunks, starts, lengths, first, spill, pieces=pieces)
 
-    def _best_fit_rows(self, idx: StreamIndex, chunks: np.ndarray, offsets: np.ndarray):
+    def _best_fit_rows(self, chunks: np.ndarray, offsets: np.ndarray):
         """``(starts, first_positions, lengths, pieces)`` of best-fit rows ``offsets`` of ``chunks``."""
         parts = []
-        for c in np.unique(chunks).tolist():
-            dst = np.flatnonzero(chunks == c)
-            docs = self.store.doc_index(c)
-            got = self.chunk_index.chunk_rows(c, docs).rows
-            if got != int(idx.counts[c]):  # the counts came from the num_tokens column, or an index file
-                raise ChunkError(f"{self.cache.display(self.cache.table.paths[c])}: its documents pack into {got} "
-                                 f"rows of {self.options.seq_len}, the index says {int(idx.counts[c])}. Delete "
-                                 f"{self.cache.display(self.chunk_index.index_file)} (it is rebuilt) or run "
-                                 "`python -m reader validate`.")
-            n, *arrs = self.chunk_index.rows(c, docs, offsets[dst])
-            parts.append((dst, RowPieces(np.concatenate([[0], np.cumsum(n)]), *arrs)))
+        for c, dst in group_by_key(chunks, np.arange(chunks.size)):
+            parts.append((dst, RowPieces(*self.chunk_index.rows(c, offsets[dst], self.store))))
         pieces = RowPieces.scatter(chunks.size, parts) if len(parts) > 1 else (
             parts[0][1] if parts else RowPieces.empty())
         head = pieces.ptr[:-1]
@@ -371,11 +363,11 @@ class ExampleOrder:
         return group_by_key(chunks, offs)
 
     def token_offsets(self, c: int, offsets: np.ndarray) -> np.ndarray:
-        """Token offsets in chunk ``c`` of unit offsets from :meth:`plan` (unpacked, best-fit: decodes the
-        chunk; best-fit: every piece of the rows)."""
+        """Token offsets in chunk ``c`` of unit offsets from :meth:`plan` (unpacked: decodes the chunk;
+        best-fit: every piece of the rows, decoding the windows they lie in)."""
         if self.chunk_index is None:
             return offsets
         if self.kind == "best_fit":
-            return self.chunk_index.rows(c, self.store.doc_index(c), offsets)[1]
+            return self.chunk_index.rows(c, offsets, self.store)[1]
         return self.chunk_index.locate(c, self.store.doc_index(c), offsets)[0]
 

@@ -330,31 +330,41 @@ class FlatWriter:
         z, no, yes = _zeros32(L1), _bools(False, L1 - 1), _bools(True, L1 - 1)
         parts = []  # the tokens array's content, row after row, for one concatenate
         mparts = [] if self.masked else None  # the loss flags' (L per row: no column 0)
+        append = parts.append
         r0, used = -1, L1
-        for r, g, a, m, f in zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist(),
-                                 first.tolist()):
-            p = padded[g]
-            if r != r0:  # a new row: pad the last one and rows without pieces; column 0 is the token
-                # before the row's first piece when it continues a document
-                parts += [z[:L1 - used]] + [z] * (r - r0 - 1) + [p[a:a + 1] if f else z[:1]]
-                if mparts is not None:
-                    mparts += [no[:L1 - used]] + [no] * (r - r0 - 1)
-                r0, used = r, 1
-            parts.append(p[a + 1:a + 1 + m])
+        for r, g, a, m in zip(pieces_row.tolist(), group.tolist(), local.tolist(), lengths.tolist()):
+            if r != r0:  # a new row: pad the last one and rows without pieces; the first piece comes with
+                # the token before it in column 0 (zeroed below where the piece starts a document)
+                if used < L1:
+                    append(z[:L1 - used])
+                    if mparts is not None:
+                        mparts.append(no[:L1 - used])
+                if r - r0 > 1:
+                    parts += [z] * (r - r0 - 1)
+                    if mparts is not None:
+                        mparts += [no] * (r - r0 - 1)
+                append(padded[g][a:a + 1 + m])
+                r0, used = r, 1 + m
+            else:
+                append(padded[g][a + 1:a + 1 + m])
+                used += m
             if mparts is not None:
                 lo = losses[g]
                 mparts.append(yes[:m] if lo is None else lo[a + 1:a + 1 + m])
-            used += m
-        parts += [z[:L1 - used]] + [z] * (tok.shape[0] - r0 - 1)
+        if used < L1:
+            append(z[:L1 - used])
+        parts += [z] * (tok.shape[0] - r0 - 1)
         flat = W.reshape(-1)
         np.concatenate(parts, out=flat)
+        head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece
+        head_first = first[head]
+        flat[pieces_row[head][head_first == 0] * L1] = 0  # column 0 of rows that start with a document
         flat <<= 1
         dst0 = pieces_row * L1 + 1 + columns
         flat[dst0[first == 0]] += 1
         if not direct:  # strided rows (a reader worker's rows of a slot): written apart, copied once
             np.copyto(tok, W.view(np.uint32))
-        head = np.flatnonzero(np.diff(pieces_row, prepend=-1))  # each row's first piece
-        out["first_positions"][rows] = first[head]
+        out["first_positions"][rows] = head_first
         out["num_tokens"][rows] = totals
         if mparts is not None:
             lm = out["loss_mask"]

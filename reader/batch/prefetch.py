@@ -1,10 +1,11 @@
 """Prefetch: loading, on the store's background threads, the row groups upcoming batches need.
 
 ``iter_batches`` (and loaders, through ``Reader.prefetch``) ask for batches :meth:`Prefetcher.lookahead`
-ahead of the one being served: about one row group of every stream, capped by a quarter of the memory
-budget, so decoding overlaps serving. A plan (:meth:`reader.batch.examples.ExampleOrder.plan`) lists the
-chunk offsets those batches touch; one background task per chunk fetches, verifies and decodes the
-row groups that hold them, so the chunks of a batch load in parallel.
+ahead of the one being served: about one row group of every stream (best fit: one packing window, which
+a stream's next rows need whole), capped by a quarter of the memory budget, so decoding overlaps serving.
+A plan (:meth:`reader.batch.examples.ExampleOrder.plan`) lists the chunk offsets those batches touch; one
+background task per chunk fetches, verifies and decodes the row groups that hold them, so the chunks of a
+batch load in parallel.
 
 Shuffled packed reads of whole lanes load whole mixes instead, as each comes into view: a batch of a
 mix touches rows all over the mix's blocks, and the mix needs all of them within its first batches
@@ -56,14 +57,16 @@ class Prefetcher:
         return int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
 
     def lookahead(self) -> int:
-        """How many batches ahead to load: about one row group per stream, within the budget."""
+        """How many batches ahead to load: about one row group per stream (best fit: one window, which a
+        stream's next rows need whole), within the budget."""
         opts = self.options
         streams = streams_of_reader(opts.num_streams, self.num_readers, self.reader_index)
         local = len(streams) if streams is not None else opts.num_streams
         # tokens each stream advances per global batch, whatever R (unpacked pieces are at most seq_len)
         per_batch = max(1.0, opts.batch_size * opts.seq_len / opts.num_streams)
         cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))  # a quarter of the budget ahead
-        return int(max(1, min(4096, math.ceil(min(self._row_group_tokens(), cap_tokens) / per_batch))))
+        unit = opts.best_fit_window_tokens if opts.kind == "best_fit" else self._row_group_tokens()
+        return int(max(1, min(4096, math.ceil(min(unit, cap_tokens) / per_batch))))
 
     def _whole_mixes(self) -> bool:
         """Whether to load whole mixes: shuffled concat reads where this reader reads whole lanes (``R``

@@ -180,8 +180,9 @@ def cmd_batches(args) -> int:
               "one of them.", file=sys.stderr)
         return 2
     opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, packed=not args.unpacked,
-                       packing=args.packing, ideal_readers=args.ideal_readers, eval_mode=args.eval,
-                       shuffle_seed=args.shuffle_seed, drop_long=args.drop_long)
+                       packing=args.packing, best_fit_window_tokens=args.best_fit_window_tokens,
+                       ideal_readers=args.ideal_readers, eval_mode=args.eval, shuffle_seed=args.shuffle_seed,
+                       drop_long=args.drop_long)
     if args.count < 0 or (args.count == 0 and not args.eval):
         print("error: --count must be positive (0 = to the end, only with --eval)", file=sys.stderr)
         return 2
@@ -203,7 +204,7 @@ def cmd_batches(args) -> int:
     arrays["rows"] = r.my_rows
     arrays["options"] = np.asarray(json.dumps({
         "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size, "packed": not args.unpacked,
-        "packing": args.packing, "drop_long": args.drop_long,
+        "packing": args.packing, "best_fit_window_tokens": args.best_fit_window_tokens, "drop_long": args.drop_long,
         "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
         "num_readers": args.num_readers, "reader_index": args.reader_index}, sort_keys=True))
     write_file(args.out, lambda f: np.savez_compressed(f, **arrays))  # exactly --out (numpy would add .npz)
@@ -271,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--drop_long", action="store_true",
                    help="with --unpacked or --packing best_fit: skip documents longer than --seq_len instead of "
                         "cutting them")
+    b.add_argument("--best_fit_window_tokens", type=int, default=ReadOptions.best_fit_window_tokens,
+                   help="best_fit: pack each chunk per window of whole row groups of about this many tokens "
+                        f"(default {ReadOptions.best_fit_window_tokens}); must match the run")
     b.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
                    help=f"R*, number of streams (default {ReadOptions.ideal_readers}); must match the run")
     b.add_argument("--num_readers", type=int, default=1, help="R, reader hosts (must divide batch_size)")

@@ -7,6 +7,11 @@ piece (a long document's tail) per row, first in it. ``concat_rows`` describes
 plain concatenation cut into windows of L in the same form, and ``packing_figures`` measures either.
 The exact rule is in docs/FORMAT.md ("Best-fit packing"); ``count_best_fit_rows`` is the row count alone.
 
+A chunk is packed per *window*, a run of consecutive whole row groups of about ``window_tokens`` tokens
+(:func:`window_bounds`): its rows are window 0's best-fit rows, then window 1's, ...
+(:func:`best_fit_chunk_rows`). A reader then decodes one window, not the whole chunk, before a stream's
+next row, and can drop a window's row groups once the stream is past its rows.
+
 Rows are a CSR description (:class:`PackedRows`): row i holds pieces ``row_ptr[i]:row_ptr[i+1]``, piece
 k being tokens ``[start[k], start[k] + length[k])`` of document ``doc[k]`` of the chunk.
 """
@@ -19,6 +24,9 @@ from typing import NamedTuple
 import numpy as np
 
 _INT32_MAX = np.iinfo(np.int32).max
+# The default window target (ReadOptions.best_fit_window_tokens): padding at L = 2048 stays within 2% on the
+# bench corpus and a reader holds 16 MiB decoded per stream (docs/BENCHMARKS.md)
+WINDOW_TOKENS = 4 << 20
 
 
 class PackedRows(NamedTuple):
@@ -205,6 +213,69 @@ def best_fit_rows(lengths, seq_len: int) -> PackedRows:
     order = np.lexsort((piece, start == 0, row_key))  # by row, its continuation piece first, then document order
     row_ptr = np.append(np.flatnonzero(np.diff(row_key[order], prepend=-1)), total).astype(np.int64)
     return PackedRows(row_ptr, doc[order], start[order], length[order])
+
+
+def window_bounds(row_group_tokens, window_tokens: int) -> np.ndarray:
+    """A chunk's packing windows from its row groups' token counts: window i is row groups
+    ``bounds[i]:bounds[i+1]`` (int64, non-empty windows only; no row group: no window).
+
+    With T the chunk's tokens and W = ``window_tokens``, the row groups are cut into n = max(1, round(T/W))
+    runs (halves round up), run i ending at the first row-group end at or after (i+1)·T/n tokens; runs
+    that end where the previous one does are empty and left out (they hold no document). Computed on
+    Python integers, so (i+1)·T never overflows."""
+    if isinstance(window_tokens, bool) or not isinstance(window_tokens, (int, np.integer)) or window_tokens < 1:
+        raise ValueError(f"window_tokens must be an integer >= 1, got {window_tokens!r}")
+    tokens = np.asarray(row_group_tokens, dtype=np.int64).tolist()
+    G, T, W = len(tokens), sum(tokens), int(window_tokens)
+    if not G:
+        return np.zeros(1, np.int64)
+    n = max(1, (2 * T + W) // (2 * W))
+    bounds, done, end = [0], 0, 0
+    for g, t in enumerate(tokens[:-1]):
+        end += t
+        # runs 0 .. ended-1 end at or before this row group's end: (i+1)·T <= end·n
+        ended = min(n - 1, end * n // T) if T else 0
+        if ended > done:
+            bounds.append(g + 1)
+            done = ended
+    bounds.append(G)
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def window_docs(lengths, row_group_docs, window_tokens: int) -> np.ndarray:
+    """Document bounds of a chunk's packing windows (:func:`window_bounds`): window i holds documents
+    ``docs[i]:docs[i+1]``. ``row_group_docs``: the chunk's documents per row group, in order."""
+    n = _check(lengths, 1)
+    per = np.asarray(row_group_docs, dtype=np.int64)
+    if per.ndim != 1 or (per.size and per.min() < 0) or int(per.sum()) != n.size:
+        raise ValueError(f"row_group_docs must be >= 0 per row group and add up to the {n.size} documents, "
+                         f"got {per.size} row groups holding {int(per.sum())}")
+    doc_bounds = np.concatenate([[0], np.cumsum(per)])
+    tok = np.concatenate([[0], np.cumsum(n)])
+    return doc_bounds[window_bounds(np.diff(tok[doc_bounds]), window_tokens)]
+
+
+def best_fit_chunk_rows(lengths, row_group_docs, seq_len: int, window_tokens: int) -> PackedRows:
+    """A chunk's best-fit rows: each window's (:func:`window_docs`) ``best_fit_rows``, in window order,
+    documents numbered in the chunk."""
+    bounds = window_docs(lengths, row_group_docs, window_tokens)
+    n = np.asarray(lengths, dtype=np.int64)
+    parts = [best_fit_rows(n[a:b], seq_len) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+    if not parts:
+        return best_fit_rows(n, seq_len)
+    ptr_base = np.cumsum([0] + [len(p.doc) for p in parts[:-1]])
+    row_ptr = np.concatenate([[0]] + [p.row_ptr[1:] + o for p, o in zip(parts, ptr_base)])
+    doc = np.concatenate([p.doc + np.int32(a) for p, a in zip(parts, bounds[:-1].tolist())])
+    return PackedRows(row_ptr.astype(np.int64), doc.astype(np.int32), np.concatenate([p.start for p in parts]),
+                      np.concatenate([p.length for p in parts]))
+
+
+def count_best_fit_windows(lengths, row_group_docs, seq_len: int, window_tokens: int) -> np.ndarray:
+    """Rows of each window of :func:`best_fit_chunk_rows` (int64, one per window), without building them."""
+    bounds = window_docs(lengths, row_group_docs, window_tokens)
+    n = np.asarray(lengths, dtype=np.int64)
+    return np.asarray([count_best_fit_rows(n[a:b], seq_len) for a, b in zip(bounds[:-1].tolist(),
+                                                                              bounds[1:].tolist())], np.int64)
 
 
 def concat_rows(lengths, seq_len: int) -> PackedRows:

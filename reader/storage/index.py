@@ -1,14 +1,19 @@
 """Examples counted per chunk: unpacked examples (one document piece each: a document of ``n`` tokens
-gives ``ceil(n/L)``) and best-fit rows (:mod:`reader.order.packing`, each chunk packed on its own).
+gives ``ceil(n/L)``) and best-fit rows (:mod:`reader.order.packing`, each chunk packed per window of
+whole row groups).
 
 How many such examples a chunk yields depends on ``seq_len``, and the ledger only has token and
 document counts; so the first reader of a kind and ``seq_len`` reads the ``num_tokens`` column of every
-chunk and stores one integer per chunk in ``ROOT/index/{kind}-L{seq_len}.json`` (with a fingerprint of
-the chunk checksums) for later readers. Concatenated packed reading needs none of this.
+chunk (and, for best fit, its row groups' document counts from the Parquet footer) and stores one
+integer per chunk (best fit: also one per window) in ``ROOT/index/`` (with a fingerprint of the chunk
+checksums) for later readers. Concatenated packed reading needs none of this.
+
+A best-fit row is located through its window: the window's rows are packed from the documents of the
+window's row groups alone (decoded from the store), so a read decodes one window, not the whole chunk.
 
 ``drop_long`` (``ReadOptions.drop_long``): documents longer than ``seq_len`` count as empty, so they
-yield no example; those counts live in ``ROOT/index/{kind}-L{seq_len}-drop_long.json``, with the number
-of documents and tokens dropped per chunk.
+yield no example (windows stay those of the stored row groups); those counts live in an index file
+whose name ends in ``-drop_long``, with the number of documents and tokens dropped per chunk.
 """
 
 from __future__ import annotations
@@ -27,17 +32,17 @@ from reader.storage.cache import Cache
 from reader.storage.chunk import DocIndex
 from reader.storage.pages import int_values
 from reader.storage.validate import ChunkError, arrow_message, size_mismatch
-from reader.order.packing import best_fit_rows, count_best_fit_rows
+from reader.order.packing import WINDOW_TOKENS, best_fit_rows, count_best_fit_rows, window_bounds, window_docs
 from reader.order.pieces import pieces_per_doc, unpacked_examples_per_chunk
 
 INDEX_DIR = "index"
 KINDS = ("unpacked", "best_fit")
-_CUM_CACHE = 256  # chunks whose cumulative piece counts are kept
-_ROWS_CACHE_BYTES = 64 << 20  # best-fit packings of recent chunks kept (about 30 bytes per piece)
+_CUM_CACHE = 256  # chunks whose cumulative piece counts (or window bounds) are kept
+_ROWS_CACHE_BYTES = 64 << 20  # best-fit packings of recent windows kept (about 30 bytes per piece)
 
 
-class ChunkRows:
-    """One chunk's best-fit rows, laid out for locating: row ``i`` holds pieces ``ptr[i]:ptr[i+1]``, piece
+class WindowRows:
+    """One window's best-fit rows, laid out for locating: row ``i`` holds pieces ``ptr[i]:ptr[i+1]``, piece
     ``k`` being ``length[k]`` tokens from token ``token[k]`` of the chunk, the first at position ``first[k]``
     of its document, written from column ``column[k]`` of the row."""
 
@@ -65,28 +70,32 @@ class ExampleIndex:
       seq_len: L.
       kind: ``"unpacked"`` or ``"best_fit"``.
       index_cache: load and store the counts in ``ROOT/index/`` (when the cache is finished and writable).
+      window_tokens: best fit: the window target (``ReadOptions.best_fit_window_tokens``).
       drop_long: documents longer than ``seq_len`` yield no example (see the module docstring).
     """
 
     def __init__(self, cache: Cache, seq_len: int, kind: str = "unpacked", *, index_cache: bool = True,
-                 drop_long: bool = False):
+                 window_tokens: int = WINDOW_TOKENS, drop_long: bool = False):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.cache = cache
         self.seq_len = int(seq_len)
         self.kind = kind
+        self.window_tokens = int(window_tokens)
         self.index_cache = index_cache
         self.drop_long = bool(drop_long)
         self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}  # chunk checksum -> examples
+        self._counts: dict[str, np.ndarray] = {}  # chunk checksum -> examples (best fit: per window)
         self._dropped: dict[str, tuple[int, int]] = {}  # chunk checksum -> (documents, tokens) dropped
         self._cum: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
-        self._rows: collections.OrderedDict[int, ChunkRows] = collections.OrderedDict()
+        self._rows: collections.OrderedDict[tuple[int, int], WindowRows] = collections.OrderedDict()
         self._rows_bytes = 0
+        self._packing: dict[tuple[int, int], cf.Future] = {}  # windows being packed
 
     @property
     def index_file(self) -> str:
-        return f"{INDEX_DIR}/{self.kind}-L{self.seq_len}{'-drop_long' * self.drop_long}.json"
+        window = f"-W{self.window_tokens}" if self.kind == "best_fit" else ""
+        return f"{INDEX_DIR}/{self.kind}-L{self.seq_len}{window}{'-drop_long' * self.drop_long}.json"
 
     def lengths(self, doc_lengths: np.ndarray) -> np.ndarray:
         """Document lengths as this read sees them: with ``drop_long``, a long document as empty."""
@@ -97,46 +106,66 @@ class ExampleIndex:
         got = [self._dropped.get(h, (0, 0)) for h in table.checksums]
         return sum(d for d, _ in got), sum(t for _, t in got)
 
+    def _loaded(self, got: dict, table: fmt.ChunkTable) -> np.ndarray | None:
+        """An index file's counts if they can be ours (shapes and ranges), else None (count again)."""
+        counts = np.asarray(got["counts"], dtype=np.int64)
+        if counts.shape != (len(table),) or ((counts < 0) | (counts > table.tokens)).any():
+            return None
+        if self.drop_long:
+            dropped = np.asarray(got["dropped"], dtype=np.int64)
+            if dropped.shape != (len(table), 2) or (dropped < 0).any() or (dropped[:, 0] > table.docs).any() \
+                    or (dropped[:, 1] > table.tokens).any():
+                return None
+            self._dropped.update(zip(table.checksums, map(tuple, dropped.tolist())))
+        if self.kind == "best_fit":
+            windows = [np.asarray(w, dtype=np.int64) for w in got["windows"]]
+            if got.get("window_tokens") != self.window_tokens or len(windows) != len(table) or not all(
+                    w.ndim == 1 and (w >= 0).all() and int(w.sum()) == n for w, n in zip(windows, counts.tolist())):
+                return None
+            self._counts.update(zip(table.checksums, windows))
+        return counts
+
     def counts(self, table: fmt.ChunkTable) -> np.ndarray:
         """Examples of every chunk of ``table`` (one int per chunk; see the module docstring)."""
         cache = self.cache
         fingerprint = hashlib.sha256("\n".join(table.checksums).encode()).hexdigest()
         rel = self.index_file
+        best_fit = self.kind == "best_fit"
         if cache.complete and self.index_cache and not self._counts:
             try:
                 got = fmt.load_json(cache.fs.cat_file(cache.path(rel)))
-                if (got.get("fingerprint") == fingerprint and got.get("seq_len") == self.seq_len
-                        and len(got.get("counts", ())) == len(table)):
-                    counts = np.asarray(got["counts"], dtype=np.int64)
-                    dropped = got["dropped"] if self.drop_long else None
-                    if not ((counts < 0) | (counts > table.tokens)).any():  # (else not ours: count again)
-                        if dropped is not None:
-                            self._dropped.update(zip(table.checksums, map(tuple, dropped)))
+                if got.get("fingerprint") == fingerprint and got.get("seq_len") == self.seq_len:
+                    counts = self._loaded(got, table)
+                    if counts is not None:
                         return counts
-            except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError):
+            except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError, AttributeError):
                 pass  # missing or not ours: count again
         todo = [c for c in range(len(table)) if table.checksums[c] not in self._counts]
         if todo:
             with cf.ThreadPoolExecutor(8) as pool:
                 for c, n in zip(todo, pool.map(lambda c: self._count(table, c), todo)):
                     self._counts[table.checksums[c]] = n
-        counts = np.asarray([self._counts[h] for h in table.checksums], dtype=np.int64)
+        per = [self._counts[h] for h in table.checksums]
+        counts = np.asarray([int(n.sum()) for n in per], dtype=np.int64)
         if cache.complete and self.index_cache and todo:
-            entry = {"format": f"chunkledger-{self.kind}-index", "seq_len": self.seq_len,
-                     "fingerprint": fingerprint, "counts": counts.tolist()}
+            doc = {"format": f"chunkledger-{self.kind}-index", "seq_len": self.seq_len,
+                   "fingerprint": fingerprint, "counts": counts.tolist()}
+            if best_fit:
+                doc.update(window_tokens=self.window_tokens, windows=[n.tolist() for n in per])
             if self.drop_long:  # per chunk: [documents, tokens] dropped
-                entry["dropped"] = [list(self._dropped.get(h, (0, 0))) for h in table.checksums]
-            body = fmt.dumps(entry).encode()
+                doc["dropped"] = [list(self._dropped.get(h, (0, 0))) for h in table.checksums]
+            body = fmt.dumps(doc).encode()
             try:
                 atomic.write(cache.fs, cache.path(rel), body)  # a concurrent reader sees the old or the new file
             except Exception:  # read-only cache: keep the table in memory only
                 pass
         return counts
 
-    def _count(self, table: fmt.ChunkTable, c: int) -> int:
+    def _count(self, table: fmt.ChunkTable, c: int) -> np.ndarray:
+        """Chunk ``c``'s examples: ``[n]`` (unpacked), or its windows' rows (best fit)."""
         cache, rel = self.cache, table.paths[c]
         if int(table.docs[c]) == 0:
-            return 0
+            return np.zeros(1 if self.kind == "unpacked" else 0, np.int64)
         try:
             with cache.fs.open(cache.path(rel), "rb") as f:
                 size = f.size if getattr(f, "size", None) is not None else cache.fs.size(cache.path(rel))
@@ -144,7 +173,9 @@ class ExampleIndex:
                     raise ChunkError(f"{cache.display(rel)}: {size_mismatch(int(size), int(table.nbytes[c]))}. "
                                      "Rerun the build (delete this chunk and its .json sidecar first) or run "
                                      "`python -m reader validate`.")
-                lengths = int_values(pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0))
+                pf = pq.ParquetFile(f)
+                rg_docs = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+                lengths = int_values(pf.read(columns=[fmt.LENGTH_COLUMN]).column(0))
         except FileNotFoundError:
             raise ChunkError(f"{cache.display(rel)}: missing (listed in the ledger)") from None
         except ChunkError:
@@ -157,13 +188,16 @@ class ExampleIndex:
         if lengths.size != int(table.docs[c]) or int(lengths.sum()) != int(table.tokens[c]):
             raise ChunkError(f"{cache.display(rel)}: {lengths.size} documents / {int(lengths.sum())} "
                              f"tokens, the ledger says {int(table.docs[c])} / {int(table.tokens[c])}")
+        # windows follow the stored row groups; drop_long empties long documents inside them
+        bounds = window_docs(lengths, rg_docs, self.window_tokens).tolist() if self.kind == "best_fit" else None
         if self.drop_long:
             long = lengths > self.seq_len
             self._dropped[table.checksums[c]] = (int(long.sum()), int(lengths[long].sum()))
             lengths = self.lengths(lengths)
-        if self.kind == "best_fit":
-            return count_best_fit_rows(lengths, self.seq_len)
-        return unpacked_examples_per_chunk(lengths, self.seq_len)
+        if bounds is not None:
+            return np.asarray([count_best_fit_rows(lengths[a:b], self.seq_len)
+                               for a, b in zip(bounds[:-1], bounds[1:])], np.int64)
+        return np.asarray([unpacked_examples_per_chunk(lengths, self.seq_len)], np.int64)
 
     def _pieces_cum(self, c: int, docs: DocIndex) -> np.ndarray:
         """Cumulative unpacked examples over chunk ``c``'s documents (a few recent chunks are kept)."""
@@ -188,28 +222,102 @@ class ExampleIndex:
         length = np.minimum(docs.doc_lengths[doc] - start, self.seq_len)
         return docs.doc_starts[doc] + start, start, length
 
-    def chunk_rows(self, c: int, docs: DocIndex) -> ChunkRows:
-        """Chunk ``c``'s best-fit rows (the packings of recent chunks are kept)."""
+    # -- best fit ---------------------------------------------------------------------------------------
+    def _mismatch(self, c: int, what: str) -> ChunkError:
+        cache = self.cache
+        return ChunkError(f"{cache.display(cache.table.paths[c])}: {what}. Delete "
+                          f"{cache.display(self.index_file)} (it is rebuilt) or run `python -m reader validate`.")
+
+    def windows(self, c: int, store) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ``c``'s windows: ``(row-group bounds, first row of each window + total)``, from its row
+        groups' token counts (``store.meta``: no decoding) and the counted rows per window."""
         with self._lock:
-            got = self._rows.get(c)
+            got = self._cum.get(c)
             if got is not None:
-                self._rows.move_to_end(c)
+                self._cum.move_to_end(c)
                 return got
-        got = ChunkRows(self.lengths(docs.doc_lengths), docs.doc_starts, self.seq_len)
+        per = self._counts.get(self.cache.table.checksums[c])
+        if per is None:  # (counts() runs before any read, for every known chunk)
+            raise RuntimeError(f"chunk {c} was not counted")
+        bounds = window_bounds(np.diff(store.meta(c).rg_token_starts), self.window_tokens)
+        if bounds.size - 1 != per.size:
+            raise self._mismatch(c, f"its row groups make {bounds.size - 1} packing windows of "
+                                 f"{self.window_tokens} tokens, the index lists {per.size}")
+        got = (bounds, np.concatenate([[0], np.cumsum(per)]))
         with self._lock:
-            if c not in self._rows:
-                self._rows[c] = got
-                self._rows_bytes += got.nbytes
-            while self._rows_bytes > _ROWS_CACHE_BYTES and len(self._rows) > 1:
-                self._rows_bytes -= self._rows.popitem(last=False)[1].nbytes
+            self._cum[c] = got
+            while len(self._cum) > _CUM_CACHE:
+                self._cum.popitem(last=False)
         return got
 
-    def rows(self, c: int, docs: DocIndex, offsets: np.ndarray):
-        """Best-fit rows ``offsets`` of chunk ``c`` (whose documents are ``docs``): ``(pieces per row, token
-        offset in the chunk, position in its document of the first token, tokens, column in the row)``,
-        the last four per piece, row after row."""
-        got = self.chunk_rows(c, docs)
-        lo, hi = got.ptr[offsets], got.ptr[offsets + 1]
-        n = hi - lo
-        k = np.arange(int(n.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(n) - n), n)
-        return n, got.token[k], got.first[k], got.length[k], got.column[k]
+    def window_rows(self, c: int, w: int, store) -> WindowRows:
+        """Window ``w`` of chunk ``c``: its best-fit rows, from the documents of its row groups
+        (``store.window_docs`` decodes them; the packings of recent windows are kept). A window is packed
+        once: a thread that asks while another packs it (a read and the prefetch) waits for that one."""
+        key = (c, w)
+        with self._lock:
+            got = self._rows.get(key)
+            if got is not None:
+                self._rows.move_to_end(key)
+                return got
+            fut = self._packing.get(key)
+            owner = fut is None
+            if owner:
+                fut = self._packing[key] = cf.Future()
+        if not owner:
+            return fut.result()
+        try:
+            bounds, first = self.windows(c, store)
+            docs = store.window_docs(c, int(bounds[w]), int(bounds[w + 1]))
+            got = WindowRows(self.lengths(docs.doc_lengths), docs.doc_starts, self.seq_len)
+            want = int(first[w + 1] - first[w])
+            if got.rows != want:  # the counts came from the num_tokens column, or an index file
+                raise self._mismatch(c, f"the documents of its packing window {w} pack into {got.rows} rows of "
+                                     f"{self.seq_len}, the index says {want}")
+        except BaseException as e:
+            with self._lock:
+                del self._packing[key]
+            fut.set_exception(e)
+            raise
+        with self._lock:
+            del self._packing[key]
+            self._rows[key] = got
+            self._rows_bytes += got.nbytes
+            while self._rows_bytes > _ROWS_CACHE_BYTES and len(self._rows) > 1:
+                self._rows_bytes -= self._rows.popitem(last=False)[1].nbytes
+        fut.set_result(got)
+        return got
+
+    def rows(self, c: int, offsets: np.ndarray, store):
+        """Best-fit rows ``offsets`` of chunk ``c``: ``(ptr, token offset in the chunk, position in its document
+        of the first token, tokens, column in the row)``, the last four per piece, row after row, row ``i``
+        holding pieces ``ptr[i]:ptr[i+1]``. Decodes only the windows the rows lie in (``store``: ``meta`` and
+        ``window_docs``)."""
+        _, first = self.windows(c, store)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if offsets.size:  # the usual case: consecutive rows of one window (a stream's rows of a batch), slices
+            o0, o1 = int(offsets[0]), int(offsets[-1])
+            w = int(first.searchsorted(o0, side="right")) - 1
+            if o1 - o0 + 1 == offsets.size and o1 < first[w + 1] and offsets.tolist() == list(range(o0, o1 + 1)):
+                got = self.window_rows(c, w, store)
+                p = got.ptr[o0 - first[w]:o1 - first[w] + 2]
+                a, b = int(p[0]), int(p[-1])
+                return p - a, got.token[a:b], got.first[a:b], got.length[a:b], got.column[a:b]
+        win = np.searchsorted(first, offsets, side="right") - 1
+        n = np.zeros(offsets.size, np.int64)
+        parts = []
+        for w in np.unique(win).tolist():
+            m = np.flatnonzero(win == w)
+            got = self.window_rows(c, w, store)
+            local = offsets[m] - first[w]
+            parts.append((m, got.ptr[local], got))
+            n[m] = got.ptr[local + 1] - got.ptr[local]
+        ptr = np.concatenate([[0], np.cumsum(n)])
+        out = [np.empty(int(ptr[-1]), dt) for dt in (np.int64, np.int64, np.int32, np.int32)]
+        for m, lo, got in parts:
+            cnt = n[m]
+            inner = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            dst, src = np.repeat(ptr[m], cnt) + inner, np.repeat(lo, cnt) + inner
+            for o, a in zip(out, (got.token, got.first, got.length, got.column)):
+                o[dst] = a[src]
+        return (ptr, *out)

@@ -262,25 +262,31 @@ class ChunkStore:
 
     def doc_index(self, index: int) -> DocIndex:
         """Every document length of chunk ``index`` (decodes each of its row groups; unpacked reads)."""
-        return self._get(("docs", index), lambda: self._load_doc_index(index))
+        return self._get(("docs", index), lambda: self._load_docs(("docs", index), index, 0, None))
 
-    def _load_doc_index(self, index: int):
+    def window_docs(self, index: int, lo: int, hi: int) -> DocIndex:
+        """The documents of row groups ``lo .. hi-1`` of chunk ``index`` (decodes them; a best-fit packing
+        window), ``doc_starts`` as token offsets in the chunk."""
+        key = ("docs", index, lo, hi)
+        return self._get(key, lambda: self._load_docs(key, index, lo, hi))
+
+    def _load_docs(self, key, index: int, lo: int, hi: int | None):
         m = self.meta(index)
-        G = m.num_row_groups
-        if G > 2:  # the background threads decode the second half meanwhile (the read needs it all soon)
-            self.submit(self._warm_for_doc_index, index, list(range(G // 2, G)))
-        parts = [np.diff(self.row_group(index, g).doc_starts) for g in range(G)]
+        hi = m.num_row_groups if hi is None else hi
+        if hi - lo > 2:  # the background threads decode the second half meanwhile (the read needs it all soon)
+            self.submit(self._warm_for_docs, key, index, list(range((lo + hi) // 2, hi)))
+        parts = [np.diff(self.row_group(index, g).doc_starts) for g in range(lo, hi)]
         lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-        d = DocIndex(lengths, np.concatenate([[0], np.cumsum(lengths)]))
+        d = DocIndex(lengths, int(m.rg_token_starts[lo]) + np.concatenate([[0], np.cumsum(lengths)]))
         return d, d.nbytes
 
-    def _warm_for_doc_index(self, index: int, groups: list[int]) -> None:
+    def _warm_for_docs(self, key, index: int, groups: list[int]) -> None:
         with self._lock:
-            done = ("docs", index) in self._lru or ("docs", index) not in self._inflight
-        if not done:  # (a task that starts after the index is made has nothing left to do)
+            done = key in self._lru or key not in self._inflight
+        if not done:  # (a task that starts after the documents are listed has nothing left to do)
             try:
                 self.warm_row_groups(index, groups)
-            except Exception:  # noqa: BLE001 - the index's own load reports it
+            except Exception:  # noqa: BLE001 - the listing's own load reports it
                 pass
 
     def row_group(self, index: int, group: int) -> RowGroup:

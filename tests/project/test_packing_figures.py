@@ -8,7 +8,7 @@ import pytest
 
 import cachegen
 from benchmarks import packing_cost, report
-from packing_ref import reference_best_fit
+from packing_ref import reference_chunk_best_fit
 
 
 def docs_of(lengths, first=1):
@@ -33,12 +33,13 @@ def small_cache(tmp_path_factory):
     return root, [np.asarray(x, np.int64) for x in lengths]
 
 
-def brute(chunks, L):
+def brute(chunks, groups, L, W):
     """The figures straight from their definitions, over the reference packer's rows and token by token."""
-    rows = sum(len(reference_best_fit(n.tolist(), L)) for n in chunks)
+    packed = [reference_chunk_best_fit(n.tolist(), g.tolist(), L, W) for n, g in zip(chunks, groups)]
+    rows = sum(len(p) for p in packed)
     tokens = sum(int(n.sum()) for n in chunks)
     docs = sum(int((n > 0).sum()) for n in chunks)
-    pieces = [(c, p) for c, n in enumerate(chunks) for row in reference_best_fit(n.tolist(), L) for p in row]
+    pieces = [(c, p) for c, rows_c in enumerate(packed) for row in rows_c for p in row]
     cut = {(c, d) for c, (d, s, _) in pieces if s > 0}
     cut_tokens = sum(m for _, (_, s, m) in pieces if s > 0)
     every = [int(x) for n in chunks for x in n]
@@ -62,27 +63,38 @@ def brute(chunks, L):
 
 
 @pytest.mark.parametrize("L", [4, 10, 16])
-def test_figures_of_a_cache_equal_their_definitions(small_cache, L):
+@pytest.mark.parametrize("W", [20, 10**6])
+def test_figures_of_a_cache_equal_their_definitions(small_cache, L, W):
     root, lengths = small_cache
     chunks = packing_cost.cache_lengths(root)
+    groups = packing_cost.cache_row_groups(root)
     assert [c.tolist() for c in chunks] == [n.tolist() for n in lengths]
-    got = packing_cost.cache_figures(chunks, L)
-    want = brute(chunks, L)
+    assert [g.tolist() for g in groups] == [[hi - lo for lo, hi in cachegen.row_groups(n.tolist(), 16)]
+                                            for n in lengths]
+    got = packing_cost.cache_figures(chunks, L, groups, W)
+    want = brute(chunks, groups, L, W)
     for k, v in want.items():
         assert got[k] == pytest.approx(v), k
     assert got["best_fit_short_documents_cut"] == 0
+    assert (got["best_fit_windows"] > sum(1 for g in groups if g.size)) == (W == 20)
 
 
 def test_figures_by_hand():
     # L = 10: best fit rows 10 | 10 | 5+3 | 10 | 8+2 (document 1 cut: 15 tokens) and 7+2+1 | 5+4: 67 tokens
     # in 7 rows; concat: 7 rows too; unpacked: 12 rows (25 gives 3).
     chunks = [np.asarray([0, 25, 3, 10, 0, 8, 2]), np.asarray([7, 5, 4, 2, 1])]
-    got = packing_cost.cache_figures(chunks, 10)
+    whole = [np.asarray([7]), np.asarray([5])]  # one row group each
+    got = packing_cost.cache_figures(chunks, 10, whole)
     assert got["best_fit_rows"] == 7 and got["best_fit_padding"] == pytest.approx(3 / 70)
     assert got["best_fit_cut_documents"] == pytest.approx(1 / 10)
     assert got["best_fit_cut_tokens"] == pytest.approx(15 / 67)
     assert got["unpacked_padding"] == pytest.approx(1 - 67 / 120)
     assert got["concat_padding"] == pytest.approx(3 / 70)
+    # The second chunk in row groups [7 5] [4 2 1], windows of 10 tokens (T = 19: n = 2, cut after 12 tokens):
+    # 7 | 5 then 4+2+1: one row more, 10 more tokens of padding
+    got = packing_cost.cache_figures(chunks, 10, [np.asarray([7]), np.asarray([2, 3])], 10)
+    assert got["best_fit_rows"] == 8 and got["best_fit_padding"] == pytest.approx(13 / 80)
+    assert got["best_fit_windows"] == 3
 
 
 def test_short_documents_cut_counts_what_a_packing_cuts(monkeypatch):
@@ -90,9 +102,17 @@ def test_short_documents_cut_counts_what_a_packing_cuts(monkeypatch):
     documents of at most L tokens that a window boundary falls in."""
     chunks = [np.asarray([6, 6, 3, 12]), np.asarray([9, 1])]  # L = 8: rows at 0, 8, 16, 24 of chunk 0
     monkeypatch.setattr(packing_cost.packing, "best_fit_rows", packing_cost.packing.concat_rows)
-    got = packing_cost.cache_figures(chunks, 8)
+    got = packing_cost.cache_figures(chunks, 8, [np.asarray([4]), np.asarray([2])])
     # chunk 0: 6 | 6 (cut at 8) | 3 | 12 (cut at 16 and 24: longer than L); chunk 1: 9 (longer), 1
     assert got["best_fit_short_documents_cut"] == 1
+
+
+def test_row_groups_as_the_build_cuts_them():
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        n = rng.integers(0, 30, int(rng.integers(0, 40)))
+        got = packing_cost.row_groups_of(n, 25)
+        assert got.tolist() == [hi - lo for lo, hi in cachegen.row_groups(n.tolist(), 25)]
 
 
 def test_smaller_chunks_keep_every_document_in_order():

@@ -1,6 +1,8 @@
-"""``ReadOptions(packing="best_fit")`` through the reader: the rows are each chunk's best-fit rows, their
-per-chunk counts are stored in ``index/best_fit-L{L}.json``, both layouts carry them, and reading during
-a build, mixtures, reader workers and the command line work as for any other example kind.
+"""``ReadOptions(packing="best_fit")`` through the reader: the rows are each chunk's best-fit rows, window
+after window, their counts are stored in ``index/best_fit-L{L}-W{W}.json``, a read decodes only the
+windows its rows lie in and releases a window's row groups once past them, both layouts carry the rows,
+and reading during a build, mixtures, reader workers and the command line work as for any other example
+kind.
 
 Batches against a brute-force reference, R-invariance, seek == iterate, shuffles and eval passes are in
 tests/reader/test_reader_props.py (every example kind); the packer itself in
@@ -11,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -19,13 +22,15 @@ from reader import ChunkError, ReadOptions, Reader, expand_flat
 from reader.batch.schema import BATCH_KEYS
 from reader.cli.main import main
 from reader.mixture.spec import MixtureError
-from reader.order.packing import best_fit_rows, count_best_fit_rows
+from reader.order.packing import WINDOW_TOKENS, count_best_fit_windows, window_bounds
 from reader.storage.index import ExampleIndex
 
 import cachegen
 from mixgen import write_components, write_mixture
 
 L = 16
+RGT = 30  # row-group tokens of the module's cache
+W = 60  # window target: its chunks (up to ~500 tokens) have one to several windows
 
 
 def chunks_with_long_documents(seed: int, n: int) -> list:
@@ -47,16 +52,25 @@ def chunks_with_long_documents(seed: int, n: int) -> list:
 def cache(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("best-fit") / "cache")
     chunks = chunks_with_long_documents(1, 13)
-    cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=[7, 6], row_group_tokens=30)
+    cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=[7, 6], row_group_tokens=RGT)
     return root, chunks
 
 
 def opts(**kw) -> ReadOptions:
-    return ReadOptions(**{**dict(seq_len=L, batch_size=8, ideal_readers=4, packing="best_fit"), **kw})
+    return ReadOptions(**{**dict(seq_len=L, batch_size=8, ideal_readers=4, packing="best_fit",
+                                 best_fit_window_tokens=W), **kw})
 
 
 def same(a: dict, b: dict, keys=None) -> bool:
     return all(np.array_equal(a[k], b[k]) for k in (keys or a))
+
+
+def rg_docs(docs, rgt=RGT) -> list:
+    return [hi - lo for lo, hi in cachegen.row_groups([len(d) for d in docs], rgt)]
+
+
+def rg_tokens(docs, rgt=RGT) -> list:
+    return [sum(len(d) for d in docs[lo:hi]) for lo, hi in cachegen.row_groups([len(d) for d in docs], rgt)]
 
 
 def test_options_refuse_best_fit_without_packing_and_unknown_packings():
@@ -66,17 +80,22 @@ def test_options_refuse_best_fit_without_packing_and_unknown_packings():
         ReadOptions(packing="first_fit")
     assert ReadOptions().kind == "concat" and ReadOptions(packed=False).kind == "unpacked"
     assert opts().kind == "best_fit"
+    assert ReadOptions(packing="best_fit").best_fit_window_tokens == WINDOW_TOKENS == 4 << 20
+    with pytest.raises(ValueError, match="best_fit_window_tokens=60 applies to packing='best_fit' only"):
+        ReadOptions(best_fit_window_tokens=60)
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match="best_fit_window_tokens must be an integer >= 1"):
+            opts(best_fit_window_tokens=bad)
 
 
 def test_an_eval_pass_is_every_chunks_rows_in_order(cache):
-    """One stream, no loop: the rows are chunk 0's best-fit rows, then chunk 1's, ...: each row holds the
-    pieces best_fit_rows names, continuation piece first, padded at its end."""
+    """One stream, no loop: the rows are chunk 0's best-fit rows (window after window), then chunk 1's, ...:
+    each row holds the pieces the brute-force packer names, continuation piece first, padded at its end."""
     root, chunks = cache
     want = []
     for docs in chunks:
-        rows = best_fit_rows([len(d) for d in docs], L)
-        for a, b in zip(rows.row_ptr[:-1], rows.row_ptr[1:]):
-            want.append([(docs[d], s, m) for d, s, m in zip(rows.doc[a:b], rows.start[a:b], rows.length[a:b])])
+        want += [[(docs[d], s, m) for d, s, m in row] for row in cachegen.best_fit_chunk(docs, L, RGT, W)]
+    assert any(len(window_bounds(rg_tokens(docs), W)) > 2 for docs in chunks), "no chunk has two windows"
     with Reader(root, opts(eval_mode=True)) as r:
         assert r.num_examples == len(want)
         got = [x for _, x in r.iter_batches()]
@@ -101,9 +120,11 @@ def test_counts_are_stored_in_the_index_and_used(cache, monkeypatch):
     root, chunks = cache
     with Reader(root, opts()) as r:
         want = r.batch(5)
-    got = json.load(open(os.path.join(root, "index", f"best_fit-L{L}.json")))
-    assert got["format"] == "chunkledger-best_fit-index" and got["seq_len"] == L
-    assert got["counts"] == [count_best_fit_rows([len(d) for d in c], L) for c in chunks]
+    got = json.load(open(os.path.join(root, "index", f"best_fit-L{L}-W{W}.json")))
+    assert got["format"] == "chunkledger-best_fit-index" and got["seq_len"] == L and got["window_tokens"] == W
+    windows = [count_best_fit_windows([len(d) for d in c], rg_docs(c), L, W).tolist() for c in chunks]
+    assert got["windows"] == windows and got["counts"] == [sum(w) for w in windows]
+    assert max(len(w) for w in windows) > 1
 
     def refuse(self, table, c):
         raise AssertionError("the stored index should have been used")
@@ -113,19 +134,126 @@ def test_counts_are_stored_in_the_index_and_used(cache, monkeypatch):
         assert same(r.batch(5), want)
 
 
+def test_the_window_is_part_of_the_order(cache):
+    """Another window target packs other rows, counted in its own index file."""
+    root, chunks = cache
+    with Reader(root, opts(eval_mode=True)) as a, Reader(root, opts(eval_mode=True, best_fit_window_tokens=10**6)) as b:
+        assert a.num_examples == sum(len(cachegen.best_fit_chunk(c, L, RGT, W)) for c in chunks)
+        assert b.num_examples == sum(len(cachegen.best_fit_chunk(c, L, RGT, 10**6)) for c in chunks)
+        assert b.num_examples < a.num_examples  # whole chunks pack tighter than windows
+    assert os.path.exists(os.path.join(root, "index", f"best_fit-L{L}-W{10**6}.json"))
+
+
+def test_a_read_decodes_only_the_window_its_rows_lie_in(tmp_path):
+    """The point of windows: the first rows of a chunk need its first window's row groups, not the chunk."""
+    root = str(tmp_path / "cache")
+    rng = np.random.default_rng(5)
+    docs, nxt = [], 1
+    for m in rng.integers(1, 40, 300).tolist():
+        docs.append(np.arange(nxt, nxt + m, dtype=np.int32))
+        nxt += m
+    cachegen.write_synthetic_cache(root, [docs], row_group_tokens=RGT)
+    bounds = window_bounds(rg_tokens(docs), 400)
+    assert len(bounds) > 4
+    with Reader(root, opts(eval_mode=True, batch_size=2, best_fit_window_tokens=400)) as r:
+        x = r.batch(0)
+        assert r.store.decodes == bounds[1]  # window 0's row groups, each once
+        assert {k[2] for k in r.store._lru if k[0] == "rg"} == set(range(int(bounds[1])))
+        want = cachegen.best_fit_chunk(docs, L, RGT, 400)[:2]
+        assert [x["targets"][i][x["loss_mask"][i]].tolist() for i in range(2)] == \
+            [np.concatenate([d[s:s + m] for d, s, m in ([(docs[d], s, m) for d, s, m in row])]).tolist()
+             for row in want]
+
+
+def test_a_read_releases_each_window_and_reuses_its_buffers(tmp_path):
+    """Reading a chunk in order, row groups of the windows it has passed leave the cache and their buffers
+    are decoded into again: a pass holds about a window, not the chunk."""
+    root = str(tmp_path / "cache")
+    rng = np.random.default_rng(6)
+    docs, nxt = [], 1
+    for m in rng.integers(1, 200, 2000).tolist():
+        docs.append(np.arange(nxt, nxt + m, dtype=np.int32))
+        nxt += m
+    cachegen.write_synthetic_cache(root, [docs], row_group_tokens=2000)
+    groups = rg_docs(docs, 2000)
+    window = 8000
+    bounds = window_bounds(rg_tokens(docs, 2000), window)
+    with Reader(root, opts(eval_mode=True, batch_size=4, best_fit_window_tokens=window, prefetch_threads=0)) as r:
+        most = 0
+        for _ in r.iter_batches():
+            most = max(most, sum(k[0] == "rg" for k in r.store._lru))
+        assert r.store.decodes == len(groups)  # every row group decoded once
+        assert most <= 2 * int(np.diff(bounds).max())  # about a window held (the next may be loading)
+        assert most < len(groups) / 2
+        assert r.store.fresh_buffers < len(groups) / 2  # the others reused released buffers
+
+
+def test_a_window_is_packed_once_when_two_threads_ask_for_it(cache, monkeypatch):
+    """A read and the prefetch often reach a window together: the second waits for the first's packing
+    instead of packing it again. The first is held inside the window's decoding until the second has
+    looked for the window among those being packed (no timing involved)."""
+    root, chunks = cache
+    c = next(i for i, docs in enumerate(chunks) if docs)
+    with Reader(root, opts(prefetch_threads=0)) as r:
+        r.stream_index()  # (the counts per window, as any read has them)
+        idx, store = r.order.chunk_index, r.store
+        inside, asked, packed, got = threading.Event(), threading.Event(), [], {}
+
+        class Watched(dict):  # the windows being packed; notes when the second thread looks
+            def get(self, key, default=None):
+                if threading.current_thread().name == "second":
+                    asked.set()
+                return super().get(key, default)
+
+        idx._packing = Watched()
+        window_docs = store.window_docs
+
+        def held(*args):
+            packed.append(threading.current_thread().name)
+            if threading.current_thread().name == "first":
+                inside.set()
+                asked.wait(60)
+            return window_docs(*args)
+
+        monkeypatch.setattr(store, "window_docs", held)
+
+        def ask():
+            got[threading.current_thread().name] = idx.window_rows(c, 0, store)
+
+        first, second = threading.Thread(target=ask, name="first"), threading.Thread(target=ask, name="second")
+        first.start()
+        assert inside.wait(60)
+        second.start()
+        for t in (first, second):
+            t.join(60)
+        assert asked.is_set() and not first.is_alive() and not second.is_alive()
+        assert packed == ["first"] and got["first"] is got["second"]
+
+
 def test_an_index_that_disagrees_with_the_chunks_is_a_clear_error(tmp_path):
     root = str(tmp_path / "cache")
     chunks = chunks_with_long_documents(4, 4)
-    cachegen.write_synthetic_cache(root, chunks)
+    cachegen.write_synthetic_cache(root, chunks, row_group_tokens=RGT)
     with Reader(root, opts(batch_size=4)) as r:
         r.batch(0)
-    path = os.path.join(root, "index", f"best_fit-L{L}.json")
-    got = json.load(open(path))
-    got["counts"] = [n + 1 for n in got["counts"]]  # fingerprint kept: a damaged index file
+    path = os.path.join(root, "index", f"best_fit-L{L}-W{W}.json")
+    good = json.load(open(path))
+    got = dict(good)
+    got["windows"] = [[n + 1 for n in w] for w in got["windows"]]  # fingerprint kept: a damaged index file
+    got["counts"] = [sum(w) for w in got["windows"]]
     open(path, "w").write(json.dumps(got))
     with Reader(root, opts(batch_size=4)) as r:
-        with pytest.raises(ChunkError, match=r"chunk-000000\.parquet: its documents pack into \d+ rows of 16, "
-                                             r"the index says \d+\. Delete .*best_fit-L16\.json"):
+        with pytest.raises(ChunkError, match=r"chunk-000000\.parquet: the documents of its packing window 0 pack "
+                                             r"into \d+ rows of 16, the index says \d+\. Delete "
+                                             r".*best_fit-L16-W60\.json"):
+            r.batch(0)
+    got = dict(good)
+    got["windows"] = [[sum(w)] for w in got["windows"]]  # the right total, in one window
+    open(path, "w").write(json.dumps(got))
+    assert len(good["windows"][0]) > 1
+    with Reader(root, opts(batch_size=4)) as r:
+        with pytest.raises(ChunkError, match=r"chunk-000000\.parquet: its row groups make \d+ packing windows of "
+                                             r"60 tokens, the index lists 1\. Delete .*best_fit-L16-W60\.json"):
             r.batch(0)
 
 
@@ -137,6 +265,11 @@ def test_flat_layout_expands_to_the_arrays_layout(cache, extra):
             x, y = a.batch(b), f.batch(b)
             assert same(expand_flat(y), x, BATCH_KEYS), b
             assert y["num_tokens"].tolist() == x["loss_mask"].sum(axis=1).tolist()
+            # column 0 (which expand_flat ignores at a document start): the token before a continuation
+            # piece (token ids run on within a document here), 0 before a row that starts a document
+            tok = y["tokens"]
+            before = np.where(y["first_positions"] > 0, (tok[:, 1] >> 1) - 1, 0)
+            assert (tok[:, 0] >> 1).tolist() == before.tolist() and not (tok[:, 0] & 1).any(), b
 
 
 @pytest.mark.parametrize("o,R,r,start", [
@@ -203,9 +336,11 @@ def test_cli_batches_with_packing(cache, tmp_path, capsys):
     root, _ = cache
     out = str(tmp_path / "b.npz")
     assert main(["batches", root, "--seq_len", str(L), "--batch_size", "8", "--ideal_readers", "4",
-                 "--packing", "best_fit", "--start", "2", "--count", "3", "--out", out]) == 0
+                 "--packing", "best_fit", "--best_fit_window_tokens", str(W), "--start", "2", "--count", "3",
+                 "--out", out]) == 0
     got = np.load(out)
-    assert json.loads(str(got["options"]))["packing"] == "best_fit"
+    recorded = json.loads(str(got["options"]))
+    assert recorded["packing"] == "best_fit" and recorded["best_fit_window_tokens"] == W
     with Reader(root, opts()) as r:
         for i, b in enumerate(range(2, 5)):
             x = r.batch(b)
@@ -215,3 +350,6 @@ def test_cli_batches_with_packing(cache, tmp_path, capsys):
     assert main(["batches", root, "--seq_len", str(L), "--batch_size", "8", "--unpacked", "--packing", "best_fit",
                  "--out", out]) == 2
     assert "--packing best_fit" in capsys.readouterr().err
+    assert main(["batches", root, "--seq_len", str(L), "--batch_size", "8", "--best_fit_window_tokens", "60",
+                 "--out", out]) == 2
+    assert "best_fit_window_tokens=60 applies to packing='best_fit' only" in capsys.readouterr().err

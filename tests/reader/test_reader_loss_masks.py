@@ -209,7 +209,15 @@ def test_drop_long_skips_long_documents_and_counts_them(sft, kind):
                         e = ref.example(b * 3 + i)
                         for k in TOKEN_FIELDS:
                             assert np.array_equal(x[k][i], e[k]), (b, i, k)
-    assert os.path.exists(os.path.join(root, "index", f"{opts.kind}-L{L}-drop_long.json"))
+    window = f"-W{opts.best_fit_window_tokens}" if opts.kind == "best_fit" else ""
+    index_file = os.path.join(root, "index", f"{opts.kind}-L{L}{window}-drop_long.json")
+    with open(index_file) as f:
+        index = json.load(f)
+    for lie in ([[-1, 0]] * len(index["dropped"]), [[10 ** 9, 1]] * len(index["dropped"]), [[0, 0]]):
+        with open(index_file, "w") as f:  # counts that cannot be this cache's: counted again
+            json.dump(dict(index, dropped=lie), f)
+        with Reader(root, opts) as rd:
+            assert rd.dropped_long == {"documents": len(long), "tokens": sum(len(d) for d in long)}
     with Reader(root, dataclasses.replace(opts, drop_long=False)) as rd:  # its own index: long ones cut
         assert rd.dropped_long == {"documents": 0, "tokens": 0}
         assert rd.num_examples > ref.num_examples()

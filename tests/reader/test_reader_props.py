@@ -56,7 +56,7 @@ def test_batches_match_reference_and_are_R_invariant(cache, kind, L, r_star, R, 
     with Tmp() as root:
         masks = masked_cache(root, chunks, mask_seed, chunks_per_shard=cps, row_group_tokens=7)
         opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, prefetch_batches=2, **ko)
-        ref = cachegen.Reference(chunks, L, r_star, masks=masks, **ko)
+        ref = cachegen.Reference(chunks, L, r_star, masks=masks, row_group_tokens=7, **ko)
         full = Reader(root, opts)
         readers = [Reader(root, opts, num_readers=R, reader_index=r) for r in range(R)]
         for b in [0, 1, data.draw(st.integers(2, 40))]:
@@ -115,7 +115,7 @@ def test_eval_pass_covers_every_document_once(cache, kind, L, R, per_reader):
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=6)
         opts = ReadOptions(seq_len=L, batch_size=B, eval_mode=True, ideal_readers=5, **ko)
-        ref = cachegen.Reference(chunks, L, 1, loop=False, **ko)
+        ref = cachegen.Reference(chunks, L, 1, loop=False, row_group_tokens=6, **ko)
         readers = [Reader(root, opts, num_readers=R, reader_index=r) for r in range(R)]
         nb = readers[0].num_batches
         assert readers[0].num_examples == ref.num_examples()
@@ -169,7 +169,8 @@ def test_locality_each_reader_opens_only_its_streams_chunks(cache, kind, L, rs, 
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=4)
         opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, **ko)
-        units = units_per_chunk(chunks, packed, L, ko["packing"])
+        units = units_per_chunk(chunks, packed, L, ko["packing"], row_group_tokens=4,
+                                **{k: v for k, v in ko.items() if k == "best_fit_window_tokens"})
         for r in range(R):
             with Reader(root, opts, num_readers=R, reader_index=r) as rd:
                 got = list(rd.iter_batches(b0, 3))

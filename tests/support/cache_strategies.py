@@ -5,21 +5,24 @@ import math
 import numpy as np
 from hypothesis import strategies as st
 
-from packing_ref import reference_best_fit
-
+from cachegen import best_fit_chunk
+from reader.order.packing import WINDOW_TOKENS
 
 KINDS = ("concat", "best_fit", "unpacked")  # what an example is (ReadOptions.kind)
+WINDOW = 16  # best fit's window target in these tests: the chunks drawn below have one to several windows
 
 
 def kind_options(kind):
     """``ReadOptions`` keywords of an example kind."""
-    return {"packed": kind != "unpacked", "packing": "best_fit" if kind == "best_fit" else "concat"}
+    if kind == "best_fit":
+        return {"packed": True, "packing": "best_fit", "best_fit_window_tokens": WINDOW}
+    return {"packed": kind != "unpacked", "packing": "concat"}
 
 
-def units_per_chunk(chunks, packed, L, packing="concat"):
+def units_per_chunk(chunks, packed, L, packing="concat", best_fit_window_tokens=WINDOW_TOKENS, row_group_tokens=64):
     """Stream units per chunk: tokens (packed), best-fit rows or unpacked examples."""
     if packed and packing == "best_fit":
-        return [len(reference_best_fit([len(d) for d in c], L)) for c in chunks]
+        return [len(best_fit_chunk(c, L, row_group_tokens, best_fit_window_tokens)) for c in chunks]
     return [sum(len(d) for d in c) if packed else sum(math.ceil(len(d) / L) for d in c) for c in chunks]
 
 
@@ -44,8 +47,8 @@ def caches(draw, max_chunks=10):
     return chunks, cps
 
 
-def has_empty_stream(chunks, r_star, packed, L, packing="concat"):
-    units = units_per_chunk(chunks, packed, L, packing)
+def has_empty_stream(chunks, r_star, packed, L, packing="concat", **kw):
+    units = units_per_chunk(chunks, packed, L, packing, **kw)
     n = len(chunks)
     g = math.gcd(n, r_star)
     return any(sum(units[c] for c in range(n) if c % g == s % g) == 0 for s in range(r_star))

@@ -29,8 +29,9 @@ import pyarrow.parquet as pq
 from reader.format import chunk_file
 from reader.format import spec as fmt
 from reader.order import streams
+from reader.order.packing import WINDOW_TOKENS
 
-from packing_ref import reference_best_fit
+from packing_ref import reference_chunk_best_fit
 
 DEFAULT_TOKENIZER = {"spec": "synthetic", "kind": "synthetic", "name": "synthetic", "vocab_size": 1 << 20,
                      "eos_id": 0, "hash": "synthetic"}
@@ -76,6 +77,13 @@ def _config(chunk_bytes: int, row_group_tokens: int, masked: bool) -> dict[str, 
     if masked:
         config["record_format"] = MASKED_RECORD_FORMAT
     return config
+
+
+def best_fit_chunk(docs, L: int, row_group_tokens: int, window_tokens: int) -> list:
+    """A synthetic chunk's best-fit rows by the brute-force packer, over the row groups it is written with."""
+    lengths = [len(d) for d in docs]
+    rg_docs = [hi - lo for lo, hi in row_groups(lengths, row_group_tokens)]
+    return reference_chunk_best_fit(lengths, rg_docs, L, window_tokens)
 
 
 def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offset: int = 0,
@@ -339,17 +347,20 @@ def spans_of(masks) -> list[list[list[int]]]:
 
 class Reference:
     """Examples of a synthetic cache computed naively: ``loop(chunks)[s::R*]`` walked position by position.
-    ``packing="best_fit"`` (packed): each chunk's rows from the brute-force packer (``packing_ref``).
+    ``packing="best_fit"`` (packed): each chunk's rows from the brute-force packer (``packing_ref``), per
+    window of ``best_fit_window_tokens`` over the row groups ``row_group_tokens`` makes (as the cache's).
     ``masks``: per chunk, per document, its per-token loss mask (a masked cache); ``loss_mask`` is then
     that mask on real tokens."""
 
     def __init__(self, chunks: Sequence[Sequence[Sequence[int]]], seq_len: int, num_streams: int, *,
-                 packed: bool = True, loop: bool = True, packing: str = "concat", masks=None):
+                 packed: bool = True, loop: bool = True, packing: str = "concat", masks=None,
+                 best_fit_window_tokens: int = WINDOW_TOKENS, row_group_tokens: int = 64):
         self.chunks = [[np.asarray(d, dtype=np.int64) for d in c] for c in chunks]
         self.masks = [[np.ones(len(d), bool) for d in c] for c in self.chunks] if masks is None else \
             [[np.asarray(m, bool) for m in c] for c in masks]
         self.L, self.R, self.packed, self.loop = seq_len, num_streams, packed, loop
         self.best_fit = packed and packing == "best_fit"
+        self.window, self.rgt = best_fit_window_tokens, row_group_tokens
         self._units: dict[int, list] = {}  # stream -> list of units (token tuples or piece dicts)
         self._pos: dict[int, int] = {}  # stream -> next looped-chunk position
 
@@ -365,7 +376,7 @@ class Reference:
             before = len(units)
             if self.best_fit:
                 docs, masks = self.chunks[c], self.masks[c]
-                for row in reference_best_fit([len(d) for d in docs], self.L):
+                for row in best_fit_chunk(docs, self.L, self.rgt, self.window):
                     units.append({"pieces": [(docs[d], a, m, masks[d]) for d, a, m in row], "epoch": e})
             for d, mk in zip(self.chunks[c], self.masks[c]) if not self.best_fit else ():
                 if self.packed:

@@ -1,7 +1,11 @@
 """The best-fit packing rule (docs/FORMAT.md, "Best-fit packing") as plainly as possible, for tests: an
-O(n^2) reference of ``reader.order.packing.best_fit_rows``."""
+O(n^2) reference of ``reader.order.packing.best_fit_rows``, and of a chunk's windows."""
 
 from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
 
 
 def reference_best_fit(lengths, L):
@@ -37,4 +41,32 @@ def reference_best_fit(lengths, L):
     # within a row: the continuation piece first, then document order
     out = full_rows + [sorted(row[1], key=lambda p: (p[1] == 0, p)) for row in rows]
     out.sort(key=lambda row: min(p[:2] for p in row))
+    return out
+
+
+def reference_windows(row_group_tokens, W):
+    """The packing windows of a chunk with these row groups (docs/FORMAT.md): row-group bounds, literally
+    as the rule says it, in exact fractions; empty runs left out."""
+    T = sum(row_group_tokens)
+    n = max(1, math.floor(Fraction(T, W) + Fraction(1, 2)))
+    ends = list(itertools.accumulate(row_group_tokens))
+    bounds = [0]
+    for i in range(n):
+        target = Fraction((i + 1) * T, n)
+        end = next(g + 1 for g, e in enumerate(ends) if e >= target) if i < n - 1 else len(ends)
+        if end > bounds[-1]:
+            bounds.append(end)
+    return bounds if ends else [0]
+
+
+def reference_chunk_best_fit(lengths, row_group_docs, L, W):
+    """A chunk's rows: each window's ``reference_best_fit`` rows, window after window, documents numbered
+    in the chunk."""
+    doc_bounds = [0, *itertools.accumulate(row_group_docs)]
+    rg_tokens = [sum(lengths[a:b]) for a, b in zip(doc_bounds, doc_bounds[1:])]
+    wb = reference_windows(rg_tokens, W)
+    out = []
+    for g0, g1 in zip(wb, wb[1:]):
+        a, b = doc_bounds[g0], doc_bounds[g1]
+        out += [[(d + a, s, m) for d, s, m in row] for row in reference_best_fit(lengths[a:b], L)]
     return out

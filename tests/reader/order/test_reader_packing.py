@@ -1,5 +1,5 @@
-"""Best-fit-decreasing packing (reader/order/packing.py) against a plain O(n^2) reference, its invariants, concat
-packing, and the padding / cut figures."""
+"""Best-fit-decreasing packing (reader/order/packing.py) against a plain O(n^2) reference, its invariants, a
+chunk's packing windows and their composition, concat packing, and the padding / cut figures."""
 
 from __future__ import annotations
 
@@ -10,13 +10,17 @@ from hypothesis import strategies as st
 
 from reader.order.packing import (
     PackedRows,
+    best_fit_chunk_rows,
     best_fit_rows,
     concat_rows,
     count_best_fit_rows,
+    count_best_fit_windows,
     packing_figures,
+    window_bounds,
+    window_docs,
 )
 
-from packing_ref import reference_best_fit
+from packing_ref import reference_best_fit, reference_chunk_best_fit, reference_windows
 
 
 def as_lists(rows: PackedRows):
@@ -115,6 +119,74 @@ def test_large_seq_len_and_many_pieces_match_reference():
     lengths[::17] = L  # whole rows
     lengths[::23] = 0
     assert as_lists(best_fit_rows(lengths, L)) == reference_best_fit(lengths.tolist(), L)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 3), st.integers(0, 40)), max_size=30), st.integers(1, 60))
+def test_windows_follow_the_rule(row_group_tokens, W):
+    got = window_bounds(row_group_tokens, W)
+    assert got.dtype == np.int64 and got.tolist() == reference_windows(row_group_tokens, W)
+    assert np.all(np.diff(got) > 0)  # whole row groups, none empty
+
+
+def test_windows_by_hand():
+    # T = 100, W = 25: n = 4, runs end at the first row-group end at or after 25, 50, 75 tokens
+    assert window_bounds([10] * 10, 25).tolist() == [0, 3, 5, 8, 10]
+    assert window_bounds([10] * 10, 100).tolist() == [0, 10]
+    assert window_bounds([10] * 10, 10**9).tolist() == [0, 10]  # n = max(1, round(T/W)) = 1
+    # T/W = 1.5 rounds up (n = 2: the first run ends at the first row-group end at or after 7.5), 1.4 down
+    assert window_bounds([5, 5, 5], 10).tolist() == [0, 2, 3]
+    assert window_bounds([7, 7], 10).tolist() == [0, 2]
+    # a row group longer than a window: the runs that end inside it are empty and left out
+    assert window_bounds([1, 50, 1], 10).tolist() == [0, 2, 3]
+    assert window_bounds([], 10).tolist() == [0] and window_bounds([0, 0], 10).tolist() == [0, 2]
+    # (i+1)·T in exact integers: no overflow with many tokens and tiny windows
+    assert window_bounds([2**40, 2**40], 1).tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="window_tokens"):
+        window_bounds([1], 0)
+
+
+@st.composite
+def chunks_with_row_groups(draw):
+    lengths, L = draw(lengths_and_seq_len())
+    cuts = sorted(draw(st.lists(st.integers(0, len(lengths)), max_size=8)))
+    rg_docs = np.diff([0, *cuts, len(lengths)]).tolist() if lengths else draw(st.sampled_from([[], [0]]))
+    return lengths, rg_docs, L, draw(st.integers(1, 4 * L + 40))
+
+
+@settings(max_examples=400, deadline=None)
+@given(chunks_with_row_groups())
+def test_a_chunks_rows_are_its_windows_rows_in_order(case):
+    lengths, rg_docs, L, W = case
+    rows = best_fit_chunk_rows(lengths, rg_docs, L, W)
+    want = reference_chunk_best_fit(lengths, rg_docs, L, W)
+    assert as_lists(rows) == want
+    counts = count_best_fit_windows(lengths, rg_docs, L, W)
+    assert int(counts.sum()) == rows.num_rows
+    # each window's rows are exactly the reference's for that window's documents, and hold only them
+    docs = window_docs(lengths, rg_docs, W)
+    assert docs.size == counts.size + 1
+    first = 0
+    for a, b, k in zip(docs[:-1].tolist(), docs[1:].tolist(), counts.tolist()):
+        mine = as_lists(rows)[first:first + k]
+        assert [[(d - a, s, m) for d, s, m in row] for row in mine] == reference_best_fit(lengths[a:b], L)
+        assert all(a <= d < b for row in mine for d, _, _ in row)
+        first += k
+
+
+def test_windows_of_a_chunk_by_hand():
+    # L = 10, row groups [8] [7] [2 3]: T = 20, W = 10 -> n = 2, the first run ends at the first row-group end
+    # at or after 10 tokens (15): windows [8 7] and [2 3], packed apart
+    lengths, rg_docs = [8, 7, 2, 3], [1, 1, 2]
+    assert window_docs(lengths, rg_docs, 10).tolist() == [0, 2, 4]
+    assert as_lists(best_fit_chunk_rows(lengths, rg_docs, 10, 10)) == [
+        [(0, 0, 8)], [(1, 0, 7)], [(2, 0, 2), (3, 0, 3)]]
+    assert count_best_fit_windows(lengths, rg_docs, 10, 10).tolist() == [2, 1]
+    # one window (W = 20 or more): the whole chunk packed together, 8 + 2 and 7 + 3
+    assert as_lists(best_fit_chunk_rows(lengths, rg_docs, 10, 20)) == [[(0, 0, 8), (2, 0, 2)], [(1, 0, 7), (3, 0, 3)]]
+    assert count_best_fit_windows(lengths, rg_docs, 10, 20).tolist() == [2]
+    with pytest.raises(ValueError, match="add up to the 4 documents"):
+        window_docs(lengths, [1, 1], 10)
 
 
 @pytest.mark.parametrize(
