@@ -55,7 +55,8 @@ def freeze_long_lived() -> None:
     start-up) is never reclaimed; it is bounded and paid once.
     """
     global _FROZEN
-    if not _FROZEN:
+    import os  # TEMPORARY: ablation switch
+    if not _FROZEN and os.environ.get("CHUNKLEDGER_GC_TUNING", "1") != "0":
         _FROZEN = True
         gc.freeze()
 
