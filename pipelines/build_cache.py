@@ -49,7 +49,8 @@ from typing import Any, Sequence
 
 from pipelines import faults, trace
 
-_GC_TUNED = os.environ.get("CHUNKLEDGER_GC_TUNING", "1") != "0"  # TEMPORARY: ablation switch
+_GC_TUNED = (os.environ.get("CHUNKLEDGER_GC_TUNING", "1") != "0"  # TEMPORARY: ablation switch
+             and "launcher" not in os.environ.get("CHUNKLEDGER_GC_OFF", ""))
 _WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
 
 

@@ -56,7 +56,8 @@ def freeze_long_lived() -> None:
     """
     global _FROZEN
     import os  # TEMPORARY: ablation switch
-    if not _FROZEN and os.environ.get("CHUNKLEDGER_GC_TUNING", "1") != "0":
+    if not _FROZEN and os.environ.get("CHUNKLEDGER_GC_TUNING", "1") != "0" and "worker" not in os.environ.get(
+            "CHUNKLEDGER_GC_OFF", ""):
         _FROZEN = True
         gc.freeze()
 

@@ -256,7 +256,8 @@ def serve(socket_path: str, hint: dict) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(64)
-    tuned = os.environ.get("CHUNKLEDGER_GC_TUNING", "1") != "0"  # TEMPORARY: ablation switch
+    tuned = (os.environ.get("CHUNKLEDGER_GC_TUNING", "1") != "0"  # TEMPORARY: ablation switch
+             and "warm" not in os.environ.get("CHUNKLEDGER_GC_OFF", ""))
     if tuned:
         gc.disable()  # hundreds of thousands of long-lived objects are created now: never walk them
     # The modules the tokenizer's load runs in, imported before the loading thread starts: the two threads
