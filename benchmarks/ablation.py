@@ -10,6 +10,7 @@ work drifts; pairing each variant with the first one *of the same round* cancels
 - wall: seconds from starting the command until it exits;
 - CPU-s: user + system seconds of the whole process tree, from the kernel's accounting of reaped children
   (this process makes itself the tree's subreaper, so a worker that outlives its parent is counted too);
+- peak RSS: the largest sum of RSS over the process tree, sampled every 0.25 s;
 - ``--build OUT``: OUT is removed before each run, its ledger's token count is checked to be the same in
   every run, and with the build's trace (``CHUNKLEDGER_TRACE``) the start-up share
   (benchmarks/pipeline_bench.py: 1 - busy seconds at the steady rate / wall) is reported.
@@ -28,6 +29,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -76,6 +78,27 @@ def _reap_all(timeout_s: float = 60.0) -> int:
         time.sleep(0.05)
 
 
+def _sample_rss(pid: int, peak: list, done: threading.Event, interval_s: float = 0.25) -> None:
+    """Largest sum of RSS over the process tree of ``pid`` (MB), sampled every ``interval_s``."""
+    try:
+        root = psutil.Process(pid)
+    except psutil.Error:
+        return
+    while not done.is_set():
+        total = 0.0
+        try:
+            procs = [root] + root.children(recursive=True)
+        except psutil.Error:
+            procs = [root]
+        for p in procs:
+            try:
+                total += p.memory_info().rss / 1e6
+            except psutil.Error:
+                pass
+        peak[0] = max(peak[0], total)
+        done.wait(interval_s)
+
+
 def run_once(cmd: list[str], env: dict, build: Path | None) -> dict:
     if build is not None and build.exists():
         shutil.rmtree(build)
@@ -91,14 +114,20 @@ def run_once(cmd: list[str], env: dict, build: Path | None) -> dict:
     started = time.time()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=full, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    peak = [0.0]
+    done = threading.Event()
+    sampler = threading.Thread(target=_sample_rss, args=(proc.pid, peak, done), daemon=True)
+    sampler.start()
     out = proc.communicate()[0].decode("utf-8", "replace")
     wall = time.perf_counter() - t0
+    done.set()
+    sampler.join()
     orphans = _reap_all()
     cpu = _children_cpu_s() - cpu0
     other = max(0.0, _busy_cpu_s() - busy0 - cpu) / wall
     if proc.returncode != 0:
         raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{out[-3000:]}")
-    res = {"wall_s": wall, "cpu_s": cpu, "other_cores": other, "orphans": orphans, "tail": out.strip()[-400:]}
+    res = {"wall_s": wall, "cpu_s": cpu, "peak_rss_tree_mb": peak[0], "other_cores": other, "orphans": orphans, "tail": out.strip()[-400:]}
     if build is not None:
         from benchmarks.pipeline_bench import trace_figures
         from pipelines import trace as build_trace
@@ -130,7 +159,7 @@ def summarize(runs: list[dict], names: list[str]) -> dict:
     base = names[0]
     by = {(r["round"], r["variant"]): r for r in runs}
     rounds = sorted({r["round"] for r in runs})
-    keys = ["wall_s", "cpu_s"] + [k for k in ("startup_share", "steady_s") if any(k in r for r in runs)]
+    keys = ["wall_s", "cpu_s", "peak_rss_tree_mb"] + [k for k in ("startup_share", "steady_s") if any(k in r for r in runs)]
     for n in names:
         mine = [r for r in runs if r["variant"] == n]
         s = {k: _stats([r[k] for r in mine if k in r]) for k in keys if any(k in r for r in mine)}
