@@ -49,8 +49,6 @@ from typing import Any, Sequence
 
 from pipelines import faults, trace
 
-_GC_TUNED = (os.environ.get("CHUNKLEDGER_GC_TUNING", "1") != "0"  # TEMPORARY: ablation switch
-             and "launcher" not in os.environ.get("CHUNKLEDGER_GC_OFF", ""))
 _WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
 
 
@@ -81,8 +79,7 @@ if __name__ == "__main__":
         _WARM = local_workers.WarmProcess(local_workers.preload_hint(sys.argv[1:]))
     # Importing Beam creates hundreds of thousands of objects that live as long as the launcher; the cyclic
     # garbage collector would walk them over and over while they are created.
-    if _GC_TUNED:
-        gc.disable()
+    gc.disable()
 
 import apache_beam as beam  # noqa: E402
 
@@ -97,7 +94,7 @@ from pipelines.options import Arguments, build_arg_parser, parse_args, pipeline_
 from pipelines.chunking.splits import cache_names, cache_root  # noqa: E402
 from pipelines.chunking.transforms import METRICS_NAMESPACE, BuildCache  # noqa: E402
 
-if __name__ == "__main__" and _GC_TUNED:
+if __name__ == "__main__":
     gc.freeze()  # what was imported lives as long as the process: never walk it again
     gc.enable()
 
@@ -382,5 +379,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-    if _GC_TUNED:
-        gc.freeze()  # the interpreter's exit would otherwise walk every live object once more
+    gc.freeze()  # the interpreter's exit would otherwise walk every live object once more

@@ -55,9 +55,7 @@ def freeze_long_lived() -> None:
     start-up) is never reclaimed; it is bounded and paid once.
     """
     global _FROZEN
-    import os  # TEMPORARY: ablation switch
-    if not _FROZEN and os.environ.get("CHUNKLEDGER_GC_TUNING", "1") != "0" and "worker" not in os.environ.get(
-            "CHUNKLEDGER_GC_OFF", ""):
+    if not _FROZEN:
         _FROZEN = True
         gc.freeze()
 

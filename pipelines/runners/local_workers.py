@@ -256,10 +256,7 @@ def serve(socket_path: str, hint: dict) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(64)
-    tuned = (os.environ.get("CHUNKLEDGER_GC_TUNING", "1") != "0"  # TEMPORARY: ablation switch
-             and "warm" not in os.environ.get("CHUNKLEDGER_GC_OFF", ""))
-    if tuned:
-        gc.disable()  # hundreds of thousands of long-lived objects are created now: never walk them
+    gc.disable()  # hundreds of thousands of long-lived objects are created now: never walk them
     # The modules the tokenizer's load runs in, imported before the loading thread starts: the two threads
     # below then never import the same module at once. numpy and pyarrow start their idle threads here.
     from pipelines.tokenize import fast_tokenizer  # noqa: F401
@@ -287,8 +284,7 @@ def serve(socket_path: str, hint: dict) -> None:
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = parallelism
     trace.event("warm_loaded")
-    if tuned:
-        gc.freeze()
+    gc.freeze()
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "launcher")

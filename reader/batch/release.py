@@ -47,10 +47,8 @@ class ReleasePolicy:
         # with lanes == R*, a lane's rows are its stream's positions: the mixes map onto stream ranges
         # (mixes are stream ranges of L-token windows: concat reads only; best-fit rows of a chunk never go
         # back before their earliest piece, so they release per chunk as windows do)
-        import os  # TEMPORARY: ablation switch
-        off = os.environ.get("CHUNKLEDGER_RELEASE", "1") == "0"
-        self.by_mix = not off and cfg is not None and options.kind == "concat" and cfg.lanes == options.num_streams
-        self.by_chunk = not off and cfg is None and options.packed
+        self.by_mix = cfg is not None and options.kind == "concat" and cfg.lanes == options.num_streams
+        self.by_chunk = cfg is None and options.packed
         self._lock = threading.Lock()
         self._released: dict[int, int] = {}  # chunk -> its row groups before this one were released
         self._mixes: dict[int, list] = {}  # mixes being read: first output row -> [end row, lanes read]

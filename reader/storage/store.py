@@ -33,7 +33,6 @@ from reader.storage.validate import arrow_message, chunk_error
 _MAX_OPEN_FILES = 64
 _SPARE_RETIRED = 4  # row groups kept for their buffers beyond the budget: a decode's buffer when the cache is full
 _RETIRED_SCAN = 16  # retired buffers of a size looked at per decode (those still referred to are skipped)
-_REUSE = os.environ.get("CHUNKLEDGER_BUFFER_REUSE", "1") != "0"  # TEMPORARY: ablation switch
 _BUFFER_STEP = 16384  # decode buffers are sized in steps of 64 KiB, so similar row groups share them
 
 
@@ -139,7 +138,7 @@ class ChunkStore:
 
     def _retire(self, value: Any) -> None:
         """Keep an evicted or released row group's buffer for reuse (lock held; see _trim_retired)."""
-        if _REUSE and isinstance(value, RowGroup) and value.buf is not None:
+        if isinstance(value, RowGroup) and value.buf is not None:
             self._retired.setdefault(value.buf.size, collections.OrderedDict())[id(value)] = value
             self._retired_count += 1
             self._retired_bytes += value.buf.nbytes
