@@ -112,8 +112,7 @@ SECONDARY_ROWS = [
     ("fastokens_load_cpu_s", "loading fastokens from tiktoken's ranks, CPU-seconds (once per build, in the warm "
      "process)", "s"),
     ("fastokens_hf_json_load_cpu_s", "loading fastokens from the cl100k `tokenizer.json`, CPU-seconds", "s"),
-    ("conformance_check_cpu_s", "the conformance check, CPU-seconds (remembered once passed: pipelines/"
-     "conformance_cache.py)", "s"),
+    ("conformance_check_cpu_s", "the conformance check, CPU-seconds (once per build, in the warm process)", "s"),
     ("verify_every_1000_share", "re-encoding 1 document in 1000 by the reference, share of the fast encoding's CPU",
      "ratio"),
     ("pipeline_wall_s", "our build, whole command", "s"),
@@ -570,9 +569,8 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "`--direct_running_mode=multi_processing --direct_num_workers=2` (1 for the scaling baseline), "
         "default chunking and compression, the default tokenizer backend (`auto`: fastokens after its "
         "conformance check), into an empty directory. The local runner forks its workers from a warm process "
-        "and hands out work units from a shared queue (pipelines/runners/local_workers.py, unit_queue.py). A passed "
-        "conformance check is remembered on the machine (pipelines/tokenize/conformance_cache.py), so the suite's builds "
-        "skip it after the first. Whole command = wall time of the "
+        "and hands out work units from a shared queue (pipelines/runners/local_workers.py, unit_queue.py). "
+        "Whole command = wall time of the "
         "subprocess (interpreter start-up to exit). Steady state = tokens / the seconds the workers spent "
         "inside work units, from the build's own timeline (`CHUNKLEDGER_TRACE`, off by default; a traced "
         "build is byte-identical); start-up share = 1 - (tokens / steady rate) / whole command, itemized "

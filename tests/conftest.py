@@ -4,8 +4,8 @@ Tests build caches from corpora of a few kilobytes and need several chunks per s
 builder's floor on ``--chunk_bytes`` (64 KiB for real builds; see ``pipelines/options.py``). Subprocess
 builds inherit the setting.
 
-Passed conformance checks are remembered in a directory of this test session only (never the user's
-``~/.cache``), so no result from outside the session can stand in for a check a test expects to run.
+Resolved ``tokenizer.json`` files are remembered in a directory of this test session only (never the user's
+``~/.cache``), so no result from outside the session can stand in for a resolution a test expects to run.
 """
 
 import atexit

@@ -21,7 +21,6 @@ into both splits).
 
 from __future__ import annotations
 
-import gc
 from typing import Any, Collection, Iterable
 
 import apache_beam as beam
@@ -43,23 +42,6 @@ from pipelines.chunking.unit_queue import ClaimQueue
 from pipelines.chunking.units import UnitBuilder
 
 METRICS_NAMESPACE = "chunkledger"
-
-_FROZEN = False
-
-
-def freeze_long_lived() -> None:
-    """Once per process: move every object alive now (Beam, pyarrow, the tokenizer's ranks) to the garbage
-    collector's permanent generation.
-
-    They live as long as the worker anyway. Full collections then skip them, and so does the collection at
-    interpreter exit, which otherwise walks them all once per process, after the last chunk, when a local
-    runner stops its workers one after the other. Only garbage already unreachable at this moment (from
-    start-up) is never reclaimed; it is bounded and paid once.
-    """
-    global _FROZEN
-    if not _FROZEN:
-        _FROZEN = True
-        gc.freeze()
 
 
 class _BeamCounters(Counters):
@@ -116,7 +98,6 @@ class BuildChunksFn(beam.DoFn):
                       if fmt.is_masked(config) else None)
         self.units = UnitBuilder(self.output, self.encoder, config, self.tokenizer.eos_id, self.counters,
                                  recorded=recorded, split=self.split, supervised=supervised)
-        freeze_long_lived()
         trace.event("setup_done")
 
     def process(self, unit: WorkUnit) -> Iterable[UnitResult]:

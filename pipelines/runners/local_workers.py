@@ -15,7 +15,8 @@ Nothing about the pipeline changes: the same runner (Beam's FnApiRunner, what th
 same job service, DoFns, bundles and outputs; only how worker processes come to life. The warm process
 forks only while it runs no thread but the idle ones its libraries start at import (it checks); otherwise,
 or if it cannot be reached, a worker starts the usual way (a fresh ``sdk_worker_main``).
-``CHUNKLEDGER_FORK_WORKERS=0`` turns it off.
+``CHUNKLEDGER_FORK_WORKERS=0`` turns it off: an 800 MB local build with 2 workers then takes 1.10x the
+CPU-seconds and 1.09x the wall time (docs/DESIGN.md, "Ablations").
 
 Used for ``--runner=DirectRunner --direct_running_mode=multi_processing`` (the default local runner) on
 Linux. This module must stay cheap to import: the launcher starts the warm process before importing Beam.

@@ -14,12 +14,9 @@ it in six documents longer than ``PIECE_CHARS``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import marshal
 import os
 import random
-import types
 from typing import Sequence
 
 from pipelines.tokenize.tokenizer import MAX_PIECE_CHARS, PIECE_CHARS
@@ -210,29 +207,6 @@ def conformance_texts(specials: Sequence[str] = ()) -> list[tuple[str, str]]:
         if s not in COMMON_SPECIALS:
             out.extend(_special_texts(s))
     return out + _fuzz() + _long()
-
-
-def texts_source_digest(specials: Sequence[str] = ()) -> str:
-    """sha256 of everything ``conformance_texts(specials)`` is a function of, without generating them (which
-    costs about half a CPU-second): this module's file and its snippets file, the code and defaults of every
-    function here and the tables (so one replaced in-process counts too), the piece sizes and ``specials``.
-    Python's version, which fixes ``random``'s sequences, is part of every conformance-cache key."""
-    h = hashlib.sha256()
-    for path in (__file__, SNIPPETS_FILE):
-        with open(path, "rb") as f:
-            h.update(hashlib.sha256(f.read()).digest())
-    g = globals()
-    for name in sorted(g):
-        obj = g[name]
-        if isinstance(obj, types.FunctionType):
-            part = marshal.dumps(obj.__code__) + repr(obj.__defaults__).encode()
-        elif name.isupper():
-            part = repr(obj).encode("utf-8", "surrogatepass")
-        else:
-            continue
-        h.update(name.encode() + b"\0" + hashlib.sha256(part).digest())
-    h.update(json.dumps([PIECE_CHARS, MAX_PIECE_CHARS, list(specials)]).encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
 
 
 def check(fast, reference, texts: Sequence[tuple[str, str]]) -> Difference | None:

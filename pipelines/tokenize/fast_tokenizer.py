@@ -15,8 +15,7 @@ With ``fast`` or ``gigatoken``, an unsupported tokenizer or any difference from 
 conformance set (:mod:`pipelines.tokenize.conformance`) is an error.
 
 Exactness is checked, not assumed (:mod:`pipelines.tokenize.guarded_encoder`): the conformance set runs once
-per process and tokenizer before a fast backend is used (a pass is remembered on the machine under a key of
-everything it depends on, see :mod:`pipelines.tokenize.conformance_cache`), and during the build one document
+per process and tokenizer before a fast backend is used, and during the build one document
 in ``verify_every`` (chosen by a hash of its byte offset, so a retried bundle checks the same documents) is
 re-encoded by the reference; a difference fails the job, naming the input file, the document's byte offset
 and the first differing token. A batch the fast library fails on is encoded by the reference, so dead letters
@@ -27,12 +26,10 @@ Long documents are cut into the same pieces as the reference's (:func:`pipelines
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
-import sys
 import tempfile
 import threading
 import time
@@ -43,7 +40,6 @@ import numpy as np
 from reader.format import tokenizer_lib
 
 from pipelines.tokenize import conformance
-from pipelines.tokenize import conformance_cache
 from pipelines.tokenize import gigatoken_backend
 from pipelines.tokenize.guarded_encoder import (CL100K_ORIGINAL_PATTERN, CL100K_PATTERN, MISMATCH_MARKER,  # noqa: F401
                                                 GuardedEncoder, TokenMismatchError, ranks_file_bytes, sampled)
@@ -83,7 +79,6 @@ class FastEncoder(GuardedEncoder):
     arguments are :class:`GuardedEncoder`'s; ``tok`` is a ``fastokens.Tokenizer``)."""
 
     backend = "fast"
-    library = "fastokens"
 
     def reference_only_strings(self) -> Sequence[str]:
         return REFERENCE_ONLY_CHARS
@@ -106,20 +101,19 @@ def _import_fastokens():
     return fastokens
 
 
-def _tiktoken_fast(definition: tokenizer_lib.TiktokenDefinition) -> tuple[object, str]:
+def _tiktoken_fast(definition: tokenizer_lib.TiktokenDefinition) -> object:
     """fastokens for a tiktoken encoding: its ranks (written to a temporary file), its pattern (or a faster
-    equivalent one, see EQUIVALENT_PATTERNS), no special tokens; and the sha256 of those inputs."""
+    equivalent one, see EQUIVALENT_PATTERNS), no special tokens."""
     fastokens = _import_fastokens()
     ranks: Mapping[bytes, int] = definition.ranks
     data = ranks_file_bytes(ranks)
     pattern = fast_pattern(definition.pattern, ranks)
-    origin = hashlib.sha256(b"tiktoken\0" + pattern.encode() + b"\0" + data).hexdigest()
     fd, path = tempfile.mkstemp(prefix="chunkledger-ranks-", suffix=".tiktoken")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         # No special tokens: the reference encodes special-token strings as ordinary text.
-        return fastokens.Tokenizer.from_tiktoken(path, pattern=pattern, special_tokens={}), origin
+        return fastokens.Tokenizer.from_tiktoken(path, pattern=pattern, special_tokens={})
     finally:
         os.unlink(path)
 
@@ -146,12 +140,11 @@ def make_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
     """The fast encoder of ``spec`` (unchecked). Raises :class:`TokenizerError` if it cannot be built."""
     try:
         if spec.kind == "tiktoken":
-            tok, origin = _tiktoken_fast(tokenizer_lib.tiktoken_encoding(spec.name)[0])
-            return FastEncoder(tok, reference, split_long=True, verify_every=spec.verify_every, origin=origin)
+            tok = _tiktoken_fast(tokenizer_lib.tiktoken_encoding(spec.name)[0])
+            return FastEncoder(tok, reference, split_long=True, verify_every=spec.verify_every)
         tokenizer_json = tokenizer_json or spec.tokenizer_json()
         tok = _import_fastokens().Tokenizer.from_json_str(tokenizer_json)
-        origin = hashlib.sha256(b"tokenizer.json\0" + tokenizer_json.encode("utf-8", "surrogatepass")).hexdigest()
-        return FastEncoder(tok, reference, split_long=False, verify_every=spec.verify_every, origin=origin)
+        return FastEncoder(tok, reference, split_long=False, verify_every=spec.verify_every)
     except ImportError as e:
         raise TokenizerError(f"the fast tokenizer backend needs fastokens ({e}): pip install "
                              "'chunkledger[pipeline]'") from e
@@ -184,19 +177,11 @@ def load_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
     backend = AUTO_BACKENDS[spec.kind] if spec.backend == "auto" else spec.backend
     try:
         fast = make_encoder(backend, spec, reference, tokenizer_json)
-        specials = _special_strings(reference)
-        key = _check_key(fast, reference, specials)
-        if key is not None and conformance_cache.passed(key):
-            LOG.info("%s tokenizer backend for %s: the conformance check passed before with the same code, "
-                     "tokenizer and texts (%s)", backend, spec.spec, conformance_cache.directory())
-            return fast
-        texts = conformance.conformance_texts(specials)  # generated only when checked
+        texts = conformance.conformance_texts(_special_strings(reference))
         diff = conformance.check(fast, reference, texts)
         if diff is not None:
             raise TokenizerError(f"the {backend} tokenizer backend differs from the reference for {spec.spec!r} on "
                                  f"{diff.describe()}")
-        if key is not None:
-            conformance_cache.record(key, {"spec": spec.spec, "texts": len(texts)})
     except TokenizerError as e:
         if spec.backend != "auto":
             raise TokenizerError(f"{e}. Use --tokenizer_backend auto or reference.") from e
@@ -206,35 +191,6 @@ def load_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
     LOG.info("%s tokenizer backend for %s passed the conformance check in %.2fs", backend, spec.spec,
              time.perf_counter() - t0)
     return fast
-
-
-def _check_key(fast: GuardedEncoder, reference: Encoder, specials) -> str | None:
-    """The conformance cache's key of checking ``fast`` against ``reference`` on the conformance texts of
-    ``specials`` (None: uncached)."""
-    if not conformance_cache.enabled() or not getattr(fast, "origin", ""):
-        return None
-    from pipelines.tokenize import tokenizer as tk
-
-    enc = getattr(reference, "enc", None)  # tiktoken's Encoding, or
-    handle = enc if enc is not None else getattr(reference, "tok", None)  # tokenizers' Tokenizer
-    library = sys.modules.get(type(handle).__module__.split(".")[0]) if handle is not None else None
-    if getattr(library, "__file__", None) is None:
-        return None
-    # the HF reference is built from the same tokenizer.json as fastokens (fast.origin); tiktoken's from the
-    # encoding's definition, whose ranks fast.origin covers
-    try:
-        definition = None if enc is None else tokenizer_lib.tiktoken_encoding(enc.name)[0]
-    except KeyError:  # an Encoding no plugin defines (made in a test): not remembered
-        return None
-    ref_inputs = "" if definition is None else (definition.pattern + "\0"
-                                                + json.dumps(sorted(definition.special_tokens.items())))
-    classes = [c for c in type(fast).__mro__ + type(reference).__mro__ if c is not object]
-    return conformance_cache.make_key([
-        fast.origin, ref_inputs, json.dumps(list(fast.reference_only_strings())),
-        f"{fast.split_long} {tk.PIECE_CHARS} {tk.MAX_PIECE_CHARS}",
-        conformance_cache.package_digest(sys.modules[fast.library]), conformance_cache.package_digest(library),
-        conformance_cache.code_digest(classes, modules=[conformance, tk, sys.modules[__name__]]),
-        conformance.texts_source_digest(specials)])
 
 
 def preflight(spec: TokenizerSpec) -> None:

@@ -29,7 +29,6 @@ same either way: a fresh tokenizer is the one the conformance check passed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -81,19 +80,17 @@ class GigaTokenEncoder(GuardedEncoder):
         reference: the reference encoder of the same tokenizer.
         split_long: cut texts longer than PIECE_CHARS like the reference (tiktoken) does.
         verify_every: re-encode about one document in N with the reference (0: never).
-        origin: sha256 of what GigaToken is built from (the conformance cache's key).
         reference_only: documents holding one of these strings are encoded by the reference.
         rss_budget: RSS growth (bytes) since the tokenizer was loaded that makes it reloaded.
         rebuild_chars: where the RSS cannot be read, characters encoded between reloads.
     """
 
     backend = "gigatoken"
-    library = "gigatoken"
 
     def __init__(self, load: Callable[[], object], reference, *, split_long: bool, verify_every: int,
-                 origin: str = "", reference_only: Sequence[str] = (), rss_budget: int = RSS_BUDGET,
+                 reference_only: Sequence[str] = (), rss_budget: int = RSS_BUDGET,
                  rebuild_chars: int = REBUILD_CHARS):
-        super().__init__(load(), reference, split_long=split_long, verify_every=verify_every, origin=origin)
+        super().__init__(load(), reference, split_long=split_long, verify_every=verify_every)
         self.load = load
         self.reference_only = tuple(reference_only)
         self.rss_budget = rss_budget
@@ -141,16 +138,15 @@ def _import_gigatoken():
     return gigatoken
 
 
-def tiktoken_loader(definition: tokenizer_lib.TiktokenDefinition) -> tuple[Callable[[], object], str]:
+def tiktoken_loader(definition: tokenizer_lib.TiktokenDefinition) -> Callable[[], object]:
     """A maker of GigaToken tokenizers for a tiktoken encoding (its ranks, its pattern's scheme, no special
-    tokens), and the sha256 of those inputs."""
+    tokens)."""
     scheme = SCHEMES.get(definition.pattern)
     if scheme is None:
         raise TokenizerError(f"gigatoken has no pre-tokenizer for the pattern of tiktoken encoding "
                              f"{definition.name!r}")
     gt = _import_gigatoken()
     data = ranks_file_bytes(definition.ranks)
-    origin = hashlib.sha256(b"gigatoken tiktoken\0" + scheme.encode() + b"\0" + data).hexdigest()
 
     def load():
         fd, path = tempfile.mkstemp(prefix="chunkledger-ranks-", suffix=".tiktoken")
@@ -162,7 +158,7 @@ def tiktoken_loader(definition: tokenizer_lib.TiktokenDefinition) -> tuple[Calla
         finally:
             os.unlink(path)
 
-    return load, origin
+    return load
 
 
 def reference_only_strings(tokenizer_json: str) -> list[str]:
@@ -175,14 +171,12 @@ def make_gigatoken(spec: TokenizerSpec, reference, tokenizer_json: str = "") -> 
     """The GigaToken encoder of ``spec`` (unchecked). Raises :class:`TokenizerError` if it cannot be built."""
     try:
         if spec.kind == "tiktoken":
-            load, origin = tiktoken_loader(tokenizer_lib.tiktoken_encoding(spec.name)[0])
-            return GigaTokenEncoder(load, reference, split_long=True, verify_every=spec.verify_every, origin=origin)
+            load = tiktoken_loader(tokenizer_lib.tiktoken_encoding(spec.name)[0])
+            return GigaTokenEncoder(load, reference, split_long=True, verify_every=spec.verify_every)
         tokenizer_json = tokenizer_json or spec.tokenizer_json()
         gt = _import_gigatoken()
-        origin = hashlib.sha256(b"gigatoken tokenizer.json\0"
-                                + tokenizer_json.encode("utf-8", "surrogatepass")).hexdigest()
         return GigaTokenEncoder(lambda: gt.Tokenizer.from_json(tokenizer_json), reference, split_long=False,
-                                verify_every=spec.verify_every, origin=origin,
+                                verify_every=spec.verify_every,
                                 reference_only=reference_only_strings(tokenizer_json))
     except TokenizerError:
         raise

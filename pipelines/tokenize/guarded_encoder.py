@@ -66,18 +66,15 @@ class GuardedEncoder(Encoder):
         reference: the reference encoder of the same tokenizer.
         split_long: cut texts longer than PIECE_CHARS like the reference (tiktoken) does.
         verify_every: re-encode about one document in N with the reference (0: never).
-        origin: sha256 of what the library's tokenizer was built from (the conformance cache's key).
     """
 
     backend = ""  # --tokenizer_backend's name
-    library = ""  # the package the conformance cache's key digests
 
-    def __init__(self, tok, reference: Encoder, *, split_long: bool, verify_every: int, origin: str = ""):
+    def __init__(self, tok, reference: Encoder, *, split_long: bool, verify_every: int):
         self.tok = tok
         self.reference = reference
         self.split_long = split_long
         self.verify_every = verify_every
-        self.origin = origin
 
     def reference_only_strings(self) -> Sequence[str]:
         """Texts holding one of these are encoded by the reference."""

@@ -6,16 +6,18 @@ the ledger's identity). For a 100k-token vocabulary that is about 0.6 CPU-second
 and again by the warm worker process (:mod:`pipelines.runners.local_workers`) before the first work unit can start.
 The result is a pure function of the file's bytes, the ``tokenizer_config.json`` beside it (its
 ``eos_token``) and the library's code, so it is recorded under a key that digests all three
-(:func:`pipelines.tokenize.conformance_cache.package_digest` of ``tokenizers``) plus the interpreter's version.
+(:func:`package_digest` of ``tokenizers``) plus the interpreter's version.
 
 An entry is checked when read: its payload's sha256 must be its recorded hash, or the entry is ignored and
 the file parsed again. Entries live in ``$CHUNKLEDGER_CACHE_DIR/hf-resolve/`` (default
-``~/.cache/chunkledger``, as for conformance passes); ``CHUNKLEDGER_RESOLVE_CACHE=0`` turns it off. A cache
+``$XDG_CACHE_HOME/chunkledger``, else ``~/.cache/chunkledger``); ``CHUNKLEDGER_RESOLVE_CACHE=0`` turns it off (an
+800 MB build with a cl100k ``tokenizer.json`` then takes 1.065x the CPU-seconds: docs/DESIGN.md, "Ablations"). A cache
 that cannot be read or written is ignored. Remote specs (``gs://...``) and hub names are not remembered.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -24,9 +26,7 @@ import sys
 from reader.format.tokenizer_id import hash_hf_json
 from reader.storage import atomic
 
-from pipelines.tokenize.conformance_cache import directory as _conformance_directory
-from pipelines.tokenize.conformance_cache import package_digest
-
+ENV_DIR = "CHUNKLEDGER_CACHE_DIR"
 ENV_SWITCH = "CHUNKLEDGER_RESOLVE_CACHE"
 VERSION = b"chunkledger hf resolve cache 1"
 
@@ -36,7 +36,28 @@ def enabled() -> bool:
 
 
 def directory() -> str:
-    return os.path.join(os.path.dirname(_conformance_directory()), "hf-resolve")
+    base = os.environ.get(ENV_DIR) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "chunkledger")
+    return os.path.join(base, "hf-resolve")
+
+
+def package_digest(module) -> str:
+    """sha256 over every file of an imported module's package (sources and native libraries), once per process."""
+    return _tree_digest(os.path.dirname(os.path.abspath(module.__file__)))
+
+
+@functools.lru_cache(maxsize=None)
+def _tree_digest(root: str) -> str:
+    h = hashlib.sha256()
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        for name in sorted(files):
+            if not name.endswith((".pyc", ".pyo")):
+                path = os.path.join(d, name)
+                with open(path, "rb") as f:
+                    digest = hashlib.file_digest(f, "sha256").hexdigest()
+                h.update(os.path.relpath(path, root).encode() + b"\0" + digest.encode() + b"\0")
+    return h.hexdigest()
 
 
 def key(tokenizer_json: bytes, config_json: bytes | None) -> str:

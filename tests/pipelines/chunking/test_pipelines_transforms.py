@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import apache_beam as beam
 import tiktoken
@@ -13,7 +11,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from build_helpers import FNAPI, REPO, small_plan
+from build_helpers import FNAPI, small_plan
 from pipelines.plan import work_units
 from pipelines.chunking.transforms import BuildCache, BuildChunksFn
 from reader.format import spec as fmt
@@ -63,12 +61,3 @@ def test_build_cache_transform_finalizes_ledger(tmp_path):
                     equal_to([(24, want_tokens, 1)]))
     ledger = json.load(open(f"{out}/{fmt.LEDGER_NAME}"))
     assert ledger["finished"] and ledger["bad_records"] == {"invalid_json": 1}
-
-
-def test_freeze_long_lived_freezes_once_per_process():
-    """Workers move what start-up created to the permanent generation once, not again per bundle."""
-    code = ("import gc; from pipelines.chunking import transforms as b; b.freeze_long_lived(); n = gc.get_freeze_count(); "
-            "junk = [[i] for i in range(10000)]; b.freeze_long_lived(); "
-            "assert n > 0 and gc.get_freeze_count() == n, (n, gc.get_freeze_count()); print('ok')")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -30,10 +30,9 @@ MARKER = "Qzxv-marker"  # in no conformance text
 
 
 @pytest.fixture(autouse=True)
-def fresh_loads(monkeypatch, tmp_path):
-    """Encoders loaded in this test only, and conformance passes remembered in this test only."""
+def fresh_loads(monkeypatch):
+    """Encoders loaded in this test only."""
     monkeypatch.setattr(ft, "_LOADED", {})
-    monkeypatch.setenv("CHUNKLEDGER_CACHE_DIR", str(tmp_path / "machine-cache"))
 
 
 def gigatoken_of(spec: tk.TokenizerSpec) -> gb.GigaTokenEncoder:
@@ -88,13 +87,11 @@ def test_each_tiktoken_pattern_maps_to_a_gigatoken_scheme_that_cuts_text_the_sam
     """With cl100k's ranks (the only ones offline), GigaToken's scheme for a pattern gives tiktoken's tokens of
     that pattern on the whole conformance set; so r50k's and o200k's patterns are checked too."""
     definition, reference = cl100k_with(pattern)
-    load, origin = gb.tiktoken_loader(definition)
-    enc = gb.GigaTokenEncoder(load, reference, split_long=True, verify_every=0, origin=origin)
+    enc = gb.GigaTokenEncoder(gb.tiktoken_loader(definition), reference, split_long=True, verify_every=0)
     assert conformance.check(enc, reference, conformance.conformance_texts(["<|endoftext|>"])) is None
     # and the schemes differ: a pattern mapped to another one's scheme is caught
     other = next(p for p in gb.SCHEMES if gb.SCHEMES[p] != gb.SCHEMES[pattern])
-    load, _ = gb.tiktoken_loader(cl100k_with(other)[0])
-    wrong = gb.GigaTokenEncoder(load, reference, split_long=True, verify_every=0)
+    wrong = gb.GigaTokenEncoder(gb.tiktoken_loader(cl100k_with(other)[0]), reference, split_long=True, verify_every=0)
     assert conformance.check(wrong, reference, conformance.conformance_texts()) is not None
 
 
@@ -287,15 +284,3 @@ def test_the_summary_names_each_backend_that_ran():
     assert ft.backend_note({"backend_fast": 1, "backend_reference": 1, "backend_fast_rejected": 1}) == (
         "tokenizer backend: fast on 1 worker (0 documents re-checked by the reference) and reference on 1 worker, "
         "the fast one rejected on 1 (the worker logs say why)")
-
-
-def test_a_passed_check_is_remembered_per_backend(monkeypatch):
-    calls = []
-    real = conformance.check
-    monkeypatch.setattr(conformance, "check",
-                        lambda fast, ref, texts: calls.append(fast.backend) or real(fast, ref, texts))
-    monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as loading fastokens sets it (the keys hold it)
-    spec = tk.resolve("tiktoken:cl100k_base")
-    for backend in ("gigatoken", "gigatoken", "fast", "gigatoken", "fast"):
-        assert ft.load_encoder(spec.with_backend(backend)).backend == backend
-    assert calls == ["gigatoken", "fast"]  # each checked once, under a key of its own
