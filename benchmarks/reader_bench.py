@@ -134,7 +134,7 @@ def read_reader(cache: Path, opts: ReadOptions, batches: int, max_s: float | Non
 def example_sources(opts: ReadOptions, batches: int, shuffle_cfg) -> tuple[np.ndarray, np.ndarray]:
     ex = np.arange(batches * B, dtype=np.int64)
     src = shuffle.shuffle_example_indices(ex, shuffle_cfg) if shuffle_cfg is not None else ex
-    return streams.split_example_index(np.asarray(src, np.int64), opts.num_streams)
+    return streams.stream_position(np.asarray(src, np.int64), opts.num_streams)
 
 
 def write_flat_file(cache: Path, opts: ReadOptions, need_tokens: np.ndarray, out: Path) -> np.ndarray:

@@ -204,7 +204,7 @@ def _expand(lo: np.ndarray, hi: np.ndarray):
 def compute_examples(lay: Layout, num_examples: int, seq_len: int, num_streams: int) -> Examples:
     idx = streams.StreamIndex(lay.chunk_tokens, num_streams, loop=True)
     x = np.arange(num_examples, dtype=np.int64)
-    s, j = streams.split_example_index(x, num_streams)
+    s, j = streams.stream_position(x, num_streams)
     e1, c1, o1, e2, c2, o2 = (np.zeros(num_examples, np.int64) for _ in range(6))
     for st in range(num_streams):
         m = s == st

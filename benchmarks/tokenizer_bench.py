@@ -185,7 +185,7 @@ def scan(a) -> dict:
     if a.own_pattern:  # the Encoding's own (possessive) pattern instead of the faster equivalent one
         ft.EQUIVALENT_PATTERNS = {}
     fast = ft.make_fast(spec, ref)
-    fast_raw = ft.FastEncoder(fast.tok, ref, split_long=True, verify_every=0)
+    fast_raw = ft.FastEncoder(fast.tok, ref, cut_long=True, verify_every=0)
     contexts = ["x{c}\u094d\u0937", "a{c}b", "{c}{c}a", "1{c}2", " {c}x", "'{c}s", "{c}\n", "\n{c}", "x {c}",
                 "{c}  a", ".{c}.", "{c}'S", "a\n{c} ", "{c}"]
     cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]

@@ -43,7 +43,7 @@ def write_ledger(root: str, ledger: dict[str, Any]) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class WorkerError:
+class WorkerFailure:
     """A worker's reason to stop the build (e.g. a damaged input), recorded in ``_FAILED.json``."""
 
     text: str  # the BuildError's message: names the file and the fix
@@ -58,7 +58,7 @@ class WorkerError:
         return {"error": self.ERROR, "kind": self.kind, "message": self.text}
 
 
-Failure = TooManyBadRecords | EmptyInput | WorkerError
+Failure = TooManyBadRecords | EmptyInput | WorkerFailure
 _KINDS = {cls.ERROR: cls for cls in (TooManyBadRecords, EmptyInput)}
 
 
@@ -69,7 +69,7 @@ def write_failure(root: str, failure: Failure) -> None:
 def parse_failure(obj: dict[str, Any]) -> Failure:
     if obj.get("error") in _KINDS:
         return _KINDS[obj["error"]].from_json(obj)
-    return WorkerError(text=str(obj.get("message", obj)), kind=str(obj.get("kind", obj.get("error"))))
+    return WorkerFailure(text=str(obj.get("message", obj)), kind=str(obj.get("kind", obj.get("error"))))
 
 
 def clear_failure(root: str) -> None:

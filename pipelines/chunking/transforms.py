@@ -110,7 +110,7 @@ class BuildChunksFn(beam.DoFn):
             results = self.units.build(unit)
         except BuildError as e:
             try:
-                status.write_failure(self.output, status.WorkerError(text=str(e), kind=type(e).__name__))
+                status.write_failure(self.output, status.WorkerFailure(text=str(e), kind=type(e).__name__))
             except Exception:  # noqa: BLE001 - e.g. a full disk: the runner's error still carries the message
                 pass
             raise

@@ -21,7 +21,7 @@ re-encoded by the reference; a difference fails the job, naming the input file, 
 and the first differing token. A batch the fast library fails on is encoded by the reference, so dead letters
 (and their messages) are the reference's too.
 
-Long documents are cut into the same pieces as the reference's (:func:`pipelines.tokenize.tokenizer.split_for_encoding`).
+Long documents are cut into the same pieces as the reference's (:func:`pipelines.tokenize.tokenizer.cut_for_encoding`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pipelines.tokenize import gigatoken_backend
 from pipelines.tokenize.guarded_encoder import (CL100K_ORIGINAL_PATTERN, CL100K_PATTERN, MISMATCH_MARKER,  # noqa: F401
                                                 GuardedEncoder, TokenMismatchError, ranks_file_bytes, sampled)
 from pipelines.tokenize.tokenizer import (BACKENDS, DEFAULT_VERIFY_EVERY, PIECE_CHARS, Encoder, TokenizerError,  # noqa: F401
-                        TokenizerSpec, split_for_encoding)
+                        TokenizerSpec, cut_for_encoding)
 
 LOG = logging.getLogger("chunkledger.tokenizer")
 
@@ -141,10 +141,10 @@ def make_fast(spec: TokenizerSpec, reference: Encoder, tokenizer_json: str = "")
     try:
         if spec.kind == "tiktoken":
             tok = _tiktoken_fast(tokenizer_lib.tiktoken_encoding(spec.name)[0])
-            return FastEncoder(tok, reference, split_long=True, verify_every=spec.verify_every)
+            return FastEncoder(tok, reference, cut_long=True, verify_every=spec.verify_every)
         tokenizer_json = tokenizer_json or spec.tokenizer_json()
         tok = _import_fastokens().Tokenizer.from_json_str(tokenizer_json)
-        return FastEncoder(tok, reference, split_long=False, verify_every=spec.verify_every)
+        return FastEncoder(tok, reference, cut_long=False, verify_every=spec.verify_every)
     except ImportError as e:
         raise TokenizerError(f"the fast tokenizer backend needs fastokens ({e}): pip install "
                              "'chunkledger[pipeline]'") from e

@@ -78,7 +78,7 @@ class GigaTokenEncoder(GuardedEncoder):
     Args:
         load: makes a fresh ``gigatoken.Tokenizer`` (called now, and again whenever the caches are full).
         reference: the reference encoder of the same tokenizer.
-        split_long: cut texts longer than PIECE_CHARS like the reference (tiktoken) does.
+        cut_long: cut texts longer than PIECE_CHARS like the reference (tiktoken) does.
         verify_every: re-encode about one document in N with the reference (0: never).
         reference_only: documents holding one of these strings are encoded by the reference.
         rss_budget: RSS growth (bytes) since the tokenizer was loaded that makes it reloaded.
@@ -87,10 +87,10 @@ class GigaTokenEncoder(GuardedEncoder):
 
     backend = "gigatoken"
 
-    def __init__(self, load: Callable[[], object], reference, *, split_long: bool, verify_every: int,
+    def __init__(self, load: Callable[[], object], reference, *, cut_long: bool, verify_every: int,
                  reference_only: Sequence[str] = (), rss_budget: int = RSS_BUDGET,
                  rebuild_chars: int = REBUILD_CHARS):
-        super().__init__(load(), reference, split_long=split_long, verify_every=verify_every)
+        super().__init__(load(), reference, cut_long=cut_long, verify_every=verify_every)
         self.load = load
         self.reference_only = tuple(reference_only)
         self.rss_budget = rss_budget
@@ -172,10 +172,10 @@ def make_gigatoken(spec: TokenizerSpec, reference, tokenizer_json: str = "") -> 
     try:
         if spec.kind == "tiktoken":
             load = tiktoken_loader(tokenizer_lib.tiktoken_encoding(spec.name)[0])
-            return GigaTokenEncoder(load, reference, split_long=True, verify_every=spec.verify_every)
+            return GigaTokenEncoder(load, reference, cut_long=True, verify_every=spec.verify_every)
         tokenizer_json = tokenizer_json or spec.tokenizer_json()
         gt = _import_gigatoken()
-        return GigaTokenEncoder(lambda: gt.Tokenizer.from_json(tokenizer_json), reference, split_long=False,
+        return GigaTokenEncoder(lambda: gt.Tokenizer.from_json(tokenizer_json), reference, cut_long=False,
                                 verify_every=spec.verify_every,
                                 reference_only=reference_only_strings(tokenizer_json))
     except TokenizerError:

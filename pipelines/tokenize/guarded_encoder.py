@@ -18,7 +18,7 @@ import numpy as np
 
 from pipelines.errors import BuildError
 from pipelines.tokenize import conformance
-from pipelines.tokenize.tokenizer import PIECE_CHARS, Encoder, split_for_encoding
+from pipelines.tokenize.tokenizer import PIECE_CHARS, Encoder, cut_for_encoding
 
 MISMATCH_MARKER = "tokenizer backend disagrees with the reference"
 _PASSTHROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit)
@@ -64,16 +64,16 @@ class GuardedEncoder(Encoder):
     Args:
         tok: the library's tokenizer object.
         reference: the reference encoder of the same tokenizer.
-        split_long: cut texts longer than PIECE_CHARS like the reference (tiktoken) does.
+        cut_long: cut texts longer than PIECE_CHARS like the reference (tiktoken) does.
         verify_every: re-encode about one document in N with the reference (0: never).
     """
 
     backend = ""  # --tokenizer_backend's name
 
-    def __init__(self, tok, reference: Encoder, *, split_long: bool, verify_every: int):
+    def __init__(self, tok, reference: Encoder, *, cut_long: bool, verify_every: int):
         self.tok = tok
         self.reference = reference
-        self.split_long = split_long
+        self.cut_long = cut_long
         self.verify_every = verify_every
 
     def reference_only_strings(self) -> Sequence[str]:
@@ -104,13 +104,13 @@ class GuardedEncoder(Encoder):
         if not texts:
             return []
         try:
-            if not self.split_long or all(len(t) <= PIECE_CHARS for t in texts):
+            if not self.cut_long or all(len(t) <= PIECE_CHARS for t in texts):
                 ids, offs = self._flat(texts)
                 return [ids[offs[i]:offs[i + 1]] for i in range(len(texts))]
             pieces, first = [], []
             for t in texts:
                 first.append(len(pieces))
-                pieces.extend(split_for_encoding(t) if len(t) > PIECE_CHARS else (t,))
+                pieces.extend(cut_for_encoding(t) if len(t) > PIECE_CHARS else (t,))
             first.append(len(pieces))
             ids, offs = self._flat(pieces)
             # the pieces of a text are consecutive in the flat buffer: its tokens are one slice

@@ -9,7 +9,7 @@ module). This module adds what only a build needs:
   makes of it (it may adjust the ``tokenizer.json``), so its identity, and the caches built with it, stay
   what they were. The reader never imports transformers, so this stays here; offline, only the local hub
   cache is tried, and a name it does not hold fails at once.
-* a resolution of a local ``tokenizer.json`` is remembered per machine (:mod:`pipelines.tokenize.hf_resolve_cache`).
+* a resolution of a local ``tokenizer.json`` is remembered per machine (:mod:`pipelines.tokenize.hf_resolve_memo`).
 * ``--eos_token TOKEN|ID`` sets the EOS; otherwise the tokenizer's declared one, or a guess, which
   :func:`warn_if_guessed` reports. How the EOS was chosen is shown, never part of the identity.
 
@@ -49,7 +49,7 @@ from reader.format import tokenizer_lib
 from reader.format.tokenizer_id import hash_hf_json
 from reader.format.tokenizer_lib import EOS_CANDIDATES, Eos, TokenizerError  # noqa: F401
 
-from pipelines.tokenize import hf_resolve_cache
+from pipelines.tokenize import hf_resolve_memo
 
 LOG = logging.getLogger("chunkledger.tokenizer")
 
@@ -65,7 +65,7 @@ BACKENDS = ("auto", "fast", "gigatoken", "reference")  # see pipelines.tokenize.
 DEFAULT_VERIFY_EVERY = 1000
 
 
-def split_for_encoding(text: str, piece_chars: int = PIECE_CHARS,
+def cut_for_encoding(text: str, piece_chars: int = PIECE_CHARS,
                        max_piece_chars: int = MAX_PIECE_CHARS) -> list[str]:
     """Cut ``text`` into pieces of at most ``max_piece_chars`` at safe boundaries (see module doc).
 
@@ -189,7 +189,7 @@ class TiktokenEncoder(Encoder):
         if len(text) <= PIECE_CHARS:
             return self.enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=()).view(np.int32)
         parts = [self.enc.encode_to_numpy(p, allowed_special=set(), disallowed_special=())
-                 for p in split_for_encoding(text)]
+                 for p in cut_for_encoding(text)]
         return np.concatenate(parts).view(np.int32)
 
     def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
@@ -221,8 +221,8 @@ def resolve(spec: str, eos: str | int | None = None) -> TokenizerSpec:
         return _auto_tokenizer(spec, eos, hub=True)
     local = _local_hf_files(spec) if form == "path" and eos in (None, "") else None
     if local is not None:  # remembered from an earlier resolution of the same bytes?
-        memo_key = hf_resolve_cache.key(*local)
-        hit = hf_resolve_cache.lookup(memo_key)
+        memo_key = hf_resolve_memo.key(*local)
+        hit = hf_resolve_memo.lookup(memo_key)
         if hit is not None and hit.get("eos_how"):
             return TokenizerSpec(spec=spec, kind="huggingface", name=spec, vocab_size=hit["vocab_size"],
                                  eos_id=hit["eos_id"], hash=hit["hash"], payload=hit["payload"],
@@ -234,7 +234,7 @@ def resolve(spec: str, eos: str | int | None = None) -> TokenizerSpec:
             raise
         return _auto_tokenizer(spec, eos, hub=False)  # a saved transformers tokenizer, maybe
     if local is not None:
-        hf_resolve_cache.record(memo_key, resolved.vocab_size, resolved.eos_id, resolved.hash, resolved.payload,
+        hf_resolve_memo.record(memo_key, resolved.vocab_size, resolved.eos_id, resolved.hash, resolved.payload,
                                 eos_token=resolved.eos_token, eos_how=resolved.eos_how)
     return resolved
 

@@ -24,7 +24,7 @@ from reader.storage.cache import Cache
 from reader.options import ReadOptions
 from reader.order.shuffle import shuffle_example_indices
 from reader.storage.store import ChunkStore
-from reader.order.streams import NotYetAvailable, StreamIndex, split_example_index
+from reader.order.streams import NotYetAvailable, StreamIndex, stream_position
 from reader.storage.index import ExampleIndex
 
 # cipher answers computed at once for the batches after a regular one (the cipher's cost is mostly
@@ -300,7 +300,7 @@ class ExampleOrder:
         idx = self.stream_index()
         if src is None:
             src = self.sources([ex])[0]
-        s, j = split_example_index(src, opts.num_streams)
+        s, j = stream_position(src, opts.num_streams)
         examples = ex.astype(np.int64, copy=True)
         if opts.eval_mode:
             valid = j < self.eval_limit(idx, j)
@@ -342,7 +342,7 @@ class ExampleOrder:
         return pieces.starts[head], pieces.first_positions[head], lengths.astype(np.int64), pieces
 
     # -- what upcoming reads touch --------------------------------------------------------------------
-    def plan(self, exs: list[np.ndarray]) -> list[tuple[int, np.ndarray]]:
+    def touched(self, exs: list[np.ndarray]) -> list[tuple[int, np.ndarray]]:
         """``(chunk, unit offsets)`` that examples ``exs`` touch, in chunk order (concat: token offsets of
         each window's first and last token; unpacked and best-fit: example offsets, see
         :meth:`token_offsets`)."""
@@ -350,7 +350,7 @@ class ExampleOrder:
         L = opts.seq_len
         idx = self.stream_index()
         src = np.concatenate(self.sources(exs))
-        s, j = split_example_index(src, opts.num_streams)
+        s, j = stream_position(src, opts.num_streams)
         if self.kind == "concat":
             pos = np.concatenate([j * L, j * L + L - 1])
             s = np.concatenate([s, s])

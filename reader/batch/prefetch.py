@@ -100,15 +100,15 @@ class Prefetcher:
         try:
             if whole and self.whole_mixes:
                 return self._prefetch_mixes(exs)
-            plan = self.order.plan(exs)
+            plan = self.order.touched(exs)
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
             return []
         last_row = -1
         if self.release.by_mix:
             last_row = max(int(e.max()) for e in exs) // self.order.shuffle.lanes
-        return self.prefetch_plan(plan, last_row)
+        return self.prefetch_chunks(plan, last_row)
 
-    def prefetch_plan(self, plan: list[tuple[int, np.ndarray]], last_row: int = -1) -> list[cf.Future]:
+    def prefetch_chunks(self, plan: list[tuple[int, np.ndarray]], last_row: int = -1) -> list[cf.Future]:
         """Start loading the row groups a plan (:meth:`reader.batch.examples.ExampleOrder.plan`) names that are
         neither cached nor loading; ``last_row``: the last shuffle row it serves (-1: unshuffled)."""
         futs = []
@@ -163,7 +163,7 @@ class Prefetcher:
                         inside = [e for e in exs if int(e.min()) // cfg.lanes < hi and int(e.max()) // cfg.lanes >= lo]
                         if inside:
                             futs.extend(self.store.submit(self._load_chunk_part, c, offs, hi - 1)
-                                        for c, offs in self.order.plan(inside))
+                                        for c, offs in self.order.touched(inside))
                         futs.extend(self._prefetch_mix(lo, hi))
                     except BaseException:  # e.g. NotYetAvailable during a build: try again next time
                         with self._lock:

@@ -1,2 +1,2 @@
-"""Weighted mixtures of caches: the mixture file, the mixing arithmetic, and the components behind the
+"""Weighted mixtures of caches: the mixture file, the quota arithmetic, and the components behind the
 single-cache interfaces."""

@@ -201,13 +201,13 @@ class MixturePrefetcher:
         rows = self.rows if mine else np.asarray(rows, dtype=np.int64).reshape(-1)
         try:
             comp, k = self.order.assign(np.concatenate([(b + i) * B + rows for i in range(count)]))
-            plans = self.order.plan_components(comp, k)
+            plans = self.order.touched_by_component(comp, k)
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable (eval during a build): the read waits
             return []
         futs: list[cf.Future] = []
         if plans is not None:  # every cache planned in one call
             for d, plan in enumerate(plans):
-                futs += self.prefetchers[d].prefetch_plan(plan)
+                futs += self.prefetchers[d].prefetch_chunks(plan)
             return futs
         dist = np.where(comp >= 0, self.order.which[np.maximum(comp, 0)], -1)
         for d in np.flatnonzero(np.bincount(dist[dist >= 0], minlength=len(self.prefetchers))).tolist():

@@ -4,7 +4,7 @@ A mixture file (:mod:`reader.mixture.spec`) names component caches and weights. 
 opens every distinct cache once (each may still be building; components naming the same cache share it)
 and checks that they share one tokenizer.
 :class:`MixtureOrder` is the mixture's example order: global example ``i`` -> ``(component c,
-component example k)`` (:mod:`reader.mixture.mixing` in training; the components one after the other in eval
+component example k)`` (:mod:`reader.mixture.quotas` in training; the components one after the other in eval
 mode), and ``k`` -> tokens through ``c``'s own :class:`reader.batch.examples.ExampleOrder` (its streams, shuffle
 and epochs, exactly as when ``c`` is read alone with the same options; components of one cache share that
 cache's order, so memory grows with distinct caches, not components). It answers ``locate`` with one
@@ -22,12 +22,12 @@ from typing import Any, Callable, Mapping, TypeVar
 import numpy as np
 
 from reader.storage.cache import Cache, wait_for
-from reader.mixture.mixing import MixIndex
+from reader.mixture.quotas import QuotaIndex
 from reader.mixture.spec import MixtureError, MixtureSpec, load_mixture
 from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder, Placement, RowPieces, group_by_key
 from reader.storage.store import ChunkStore
-from reader.order.streams import NotYetAvailable, StackedStreams, split_example_index
+from reader.order.streams import NotYetAvailable, StackedStreams, stream_position
 
 T = TypeVar("T")
 _SOURCES_AHEAD = 32  # batches of a shuffled component's cipher answers computed at once
@@ -145,7 +145,7 @@ class MixtureOrder:
 
     Attributes: ``orders`` (one :class:`reader.batch.examples.ExampleOrder` per distinct cache: the
     components of one cache read the same examples, each at its own pace), ``components`` (each
-    component's order, ``orders[which[c]]``), ``which``, ``index`` (the :class:`reader.mixture.mixing.MixIndex`
+    component's order, ``orders[which[c]]``), ``which``, ``index`` (the :class:`reader.mixture.quotas.QuotaIndex`
     of training; None in eval mode), ``shuffle`` (None: each cache's order shuffles its own examples).
     """
 
@@ -168,7 +168,7 @@ class MixtureOrder:
         self.which = np.asarray(mixture.which, dtype=np.int64)
         self.components = [self.orders[d] for d in mixture.which]  # one per component (shared per cache)
         self.num_components = len(self.components)
-        self.index = None if options.eval_mode else MixIndex(mixture.spec.plan(options.num_streams, options.batch_size))
+        self.index = None if options.eval_mode else QuotaIndex(mixture.spec.quotas(options.num_streams, options.batch_size))
         self._stack: tuple[tuple, StackedStreams | None] | None = None
 
     def stream_index(self):
@@ -258,7 +258,7 @@ class MixtureOrder:
         return Placement(examples, valid, rows, streams, positions, epochs, chunks, starts, lengths, first, spill,
                          comp.astype(np.int32), None if rows_pieces is None else RowPieces.scatter(m, rows_pieces))
 
-    def plan_components(self, comp: np.ndarray, k: np.ndarray) -> list[list[tuple[int, np.ndarray]]] | None:
+    def touched_by_component(self, comp: np.ndarray, k: np.ndarray) -> list[list[tuple[int, np.ndarray]]] | None:
         """Each distinct cache's :meth:`reader.batch.examples.ExampleOrder.plan` of the examples ``k`` of its
         components (``comp`` and ``k`` from :meth:`assign`), found in one stacked call: packed, unshuffled
         training reads of finished caches; else None (ask each cache's order)."""
@@ -268,7 +268,7 @@ class MixtureOrder:
         if stacked is None:
             return None
         D, L = len(self.orders), self.options.seq_len
-        s, j = split_example_index(k, self.options.num_streams)
+        s, j = stream_position(k, self.options.num_streams)
         dist = self.which[comp]
         dists = np.concatenate([dist, dist])  # each window's first and last token, as ExampleOrder.plan asks
         _, chunks, offs, _ = stacked.locate(dists, np.concatenate([s, s]), np.concatenate([j * L, j * L + L - 1]))
@@ -297,7 +297,7 @@ class MixtureOrder:
             for d in np.flatnonzero(np.bincount(dist, minlength=D)).tolist():
                 sel = dist == d
                 src[sel] = self.orders[d].sources([k[sel]])[0]
-        s, j = split_example_index(src, self.options.num_streams)
+        s, j = stream_position(src, self.options.num_streams)
         epochs, chunks, starts, avail = stacked.locate(dist, s, j * L)
         lengths = np.minimum(avail, L)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}

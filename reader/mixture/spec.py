@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import fsspec
 
 from reader.format.checks import load_json, short
-from reader.mixture.mixing import DEFAULT_BLOCK, QUANTUM_BITS, MixPlan, quantise
+from reader.mixture.quotas import DEFAULT_BLOCK, QUANTUM_BITS, MixtureQuotas, quantise
 from reader.storage.whatis import not_a_cache
 
 FORMAT_VERSION = 1
@@ -82,13 +82,13 @@ class MixtureSpec:
         total = sum(ws, Fraction(0))
         return tuple(float(w / total) for w in ws)
 
-    def plan(self, lanes: int, batch_size: int) -> MixPlan:
-        """The :class:`reader.mixture.mixing.MixPlan` for ``R* = lanes`` and global batch size ``batch_size``."""
+    def quotas(self, lanes: int, batch_size: int) -> MixtureQuotas:
+        """The :class:`reader.mixture.quotas.MixtureQuotas` for ``R* = lanes`` and global batch size ``batch_size``."""
         last = self.segments[-1][0]
         if last * int(batch_size) > MAX_START_BATCH << 20:
             raise MixtureError(f"{self.source}: schedule start_batch {last} x batch_size {batch_size} is beyond the "
                                f"examples a run can number ({MAX_START_BATCH << 20}); lower the start_batch")
-        return MixPlan(lanes=int(lanes), block=self.block, seed=self.seed,
+        return MixtureQuotas(lanes=int(lanes), block=self.block, seed=self.seed,
                        starts=tuple(start * int(batch_size) for start, _ in self.segments),
                        prefixes=tuple(quantise(ws) for _, ws in self.segments))
 
@@ -207,7 +207,7 @@ def parse_mixture(text: str | bytes, source: str) -> MixtureSpec:
         key = "components[*].weight" if s == 0 else f"schedule[{s - 1}].weights"
         if sum(ws) <= 0:
             raise MixtureError(f"{where}: {key}: every weight is 0; at least one component needs a positive weight")
-    plan = spec.plan(1, 1)
+    plan = spec.quotas(1, 1)
     for s, (q, (start, ws)) in enumerate(zip(plan.prefixes, segments)):
         for c, w in enumerate(ws):
             if w and q[c + 1] == q[c]:  # quantised to nothing: it would silently never be drawn

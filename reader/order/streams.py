@@ -329,7 +329,7 @@ class StackedStreams:
 # Examples, batches and readers
 
 
-def split_example_index(i, num_streams: int):
+def stream_position(i, num_streams: int):
     """Global example ``i`` -> ``(stream, position in stream)`` (works on numpy arrays too)."""
     return i % num_streams, i // num_streams
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from reader.format import spec as fmt
 from reader.format import tokenizer_lib
-from reader.mixture.mixing import MixIndex
+from reader.mixture.quotas import QuotaIndex
 from reader.mixture.mixture import Mixture
 from reader.mixture.spec import is_mixture_path
 from reader.options import ReadOptions
@@ -128,14 +128,14 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
     batches, opened = _batches(path, opts, [0, steps] if steps else [0], rows, decode, names)
     shares = locality = None
     if mix is not None and not opts.eval_mode:
-        index = MixIndex(mix.spec.plan(opts.num_streams, opts.batch_size))
+        index = QuotaIndex(mix.spec.quotas(opts.num_streams, opts.batch_size))
         at = figures.checkpoints(max(steps, 1))
         segs = [(g["start_batch"], [g["weights"][n] for n in mix.names]) for g in info["segments"]]
         shares = (at, figures.realised_shares(index.consumed, opts.batch_size, at), figures.target_shares(segs, at),
                   mix.names)
     cfg = opts.shuffle_config()
     if cfg is not None:
-        assign = MixIndex(mix.spec.plan(opts.num_streams, opts.batch_size)).assign if mix is not None else None
+        assign = QuotaIndex(mix.spec.quotas(opts.num_streams, opts.batch_size)).assign if mix is not None else None
         locality = figures.shuffle_locality(cfg, opts.batch_size, max(steps, 1), assign=assign)
     return ReportData(
         path=path, command=command, options=opts, steps=steps, summary=info, is_mixture=mix is not None,

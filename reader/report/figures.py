@@ -115,7 +115,7 @@ def checkpoints(steps: int, points: int = 50) -> np.ndarray:
 
 def realised_shares(consumed: Callable[[int], np.ndarray], batch_size: int, at_steps: Sequence[int]) -> np.ndarray:
     """``[len(at_steps), C]``: each component's share of the examples of the first ``s`` steps, for each ``s``
-    (``consumed(n)``: examples of each component among the first ``n``, ``MixIndex.consumed``)."""
+    (``consumed(n)``: examples of each component among the first ``n``, ``QuotaIndex.consumed``)."""
     rows = [np.asarray(consumed(int(s) * batch_size), dtype=np.float64) for s in at_steps]
     if not rows:
         return np.zeros((0, 0))
@@ -152,7 +152,7 @@ def shuffle_locality(cfg: ShuffleConfig, batch_size: int, steps: int, *, max_poi
                      assign: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None) -> Locality:
     """Source positions of the rows of steps ``[0, steps]`` under the shuffle ``cfg``, at most about
     ``max_points`` of them (evenly spread steps, evenly spread rows). ``assign``: a mixture's
-    ``MixIndex.assign`` (global example -> component, component example); each component shuffles its own."""
+    ``QuotaIndex.assign`` (global example -> component, component example); each component shuffles its own."""
     n_steps = steps + 1
     rows_per = max(1, min(batch_size, max_points // n_steps))
     step_ids = np.unique(np.linspace(0, steps, min(n_steps, max_points)).round().astype(np.int64))

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from reader.mixture.mixing import MixIndex
+from reader.mixture.quotas import QuotaIndex
 from reader.mixture.mixture import Mixture
 from reader.options import ReadOptions
 from reader.storage.cache import Cache
@@ -92,7 +92,7 @@ def mixture_summary(path: str, opts: ReadOptions, steps: int | None, mix: Mixtur
     info = {"path": path, "seed": spec.seed, "block": spec.block,
             "tokenizer": dict(mix.caches[0].ledger.tokenizer), "components": comps, "segments": segs}
     if steps is not None:
-        drawn = MixIndex(spec.plan(opts.num_streams, opts.batch_size)).consumed(steps * opts.batch_size)
+        drawn = QuotaIndex(spec.quotas(opts.num_streams, opts.batch_size)).consumed(steps * opts.batch_size)
         info["steps"] = {"steps": steps, "seq_len": opts.seq_len, "batch_size": opts.batch_size,
                          "ideal_readers": opts.ideal_readers, "examples": steps * opts.batch_size}
         for comp, n in zip(comps, drawn.tolist()):

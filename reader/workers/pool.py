@@ -3,11 +3,11 @@
 One reader process is bound by the GIL: its threads overlap decoding, verifying and assembling only
 in part (zstd, sha256 and reads release the GIL; the glue between them does not; docs/DESIGN.md has
 the measurements). With ``num_workers=W`` the reader's rows
-of every batch are split between W child processes, each an ordinary :class:`reader.Reader` (decoding
+of every batch are divided between W child processes, each an ordinary :class:`reader.Reader` (decoding
 on its own thread on a local cache, with prefetch threads on a remote one), and each assembles its rows
 straight into a slot of shared memory. The parent only hands out slots and returns views of them.
 
-The split is the reader's own host split one level down: worker ``w`` of reader ``r`` (of ``R``) is
+The division is the one among reader hosts, one level down: worker ``w`` of reader ``r`` (of ``R``) is
 reader ``r + R * w`` of ``R * W``. Its rows are every W-th of this reader's rows, and when ``R * W``
 divides ``R*`` its streams (hence its chunks) are its own, so no row group is decoded twice. A batch
 does not depend on the number of readers, which makes the assembled batch identical, bit for bit, to
@@ -166,7 +166,7 @@ class WorkerPool:
             if not rows.size or (np.diff(rows) <= 0).any() or rows[0] < 0 or rows[-1] >= B:
                 raise ValueError(f"rows must be a non-empty, sorted set of distinct rows in [0, batch_size={B})")
             if rows.size % W:
-                raise ValueError(f"num_workers={W}: the {rows.size} rows of each batch read here do not split "
+                raise ValueError(f"num_workers={W}: the {rows.size} rows of each batch read here do not divide "
                                  f"evenly over {W} workers (each serves every {W}th row); use a num_workers "
                                  f"that divides {rows.size}, or a batch_size that gives a multiple of {W} rows")
         self.start = int(start)

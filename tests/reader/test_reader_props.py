@@ -178,7 +178,7 @@ def test_locality_each_reader_opens_only_its_streams_chunks(cache, kind, L, rs, 
                 mine = streams.streams_of_reader(r_star, R, r)
                 # brute force: the chunks loop(all_chunks)[s::R*] visits until it has the units these rows need
                 ex = np.concatenate([b * B + streams.reader_rows(B, R, r) for b in range(b0, b0 + 3)])
-                s_of, j_of = streams.split_example_index(ex, r_star)
+                s_of, j_of = streams.stream_position(ex, r_star)
                 assert set(s_of.tolist()) <= set(mine)
                 allowed = set()
                 for s in set(s_of.tolist()):

@@ -167,7 +167,7 @@ class OneTokenOff(ft.FastEncoder):
 @pytest.mark.parametrize("record_format", ["chat", "prompt_completion"])
 def test_the_fast_backend_is_checked_against_the_reference_on_sampled_records(record_format):
     fast = ft.load_encoder(SPEC.with_backend("fast"))
-    broken = OneTokenOff(fast.tok, fast.reference, split_long=True, verify_every=1)
+    broken = OneTokenOff(fast.tok, fast.reference, cut_long=True, verify_every=1)
     sup = Supervised(config(record_format), broken, EOT, CHAT if record_format == "chat" else "")
     records = ([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": t}]}
                 for t in ("fine", f"a {MARKER}")] if record_format == "chat" else

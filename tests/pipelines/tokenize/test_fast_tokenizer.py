@@ -104,7 +104,7 @@ def break_fast_backend(monkeypatch, marker: str) -> None:
 
     def make_broken(spec, reference, tokenizer_json=""):
         fast = real(spec, reference, tokenizer_json)
-        broken = OneTokenOff(fast.tok, fast.reference, split_long=fast.split_long, verify_every=fast.verify_every)
+        broken = OneTokenOff(fast.tok, fast.reference, cut_long=fast.cut_long, verify_every=fast.verify_every)
         broken.marker = marker
         return broken
 
@@ -149,7 +149,7 @@ def test_the_faster_pattern_applies_only_to_ranks_without_a_token_spanning_its_o
 
 def test_fast_backend_passes_the_conformance_set_with_cl100k(pattern):
     enc = ft.load_encoder(tk.resolve("tiktoken:cl100k_base").with_backend("fast"))
-    assert isinstance(enc, ft.FastEncoder) and enc.backend == "fast" and enc.split_long
+    assert isinstance(enc, ft.FastEncoder) and enc.backend == "fast" and enc.cut_long
     texts = conformance.conformance_texts(ft._special_strings(enc.reference))
     assert conformance.check(enc, enc.reference, texts) is None
     # and token for token against tiktoken itself, text by text (long ones as cut into the reference's pieces)
@@ -171,7 +171,7 @@ def test_conformance_set_covers_scripts_marks_digits_whitespace_specials_and_lon
         assert s in everything, repr(s)
     long = {label: t for label, t in texts if len(t) > tk.PIECE_CHARS}
     assert len(long) >= 5
-    pieces = {label: tk.split_for_encoding(t) for label, t in long.items()}
+    pieces = {label: tk.cut_for_encoding(t) for label, t in long.items()}
     assert any(len(p) > 2 and all(len(x) < tk.MAX_PIECE_CHARS for x in p) for p in pieces.values())  # safe cuts
     assert any(len(p[0]) == tk.MAX_PIECE_CHARS for p in pieces.values())  # degenerate: a forced cut
 

@@ -71,7 +71,7 @@ def test_the_check_catches_gigatoken_loaded_with_special_tokens_as_users_load_it
     reference = tk.resolve("tiktoken:cl100k_base").load_reference()
     # what Tokenizer.from_tiktoken(path) does for a file of this name: cl100k's scheme and special tokens
     as_users_load_it = gb.GigaTokenEncoder(lambda: gigatoken.Tokenizer.from_tiktoken(str(ranks)), reference,
-                                           split_long=True, verify_every=0)
+                                           cut_long=True, verify_every=0)
     assert as_users_load_it.encode_many(["a <|endoftext|> b"])[0].tolist() == [64, 220, ENC.eot_token, 293]
     texts = conformance.conformance_texts(ft._special_strings(reference))
     diff = conformance.check(as_users_load_it, reference, texts)
@@ -87,11 +87,11 @@ def test_each_tiktoken_pattern_maps_to_a_gigatoken_scheme_that_cuts_text_the_sam
     """With cl100k's ranks (the only ones offline), GigaToken's scheme for a pattern gives tiktoken's tokens of
     that pattern on the whole conformance set; so r50k's and o200k's patterns are checked too."""
     definition, reference = cl100k_with(pattern)
-    enc = gb.GigaTokenEncoder(gb.tiktoken_loader(definition), reference, split_long=True, verify_every=0)
+    enc = gb.GigaTokenEncoder(gb.tiktoken_loader(definition), reference, cut_long=True, verify_every=0)
     assert conformance.check(enc, reference, conformance.conformance_texts(["<|endoftext|>"])) is None
     # and the schemes differ: a pattern mapped to another one's scheme is caught
     other = next(p for p in gb.SCHEMES if gb.SCHEMES[p] != gb.SCHEMES[pattern])
-    wrong = gb.GigaTokenEncoder(gb.tiktoken_loader(cl100k_with(other)[0]), reference, split_long=True, verify_every=0)
+    wrong = gb.GigaTokenEncoder(gb.tiktoken_loader(cl100k_with(other)[0]), reference, cut_long=True, verify_every=0)
     assert conformance.check(wrong, reference, conformance.conformance_texts()) is not None
 
 
@@ -146,7 +146,7 @@ def test_hf_added_tokens_are_recognized_as_the_reference_does_and_the_check_sees
     stripped = json.loads(spec.tokenizer_json())
     stripped["added_tokens"] = []
     without = gb.GigaTokenEncoder(lambda: gigatoken.Tokenizer.from_json(json.dumps(stripped)), enc.reference,
-                                  split_long=False, verify_every=0)
+                                  cut_long=False, verify_every=0)
     diff = conformance.check(without, enc.reference, conformance.conformance_texts(ft._special_strings(enc.reference)))
     assert diff is not None and ("</s>" in diff.text or "<pad>" in diff.text)
 
@@ -241,7 +241,7 @@ def break_gigatoken(monkeypatch, marker: str) -> None:
 
     def make_broken(spec, reference, tokenizer_json=""):
         good = real(spec, reference, tokenizer_json)
-        broken = OneTokenOff(good.load, reference, split_long=good.split_long, verify_every=good.verify_every)
+        broken = OneTokenOff(good.load, reference, cut_long=good.cut_long, verify_every=good.verify_every)
         broken.marker = marker
         return broken
 

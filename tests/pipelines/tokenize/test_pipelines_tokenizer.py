@@ -50,7 +50,7 @@ def test_every_safe_cut_preserves_tokens():
 
 def test_long_normal_document_encodes_exactly_like_whole_text():
     text = varied_text(450_000, seed=2)
-    pieces = tk.split_for_encoding(text)
+    pieces = tk.cut_for_encoding(text)
     assert len(pieces) >= 5 and "".join(pieces) == text
     assert all(len(p) <= tk.MAX_PIECE_CHARS for p in pieces)
     enc = tk.TiktokenEncoder(ENC)
@@ -86,7 +86,7 @@ def test_pathological_long_document_is_encoded_in_bounded_pieces(text):
 
 def test_splitting_is_linear_in_text_length():
     text = "word " * 200_000
-    pieces = tk.split_for_encoding(text)
+    pieces = tk.cut_for_encoding(text)
     assert "".join(pieces) == text
     assert all(tk.PIECE_CHARS <= len(p) <= tk.MAX_PIECE_CHARS for p in pieces[:-1])
 

@@ -298,19 +298,19 @@ def test_a_sequential_mixture_read_releases_what_each_component_has_passed(tmp_p
                 (st.decodes, live, st.fresh_buffers)
 
 
-def test_prefetch_plans_of_all_components_at_once_equal_each_components_plan(mix):
+def test_prefetch_chunks_of_all_components_at_once_equal_each_components_own(mix):
     """The prefetcher of a packed, unshuffled mixture plans every component in one stacked call: the
     same (chunk, token offsets) lists as each component's own plan of its examples."""
     with Reader(mix["file"], ReadOptions(seq_len=8, batch_size=16, ideal_readers=4, prefetch_threads=0)) as r:
         order = r.order
         for b in (0, 7, 30):  # before, inside and after the schedule's weight changes; later epochs
             comp, k = order.assign(np.arange(b * 16, (b + 8) * 16, dtype=np.int64))
-            plans = order.plan_components(comp, k)
+            plans = order.touched_by_component(comp, k)
             assert sum(len(p) for p in plans) > 0
             for c, plan in enumerate(plans):
-                want = order.components[c].plan([k[comp == c]]) if (comp == c).any() else []
+                want = order.components[c].touched([k[comp == c]]) if (comp == c).any() else []
                 assert [x for x, _ in plan] == [x for x, _ in want]
                 assert all(np.array_equal(a, w) for (_, a), (_, w) in zip(plan, want))
     with Reader(mix["file"], ReadOptions(seq_len=8, batch_size=16, ideal_readers=4, shuffle_seed=1)) as r:
         comp, k = r.order.assign(np.arange(64, dtype=np.int64))
-        assert r.order.plan_components(comp, k) is None  # shuffled: each component's own (mix-wise) plan
+        assert r.order.touched_by_component(comp, k) is None  # shuffled: each component's own (mix-wise) plan

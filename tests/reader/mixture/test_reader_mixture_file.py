@@ -13,7 +13,7 @@ import cachegen
 from mixgen import write_components, write_mixture
 from reader import ReadOptions, Reader
 from reader.cli.main import main as cli_main
-from reader.mixture.mixing import MixIndex
+from reader.mixture.quotas import QuotaIndex
 from reader.mixture.mixture import Mixture
 from reader.mixture.spec import MixtureError, is_mixture_path, load_mixture, parse_mixture
 from reader.storage.whatis import NotACache
@@ -158,7 +158,7 @@ def test_inspect_prints_weights_and_passes(caches, capsys):
                      "--ideal_readers", "4"]) == 0
     out = capsys.readouterr().out
     assert "from batch 0" in out and "from batch 40" in out and "0.7500" in out and "0.2500" in out
-    drawn = MixIndex(Mixture(f).spec.plan(4, 8)).consumed(800).tolist()
+    drawn = QuotaIndex(Mixture(f).spec.quotas(4, 8)).consumed(800).tolist()
     assert drawn == [240, 560]  # 40 batches x 8 x 3/4, then the rest of code
     assert f"{drawn[0]:,}" in out and "passes" in out
     assert cli_main(["inspect", f, "--steps", "100", "--seq_len", "4", "--batch_size", "8", "--ideal_readers",

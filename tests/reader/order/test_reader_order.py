@@ -42,7 +42,7 @@ def test_plan_names_every_chunk_once_in_order_with_every_window_end(cache_dir, s
         order = rd.order
         for b in (0, 5, 17, 40):
             exs = [(b + i) * 6 + np.arange(6) for i in range(4)]
-            plan = order.plan(exs)
+            plan = order.touched(exs)
             chunks = [c for c, _ in plan]
             assert chunks == sorted(set(chunks))  # chunk order, each once
             got = {c: sorted(offs.tolist()) for c, offs in plan}

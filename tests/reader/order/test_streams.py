@@ -102,7 +102,7 @@ def test_readers_partition_every_batch(r_star, num_readers, b):
     mine = streams.streams_of_reader(r_star, num_readers, 0)
     if mine is not None:
         idx = streams.batch_example_indices(b, batch_size)[rows[0]]
-        assert set(streams.split_example_index(idx, r_star)[0].tolist()) <= set(mine)
+        assert set(streams.stream_position(idx, r_star)[0].tolist()) <= set(mine)
 
 
 def test_unpacked_pieces():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from reader.mixture.mixing import MixIndex
+from reader.mixture.quotas import QuotaIndex
 from reader.mixture.spec import parse_mixture
 from reader.order.shuffle import ShuffleConfig, shuffle_example_indices
 from reader.report import figures
@@ -71,7 +71,7 @@ def test_target_shares_average_the_schedule_over_the_steps():
 def test_realised_shares_are_the_mixtures_draws():
     spec = parse_mixture('{"mixture": 1, "components": [{"name": "a", "path": "a", "weight": 3}, '
                          '{"name": "b", "path": "b", "weight": 1}]}', "/m.json")
-    index = MixIndex(spec.plan(4, 8))
+    index = QuotaIndex(spec.quotas(4, 8))
     at = [1, 10, 100]
     got = figures.realised_shares(index.consumed, 8, at)
     for row, s in zip(got, at):  # the same as assigning every example of the first s steps
@@ -96,7 +96,7 @@ def test_shuffle_locality_is_the_shuffles_source_of_each_sampled_row():
 def test_shuffle_locality_of_a_mixture_shuffles_component_examples():
     spec = parse_mixture('{"mixture": 1, "components": [{"name": "a", "path": "a", "weight": 1}, '
                          '{"name": "b", "path": "b", "weight": 1}]}', "/m.json")
-    index = MixIndex(spec.plan(2, 4))
+    index = QuotaIndex(spec.quotas(2, 4))
     cfg = ShuffleConfig(seed=1, lanes=2)
     loc = figures.shuffle_locality(cfg, batch_size=4, steps=9, assign=index.assign)  # every row of 10 steps
     comp, k = index.assign(np.arange(40))

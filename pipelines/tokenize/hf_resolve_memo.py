@@ -1,4 +1,4 @@
-"""Remembering what resolving a local Hugging Face ``tokenizer.json`` gives, so a machine parses each one once.
+"""A memo of what resolving a local Hugging Face ``tokenizer.json`` gives, so a machine parses each one once.
 
 Resolving a ``tokenizer.json`` (:func:`pipelines.tokenize.tokenizer.resolve`) parses it with the ``tokenizers``
 library and serializes it back (``Tokenizer.to_str()``: the payload shipped to the workers, whose sha256 is
@@ -11,7 +11,7 @@ The result is a pure function of the file's bytes, the ``tokenizer_config.json``
 An entry is checked when read: its payload's sha256 must be its recorded hash, or the entry is ignored and
 the file parsed again. Entries live in ``$CHUNKLEDGER_CACHE_DIR/hf-resolve/`` (default
 ``$XDG_CACHE_HOME/chunkledger``, else ``~/.cache/chunkledger``); ``CHUNKLEDGER_RESOLVE_CACHE=0`` turns it off (an
-800 MB build with a cl100k ``tokenizer.json`` then takes 1.065x the CPU-seconds: docs/DESIGN.md, "Ablations"). A cache
+800 MB build with a cl100k ``tokenizer.json`` then takes 1.065x the CPU-seconds: docs/DESIGN.md, "Ablations"). A memo
 that cannot be read or written is ignored. Remote specs (``gs://...``) and hub names are not remembered.
 """
 

@@ -1,4 +1,4 @@
-"""The mixture order's index math (reader/mixture/mixing.py) against a brute-force reference that assigns items
+"""The mixture order's index math (reader/mixture/quotas.py) against a brute-force reference that assigns items
 one by one from the definition (docs/MIXTURES.md): exact block proportions, drift, seeking, schedule
 continuity, exact integer arithmetic far out."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from reader.order.ciphers import feistel, hash_key
-from reader.mixture.mixing import QUANTUM, MixIndex, MixPlan, arrange, quantise
+from reader.mixture.quotas import QUANTUM, QuotaIndex, MixtureQuotas, arrange, quantise
 
 SETTINGS = dict(max_examples=30, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example])
@@ -22,7 +22,7 @@ def floor_f(x: Fraction) -> int:
     return x.numerator // x.denominator
 
 
-def reference(plan: MixPlan, n: int) -> tuple[np.ndarray, np.ndarray]:
+def reference(plan: MixtureQuotas, n: int) -> tuple[np.ndarray, np.ndarray]:
     """``(component, k)`` of examples ``0 .. n-1``, item by item: in each lane, walk the positions, find
     the segment and block, build the block's labels from the floor counts (exact fractions) and the
     keyed permutation, and count the items of each component handed out so far."""
@@ -71,7 +71,7 @@ def plans(draw, max_components=4):
                 break
             ws[min(small, key=lambda c: ws[c])] = 0
         prefixes.append(p)
-    return MixPlan(lanes=R, block=b, seed=draw(st.integers(0, 2**64 - 1)),
+    return MixtureQuotas(lanes=R, block=b, seed=draw(st.integers(0, 2**64 - 1)),
                    starts=tuple(x * B for x in starts), prefixes=tuple(prefixes))
 
 
@@ -80,15 +80,15 @@ def plans(draw, max_components=4):
 def test_assign_equals_the_one_by_one_reference(plan):
     n = 3 * plan.block * plan.lanes + plan.starts[-1] + 7
     want_c, want_k = reference(plan, n)
-    got_c, got_k = MixIndex(plan).assign(np.arange(n))
+    got_c, got_k = QuotaIndex(plan).assign(np.arange(n))
     assert np.array_equal(got_c, want_c) and np.array_equal(got_k, want_k)
     # seek == iterate: any subset, in any order, on a fresh index
     rng = np.random.default_rng(plan.seed % 1000)
     pick = rng.permutation(n)[: max(1, n // 3)]
-    c2, k2 = MixIndex(plan, cache_blocks=1).assign(pick)
+    c2, k2 = QuotaIndex(plan, cache_blocks=1).assign(pick)
     assert np.array_equal(c2, want_c[pick]) and np.array_equal(k2, want_k[pick])
     # totals in closed form
-    idx = MixIndex(plan)
+    idx = QuotaIndex(plan)
     for end in sorted({0, 1, n // 2, n - 1, n, *plan.starts}):
         if end <= n:
             assert idx.consumed(end).tolist() == np.bincount(want_c[:end], minlength=plan.num_components).tolist()
@@ -101,7 +101,7 @@ def test_every_component_continues_where_it_was_across_weight_changes(plan):
     twice, nothing skipped, whatever the schedule does (each component continues where it was)."""
     R = plan.lanes
     n = 2 * plan.block * R + plan.starts[-1] + 5
-    comp, k = MixIndex(plan).assign(np.arange(n))
+    comp, k = QuotaIndex(plan).assign(np.arange(n))
     for lane in range(R):
         for c in range(plan.num_components):
             ks = k[lane::R][comp[lane::R] == c]
@@ -116,7 +116,7 @@ def test_every_block_holds_its_weight_and_drift_stays_below_one(plan):
     of b positions likewise within 1 per lane."""
     R, b, C = plan.lanes, plan.block, plan.num_components
     K = b * R
-    idx = MixIndex(plan)
+    idx = QuotaIndex(plan)
     for s, E in enumerate(plan.starts):
         w = np.diff(np.asarray(plan.prefixes[s], dtype=object)) / QUANTUM  # exact Fractions via object
         stop = plan.starts[s + 1] if s + 1 < len(plan.starts) else E + 4 * K
@@ -139,7 +139,7 @@ def test_every_block_holds_its_weight_and_drift_stays_below_one(plan):
 
 
 def test_block_arrangement_is_a_permutation_of_the_counts():
-    plan = MixPlan(lanes=4, block=64, seed=9, starts=(0,), prefixes=(quantise([0.5, 0.25, 0.25]),))
+    plan = MixtureQuotas(lanes=4, block=64, seed=9, starts=(0,), prefixes=(quantise([0.5, 0.25, 0.25]),))
     labels, ranks, before = arrange(plan, np.asarray([0, 0]), np.asarray([1, 3]), np.asarray([5, 5]))
     for j, lane in enumerate((1, 3)):
         assert np.bincount(labels[j], minlength=3).tolist() == plan.block_counts(0, lane, 5).tolist()
@@ -152,17 +152,17 @@ def test_block_arrangement_is_a_permutation_of_the_counts():
 def test_far_indices_are_exact():
     """Block numbers near 2**40: the floors are taken in Python ints, equal to exact fractions."""
     P = quantise([0.1, 0.2, 0.7])
-    plan = MixPlan(lanes=64, block=1024, seed=1, starts=(0,), prefixes=(P,))
+    plan = MixtureQuotas(lanes=64, block=1024, seed=1, starts=(0,), prefixes=(P,))
     for tau in (0, 1, 12345, 2**39 + 17, 2**40 - 2):
         for lane in (0, 31, 63):
             want = [floor_f(Fraction(tau * 1024 * p, QUANTUM) + Fraction(2 * lane + 1, 128)) for p in P]
             assert plan.cumulative(0, lane, tau) == want
             assert plan.block_counts(0, lane, tau).sum() == 1024
     ex = np.asarray([(2**40 - 3) * 1024 * 64 + 5])
-    c, k = MixIndex(plan).assign(ex)
+    c, k = QuotaIndex(plan).assign(ex)
     assert 0 <= c[0] < 3 and k[0] % 64 == 5
     with pytest.raises(ValueError, match="past"):
-        MixIndex(plan).assign(np.asarray([2**40 * 1024 * 64]))
+        QuotaIndex(plan).assign(np.asarray([2**40 * 1024 * 64]))
 
 
 def test_quantised_weights_are_exact_and_end_at_one():
@@ -173,15 +173,15 @@ def test_quantised_weights_are_exact_and_end_at_one():
         quantise([0, 0])
     with pytest.raises(ValueError):
         quantise([1, -1, 2])
-    plan = MixPlan(lanes=2, block=8, seed=0, starts=(0,), prefixes=(quantise([1, 9]),))
+    plan = MixtureQuotas(lanes=2, block=8, seed=0, starts=(0,), prefixes=(quantise([1, 9]),))
     assert plan.min_weight_error() == (0, 0)  # 0.1 * 8 < 1
-    assert MixPlan(lanes=2, block=16, seed=0, starts=(0,), prefixes=(quantise([1, 9]),)).min_weight_error() is None
+    assert MixtureQuotas(lanes=2, block=16, seed=0, starts=(0,), prefixes=(quantise([1, 9]),)).min_weight_error() is None
 
 
 def test_zero_weight_components_get_nothing_and_others_continue():
-    plan = MixPlan(lanes=2, block=8, seed=3, starts=(0, 40, 80),
+    plan = MixtureQuotas(lanes=2, block=8, seed=3, starts=(0, 40, 80),
                    prefixes=(quantise([1, 0, 1]), quantise([0, 1, 1]), quantise([1, 1, 0])))
-    comp, k = MixIndex(plan).assign(np.arange(120))
+    comp, k = QuotaIndex(plan).assign(np.arange(120))
     assert not (comp[:40] == 1).any() and not (comp[40:80] == 0).any() and not (comp[80:] == 2).any()
     want_c, want_k = reference(plan, 120)
     assert np.array_equal(comp, want_c) and np.array_equal(k, want_k)

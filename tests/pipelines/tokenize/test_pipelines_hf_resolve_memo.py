@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from pipelines.tokenize import hf_resolve_cache
+from pipelines.tokenize import hf_resolve_memo
 from pipelines.tokenize import tokenizer as tk
 from build_helpers import train_tiny_tokenizer
 
@@ -31,10 +31,10 @@ def test_a_second_resolution_is_remembered_and_equal(tmp_path, cache_dir, monkey
     tok_dir = tmp_path / "tok"
     path = train_tiny_tokenizer(str(tok_dir / "tokenizer.json"))
     (tok_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<pad>"}))
-    monkeypatch.setenv(hf_resolve_cache.ENV_SWITCH, "0")
+    monkeypatch.setenv(hf_resolve_memo.ENV_SWITCH, "0")
     fresh_file, fresh_dir = tk.resolve(path), tk.resolve(str(tok_dir))
     assert not cache_dir.exists()  # switched off: nothing recorded
-    monkeypatch.delenv(hf_resolve_cache.ENV_SWITCH)
+    monkeypatch.delenv(hf_resolve_memo.ENV_SWITCH)
     assert tk.resolve(path) == fresh_file
     assert len(list(cache_dir.glob("*.json"))) == 1
     _parsing_fails(monkeypatch)

@@ -1,6 +1,6 @@
 """The mixture order's index math: global example ``i`` -> ``(component, component example k)``.
 
-Pure functions of a :class:`MixPlan` (weights, schedule, lanes, block size, seed) and the index; no
+Pure functions of a :class:`MixtureQuotas` (weights, schedule, lanes, block size, seed) and the index; no
 I/O, nothing per example held. docs/MIXTURES.md is the prose definition; changing anything here
 changes the order.
 
@@ -63,7 +63,7 @@ def quantise(weights: Sequence[Fraction | int | float]) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class MixPlan:
+class MixtureQuotas:
     """Everything the mixture order depends on besides the index.
 
     Attributes:
@@ -125,7 +125,7 @@ class MixPlan:
         return None
 
 
-def _block_counts(plan: MixPlan, s: np.ndarray, lane: np.ndarray, tau: np.ndarray):
+def _block_counts(plan: MixtureQuotas, s: np.ndarray, lane: np.ndarray, tau: np.ndarray):
     """``(before, cum)`` of lane-blocks ``(s, lane, tau)``: int64 [m, C] items of each component in the
     lane's earlier blocks of the segment, and int64 [m, C + 1] cumulative counts inside the block."""
     C = plan.num_components
@@ -139,7 +139,7 @@ def _block_counts(plan: MixPlan, s: np.ndarray, lane: np.ndarray, tau: np.ndarra
     return np.diff(f[:, 0], axis=1), cum
 
 
-def block_labels(plan: MixPlan, s: np.ndarray, lane: np.ndarray, tau: np.ndarray, upto: np.ndarray,
+def block_labels(plan: MixtureQuotas, s: np.ndarray, lane: np.ndarray, tau: np.ndarray, upto: np.ndarray,
                  cum: np.ndarray | None = None) -> np.ndarray:
     """The components at positions ``0 .. upto[j] - 1`` of each lane-block ``j`` = ``(s, lane, tau)[j]``,
     concatenated (int64): position ``q`` holds ``A[pi(q)]``, ``A`` the block's labels in sorted order
@@ -158,7 +158,7 @@ def block_labels(plan: MixPlan, s: np.ndarray, lane: np.ndarray, tau: np.ndarray
     return np.searchsorted(edges, src + blk * b, side="right") - blk * C
 
 
-def arrange(plan: MixPlan, s: np.ndarray, lane: np.ndarray, tau: np.ndarray):
+def arrange(plan: MixtureQuotas, s: np.ndarray, lane: np.ndarray, tau: np.ndarray):
     """The arrangement of lane-blocks ``(s, lane, tau)`` (arrays of ``m``): ``(labels, ranks, before)``.
 
     ``labels`` int32 [m, b]: the component at each position (:func:`block_labels`); ``ranks`` int64
@@ -178,15 +178,15 @@ def arrange(plan: MixPlan, s: np.ndarray, lane: np.ndarray, tau: np.ndarray):
     return labels.astype(np.int32), ranks.reshape(m, b), before
 
 
-class MixIndex:
-    """Global example -> (component, component example) for one :class:`MixPlan`, with caches.
+class QuotaIndex:
+    """Global example -> (component, component example) for one :class:`MixtureQuotas`, with caches.
 
     Block arrangements (``b`` labels and component indices each, about ``10 b`` bytes) are kept for the
     ``cache_blocks`` most recent lane-blocks (default: two per lane); the items each lane consumed
     before each segment (``C`` ints per segment and lane) once computed. Thread-safe.
     """
 
-    def __init__(self, plan: MixPlan, cache_blocks: int | None = None):
+    def __init__(self, plan: MixtureQuotas, cache_blocks: int | None = None):
         self.plan = plan
         self._starts = np.asarray(plan.starts, dtype=np.int64)
         self._lock = threading.Lock()
