@@ -145,8 +145,7 @@ class Reader:
 
     def memory(self) -> dict[str, int]:
         """Bytes against ``memory_budget_bytes`` (``budget``): ``decoded`` (row groups and chunk layouts held
-        now), ``kept_buffers`` (decode buffers kept for reuse), ``ahead_limit`` (the most ``iter_batches``
-        holds assembled ahead); and, not the reader's alone, ``rss``: the whole process (with the
+        now), ``ahead_limit`` (the most ``iter_batches`` holds assembled ahead); and, not the reader's alone, ``rss``: the whole process (with the
         interpreter, numpy and pyarrow, about 70 MiB, and whatever else it runs; 0 where unknown)."""
         stores = getattr(self.store, "stores", [self.store])
         try:
@@ -155,7 +154,7 @@ class Reader:
         except (OSError, ValueError):
             rss = 0
         return {"budget": self.options.memory_budget_bytes, "decoded": sum(s.used_bytes for s in stores),
-                "kept_buffers": sum(s.retired_bytes for s in stores), "ahead_limit": self.ahead_bytes, "rss": rss}
+                "ahead_limit": self.ahead_bytes, "rss": rss}
 
     def _wait(self, attempt, what: str):
         """``attempt()``, waiting while it needs chunks a running build has not written yet (each try

@@ -1,8 +1,9 @@
-"""Releasing the row groups a read has passed, so new decodes reuse their buffers.
+"""Releasing the row groups a read has passed, so their memory is freed.
 
 A decoded row group that the read will not need again leaves the store's cache at once instead of
-waiting for the LRU to evict it; the store then decodes the next row groups into its buffer (memory
-already mapped, no page faults). Only a cache decision: a read that jumps back decodes again.
+waiting for the LRU to evict it, so the reader holds little more than the row groups ahead of it (a
+read's peak RSS about halves: docs/DESIGN.md "Ablations"). Only a cache decision: a read that jumps back
+decodes again.
 
 * Unshuffled packed reads move forward through each chunk: once a batch's windows start in row group
   ``g`` of a chunk, its row groups before ``g`` are passed.

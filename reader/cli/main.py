@@ -126,7 +126,7 @@ def cmd_inspect(args) -> int:
     if args.read_batches:
         m = {k: v / 2**20 for k, v in info["memory"].items()}
         print(f"memory      reading {args.read_batches} batches, at most: budget {m['budget']:.0f} MiB: decoded row groups "
-              f"{m['decoded']:.1f} MiB, kept decode buffers {m['kept_buffers']:.1f} MiB, batches read ahead up to "
+              f"{m['decoded']:.1f} MiB, batches read ahead up to "
               f"{m['ahead_limit']:.1f} MiB; process RSS {m['rss']:.0f} MiB (the interpreter, numpy and pyarrow "
               "alone: about 70 MiB)")
     for name, rows in info.get("by", {}).items():
@@ -145,7 +145,7 @@ def _reader_memory(args) -> dict[str, int]:
     with Reader(args.path, opts) as r:
         for _, _ in r.iter_batches(0, args.read_batches):
             got = r.memory()
-            if got["decoded"] + got["kept_buffers"] >= peak.get("decoded", 0) + peak.get("kept_buffers", 0):
+            if got["decoded"] >= peak.get("decoded", 0):
                 peak = dict(got, rss=max(got["rss"], peak.get("rss", 0)))
             peak["rss"] = max(got["rss"], peak["rss"])
     return peak

@@ -132,8 +132,6 @@ class MixtureStore:
     meta_fetches = property(lambda self: self._sum("meta_fetches"))
     bytes_fetched = property(lambda self: self._sum("bytes_fetched"))
     decodes = property(lambda self: self._sum("decodes"))
-    fresh_buffers = property(lambda self: self._sum("fresh_buffers"))
-    retired_buffers = property(lambda self: self._sum("retired_buffers"))
 
 
 class MixtureRelease:

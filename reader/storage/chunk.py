@@ -81,7 +81,6 @@ class RowGroup:
 
     padded: np.ndarray  # int32 [n+1]
     doc_starts: np.ndarray  # int64 [docs+1], token offsets relative to the row group start
-    buf: np.ndarray | None = None  # the store's reusable buffer that ``padded`` (and ``loss``) is a view of, if any
     loss: np.ndarray | None = None  # bool [n+1], loss[0] == False; None: a cache without loss masks
 
     @property
@@ -104,9 +103,7 @@ class RowGroup:
 
     @property
     def nbytes(self) -> int:
-        alone = self.loss is not None and (self.buf is None or self.loss.base is not self.buf)
-        return ((self.buf if self.buf is not None else self.padded).nbytes + self.doc_starts.nbytes
-                + (self.loss.nbytes if alone else 0))
+        return self.padded.nbytes + self.doc_starts.nbytes + (self.loss.nbytes if self.loss is not None else 0)
 
 
 def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Callable[..., None]):

@@ -15,7 +15,7 @@ spans begin (:func:`fast_list_values`); :func:`loss_flags` turns the spans into 
 from __future__ import annotations
 
 import io
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,29 +38,25 @@ def int_values(column, dtype=np.int32) -> np.ndarray:
 
 
 def decode_row_group(buf: bytes, *, base: int, group: int, file_meta: Any, file_size: int,
-                     footer: tuple[int, bytes], docs: int, tokens: int,
-                     buffer: Callable[[int], np.ndarray] | None = None, fast: bool = True):
+                     footer: tuple[int, bytes], docs: int, tokens: int, fast: bool = True):
     """Decode row group ``group`` from its bytes ``buf`` (file offset ``base``).
 
     Args:
       file_meta: the chunk's pyarrow ``FileMetaData``; file_size, footer: the file's size and its
         ``(offset, bytes)`` footer (pyarrow's fallback reader needs them).
       docs, tokens: what the sidecar says the row group holds (the fast path's expected counts).
-      buffer: ``buffer(n)`` returns an int32 array of at least ``n`` entries to decode into (the
-        store's reusable buffers), else a new array is made.
       fast: False forces pyarrow's reader.
 
-    Returns ``(padded, lengths, buf)``: ``padded[0] == 0`` then the tokens, the documents' lengths, and
-    the buffer ``padded`` is a view of (None when pyarrow decoded it). Raises on undecodable bytes.
+    Returns ``(padded, lengths)``: ``padded[0] == 0`` then the tokens, and the documents' lengths. Raises
+    on undecodable bytes.
     """
     rgm = file_meta.row_group(group)
     if fast:
         lengths = fast_plain_values(buf, rgm.column(1), docs, base=base, column=fmt.LENGTH_COLUMN, levels=0)
         if lengths is not None:
-            out = buffer(tokens + 1) if buffer is not None else None
-            padded = fast_plain_values(buf, rgm.column(0), tokens, lead=1, base=base, out=out)
+            padded = fast_plain_values(buf, rgm.column(0), tokens, lead=1, base=base)
             if padded is not None:
-                return padded, lengths, out
+                return padded, lengths
     f = _RangeFile(file_size, [(base, buf), footer])
     pf = pq.ParquetFile(pa.PythonFile(f, mode="r"), metadata=file_meta)
     tab = pf.read_row_group(group, columns=[fmt.TOKEN_COLUMN, fmt.LENGTH_COLUMN], use_threads=False)
@@ -69,7 +65,7 @@ def decode_row_group(buf: bytes, *, base: int, group: int, file_meta: Any, file_
     padded = np.empty(values.size + 1, np.int32)
     padded[0] = 0
     padded[1:] = values
-    return padded, lengths, None
+    return padded, lengths
 
 
 _LOSS_INDEX = fmt.MASKED_CHUNK_SCHEMA.get_field_index(fmt.LOSS_COLUMN)
@@ -340,8 +336,7 @@ _ERRORS = (_NotPlain, ValueError, IndexError, KeyError, TypeError, OSError, pa.A
 
 
 def fast_plain_values(data, col_meta, expect: int, *, lead: int = 0, base: int = 0,
-                      column: str = fmt.TOKEN_COLUMN, levels: int = 2, out: np.ndarray | None = None
-                      ) -> np.ndarray | None:
+                      column: str = fmt.TOKEN_COLUMN, levels: int = 2) -> np.ndarray | None:
     """The int32 values of one PLAIN column chunk of ``column`` (after ``lead`` zeros), or None.
 
     ``data`` holds the file's bytes from offset ``base`` on (a row group's verified byte range, or the
@@ -349,7 +344,7 @@ def fast_plain_values(data, col_meta, expect: int, *, lead: int = 0, base: int =
     ``list<int32>`` token column: repetition and definition; 0 for a required top-level column).
     """
     try:
-        out = np.empty(expect + lead, np.int32) if out is None else out[:expect + lead]
+        out = np.empty(expect + lead, np.int32)
         out[:lead] = 0
         got = 0
         for values, _, _ in _data_pages(data, col_meta, base=base, column=column, levels=levels):

@@ -14,9 +14,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import io
-import itertools
 import os
-import sys
 import threading
 import weakref
 from typing import Any, Callable
@@ -31,9 +29,6 @@ from reader.storage.validate import arrow_message, chunk_error
 
 
 _MAX_OPEN_FILES = 64
-_SPARE_RETIRED = 4  # row groups kept for their buffers beyond the budget: a decode's buffer when the cache is full
-_RETIRED_SCAN = 16  # retired buffers of a size looked at per decode (those still referred to are skipped)
-_BUFFER_STEP = 16384  # decode buffers are sized in steps of 64 KiB, so similar row groups share them
 
 
 def _nothing() -> None:
@@ -75,16 +70,6 @@ class ChunkStore:
         self.decodes = 0  # row groups decoded
         self.fast_decode = True  # PLAIN pages: decompress and take the values (reader.storage.pages)
         self.masked = cache.ledger.masked  # row groups carry loss flags (their loss_spans column)
-        # Decoded row groups that left the cache (evicted, or released by a read that has passed them,
-        # see reader.batch.release): their buffers are reused for new decodes once nothing refers to them any
-        # more, so a long read writes into memory that is already mapped instead of faulting in fresh
-        # pages. By buffer size (entries), oldest first. They count against the budget: kept while the
-        # cache and they together stay within it (a read that releases what it has passed keeps the
-        # cache well below it), and _SPARE_RETIRED beyond it, so that a full cache still reuses memory.
-        self._retired: dict[int, collections.OrderedDict[int, RowGroup]] = {}
-        self._retired_count = 0
-        self._retired_bytes = 0
-        self.fresh_buffers = 0  # decode buffers allocated (the rest were reused)
         self.progress: Callable[[], None] = _nothing  # called at every fetch (a reader's liveness)
         own = executor is None
         self._pool = executor or cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="chunkledger-prefetch")
@@ -126,10 +111,8 @@ class ChunkStore:
             self._lru[key] = (value, nbytes)
             self._used += nbytes
             while self._used > self.budget and len(self._lru) > 1:
-                _, (old, n) = self._lru.popitem(last=False)
+                _, (_, n) = self._lru.popitem(last=False)
                 self._used -= n
-                self._retire(old)
-            self._trim_retired()
         fut.set_result(value)
         return value
 
@@ -137,38 +120,9 @@ class ChunkStore:
     def used_bytes(self) -> int:
         return self._used
 
-    def _retire(self, value: Any) -> None:
-        """Keep an evicted or released row group's buffer for reuse (lock held; see _trim_retired)."""
-        if isinstance(value, RowGroup) and value.buf is not None:
-            self._retired.setdefault(value.buf.size, collections.OrderedDict())[id(value)] = value
-            self._retired_count += 1
-            self._retired_bytes += value.buf.nbytes
-
-    def _trim_retired(self) -> None:
-        """Forget retired buffers (oldest of the most common size first) beyond _SPARE_RETIRED while the cache
-        and they together exceed the budget (lock held)."""
-        while self._retired_count > _SPARE_RETIRED and self._used + self._retired_bytes > self.budget:
-            size = max(self._retired, key=lambda k: len(self._retired[k]))
-            bucket = self._retired[size]
-            bucket.popitem(last=False)
-            if not bucket:
-                del self._retired[size]
-            self._retired_count -= 1
-            self._retired_bytes -= size * 4
-
-    @property
-    def retired_bytes(self) -> int:
-        """Bytes of the buffers kept for new decodes."""
-        return self._retired_bytes
-
-    @property
-    def retired_buffers(self) -> int:
-        """Buffers of row groups that left the cache, kept for new decodes."""
-        return self._retired_count
-
     def release(self, index: int, group: int) -> None:
-        """Drop row group ``group`` of chunk ``index`` from the cache now (the read is past it); its buffer
-        is reused once nothing refers to it. Only a cache decision: a later read decodes it again."""
+        """Drop row group ``group`` of chunk ``index`` from the cache now (the read is past it), so its memory
+        is freed once nothing else refers to it. Only a cache decision: a later read decodes it again."""
         self.release_range(index, group, group + 1)
 
     def release_range(self, index: int, lo: int, hi: int) -> int:
@@ -180,9 +134,7 @@ class ChunkStore:
                 hit = self._lru.pop(("rg", index, group), None)
                 if hit is not None:
                     self._used -= hit[1]
-                    self._retire(hit[0])
                     got += 1
-            self._trim_retired()
         return got
 
     def cached_meta(self, index: int) -> ChunkMeta | None:
@@ -190,35 +142,6 @@ class ChunkStore:
         with self._lock:
             hit = self._lru.get(("chunk", index))
         return None if hit is None else hit[0]
-
-    def _buffer(self, n: int) -> np.ndarray:
-        """An int32 buffer of at least ``n`` entries: a retired row group's, when no array, view or
-        object refers to it any more (CPython reference counts: the row group, its ``padded`` view and
-        the buffer are referenced only from here), else a new one."""
-        size = -(-n // _BUFFER_STEP) * _BUFFER_STEP  # buffers are multiples of the step: n <= size <= n + step
-        with self._lock:
-            for want in (size, size + _BUFFER_STEP) if size == n else (size,):
-                bucket = self._retired.get(want)
-                if not bucket:
-                    continue
-                for key in list(itertools.islice(bucket, _RETIRED_SCAN)):  # oldest first
-                    rg = bucket[key]
-                    buf = rg.buf
-                    # refs: rg -> the bucket, `rg`, getrefcount's argument; padded (and loss, when the buffer
-                    # holds the loss flags too) -> rg and the argument; buf -> rg, padded's base, `buf`, the
-                    # argument (and loss's base). Anything more is a live user.
-                    flags = rg.loss is not None and rg.loss.base is buf
-                    if (sys.getrefcount(rg) == 3 and sys.getrefcount(rg.padded) == 2
-                            and sys.getrefcount(buf) == 4 + flags and (not flags or sys.getrefcount(rg.loss) == 2)):
-                        del bucket[key]
-                        if not bucket:
-                            del self._retired[want]
-                        self._retired_count -= 1
-                        self._retired_bytes -= buf.nbytes
-                        return buf
-                    bucket.move_to_end(key)  # still in use: look at the others first next time
-            self.fresh_buffers += 1
-        return np.empty(size, np.int32)
 
     def _count(self, index: int, nbytes: int, *, data: bool | None) -> None:
         """Tally a fetch: ``data`` True for chunk data, False for opening a chunk, None for its footer."""
@@ -352,13 +275,10 @@ class ChunkStore:
         base = int(m.rg_ranges[group, 0])
         docs = int(m.rg_doc_starts[group + 1] - m.rg_doc_starts[group])
         expect = int(m.rg_token_starts[group + 1] - m.rg_token_starts[group])
-        # a masked cache's loss flags (a byte per token) go in the same reused buffer, after the tokens:
-        # fresh memory for them would cost a page fault per 4 KiB, about half of what decoding them costs
-        extra = -(-(expect + 1) // 4) if self.masked else 0
         try:
-            padded, lengths, out = decode_row_group(
+            padded, lengths = decode_row_group(
                 buf, base=base, group=group, file_meta=m.file_meta, file_size=m.nbytes_file, footer=m.footer,
-                docs=docs, tokens=expect, buffer=lambda n: self._buffer(n + extra), fast=self.fast_decode)
+                docs=docs, tokens=expect, fast=self.fast_decode)
         except Exception as e:
             raise chunk_error(self.cache, m.path, f"row group {group} cannot be decoded ({arrow_message(e)})") from e
         if padded.size - 1 != expect or lengths.size != docs or int(lengths.sum(dtype=np.int64)) != expect:
@@ -373,16 +293,12 @@ class ChunkStore:
                                                    file_size=m.nbytes_file, footer=m.footer, docs=docs,
                                                    fast=self.fast_decode)
                 loss = loss_flags(values, counts, lengths)
-                if out is not None:
-                    into = out.view(np.bool_)[4 * (expect + 1):4 * (expect + 1) + expect + 1]
-                    into[:] = loss
-                    loss = into
             except Exception as e:
                 raise chunk_error(self.cache, m.path, f"row group {group}: its loss spans cannot be read "
                                   f"({arrow_message(e)})") from e
         with self._lock:
             self.decodes += 1
-        rg = RowGroup(padded, starts, out, loss)
+        rg = RowGroup(padded, starts, loss)
         return rg, rg.nbytes
 
     def submit(self, fn: Callable[..., Any], *args) -> cf.Future:

@@ -165,9 +165,9 @@ def test_a_read_decodes_only_the_window_its_rows_lie_in(tmp_path):
              for row in want]
 
 
-def test_a_read_releases_each_window_and_reuses_its_buffers(tmp_path):
-    """Reading a chunk in order, row groups of the windows it has passed leave the cache and their buffers
-    are decoded into again: a pass holds about a window, not the chunk."""
+def test_a_read_releases_each_window(tmp_path):
+    """Reading a chunk in order, row groups of the windows it has passed leave the cache: a pass holds
+    about a window, not the chunk."""
     root = str(tmp_path / "cache")
     rng = np.random.default_rng(6)
     docs, nxt = [], 1
@@ -185,7 +185,6 @@ def test_a_read_releases_each_window_and_reuses_its_buffers(tmp_path):
         assert r.store.decodes == len(groups)  # every row group decoded once
         assert most <= 2 * int(np.diff(bounds).max())  # about a window held (the next may be loading)
         assert most < len(groups) / 2
-        assert r.store.fresh_buffers < len(groups) / 2  # the others reused released buffers
 
 
 def test_a_window_is_packed_once_when_two_threads_ask_for_it(cache, monkeypatch):

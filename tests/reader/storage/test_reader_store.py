@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 
 import numpy as np
 import pytest
@@ -206,30 +207,36 @@ def test_local_files_stay_open_within_a_bound_and_close_with_the_reader(cache_di
     assert all(f.closed for f in files) and not store._files
 
 
-def test_buffers_of_released_row_groups_are_reused_only_when_nothing_refers_to_them(cache_dir):
+def test_a_released_row_group_leaves_the_cache_and_is_freed(cache_dir):
+    """release() drops a row group from the cache at once (its bytes leave used_bytes, the store keeps no
+    reference to it); what the caller still holds stays valid, and a later read decodes it again."""
     root, chunks, entries = cache_dir
     c = max(range(len(entries)), key=lambda i: len(_sidecar(root, entries[i])["row_group_index"]))
     assert len(_sidecar(root, entries[c])["row_group_index"]) >= 3
+    got = np.concatenate(chunks[c])
     with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
         st = rd.store
-        held = st.row_group(c, 0).tokens[:5]  # a view into the decoded buffer, still alive below
+        held = st.row_group(c, 0).tokens[:5]  # a view, still alive below
         want = held.copy()
-        st.release(c, 0)
-        st.row_group(c, 1)  # cannot take row group 0's buffer: `held` still uses it
-        assert st.fresh_buffers == 2
+        rg1 = st.row_group(c, 1)
+        gone = weakref.ref(rg1.padded)
+        used, n1 = st.used_bytes, rg1.nbytes
+        del rg1
+        assert st.release_range(c, 0, 2) == 2 and st.release_range(c, 0, 2) == 0
+        assert not [k for k in st._lru if k[0] == "rg"]
+        assert st.used_bytes < used - n1
+        assert gone() is None  # nothing in the store refers to a released row group
+        decodes = st.decodes
+        for g in (2, 0):
+            lo, hi = (int(x) for x in st.meta(c).rg_token_starts[g:g + 2])
+            assert st.row_group(c, g).tokens.tolist() == got[lo:hi].tolist()
+        assert st.decodes == decodes + 2  # row group 0 decoded again
         assert np.array_equal(held, want)
-        st.release(c, 1)  # nothing refers to row group 1 any more
-        rg2 = st.row_group(c, 2)
-        assert st.fresh_buffers == 2  # row group 2 was decoded into row group 1's buffer
-        assert np.array_equal(held, want)
-        got = np.concatenate(chunks[c])
-        lo, hi = (int(x) for x in st.meta(c).rg_token_starts[2:4])
-        assert rg2.tokens.tolist() == got[lo:hi].tolist()
 
 
 def test_a_sequential_read_releases_what_it_has_passed():
-    """Unshuffled packed reading keeps only the row groups ahead of its windows, and decodes into reused
-    buffers (shuffled reads: test_reader_shuffle.py)."""
+    """Unshuffled packed reading keeps only the row groups ahead of its windows (shuffled reads:
+    test_reader_shuffle.py)."""
     root = tempfile.mkdtemp(prefix="cl-chunks-")
     try:
         # long enough that the row groups alive at once (a pass of up to 8 batches, two passes queued,
@@ -243,7 +250,6 @@ def test_a_sequential_read_releases_what_it_has_passed():
                 pass
             st = rd.store
             assert st.decodes >= 100
-            assert st.fresh_buffers < st.decodes / 4  # the rest were decoded into reused buffers
             assert len([k for k in st._lru if k[0] == "rg"]) < st.decodes / 4  # the cache holds what is ahead
         with Reader(root, ReadOptions(seq_len=4, batch_size=2, ideal_readers=2, shuffle_seed=1)) as rd:
             for b, _ in rd.iter_batches(0, 100):
@@ -253,36 +259,30 @@ def test_a_sequential_read_releases_what_it_has_passed():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_released_buffers_are_kept_within_the_budget(cache_dir, monkeypatch):
-    """Beyond _SPARE_RETIRED, released row groups' buffers are kept only while the cache and they together
-    fit the memory budget; kept ones serve new decodes (fresh_buffers stays put)."""
-    from reader.storage import store as store_mod
-    root, chunks, entries = cache_dir
-    monkeypatch.setattr(store_mod, "_SPARE_RETIRED", 2)
-    keys = [(c, g) for c in range(len(entries)) for g in range(len(_sidecar(root, entries[c])["row_group_index"]))]
-    assert len(keys) >= 8
+def test_evicted_row_groups_are_dropped_within_the_budget(tmp_path):
+    """Under a budget of a few row groups, loading more evicts the oldest: the store stays within its budget
+    and keeps no reference to what it evicted (or released); every load past the budget decodes again."""
+    root = str(tmp_path)
+    rng = np.random.default_rng(3)
+    cachegen.write_synthetic_cache(root, [[rng.integers(1, 1000, 20).astype(np.int32) for _ in range(12)]],
+                                   row_group_tokens=16)
     with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
         st = rd.store
-        for c, g in keys:
-            st.row_group(c, g)
-        assert st.fresh_buffers == len(keys)
-        for c, g in keys:
-            assert st.release_range(c, g, g + 1) == 1
-        assert st.retired_buffers == len(keys)  # a large budget keeps them all
-        for c, g in keys:  # decoded again into the released buffers
-            assert st.row_group(c, g).tokens.size == int(np.diff(st.meta(c).rg_token_starts)[g])
-        assert st.fresh_buffers == len(keys) and st.retired_buffers == 0
-        for c, g in keys:
-            st.release(c, g)
-        assert st.retired_buffers == len(keys)
-        st.budget = st.used_bytes + 5 * 4 * store_mod._BUFFER_STEP  # room for five buffers beside the cache
-        st.release(0, 10**6)  # (any release trims the kept buffers)
-        assert st.retired_buffers == 5
-        st.budget = 1
-        st.release(0, 10**6)
-        assert st.retired_buffers == 2  # _SPARE_RETIRED, whatever the budget
-        st.row_group(*keys[0])
-        assert st.fresh_buffers == len(keys) and st.retired_buffers == 1
+        groups = range(st.meta(0).num_row_groups)  # one chunk: its layout is used by every load, never evicted
+        assert len(groups) >= 8
+        largest = max(st.row_group(0, g).nbytes for g in groups)
+        assert st.decodes == len(groups)
+        assert st.release_range(0, 0, len(groups)) == len(groups)
+        assert not [k for k in st._lru if k[0] == "rg"]
+        st.budget = st.used_bytes + 3 * largest  # the chunk's layout and three row groups
+        refs = []
+        for g in groups:
+            refs.append(weakref.ref(st.row_group(0, g).padded))
+            assert st.used_bytes <= st.budget
+        cached = [k for k in st._lru if k[0] == "rg"]
+        assert 3 <= len(cached) < len(groups) and cached[-1] == ("rg", 0, len(groups) - 1)
+        assert sum(r() is not None for r in refs) == len(cached)  # the evicted ones are freed
+        assert st.decodes == 2 * len(groups)
 
 
 def test_row_groups_looks_up_many_in_key_order(cache_dir):
