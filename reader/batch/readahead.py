@@ -113,7 +113,7 @@ def read_ahead(produce: Callable[[int, int], list], first: int, *, stop: int | N
     def more(i: int) -> bool:
         return (stop is None or i < stop) and (available is None or available(i))
 
-    def hint(i: int) -> None:  # unit i is queued: hint what `lookahead` units later will need
+    def hint_ahead(i: int) -> None:  # unit i is queued: hint what `lookahead` units later will need
         nonlocal planned
         if lookahead and planned <= i + lookahead and (stop is None or planned < stop):
             while hints and hints[0].done():
@@ -138,7 +138,7 @@ def read_ahead(produce: Callable[[int, int], list], first: int, *, stop: int | N
                 pending.append((nxt, n, None if executor is None else executor.submit(produce, nxt, n)))
                 queued += n
                 for _ in range(n):
-                    hint(nxt)
+                    hint_ahead(nxt)
                     nxt += 1
             if not pending:
                 return
