@@ -69,14 +69,26 @@ def test_show_and_out_together_and_neither(tiny, tmp_path, capsys):
 def test_colours_on_a_terminal(tiny, tok):
     root, docs = tiny
     master, slave = os.openpty()  # a real terminal: colours on
+    chunks = []
     try:
         with Reader(root, ReadOptions(seq_len=6, batch_size=2, ideal_readers=1)) as r, \
                 open(slave, "w", closefd=False) as tty:
             report_cli.show_rows(r, r.iter_batches(0, 1), None, out=tty)
-        got = os.read(master, 1 << 16).decode()
+        os.close(slave)
+        slave = None
+        while True:  # one read may return only the first line: read until the closed terminal says EIO
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
     finally:
         os.close(master)
-        os.close(slave)
+        if slave is not None:
+            os.close(slave)
+    got = b"".join(chunks).decode()
     assert "\x1b[1mbatch 0 row 0 (example 0, epoch 0)\x1b[0m" in got
     assert "\x1b[36m" + tok.decode(docs[0]) + "\x1b[0m|\x1b[33m" in got  # one colour per document
 
