@@ -36,6 +36,7 @@ import uuid
 from apache_beam.io.filesystems import FileSystems
 
 from reader.format import spec as fmt
+from reader.storage.progress import holder_alive, start_ticks
 
 from pipelines.inputs import fsutil
 from pipelines.errors import BuildError
@@ -44,7 +45,6 @@ from pipelines.options import is_remote
 LOCK_NAME = "_BUILDING.json"
 HALF_WRITTEN_SECONDS = 10  # gs://: an unreadable lock younger than this is being written by another launcher
 EXIT_GRACE_SECONDS = 10.0  # a dying holder's flock is released when the kernel closes its files: wait that long
-PF_EXITING = 0x4  # /proc/PID/stat flags: the process is being torn down (linux/sched.h)
 
 # Descriptors of the locks this process holds. A flock belongs to the open file description, which a
 # forked child shares; a child forked without exec (multiprocessing's "fork", os.fork) would keep the lock
@@ -66,49 +66,6 @@ def _close_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_in_child)
-
-
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """``(state, flags, start ticks)`` of a process from /proc (Linux), or None if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0].decode(), int(fields[6]), int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a reused pid from the holder."""
-    stat = _proc_stat(pid)
-    return None if stat is None else stat[2]
-
-
-def _alive(holder: dict) -> bool | None:
-    """True/False for a holder on this host; None when it cannot be known (another host).
-
-    A zombie or an exiting process is not alive: it will never write again.
-    """
-    if holder.get("host") != socket.gethostname():
-        return None
-    pid = holder.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by another user
-    except (OverflowError, OSError):
-        return False
-    stat = _proc_stat(pid)
-    if stat is None:
-        return True  # no /proc: an existing pid is all there is to go by
-    state, flags, ticks = stat
-    if state in ("Z", "X") or flags & PF_EXITING:
-        return False
-    return holder.get("start_ticks") in (None, ticks)
 
 
 @dataclasses.dataclass
@@ -158,7 +115,7 @@ def _refuse(output: str, holder: dict, note: str = "") -> BuildError:
 
 def _record(token: str, flock: bool) -> bytes:
     pid = os.getpid()
-    record = {"host": socket.gethostname(), "pid": pid, "start_ticks": _start_ticks(pid),
+    record = {"host": socket.gethostname(), "pid": pid, "start_ticks": start_ticks(pid),
               "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "token": token}
     if flock:
         record["flock"] = True  # its liveness is the flock's (a record without it: an older launcher's)
@@ -217,7 +174,7 @@ def _acquire_flock(output: str, token: str) -> BuildLock:
         except BlockingIOError:
             holder = _parse(_read_fd(fd))
             os.close(fd)
-            if holder and _alive(holder) is False:
+            if holder and holder_alive(holder) is False:
                 # The recorded holder is dying (or dead): the kernel drops its lock once its files are
                 # closed, a moment after the SIGKILL. Wait for that, bounded.
                 deadline = deadline or time.monotonic() + EXIT_GRACE_SECONDS
@@ -238,9 +195,9 @@ def _acquire_flock(output: str, token: str) -> BuildLock:
                 os.close(fd)  # released and removed by its holder between our open and our lock: again
                 continue
             holder = _parse(_read_fd(fd))
-            if holder and not holder.get("flock") and _alive(holder) is not False:
+            if holder and not holder.get("flock") and holder_alive(holder) is not False:
                 raise _refuse(output, holder)  # a launcher of an older version, which takes no flock
-            if holder and holder.get("flock") and _alive(holder) is None:
+            if holder and holder.get("flock") and holder_alive(holder) is None:
                 raise _refuse(output, holder)  # another machine: its flock may not reach this one
             os.ftruncate(fd, 0)
             body = _record(token, flock=True)
@@ -263,7 +220,7 @@ def _acquire_by_record(output: str, token: str) -> BuildLock:
     for _ in range(3):
         holder = _read(lock.path)
         if holder is not None:
-            stale = _alive(holder) is False if holder else _older_than(lock.path, HALF_WRITTEN_SECONDS)
+            stale = holder_alive(holder) is False if holder else _older_than(lock.path, HALF_WRITTEN_SECONDS)
             if not stale:
                 raise _refuse(output, holder)
             _remove_stale(lock.path)

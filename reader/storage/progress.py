@@ -270,25 +270,50 @@ def read_progress(cache: Cache, *, now: float | None = None) -> Progress:
     return out
 
 
+PF_EXITING = 0x4  # /proc/PID/stat flags: the process is being torn down (linux/sched.h)
+
+
+def process_stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, flags, start ticks)`` of a process from /proc (Linux), or None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), int(fields[6]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid from the holder."""
+    stat = process_stat(pid)
+    return None if stat is None else stat[2]
+
+
 def holder_alive(holder: Mapping[str, Any]) -> bool | None:
-    """Whether the lock's holder (``{"host", "pid", "start_ticks"}``) still runs: known only on its own host
-    (a reused process id is told apart by its start time), None elsewhere."""
+    """Whether the build lock's holder (``{"host", "pid", "start_ticks"}``) still runs: True/False on its own
+    host, None elsewhere (it cannot be known). The builder's lock and ``inspect``'s progress both ask this.
+
+    A zombie or an exiting process is not alive: it will never write again; a reused process id is told
+    apart by its start time."""
     if holder.get("host") != socket.gethostname():
         return None
     pid = holder.get("pid")
-    if not isinstance(pid, int):
+    if not isinstance(pid, int) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass  # another user's process
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return True
+        pass  # exists, owned by another user
+    except (OverflowError, OSError):
+        return False
+    stat = process_stat(pid)
+    if stat is None:
+        return True  # no /proc: an existing pid is all there is to go by
+    state, flags, ticks = stat
+    if state in ("Z", "X") or flags & PF_EXITING:
+        return False
     return holder.get("start_ticks") in (None, ticks)
 
 

@@ -114,7 +114,7 @@ def test_a_killed_holder_still_in_the_process_table_is_taken_over_at_once(tmp_pa
         wait_exited(proc.pid)
         assert state(proc.pid) == "Z"
         record = json.load(open(os.path.join(out, LOCK_NAME)))
-        assert record["pid"] == proc.pid and record["start_ticks"] == lock._start_ticks(proc.pid)
+        assert record["pid"] == proc.pid and record["start_ticks"] == lock.start_ticks(proc.pid)
         held = acquire(out)
         assert json.load(open(os.path.join(out, LOCK_NAME)))["token"] == held.token
         held.release()
@@ -175,7 +175,7 @@ def test_a_lock_file_whose_flock_is_free_is_taken_over(tmp_path):
     """Even naming a live process of this host (its pid reused, or a record copied): the flock decides."""
     out = str(tmp_path / "cache")
     me = os.getpid()
-    _write_record(out, host=socket.gethostname(), pid=me, start_ticks=lock._start_ticks(me), token="old", flock=True)
+    _write_record(out, host=socket.gethostname(), pid=me, start_ticks=lock.start_ticks(me), token="old", flock=True)
     held = acquire(out)
     assert json.load(open(os.path.join(out, LOCK_NAME)))["token"] == held.token
     held.release()
@@ -187,7 +187,7 @@ def test_records_without_a_flock_and_other_hosts_records_are_respected(tmp_path)
     out = str(tmp_path / "cache")
     me = os.getpid()
     # a launcher of an older version (no flock) that is alive: refused; once dead (a reused pid): taken over
-    _write_record(out, host=socket.gethostname(), pid=me, start_ticks=lock._start_ticks(me), token="x")
+    _write_record(out, host=socket.gethostname(), pid=me, start_ticks=lock.start_ticks(me), token="x")
     with pytest.raises(BuildError, match=f"process {me} on "):
         acquire(out)
     path = _write_record(out, host=socket.gethostname(), pid=me, start_ticks=-5, token="x")
@@ -238,7 +238,7 @@ def test_record_scheme_a_zombie_holder_is_dead_a_live_one_is_not(tmp_path):
     out = str(tmp_path / "cache")
     proc = _zombie()
     try:
-        _write_record(out, host=socket.gethostname(), pid=proc.pid, start_ticks=lock._start_ticks(proc.pid),
+        _write_record(out, host=socket.gethostname(), pid=proc.pid, start_ticks=lock.start_ticks(proc.pid),
                       token="old")
         held = lock._acquire_by_record(out, "new")
         assert json.load(open(os.path.join(out, LOCK_NAME)))["token"] == "new"

@@ -165,3 +165,20 @@ def test_inspect_on_a_build_killed_midway(tmp_path):
     assert f"written {len(sides)} of " in text and "ETA -: the builder holding the lock" in text
     pct = f"({100 * want_done / p['input_bytes_total']:.1f}%)"
     assert pct in text.splitlines()[-3], text
+
+
+def test_a_zombie_lock_holder_is_not_a_running_build():
+    """``inspect`` and the builder's lock share one liveness rule: a holder killed but not yet reaped (a
+    zombie, as under a PID 1 that reaps late) will never write again."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+        assert pg.process_stat(proc.pid)[0] == "Z"
+        holder = {"host": socket.gethostname(), "pid": proc.pid, "start_ticks": pg.start_ticks(proc.pid)}
+        assert pg.holder_alive(holder) is False
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "start_ticks": pg.start_ticks(os.getpid())}
+        assert pg.holder_alive(me) is True
+        assert pg.holder_alive(dict(me, start_ticks=me["start_ticks"] + 1)) is False  # a reused pid
+        assert pg.holder_alive(dict(me, host="another-host")) is None
+    finally:
+        proc.wait()
