@@ -218,8 +218,8 @@ def corpus_paragraph(details: dict) -> list[str]:
 
 def method_bullets() -> list[str]:
     return [
-        "- **The Megatron-fast peer** (`benchmarks/megatron_peer.py fast`): what Megatron-LM's "
-        "`tools/preprocess_data_fast.py` does, with cl100k: `gigatoken.Tokenizer.from_tiktoken(path)` (its special "
+        "- **The Megatron-fast peer** (`benchmarks/megatron_peer.py fast`): what "
+        "`Megatron-LM/tools/preprocess_data_fast.py` does, with cl100k: `gigatoken.Tokenizer.from_tiktoken(path)` (its special "
         "tokens included, as Megatron loads a tokenizer), `encode_files(JsonlFileSource(files), parallel=True)` on "
         "`RAYON_NUM_THREADS=2`, EOD appended to every document and the tokens written per slice of a million "
         "documents as `IndexedDatasetBuilder.add_documents(docs, eod_token=...)` does (megatron-core 0.16.1 predates "
@@ -232,7 +232,7 @@ def method_bullets() -> list[str]:
         "half of the shards, from a common start to the last one's end. Each runs before and after the rounds; the "
         "fastest run is the limit, and every run's tokens are checked to equal our build's. Our build's steady "
         "state: tokens / the sum of its workers' rates inside work units (its trace).",
-        "- **Megatron classic** (`benchmarks/megatron_peer.py classic`): `tools/preprocess_data.py`'s shape with "
+        "- **Megatron classic** (`benchmarks/megatron_peer.py classic`): `Megatron-LM/tools/preprocess_data.py`'s shape with "
         "tiktoken: a `multiprocessing.Pool(2)` whose workers `json.loads` each line and encode it, lines sent 32 "
         "at a time, the main process adding each document to an `IndexedDatasetBuilder`.",
     ]
