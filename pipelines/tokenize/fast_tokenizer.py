@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import threading
 import time
 from typing import Mapping, Sequence
@@ -42,7 +41,8 @@ from reader.format import tokenizer_lib
 from pipelines.tokenize import conformance
 from pipelines.tokenize import gigatoken_backend
 from pipelines.tokenize.guarded_encoder import (CL100K_ORIGINAL_PATTERN, CL100K_PATTERN, MISMATCH_MARKER,  # noqa: F401
-                                                GuardedEncoder, TokenMismatchError, ranks_file_bytes, sampled)
+                                                GuardedEncoder, TokenMismatchError, ranks_file, ranks_file_bytes,
+                                                sampled)
 from pipelines.tokenize.tokenizer import (BACKENDS, DEFAULT_VERIFY_EVERY, PIECE_CHARS, Encoder, TokenizerError,  # noqa: F401
                         TokenizerSpec, cut_for_encoding)
 
@@ -108,14 +108,9 @@ def _tiktoken_fast(definition: tokenizer_lib.TiktokenDefinition) -> object:
     ranks: Mapping[bytes, int] = definition.ranks
     data = ranks_file_bytes(ranks)
     pattern = fast_pattern(definition.pattern, ranks)
-    fd, path = tempfile.mkstemp(prefix="chunkledger-ranks-", suffix=".tiktoken")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+    with ranks_file(data) as path:
         # No special tokens: the reference encodes special-token strings as ordinary text.
         return fastokens.Tokenizer.from_tiktoken(path, pattern=pattern, special_tokens={})
-    finally:
-        os.unlink(path)
 
 
 def fast_pattern(pattern: str, ranks) -> str:

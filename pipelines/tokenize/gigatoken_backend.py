@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 from typing import Callable, Sequence
 
@@ -40,7 +39,7 @@ import numpy as np
 from reader.format import tokenizer_lib
 
 from pipelines.tokenize.guarded_encoder import (CL100K_ORIGINAL_PATTERN, CL100K_PATTERN, GuardedEncoder,
-                                                ranks_file_bytes)
+                                                ranks_file, ranks_file_bytes)
 from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec
 
 # Growth of the process's RSS since the tokenizer was loaded that makes it reloaded, and the characters
@@ -149,14 +148,9 @@ def tiktoken_loader(definition: tokenizer_lib.TiktokenDefinition) -> Callable[[]
     data = ranks_file_bytes(definition.ranks)
 
     def load():
-        fd, path = tempfile.mkstemp(prefix="chunkledger-ranks-", suffix=".tiktoken")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+        with ranks_file(data) as path:
             # No special tokens: the reference encodes special-token strings as ordinary text.
             return gt.Tokenizer.from_tiktoken(path, pretokenizer=scheme, special_tokens={})
-        finally:
-            os.unlink(path)
 
     return load
 

@@ -12,7 +12,10 @@ call (``_flat``). The conformance check at worker start is :func:`pipelines.toke
 from __future__ import annotations
 
 import base64
-from typing import Mapping, Sequence
+import contextlib
+import os
+import tempfile
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -56,6 +59,19 @@ def ranks_file_bytes(ranks: Mapping[bytes, int]) -> bytes:
     lines = [base64.b64encode(tok) + b" " + str(rank).encode()
              for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
     return b"\n".join(lines) + b"\n"
+
+
+@contextlib.contextmanager
+def ranks_file(data: bytes) -> Iterator[str]:
+    """A temporary ``.tiktoken`` file holding ``data`` (:func:`ranks_file_bytes`), for the libraries that load
+    ranks from a path; removed afterwards."""
+    fd, path = tempfile.mkstemp(prefix="chunkledger-ranks-", suffix=".tiktoken")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        yield path
+    finally:
+        os.unlink(path)
 
 
 class GuardedEncoder(Encoder):
