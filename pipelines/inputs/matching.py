@@ -162,16 +162,25 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
         except BuildError as e:  # UnsupportedInput, DamagedFile
             return str(e)
         except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
-            return (f"input file {path} is not readable ({type(e).__name__}: {e}); fix its permissions/contents "
-                    "or leave it out of --input")
+            return _unreadable(path, e)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=READ_CHECK_THREADS) as pool:
         kinds = list(pool.map(check, paths))
-    for kind in kinds:
-        if isinstance(kind, str):
-            raise BuildError(kind)
+    _raise_first_problem(kinds)
     crc = remote.crc32c_of(paths, [absolute(p) for p in patterns])
     return [MatchedFile(path=p, size=found[p], crc32c=crc.get(p), format=k.kind) for p, k in zip(paths, kinds)]
+
+
+def _unreadable(path: str, e: Exception) -> str:
+    return (f"input file {path} is not readable ({type(e).__name__}: {e}); fix its permissions/contents or leave "
+            "it out of --input")
+
+
+def _raise_first_problem(results: Sequence) -> None:
+    """The checks run in parallel and return a problem as text: the first one, in path order, is the error."""
+    for r in results:
+        if isinstance(r, str):
+            raise BuildError(r)
 
 
 def plan_inputs(files: Sequence[MatchedFile], config: ChunkConfig) -> list[MatchedFile]:
@@ -198,12 +207,9 @@ def plan_inputs(files: Sequence[MatchedFile], config: ChunkConfig) -> list[Match
         except BuildError as e:  # a missing column, a damaged file, ...
             return str(e)
         except Exception as e:  # noqa: BLE001
-            return (f"input file {f.path} is not readable ({type(e).__name__}: {e}); fix its permissions/contents "
-                    "or leave it out of --input")
+            return _unreadable(f.path, e)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=READ_CHECK_THREADS) as pool:
         out = list(pool.map(one, files))
-    for f in out:
-        if isinstance(f, str):
-            raise BuildError(f)
+    _raise_first_problem(out)
     return out
