@@ -2,6 +2,8 @@
 
     python -m benchmarks.mask_cost --work DIR [--tokens N] [--rounds R] [--quick]
 
+``make bench`` runs it with the defaults (96 Mi tokens, 3 rounds).
+
 One set of generated chat-like documents (log-normal lengths, median 600 tokens; 1 to 4 loss runs each,
 about half the tokens) is written twice with the builder's chunk writer (``reader.format.chunk_file``,
 zstd 3, row groups of 128 Ki tokens, chunks of 1 Mi tokens): ``plain`` (``record_format`` text) and
@@ -153,7 +155,8 @@ def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", required=True, help="directory for the two caches")
-    ap.add_argument("--tokens", type=int, default=24 << 20, help="tokens of each cache (default 24 Mi)")
+    ap.add_argument("--tokens", type=int, default=96 << 20,
+                    help="tokens of each cache (default 96 Mi: reader workers' start-up stays a small share)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="2 Mi tokens, 1 round")
     a = ap.parse_args(argv)

@@ -53,6 +53,8 @@ MAIN_ROWS = report_peers.PEER_MAIN_ROWS + [
     ("best_fit_vs_concat_L2048", "best fit / concat, real tokens per second, L=2048 ({reader_num_workers} "
      "workers, flat layout, R*=16, as many tokens as the cache holds, from opening the reader)", "ratio"),
     ("best_fit_vs_concat_L8192", "the same at L=8192", "ratio"),
+    ("mask_train_ratio", "a cache with loss masks / the same documents without, real tokens per second "
+     "(benchmarks/mask_cost.py: flat layout, batch 64, L=2048, R*=16, 2 workers, one pass of 96 Mi tokens)", "ratio"),
 ]
 
 # The encoders alone on the same documents (benchmarks/tokenizer_bench.py throughput): (label, figure prefix,
@@ -644,7 +646,29 @@ def sft_section(fig: dict) -> list[str]:
             f"| chat | {f['sft_chat_records_per_cpu_s_reference']:,.0f} | {f['sft_chat_records_per_cpu_s_fast']:,.0f} "
             f"| {f['sft_chat_fast_vs_reference']:.2f} |",
             f"| prompt/completion | {f['sft_pc_records_per_cpu_s_reference']:,.0f} | "
-            f"{f['sft_pc_records_per_cpu_s_fast']:,.0f} | {f['sft_pc_fast_vs_reference']:.2f} |"]
+            f"{f['sft_pc_records_per_cpu_s_fast']:,.0f} | {f['sft_pc_fast_vs_reference']:.2f} |"] + mask_read_section(fig)
+
+
+MASK_READS = [("decode", "every row group through the chunk store, one thread"),
+              ("train", "training read, flat layout, R*=16, 2 reader workers"),
+              ("train_1p", "the same in one process"),
+              ("best_fit_1p", "best-fit rows, one process")]
+
+
+def mask_read_section(fig: dict) -> list[str]:
+    """Read throughput with loss masks against without (``benchmarks/mask_cost.py``)."""
+    if "mask_train_ratio" not in fig:
+        return []
+    f = fig
+    out = ["", "## Loss masks: read throughput", "",
+           f"`benchmarks/mask_cost.py` writes the same {f['mask_cost_tokens'] / 2**20:.0f} Mi tokens of generated "
+           f"chat-like documents twice, without and with `loss_spans` ({f['mask_loss_token_share']:.0%} of the "
+           f"tokens loss tokens; the masked chunks take {f['mask_bytes_per_token']:.4f} more bytes per token), and "
+           f"reads each the same way, alternating, best of {f['mask_cost_rounds']} rounds. Real tokens per second "
+           "(and per CPU-second of the reading processes), masked / plain:", "",
+           "| read | per second | per CPU-second |", "|---|---|---|"]
+    out += [f"| {what} | {f[f'mask_{k}_ratio']:.3f} | {f[f'mask_{k}_cpu_ratio']:.3f} |" for k, what in MASK_READS]
+    return out
 
 
 COLUMNAR_MEMORY = Path(__file__).with_name("columnar_memory.json")

@@ -82,6 +82,7 @@ TARGETS = {
     "best_fit_short_documents_cut_L8192": (0, "<="),
     "best_fit_vs_concat_L2048": (0.8, ">="),
     "best_fit_vs_concat_L8192": (0.8, ">="),
+    "mask_train_ratio": (0.9, ">="),
 }
 
 
@@ -405,6 +406,13 @@ def main(argv=None) -> int:
                        str(min(2, P["reader_rounds"]))] + (["--quick"] if a.quick else []))
     fig.update(m.result)
 
+    # -- what loss masks cost a read: the same documents with and without (benchmarks/mask_cost.py) -------------
+    m = run_monitored([_py(), "-m", "benchmarks.mask_cost", "--work", str(work / f"mask-{profile}")]
+                      + (["--quick"] if a.quick else []))
+    fig.update(m.result)
+    log(f"loss masks: reads at {fig['mask_train_ratio']:.3f} of the same cache without (2 workers), "
+        f"{fig['mask_train_1p_ratio']:.3f} in one process, {fig['mask_best_fit_1p_ratio']:.3f} best fit")
+
     # -- supervised records: the loss mask's bytes per token, encoding rates (benchmarks/sft_bench.py) ------------
     fig.update(sft_bench.figures(a.quick))
 
@@ -429,7 +437,7 @@ def main(argv=None) -> int:
     report.write(fig, details, doc, plots, quick=a.quick)
     if not a.keep:
         for d in (cache_hf, work / f"cache-{profile}-tiktoken-1w", work / f"cache-{profile}-small-shards", work / f"reader-{profile}",
-                  work / f"cache-{profile}-distinct"):
+                  work / f"cache-{profile}-distinct", work / f"mask-{profile}"):
             shutil.rmtree(d, ignore_errors=True)
     log(f"done in {fig['bench_total_s']:.0f} s: {out} and {doc}")
     return 0

@@ -109,6 +109,7 @@ def test_quick_suite_produces_every_figure(tmp_path):
     # The report names every target figure with its value and verdict, and its plots exist.
     text = doc.read_text()
     assert "QUICK RUN" in text
+    assert "## Loss masks: read throughput" in text and "| `mask_train_ratio` |" in text
     for k in TARGETS:
         assert f"`{k}`" in text, k
     assert (tmp_path / "bench_pipeline.png").stat().st_size > 0
@@ -130,9 +131,9 @@ def test_quick_suite_produces_every_figure(tmp_path):
     for label, n in (("benchmarks.megatron_peer limit --encoder gigatoken", 2),
                      ("benchmarks.megatron_peer limit --encoder fastokens", 2), ("benchmarks.megatron_peer fast", 1),
                      ("benchmarks.megatron_peer classic", 1), ("benchmarks.encoders_cold", 2),
-                     ("benchmarks.stages", 2), ("benchmarks.packing_cost", 1)):
+                     ("benchmarks.stages", 2), ("benchmarks.packing_cost", 1), ("benchmarks.mask_cost", 1)):
         assert labels.count(label) == n, (label, labels)
-    assert len(probes) == 31 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
+    assert len(probes) == 32 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
     assert 0 < fig["probe_compute_min_vs_max"] <= 1 and 0 < fig["probe_memory_min_vs_max"] <= 1
     assert "### Machine speed during the run" in text and text.count("| benchmarks.baselines limit --encoder fastokens |") == 3
     # the distinct corpus: each document once; every exact path gave our build's tokens (the run checks them),

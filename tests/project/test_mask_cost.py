@@ -22,3 +22,18 @@ def test_mask_cost_runs_and_its_caches_are_the_same_documents(tmp_path, capsys):
     with Reader(str(tmp_path / "plain"), opts) as plain, Reader(str(tmp_path / "masked"), opts) as masked:
         a, b = plain.batch(3), masked.batch(3)
         assert (a["targets"] == b["targets"]).all() and a["loss_mask"].all() and not b["loss_mask"].all()
+
+
+def test_the_report_has_a_row_per_read_with_both_ratios():
+    from benchmarks import report
+
+    fig = {"mask_train_ratio": 0.94, "mask_cost_tokens": 96 << 20, "mask_loss_token_share": 0.6,
+           "mask_bytes_per_token": 0.014, "mask_cost_rounds": 3}
+    for k, (read, _) in enumerate(report.MASK_READS):
+        fig[f"mask_{read}_ratio"], fig[f"mask_{read}_cpu_ratio"] = 0.81 + k / 100, 0.71 + k / 100
+    text = "\n".join(report.mask_read_section(fig))
+    assert "96 Mi tokens" in text and "60% of the tokens" in text
+    for k, (_, what) in enumerate(report.MASK_READS):
+        assert f"| {what} | {0.81 + k / 100:.3f} | {0.71 + k / 100:.3f} |" in text
+    assert report.mask_read_section({}) == []
+    assert any(key == "mask_train_ratio" for key, _, _ in report.MAIN_ROWS)
