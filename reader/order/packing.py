@@ -98,9 +98,12 @@ def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[np.ndarr
     key = conts[:big].astype(np.int64) * seq_len + (seq_len - sizes[:big])
     by = np.argsort(key, kind="stable")
     cuts = np.flatnonzero(np.diff(key[by])) + 1
-    for grp in np.split(by, cuts) if big else ():
-        k, c = divmod(int(key[grp[0]]), seq_len)
-        heaps[k][c] = grp.tolist()
+    bounds = [0, *cuts.tolist(), big]
+    # (slices of one list: np.split makes an array per group, a third of this function's time)
+    members, group_keys = by.tolist(), key[by][bounds[:-1]].tolist() if big else []
+    for a, b, kc in zip(bounds[:-1], bounds[1:], group_keys):
+        k, c = divmod(kc, seq_len)
+        heaps[k][c] = members[a:b]
         words[k][c >> shift] |= 1 << (c & low)
         summary[k] |= 1 << (c >> shift)
     words0, words1 = words
