@@ -233,6 +233,22 @@ def finish_cache(root: str, entries: Sequence[Mapping[str, Any]]) -> None:
     _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
 
 
+def finish_build_from(live: str, done: str, entries: Sequence[Mapping[str, Any]]) -> None:
+    """The build at ``live`` goes on and finishes: every chunk file of the finished copy ``done`` that
+    ``live`` lacks appears (written aside, then renamed, as the builder does), then the ledger lists
+    ``entries``."""
+    import glob
+    import shutil
+
+    for src in sorted(glob.glob(os.path.join(done, "chunks", "*", "*"))):
+        dst = os.path.join(live, os.path.relpath(src, done))
+        if not os.path.exists(dst):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(src, dst + ".tmp")
+            os.replace(dst + ".tmp", dst)
+    finish_cache(live, entries)
+
+
 def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per_shard: Sequence[int], *,
                         compressed: Sequence[bool] | None = None, first: Sequence[int] = (0,), seed: int = 0,
                         delay: float = 0.005, row_group_tokens: int = 9) -> threading.Thread:
@@ -307,6 +323,15 @@ def random_chunks(rng: np.random.Generator, num_chunks: int, *, max_docs: int = 
             docs.append(rng.integers(1, vocab, size=n, dtype=np.int32))
         out.append(docs)
     return out
+
+
+def write_best_fit_loader_cache(root: str) -> str:
+    """The cache the best-fit loader tests read (reader.jax and reader.torch alike): 10 chunks in 2 shards,
+    short documents and some of 50 tokens (longer than their L = 16), row groups of 20 tokens."""
+    rng = np.random.default_rng(31)
+    chunks = random_chunks(rng, 10, max_docs=8, max_len=12, huge_len=50, huge_prob=0.2)
+    write_synthetic_cache(root, chunks, chunks_per_shard=[5, 5], row_group_tokens=20)
+    return root
 
 
 def spans_of_mask(mask) -> list[int]:

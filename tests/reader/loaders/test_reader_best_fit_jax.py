@@ -4,12 +4,10 @@ DataLoader workers fork.)"""
 
 from __future__ import annotations
 
-import os
 
-_flags = os.environ.get("XLA_FLAGS", "")
-if "xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from jax_helpers.common import force_cpu_devices
+
+force_cpu_devices()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -21,11 +19,7 @@ L, B = 16, 8
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("best-fit-loaders") / "cache")
-    rng = np.random.default_rng(31)
-    chunks = cachegen.random_chunks(rng, 10, max_docs=8, max_len=12, huge_len=50, huge_prob=0.2)
-    cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=[5, 5], row_group_tokens=20)
-    return root
+    return cachegen.write_best_fit_loader_cache(str(tmp_path_factory.mktemp("best-fit-loaders") / "cache"))
 
 
 def options(**kw) -> ReadOptions:

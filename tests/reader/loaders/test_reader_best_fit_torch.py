@@ -14,21 +14,16 @@ import cachegen  # noqa: E402
 from reader import ReadOptions, Reader  # noqa: E402
 from reader.torch import TokenBatches  # noqa: E402
 from torch_helpers.common import assert_item_equals  # noqa: E402
+from torch_helpers.marks import DATALOADER_WARNINGS  # noqa: E402
 
 L, B = 16, 8
 
-# the torch DataLoader's hint for more workers than cores, and torchdata calling a deprecated torch function
-pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
-              pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")]
+pytestmark = DATALOADER_WARNINGS
 
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("best-fit-torch") / "cache")
-    rng = np.random.default_rng(31)
-    chunks = cachegen.random_chunks(rng, 10, max_docs=8, max_len=12, huge_len=50, huge_prob=0.2)
-    cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=[5, 5], row_group_tokens=20)
-    return root
+    return cachegen.write_best_fit_loader_cache(str(tmp_path_factory.mktemp("best-fit-torch") / "cache"))
 
 
 def options(**kw) -> ReadOptions:

@@ -6,13 +6,11 @@ The multi-process version (real jax.distributed processes) is tests/reader/loade
 
 from __future__ import annotations
 
-import os
 import threading
 
-_flags = os.environ.get("XLA_FLAGS", "")
-if "xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from jax_helpers.common import force_cpu_devices
+
+force_cpu_devices()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

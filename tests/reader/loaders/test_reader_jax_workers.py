@@ -12,10 +12,9 @@ import gc
 import glob
 import os
 
-_flags = os.environ.get("XLA_FLAGS", "")
-if "xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from jax_helpers.common import force_cpu_devices
+
+force_cpu_devices()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

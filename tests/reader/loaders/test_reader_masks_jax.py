@@ -6,12 +6,10 @@ test_reader_masks_torch.py, a module without jax, as its DataLoader workers fork
 from __future__ import annotations
 
 import dataclasses
-import os
 
-_flags = os.environ.get("XLA_FLAGS", "")
-if "xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from jax_helpers.common import force_cpu_devices
+
+force_cpu_devices()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -14,12 +14,11 @@ from reader import ReadOptions, Reader, expand_flat
 from reader.batch.schema import TOKEN_FIELDS
 from reader.torch import TokenBatches, as_tensors, expand_flat as torch_expand_flat
 from torch_helpers.common import assert_item_equals
+from torch_helpers.marks import DATALOADER_WARNINGS
 
 L, B = 16, 8
 
-# the torch DataLoader's hint for more workers than cores, and torchdata calling a deprecated torch function
-pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
-              pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")]
+pytestmark = DATALOADER_WARNINGS
 
 
 @pytest.fixture(scope="module")

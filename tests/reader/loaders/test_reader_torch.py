@@ -26,10 +26,9 @@ from reader import ReadOptions, Reader, expand_flat as np_expand_flat  # noqa: E
 from reader.torch import STATE_KEY, TokenBatches, as_tensors, expand_flat, resume_step  # noqa: E402
 from cache_strategies import caches, has_empty_stream  # noqa: E402
 from torch_helpers.common import as_numpy, assert_item_equals, write_cache  # noqa: E402
+from torch_helpers.marks import DATALOADER_WARNINGS  # noqa: E402
 
-# torch's hint for 3 workers on a 2-core machine, and torchdata calling a deprecated torch function
-pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
-              pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")]
+pytestmark = DATALOADER_WARNINGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 L, B = 8, 4

@@ -4,9 +4,19 @@ jit-ed step, spec (de)serialization and checksums."""
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 
 import numpy as np
+
+
+def force_cpu_devices(count: int = 8) -> None:
+    """Run jax on the CPU with ``count`` virtual devices (unless XLA_FLAGS already sets a count): call it
+    before the first ``import jax``."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={count}").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 class CountingReader:
