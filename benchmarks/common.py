@@ -218,8 +218,9 @@ def run_monitored(
         cpu_s=tree_cpu,
         samples=samples,
         result=result,
-        stdout_tail=out[-3000:],
-        stderr_tail=err[-3000:],
+        # (paths inside the checkout as the repository names them: the details file is committed)
+        stdout_tail=out[-3000:].replace(f"{REPO}/", ""),
+        stderr_tail=err[-3000:].replace(f"{REPO}/", ""),
         started_at=started_at,
     )
     if check and proc.returncode != 0:
