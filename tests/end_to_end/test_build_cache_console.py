@@ -57,6 +57,12 @@ def _env(tmp_path, **more) -> dict:
     return dict(os.environ, TMPDIR=str(logs), **more)
 
 
+def _sigint_default() -> None:
+    """preexec_fn: SIGINT at its default in the build, as a terminal starts it. A test run started with SIGINT
+    ignored (``&`` in a script) would pass that on, and the launcher rightly leaves Ctrl-C alone then."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _logs(tmp_path) -> list[str]:
     return glob.glob(str(tmp_path / "logs" / "chunkledger-build-*"))
 
@@ -212,7 +218,7 @@ def test_ctrl_c_prints_one_line_and_exits_130(corpus, tmp_path, runner):
     out = str(tmp_path / "cache")
     proc = subprocess.Popen(_argv(corpus, out, RUNNERS[runner]), cwd=REPO,
                             env=_env(tmp_path, CHUNKLEDGER_PROGRESS_INTERVAL="3600"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + BUILD_SECONDS
         sidecars = os.path.join(out, fmt.CHUNKS_DIR, "*", "chunk-*.json")
@@ -235,7 +241,8 @@ def test_ctrl_c_while_the_launcher_starts_prints_one_line(corpus, tmp_path):
     nothing left (the warm process, still importing, is stopped; its directory removed)."""
     out, trace_path = str(tmp_path / "cache"), str(tmp_path / "trace.jsonl")
     proc = subprocess.Popen(_argv(corpus, out, []), cwd=REPO, env=_env(tmp_path, CHUNKLEDGER_TRACE=trace_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + BUILD_SECONDS
         while proc.poll() is None and time.monotonic() < deadline and not (
