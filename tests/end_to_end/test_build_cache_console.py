@@ -63,6 +63,25 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _ctrl_c(argv: list[str], env: dict, ready) -> tuple[int, str, bytes, bool]:
+    """Start a build as a terminal does, press Ctrl-C (SIGINT to its process group) once ``ready()`` holds
+    (it may wait up to BUILD_SECONDS), and return its exit code, stderr, stdout and whether its whole process
+    group is gone."""
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, preexec_fn=_sigint_default)
+    try:
+        deadline = time.monotonic() + BUILD_SECONDS
+        while proc.poll() is None and time.monotonic() < deadline and not ready():
+            time.sleep(0.01)  # waiting for what the test interrupts
+        assert proc.poll() is None, "the build ended before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+        gone = _group_gone(proc.pid)
+    finally:
+        _kill_group(proc)
+    return proc.returncode, stderr.decode(), stdout, gone
+
+
 def _logs(tmp_path) -> list[str]:
     return glob.glob(str(tmp_path / "logs" / "chunkledger-build-*"))
 
@@ -216,21 +235,11 @@ def test_ctrl_c_prints_one_line_and_exits_130(corpus, tmp_path, runner):
     """SIGINT to the launcher's process group, as a terminal's Ctrl-C sends it: the workers (forked, or
     in-process) end quietly, and the launcher prints one line."""
     out = str(tmp_path / "cache")
-    proc = subprocess.Popen(_argv(corpus, out, RUNNERS[runner]), cwd=REPO,
-                            env=_env(tmp_path, CHUNKLEDGER_PROGRESS_INTERVAL="3600"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_sigint_default)
-    try:
-        deadline = time.monotonic() + BUILD_SECONDS
-        sidecars = os.path.join(out, fmt.CHUNKS_DIR, "*", "chunk-*.json")
-        while len(glob.glob(sidecars)) < 2 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)  # waiting for the workers' first chunks: they are busy with the rest
-        assert proc.poll() is None, "the build ended before it could be interrupted"
-        os.killpg(proc.pid, signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-        gone = _group_gone(proc.pid)
-    finally:
-        _kill_group(proc)
-    assert (proc.returncode, stderr.decode(), stdout) == (130, f"interrupted. {RERUN}\n", b"")
+    sidecars = os.path.join(out, fmt.CHUNKS_DIR, "*", "chunk-*.json")
+    code, stderr, stdout, gone = _ctrl_c(  # once the workers wrote their first chunks: busy with the rest
+        _argv(corpus, out, RUNNERS[runner]), _env(tmp_path, CHUNKLEDGER_PROGRESS_INTERVAL="3600"),
+        lambda: len(glob.glob(sidecars)) >= 2)
+    assert (code, stderr, stdout) == (130, f"interrupted. {RERUN}\n", b"")
     assert gone, "processes of the build outlived its launcher"
     assert json.load(open(os.path.join(out, fmt.LEDGER_NAME)))["finished"] is False  # interrupted mid-build
     assert glob.glob(str(tmp_path / "logs" / "chunkledger-*")) == []  # no log, no workers' or claims' directory
@@ -240,19 +249,8 @@ def test_ctrl_c_while_the_launcher_starts_prints_one_line(corpus, tmp_path):
     """Ctrl-C as soon as the warm process is started, while the launcher imports Beam: one line, 130, and
     nothing left (the warm process, still importing, is stopped; its directory removed)."""
     out, trace_path = str(tmp_path / "cache"), str(tmp_path / "trace.jsonl")
-    proc = subprocess.Popen(_argv(corpus, out, []), cwd=REPO, env=_env(tmp_path, CHUNKLEDGER_TRACE=trace_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=_sigint_default)
-    try:
-        deadline = time.monotonic() + BUILD_SECONDS
-        while proc.poll() is None and time.monotonic() < deadline and not (
-                os.path.exists(trace_path) and b"warm_process_started" in open(trace_path, "rb").read()):
-            time.sleep(0.01)  # waiting for the launcher's trace event
-        assert proc.poll() is None
-        os.killpg(proc.pid, signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-        gone = _group_gone(proc.pid)
-    finally:
-        _kill_group(proc)
-    assert (proc.returncode, stderr.decode(), stdout) == (130, f"interrupted. {RERUN}\n", b"")
+    code, stderr, stdout, gone = _ctrl_c(  # once the launcher traced that the warm process started
+        _argv(corpus, out, []), _env(tmp_path, CHUNKLEDGER_TRACE=trace_path),
+        lambda: os.path.exists(trace_path) and b"warm_process_started" in open(trace_path, "rb").read())
+    assert (code, stderr, stdout) == (130, f"interrupted. {RERUN}\n", b"")
     assert gone and glob.glob(str(tmp_path / "logs" / "chunkledger-*")) == []
