@@ -228,7 +228,7 @@ def _tokenizer_config(tok: TokenizerSpec) -> str | None:
     """The text of a Hugging Face tokenizer's tokenizer_config.json, None if it has none (or is tiktoken)."""
     if tok.kind != "huggingface":
         return None
-    from reader.format import tokenizer_files, tokenizer_lib
+    from reader.tokenizers import tokenizer_files, tokenizer_lib
 
     spec = tok.spec
     try:

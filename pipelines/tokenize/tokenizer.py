@@ -1,6 +1,6 @@
 """The builder's tokenizers: a spec resolved for the launcher and loaded in workers, and long documents cut.
 
-A spec (``--tokenizer``) is resolved by :mod:`reader.format.tokenizer_lib`, the one resolver (``tiktoken:NAME``,
+A spec (``--tokenizer``) is resolved by :mod:`reader.tokenizers.tokenizer_lib`, the one resolver (``tiktoken:NAME``,
 a ``tokenizer.json`` file or a directory holding one, local or remote; the reader decodes with the same
 module). This module adds what only a build needs:
 
@@ -45,9 +45,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from reader.format import tokenizer_lib
+from reader.tokenizers import tokenizer_lib
 from reader.format.tokenizer_id import hash_hf_json
-from reader.format.tokenizer_lib import EOS_CANDIDATES, Eos, TokenizerError  # noqa: F401
+from reader.tokenizers.tokenizer_lib import EOS_CANDIDATES, Eos, TokenizerError  # noqa: F401
 
 from pipelines.tokenize import hf_resolve_memo
 

@@ -9,7 +9,7 @@ import shlex
 import sys
 from typing import Iterable
 
-from reader.format import tokenizer_lib
+from reader.tokenizers import tokenizer_lib
 from reader.format.spec import FormatError
 from reader.interop.export import write_file
 from reader.options import ReadOptions

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from reader.format import spec as fmt
-from reader.format import tokenizer_lib
+from reader.tokenizers import tokenizer_lib
 from reader.mixture.quotas import QuotaIndex
 from reader.mixture.mixture import Mixture
 from reader.mixture.spec import is_mixture_path

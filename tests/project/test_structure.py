@@ -28,14 +28,15 @@ BASE_LIBRARIES = {"numpy", "pyarrow", "fsspec"}
 OWNED_LIBRARIES = {"jax": "reader.jax", "torch": "reader.torch", "zarr": "reader.interop.flat_tokens",
                    "numcodecs": "reader.interop.flat_tokens",
                    # the one tokenizer resolver; huggingface_hub only fetches a hub tokenizer's files for it
-                   "tiktoken": "reader.format.tokenizer_lib", "tiktoken_ext": "reader.format.tokenizer_lib",
-                   "tokenizers": "reader.format.tokenizer_lib", "huggingface_hub": "reader.format.tokenizer_files",
+                   "tiktoken": "reader.tokenizers.tokenizer_lib", "tiktoken_ext": "reader.tokenizers.tokenizer_lib",
+                   "tokenizers": "reader.tokenizers.tokenizer_lib", "huggingface_hub": "reader.tokenizers.tokenizer_files",
                    "matplotlib": "reader.report.page"}  # the report page's figures
-# What reader/ shares with pipelines/: the on-disk format, the global chunk order, opening a cache (the
-# export reads one), the atomic write every writer uses, the interop readers and writers both exports and
-# the importers use, and the command line's error messages. Everything else in reader/ is the reader's own.
-SHARED_WITH_PIPELINES = ("reader.format", "reader.order.streams", "reader.storage.cache", "reader.storage.atomic",
-                         "reader.storage.progress", "reader.interop", "reader.cli.support")
+# What reader/ shares with pipelines/: the on-disk format, the tokenizer resolver, the global chunk order,
+# opening a cache (the export reads one), the atomic write every writer uses, the interop readers and writers
+# both exports and the importers use, and the command line's error messages. Everything else in reader/ is the
+# reader's own.
+SHARED_WITH_PIPELINES = ("reader.format", "reader.tokenizers", "reader.order.streams", "reader.storage.cache",
+                         "reader.storage.atomic", "reader.storage.progress", "reader.interop", "reader.cli.support")
 # batch keys: a tuple or list literal naming several of them outside reader/batch/schema.py is a second schema
 SCHEMA_MODULE = "reader.batch.schema"
 SCHEMA_KEYS = {"inputs", "targets", "segment_ids", "positions", "loss_mask", "tokens", "first_positions",
@@ -249,7 +250,7 @@ def test_the_checks_fail_on_broken_code():
     assert sorted(private) == ["reader.a: b._x (private name of reader.b)", "reader.a: from reader.b import _helper"]
     assert reader_library_problems(bad) == [
         "reader.c:2: imports torch (only reader.torch may)",
-        "reader.c:5: imports tiktoken (only reader.format.tokenizer_lib may)",
+        "reader.c:5: imports tiktoken (only reader.tokenizers.tokenizer_lib may)",
         "reader.c:6: imports pipelines (reader/ needs numpy, pyarrow and fsspec only)"]
     bad["reader.order.examples"] = bad["reader.format.spec"] = bad["reader.format"] = bad["reader.order"] = ""
     assert shared_only(bad) == ["pipelines.plan imports reader.order.examples"]

@@ -14,7 +14,7 @@ import pytest
 
 from reader import ReadOptions
 from reader.cli.main import main
-from reader.format import tokenizer_lib
+from reader.tokenizers import tokenizer_lib
 from reader.report import collect as collect_mod
 from reader.report import page
 from reader.storage import progress as pg
