@@ -41,7 +41,7 @@ from apache_beam.metrics import Metrics
 from reader.cli import support as cli_support
 from reader.format import spec as fmt
 from reader.interop.export import ExportError, output_fs, output_location, remove_quietly
-from reader.storage import atomic
+from reader.storage import files
 from reader.interop.megatron import open_source
 
 from pipelines import faults, lock
@@ -71,7 +71,7 @@ def record_failure(directory: str, e: BaseException) -> None:
         return  # a bug: the runner's traceback is what helps
     try:
         fs, path = output_location(directory)
-        atomic.write(fs, f"{path}/{FAILED_NAME}",
+        files.write(fs, f"{path}/{FAILED_NAME}",
                      fmt.dumps({"message": cli_support.message(e), "exit_code": code}).encode())
     except Exception:  # noqa: BLE001 - e.g. a full disk: the runner's error still carries the message
         pass
@@ -250,7 +250,7 @@ def _prepare(fs, plan: ExportPlan, directory: str, state: str) -> None:
         for p in fs.ls(directory, detail=False) if fs.exists(directory) else []:
             if not p.rstrip("/").endswith("/" + lock.LOCK_NAME):
                 remove_quietly(fs, p)
-        atomic.write(fs, f"{directory}/{PLAN_NAME}", fmt.dumps(plan.to_json()).encode())
+        files.write(fs, f"{directory}/{PLAN_NAME}", fmt.dumps(plan.to_json()).encode())
     remove_quietly(fs, f"{directory}/{FAILED_NAME}")
 
 

@@ -1,5 +1,5 @@
 """File helpers on Beam's FileSystems (local paths and gs:// alike): atomic writes (the shared sequence of
-:mod:`reader.storage.atomic` over Beam's FileSystems), reads, line iteration.
+:mod:`reader.storage.files` over Beam's FileSystems), reads, line iteration.
 
 Paths are joined with :func:`reader.format.spec.join`, the one definition shared with the reader.
 """
@@ -16,9 +16,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from reader.format import spec as fmt
-from reader.storage import atomic
+from reader.storage import files
 
-TMP_PREFIX = atomic.TMP_PREFIX
+TMP_PREFIX = files.TMP_PREFIX
 # A JSON string, or an unterminated one up to the end: always matches, so the text is scanned once.
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.S)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
@@ -49,7 +49,7 @@ def read_bytes_or_none(path: str) -> bytes | None:
         raise
 
 
-class BeamStorage(atomic.Storage):
+class BeamStorage(files.Storage):
     """The atomic writes' operations over Beam's FileSystems: the builder's writes use the client and the
     credentials its reads use, on every runner (gcsfs is not needed on Flink or Spark workers)."""
 
@@ -69,13 +69,13 @@ BEAM = BeamStorage()
 
 def write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` under a temporary name in the same directory, then rename over ``path``
-    (:mod:`reader.storage.atomic`). A reader sees either no file or the complete file."""
-    atomic.write(BEAM, path, data)
+    (:mod:`reader.storage.files`). A reader sees either no file or the complete file."""
+    files.write(BEAM, path, data)
 
 
 def write_atomic_stream(path: str, source: BinaryIO, block: int = 1 << 20) -> None:
     """:func:`write_atomic` with the content copied from a readable binary file, block by block."""
-    atomic.write_stream(BEAM, path, source, block)
+    files.write_stream(BEAM, path, source, block)
 
 
 def delete_if_exists(path: str) -> None:

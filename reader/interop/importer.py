@@ -29,8 +29,8 @@ from reader.format import spec as fmt
 from reader.format import tokenizer_id
 from reader.interop import tokenizer_from
 from reader.format.chunk_file import ChunkParquet, flat_row_group_table, ledger_chunks, make_sidecar
-from reader.storage import atomic
-from reader.storage.atomic import TMP_PREFIX, remove_quietly
+from reader.storage import files
+from reader.storage.files import TMP_PREFIX, remove_quietly
 from reader.interop.export import output_fs, output_location
 from reader.order.streams import round_robin_order
 
@@ -210,8 +210,8 @@ def write_chunk(fs, root: str, src: Source, shard: int, k: int, docs: tuple[int,
     cb = int(config["chunk_bytes"])
     sidecar = make_sidecar(shard=shard, index_in_shard=k, byte_range=[k * cb, min((k + 1) * cb, src.size)],
                            data=data, row_group_index=rg_index, footer=footer, docs=b - a, tokens=int(values.size))
-    atomic.write(fs, fmt.join(root, fmt.chunk_path(shard, k)), data)
-    atomic.write(fs, fmt.join(root, fmt.sidecar_path(shard, k)), fmt.sidecar_bytes(sidecar))
+    files.write(fs, fmt.join(root, fmt.chunk_path(shard, k)), data)
+    files.write(fs, fmt.join(root, fmt.sidecar_path(shard, k)), fmt.sidecar_bytes(sidecar))
     return sidecar
 
 
@@ -266,7 +266,7 @@ def write_cache(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
             return old
     elif fs.exists(root) and fs.ls(root):
         raise ImportFailed(f"{out} exists, is not empty and holds no ledger.json; choose an empty or new --out")
-    atomic.write(fs, ledger_path, fmt.dumps_ledger(ledger).encode())
+    files.write(fs, ledger_path, fmt.dumps_ledger(ledger).encode())
     jobs = []
     for shard, src in enumerate(sources):
         bounds = chunk_doc_bounds(src, config["chunk_bytes"])
@@ -285,5 +285,5 @@ def write_cache(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
         "docs": sum(c["docs"] for c in chunks), "tokens": sum(c["tokens"] for c in chunks), "chunks": len(chunks),
         "bytes": sum(c["bytes"] for c in chunks), "input_bytes": sum(i["size"] for i in inputs),
         "uncompressed_bytes": sum(i["size"] for i in inputs), "bad_records": 0})
-    atomic.write(fs, ledger_path, fmt.dumps_ledger(ledger).encode())
+    files.write(fs, ledger_path, fmt.dumps_ledger(ledger).encode())
     return ledger

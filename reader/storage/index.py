@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
-from reader.storage import atomic, remote
+from reader.storage import files, remote
 from reader.storage.cache import Cache
 from reader.storage.chunk import DocIndex
 from reader.storage.pages import int_values
@@ -156,7 +156,7 @@ class ExampleIndex:
                 doc["dropped"] = [list(self._dropped.get(h, (0, 0))) for h in table.checksums]
             body = fmt.dumps(doc).encode()
             try:
-                atomic.write(cache.fs, cache.path(rel), body)  # a concurrent reader sees the old or the new file
+                files.write(cache.fs, cache.path(rel), body)  # a concurrent reader sees the old or the new file
             except Exception:  # read-only cache: keep the table in memory only
                 pass
         return counts

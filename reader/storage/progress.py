@@ -18,7 +18,6 @@ between the first and the last file. :func:`rate`, :func:`summarize` and :func:`
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import os
 import re
@@ -30,6 +29,7 @@ import numpy as np
 
 from reader.format import spec as fmt
 from reader.storage.cache import Cache
+from reader.storage.files import mtime
 
 # the builder's lock and its verdict when it stopped (docs/FORMAT.md, "Layout")
 LOCK_NAME = "_BUILDING.json"
@@ -180,24 +180,6 @@ def finished_progress(cache: Cache) -> Progress:
                     documents=int(t.docs.sum()), tokens=int(t.tokens.sum()), bad_records=sum(reasons.values()),
                     bad_reasons=reasons, bytes_per_s=None, tokens_per_s=None, chunks_per_s=None, eta_s=0.0,
                     last_write_age_s=None, rate_chunks=0)
-
-
-def mtime(info: Mapping[str, Any]) -> float | None:
-    """A listing entry's modification time in seconds since the epoch (local files, Cloud Storage, S3)."""
-    for key in ("mtime", "updated", "LastModified", "last_modified", "created"):
-        v = info.get(key)
-        if v is None:
-            continue
-        if isinstance(v, (int, float)):
-            return float(v)
-        if isinstance(v, str):
-            try:
-                v = datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
-            except ValueError:
-                continue
-        if isinstance(v, datetime.datetime):
-            return (v if v.tzinfo else v.replace(tzinfo=datetime.timezone.utc)).timestamp()
-    return None
 
 
 def _json_or_none(cache: Cache, rel: str) -> dict | None:

@@ -5,7 +5,7 @@
     python tests/support/kill_at.py N:pause         [...]
 
 Every atomic write of the builder ends in one rename of its temporary file (``.tmp-*``) onto the final
-name: ``reader.storage.atomic.publish``, the last step of every atomic write in the project, called with
+name: ``reader.storage.files.publish``, the last step of every atomic write in the project, called with
 the builder's Beam storage (``pipelines.inputs.fsutil.BEAM``; the local memo caches of tokenizer checks
 use another and are not counted). :func:`kill_at_write` wraps it in this process (the launcher, and the
 workers of an in-process runner such as FnApiRunner) and kills the process at the N-th such rename
@@ -35,9 +35,9 @@ def kill_at_write(point: str) -> None:
     if n < 1 or stage not in STAGES:
         raise ValueError(f"kill point {point!r}: expected N:{'|'.join(STAGES)} with N >= 1")
     from pipelines.inputs.fsutil import BEAM
-    from reader.storage import atomic
+    from reader.storage import files
 
-    real_publish = atomic.publish
+    real_publish = files.publish
     writes = 0
     lock = threading.Lock()  # an in-process runner publishes from several threads
 
@@ -45,7 +45,7 @@ def kill_at_write(point: str) -> None:
         nonlocal writes
         if fs is not BEAM:
             return real_publish(fs, tmp, path)
-        assert posixpath.basename(tmp).startswith(atomic.TMP_PREFIX), tmp
+        assert posixpath.basename(tmp).startswith(files.TMP_PREFIX), tmp
         with lock:
             writes += 1
             hit = writes == n
@@ -58,7 +58,7 @@ def kill_at_write(point: str) -> None:
         if hit and stage == "after_rename":
             os.kill(os.getpid(), signal.SIGKILL)
 
-    atomic.publish = publish
+    files.publish = publish
 
 
 if __name__ == "__main__":

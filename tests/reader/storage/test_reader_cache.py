@@ -197,9 +197,9 @@ def test_read_only_cache_keeps_the_unpacked_index_in_memory(tmp, monkeypatch):
     def refuse(*a, **k):
         raise PermissionError("read-only file system")
 
-    from reader.storage import atomic
+    from reader.storage import files
 
-    monkeypatch.setattr(atomic, "write", refuse)  # every write goes through it (root ignores chmod)
+    monkeypatch.setattr(files, "write", refuse)  # every write goes through it (root ignores chmod)
     with Reader(c, ReadOptions(seq_len=5, batch_size=2, packed=False, ideal_readers=2)) as r:
         x = r.batch(0)
         assert x["valid"].all() and x["loss_mask"].any()
