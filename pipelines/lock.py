@@ -33,14 +33,12 @@ import socket
 import time
 import uuid
 
-from apache_beam.io.filesystems import FileSystems
-
 from reader.format import spec as fmt
 from reader.storage.progress import holder_alive, start_ticks
 
-from pipelines.inputs import fsutil
+from pipelines import filesystem
 from pipelines.errors import BuildError
-from pipelines.options import is_remote
+from pipelines.filesystem import is_remote
 
 LOCK_NAME = "_BUILDING.json"
 HALF_WRITTEN_SECONDS = 10  # gs://: an unreadable lock younger than this is being written by another launcher
@@ -97,9 +95,9 @@ class BuildLock:
                 os.close(fd)
             return
         try:
-            raw = fsutil.read_bytes_or_none(self.path)
+            raw = filesystem.read_or_none(self.path)
             if raw is not None and json.loads(raw).get("token") == self.token:
-                fsutil.delete_if_exists(self.path)
+                filesystem.BEAM.remove(self.path)
         except Exception:  # noqa: BLE001 - never mask the build's own outcome; a stale lock is taken over later
             pass
 
@@ -230,26 +228,26 @@ def _acquire_by_record(output: str, token: str) -> BuildLock:
 
 
 def _read(path: str) -> dict | None:
-    return _parse(fsutil.read_bytes_or_none(path))
+    return _parse(filesystem.read_or_none(path))
 
 
 def _older_than(path: str, seconds: float) -> bool:
     try:
-        m = FileSystems.match([path])[0].metadata_list[0]
+        m = filesystem.BEAM.list(path)[0]
     except Exception:  # noqa: BLE001 - gone meanwhile
         return True
-    return not m.last_updated_in_seconds or time.time() - m.last_updated_in_seconds > seconds
+    return not m.mtime or time.time() - m.mtime > seconds
 
 
 def _remove_stale(path: str) -> None:
-    fsutil.delete_if_exists(path)
+    filesystem.BEAM.remove(path)
 
 
 def _create(path: str, body: bytes) -> bool:
     """Create the lock object unless it exists (False then)."""
-    if FileSystems.exists(path):
+    if filesystem.BEAM.exists(path):
         return False
-    f = FileSystems.create(path, mime_type="application/json")
+    f = filesystem.BEAM.create(path)
     try:
         f.write(body)
     finally:

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.errors import BuildError
+from pipelines.filesystem import absolute
 from pipelines.inputs import keys
 from pipelines.plan import DEFAULT_MAX_DOC_BYTES, MAX_JSON_DEPTH, ChunkConfig
 from pipelines.runners.choice import runner_args
@@ -257,15 +258,6 @@ class Arguments:
     options: argparse.Namespace
     pipeline_args: list[str]
     output: str  # --output as an absolute path (or a URL, unchanged)
-
-
-def is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def absolute(path: str) -> str:
-    """A local path made absolute (``~`` expanded); a URL such as ``gs://...`` unchanged."""
-    return path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
 
 
 def beam_parser(pipeline_args: Sequence[str] = ()) -> argparse.ArgumentParser:

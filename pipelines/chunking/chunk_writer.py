@@ -20,13 +20,16 @@ from typing import Any, Callable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reader.format import checks
 from reader.format import spec as fmt
 from reader.format.chunk_file import loss_tokens, make_sidecar
 
 from pipelines.chunking.records import (BAD_REASONS, dead_letter, has_lone_surrogate, parse_line,  # noqa: F401
                                      parse_line_json, parse_record)
 from pipelines.chunking.splits import SplitRouter, SplitSpec, cache_roots
-from pipelines.inputs import fsutil, rows
+from pipelines import filesystem
+from pipelines.inputs import rows
+from pipelines.inputs.lines import LONG_LINE_HEAD, LongLine, SpanHasher
 from pipelines.inputs.rows import Record, SupervisedRecord
 from pipelines.chunking.supervised import Supervised, canonical
 from pipelines.plan import MAX_JSON_DEPTH
@@ -54,7 +57,7 @@ class ChunkBuilder:
     """Accumulates the records of chunk ``index`` of a shard and writes it.
 
     Call :meth:`take` for each record in input order: a JSON record's bytes (a line, or an array element; a
-    :class:`~pipelines.inputs.fsutil.LongLine` or anything with ``head`` and ``len`` for one streamed past
+    :class:`~pipelines.inputs.LongLine` or anything with ``head`` and ``len`` for one streamed past
     as over-long) at its byte offset, or a columnar row's :class:`~pipelines.inputs.rows.Record` (its row
     number is its position); then :meth:`write` with what the record source read (the chunk's
     ``input_span`` and ``input_checksum``). It writes dead letters, the Parquet file and the sidecar (each
@@ -87,7 +90,7 @@ class ChunkBuilder:
         self.eos_id = eos_id if config["append_eos"] else None
         self.counters = counters or Counters()
         self.expect = expect
-        self.span = fsutil.SpanHasher()  # add() / finish(): the lines of a byte range
+        self.span = SpanHasher()  # add() / finish(): the lines of a byte range
         self.bad_buffer: list[tuple[int, bytes]] = []  # (position, dead-letter JSON line), not yet spooled
         self.bad_spool = None  # SpooledTemporaryFile of sorted dead-letter lines (memory stays bounded)
         self.bad_reasons: collections.Counter = collections.Counter()
@@ -104,7 +107,7 @@ class ChunkBuilder:
         self.routed: dict[int, int] = {}  # position -> cache index of each pending document not in the first cache
 
     # -- records ----------------------------------------------------------------------------------
-    def add(self, offset: int, raw: bytes | fsutil.LongLine) -> None:
+    def add(self, offset: int, raw: bytes | LongLine) -> None:
         """Take the line at ``offset``, hashing it into :attr:`span` (a LongLine is hashed as it streams)."""
         self.span.add(offset, raw)
         self.take(offset, raw)
@@ -131,7 +134,7 @@ class ChunkBuilder:
                     self._bad(pos, dead_letter(self.input_path, self.shard, pos, reason, detail, record))
             else:  # streamed past by its reader: only its first bytes are here
                 text = None
-                head = record[:fsutil.LONG_LINE_HEAD] if type(record) is bytes else record.head
+                head = record[:LONG_LINE_HEAD] if type(record) is bytes else record.head
                 self._bad(pos, dead_letter(self.input_path, self.shard, pos, "too_long",
                                            f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size))
         if text is None:
@@ -175,7 +178,7 @@ class ChunkBuilder:
             form = canonical(item)
             size = len(form.encode("utf-8", "surrogatepass"))
             if self.max_bytes is not None and size > self.max_bytes:
-                head = form.encode("utf-8", "surrogatepass")[:fsutil.LONG_LINE_HEAD].decode("utf-8", "ignore")
+                head = form.encode("utf-8", "surrogatepass")[:LONG_LINE_HEAD].decode("utf-8", "ignore")
                 letter = rows.supervised_dead_letter(self.input_path, self.shard, record, "too_long",
                                                      f"{size} bytes, over max_doc_bytes {self.max_bytes}", head)
                 self._bad(pos, {**letter, "size": size})
@@ -188,7 +191,7 @@ class ChunkBuilder:
             if reason is not None:
                 self._bad(pos, dead_letter(self.input_path, self.shard, pos, reason, detail, record))
         else:  # streamed past by its reader: only its first bytes are here
-            head = record[:fsutil.LONG_LINE_HEAD] if type(record) is bytes else record.head
+            head = record[:LONG_LINE_HEAD] if type(record) is bytes else record.head
             self._bad(pos, dead_letter(self.input_path, self.shard, pos, "too_long",
                                        f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size))
         if item is None:
@@ -299,13 +302,13 @@ class ChunkBuilder:
             self.expect(tuple(sidecars))
         if self.bad_spool is not None:
             self.bad_spool.seek(0)
-            fsutil.write_atomic_stream(fmt.join(self.roots[0], dl_rel), self.bad_spool)
+            filesystem.write_atomic_stream(fmt.join(self.roots[0], dl_rel), self.bad_spool)
             self.bad_spool.close()
             self.bad_spool = None
         rel = fmt.chunk_path(self.shard, self.index)
         for root, data, sidecar in zip(self.roots, files, sidecars):
-            fsutil.write_atomic(fmt.join(root, rel), data)
-            fsutil.write_atomic(fmt.join(root, fmt.sidecar_path(self.shard, self.index)), fmt.sidecar_bytes(sidecar))
+            filesystem.write_atomic(fmt.join(root, rel), data)
+            filesystem.write_atomic(fmt.join(root, fmt.sidecar_path(self.shard, self.index)), fmt.sidecar_bytes(sidecar))
         self._count(sidecars, files)
         return tuple(sidecars)
 
@@ -364,16 +367,16 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: Sequence[int] | 
     sha256 and line count; in a ``masked`` cache, the sidecar's ``loss_tokens`` and the loss spans. The input
     bytes are the caller's to check (the sidecar's ``input_span`` and ``input_checksum``).
     """
-    raw = fsutil.read_bytes_or_none(fmt.join(root, fmt.sidecar_path(shard, index)))
+    raw = filesystem.read_or_none(fmt.join(root, fmt.sidecar_path(shard, index)))
     if raw is None:
-        present = fsutil.exists(fmt.join(root, fmt.chunk_path(shard, index)))
+        present = filesystem.BEAM.exists(fmt.join(root, fmt.chunk_path(shard, index)))
         return ChunkCheck(None, None, "sidecar missing" if present else "absent")
 
     def bad(problem: str) -> ChunkCheck:
         return ChunkCheck(None, None, problem)
 
     try:
-        sidecar = fsutil.load_json(raw)
+        sidecar = checks.load_json(raw, checks.STATUS_JSON_DEPTH)
     except ValueError:
         return bad("sidecar is not valid JSON")
     if not isinstance(sidecar, dict) or sidecar.get("path") != fmt.chunk_path(shard, index):
@@ -387,7 +390,7 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: Sequence[int] | 
     if row_range is not None and sidecar.get("row_range") != list(row_range):
         return bad("sidecar has another row range")
     path = fmt.join(root, sidecar["path"])
-    data = fsutil.read_bytes_or_none(path)
+    data = filesystem.read_or_none(path)
     if data is None:
         return bad("Parquet file missing")
     if len(data) != sidecar["bytes"] or fmt.checksum(data) != sidecar["checksum"]:
@@ -421,6 +424,6 @@ def _dead_letters_intact(root: str, sidecar: Mapping[str, Any]) -> bool:
         return bad == 0 and sidecar["dead_letters_checksum"] is None
     if rel != fmt.dead_letter_path(sidecar["shard"], sidecar["index_in_shard"]):
         return False
-    data = fsutil.read_bytes_or_none(fmt.join(root, rel))
+    data = filesystem.read_or_none(fmt.join(root, rel))
     return (data is not None and fmt.checksum(data) == sidecar["dead_letters_checksum"]
             and data.count(b"\n") == bad)

@@ -49,7 +49,8 @@ from pipelines.errors import BuildError, EnvironmentFault
 from pipelines.export.finalize import finalize, join_method
 from pipelines.export.parts import FAILED_NAME, PLAN_NAME, PartResult, PartWriter, parts_dir, read_json
 from pipelines.export.layout import ExportPlan, PartSpec, make_plan
-from pipelines.options import absolute, beam_parser, parse_size, pipeline_options
+from pipelines.filesystem import absolute
+from pipelines.options import beam_parser, parse_size, pipeline_options
 
 METRICS_NAMESPACE = "chunkledger"
 DEFAULT_PART_BYTES = 256 << 20

@@ -37,9 +37,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from reader.format import spec as fmt
 
-from pipelines.inputs import fsutil
+from pipelines import filesystem
+from pipelines.filesystem import is_remote
 from pipelines.inputs.decompress import open_raw
-from pipelines.options import is_remote
 from pipelines.plan import COMPRESSION_RATIO_GUESS, BuildPlan, InputFile
 from pipelines.chunking.splits import cache_roots
 
@@ -193,7 +193,7 @@ class Scanner:
 
     def _read(self, path: str) -> bytes | None:
         if self.remote:
-            return fsutil.read_bytes_or_none(path)
+            return filesystem.read_or_none(path)
         try:
             with open(path, "rb") as f:
                 return f.read()

@@ -49,9 +49,9 @@ def package_digest(module) -> str:
 @functools.lru_cache(maxsize=None)
 def _tree_digest(root: str) -> str:
     h = hashlib.sha256()
-    for d, dirs, files in os.walk(root):
+    for d, dirs, names in os.walk(root):
         dirs[:] = sorted(x for x in dirs if x != "__pycache__")
-        for name in sorted(files):
+        for name in sorted(names):
             if not name.endswith((".pyc", ".pyo")):
                 path = os.path.join(d, name)
                 with open(path, "rb") as f:

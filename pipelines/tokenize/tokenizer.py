@@ -154,10 +154,9 @@ class TokenizerSpec:
         """HF: the tokenizer's JSON, from the spec or from :attr:`payload_path` (checked against the hash)."""
         payload = self.payload
         if not payload and self.payload_path:
-            from apache_beam.io.filesystems import FileSystems
+            from pipelines.filesystem import BEAM
 
-            with FileSystems.open(self.payload_path) as f:
-                payload = f.read().decode("utf-8")
+            payload = BEAM.read(self.payload_path).decode("utf-8")
             if hash_hf_json(payload) != self.hash:
                 raise TokenizerError(f"{self.payload_path}: tokenizer JSON does not match hash {self.hash}")
         return payload
@@ -248,12 +247,9 @@ def warn_if_guessed(tok: TokenizerSpec) -> None:
 
 def _read_remote(path: str) -> bytes | None:
     """The bytes of a file on any Beam filesystem (a Dataflow launch reads gs:// as the build does), or None."""
-    from apache_beam.io.filesystems import FileSystems
+    from pipelines.filesystem import read_or_none
 
-    if not FileSystems.exists(path):
-        return None
-    with FileSystems.open(path, compression_type="uncompressed") as f:
-        return f.read()
+    return read_or_none(path)
 
 
 def _auto_tokenizer(spec: str, eos: str | int | None, hub: bool) -> TokenizerSpec:

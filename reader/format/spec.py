@@ -59,6 +59,7 @@ LEDGER_NAME = "ledger.json"
 CHUNKS_DIR = "chunks"
 BAD_DIR = "bad"
 SHARD_DONE_NAME = "_DONE.json"
+TMP_PREFIX = ".tmp-"  # a file being written, or a crashed writer's leftover: readers ignore it
 
 # A split build (``--validation_fraction``): ``OUTPUT/splits.json`` names the two caches, each a complete
 # cache in its own directory (docs/FORMAT.md, "Split builds"). The manifest has its own format version.
@@ -154,6 +155,11 @@ def dead_letter_path(shard: int, index_in_shard: int) -> str:
 
 def join(root: str, rel: str) -> str:
     return root.rstrip("/") + "/" + rel
+
+
+def temp_patterns(root: str) -> tuple[str, ...]:
+    """Glob patterns of every place in the cache at ``root`` where a writer leaves temporary files."""
+    return tuple(join(root, f"{d}{TMP_PREFIX}*") for d in ("", f"{CHUNKS_DIR}/*/", f"{BAD_DIR}/*/"))
 
 
 def compression_of(path: str) -> str:

@@ -30,7 +30,7 @@ from reader.format import tokenizer_id
 from reader.interop import tokenizer_from
 from reader.format.chunk_file import ChunkParquet, flat_row_group_table, ledger_chunks, make_sidecar
 from reader.storage import files
-from reader.storage.files import TMP_PREFIX, remove_quietly
+from reader.storage.files import remove_quietly
 from reader.interop.export import output_fs, output_location
 from reader.order.streams import round_robin_order
 
@@ -275,7 +275,7 @@ def write_cache(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
         futures = {(s, k): pool.submit(write_chunk, fs, root, sources[s], s, k, docs, tokenizer, config)
                    for s, k, docs in jobs}
         sidecars = {key: f.result() for key, f in futures.items()}
-    stale = fs.glob(fmt.join(root, f"{fmt.CHUNKS_DIR}/*/{TMP_PREFIX}*")) + fs.glob(fmt.join(root, TMP_PREFIX + "*"))
+    stale = [tmp for pattern in fmt.temp_patterns(root) for tmp in fs.glob(pattern)]
     for tmp in stale:  # left by an interrupted run
         remove_quietly(fs, tmp)
     order = round_robin_order([inp["chunks"] for inp in ledger["inputs"]])

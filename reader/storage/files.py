@@ -29,7 +29,8 @@ import posixpath
 import uuid
 from typing import Any, BinaryIO, Callable, Mapping, NamedTuple, Sequence
 
-TMP_PREFIX = ".tmp-"
+from reader.format.spec import TMP_PREFIX
+
 BLOCK = 1 << 20
 
 

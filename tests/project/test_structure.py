@@ -7,7 +7,7 @@ dependency needs to be installed):
   module; numpy, pyarrow and fsspec anywhere, each optional library in the one module that owns it;
 - pipelines/ imports from reader/ only the modules reader shares with it (docs/ARCHITECTURE.md);
 - the batch schema is defined once;
-- no module over 450 lines, no folder over 12 modules.
+- no module over 450 lines, no folder over 13 modules.
 
 The last test feeds the checks broken code to show that they fail then.
 """
@@ -21,7 +21,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGES = ("reader", "pipelines")
 MAX_LINES = 450
-MAX_MODULES_PER_FOLDER = 12
+MAX_MODULES_PER_FOLDER = 13
 # Third-party modules reader/ may import (everything else must be the standard library): its base install
 # anywhere, and each optional library in the one module that owns it.
 BASE_LIBRARIES = {"numpy", "pyarrow", "fsspec"}

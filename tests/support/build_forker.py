@@ -35,7 +35,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _notify_at(n: int, fd: int) -> None:
     """In the child: write one byte to ``fd`` when the N-th atomic write of the build is published."""
-    from pipelines.inputs.fsutil import BEAM
+    from pipelines.filesystem import BEAM
     from reader.storage import files
 
     real, seen = files.publish, [0]

@@ -6,7 +6,7 @@
 
 Every atomic write of the builder ends in one rename of its temporary file (``.tmp-*``) onto the final
 name: ``reader.storage.files.publish``, the last step of every atomic write in the project, called with
-the builder's Beam storage (``pipelines.inputs.fsutil.BEAM``; the local memo caches of tokenizer checks
+the builder's Beam storage (``pipelines.inputs.filesystem.BEAM``; the local memo caches of tokenizer checks
 use another and are not counted). :func:`kill_at_write` wraps it in this process (the launcher, and the
 workers of an in-process runner such as FnApiRunner) and kills the process at the N-th such rename
 (1-based): just before it (the temporary file is left behind) or just after
@@ -34,7 +34,7 @@ def kill_at_write(point: str) -> None:
     n = int(n_text)
     if n < 1 or stage not in STAGES:
         raise ValueError(f"kill point {point!r}: expected N:{'|'.join(STAGES)} with N >= 1")
-    from pipelines.inputs.fsutil import BEAM
+    from pipelines.filesystem import BEAM
     from reader.storage import files
 
     real_publish = files.publish

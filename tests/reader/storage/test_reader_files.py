@@ -2,7 +2,7 @@
 
 Local files and a non-local fsspec store (``memory://``, whose rename is fsspec's ``mv``) alike; gs:// is
 covered end to end against an emulator in tests/end_to_end/test_gcs.py. The builder's backend over Beam's
-FileSystems is checked in tests/pipelines/inputs/test_pipelines_fsutil.py.
+FileSystems is checked in tests/pipelines/test_pipelines_filesystem.py.
 """
 
 from __future__ import annotations
