@@ -39,13 +39,13 @@ class BeamStorage(files.Storage):
         with self.open(path) as f:
             return f.read()
 
-    def read_range(self, path: str, start: int, end: int) -> bytes:
+    def read_range(self, path: str, start: int, end: int | None) -> bytes:
         with self.open(path) as f:
             f.seek(start)
-            return f.read(end - start)
+            return f.read() if end is None else f.read(end - start)
 
     def size(self, path: str) -> int:
-        found = self.list(path)
+        found = self.match(path)
         if not found:
             raise FileNotFoundError(path)
         return found[0].size
@@ -53,7 +53,13 @@ class BeamStorage(files.Storage):
     def exists(self, path: str) -> bool:
         return FileSystems.exists(path)
 
-    def list(self, pattern: str) -> list[Entry]:
+    def list(self, directory: str) -> list[Entry]:
+        try:
+            return self.match(fmt.join(directory, "*"))
+        except Exception:  # noqa: BLE001 - Beam raises when nothing matches on some filesystems
+            return []
+
+    def match(self, pattern: str) -> list[Entry]:
         found = FileSystems.match([pattern])[0].metadata_list
         return [Entry(m.path, m.size_in_bytes, m.last_updated_in_seconds or None) for m in found]
 
@@ -105,7 +111,7 @@ def remove_temp_files(root: str, older_than: float | None = None) -> int:
       older_than: a Unix time; only files last modified before it are deleted, so a build running
         concurrently into the same root keeps the temporary files it is writing.
     """
-    paths = [e.path for pattern in fmt.temp_patterns(root) for e in BEAM.list(pattern)
+    paths = [e.path for pattern in fmt.temp_patterns(root) for e in BEAM.match(pattern)
              if older_than is None or not e.mtime or e.mtime < older_than]
     if paths:
         try:
@@ -118,6 +124,6 @@ def remove_temp_files(root: str, older_than: float | None = None) -> int:
 def list_sizes(pattern: str) -> dict[str, int]:
     """``path -> size`` of every file matching ``pattern`` (empty if none)."""
     try:
-        return {e.path: e.size for e in BEAM.list(pattern)}
+        return {e.path: e.size for e in BEAM.match(pattern)}
     except Exception:  # noqa: BLE001 - Beam raises when nothing matches on some filesystems
         return {}

@@ -233,7 +233,7 @@ def _read(path: str) -> dict | None:
 
 def _older_than(path: str, seconds: float) -> bool:
     try:
-        m = filesystem.BEAM.list(path)[0]
+        m = filesystem.BEAM.match(path)[0]
     except Exception:  # noqa: BLE001 - gone meanwhile
         return True
     return not m.mtime or time.time() - m.mtime > seconds

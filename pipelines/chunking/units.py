@@ -161,7 +161,7 @@ class UnitBuilder:
 
     @staticmethod
     def _check_unchanged(unit: WorkUnit) -> None:
-        size = next((e.size for e in filesystem.BEAM.list(unit.path)), None)
+        size = next((e.size for e in filesystem.BEAM.match(unit.path)), None)
         if size != unit.size:
             raise BuildError(f"input file {unit.path} changed during the build (planned size {unit.size}, "
                              f"now {size}); inputs must not change while a cache is built into the same --output")

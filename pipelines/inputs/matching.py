@@ -110,7 +110,7 @@ def _saved_dataset(pattern: str, given: str) -> list[tuple[str, int]] | None:
         raise BuildError(f"--input {given!r}: its state.json lists its .arrow files out of name order, and "
                          "shards follow the order of their names; pass the files as --input in the order wanted")
     if is_remote(pattern):
-        sizes = {e.path: e.size for p in paths for e in BEAM.list(p)}
+        sizes = {e.path: e.size for p in paths for e in BEAM.match(p)}
         return [(p, sizes[p]) for p in paths]
     return [(p, os.path.getsize(p)) for p in paths]
 
@@ -132,7 +132,7 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
             res = saved
         elif is_remote(full):
             try:
-                res = [(e.path, e.size) for e in BEAM.list(full)]
+                res = [(e.path, e.size) for e in BEAM.match(full)]
             except Exception as e:  # BeamIOError for unreadable buckets, bad patterns
                 raise BuildError(f"--input {pat!r}: cannot list files ({e})") from e
         else:

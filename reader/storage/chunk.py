@@ -184,7 +184,7 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
 def _size_problem(cache: Cache, rel: str, size: int, f_off: int, f_len: int, got: int) -> str:
     """A short or long read of the footer: the file's real size (one more request, on this error path only)."""
     try:
-        actual = int(cache.fs.size(cache.path(rel)))
+        actual = cache.storage.size(cache.path(rel))
     except Exception:  # noqa: BLE001 - the size is a detail of the message
         actual = f_off + got if 0 < got < f_len else None
     if actual is not None and actual != size:

@@ -3,11 +3,12 @@ atomic write every writer uses (the builder, the importers, the exports, the rea
 
 A :class:`Storage` is a small interface: a file's bytes (:meth:`~Storage.read`), a byte range of them
 (:meth:`~Storage.read_range`), a file to read as a stream (:meth:`~Storage.open`), its size, whether it
-exists, what a pattern matches (:meth:`~Storage.list`), a rename, and the atomic write (:func:`write`) over
+exists, what a directory holds (:meth:`~Storage.list`) and a pattern matches (:meth:`~Storage.match`), a
+rename, and the atomic write (:func:`write`) over
 :meth:`~Storage.create`, :meth:`~Storage.rename` and :meth:`~Storage.remove`. Two adapters serve it:
 :class:`FsspecStorage` here (local paths and every fsspec URL: the reader, the importers, the exports, the
 builder's columnar inputs) and the builder's ``BeamStorage`` over Beam's FileSystems
-(``pipelines/storage.py``), so the builder's writes use the client and credentials its reads use on every
+(``pipelines/filesystem.py``), so the builder's writes use the client and credentials its reads use on every
 runner. :class:`RangeFile` hands pyarrow a file made only of byte ranges already read.
 
 The atomic write: the content is written under a temporary name in the file's own directory
@@ -49,8 +50,8 @@ class Storage:
         """The file's bytes; a missing file raises ``FileNotFoundError``."""
         raise NotImplementedError
 
-    def read_range(self, path: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of the file (fewer at its end)."""
+    def read_range(self, path: str, start: int, end: int | None) -> bytes:
+        """Bytes ``[start, end)`` of the file (fewer at its end; to its end if ``end`` is None)."""
         raise NotImplementedError
 
     def read_many(self, paths: Sequence[str]) -> dict[str, bytes]:
@@ -74,8 +75,13 @@ class Storage:
     def exists(self, path: str) -> bool:
         raise NotImplementedError
 
-    def list(self, pattern: str) -> list[Entry]:
-        """The files ``pattern`` matches (``*`` within one path segment); none is an empty list."""
+    def list(self, directory: str) -> list[Entry]:
+        """What is directly in ``directory`` (subdirectories too, where a store has them); none if it is not
+        there. One listing: a prefix listing on object stores, however many files lie deeper."""
+        raise NotImplementedError
+
+    def match(self, pattern: str) -> list[Entry]:
+        """The files a glob ``pattern`` matches (``*`` within one path segment); none is an empty list."""
         raise NotImplementedError
 
     def create(self, path: str) -> BinaryIO:
@@ -128,7 +134,7 @@ class FsspecStorage(Storage):
     def read(self, path: str) -> bytes:
         return self.fs.cat_file(path)
 
-    def read_range(self, path: str, start: int, end: int) -> bytes:
+    def read_range(self, path: str, start: int, end: int | None) -> bytes:
         return self.fs.cat_file(path, start=start, end=end)
 
     def read_many(self, paths: Sequence[str]) -> dict[str, bytes]:
@@ -153,11 +159,15 @@ class FsspecStorage(Storage):
     def exists(self, path: str) -> bool:
         return bool(self.fs.exists(path))
 
-    def list(self, pattern: str) -> list[Entry]:
+    def list(self, directory: str) -> list[Entry]:
         try:
-            found = self.fs.glob(pattern, detail=True)
-        except FileNotFoundError:
+            found = self.fs.ls(directory, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
             return []
+        return [Entry(str(info["name"]), info.get("size"), mtime(info)) for info in found]
+
+    def match(self, pattern: str) -> list[Entry]:
+        found = self.fs.glob(pattern, detail=True)
         return [Entry(str(info.get("name", p)), info.get("size"), mtime(info)) for p, info in found.items()
                 if info.get("type") != "directory"]
 

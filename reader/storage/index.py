@@ -133,7 +133,7 @@ class ExampleIndex:
         best_fit = self.kind == "best_fit"
         if cache.complete and self.index_cache and not self._counts:
             try:
-                got = fmt.load_json(cache.fs.cat_file(cache.path(rel)))
+                got = fmt.load_json(cache.storage.read(cache.path(rel)))
                 if got.get("fingerprint") == fingerprint and got.get("seq_len") == self.seq_len:
                     counts = self._loaded(got, table)
                     if counts is not None:
@@ -156,7 +156,7 @@ class ExampleIndex:
                 doc["dropped"] = [list(self._dropped.get(h, (0, 0))) for h in table.checksums]
             body = fmt.dumps(doc).encode()
             try:
-                files.write(cache.fs, cache.path(rel), body)  # a concurrent reader sees the old or the new file
+                files.write(cache.storage, cache.path(rel), body)  # a concurrent reader sees the old or the new file
             except Exception:  # read-only cache: keep the table in memory only
                 pass
         return counts
@@ -167,8 +167,8 @@ class ExampleIndex:
         if int(table.docs[c]) == 0:
             return np.zeros(1 if self.kind == "unpacked" else 0, np.int64)
         try:
-            with cache.fs.open(cache.path(rel), "rb") as f:
-                size = f.size if getattr(f, "size", None) is not None else cache.fs.size(cache.path(rel))
+            with cache.storage.open(cache.path(rel)) as f:
+                size = f.size if getattr(f, "size", None) is not None else cache.storage.size(cache.path(rel))
                 if int(size) != int(table.nbytes[c]):
                     raise ChunkError(f"{cache.display(rel)}: {size_mismatch(int(size), int(table.nbytes[c]))}. "
                                      "Rerun the build (delete this chunk and its .json sidecar first) or run "

@@ -156,7 +156,7 @@ def chunk_doc_lengths(cache: Cache, index: int) -> np.ndarray:
     if int(t.docs[index]) == 0:
         return np.zeros(0, np.int64)
     try:
-        with cache.fs.open(cache.path(rel), "rb") as f:
+        with cache.storage.open(cache.path(rel)) as f:
             col = pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0)
         lengths = int_values(col).astype(np.int64)
     except FileNotFoundError:
@@ -165,7 +165,7 @@ def chunk_doc_lengths(cache: Cache, index: int) -> np.ndarray:
         if remote.is_storage_error(e):
             raise remote.storage_error(cache.display(rel), e, anonymous=cache.anonymous) from e
         try:  # the usual cause, said precisely (the size costs one more request, on this error path only)
-            wrong = size_mismatch(int(cache.fs.size(cache.path(rel))), int(t.nbytes[index]))
+            wrong = size_mismatch(cache.storage.size(cache.path(rel)), int(t.nbytes[index]))
         except Exception:  # noqa: BLE001 - fall back to pyarrow's words
             wrong = None
         raise chunk_error(cache, rel, wrong or f"not a readable Parquet chunk ({arrow_message(e)})") from e
@@ -212,10 +212,7 @@ _SHARD_DIR = re.compile(r"shard-(\d{5,})")
 
 
 def _names(cache: Cache, rel: str) -> list[str]:
-    try:
-        return [p.rstrip("/").rsplit("/", 1)[-1] for p in cache.fs.ls(cache.path(rel), detail=False)]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    return [e.path.rstrip("/").rsplit("/", 1)[-1] for e in cache.storage.list(cache.path(rel))]
 
 
 def validate_shards(cache: Cache) -> list[str]:
