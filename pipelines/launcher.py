@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from reader.format import checks
 from reader.format import spec as fmt
+from reader.format.splits import SPLIT_NAMES, SPLITS_MANIFEST_NAME, SplitSpec, cache_root
 
 from pipelines import faults, status
 from pipelines.lock import LOCK_NAME
@@ -33,7 +34,6 @@ from pipelines.filesystem import absolute, is_remote
 from pipelines.options import Arguments, chunk_config, split_spec
 from pipelines.plan import BuildPlan, check_ledger, make_plan, reconcile, shape_change
 from pipelines.tokenize.fast_tokenizer import preflight
-from pipelines.chunking.splits import SplitSpec, cache_root
 from pipelines.tokenize import chat_template
 from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec, resolve, warn_if_guessed
 
@@ -72,7 +72,7 @@ _CACHE: dict[Any, Any] = {
     fmt.BAD_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.jsonl"): True}},
     INDEX_DIR: None,  # the reader's
 }
-_OUTPUT = {**_CACHE, fmt.SPLITS_MANIFEST_NAME: True, **{name: _CACHE for name in fmt.SPLIT_NAMES},
+_OUTPUT = {**_CACHE, SPLITS_MANIFEST_NAME: True, **{name: _CACHE for name in SPLIT_NAMES},
            re.compile(re.escape(LOCK_NAME) + r".*"): True}
 
 
@@ -123,7 +123,7 @@ def _split_text(fraction: float, seed: int) -> str:
 def check_layout(output: str, split: SplitSpec | None) -> bool:
     """Refuse (BuildError) unless ``output`` is empty or holds this kind of build: a plain cache, or a split
     build with the same fraction and seed. True if ``output`` holds this split build's manifest already."""
-    path = fmt.join(output, fmt.SPLITS_MANIFEST_NAME)
+    path = fmt.join(output, SPLITS_MANIFEST_NAME)
     raw = filesystem.read_or_none(path)
     manifest = None
     if raw is not None:
@@ -355,7 +355,7 @@ def _reconcile_and_write(plan: BuildPlan, tok: TokenizerSpec, output: str) -> Pr
             trusted = mine.trusted if trusted is None else trusted & mine.trusted
         plan = dataclasses.replace(plan, trusted=trusted)
     if plan.split is not None and not has_manifest:  # first: from now on OUTPUT is known as a split build
-        filesystem.write_atomic(fmt.join(output, fmt.SPLITS_MANIFEST_NAME), fmt.dumps(plan.split.manifest()).encode())
+        filesystem.write_atomic(fmt.join(output, SPLITS_MANIFEST_NAME), fmt.dumps(plan.split.manifest()).encode())
     tok = ship_tokenizer(list(roots.values()), tok)
     for name, cache_plan in plan.caches():
         old, ledger = olds[name], cache_plan.ledger()

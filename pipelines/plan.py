@@ -14,9 +14,9 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from reader.format import spec as fmt
+from reader.format.splits import SPLIT_NAMES, SplitSpec
 
 from pipelines.errors import BuildError
-from pipelines.chunking.splits import SplitSpec
 
 # Uncompressed / compressed bytes of jsonl text: only orders work units by size, never changes a byte.
 COMPRESSION_RATIO_GUESS = 4
@@ -176,7 +176,7 @@ class BuildPlan:
         if self.split is None:
             return ((None, self),)
         return tuple((name, dataclasses.replace(self, split=None, config=dataclasses.replace(
-            self.config, split=self.split.identity(name)))) for name in fmt.SPLIT_NAMES)
+            self.config, split=self.split.identity(name)))) for name in SPLIT_NAMES)
 
     @property
     def format_version(self) -> int:

@@ -17,11 +17,11 @@ import json
 from typing import Any, Sequence
 
 from reader.format import spec as fmt
+from reader.format.splits import cache_root
 
 from pipelines import filesystem
 from pipelines.errors import BuildError
 from pipelines.ledger import EmptyInput, TooManyBadRecords
-from pipelines.chunking.splits import cache_root
 
 FAILED_NAME = "_FAILED.json"
 
@@ -105,7 +105,7 @@ def _read_json(path: str) -> Any:
 
 def read_outcome(root: str, caches: Sequence[str | None] = (None,)) -> Outcome:
     """The ledgers and the failure verdict of the build into ``root`` whose caches are ``caches``
-    (:func:`pipelines.chunking.splits.cache_names`); a half-readable file counts as absent."""
+    (:func:`reader.format.splits.cache_names`); a half-readable file counts as absent."""
     ledgers = {name: _read_json(fmt.join(cache_root(root, name), fmt.LEDGER_NAME)) or {} for name in caches}
     raw_failure = _read_json(fmt.join(root, FAILED_NAME))
     try:

@@ -23,10 +23,11 @@ import pyarrow.parquet as pq
 from reader.format import checks
 from reader.format import spec as fmt
 from reader.format.chunk_file import loss_tokens, make_sidecar
+from reader.format.splits import SplitSpec, cache_roots
 
 from pipelines.chunking.records import (BAD_REASONS, dead_letter, has_lone_surrogate, parse_line,  # noqa: F401
                                      parse_line_json, parse_record)
-from pipelines.chunking.splits import SplitRouter, SplitSpec, cache_roots
+from pipelines.chunking.split_router import SplitRouter
 from pipelines import filesystem
 from pipelines.inputs import rows
 from pipelines.inputs.lines import LONG_LINE_HEAD, LongLine, SpanHasher
@@ -64,7 +65,7 @@ class ChunkBuilder:
     atomically, in that order) and returns the sidecars, one per cache of the build. :meth:`add` and
     :meth:`finish` do the same for the lines of a byte range, hashing them here.
 
-    With ``split`` (a split build, :mod:`pipelines.chunking.splits`) each document is tokenized once and goes to the
+    With ``split`` (a split build, :mod:`reader.format.splits`) each document is tokenized once and goes to the
     chunk of its split under ``root/train`` or ``root/validation``; both chunks record the same input span
     and checksum (each cache can be checked against the input alone); dead letters go to train only.
 
@@ -279,7 +280,7 @@ class ChunkBuilder:
               row_range: Sequence[int] | None = None) -> tuple[dict[str, Any], ...]:
         """Write the chunk (in each cache of the build). ``byte_range``: ``[lo, hi)`` of a byte-offset input
         (None for a columnar one, which has ``row_range``); ``input_span`` and ``input_checksum``: what the
-        chunk was built from. Returns its sidecars, in :func:`pipelines.chunking.splits.cache_names` order."""
+        chunk was built from. Returns its sidecars, in :func:`reader.format.splits.cache_names` order."""
         self._encode_pending()
         parquets = self.router.finish()
         self._spool_bad()

@@ -27,6 +27,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from reader.format import spec as fmt
+from reader.format.splits import SplitSpec, cache_root
 
 from pipelines import filesystem, status, trace
 from pipelines.chunking.chunk_writer import Counters
@@ -35,7 +36,6 @@ from pipelines.errors import BuildError
 from pipelines.ledger import check_bad_fraction_of, check_empty_of, finished_ledger
 from pipelines.plan import BuildPlan, ChunkConfig, UnitResult, WorkUnit, work_units
 from pipelines.tokenize.fast_tokenizer import load_cached
-from pipelines.chunking.splits import SplitSpec, cache_root
 from pipelines.tokenize.tokenizer import TokenizerSpec
 from pipelines.chunking.unit_queue import ClaimQueue
 from pipelines.chunking.units import UnitBuilder

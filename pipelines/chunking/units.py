@@ -32,10 +32,10 @@ from typing import Any, Mapping, Sequence
 
 from reader.format import checks
 from reader.format import spec as fmt
+from reader.format.splits import SplitSpec, cache_names, cache_roots
 
 from pipelines.chunking.chunk_writer import ChunkBuilder, Counters, verify_chunk
 from pipelines.chunking.sinks import Existing, Found, Sidecars, Trusted, Verifying
-from pipelines.chunking.splits import SplitSpec, cache_names, cache_roots
 from pipelines.errors import BuildError, DamagedInput
 from pipelines import filesystem
 from pipelines.inputs.lines import RangeLines, SpanHasher

@@ -36,12 +36,12 @@ from typing import Any, Iterator, Mapping, TextIO
 from apache_beam.io.filesystems import FileSystems
 
 from reader.format import spec as fmt
+from reader.format.splits import cache_roots
 
 from pipelines import filesystem
 from pipelines.filesystem import is_remote
 from pipelines.inputs.decompress import open_raw
 from pipelines.plan import COMPRESSION_RATIO_GUESS, BuildPlan, InputFile
-from pipelines.chunking.splits import cache_roots
 
 LOG = logging.getLogger("chunkledger.build")
 

@@ -61,13 +61,6 @@ BAD_DIR = "bad"
 SHARD_DONE_NAME = "_DONE.json"
 TMP_PREFIX = ".tmp-"  # a file being written, or a crashed writer's leftover: readers ignore it
 
-# A split build (``--validation_fraction``): ``OUTPUT/splits.json`` names the two caches, each a complete
-# cache in its own directory (docs/FORMAT.md, "Split builds"). The manifest has its own format version.
-SPLITS_MANIFEST_NAME = "splits.json"
-SPLITS_FORMAT_NAME = "chunkledger-splits"
-SPLITS_FORMAT_VERSION = 1
-SPLIT_NAMES = ("train", "validation")
-
 # Parquet columns of a chunk. One row per document, in file order.
 TOKEN_COLUMN = "token_ids"  # list<int32>: the document's token ids (EOS appended if configured)
 LENGTH_COLUMN = "num_tokens"  # int32: len(token_ids); lets readers size documents without decoding tokens

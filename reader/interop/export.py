@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.format.splits import SPLIT_NAMES
 from reader.storage import files, remote
 from reader.storage.files import TMP_PREFIX, remove_quietly, temp_name  # noqa: F401 - the exports' names for them
 from reader.storage.cache import Cache
@@ -31,7 +32,7 @@ from reader.storage.remote import protocol_of
 from reader.storage.validate import chunk_error, file_mismatch
 from reader.storage.whatis import not_a_cache
 
-SPLITS = fmt.SPLIT_NAMES
+SPLITS = SPLIT_NAMES
 
 
 class ExportError(fmt.FormatError):

@@ -80,7 +80,7 @@ def test_the_output_tree_rules_name_the_readers_index_directory():
 
 
 def test_a_splits_manifest_nested_deep_is_a_one_line_error(tmp_path):
-    from pipelines.chunking.splits import SplitSpec
+    from reader.format.splits import SplitSpec
     from pipelines.launcher import check_layout
 
     (tmp_path / "splits.json").write_text("[" * 100_000 + "]" * 100_000)
