@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Iterable, Mapping, Sequence
 
 from reader.format import spec as fmt
-from reader.format.chunk_file import ledger_chunks
+from reader.format.sidecar import ledger_chunks
 from reader.order.streams import round_robin_order
 
 from pipelines.errors import BuildError

@@ -17,12 +17,11 @@ import json
 import tempfile
 from typing import Any, Callable, Mapping, Sequence
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from reader.format import checks
 from reader.format import spec as fmt
-from reader.format.chunk_file import loss_tokens, make_sidecar
+from reader.format.sidecar import (SIDECAR_KEYS, Disagreement, Layout, dead_letters_problem, file_loss_tokens,
+                                   make_sidecar, sidecar_bytes)
 from reader.format.splits import SplitSpec, cache_roots
 
 from pipelines.chunking.records import (BAD_REASONS, dead_letter, has_lone_surrogate, parse_line,  # noqa: F401
@@ -36,11 +35,6 @@ from pipelines.chunking.supervised import Supervised, canonical
 from pipelines.plan import MAX_JSON_DEPTH
 from pipelines.tokenize import sft
 
-# Every key a sidecar of this version holds; a sidecar missing one was written by older code (``row_range``:
-# columnar chunks only).
-SIDECAR_KEYS = ("path", "shard", "index_in_shard", "byte_range", "input_span", "input_checksum", "docs", "tokens",
-                "bytes", "checksum", "row_groups", "row_group_index", "footer", "bad_records", "bad_reasons",
-                "dead_letters", "dead_letters_checksum")
 ENCODE_BATCH_DOCS = 256
 ENCODE_BATCH_CHARS = 4 << 20
 BAD_BUFFER_RECORDS = 4096  # dead letters held in memory before they are sorted into the spool
@@ -309,7 +303,7 @@ class ChunkBuilder:
         rel = fmt.chunk_path(self.shard, self.index)
         for root, data, sidecar in zip(self.roots, files, sidecars):
             filesystem.write_atomic(fmt.join(root, rel), data)
-            filesystem.write_atomic(fmt.join(root, fmt.sidecar_path(self.shard, self.index)), fmt.sidecar_bytes(sidecar))
+            filesystem.write_atomic(fmt.join(root, fmt.sidecar_path(self.shard, self.index)), sidecar_bytes(sidecar))
         self._count(sidecars, files)
         return tuple(sidecars)
 
@@ -390,41 +384,17 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: Sequence[int] | 
         return bad("sidecar has another byte range")
     if row_range is not None and sidecar.get("row_range") != list(row_range):
         return bad("sidecar has another row range")
-    path = fmt.join(root, sidecar["path"])
-    data = filesystem.read_or_none(path)
+    data = filesystem.read_or_none(fmt.join(root, sidecar["path"]))
     if data is None:
         return bad("Parquet file missing")
-    if len(data) != sidecar["bytes"] or fmt.checksum(data) != sidecar["checksum"]:
-        return bad("Parquet file differs from its sidecar (size or sha256)")
     try:
-        rg_index, footer = fmt.row_group_index(data)
-    except Exception:  # noqa: BLE001 - not a chunkledger Parquet file
-        return bad("Parquet file has no readable row-group index")
-    if (rg_index != sidecar["row_group_index"] or footer != sidecar["footer"]
-            or sidecar["row_groups"] != len(rg_index) or sidecar["docs"] != sum(e[2] for e in rg_index)
-            or sidecar["tokens"] != sum(e[3] for e in rg_index)):
-        return bad("sidecar counts or row-group index disagree with the Parquet file")
-    if masked and sidecar.get("loss_tokens") != _loss_tokens(data):
+        lay = Layout.of(sidecar, sidecar["bytes"], sidecar["docs"], sidecar["tokens"])
+        lay.check_file(data, sidecar["checksum"])
+    except Disagreement as e:
+        return bad(f"{'sidecar' if e.sidecar else 'Parquet file'} disagrees: {e}")
+    if masked and sidecar.get("loss_tokens") != file_loss_tokens(data):
         return bad("sidecar loss_tokens disagree with the Parquet file's loss_spans")
-    if not _dead_letters_intact(root, sidecar):
-        return bad("dead-letter file missing or changed")
+    wrong = dead_letters_problem(sidecar, lambda rel: filesystem.read_or_none(fmt.join(root, rel)))
+    if wrong:
+        return bad(wrong)
     return ChunkCheck(sidecar, fmt.checksum(raw), None)
-
-
-def _loss_tokens(data: bytes) -> int | None:
-    """The loss tokens of a chunk file's ``loss_spans`` column, None without one."""
-    try:
-        return loss_tokens(pq.read_table(pa.BufferReader(data), columns=[fmt.LOSS_COLUMN]))
-    except (KeyError, ValueError, OSError, pa.ArrowException):
-        return None
-
-
-def _dead_letters_intact(root: str, sidecar: Mapping[str, Any]) -> bool:
-    rel, bad = sidecar["dead_letters"], sidecar["bad_records"]
-    if rel is None:
-        return bad == 0 and sidecar["dead_letters_checksum"] is None
-    if rel != fmt.dead_letter_path(sidecar["shard"], sidecar["index_in_shard"]):
-        return False
-    data = filesystem.read_or_none(fmt.join(root, rel))
-    return (data is not None and fmt.checksum(data) == sidecar["dead_letters_checksum"]
-            and data.count(b"\n") == bad)

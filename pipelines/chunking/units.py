@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 
 from reader.format import checks
 from reader.format import spec as fmt
+from reader.format.sidecar import sidecar_bytes
 from reader.format.splits import SplitSpec, cache_names, cache_roots
 
 from pipelines.chunking.chunk_writer import ChunkBuilder, Counters, verify_chunk
@@ -104,7 +105,7 @@ class UnitBuilder:
         if self.finished:
             def expect(sidecars: Sidecars) -> None:
                 for want, sidecar in zip(self.recorded, sidecars):
-                    if want is not None and fmt.checksum(fmt.sidecar_bytes(sidecar)) != want.get((unit.shard, index)):
+                    if want is not None and fmt.checksum(sidecar_bytes(sidecar)) != want.get((unit.shard, index)):
                         raise self._finished_input_changed(unit, index)
 
         return ChunkBuilder(root=self.output, input_path=unit.path, shard=unit.shard, index=index, lo=lo,

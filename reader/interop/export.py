@@ -29,7 +29,8 @@ from reader.storage import files, remote
 from reader.storage.files import TMP_PREFIX, remove_quietly, temp_name  # noqa: F401 - the exports' names for them
 from reader.storage.cache import Cache
 from reader.storage.remote import protocol_of
-from reader.storage.validate import chunk_error, file_mismatch
+from reader.format.sidecar import file_mismatch
+from reader.storage.validate import chunk_error
 from reader.storage.whatis import not_a_cache
 
 SPLITS = SPLIT_NAMES

@@ -28,7 +28,8 @@ import numpy as np
 from reader.format import spec as fmt
 from reader.format import tokenizer_id
 from reader.interop import tokenizer_from
-from reader.format.chunk_file import ChunkParquet, flat_row_group_table, ledger_chunks, make_sidecar
+from reader.format.chunk_file import ChunkParquet, flat_row_group_table
+from reader.format.sidecar import ledger_chunks, make_sidecar, sidecar_bytes
 from reader.storage import files
 from reader.storage.files import remove_quietly
 from reader.interop.export import output_fs, output_location
@@ -211,7 +212,7 @@ def write_chunk(fs, root: str, src: Source, shard: int, k: int, docs: tuple[int,
     sidecar = make_sidecar(shard=shard, index_in_shard=k, byte_range=[k * cb, min((k + 1) * cb, src.size)],
                            data=data, row_group_index=rg_index, footer=footer, docs=b - a, tokens=int(values.size))
     files.write(fs, fmt.join(root, fmt.chunk_path(shard, k)), data)
-    files.write(fs, fmt.join(root, fmt.sidecar_path(shard, k)), fmt.sidecar_bytes(sidecar))
+    files.write(fs, fmt.join(root, fmt.sidecar_path(shard, k)), sidecar_bytes(sidecar))
     return sidecar
 
 

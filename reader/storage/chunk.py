@@ -14,12 +14,11 @@ import dataclasses
 from typing import Any, Callable
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.format.sidecar import Disagreement, Layout, row_group_index, size_mismatch
 from reader.storage.cache import Cache
-from reader.storage.validate import arrow_message, chunk_error, parse_chunk, size_mismatch
+from reader.storage.validate import chunk_error, parse_chunk
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,47 +136,22 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
         if got != exp:
             raise chunk_error(cache, side_rel, f"sidecar {key} is {got!r}, {fmt.LEDGER_NAME} says {exp!r} (one of the "
                               "two was changed after the build; `python -m reader validate` tells which)")
-    if "row_group_index" not in side or "footer" not in side:
-        return _open_whole(cache, index, fetch, tally)
     size = int(t.nbytes[index])
     try:
-        index_rows = side["row_group_index"]
-        f_off, f_len, f_sum = side["footer"]
-        rg_ranges = np.asarray([[int(e[0]), int(e[1])] for e in index_rows], dtype=np.int64).reshape(-1, 2)
-        rg_docs = np.asarray([int(e[2]) for e in index_rows], dtype=np.int64)
-        rg_tokens = np.asarray([int(e[3]) for e in index_rows], dtype=np.int64)
-        rg_sums = [str(e[4]) for e in index_rows]
-        if not (fmt.is_int(f_off, 0, size) and fmt.is_int(f_len, 0, size)) or bool((rg_ranges < 0).any()
-                | (rg_ranges > size).any() | (rg_docs < 0).any() | (rg_tokens < 0).any()
-                | (rg_docs > fmt.MAX_COUNT).any() | (rg_tokens > fmt.MAX_COUNT).any()):
-            raise ValueError(f"numbers outside the {size}-byte file or the counts a chunk can hold")
-    except (TypeError, ValueError, IndexError, KeyError, OverflowError) as e:
-        raise chunk_error(cache, side_rel, f"malformed row_group_index/footer ({e})") from None
-    ends = np.concatenate([[4], rg_ranges[:, 0] + rg_ranges[:, 1]])
-    if (not np.array_equal(rg_ranges[:, 0], ends[:-1]) or int(ends[-1]) != f_off or f_off + f_len != size
-            or int(rg_docs.sum()) != int(t.docs[index]) or int(rg_tokens.sum()) != int(t.tokens[index])):
-        raise chunk_error(cache, side_rel, "row_group_index/footer inconsistent with the chunk's size, documents "
-                          "or tokens")
-    # one byte past the recorded end: a file longer than recorded shows up here, at no extra request
-    footer = fetch(rel, f_off, f_off + f_len + 1)
-    tally(index, len(footer), data=None)
-    if len(footer) != f_len:
-        raise chunk_error(cache, rel, _size_problem(cache, rel, size, f_off, f_len, len(footer)))
-    if fmt.checksum(footer) != f_sum:
-        raise chunk_error(cache, rel, f"footer checksum mismatch (bytes [{f_off}, {size}))")
-    try:
-        fm = pq.read_metadata(pa.BufferReader(footer))
-        kv = fm.metadata or {}
-        kv_tokens = fmt.load_json(kv[fmt.ROW_GROUP_TOKENS_KEY])
-        ok = (fm.num_row_groups == len(rg_sums) and kv_tokens == rg_tokens.tolist()
-              and [fm.row_group(g).num_rows for g in range(fm.num_row_groups)] == rg_docs.tolist()
-              and [list(r) for r in fmt.row_group_ranges(fm)] == rg_ranges.tolist())
-    except Exception as e:  # noqa: BLE001 - damaged metadata
-        raise chunk_error(cache, rel, f"unreadable Parquet footer ({arrow_message(e)})") from e
-    if not ok:
-        raise chunk_error(cache, rel, "the Parquet footer disagrees with the sidecar's row_group_index")
-    m = ChunkMeta(index, rel, rg_ranges, rg_sums, np.concatenate([[0], np.cumsum(rg_tokens)]),
-                  np.concatenate([[0], np.cumsum(rg_docs)]), fm, (f_off, footer), size)
+        lay = Layout.of(side, size, int(t.docs[index]), int(t.tokens[index]))
+        if lay is None:
+            return _open_whole(cache, index, fetch, tally)
+        f_off, f_len, _ = lay.footer
+        # one byte past the recorded end: a file longer than recorded shows up here, at no extra request
+        footer = fetch(rel, f_off, f_off + f_len + 1)
+        tally(index, len(footer), data=None)
+        if len(footer) != f_len:
+            raise chunk_error(cache, rel, _size_problem(cache, rel, size, f_off, f_len, len(footer)))
+        fm = lay.footer_meta(footer)
+    except Disagreement as e:
+        raise chunk_error(cache, side_rel if e.sidecar else rel, str(e)) from None
+    m = ChunkMeta(index, rel, lay.ranges, lay.checksums, np.concatenate([[0], np.cumsum(lay.tokens)]),
+                  np.concatenate([[0], np.cumsum(lay.docs)]), fm, (f_off, footer), size)
     return m, m.nbytes
 
 
@@ -199,7 +173,7 @@ def _open_whole(cache: Cache, index: int, fetch, tally):
     data = fetch(rel)
     tally(index, len(data), data=True)
     w = parse_chunk(cache, index, data)
-    rg_index, footer = fmt.row_group_index(data)
+    rg_index, footer = row_group_index(data)
     rg_ranges = np.asarray([e[:2] for e in rg_index], dtype=np.int64).reshape(-1, 2)
     m = ChunkMeta(index, rel, rg_ranges, [e[4] for e in rg_index], w.rg_token_starts, w.rg_doc_starts,
                   w.file_meta, (footer[0], data[footer[0]:]), len(data), data)

@@ -31,7 +31,8 @@ from reader.storage import files, remote
 from reader.storage.cache import Cache
 from reader.storage.chunk import DocIndex
 from reader.storage.pages import int_values
-from reader.storage.validate import ChunkError, arrow_message, size_mismatch
+from reader.format.sidecar import arrow_message, size_mismatch
+from reader.storage.validate import ChunkError
 from reader.order.packing import WINDOW_TOKENS, best_fit_rows, count_best_fit_rows, window_bounds, window_docs
 from reader.order.pieces import pieces_per_doc, unpacked_examples_per_chunk
 

@@ -25,7 +25,8 @@ from reader.format import spec as fmt
 from reader.storage.cache import Cache
 from reader.storage.chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
 from reader.storage.pages import decode_loss_spans, decode_row_group, loss_flags
-from reader.storage.validate import arrow_message, chunk_error
+from reader.format.sidecar import arrow_message
+from reader.storage.validate import chunk_error
 
 
 _MAX_OPEN_FILES = 64

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from reader.format import chunk_file
 from reader.format import spec as fmt
+from reader.format.sidecar import ledger_entry, row_group_index, sidecar_bytes
 from reader.order import streams
 from reader.order.packing import WINDOW_TOKENS
 
@@ -132,9 +133,9 @@ def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Seque
     }
     if loss is not None:
         entry["loss_tokens"] = loss
-    entry["row_group_index"], entry["footer"] = fmt.row_group_index(data)
+    entry["row_group_index"], entry["footer"] = row_group_index(data)
     if sidecar:
-        _atomic_write(fs, base + "/" + fmt.sidecar_path(shard, index_in_shard), fmt.sidecar_bytes(entry))
+        _atomic_write(fs, base + "/" + fmt.sidecar_path(shard, index_in_shard), sidecar_bytes(entry))
     return entry
 
 
@@ -143,7 +144,7 @@ def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_toke
     chunks = []
     doc_off = tok_off = 0
     for e in entries if finished else []:
-        chunks.append(dict(fmt.ledger_entry(e), doc_offset=doc_off, token_offset=tok_off))
+        chunks.append(dict(ledger_entry(e), doc_offset=doc_off, token_offset=tok_off))
         doc_off += e["docs"]
         tok_off += e["tokens"]
     ledger = {
