@@ -29,7 +29,7 @@ from reader.format import spec as fmt
 from reader.format import tokenizer_id
 from reader.interop import tokenizer_from
 from reader.format.chunk_file import ChunkParquet, flat_row_group_table
-from reader.format.sidecar import ledger_chunks, make_sidecar, sidecar_bytes
+from reader.format.sidecar import finish_ledger, make_sidecar, sidecar_bytes
 from reader.storage import files
 from reader.storage.files import remove_quietly
 from reader.interop.export import output_fs, output_location
@@ -280,11 +280,7 @@ def write_cache(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
     for tmp in stale:  # left by an interrupted run
         remove_quietly(fs, tmp)
     order = round_robin_order([inp["chunks"] for inp in ledger["inputs"]])
-    chunks, bad = ledger_chunks(sidecars[(int(s), int(k))] for s, k in order)
     inputs = [dict(inp, uncompressed_bytes=inp["size"]) for inp in ledger["inputs"]]
-    ledger.update(finished=True, inputs=inputs, chunks=chunks, bad_records=bad, totals={
-        "docs": sum(c["docs"] for c in chunks), "tokens": sum(c["tokens"] for c in chunks), "chunks": len(chunks),
-        "bytes": sum(c["bytes"] for c in chunks), "input_bytes": sum(i["size"] for i in inputs),
-        "uncompressed_bytes": sum(i["size"] for i in inputs), "bad_records": 0})
+    ledger = finish_ledger(ledger, inputs, (sidecars[(int(s), int(k))] for s, k in order))
     files.write(fs, ledger_path, fmt.dumps_ledger(ledger).encode())
     return ledger
