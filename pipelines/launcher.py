@@ -23,7 +23,6 @@ from reader.format import spec as fmt
 from reader.format.splits import SPLIT_NAMES, SPLITS_MANIFEST_NAME, SplitSpec, cache_root
 
 from pipelines import faults, status
-from pipelines.lock import LOCK_NAME
 from pipelines import filesystem
 from pipelines.inputs import keys
 from pipelines.inputs import remote
@@ -67,13 +66,13 @@ def check_output(output: str) -> None:
 # True for a regular file, a dict for a directory. Any name under ``index/`` is the reader's.
 _SHARD = re.compile(r"shard-\d{5,}")
 _CACHE: dict[Any, Any] = {
-    fmt.LEDGER_NAME: True, TOKENIZER_FILE: True, status.FAILED_NAME: True,
+    fmt.LEDGER_NAME: True, TOKENIZER_FILE: True, fmt.FAILED_NAME: True,
     fmt.CHUNKS_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.(parquet|json)"): True, fmt.SHARD_DONE_NAME: True}},
     fmt.BAD_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.jsonl"): True}},
     INDEX_DIR: None,  # the reader's
 }
 _OUTPUT = {**_CACHE, SPLITS_MANIFEST_NAME: True, **{name: _CACHE for name in SPLIT_NAMES},
-           re.compile(re.escape(LOCK_NAME) + r".*"): True}
+           re.compile(re.escape(fmt.LOCK_NAME) + r".*"): True}
 
 
 def check_output_tree(output: str) -> None:

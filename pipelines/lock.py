@@ -40,7 +40,6 @@ from pipelines import filesystem
 from pipelines.errors import BuildError
 from pipelines.filesystem import is_remote
 
-LOCK_NAME = "_BUILDING.json"
 HALF_WRITTEN_SECONDS = 10  # gs://: an unreadable lock younger than this is being written by another launcher
 EXIT_GRACE_SECONDS = 10.0  # a dying holder's flock is released when the kernel closes its files: wait that long
 
@@ -77,7 +76,7 @@ class BuildLock:
 
     @property
     def path(self) -> str:
-        return fmt.join(self.output, LOCK_NAME)
+        return fmt.join(self.output, fmt.LOCK_NAME)
 
     def release(self) -> None:
         """Remove the lock if it is still ours (in the process that took it; a forked child does nothing)."""
@@ -108,7 +107,7 @@ def _refuse(output: str, holder: dict, note: str = "") -> BuildError:
     return BuildError(
         f"another build ({who}) is writing into {output}{note}. Wait for it to finish, or stop it, then rerun "
         f"the same command. If no build is running there any more (its machine went down), delete "
-        f"{fmt.join(output, LOCK_NAME)} and rerun.")
+        f"{fmt.join(output, fmt.LOCK_NAME)} and rerun.")
 
 
 def _record(token: str, flock: bool) -> bytes:

@@ -23,9 +23,6 @@ from pipelines import filesystem
 from pipelines.errors import BuildError
 from pipelines.ledger import EmptyInput, TooManyBadRecords
 
-FAILED_NAME = "_FAILED.json"
-
-
 def read_ledger(root: str) -> dict[str, Any] | None:
     """The ledger in ``root`` (validated), None if there is none; a damaged one is a BuildError."""
     path = fmt.join(root, fmt.LEDGER_NAME)
@@ -63,7 +60,7 @@ _KINDS = {cls.ERROR: cls for cls in (TooManyBadRecords, EmptyInput)}
 
 
 def write_failure(root: str, failure: Failure) -> None:
-    filesystem.write_atomic(fmt.join(root, FAILED_NAME), fmt.dumps(failure.to_json()).encode())
+    filesystem.write_atomic(fmt.join(root, fmt.FAILED_NAME), fmt.dumps(failure.to_json()).encode())
 
 
 def parse_failure(obj: dict[str, Any]) -> Failure:
@@ -74,7 +71,7 @@ def parse_failure(obj: dict[str, Any]) -> Failure:
 
 def clear_failure(root: str) -> None:
     """Forget the verdict of an earlier run (a rerun decides afresh)."""
-    filesystem.BEAM.remove(fmt.join(root, FAILED_NAME))
+    filesystem.BEAM.remove(fmt.join(root, fmt.FAILED_NAME))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +104,7 @@ def read_outcome(root: str, caches: Sequence[str | None] = (None,)) -> Outcome:
     """The ledgers and the failure verdict of the build into ``root`` whose caches are ``caches``
     (:func:`reader.format.splits.cache_names`); a half-readable file counts as absent."""
     ledgers = {name: _read_json(fmt.join(cache_root(root, name), fmt.LEDGER_NAME)) or {} for name in caches}
-    raw_failure = _read_json(fmt.join(root, FAILED_NAME))
+    raw_failure = _read_json(fmt.join(root, fmt.FAILED_NAME))
     try:
         failure = parse_failure(raw_failure) if raw_failure else None
     except Exception:  # noqa: BLE001

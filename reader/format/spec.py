@@ -47,6 +47,8 @@ CHUNKS_DIR = "chunks"
 BAD_DIR = "bad"
 SHARD_DONE_NAME = "_DONE.json"
 TMP_PREFIX = ".tmp-"  # a file being written, or a crashed writer's leftover: readers ignore it
+LOCK_NAME = "_BUILDING.json"  # the builder's lock, held while a launcher runs
+FAILED_NAME = "_FAILED.json"  # why a build stopped (its verdict), if it did
 
 # Parquet columns of a chunk. One row per document, in file order.
 TOKEN_COLUMN = "token_ids"  # list<int32>: the document's token ids (EOS appended if configured)

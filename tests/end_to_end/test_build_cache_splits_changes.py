@@ -213,9 +213,9 @@ def test_split_build_waits_for_no_one_but_refuses_while_another_holds_the_lock(t
     try:
         with pytest.raises(BuildError, match=f"another build .* is writing into {out}"):
             build(tmp_path, [str(d / "*")], **OPTS)
-        assert os.listdir(out) == [lock.LOCK_NAME]  # refused before anything was written
+        assert os.listdir(out) == [fmt.LOCK_NAME]  # refused before anything was written
     finally:
         held.release()
     build(tmp_path, [str(d / "*")], **OPTS)
-    assert not os.path.exists(os.path.join(out, lock.LOCK_NAME))
+    assert not os.path.exists(os.path.join(out, fmt.LOCK_NAME))
     assert sorted(os.listdir(out)) == ["splits.json", "train", "validation"]

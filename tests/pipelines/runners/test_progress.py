@@ -115,10 +115,10 @@ def test_the_line_exact():
     snap = progress.Snapshot(docs=41200, tokens=11234567, bad_records=3, done_bytes=52_300_000,
                              total_bytes=104_000_000, estimated=True)
     assert progress.render(snap, 13.9e6) == ("building: 52.3 of ~104.0 MB (50.3%), 41,200 documents, 11,234,567 "
-                                             "tokens, 3 bad records, 13.9 MB/s, ETA 4s")
+                                             "tokens, 3 bad records, 13.9 MB/s, ETA 4 s")
     assert progress.render(snap, None).endswith(", 3 bad records, ETA unknown")
     slow = progress.render(snap, 0.01e6)
-    assert slow.endswith("0.0 MB/s, ETA 1h26m")
+    assert slow.endswith("0.0 MB/s, ETA 1 h 26 min")
     # every chunk is there, the ledger not yet: 99.9% until the build ends
     there = progress.Snapshot(docs=1, tokens=2, bad_records=0, done_bytes=5_000_000, total_bytes=5_000_000,
                               estimated=False)
@@ -180,11 +180,15 @@ def test_terminal_console_rewrites_one_line_and_clears_it_for_a_log_record():
         stream.close()
 
 
-def test_a_progress_failure_is_logged_and_never_raised(finished, tmp_path):
+def test_a_progress_failure_is_logged_and_never_raised(finished, tmp_path, monkeypatch):
     _, plan, _, _ = finished
     out = tmp_path / "broken"
     out.mkdir()
-    (out / fmt.CHUNKS_DIR).write_text("a file where the chunks directory should be")
+
+    def unreadable(pattern):
+        raise NotADirectoryError(20, "Not a directory", str(out / fmt.CHUNKS_DIR))
+
+    monkeypatch.setattr(progress.BEAM, "match", unreadable)  # the output cannot be listed
     logged, records = threading.Event(), []
 
     class Handler(logging.Handler):
