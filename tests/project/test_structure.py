@@ -1,7 +1,8 @@
 """The shape of reader/ and pipelines/, read from the sources (ast, so imports inside functions count and no
 dependency needs to be installed):
 
-- no import cycle between the modules of either package;
+- no import cycle between the modules of either package, and no import loop between two subfolders of one
+  (``reader/storage`` -> ``reader/format`` -> ``reader/storage``, if only through other modules);
 - no module uses a private name (``_x``) that another module of the packages defines;
 - reader/ never imports pipelines/, Beam, transformers or a tokenizer library outside its one tokenizer
   module; numpy, pyarrow and fsspec anywhere, each optional library in the one module that owns it;
@@ -139,6 +140,46 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def folder_of(module: str, modules) -> str:
+    """The subfolder a module stands in (``reader.storage`` for ``reader.storage.cache``); a package, or a
+    module at the top of one (``reader.reader``), stands for itself."""
+    parts = module.split(".")
+    return module if is_package(module, modules) or len(parts) < 3 else ".".join(parts[:2])
+
+
+def folder_loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import loops that run through two subfolders or more of a package: the strongly connected parts
+    of the graph of folders (a module at a package's top is a node of its own), each as its sorted nodes."""
+    folders: dict[str, set[str]] = {}
+    for m, ts in graph.items():
+        a = folder_of(m, graph)
+        folders.setdefault(a, set()).update(b for b in (folder_of(t, graph) for t in ts) if b != a)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    parts: list[list[str]] = []
+
+    def visit(n):  # Tarjan's algorithm
+        index[n] = low[n] = len(index)
+        stack.append(n)
+        for m in sorted(folders.get(n, ())):
+            if m not in index:
+                visit(m)
+                low[n] = min(low[n], low[m])
+            elif m in stack:
+                low[n] = min(low[n], index[m])
+        if low[n] == index[n]:
+            part = []
+            while not part or part[-1] != n:
+                part.append(stack.pop())
+            parts.append(sorted(part))
+
+    for n in sorted(folders):
+        if n not in index:
+            visit(n)
+    return sorted(p for p in parts if sum(f.count(".") == 1 and is_package(f, graph) for f in p) >= 2)
+
+
 def imported_modules(tree: ast.Module) -> list[tuple[str, int]]:
     """``(top-level module name, line)`` of every absolute import at any depth, and of
     ``importlib.import_module`` / ``__import__`` calls with a literal name."""
@@ -202,6 +243,13 @@ def test_no_import_cycle():
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
+def test_no_import_loop_between_two_subfolders():
+    graph, _ = import_graph(read_sources())
+    assert folder_of("reader.storage.cache", graph) == "reader.storage" and folder_of("reader.reader", graph) == \
+        "reader.reader"
+    assert folder_loops(graph) == []
+
+
 def test_no_module_uses_another_modules_private_names():
     assert import_graph(read_sources())[1] == []
 
@@ -256,3 +304,14 @@ def test_the_checks_fail_on_broken_code():
     assert shared_only(bad) == ["pipelines.plan imports reader.order.examples"]
     assert schema_copies(bad) == [
         f"reader.d:1: batch keys ['inputs', 'targets', 'valid'] (use {SCHEMA_MODULE})"]
+    # no module imports itself again, yet the folders loop: a -> b through one module, b -> a through another,
+    # and c -> top -> a -> b -> c through a module at the package's top; d and its top-level facade loop
+    # without a second subfolder
+    loops = {"pipelines": "", "pipelines.a": "", "pipelines.b": "", "pipelines.c": "", "pipelines.d": "",
+             "pipelines.a.x": "from pipelines.b import y\n", "pipelines.b.y": "", "pipelines.b.z": "import pipelines.a.w\n",
+             "pipelines.a.w": "", "pipelines.c.v": "from pipelines import top\n", "pipelines.top": "from pipelines.a import w\n",
+             "pipelines.b.u": "from pipelines.c import v\n", "pipelines.d.p": "from pipelines import facade\n",
+             "pipelines.facade": "from pipelines.d import q\n", "pipelines.d.q": ""}
+    graph, _ = import_graph(loops)
+    assert find_cycle(graph) is None
+    assert folder_loops(graph) == [["pipelines.a", "pipelines.b", "pipelines.c", "pipelines.top"]]
