@@ -249,7 +249,7 @@ def _prepare(fs, plan: ExportPlan, directory: str, state: str) -> None:
     """The parts directory of this plan: another export's leftovers removed, the plan recorded."""
     if state == "fresh":
         for p in fs.ls(directory, detail=False) if fs.exists(directory) else []:
-            if not p.rstrip("/").endswith("/" + lock.LOCK_NAME):
+            if not p.rstrip("/").endswith("/" + fmt.LOCK_NAME):
                 remove_quietly(fs, p)
         files.write(fs, f"{directory}/{PLAN_NAME}", fmt.dumps(plan.to_json()).encode())
     remove_quietly(fs, f"{directory}/{FAILED_NAME}")
