@@ -98,11 +98,6 @@ def write_atomic(path: str, data: bytes) -> None:
     files.write(BEAM, path, data)
 
 
-def write_atomic_stream(path: str, source: BinaryIO, block: int = 1 << 20) -> None:
-    """:func:`write_atomic` with the content copied from a readable binary file, block by block."""
-    files.write_stream(BEAM, path, source, block)
-
-
 def remove_temp_files(root: str, older_than: float | None = None) -> int:
     """Delete the temporary files a crashed build left in a cache (where atomic writes put them).
 

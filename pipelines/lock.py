@@ -34,7 +34,7 @@ import time
 import uuid
 
 from reader.format import spec as fmt
-from reader.storage.progress import holder_alive, start_ticks
+from reader.storage.progress import holder_alive, record, start_ticks
 
 from pipelines import filesystem
 from pipelines.errors import BuildError
@@ -131,16 +131,6 @@ def acquire(output: str) -> BuildLock:
 # Local outputs: an OS file lock
 
 
-def _parse(raw: bytes | None) -> dict | None:
-    if raw is None:
-        return None
-    try:
-        holder = json.loads(raw)
-    except ValueError:
-        return {}  # empty or half-written
-    return holder if isinstance(holder, dict) else {}
-
-
 def _read_fd(fd: int) -> bytes:
     return os.pread(fd, 1 << 16, 0)  # a record is a few hundred bytes; anything longer is not one
 
@@ -169,7 +159,7 @@ def _acquire_flock(output: str, token: str) -> BuildLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _parse(_read_fd(fd))
+            holder = record(_read_fd(fd))
             os.close(fd)
             if holder and holder_alive(holder) is False:
                 # The recorded holder is dying (or dead): the kernel drops its lock once its files are
@@ -191,7 +181,7 @@ def _acquire_flock(output: str, token: str) -> BuildLock:
             if not _same_file(fd, path):
                 os.close(fd)  # released and removed by its holder between our open and our lock: again
                 continue
-            holder = _parse(_read_fd(fd))
+            holder = record(_read_fd(fd))
             if holder and not holder.get("flock") and holder_alive(holder) is not False:
                 raise _refuse(output, holder)  # a launcher of an older version, which takes no flock
             if holder and holder.get("flock") and holder_alive(holder) is None:
@@ -227,7 +217,7 @@ def _acquire_by_record(output: str, token: str) -> BuildLock:
 
 
 def _read(path: str) -> dict | None:
-    return _parse(filesystem.read_or_none(path))
+    return record(filesystem.read_or_none(path))
 
 
 def _older_than(path: str, seconds: float) -> bool:

@@ -23,6 +23,7 @@ from reader.format import spec as fmt
 from reader.format.sidecar import (SIDECAR_KEYS, Disagreement, Layout, dead_letters_problem, file_loss_tokens,
                                    make_sidecar, sidecar_bytes)
 from reader.format.splits import SplitSpec, cache_roots
+from reader.storage.files import write_stream
 
 from pipelines.chunking.records import (BAD_REASONS, dead_letter, has_lone_surrogate, parse_line,  # noqa: F401
                                      parse_line_json, parse_record)
@@ -297,7 +298,7 @@ class ChunkBuilder:
             self.expect(tuple(sidecars))
         if self.bad_spool is not None:
             self.bad_spool.seek(0)
-            filesystem.write_atomic_stream(fmt.join(self.roots[0], dl_rel), self.bad_spool)
+            write_stream(filesystem.BEAM, fmt.join(self.roots[0], dl_rel), self.bad_spool)
             self.bad_spool.close()
             self.bad_spool = None
         rel = fmt.chunk_path(self.shard, self.index)

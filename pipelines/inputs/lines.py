@@ -170,12 +170,6 @@ class RangeLines:
             f.close()
 
 
-def iter_range_lines(path: str, lo: int, hi: int, block: int = READ_BLOCK,
-                     max_line: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """Lines of an uncompressed file whose first byte lies in ``[lo, hi)`` (see :class:`RangeLines`)."""
-    return iter(RangeLines(path, lo, hi, block, max_line))
-
-
 class SpanHasher:
     """sha256 of the input bytes a chunk was built from: its lines, each with its ``\n``.
 

@@ -15,20 +15,10 @@ The finished ledger's chunk entry (:func:`ledger_entry`) is the sidecar minus :d
 ledger stays small) plus ``doc_offset``, ``token_offset`` and ``sidecar_checksum`` (sha256 of the sidecar
 file's bytes), so that ledger -> sidecar -> footer and row groups is a chain of checksums.
 
-"The files agree with the sidecar" is checked here, at three depths, each including the one before:
-
-* **open** (a reader, ``reader/storage/chunk.py``): :meth:`Layout.of` (the row-group index is whole and
-  consistent with the chunk's size, documents and tokens) then :meth:`Layout.footer_meta` (the footer, read
-  alone, has its sha256 and lists the same row groups, byte ranges and counts);
-* **rerun** (the builder keeps a chunk an earlier run left, ``pipelines/chunking/chunk_writer.py``):
-  :meth:`Layout.check_file` (the whole file has the recorded size and sha256, each row group the sha256 the
-  sidecar lists, the footer as above), with the loss tokens (:func:`file_loss_tokens`) and the dead letters
-  (:func:`dead_letters_problem`);
-* **validate** (``python -m reader validate``, ``reader/storage/validate.py``): :meth:`Layout.check_file`,
-  then every row group decoded and its loss spans counted by :func:`loss_tokens`, the one count of a
-  chunk's loss tokens.
-
-A disagreement is a :class:`Disagreement` that says which file is at fault: the sidecar or the chunk file.
+"The files agree with the sidecar" is checked here (:class:`Layout`), at three depths: **open** (a reader
+verifies the footer alone), **rerun** (the builder keeps a chunk an earlier run left: the whole file, its
+loss tokens and dead letters) and **validate** (the whole file, then every row group decoded, in
+``reader/storage/validate.py``). A :class:`Disagreement` says which file is at fault: the sidecar or the chunk.
 """
 
 from __future__ import annotations

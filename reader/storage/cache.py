@@ -67,8 +67,7 @@ class Cache:
     @property
     def is_local(self) -> bool:
         """True for a cache on the local filesystem (plain paths, os-level file calls work)."""
-        p = getattr(self.fs, "protocol", ())
-        return "file" in (p if isinstance(p, tuple) else (p,))
+        return self.storage.local
 
     def path(self, rel: str) -> str:
         """Filesystem path (for ``self.fs``) of a path relative to the root."""

@@ -1,15 +1,11 @@
 """The storage port: the one door through which the project's code reads and writes files, and the one
 atomic write every writer uses (the builder, the importers, the exports, the reader's index, local memos).
 
-A :class:`Storage` is a small interface: a file's bytes (:meth:`~Storage.read`), a byte range of them
-(:meth:`~Storage.read_range`), a file to read as a stream (:meth:`~Storage.open`), its size, whether it
-exists, what a directory holds (:meth:`~Storage.list`) and a pattern matches (:meth:`~Storage.match`), a
-rename, and the atomic write (:func:`write`) over
-:meth:`~Storage.create`, :meth:`~Storage.rename` and :meth:`~Storage.remove`. Two adapters serve it:
-:class:`FsspecStorage` here (local paths and every fsspec URL: the reader, the importers, the exports, the
-builder's columnar inputs) and the builder's ``BeamStorage`` over Beam's FileSystems
-(``pipelines/filesystem.py``), so the builder's writes use the client and credentials its reads use on every
-runner. :class:`RangeFile` hands pyarrow a file made only of byte ranges already read.
+A :class:`Storage` is a small interface (read, a byte range, open, size, exists, list, match, and the atomic
+write's create, rename and remove) with two adapters: :class:`FsspecStorage` here (local paths and every
+fsspec URL) and the builder's ``BeamStorage`` over Beam's FileSystems (``pipelines/filesystem.py``), so the
+builder's writes use the client and credentials its reads use on every runner. :class:`RangeFile` hands
+pyarrow a file made only of byte ranges already read.
 
 The atomic write: the content is written under a temporary name in the file's own directory
 (``.tmp-<32 hex>-NAME``: the same directory keeps the rename a rename, and the prefix marks a crashed
@@ -33,6 +29,7 @@ from typing import Any, BinaryIO, Callable, Mapping, NamedTuple, Sequence
 from reader.format.spec import TMP_PREFIX
 
 BLOCK = 1 << 20
+GCS_PROTOCOLS = ("gs", "gcs")
 
 
 class Entry(NamedTuple):
@@ -44,18 +41,25 @@ class Entry(NamedTuple):
 
 
 class Storage:
-    """Where files are read and written (see the module doc); every method names a file by its full path."""
+    """Where files are read and written (see the module doc); every method names a file by its full path.
+
+    ``read``: a file's bytes (``FileNotFoundError`` if there is none); ``read_range``: bytes ``[start, end)``
+    of it (fewer at its end; to its end if ``end`` is None); ``read_many``: ``path -> bytes`` of those that
+    exist (fetched concurrently where a store can); ``open``: a seekable file to read (without ``read_ahead``
+    each read is one request for exactly its bytes); ``list``: what is directly in a directory, subdirectories
+    too where a store has them (one prefix listing on object stores; none if it is not there); ``match``: the
+    files a glob pattern matches (``*`` within one path segment); ``create``: a new file to write (its
+    directory made where directories exist); ``rename`` onto an existing file replaces it; ``remove`` of a
+    missing file is fine.
+    """
 
     def read(self, path: str) -> bytes:
-        """The file's bytes; a missing file raises ``FileNotFoundError``."""
         raise NotImplementedError
 
     def read_range(self, path: str, start: int, end: int | None) -> bytes:
-        """Bytes ``[start, end)`` of the file (fewer at its end; to its end if ``end`` is None)."""
         raise NotImplementedError
 
     def read_many(self, paths: Sequence[str]) -> dict[str, bytes]:
-        """``path -> bytes`` of the files of ``paths`` that exist (remote stores fetch them concurrently)."""
         out = {}
         for p in paths:
             try:
@@ -65,8 +69,6 @@ class Storage:
         return out
 
     def open(self, path: str, read_ahead: bool = True) -> BinaryIO:
-        """The file to read as a stream (seekable); without ``read_ahead`` each read is one request for
-        exactly the bytes asked for (byte ranges on Cloud Storage)."""
         raise NotImplementedError
 
     def size(self, path: str) -> int:
@@ -76,34 +78,33 @@ class Storage:
         raise NotImplementedError
 
     def list(self, directory: str) -> list[Entry]:
-        """What is directly in ``directory`` (subdirectories too, where a store has them); none if it is not
-        there. One listing: a prefix listing on object stores, however many files lie deeper."""
         raise NotImplementedError
 
     def match(self, pattern: str) -> list[Entry]:
-        """The files a glob ``pattern`` matches (``*`` within one path segment); none is an empty list."""
         raise NotImplementedError
 
     def create(self, path: str) -> BinaryIO:
-        """A new binary file to write at ``path`` (its directory created where directories exist)."""
         raise NotImplementedError
 
     def rename(self, src: str, dst: str) -> None:
-        """Move ``src`` onto ``dst``, replacing it."""
         raise NotImplementedError
 
     def remove(self, path: str) -> None:
-        """Delete ``path``; a missing file is fine."""
         raise NotImplementedError
 
 
-def _protocols(fs) -> tuple[str, ...]:
+def protocols(fs) -> tuple[str, ...]:
+    """An fsspec filesystem's protocol names."""
     p = fs.protocol
     return p if isinstance(p, tuple) else (p,)
 
 
 def is_local(fs) -> bool:
-    return "file" in _protocols(fs) or "local" in _protocols(fs)
+    return "file" in protocols(fs) or "local" in protocols(fs)
+
+
+def is_gcs(fs) -> bool:
+    return bool(set(protocols(fs)) & set(GCS_PROTOCOLS))
 
 
 def mtime(info: Mapping[str, Any]) -> float | None:
@@ -179,7 +180,7 @@ class FsspecStorage(Storage):
     def rename(self, src: str, dst: str) -> None:
         if self.local:
             os.replace(src, dst)  # atomic, and replaces an existing file
-        elif set(_protocols(self.fs)) & {"gs", "gcs"}:
+        elif is_gcs(self.fs):
             # gcsfs's mv tries Cloud Storage's moveTo first and, where that is not served (a 501 from an
             # emulator or a gateway), retries it for about 30 s before doing exactly this.
             self.fs.copy(src, dst)

@@ -230,16 +230,23 @@ def finished_progress(cache: Cache) -> Progress:
                     last_write_age_s=None, rate_chunks=0)
 
 
-def _json_or_none(cache: Cache, rel: str) -> dict | None:
-    try:
-        raw = cache.cat(rel)
-    except FileNotFoundError:
+def record(raw: bytes | None) -> dict | None:
+    """A status file's JSON object (the lock's holder, ``_FAILED.json``): None if there is no file, ``{}`` if
+    it is not one (being written by its owner right now, or damaged: present, unreadable)."""
+    if raw is None:
         return None
     try:
         got = json.loads(raw)
     except ValueError:
-        return {}  # being written by its owner right now (the lock) or damaged: present, unreadable
+        return {}
     return got if isinstance(got, dict) else {}
+
+
+def _json_or_none(cache: Cache, rel: str) -> dict | None:
+    try:
+        return record(cache.cat(rel))
+    except FileNotFoundError:
+        return None
 
 
 def read_progress(cache: Cache, *, now: float | None = None) -> Progress:

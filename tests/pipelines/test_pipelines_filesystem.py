@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reader.format import spec as fmt
+from reader.storage import files
 
 from pipelines import filesystem
 
@@ -20,7 +21,7 @@ def test_failed_atomic_write_leaves_no_temporary_file(tmp_path):
             return b"partial"
 
     with pytest.raises(OSError):
-        filesystem.write_atomic_stream(str(tmp_path / "x.json"), FullDisk())
+        files.write_stream(filesystem.BEAM, str(tmp_path / "x.json"), FullDisk())
     assert list(tmp_path.iterdir()) == []
 
 

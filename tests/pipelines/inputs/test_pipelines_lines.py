@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from pipelines.inputs.lines import LONG_LINE_HEAD, LongLine, LineReader, RangeLines, SpanHasher, iter_range_lines
+from pipelines.inputs.lines import LONG_LINE_HEAD, LongLine, LineReader, RangeLines, SpanHasher
 
 
 def lines_with_offsets(data: bytes):
@@ -39,7 +39,7 @@ def test_line_reader_and_ranges_partition_the_file(tmp_path, seed):
         got = []
         for k in range(math.ceil(len(data) / chunk)):
             lo, hi = k * chunk, min((k + 1) * chunk, len(data))
-            part = list(iter_range_lines(str(path), lo, hi, block=rng.choice([2, 9, 4096])))
+            part = list(RangeLines(str(path), lo, hi, block=rng.choice([2, 9, 4096])))
             assert all(lo <= off < hi for off, _ in part)
             got += part
         assert got == want, chunk
