@@ -17,6 +17,7 @@ from reader.reader import Reader
 from reader.storage.remote import StorageError
 from reader.batch.readahead import ReaderStalled
 from reader.batch.schema import BATCH_KEYS, FLAT_KEYS, expand_flat
+from reader.order.passes import RepeatedRowsWarning
 from reader.order.streams import EmptyStream, EndOfStream, NotYetAvailable
 from reader.storage.validate import ChunkError
 from reader.storage.whatis import NotACache
@@ -37,6 +38,7 @@ __all__ = [
     "ReadOptions",
     "Reader",
     "ReaderStalled",
+    "RepeatedRowsWarning",
     "StorageError",
     "expand_flat",
 ]
