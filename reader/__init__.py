@@ -11,6 +11,7 @@ reader.torch).
 
 from reader.storage.cache import Cache, CacheNotReady
 from reader.format.spec import DamagedCache, FormatError
+from reader.mixture.mixture import MaxPassesReached
 from reader.mixture.spec import MixtureError
 from reader.options import ReadOptions
 from reader.reader import Reader
@@ -32,6 +33,7 @@ __all__ = [
     "EmptyStream",
     "EndOfStream",
     "FormatError",
+    "MaxPassesReached",
     "MixtureError",
     "NotACache",
     "NotYetAvailable",

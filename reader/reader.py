@@ -136,6 +136,11 @@ class Reader:
     def __exit__(self, *exc):
         self.close()
 
+    def _pass_limit(self):
+        """A mixture's ``(first step refused, its error)`` by a component's ``max_passes``, or None."""
+        limit = getattr(self.order, "pass_limit", None)
+        return None if limit is None else limit()
+
     def _warn_repeats(self) -> None:
         """Warn, once, when this read serves rows twice within a pass: the ``"streams"`` rule (the default of
         caches older than format version 4) on fewer chunks than ``R*`` or unequal streams. (At the first
@@ -241,6 +246,9 @@ class Reader:
     def _read(self, ex: np.ndarray, into: dict[str, np.ndarray] | None = None,
               src: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The examples ``ex`` as a batch (into ``into`` if given); ``src``: their source indices."""
+        limit = self._pass_limit()
+        if limit is not None and ex.size and int(ex.max()) >= limit[0] * self.options.batch_size:
+            raise limit[1]
         out = self.assembler.assemble(self.order.locate(ex, src), into)
         self.release.examples_read(ex)
         if self._unwarned:
@@ -302,6 +310,15 @@ class Reader:
         unchanged, for as long as they are referenced. Either way, work held for
         ``worker_timeout_s`` without progress raises :class:`reader.ReaderStalled`.
         """
+        limit = self._pass_limit()
+        if limit is not None and (count is None or start + int(count) > limit[0]):
+            # a mixture component's max_passes: serve every step before the first one refused, then raise
+            if limit[0] > start:
+                yield from self._iter_batches(start, limit[0] - start)
+            raise limit[1]
+        yield from self._iter_batches(start, count)
+
+    def _iter_batches(self, start: int, count: int | None) -> Iterator[tuple[int, dict]]:
         if self.options.num_workers > 0:
             self._warn_repeats()  # (the workers read, and do not warn)
             pool = WorkerPool(self, start, count)

@@ -24,13 +24,15 @@ import numpy as np
 
 from reader.storage.cache import Cache
 from reader.options import ReadOptions
-from reader.order.passes import Spans, StreamLanes
+from reader.order.passes import Spans, StreamLanes, stream_repeats
 from reader.order.shuffle import shuffle_example_indices
 from reader.storage.store import ChunkStore
 from reader.order.streams import EmptyStream, NotYetAvailable, StreamIndex, stream_position
 from reader.storage.index import ExampleIndex
 
 LOG = logging.getLogger("chunkledger.reader")
+_WAIT = ("pass_rule='spans' serves each pass as a permutation of every row of the cache, so a training read "
+         "waits for the build to finish")
 
 # cipher answers computed at once for the batches after a regular one (the cipher's cost is mostly
 # per call: a few hundred small numpy operations whatever the size)
@@ -102,7 +104,7 @@ class Placement:
       examples: int64 [n]: each row's global example index, -1 for padding rows.
       valid: bool [n]: rows that hold an example (False: past the end of an eval pass).
       rows: int64 [k]: the valid rows, ascending. The arrays below have one entry per valid row.
-      streams, positions: int64 [k]: the stream and position in it of the row's example.
+      streams, positions: int64 [k]: its stream and position in the stream index ("spans": 0, the eval row).
       epochs: int64 [k]: the epoch of the row's first token.
       chunks, starts: int64 [k]: the chunk holding the row's first token and that token's offset in it.
       lengths: int64 [k]: tokens of the row that lie in that chunk from ``starts`` (at most L). Packed
@@ -177,9 +179,8 @@ class ExampleOrder:
 
     # -- the stream index ---------------------------------------------------------------------------
     def stream_index(self) -> StreamIndex:
-        """The :class:`StreamIndex` over the chunks known now (all chunks once the build is done): the
-        looping streams of the ``"streams"`` rule, or the eval pass (one stream, no loop: what the spans of
-        the ``"spans"`` rule and an eval read are rows of)."""
+        """The :class:`StreamIndex` over the chunks known now (all once the build is done): the streams of
+        ``"streams"``, or the eval pass (one stream, no loop), whose rows the spans of ``"spans"`` cut."""
         with self._lock:
             table = self.cache.table
             key = (len(table), self.cache.complete)
@@ -198,41 +199,31 @@ class ExampleOrder:
         return units // self.options.seq_len if self.kind == "concat" else units
 
     def repeated_rows(self) -> int:
-        """Under the ``"streams"`` rule, about how many of a pass's ``E`` rows repeat rows of the same pass: a
-        stream that holds fewer rows than it serves in a pass (``ceil((E - s) / R*)``) loops back over
-        chunks, which other streams serve too. 0 under ``"spans"``, in eval mode and while the build runs."""
+        """:func:`reader.order.passes.stream_repeats` of this read: 0 under ``"spans"``, in eval mode and while
+        the build runs."""
         if self.spans_rule or self.options.eval_mode or not self.cache.complete:
             return 0
         idx = self.stream_index()
-        E, R = self.pass_examples(), idx.r
-        s = np.arange(R, dtype=np.int64)
-        serves = np.maximum(E - s + R - 1, 0) // R
-        holds = idx.pass_units(s) // (self.options.seq_len if self.kind == "concat" else 1)
-        return int(np.maximum(serves - holds, 0).sum())
+        per_row = self.options.seq_len if self.kind == "concat" else 1
+        return stream_repeats(self.pass_examples(), idx.pass_units(np.arange(idx.r)) // per_row)
 
     def spans(self) -> Spans:
-        """The spans rule's arithmetic (:class:`reader.order.passes.Spans`) of the finished cache. Raises
-        :class:`NotYetAvailable` while the build runs (a pass needs every row), saying once, in the log,
-        that the read waits; :class:`EmptyStream` when no row exists."""
-        got = self._spans
-        if got is not None:
-            return got
-        if not self.cache.complete:
-            why = ("pass_rule='spans' serves each pass as a permutation of every row of the cache, so a "
-                   "training read waits for the build to finish")
-            if not self._said_wait:
-                self._said_wait = True
-                LOG.warning("%s: the build is still running: %s (up to the reader's wait_timeout_s); "
-                            "ReadOptions(pass_rule='streams') reads while it builds", self.cache.url, why)
-            raise NotYetAvailable(why)
-        rows = self.pass_examples()
-        if rows == 0:
-            idx = self.stream_index()
-            what = (f"its {int(idx.counts.sum())} tokens make no whole row of seq_len {self.options.seq_len}"
-                    if self.kind == "concat" else "no document gives an example")
-            raise EmptyStream(f"{self.cache.url}: nothing to read: {what}")
-        got = self._spans = Spans(rows, self.options.num_streams, self.shuffle)
-        return got
+        """The spans rule of the finished cache (:class:`reader.order.passes.Spans`). While the build runs:
+        :class:`NotYetAvailable` (a pass needs every row), said once in the log; no row: :class:`EmptyStream`."""
+        if self._spans is None:
+            if not self.cache.complete:
+                if not self._said_wait:
+                    self._said_wait = True
+                    LOG.warning("%s: the build is still running: %s (up to the reader's wait_timeout_s); "
+                                "ReadOptions(pass_rule='streams') reads while it builds", self.cache.url, _WAIT)
+                raise NotYetAvailable(_WAIT)
+            rows = self.pass_examples()
+            if rows == 0:
+                what = (f"its {int(self.stream_index().counts.sum())} tokens make no whole row of seq_len "
+                        f"{self.options.seq_len}" if self.kind == "concat" else "no document gives an example")
+                raise EmptyStream(f"{self.cache.url}: nothing to read: {what}")
+            self._spans = Spans(rows, self.options.num_streams, self.shuffle)
+        return self._spans
 
     def lanes(self) -> Spans | StreamLanes | None:
         """A shuffled read's lanes (:mod:`reader.order.passes`), which the release policy and the prefetcher
@@ -245,8 +236,7 @@ class ExampleOrder:
         """The pieces ``(epoch, chunk, lo, hi)`` of the tokens of lane rows ``[lo, hi)`` of lane ``lane``
         (concat reads: a row is ``seq_len`` tokens)."""
         s, a, b = self.lanes().stream_rows(lane, lo, hi)
-        L = self.options.seq_len
-        return self.stream_index().pieces(s, a * L, b * L)
+        return self.stream_index().pieces(s, a * self.options.seq_len, b * self.options.seq_len)
 
     def dropped_long(self) -> tuple[int, int]:
         """``drop_long``: ``(documents, tokens)`` longer than ``seq_len`` in the chunks known now, which
@@ -292,8 +282,6 @@ class ExampleOrder:
         """
         if self.shuffle is None:
             return exs
-        if self.spans_rule:
-            self.spans()  # (waits while the build runs)
         if self.ahead is not None:
             return [self._window_sources(ex) for ex in exs]
         keys = [(int(ex[0]), ex.size, ex.tobytes()) if ex.size else None for ex in exs]
@@ -380,42 +368,45 @@ class ExampleOrder:
         if src is None:
             src = self.sources([ex])[0]
         examples = ex.astype(np.int64, copy=True)
-        passes = None
-        if self.spans_rule:  # span s, position j: eval row `row`, i.e. position `row` of the index's stream 0
-            passes, s, j, row = self.spans().place(src)
-            qs, qj = np.zeros_like(row), row
-        else:
-            s, j = qs, qj = stream_position(src, opts.num_streams)
+        s, j, passes = self._positions(src)
         if opts.eval_mode:
             valid = j < self.eval_limit(idx, j)
             examples[~valid] = -1
             rows = np.flatnonzero(valid)
-            s, j = qs, qj = s[rows], j[rows]
+            s, j = s[rows], j[rows]
         else:
             valid = np.ones(ex.size, bool)
             rows = np.arange(ex.size)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
         pieces = None
         if self.kind == "concat":
-            epochs, chunks, starts = idx.locate_streams(qs, qj * L)
+            epochs, chunks, starts = idx.locate_streams(s, j * L)
             lengths = np.minimum(idx.counts[chunks] - starts, L)
             first = None
             for k in np.flatnonzero(lengths < L).tolist():
-                jk = int(qj[k])
-                spill[k] = list(idx.pieces(int(qs[k]), jk * L, (jk + 1) * L))
+                jk = int(j[k])
+                spill[k] = list(idx.pieces(int(s[k]), jk * L, (jk + 1) * L))
         elif self.kind == "unpacked":
-            epochs, chunks, offsets = idx.locate_streams(qs, qj)
+            epochs, chunks, offsets = idx.locate_streams(s, j)
             starts, first, lengths = (np.empty(rows.size, np.int64) for _ in range(3))
             for c in np.unique(chunks).tolist():
                 m = chunks == c
                 starts[m], first[m], lengths[m] = self.chunk_index.locate(c, self.store.doc_index(c), offsets[m])
         else:
-            epochs, chunks, offsets = idx.locate_streams(qs, qj)
+            epochs, chunks, offsets = idx.locate_streams(s, j)
             starts, first, lengths, pieces = self._best_fit_rows(chunks, offsets)
         if passes is not None:  # a row's epoch is its pass
             epochs = passes
             spill = {k: [(int(passes[k]), c, a, b) for _, c, a, b in got] for k, got in spill.items()}
         return Placement(examples, valid, rows, s, j, epochs, chunks, starts, lengths, first, spill, pieces=pieces)
+
+    def _positions(self, src: np.ndarray):
+        """``(streams, positions, passes)`` of sources ``src`` in :meth:`stream_index`: under ``"spans"`` stream
+        0 (the eval pass) at the example's eval row, and its pass; else its stream and position, None."""
+        if self.spans_rule:
+            p, _, _, row = self.spans().place(src)
+            return np.zeros_like(row), row, p
+        return (*stream_position(src, self.options.num_streams), None)
 
     def _best_fit_rows(self, chunks: np.ndarray, offsets: np.ndarray):
         """``(starts, first_positions, lengths, pieces)`` of best-fit rows ``offsets`` of ``chunks``."""
@@ -436,12 +427,7 @@ class ExampleOrder:
         opts = self.options
         L = opts.seq_len
         idx = self.stream_index()
-        src = np.concatenate(self.sources(exs))
-        if self.spans_rule:
-            _, _, _, j = self.spans().place(src)
-            s = np.zeros_like(j)
-        else:
-            s, j = stream_position(src, opts.num_streams)
+        s, j, _ = self._positions(np.concatenate(self.sources(exs)))
         if self.kind == "concat":
             pos = np.concatenate([j * L, j * L + L - 1])
             s = np.concatenate([s, s])

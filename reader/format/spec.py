@@ -51,11 +51,9 @@ FORMAT_VERSION = 4  # the version every new build writes (docs/FORMAT.md, "Versi
 # What builders before version 4 wrote for a cache that used nothing version 3 added (inputs other than JSON
 # Lines, kept fields, loss masks); a rerun of such a cache keeps writing it.
 BASE_FORMAT_VERSION = 2
-# Versions this code reads; a reader needs nothing of the differences but the optional columns (fields,
-# loss_spans) and the default pass rule (docs/FORMAT.md, "Versions").
+# Versions this code reads: they differ for a reader only in optional columns (fields, loss_spans) and, from
+# SPANS_FORMAT_VERSION on, the default pass rule ("spans"; older caches keep "streams": docs/FORMAT.md, "Versions").
 READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
-# From this version on a training read's default pass rule is "spans" (every pass covers the data once;
-# docs/FORMAT.md, "Passes"); older caches keep "streams", so their batches never change.
 SPANS_FORMAT_VERSION = 4
 
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reader.order.shuffle import (ShuffleConfig, _row_windows, mix_of_rows, mix_sources_of_lanes,
-                                  shuffle_example_indices)
+from reader.order.shuffle import (ShuffleConfig, mix_of_rows, mix_sources_of_lanes, shuffle_example_indices,
+                                  shuffle_window_of)
 
 PASS_RULES = ("spans", "streams")
 
@@ -35,6 +35,15 @@ PASS_RULES = ("spans", "streams")
 class RepeatedRowsWarning(RuntimeWarning):
     """A read serves rows twice within a pass (``pass_rule="streams"`` on fewer chunks than ``R*`` or
     unequal streams)."""
+
+
+def stream_repeats(rows: int, holds: np.ndarray) -> int:
+    """Under ``"streams"``, about how many of a pass's ``rows`` (``E``) rows repeat rows of the same pass when
+    stream ``s`` holds ``holds[s]`` rows in its first epoch: it serves ``ceil((E - s) / R*)`` rows of a pass,
+    and one holding fewer loops back over chunks, which other streams serve too."""
+    s = np.arange(holds.size, dtype=np.int64)
+    serves = np.maximum(rows - s + holds.size - 1, 0) // holds.size
+    return int(np.maximum(serves - holds, 0).sum())
 
 
 class StreamLanes:
@@ -55,8 +64,8 @@ class StreamLanes:
 
     def window(self, row: int) -> tuple[int, int]:
         """The lane rows ``[lo, hi)`` of the window of lane row ``row``."""
-        _, lo, hi = _row_windows(np.asarray([row], np.int64), self.cfg)
-        return int(lo[0]), int(hi[0])
+        _, lo, hi = shuffle_window_of(np.asarray([row * self.lanes], np.int64), self.cfg)
+        return int(lo[0]) // self.lanes, int(hi[0]) // self.lanes
 
     def window_before(self, row: int) -> int:
         """The first lane row of the window before the one that starts at lane row ``row`` (in the same
@@ -129,9 +138,9 @@ class Spans:
 
     def window(self, row: int) -> tuple[int, int]:
         p, t = divmod(int(row), self.pass_rows)
-        _, lo, hi = _row_windows(np.asarray([t], np.int64), self.cfg)
+        _, lo, hi = shuffle_window_of(np.asarray([t * self.lanes], np.int64), self.cfg)
         base = p * self.pass_rows
-        return base + int(lo[0]), base + min(int(hi[0]), self.pass_rows)
+        return base + int(lo[0]) // self.lanes, base + min(int(hi[0]) // self.lanes, self.pass_rows)
 
     def window_before(self, row: int) -> int:
         return self.window(row - 1)[0] if row % self.pass_rows else row

@@ -113,6 +113,7 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
         cache = caches[0]
         info, lengths = summary.cache_summary(cache, path, max_chunks=max_chunks, threads=threads, seq_len=opts.seq_len,
                                               read=counted)
+        info["passes"] = summary.cache_passes(cache, opts, steps)
         sampled, known = len(counted.got), len(cache.table)
         progress = read_progress(cache)
         shard, tokens, entries = _chunks(cache, progress)
