@@ -298,17 +298,18 @@ def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per
 
 def batches_during_and_after_build(tmp: str, chunks, chunks_per_shard, options, count: int, *,
                                    compressed=None, first=(0,), seed: int = 0, num_readers: int = 2,
-                                   reader_index: int = 1):
+                                   reader_index: int = 1, format_version: int | None = None):
     """``(got, want)``: batches ``0..count-1`` read while :func:`build_in_background` writes the cache,
     and the same batches read from a finished twin. Asserts the reader really saw the build running."""
     from reader import Reader
 
     done, live = os.path.join(tmp, "done"), os.path.join(tmp, "live")
     write_synthetic_cache(done, chunks, chunks_per_shard=chunks_per_shard, compressed=compressed,
-                          row_group_tokens=9)
+                          row_group_tokens=9, format_version=format_version)
     with Reader(done, options, num_readers=num_readers, reader_index=reader_index) as ref:
         want = list(ref.iter_batches(0, count))
-    t = build_in_background(live, chunks, chunks_per_shard, compressed=compressed, first=first, seed=seed)
+    t = build_in_background(live, chunks, chunks_per_shard, compressed=compressed, first=first, seed=seed,
+                            format_version=format_version)
     try:
         with Reader(live, options, num_readers=num_readers, reader_index=reader_index, wait_timeout_s=60,
                     poll_interval_s=0.01) as rd:

@@ -94,8 +94,9 @@ def test_global_batches_do_not_depend_on_hosts_and_each_host_reads_only_its_stre
                 h.close()
 
 
-def test_seek_equals_iterate_and_resume_is_the_step(mix):
-    opts = ReadOptions(seq_len=8, batch_size=16, ideal_readers=4, shuffle_seed=3)
+@pytest.mark.parametrize("rule", ["streams", "spans"])
+def test_seek_equals_iterate_and_resume_is_the_step(mix, rule):
+    opts = ReadOptions(seq_len=8, batch_size=16, ideal_readers=4, shuffle_seed=3, pass_rule=rule)
     with Reader(mix["file"], opts) as r:
         seq = [x for _, x in r.iter_batches(0, 20)]
     rng = np.random.default_rng(0)
