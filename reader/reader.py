@@ -288,6 +288,7 @@ class Reader:
         B, rows = self.options.batch_size, self.my_rows
         exs = [(b + i) * B + rows for i in range(count)]
         ex = np.concatenate(exs)
+
         def attempt():
             # shuffled: per batch, so the cipher's answers are cached and computed ahead per batch
             src = ex if self.order.shuffle is None else np.concatenate(self.order.sources(exs))

@@ -60,7 +60,8 @@ def _passes_lines(p: dict) -> list[str]:
              + ("every pass serves each of them once" if p["pass_rule"] == "spans" else
                 f"{p['ideal_readers']} streams loop over the chunks")]
     if p["repeated_rows"]:
-        lines.append(f"WARNING     about {p['repeated_rows'] / E:.0%} of the rows of each pass are served twice within it "
+        share = p["repeated_rows"] / E
+        lines.append(f"WARNING     about {share:.0%} of the rows of each pass are served twice within it "
                      f"(ideal_readers {p['ideal_readers']}); --pass_rule spans serves every row once per pass")
     if "steps" in p:
         passes = "-" if p["passes"] is None else f"{p['passes']:.3f}"

@@ -127,7 +127,8 @@ def _summary(d: ReportData) -> str:
     if d.is_mixture:
         head = "<tr><th>component</th><th>path</th><th>state</th><th>documents</th><th>tokens</th><th>chunks</th>"
         head += "".join(f"<th>weight from batch {g['start_batch']:,}</th>" for g in s["segments"])
-        head += "<th>examples per pass</th><th>pass rule</th><th>max_passes</th><th>examples drawn</th><th>passes</th></tr>"
+        head += ("<th>examples per pass</th><th>pass rule</th><th>max_passes</th><th>examples drawn</th>"
+                 "<th>passes</th></tr>")
         body = []
         for c in s["components"]:
             passes = "-" if c.get("passes") is None else f"{c['passes']:.3f}"

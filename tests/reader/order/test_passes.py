@@ -99,3 +99,19 @@ def test_bad_sizes_are_refused():
         Spans(0, 4)
     with pytest.raises(ValueError, match="lanes"):
         Spans(10, 4, ShuffleConfig(seed=0, lanes=2))
+
+
+def test_the_worked_example_of_format_md():
+    """docs/FORMAT.md, "Worked example: spans": E = 21 rows, R* = 16, B = 8."""
+    sp = Spans(21, 16)
+    assert sp.span_start(np.arange(17)).tolist() == [0, 2, 4, 6, 8] + list(range(10, 22))
+    p, _, _, row = sp.place(sp.sources(np.arange(32)))
+    assert row.reshape(4, 8).tolist() == [[0, 2, 4, 6, 8, 10, 11, 12], [13, 14, 15, 16, 17, 18, 19, 20],
+                                          [1, 3, 5, 7, 9, 0, 2, 4], [6, 8, 10, 11, 12, 13, 14, 15]]
+    assert p.tolist() == [0] * 21 + [1] * 11
+    shuffled = Spans(21, 16, ShuffleConfig(seed=0, lanes=16))
+    rest = list(range(10, 21))
+    want = [[1, 3, 5, 7, 9] + rest + [0, 2, 4, 6, 8], [1, 3, 5, 6, 8] + rest + [0, 2, 4, 7, 9],
+            [1, 2, 5, 6, 8] + rest + [0, 3, 4, 7, 9]]
+    for q in range(3):
+        assert shuffled.place(shuffled.sources(q * 21 + np.arange(21)))[3].tolist() == want[q]
