@@ -42,7 +42,7 @@ TOKENIZER_FILE = "tokenizer.json"  # Hugging Face builds: the tokenizer's JSON, 
 INDEX_DIR = "index"  # reader.storage.index.INDEX_DIR, the reader's files in a cache (not imported: a light launcher)
 # Finished caches a rerun checks against their inputs: sidecars record what they were built from from
 # version 2 on (a version 1 cache is left as it is).
-CHECKABLE = (fmt.BASE_FORMAT_VERSION, fmt.FORMAT_VERSION)
+CHECKABLE = tuple(v for v in fmt.READABLE_FORMAT_VERSIONS if v >= fmt.BASE_FORMAT_VERSION)
 
 
 def check_output(output: str) -> None:
@@ -338,7 +338,9 @@ def _reconcile_and_write(plan: BuildPlan, tok: TokenizerSpec, output: str) -> Pr
     finished = {name: old for name, old in finished.items() if old.get("format_version") in CHECKABLE}
     if any(old is not None for old in olds.values()):
         existing = next(old for old in olds.values() if old is not None)
-        plan = dataclasses.replace(plan, config=plan.config.as_in(existing["config"]))  # an older cache's keys
+        # an older cache's keys, and its format version (a rerun writes the version the cache has)
+        plan = dataclasses.replace(plan, config=plan.config.as_in(existing["config"]),
+                                   resumes=existing.get("format_version"))
         caches = plan.caches()
         trusted = None
         for name, cache_plan in caches:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from reader.format.spec import SPANS_FORMAT_VERSION
 from reader.order.packing import WINDOW_TOKENS
+from reader.order.passes import PASS_RULES
 from reader.order.shuffle import ShuffleConfig
 
 LAYOUTS = ("arrays", "flat")  # how a batch's tokens are laid out: reader.batch.schema defines each
@@ -72,6 +74,14 @@ class ReadOptions:
         the storage client's retries, one listing of a running build, a worker's start-up: seconds to a
         minute or two) and still reports a hang in minutes. ``reader.torch.token_loader`` sets the
         DataLoader's ``timeout`` from it.
+      pass_rule: how a training read covers the data (docs/FORMAT.md, "Passes"). ``"spans"``: every pass
+        (the first ``E`` examples, then the next ``E``, ..., ``E`` the rows of an eval pass at these options)
+        serves every row of the eval pass exactly once, shuffled or not; a read of a cache whose build
+        is still running waits for it to finish. ``"streams"``: ``R*`` streams loop over the chunks
+        (``loop(all_chunks)[s::R*]``); it follows a running build, but repeats rows within a pass when
+        the cache has fewer chunks than ``R*`` or unequal streams. None (default): ``"spans"`` for caches of
+        format version 4 and later, ``"streams"`` for older ones, so their batches never change. Eval
+        reads are the same under both.
     """
 
     seq_len: int = 2048
@@ -91,6 +101,7 @@ class ReadOptions:
     layout: str = "arrays"
     num_workers: int = 0
     worker_timeout_s: float = 600.0
+    pass_rule: str | None = None
 
     def __post_init__(self):
         if self.packing not in PACKINGS:
@@ -125,6 +136,9 @@ class ReadOptions:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.ideal_readers < 1:
             raise ValueError(f"ideal_readers must be >= 1, got {self.ideal_readers}")
+        if self.pass_rule is not None and self.pass_rule not in PASS_RULES:
+            raise ValueError(f"pass_rule must be one of {PASS_RULES} or None (by the cache's format version), "
+                             f"got {self.pass_rule!r}")
         if self.eval_mode and (self.shuffle_seed is not None or self.shuffle is not None):
             raise ValueError("eval_mode reads every document once in global order; it never shuffles. "
                              "Drop shuffle_seed/shuffle or eval_mode.")
@@ -134,6 +148,12 @@ class ReadOptions:
         """What an example is: ``"concat"`` (a window of a stream's tokens), ``"best_fit"`` (a best-fit row
         of a chunk) or ``"unpacked"`` (a piece of a document). The last two are counted per chunk."""
         return self.packing if self.packed else "unpacked"
+
+    def pass_rule_for(self, format_version: int) -> str:
+        """The pass rule of a read of a cache of ``format_version``: ``pass_rule``, or by the version."""
+        if self.pass_rule is not None:
+            return self.pass_rule
+        return "spans" if format_version >= SPANS_FORMAT_VERSION else "streams"
 
     @property
     def num_streams(self) -> int:

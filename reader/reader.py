@@ -1,15 +1,17 @@
 """The Reader: deterministic, sharded, seekable batches of a chunkledger cache.
 
-Order (seed 000): with ``R*`` streams, stream ``s`` is ``loop(all_chunks)[s::R*]`` turned into
-examples; ``example[i] = stream_examples[i % R*][i // R*]``; global batch ``b`` is
-``example[b*B:(b+1)*B]``; reader ``r`` of ``R`` serves its rows ``k ≡ r (mod R)``.
+Order: global batch ``b`` is ``example[b*B:(b+1)*B]``; reader ``r`` of ``R`` serves its rows
+``k ≡ r (mod R)``. Which row of the data ``example[i]`` is, the pass rule says (:mod:`reader.order.passes`):
+``"spans"`` (format version 4 on) makes every pass of ``E`` examples a permutation of the eval pass's rows,
+read as ``R*`` contiguous spans; ``"streams"`` (older caches; seed 000) has stream ``s`` be
+``loop(all_chunks)[s::R*]`` and ``example[i] = stream_examples[i % R*][i // R*]``.
 
 Examples are built at read time:
 
-* **packed**: example ``j`` of a stream is its tokens ``[j*L, (j+1)*L)`` (documents concatenated across
-  chunk boundaries; nothing dropped). ``targets`` are those tokens; ``inputs[t]`` is the previous token of
-  the same document, or 0 at a document start (flat-tokens, seed 001); ``segment_ids``/``positions``
-  expose the documents.
+* **packed**: example ``j`` of a stream (the eval pass, under ``"spans"``) is its tokens ``[j*L, (j+1)*L)``
+  (documents concatenated across chunk boundaries). ``targets`` are those tokens; ``inputs[t]`` is the
+  previous token of the same document, or 0 at a document start (flat-tokens, seed 001);
+  ``segment_ids``/``positions`` expose the documents.
 * **unpacked**: one document piece per example (a document of ``n`` tokens gives ``ceil(n/L)`` pieces),
   padded with ``segment_ids == 0`` and ``loss_mask == False``.
 
@@ -42,6 +44,7 @@ from reader.batch.readahead import Progress, read_ahead
 from reader.batch.schema import batch_spec
 from reader.batch.release import ReleasePolicy
 from reader.storage.store import ChunkStore
+from reader.order.passes import RepeatedRowsWarning
 from reader.order.streams import StreamIndex, reader_rows
 from reader.workers.pool import WorkerPool
 
@@ -118,6 +121,7 @@ class Reader:
                                          self.num_readers, self.reader_index)
         for store in getattr(self.store, "stores", [self.store]):  # (a mixture's: one per component)
             store.progress = self.progress.beat
+        self._unwarned = serve_rows is None  # (a reader worker's parent warns, not the worker)
         self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read, masked=self.masked)
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 
@@ -131,6 +135,42 @@ class Reader:
 
     def __exit__(self, *exc):
         self.close()
+
+    def _pass_limit(self):
+        """A mixture's ``(first step refused, its error)`` by a component's ``max_passes``, or None."""
+        limit = getattr(self.order, "pass_limit", None)
+        return None if limit is None else limit()
+
+    def _warn_repeats(self) -> None:
+        """Warn, once, when this read serves rows twice within a pass: the ``"streams"`` rule (the default of
+        caches older than format version 4) on fewer chunks than ``R*`` or unequal streams. (At the first
+        read: it needs the per-chunk counts a read computes anyway.)"""
+        if not self._unwarned:
+            return
+        self._unwarned = False
+        for order in getattr(self.order, "orders", [self.order]):
+            repeated = order.repeated_rows()
+            if not repeated:
+                continue
+            E, n = order.pass_examples(), len(order.cache.table)
+            warnings.warn(
+                f"{order.cache.url}: pass_rule='streams' (the default for caches of format version "
+                f"{order.cache.ledger.format_version}) serves about {repeated / E:.0%} of the {E:,} rows of each "
+                f"pass twice within it ({n} chunks in ideal_readers={self.options.ideal_readers} streams: a "
+                "stream with fewer rows than its share of a pass loops over its chunks again). "
+                "ReadOptions(pass_rule='spans') serves every row once per pass (other batches than this run's so far)",
+                RepeatedRowsWarning, stacklevel=2)
+
+    @property
+    def examples_per_pass(self) -> int | tuple[int, ...]:
+        """``E``, the examples of one pass (training; the rows of an eval pass at these options, concat: its
+        whole rows), waiting for the build to finish; a mixture's, one per component. Step ``b`` is in pass
+        ``b * batch_size // E`` (docs/READING.md, "Passes")."""
+        self.cache.wait_complete(timeout_s=self.wait_timeout_s, poll_s=self.poll_interval_s,
+                                 what="the size of a pass")
+        if hasattr(self.order, "components"):
+            return tuple(order.pass_examples() for order in self.order.components)
+        return self.order.pass_examples()
 
     def _read_ahead_size(self) -> tuple[int, int]:
         """``(batches per slab, bytes)`` of what ``iter_batches`` may hold assembled ahead: the
@@ -206,8 +246,13 @@ class Reader:
     def _read(self, ex: np.ndarray, into: dict[str, np.ndarray] | None = None,
               src: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The examples ``ex`` as a batch (into ``into`` if given); ``src``: their source indices."""
+        limit = self._pass_limit()
+        if limit is not None and ex.size and int(ex.max()) >= limit[0] * self.options.batch_size:
+            raise limit[1]
         out = self.assembler.assemble(self.order.locate(ex, src), into)
         self.release.examples_read(ex)
+        if self._unwarned:
+            self._warn_repeats()
         return out
 
     def rows(self, b: int, rows) -> dict[str, np.ndarray]:
@@ -243,11 +288,15 @@ class Reader:
         B, rows = self.options.batch_size, self.my_rows
         exs = [(b + i) * B + rows for i in range(count)]
         ex = np.concatenate(exs)
-        # shuffled: per batch, so the cipher's answers are cached and computed ahead per batch
-        src = ex if self.order.shuffle is None else np.concatenate(self.order.sources(exs))
-        out = self._wait(lambda: self._read(ex, out, src), f"batches {b}..{b + count - 1}")
+
+        def attempt():
+            # shuffled: per batch, so the cipher's answers are cached and computed ahead per batch
+            src = ex if self.order.shuffle is None else np.concatenate(self.order.sources(exs))
+            return self._read(ex, out, src)
+
+        got = self._wait(attempt, f"batches {b}..{b + count - 1}")
         n = rows.size
-        return [{k: v[i * n:(i + 1) * n] for k, v in out.items()} for i in range(count)]
+        return [{k: v[i * n:(i + 1) * n] for k, v in got.items()} for i in range(count)]
 
     def iter_batches(self, start: int = 0, count: int | None = None) -> Iterator[tuple[int, dict]]:
         """Yield ``(b, self.batch(b))`` for b = start, start+1, ... (``count`` batches, or until the end of
@@ -262,7 +311,17 @@ class Reader:
         unchanged, for as long as they are referenced. Either way, work held for
         ``worker_timeout_s`` without progress raises :class:`reader.ReaderStalled`.
         """
+        limit = self._pass_limit()
+        if limit is not None and (count is None or start + int(count) > limit[0]):
+            # a mixture component's max_passes: serve every step before the first one refused, then raise
+            if limit[0] > start:
+                yield from self._iter_batches(start, limit[0] - start)
+            raise limit[1]
+        yield from self._iter_batches(start, count)
+
+    def _iter_batches(self, start: int, count: int | None) -> Iterator[tuple[int, dict]]:
         if self.options.num_workers > 0:
+            self._warn_repeats()  # (the workers read, and do not warn)
             pool = WorkerPool(self, start, count)
             self._pools.add(pool)
             yield from pool

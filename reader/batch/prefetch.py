@@ -26,7 +26,6 @@ from reader.storage.cache import Cache
 from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder
 from reader.batch.release import ReleasePolicy
-from reader.order.shuffle import mix_of_rows, mix_sources_of_lanes
 from reader.storage.store import ChunkStore
 from reader.order.streams import streams_of_reader
 
@@ -105,7 +104,7 @@ class Prefetcher:
             return []
         last_row = -1
         if self.release.by_mix:
-            last_row = max(int(e.max()) for e in exs) // self.order.shuffle.lanes
+            last_row = int(self.order.lanes().lane_rows(np.concatenate(exs))[0].max())
         return self.prefetch_chunks(plan, last_row)
 
     def prefetch_chunks(self, plan: list[tuple[int, np.ndarray]], last_row: int = -1) -> list[cf.Future]:
@@ -136,9 +135,10 @@ class Prefetcher:
     def _prefetch_mixes(self, exs: list[np.ndarray]) -> list[cf.Future]:
         """Load the row groups of every mix that examples ``exs`` reach and that is not loaded yet: one
         background task per chunk."""
-        cfg = self.order.shuffle
-        t = min(int(e.min()) for e in exs) // cfg.lanes
-        t_end = max(int(e.max()) for e in exs) // cfg.lanes
+        lanes = self.order.lanes()
+        rows = [lanes.lane_rows(e)[0] for e in exs]
+        t = min(int(r.min()) for r in rows)
+        t_end = max(int(r.max()) for r in rows)
         futs: list[cf.Future] = []
         while t <= t_end:
             with self._lock:
@@ -148,7 +148,7 @@ class Prefetcher:
                     self._mix_span = (0, 0)
                 lo, hi = self._mix_span
             if not lo <= t < hi:
-                _, mlo, mhi = mix_of_rows(np.asarray([t]), cfg)
+                _, mlo, mhi = lanes.mixes(np.asarray([t]))
                 lo, hi = int(mlo[0]), int(mhi[0])
                 with self._lock:
                     new = lo not in self._mixes
@@ -160,7 +160,7 @@ class Prefetcher:
                     try:
                         # first what the planned examples in the mix need (the pool runs tasks in
                         # order), then the rest of the mix
-                        inside = [e for e in exs if int(e.min()) // cfg.lanes < hi and int(e.max()) // cfg.lanes >= lo]
+                        inside = [e for e, r in zip(exs, rows) if int(r.min()) < hi and int(r.max()) >= lo]
                         if inside:
                             futs.extend(self.store.submit(self._load_chunk_part, c, offs, hi - 1)
                                         for c, offs in self.order.touched(inside))
@@ -175,13 +175,12 @@ class Prefetcher:
         return futs
 
     def _prefetch_mix(self, lo: int, hi: int) -> list[cf.Future]:
-        cfg, L = self.order.shuffle, self.options.seq_len
-        lanes = list(range(self.reader_index % self.num_readers, cfg.lanes, self.num_readers))
-        idx = self.order.stream_index()
+        lanes = self.order.lanes()
+        mine = lanes.reader_lanes(lo, self.num_readers, self.reader_index)
         per_chunk: dict[int, list[tuple[int, int]]] = {}
-        for lane, ranges in zip(lanes, mix_sources_of_lanes(lo, lanes, cfg)):
+        for lane, ranges in zip(mine, lanes.mix_sources(lo, mine)):
             for r0, r1 in ranges.tolist():
-                for _, c, a, z in idx.pieces(lane, r0 * L, r1 * L):
+                for _, c, a, z in self.order.lane_pieces(lane, r0, r1):
                     per_chunk.setdefault(c, []).append((a, z))
         return [self.store.submit(self._load_chunk_ranges, c, ranges, hi - 1) for c, ranges in per_chunk.items()]
 

@@ -11,7 +11,9 @@ decodes again.
   (:func:`reader.order.shuffle.mix_of_rows`): once the reads have passed a mix, the row groups wholly inside
   its source blocks (:func:`reader.order.shuffle.mix_sources_of_lanes`) are passed, and after the last mix
   of a window, those wholly inside the window (and the one before it: the row group over their
-  boundary). Row groups at block ends may serve another mix: the LRU keeps those.
+  boundary). Row groups at block ends may serve another mix: the LRU keeps those. Mixes, windows and their
+  sources are counted in *lane rows*, which the read's pass rule maps to tokens
+  (:mod:`reader.order.passes`, :meth:`reader.batch.examples.ExampleOrder.lanes`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,7 @@ import numpy as np
 
 from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder
-from reader.order.shuffle import mix_of_rows, mix_sources_of_lanes, shuffle_window_of
 from reader.storage.store import ChunkStore
-from reader.order.streams import StreamIndex
 
 _TRACKED_CHUNKS = 4096
 _TRACKED_MIXES = 64
@@ -35,7 +35,7 @@ class ReleasePolicy:
     """Tells the store which row groups the reads have passed (see the module docstring).
 
     Attributes:
-      passed_row: shuffled reads: the first shuffle row (position of every stream) of the latest read;
+      passed_row: shuffled reads: the first lane row (position of every lane) of the latest read;
         the prefetcher skips work for mixes below it.
       rewinds: how many times a shuffled read jumped back (the prefetcher then forgets what it loaded).
     """
@@ -92,11 +92,9 @@ class ReleasePolicy:
         """After a read of examples ``ex``: release the mixes every lane it reads has passed."""
         if not self.by_mix or not ex.size:
             return
-        cfg = self.order.shuffle
-        lanes = cfg.lanes
-        rows = ex // lanes
+        lanes = self.order.lanes()
+        rows, by_lane = lanes.lane_rows(ex)
         t_min, t_max = int(rows.min()), int(rows.max())
-        by_lane = ex % lanes
         key = by_lane.tobytes()
         lane_set = self._lane_sets.get(key)
         if lane_set is None:  # (a reader's batches have one or a few lane patterns)
@@ -109,7 +107,7 @@ class ReleasePolicy:
         if fast:
             spans = [(lo, hi)]
         else:
-            _, mlo, mhi = mix_of_rows(np.unique(rows), cfg)
+            _, mlo, mhi = lanes.mixes(np.unique(rows))
             spans = sorted(set(zip(mlo.tolist(), mhi.tolist())))
         finished = []
         with self._lock:
@@ -128,34 +126,26 @@ class ReleasePolicy:
             while len(self._mixes) > _TRACKED_MIXES:  # reads far apart (random access): forget the oldest
                 self._mixes.pop(next(iter(self._mixes)))
         if finished:
-            idx = self.order.stream_index()
             for m_lo, m_hi, m_lanes in finished:
                 try:
-                    self._release_mix(idx, m_lo, m_hi, sorted(m_lanes))
+                    self._release_mix(lanes, m_lo, m_hi, sorted(m_lanes))
                 except Exception:  # noqa: BLE001 - a cache decision never fails a read
                     pass
 
-    def _release_mix(self, idx: StreamIndex, m_lo: int, m_hi: int, lanes: list[int]) -> None:
-        cfg, L = self.order.shuffle, self.L
-        _, w_lo, w_hi = (int(x[0]) for x in shuffle_window_of(np.asarray([m_lo * cfg.lanes]), cfg))
-        w_lo //= cfg.lanes
-        w_hi //= cfg.lanes
-        sources = mix_sources_of_lanes(m_lo, lanes, cfg)
-        ranges = {lane: rr.tolist() for lane, rr in zip(lanes, sources)}
-        if m_hi >= w_hi:  # the window's last mix: the whole window, and the previous one
-            prev = w_lo
-            if w_lo > 0:
-                prev = int(shuffle_window_of(np.asarray([(w_lo - 1) * cfg.lanes]), cfg)[1][0]) // cfg.lanes
-            for lane in lanes:
+    def _release_mix(self, lanes, m_lo: int, m_hi: int, which: list[int]) -> None:
+        w_lo, w_hi = lanes.window(m_lo)
+        ranges = {lane: rr.tolist() for lane, rr in zip(which, lanes.mix_sources(m_lo, which))}
+        if m_hi >= w_hi:  # the window's last mix: the whole window, and the previous one (of the same pass)
+            prev = lanes.window_before(w_lo)
+            for lane in which:
                 ranges[lane].append([prev, w_hi])
         for lane, rr in ranges.items():
-            s = lane % idx.r
             for r0, r1 in rr:
-                self._release_stream_range(idx, s, r0 * L, r1 * L)
+                self._release_lane_range(lane, r0, r1)
 
-    def _release_stream_range(self, idx: StreamIndex, s: int, lo: int, hi: int) -> None:
-        """Release the cached row groups that lie wholly inside tokens ``[lo, hi)`` of stream ``s``."""
-        for _, c, a, b in idx.pieces(s, lo, hi):
+    def _release_lane_range(self, lane: int, lo: int, hi: int) -> None:
+        """Release the cached row groups that lie wholly inside the tokens of lane rows ``[lo, hi)``."""
+        for _, c, a, b in self.order.lane_pieces(lane, lo, hi):
             meta = self.store.cached_meta(c)
             if meta is None:  # not in the cache: neither are its row groups, most likely
                 continue

@@ -9,6 +9,7 @@ import shlex
 import sys
 from typing import Iterable
 
+from reader.cli import support as cli_support
 from reader.tokenizers import tokenizer_lib
 from reader.format.spec import FormatError
 from reader.interop.export import write_file
@@ -39,6 +40,7 @@ def add_parser(sub) -> None:
                    help=f"R*, number of streams (default {ReadOptions.ideal_readers})")
     p.add_argument("--unpacked", action="store_true", help="one document piece per row instead of packing")
     p.add_argument("--shuffle_seed", type=int, default=None, help="growing-window shuffle seed")
+    cli_support.add_pass_rule(p)
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"N: show batch N besides batch 0; mixture shares and shuffle locality over steps 0..N "
                         f"(default {DEFAULT_STEPS})")
@@ -57,6 +59,7 @@ def regenerate_command(args: argparse.Namespace) -> str:
             "--batch_size", str(args.batch_size), "--ideal_readers", str(args.ideal_readers)]
     argv += ["--unpacked"] if args.unpacked else []
     argv += ["--shuffle_seed", str(args.shuffle_seed)] if args.shuffle_seed is not None else []
+    argv += ["--pass_rule", args.pass_rule] if args.pass_rule is not None else []
     argv += ["--steps", str(args.steps), "--rows", str(args.rows), "--max_chunks", str(args.max_chunks)]
     argv += ["--tokenizer", args.tokenizer] if args.tokenizer is not None else []
     return shlex.join(argv)
@@ -70,7 +73,7 @@ def cmd_report(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, packed=not args.unpacked,
-                       ideal_readers=args.ideal_readers, shuffle_seed=args.shuffle_seed)
+                       ideal_readers=args.ideal_readers, shuffle_seed=args.shuffle_seed, pass_rule=args.pass_rule)
     data = collect(args.path, opts, args.steps, command=regenerate_command(args), tokenizer=args.tokenizer,
                    rows=args.rows, max_chunks=args.max_chunks, threads=args.threads)
     text = page.render(data).encode("utf-8")

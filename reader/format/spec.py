@@ -34,13 +34,23 @@ from reader.format import checks
 from reader.format.checks import MAX_COUNT, MAX_INDEX, MAX_TOTAL, is_int, load_json  # noqa: F401 - re-exported
 
 FORMAT_NAME = "chunkledger"
-FORMAT_VERSION = 3  # the newest version this code writes
-# What a cache that uses nothing version 3 added (inputs other than JSON Lines, kept fields, loss masks) is
-# written as: byte for byte what writers before version 3 wrote, so older readers and builders keep reading it.
+FORMAT_VERSION = 4  # the version every new build writes (docs/FORMAT.md, "Versions")
+# What builders before version 4 wrote for a cache that used nothing version 3 added (inputs other than JSON
+# Lines, kept fields, loss masks); a rerun of such a cache keeps writing it.
 BASE_FORMAT_VERSION = 2
-# Versions this code reads; a reader needs nothing of the differences but the optional columns (fields,
-# loss_spans) (docs/FORMAT.md, "Versions").
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
+# Versions this code reads: they differ for a reader only in optional columns (fields, loss_spans) and, from
+# SPANS_FORMAT_VERSION on, the default pass rule ("spans"; older caches keep "streams": docs/FORMAT.md, "Versions").
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
+SPANS_FORMAT_VERSION = 4
+
+
+def written_version(resumed: int | None) -> int:
+    """The format version a build writes: :data:`FORMAT_VERSION` for a new cache (``resumed`` None); a rerun
+    of a cache of an older version keeps that version (its bytes, and so its batches, stay what they were),
+    an unfinished version 1 build becoming version 2 as before (it is rebuilt whole)."""
+    if resumed is None or resumed >= FORMAT_VERSION:
+        return FORMAT_VERSION
+    return max(int(resumed), BASE_FORMAT_VERSION)
 
 LEDGER_NAME = "ledger.json"
 CHUNKS_DIR = "chunks"
@@ -285,6 +295,10 @@ class Ledger:
     @property
     def finished(self) -> bool:
         return bool(self.raw.get("finished", False))
+
+    @property
+    def format_version(self) -> int:
+        return int(self.raw["format_version"])
 
     @property
     def tokenizer(self) -> Mapping[str, Any]:

@@ -230,7 +230,7 @@ def plan_ledger(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
     inputs = [dict({"shard": i, "path": s.path, "size": s.size, "compression": "none",
                     "chunks": num_chunks(s, config["chunk_bytes"])}, **s.input_entry())
               for i, s in enumerate(sources)]
-    return {"format": fmt.FORMAT_NAME, "format_version": fmt.BASE_FORMAT_VERSION, "finished": False,
+    return {"format": fmt.FORMAT_NAME, "format_version": fmt.written_version(None), "finished": False,
             "tokenizer": tokenizer, "config": config, "inputs": inputs, "chunks": [], "totals": {},
             "bad_records": {}}
 
@@ -265,6 +265,7 @@ def write_cache(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
                                f"another --out, or delete {out} to import again.")
         if old.get("finished"):
             return old
+        ledger["format_version"] = fmt.written_version(old["format_version"])  # (a rerun keeps its version)
     elif st.list(root):
         raise ImportFailed(f"{out} exists, is not empty and holds no ledger.json; choose an empty or new --out")
     files.write(st, ledger_path, fmt.dumps_ledger(ledger).encode())

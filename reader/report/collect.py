@@ -113,6 +113,7 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
         cache = caches[0]
         info, lengths = summary.cache_summary(cache, path, max_chunks=max_chunks, threads=threads, seq_len=opts.seq_len,
                                               read=counted)
+        info["passes"] = summary.cache_passes(cache, opts, steps)
         sampled, known = len(counted.got), len(cache.table)
         progress = read_progress(cache)
         shard, tokens, entries = _chunks(cache, progress)
@@ -136,7 +137,9 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
     cfg = opts.shuffle_config()
     if cfg is not None:
         assign = QuotaIndex(mix.spec.quotas(opts.num_streams, opts.batch_size)).assign if mix is not None else None
-        locality = figures.shuffle_locality(cfg, opts.batch_size, max(steps, 1), assign=assign)
+        per = info["components"] if mix is not None else [info["passes"]]
+        passes = [p["examples_per_pass"] if p["pass_rule"] == "spans" else None for p in per]
+        locality = figures.shuffle_locality(cfg, opts.batch_size, max(steps, 1), assign=assign, passes=passes)
     return ReportData(
         path=path, command=command, options=opts, steps=steps, summary=info, is_mixture=mix is not None,
         progress=progress, tokenizer=tok_text, lengths=figures.log_histogram(lengths), length_note=note,

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from reader.order.passes import Spans
 from reader.order.shuffle import ShuffleConfig, shuffle_example_indices
 
 
@@ -149,15 +150,22 @@ class Locality:
 
 
 def shuffle_locality(cfg: ShuffleConfig, batch_size: int, steps: int, *, max_points: int = 4000,
-                     assign: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None) -> Locality:
+                     assign: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
+                     passes: Sequence[int | None] = ()) -> Locality:
     """Source positions of the rows of steps ``[0, steps]`` under the shuffle ``cfg``, at most about
     ``max_points`` of them (evenly spread steps, evenly spread rows). ``assign``: a mixture's
-    ``QuotaIndex.assign`` (global example -> component, component example); each component shuffles its own."""
+    ``QuotaIndex.assign`` (global example -> component, component example); each component shuffles its own.
+    ``passes``: per component, the examples of a pass of a ``"spans"`` read, which shuffles each pass on its
+    own (:class:`reader.order.passes.Spans`), or None (``"streams"``)."""
     n_steps = steps + 1
     rows_per = max(1, min(batch_size, max_points // n_steps))
     step_ids = np.unique(np.linspace(0, steps, min(n_steps, max_points)).round().astype(np.int64))
     row_ids = np.unique(np.linspace(0, batch_size - 1, rows_per).round().astype(np.int64))
     ex = (step_ids[:, None] * batch_size + row_ids[None, :]).reshape(-1)
     comp, k = assign(ex) if assign is not None else (np.zeros(ex.size, np.int64), ex)
-    src = np.asarray(shuffle_example_indices(np.asarray(k, dtype=np.int64), cfg), dtype=np.int64)
+    k = np.asarray(k, dtype=np.int64)
+    src = np.asarray(shuffle_example_indices(k, cfg), dtype=np.int64)
+    for c, E in enumerate(passes):
+        if E:
+            src[comp == c] = Spans(E, cfg.lanes, cfg).sources(k[comp == c])
     return Locality(steps=ex // batch_size, sources=src, components=np.asarray(comp, dtype=np.int64))

@@ -192,7 +192,7 @@ def check_cache(root: str, paths: list[str], chunk_bytes: int, append_eos: bool 
     """Everything the format promises, checked from the files alone."""
     ledger = load_ledger(root)
     assert ledger["finished"] is True
-    assert ledger["format"] == "chunkledger" and ledger["format_version"] == fmt.BASE_FORMAT_VERSION  # jsonl: 2
+    assert ledger["format"] == "chunkledger" and ledger["format_version"] == fmt.FORMAT_VERSION
     assert [i["path"] for i in ledger["inputs"]] == sorted(os.path.abspath(p) for p in paths)
     # chunk counts: ceil(uncompressed bytes / chunk_bytes) per shard
     for inp in ledger["inputs"]:

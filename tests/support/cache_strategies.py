@@ -5,10 +5,11 @@ import math
 import numpy as np
 from hypothesis import strategies as st
 
-from cachegen import best_fit_chunk
+from cachegen import Reference, SpansReference, best_fit_chunk
 from reader.order.packing import WINDOW_TOKENS
 
 KINDS = ("concat", "best_fit", "unpacked")  # what an example is (ReadOptions.kind)
+RULES = ("streams", "spans")  # ReadOptions.pass_rule
 WINDOW = 16  # best fit's window target in these tests: the chunks drawn below have one to several windows
 
 
@@ -52,3 +53,21 @@ def has_empty_stream(chunks, r_star, packed, L, packing="concat", **kw):
     n = len(chunks)
     g = math.gcd(n, r_star)
     return any(sum(units[c] for c in range(n) if c % g == s % g) == 0 for s in range(r_star))
+
+
+def has_no_pass(rule, chunks, r_star, packed, L, packing="concat", **kw):
+    """What a read of ``rule`` cannot serve: ``"streams"``, a stream that never yields anything
+    (:func:`has_empty_stream`); ``"spans"``, no row at all (``EmptyStream`` both)."""
+    if rule == "streams":
+        return has_empty_stream(chunks, r_star, packed, L, packing, **kw)
+    units = sum(units_per_chunk(chunks, packed, L, packing, **kw))
+    return (units // L if packed and packing == "concat" else units) == 0
+
+
+def reference(rule, chunks, L, r_star, *, shuffle=None, **kw):
+    """The naive reference of a read of ``rule`` (``shuffle``: spans only; the streams reference is
+    unshuffled)."""
+    if rule == "spans":
+        return SpansReference(chunks, L, r_star, shuffle=shuffle, **kw)
+    assert shuffle is None
+    return Reference(chunks, L, r_star, **kw)

@@ -210,7 +210,8 @@ def test_a_wrong_tokenizer_is_a_one_line_error(synthetic, tmp_path, capsys):
 
 def test_the_summary_is_inspects(synthetic, capsys):
     root, _ = synthetic
-    assert main(["inspect", root, "--json", "--max_chunks", "64", "--seq_len", "8"]) == 0
+    assert main(["inspect", root, "--json", "--max_chunks", "64", "--seq_len", "8", "--batch_size", "2",
+                 "--steps", "0"]) == 0
     info = json.loads(capsys.readouterr().out)
     data = collect_mod.collect(root, ReadOptions(seq_len=8, batch_size=2), 0)
     assert data.summary == info
