@@ -110,13 +110,37 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
     """Chunk ``index``'s verified :class:`ChunkMeta` and its size in memory, from its sidecar and footer.
 
     ``fetch(rel, start=None, end=None)`` returns a file's bytes (a range of them); ``tally(index, nbytes,
-    data=...)`` counts each fetch (see ``ChunkStore``).
+    data=...)`` counts each fetch (see ``ChunkStore``). The sidecar is read with ``cache.cat``.
     """
+    steps = open_chunk_steps(cache, index, tally)
+    want = next(steps)
+    while True:
+        try:
+            got = cache.cat(want[1]) if want[0] == SIDECAR else fetch(*want[1:])
+        except Exception as e:  # noqa: BLE001 - the steps decide what a failed read means
+            want = steps.throw(e)
+        else:
+            try:
+                want = steps.send(got)
+            except StopIteration as done:
+                return done.value
+
+
+SIDECAR = "sidecar"  # what open_chunk_steps asks for: (SIDECAR, rel), or (RANGE, rel, start, end) / (RANGE, rel)
+RANGE = "range"
+
+
+def open_chunk_steps(cache: Cache, index: int, tally: Callable[..., None]):
+    """:func:`open_chunk` as a generator that does no I/O itself: it yields what it needs read, ``(SIDECAR,
+    rel)`` (a whole sidecar; a missing one is thrown in as ``FileNotFoundError``) or ``(RANGE, rel, start,
+    end)`` (bytes of a chunk file, as ``fetch`` reads them; ``(RANGE, rel)``: the whole file), is sent the
+    bytes (or thrown the read's error), and returns ``(ChunkMeta, size in memory)``. A blocking caller
+    (:func:`open_chunk`) and an asynchronous one (``ChunkStore``, many chunks opened at once) drive it."""
     t = cache.table
     rel = t.paths[index]
     side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
     try:
-        raw = cache.cat(side_rel)
+        raw = yield SIDECAR, side_rel
     except FileNotFoundError:
         raise chunk_error(cache, side_rel, "sidecar missing") from None
     tally(index, len(raw), data=False)
@@ -138,7 +162,7 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
             raise chunk_error(cache, side_rel, f"sidecar {key} is {got!r}, {fmt.LEDGER_NAME} says {exp!r} (one of the "
                               "two was changed after the build; `python -m reader validate` tells which)")
     if "row_group_index" not in side or "footer" not in side:
-        return _open_whole(cache, index, fetch, tally)
+        return (yield from _open_whole(cache, index, tally))
     size = int(t.nbytes[index])
     try:
         index_rows = side["row_group_index"]
@@ -159,7 +183,7 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
         raise chunk_error(cache, side_rel, "row_group_index/footer inconsistent with the chunk's size, documents "
                           "or tokens")
     # one byte past the recorded end: a file longer than recorded shows up here, at no extra request
-    footer = fetch(rel, f_off, f_off + f_len + 1)
+    footer = yield RANGE, rel, f_off, f_off + f_len + 1
     tally(index, len(footer), data=None)
     if len(footer) != f_len:
         raise chunk_error(cache, rel, _size_problem(cache, rel, size, f_off, f_len, len(footer)))
@@ -193,10 +217,10 @@ def _size_problem(cache: Cache, rel: str, size: int, f_off: int, f_len: int, got
     return f"{kind}: the footer at bytes [{f_off}, {f_off + f_len}) of a {size}-byte file read {got} bytes"
 
 
-def _open_whole(cache: Cache, index: int, fetch, tally):
+def _open_whole(cache: Cache, index: int, tally):
     """A chunk whose sidecar predates the row-group index: fetch it whole, verify, index it here."""
     rel = cache.table.paths[index]
-    data = fetch(rel)
+    data = yield RANGE, rel
     tally(index, len(data), data=True)
     w = parse_chunk(cache, index, data)
     rg_index, footer = fmt.row_group_index(data)

@@ -7,15 +7,26 @@ naming the file and the row group, and no wrong token is ever returned. Decoded 
 ``int32`` token arrays plus document starts (4 bytes per token; 5 with a masked cache's loss flags); they, and the small per-chunk
 metadata, count against ``memory_budget_bytes`` (fetched bytes are not kept). Concurrent requests
 for the same item (the prefetch threads and the caller) share one load.
+
+**Remote caches** on an asynchronous filesystem (gcsfs for ``gs://``: fsspec runs its requests on one
+event loop) are read ahead without a thread waiting on each request: :meth:`ChunkStore.warm_row_groups`
+and :meth:`ChunkStore.when_open` start the range requests (a chunk's sidecar and footer, then its row
+groups, adjacent ones in one request) on the filesystem's event loop and return at once; as each request
+returns, its row groups are decoded on the store's threads. So as many requests are in flight as the
+read-ahead asks for (at most ``MAX_REQUESTS``), whatever the number of threads, and a request's latency
+is paid once for all of them. :attr:`ChunkStore.latency_s` is the latency the requests see (the
+read-ahead sizes itself with it). Local caches read with ``os.pread`` on the threads, as they always did.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures as cf
 import io
 import os
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -23,12 +34,15 @@ import numpy as np
 
 from reader.format import spec as fmt
 from reader.storage.cache import Cache
-from reader.storage.chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
+from reader.storage.chunk import RANGE, SIDECAR, ChunkMeta, DocIndex, RowGroup, open_chunk, open_chunk_steps
 from reader.storage.pages import decode_loss_spans, decode_row_group, loss_flags
 from reader.storage.validate import arrow_message, chunk_error
 
 
 _MAX_OPEN_FILES = 64
+MAX_REQUESTS = 64  # range requests in flight at once per store (remote caches; more wait their turn)
+MERGE_BYTES = 8 << 20  # adjacent row groups wanted together are one request up to this many bytes
+_LATENCY_WEIGHT = 0.2  # weight of each new request in the latency average
 
 
 def _nothing() -> None:
@@ -77,6 +91,13 @@ class ChunkStore:
         # for every range, which costs as much as reading a row group). Other filesystems use fsspec.
         self._files: collections.OrderedDict[str, io.FileIO] = collections.OrderedDict()
         self._local = cache.is_local
+        # Remote caches on an asynchronous filesystem: requests go to its event loop (see the module docstring)
+        self._aio = not self._local and bool(getattr(cache.fs, "async_impl", False))
+        self._fetched: dict[Any, tuple[cf.Future, int, int]] = {}  # row groups requested ahead: (request, at, length)
+        self._when_open: dict[int, list[Callable[[ChunkMeta], None]]] = {}  # chunk -> what to do once it is open
+        self._requests = 0  # requests in flight
+        self._waiting: collections.deque = collections.deque()  # requests waiting for one of MAX_REQUESTS
+        self._latency: float | None = None  # seconds, a moving average over the requests that returned
         # a store dropped without close() still stops its threads and closes its files
         self._closer = weakref.finalize(self, _shutdown, self._pool if own else None, self._files, self._lock)
 
@@ -87,34 +108,58 @@ class ChunkStore:
     def _get(self, key: Any, load: Callable[[], tuple[Any, int]], wait: bool = True) -> Any:
         """The cached value of ``key``, else ``load()`` it (once, whoever asks meanwhile waits for it);
         ``wait=False``: return None instead of waiting for a load another thread runs."""
-        with self._lock:
-            hit = self._lru.get(key)
-            if hit is not None:
-                self._lru.move_to_end(key)
-                return hit[0]
-            fut = self._inflight.get(key)
-            owner = fut is None
-            if owner:
-                fut = cf.Future()
-                self._inflight[key] = fut
+        hit, fut, owner = self._begin(key)
+        if fut is None:
+            return hit
         if not owner:
             return fut.result() if wait else None
         try:
             value, nbytes = load()
         except BaseException as e:
-            with self._lock:
-                del self._inflight[key]
-            fut.set_exception(e)
+            self._end(key, fut, error=e)
             raise
+        self._end(key, fut, value, nbytes)
+        return value
+
+    def _begin(self, key: Any) -> tuple[Any, cf.Future | None, bool]:
+        """``(value, None, False)`` if ``key`` is cached; else ``(None, future, owner)``: the load under way,
+        or a new one this caller owns (it must :meth:`_end` it)."""
+        with self._lock:
+            hit = self._lru.get(key)
+            if hit is not None:
+                self._lru.move_to_end(key)
+                return hit[0], None, False
+            fut = self._inflight.get(key)
+            if fut is not None:
+                return None, fut, False
+            fut = self._inflight[key] = cf.Future()
+            return None, fut, True
+
+    def _end(self, key: Any, fut: cf.Future, value: Any = None, nbytes: int = 0, error: BaseException | None = None):
+        """Finish the load of ``key`` that :meth:`_begin` started: cache ``value`` (or fail with ``error``);
+        an opened chunk's :meth:`when_open` work runs before anyone waiting for it wakes."""
         with self._lock:
             del self._inflight[key]
-            self._lru[key] = (value, nbytes)
-            self._used += nbytes
-            while self._used > self.budget and len(self._lru) > 1:
-                _, (_, n) = self._lru.popitem(last=False)
-                self._used -= n
-        fut.set_result(value)
-        return value
+            if error is None:
+                self._lru[key] = (value, nbytes)
+                self._used += nbytes
+                while self._used > self.budget and len(self._lru) > 1:
+                    _, (_, n) = self._lru.popitem(last=False)
+                    self._used -= n
+            then = self._when_open.pop(key[1], ()) if key[0] == "chunk" else ()
+        for fn in then if error is None else ():
+            self._quietly(fn, value)
+        if error is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(error)
+
+    @staticmethod
+    def _quietly(fn: Callable[..., Any], *args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - read-ahead work never fails a read; the read itself reports
+            pass
 
     @property
     def used_bytes(self) -> int:
@@ -158,9 +203,175 @@ class ChunkStore:
         try:
             if start is not None and self._local:
                 return self._pread(rel, start, end)
-            return self.cache.cat(rel, start, end)
+            t0 = time.monotonic()
+            data = self.cache.cat(rel, start, end)
+            self._observe(time.monotonic() - t0)
+            return data
         except FileNotFoundError:
             raise chunk_error(self.cache, rel, "missing") from None
+
+    # -- requests on the event loop (remote caches on an asynchronous filesystem) -------------------------
+    @property
+    def latency_s(self) -> float | None:
+        """Seconds a range request of this store takes, averaged over the latest (None: a local cache, or
+        no request yet)."""
+        return self._latency
+
+    def _observe(self, seconds: float) -> None:
+        last = self._latency
+        self._latency = seconds if last is None else last + _LATENCY_WEIGHT * (seconds - last)
+
+    def _request(self, rel: str, start: int | None = None, end: int | None = None) -> cf.Future:
+        """Bytes ``[start, end)`` of file ``rel`` (None: the whole file), as a future, from a request on the
+        filesystem's event loop (at most ``MAX_REQUESTS`` in flight; later ones wait their turn). A failure
+        is what :meth:`reader.storage.cache.Cache.failure` says (a missing file: ``FileNotFoundError``)."""
+        out: cf.Future = cf.Future()
+        with self._lock:
+            go = self._requests < MAX_REQUESTS
+            if go:
+                self._requests += 1
+            else:
+                self._waiting.append((rel, start, end, out))
+        if go:
+            self._send(rel, start, end, out)
+        return out
+
+    def _send(self, rel: str, start: int | None, end: int | None, out: cf.Future) -> None:
+        fs, t0 = self.cache.fs, time.monotonic()
+        coro = fs._cat_file(self.cache.path(rel), start=start, end=end)
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, fs.loop)
+        except BaseException as e:  # noqa: BLE001 - e.g. the loop is gone: the request fails
+            coro.close()
+            fut = cf.Future()
+            fut.set_exception(e)
+        fut.add_done_callback(lambda f: self._returned(rel, out, f, t0))
+
+    def _returned(self, rel: str, out: cf.Future, fut: cf.Future, t0: float) -> None:
+        with self._lock:
+            nxt = self._waiting.popleft() if self._waiting else None
+            if nxt is None:
+                self._requests -= 1
+        if nxt is not None:
+            self._send(*nxt)
+        try:
+            data = fut.result()
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for these bytes
+            out.set_exception(self.cache.failure(rel, e))
+            return
+        self._observe(time.monotonic() - t0)
+        out.set_result(data)
+
+    def when_open(self, index: int, fn: Callable[[ChunkMeta], None]) -> None:
+        """Run ``fn(meta)`` once chunk ``index`` is open: now if it is; on a remote cache read
+        asynchronously, when its sidecar and footer have come back (opening it without waiting, if nobody
+        is), before anyone waiting for it wakes; otherwise after opening it in this thread. Read-ahead
+        work: an error (of ``fn`` or of the opening) is dropped, the read itself reports it."""
+        if not self._aio:
+            try:
+                m = self.meta(index)
+            except Exception:  # noqa: BLE001 - see above
+                return
+            self._quietly(fn, m)
+            return
+        key = ("chunk", index)
+        with self._lock:
+            hit = self._lru.get(key)
+            if hit is None:
+                self._when_open.setdefault(index, []).append(fn)
+        if hit is not None:
+            self._quietly(fn, hit[0])
+            return
+        _, fut, owner = self._begin(key)
+        if fut is None:  # opened meanwhile (its when_open work ran)
+            return
+        if owner:
+            self._open_async(index, fut)
+
+    def _open_async(self, index: int, fut: cf.Future) -> None:
+        """Open chunk ``index`` (:func:`reader.storage.chunk.open_chunk_steps`) with requests on the event loop;
+        each step runs in the thread a request returns in (the event loop's: parsing a sidecar and a footer
+        is short), so no thread of the store waits for it."""
+        key = ("chunk", index)
+        steps = open_chunk_steps(self.cache, index, self._count)
+
+        def advance(send=None, error: BaseException | None = None) -> None:
+            try:
+                want = steps.throw(error) if error is not None else steps.send(send)
+            except StopIteration as done:
+                self._end(key, fut, *done.value)
+                return
+            except BaseException as e:  # noqa: BLE001 - the load fails; whoever waits for it gets the error
+                self._end(key, fut, error=e)
+                return
+            req = self._request(want[1]) if want[0] == SIDECAR else self._request(*want[1:])
+            req.add_done_callback(lambda r: returned(r, want))
+
+        def returned(r: cf.Future, want) -> None:
+            e = r.exception()
+            if e is None:
+                advance(r.result())
+            elif want[0] == RANGE and isinstance(e, FileNotFoundError):
+                advance(error=chunk_error(self.cache, want[1], "missing"))
+            else:
+                advance(error=e)
+
+        advance()
+
+    def _fetch_ahead(self, m: ChunkMeta, groups) -> None:
+        """Request row groups ``groups`` of chunk ``m`` that are neither cached, loading nor requested yet,
+        adjacent ones together (up to ``MERGE_BYTES`` a request); each is decoded on the store's threads
+        once its bytes are here."""
+        if m.data is not None:  # a whole-file chunk: its bytes are here
+            self.submit(self._decode_ahead, m.index, list(groups))
+            return
+        runs: list[list[int]] = []
+        with self._lock:
+            for g in sorted(set(groups)):
+                key = ("rg", m.index, g)
+                if key in self._lru or key in self._inflight or key in self._fetched:
+                    continue
+                if runs and runs[-1][-1] == g - 1 and (m.rg_ranges[g, 0] + m.rg_ranges[g, 1]
+                                                       - m.rg_ranges[runs[-1][0], 0]) <= MERGE_BYTES:
+                    runs[-1].append(g)
+                else:
+                    runs.append([g])
+            slots = []
+            for run in runs:  # registered before the lock is let go: a demand load then waits for them
+                slot: cf.Future = cf.Future()
+                start = int(m.rg_ranges[run[0], 0])
+                for g in run:
+                    self._fetched[("rg", m.index, g)] = (slot, int(m.rg_ranges[g, 0]) - start, int(m.rg_ranges[g, 1]))
+                slots.append((slot, start, int(m.rg_ranges[run[-1], 0] + m.rg_ranges[run[-1], 1])))
+        for run, (slot, start, end) in zip(runs, slots):
+            req = self._request(m.path, start, end)
+            req.add_done_callback(lambda r, run=run, slot=slot: self._arrived(m.index, run, slot, r))
+
+    def _arrived(self, index: int, run: list[int], slot: cf.Future, req: cf.Future) -> None:
+        e = req.exception()
+        if e is not None:
+            if isinstance(e, FileNotFoundError):
+                e = chunk_error(self.cache, self.cache.table.paths[index], "missing")
+            with self._lock:  # a later read asks again; one waiting for these bytes gets the error
+                for g in run:
+                    if self._fetched.get(("rg", index, g), (None,))[0] is slot:
+                        del self._fetched[("rg", index, g)]
+            slot.set_exception(e)
+            return
+        data = req.result()
+        self._count(index, len(data), data=True)
+        slot.set_result(data)
+        try:
+            self.submit(self._decode_ahead, index, run)
+        except RuntimeError:  # the store is closed
+            pass
+
+    def _decode_ahead(self, index: int, groups: list[int]) -> None:
+        for g in groups:
+            try:
+                self._get(("rg", index, g), lambda: self._load_row_group(index, g), wait=False)
+            except Exception:  # noqa: BLE001 - read-ahead work; the read itself reports
+                pass
 
     def _pread(self, rel: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a local file (fewer at its end), through a kept-open file. An evicted
@@ -196,8 +407,10 @@ class ChunkStore:
     def _load_docs(self, key, index: int, lo: int, hi: int | None):
         m = self.meta(index)
         hi = m.num_row_groups if hi is None else hi
-        if hi - lo > 2:  # the background threads decode the second half meanwhile (the read needs it all soon)
+        if hi - lo > 2 and not self._aio:  # the background threads decode the second half meanwhile
             self.submit(self._warm_for_docs, key, index, list(range((lo + hi) // 2, hi)))
+        if self._aio:  # every row group requested at once (decoded as they come)
+            self.warm_row_groups(index, range(lo, hi))
         parts = [np.diff(self.row_group(index, g).doc_starts) for g in range(lo, hi)]
         lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         d = DocIndex(lengths, int(m.rg_token_starts[lo]) + np.concatenate([[0], np.cumsum(lengths)]))
@@ -231,7 +444,12 @@ class ChunkStore:
 
     def warm_row_groups(self, index: int, groups) -> None:
         """Prefetch: load row groups ``groups`` of chunk ``index``, skipping those cached (they count as
-        used) and those another thread is loading (so the prefetch threads decode different row groups)."""
+        used) and those another thread is loading (so the prefetch threads decode different row groups).
+        On a remote cache read asynchronously this only starts their requests (:meth:`when_open`)."""
+        if self._aio:
+            groups = list(groups)
+            self.when_open(index, lambda m: self._fetch_ahead(m, self.touch_row_groups(index, groups)))
+            return
         for group in self.touch_row_groups(index, groups):
             self._get(("rg", index, group), lambda: self._load_row_group(index, group), wait=False)
 
@@ -250,14 +468,28 @@ class ChunkStore:
                 else:
                     lru.move_to_end(k)
                     out[key] = hit[0]
+        if self._aio and len(miss) > 1:  # (a read whose rows the read-ahead did not reach: one round trip)
+            by_chunk: dict[int, list[int]] = {}
+            for c, g in miss:
+                by_chunk.setdefault(c, []).append(g)
+            for c, gs in by_chunk.items():
+                self.warm_row_groups(c, gs)
         for c, g in miss:
             out[(c, g)] = self.row_group(c, g)
         return out
 
     def _fetch_row_group(self, m: ChunkMeta, group: int) -> bytes:
         off, length = (int(x) for x in m.rg_ranges[group])
+        ahead = None
+        if self._fetched:
+            with self._lock:
+                ahead = self._fetched.pop(("rg", m.index, group), None)
         if m.data is not None:
             buf = m.data[off:off + length]  # verified with the whole file
+        elif ahead is not None:  # requested ahead: its bytes (waiting for them if they are on their way)
+            slot, at, n = ahead
+            data = slot.result()
+            buf = data if at == 0 and n == len(data) else data[at:at + n]
         else:
             buf = self._cat(m.path, off, off + length)
             self._count(m.index, len(buf), data=True)
@@ -326,6 +558,8 @@ class ChunkStore:
         m = self.meta(index)
         g0 = int(np.searchsorted(m.rg_token_starts, lo, side="right")) - 1
         g1 = int(np.searchsorted(m.rg_token_starts, hi - 1, side="right")) - 1 if hi > lo else g0
+        if self._aio and g1 > g0:
+            self.warm_row_groups(index, range(g0, g1 + 1))
         toks, poss = [], []
         for g in range(g0, g1 + 1):
             base = int(m.rg_token_starts[g])
