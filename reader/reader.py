@@ -206,6 +206,9 @@ class Reader:
     def _read(self, ex: np.ndarray, into: dict[str, np.ndarray] | None = None,
               src: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The examples ``ex`` as a batch (into ``into`` if given); ``src``: their source indices."""
+        if ex.size:  # where the reads are (what they release, how far a remote read looks ahead)
+            B = self.options.batch_size
+            self.prefetcher.pace.note(int(ex[0]) // B, int(ex[-1]) // B)
         out = self.assembler.assemble(self.order.locate(ex, src), into)
         self.release.examples_read(ex)
         return out
@@ -283,7 +286,7 @@ class Reader:
                 self.batches, start, stop=None if count is None else start + int(count),
                 available=self.has_batch, slab=self.slab, depth=max(1, opts.prefetch_batches),
                 executor=assembler, hint=lambda b, n: self.prefetch(b, None, n), submit_hint=self.store.submit,
-                lookahead=self.lookahead_batches() if opts.prefetch_threads > 0 else 0,
+                lookahead=self.lookahead_batches if opts.prefetch_threads > 0 else 0,
                 progress=self.progress, timeout_s=opts.worker_timeout_s,
                 describe=lambda b, n: f"batches {b}..{b + n - 1} in this process")
         finally:
@@ -291,7 +294,9 @@ class Reader:
 
     # -- prefetch hints for loaders ---------------------------------------------------------------------
     def lookahead_batches(self) -> int:
-        """How many batches ahead ``iter_batches`` decodes: about one row group per stream, within budget."""
+        """How many batches ahead ``iter_batches`` decodes: about one row group per stream, within budget; on a
+        remote cache more, with the latency and rate it sees (:meth:`reader.batch.prefetch.Prefetcher.lookahead`:
+        ask again as the read goes)."""
         return self.prefetcher.lookahead()
 
     def prefetch(self, b: int, rows=None, count: int = 1, every: int = 1) -> list[cf.Future]:
