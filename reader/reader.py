@@ -118,6 +118,8 @@ class Reader:
                                          self.num_readers, self.reader_index)
         for store in getattr(self.store, "stores", [self.store]):  # (a mixture's: one per component)
             store.progress = self.progress.beat
+        # a remote cache read asynchronously: a read asks for all it needs at once, before it waits for any
+        self._ask = any(s.asynchronous for s in getattr(self.store, "stores", [self.store]))
         self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read, masked=self.masked)
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 
@@ -209,6 +211,8 @@ class Reader:
         if ex.size:  # where the reads are (what they release, how far a remote read looks ahead)
             B = self.options.batch_size
             self.prefetcher.pace.note(int(ex[0]) // B, int(ex[-1]) // B)
+            if self._ask:
+                self.prefetcher.ask(ex)
         out = self.assembler.assemble(self.order.locate(ex, src), into)
         self.release.examples_read(ex)
         return out

@@ -137,6 +137,11 @@ class Prefetcher:
         rows = self.rows if mine else np.asarray(rows, dtype=np.int64).reshape(-1)
         return self.prefetch_examples([(b + i) * B + rows for i in range(count)], whole=mine, batch=b)
 
+    def ask(self, ex: np.ndarray) -> None:
+        """Start loading what a read of examples ``ex`` needs, all at once (a remote cache: before the read
+        waits for any of it)."""
+        self.prefetch_examples([ex], whole=False)
+
     def prefetch_examples(self, exs: list[np.ndarray], whole: bool = True, batch: int = -1) -> list[cf.Future]:
         """Start loading what examples ``exs`` (arrays, in reading order) need; ``whole``: they are this
         reader's rows of some batches (or a mixture's items of one component in them), so whole mixes

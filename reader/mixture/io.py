@@ -195,6 +195,17 @@ class MixturePrefetcher:
         """Batches ahead to load: the smallest of the components' (each sized by its share of the budget)."""
         return min(p.lookahead() for p in self.prefetchers)
 
+    def ask(self, ex: np.ndarray) -> None:
+        """Start loading what a read of global examples ``ex`` needs, all at once (remote caches)."""
+        try:
+            comp, k = self.order.assign(ex)
+        except Exception:  # noqa: BLE001 - the read itself reports
+            return
+        dist = np.where(comp >= 0, self.order.which[np.maximum(comp, 0)], -1)
+        for d in np.flatnonzero(np.bincount(dist[dist >= 0], minlength=len(self.prefetchers))).tolist():
+            if self.prefetchers[d].store.asynchronous:
+                self.prefetchers[d].ask(k[dist == d])
+
     def prefetch(self, b: int, rows=None, count: int = 1) -> list[cf.Future]:
         """Start loading what rows ``rows`` (default: this reader's) of batches ``b .. b+count-1`` need."""
         B = self.options.batch_size

@@ -49,13 +49,18 @@ def _nothing() -> None:
     pass
 
 
-def _shutdown(pool: cf.ThreadPoolExecutor | None, files: dict, lock: threading.Lock) -> None:
+def _shutdown(pool: cf.ThreadPoolExecutor | None, files: dict, lock: threading.Lock, sent: set,
+              waiting: collections.deque) -> None:
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
     with lock:
         for f in files.values():
             f.close()
         files.clear()
+        waiting.clear()
+        requests = list(sent)
+    for fut in requests:  # requests still out: nobody will read what they bring
+        fut.cancel()
 
 
 class ChunkStore:
@@ -92,14 +97,16 @@ class ChunkStore:
         self._files: collections.OrderedDict[str, io.FileIO] = collections.OrderedDict()
         self._local = cache.is_local
         # Remote caches on an asynchronous filesystem: requests go to its event loop (see the module docstring)
-        self._aio = not self._local and bool(getattr(cache.fs, "async_impl", False))
+        self.asynchronous: bool = not self._local and bool(getattr(cache.fs, "async_impl", False))
         self._fetched: dict[Any, tuple[cf.Future, int, int]] = {}  # row groups requested ahead: (request, at, length)
         self._when_open: dict[int, list[Callable[[ChunkMeta], None]]] = {}  # chunk -> what to do once it is open
         self._requests = 0  # requests in flight
         self._waiting: collections.deque = collections.deque()  # requests waiting for one of MAX_REQUESTS
         self._latency: float | None = None  # seconds, a moving average over the requests that returned
-        # a store dropped without close() still stops its threads and closes its files
-        self._closer = weakref.finalize(self, _shutdown, self._pool if own else None, self._files, self._lock)
+        self._sent: set[cf.Future] = set()  # requests on the event loop now
+        # a store dropped without close() still stops its threads, closes its files and cancels its requests
+        self._closer = weakref.finalize(self, _shutdown, self._pool if own else None, self._files, self._lock,
+                                        self._sent, self._waiting)
 
     def close(self) -> None:
         self._closer()
@@ -203,10 +210,9 @@ class ChunkStore:
         try:
             if start is not None and self._local:
                 return self._pread(rel, start, end)
-            t0 = time.monotonic()
-            data = self.cache.cat(rel, start, end)
-            self._observe(time.monotonic() - t0)
-            return data
+            if self.asynchronous:  # (a read waits for it: ahead of the read-ahead's requests waiting their turn)
+                return self._request(rel, start, end, urgent=True).result()
+            return self.cache.cat(rel, start, end)
         except FileNotFoundError:
             raise chunk_error(self.cache, rel, "missing") from None
 
@@ -221,15 +227,19 @@ class ChunkStore:
         last = self._latency
         self._latency = seconds if last is None else last + _LATENCY_WEIGHT * (seconds - last)
 
-    def _request(self, rel: str, start: int | None = None, end: int | None = None) -> cf.Future:
+    def _request(self, rel: str, start: int | None = None, end: int | None = None, urgent: bool = False
+                 ) -> cf.Future:
         """Bytes ``[start, end)`` of file ``rel`` (None: the whole file), as a future, from a request on the
-        filesystem's event loop (at most ``MAX_REQUESTS`` in flight; later ones wait their turn). A failure
-        is what :meth:`reader.storage.cache.Cache.failure` says (a missing file: ``FileNotFoundError``)."""
+        filesystem's event loop (at most ``MAX_REQUESTS`` in flight; later ones wait their turn, an
+        ``urgent`` one first). A failure is what :meth:`reader.storage.cache.Cache.failure` says (a missing
+        file: ``FileNotFoundError``)."""
         out: cf.Future = cf.Future()
         with self._lock:
             go = self._requests < MAX_REQUESTS
             if go:
                 self._requests += 1
+            elif urgent:
+                self._waiting.appendleft((rel, start, end, out))
             else:
                 self._waiting.append((rel, start, end, out))
         if go:
@@ -245,10 +255,13 @@ class ChunkStore:
             coro.close()
             fut = cf.Future()
             fut.set_exception(e)
+        with self._lock:
+            self._sent.add(fut)
         fut.add_done_callback(lambda f: self._returned(rel, out, f, t0))
 
     def _returned(self, rel: str, out: cf.Future, fut: cf.Future, t0: float) -> None:
         with self._lock:
+            self._sent.discard(fut)
             nxt = self._waiting.popleft() if self._waiting else None
             if nxt is None:
                 self._requests -= 1
@@ -267,7 +280,7 @@ class ChunkStore:
         asynchronously, when its sidecar and footer have come back (opening it without waiting, if nobody
         is), before anyone waiting for it wakes; otherwise after opening it in this thread. Read-ahead
         work: an error (of ``fn`` or of the opening) is dropped, the read itself reports it."""
-        if not self._aio:
+        if not self.asynchronous:
             try:
                 m = self.meta(index)
             except Exception:  # noqa: BLE001 - see above
@@ -392,6 +405,13 @@ class ChunkStore:
     # -- loading ----------------------------------------------------------------------------------------
     def meta(self, index: int) -> ChunkMeta:
         """Chunk ``index``'s verified layout (sidecar + footer, fetched on first use)."""
+        if self.asynchronous:  # (every request of a remote store goes through _request: at most MAX_REQUESTS at once)
+            hit, fut, owner = self._begin(("chunk", index))
+            if fut is None:
+                return hit
+            if owner:
+                self._open_async(index, fut)
+            return fut.result()
         return self._get(("chunk", index), lambda: open_chunk(self.cache, index, self._cat, self._count))
 
     def doc_index(self, index: int) -> DocIndex:
@@ -407,9 +427,9 @@ class ChunkStore:
     def _load_docs(self, key, index: int, lo: int, hi: int | None):
         m = self.meta(index)
         hi = m.num_row_groups if hi is None else hi
-        if hi - lo > 2 and not self._aio:  # the background threads decode the second half meanwhile
+        if hi - lo > 2 and not self.asynchronous:  # the background threads decode the second half meanwhile
             self.submit(self._warm_for_docs, key, index, list(range((lo + hi) // 2, hi)))
-        if self._aio:  # every row group requested at once (decoded as they come)
+        if self.asynchronous:  # every row group requested at once (decoded as they come)
             self.warm_row_groups(index, range(lo, hi))
         parts = [np.diff(self.row_group(index, g).doc_starts) for g in range(lo, hi)]
         lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
@@ -446,7 +466,7 @@ class ChunkStore:
         """Prefetch: load row groups ``groups`` of chunk ``index``, skipping those cached (they count as
         used) and those another thread is loading (so the prefetch threads decode different row groups).
         On a remote cache read asynchronously this only starts their requests (:meth:`when_open`)."""
-        if self._aio:
+        if self.asynchronous:
             groups = list(groups)
             self.when_open(index, lambda m: self._fetch_ahead(m, self.touch_row_groups(index, groups)))
             return
@@ -468,7 +488,7 @@ class ChunkStore:
                 else:
                     lru.move_to_end(k)
                     out[key] = hit[0]
-        if self._aio and len(miss) > 1:  # (a read whose rows the read-ahead did not reach: one round trip)
+        if self.asynchronous and len(miss) > 1:  # (a read whose rows the read-ahead did not reach: one round trip)
             by_chunk: dict[int, list[int]] = {}
             for c, g in miss:
                 by_chunk.setdefault(c, []).append(g)
@@ -558,7 +578,7 @@ class ChunkStore:
         m = self.meta(index)
         g0 = int(np.searchsorted(m.rg_token_starts, lo, side="right")) - 1
         g1 = int(np.searchsorted(m.rg_token_starts, hi - 1, side="right")) - 1 if hi > lo else g0
-        if self._aio and g1 > g0:
+        if self.asynchronous and g1 > g0:
             self.warm_row_groups(index, range(g0, g1 + 1))
         toks, poss = [], []
         for g in range(g0, g1 + 1):
