@@ -42,6 +42,7 @@ from reader.order.streams import streams_of_reader
 _TRACKED_MIXES = 64
 LATENCIES_AHEAD = 8  # remote caches: batches planned ahead cover this many request latencies of reading
 _PACE_S = 0.5  # the read rate is measured over about this many seconds
+_PACE_REWIND = 256  # a read this many batches before the latest one starts the rate again
 
 
 class Pace:
@@ -58,8 +59,10 @@ class Pace:
         self.first, self.last = first, last
         with self._lock:
             marks = self._marks
-            if marks and last < marks[-1][1]:  # a jump back (a new read): start again
-                marks.clear()
+            if marks and last < marks[-1][1]:
+                if last > marks[-1][1] - _PACE_REWIND:  # reads out of order (a loader's threads): the rate stands
+                    return
+                marks.clear()  # a jump back (a new read): start again
             marks.append((now, last))
             while len(marks) > 2 and now - marks[1][0] > _PACE_S:
                 marks.popleft()

@@ -104,6 +104,7 @@ class ChunkStore:
         self._waiting: collections.deque = collections.deque()  # requests waiting for one of MAX_REQUESTS
         self._latency: float | None = None  # seconds, a moving average over the requests that returned
         self._sent: set[cf.Future] = set()  # requests on the event loop now
+        self._opening: dict[int, list] = {}  # chunk opened asynchronously -> [its request now, a read waits]
         # a store dropped without close() still stops its threads, closes its files and cancels its requests
         self._closer = weakref.finalize(self, _shutdown, self._pool if own else None, self._files, self._lock,
                                         self._sent, self._waiting)
@@ -227,13 +228,13 @@ class ChunkStore:
         last = self._latency
         self._latency = seconds if last is None else last + _LATENCY_WEIGHT * (seconds - last)
 
-    def _request(self, rel: str, start: int | None = None, end: int | None = None, urgent: bool = False
-                 ) -> cf.Future:
-        """Bytes ``[start, end)`` of file ``rel`` (None: the whole file), as a future, from a request on the
-        filesystem's event loop (at most ``MAX_REQUESTS`` in flight; later ones wait their turn, an
-        ``urgent`` one first). A failure is what :meth:`reader.storage.cache.Cache.failure` says (a missing
-        file: ``FileNotFoundError``)."""
-        out: cf.Future = cf.Future()
+    def _request(self, rel: str, start: int | None = None, end: int | None = None, urgent: bool = False,
+                 out: cf.Future | None = None) -> cf.Future:
+        """Bytes ``[start, end)`` of file ``rel`` (None: the whole file), as a future (``out`` if given), from a
+        request on the filesystem's event loop (at most ``MAX_REQUESTS`` in flight; later ones wait their
+        turn, an ``urgent`` one first). A failure is what :meth:`reader.storage.cache.Cache.failure` says (a
+        missing file: ``FileNotFoundError``)."""
+        out = cf.Future() if out is None else out
         with self._lock:
             go = self._requests < MAX_REQUESTS
             if go:
@@ -245,6 +246,15 @@ class ChunkStore:
         if go:
             self._send(rel, start, end, out)
         return out
+
+    def _hurry(self, out: cf.Future) -> None:
+        """A read waits for request ``out``: if it is still waiting its turn, it goes first."""
+        with self._lock:
+            for i, w in enumerate(self._waiting):
+                if w[3] is out:
+                    del self._waiting[i]
+                    self._waiting.appendleft(w)
+                    return
 
     def _send(self, rel: str, start: int | None, end: int | None, out: cf.Future) -> None:
         fs, t0 = self.cache.fs, time.monotonic()
@@ -311,13 +321,20 @@ class ChunkStore:
         def advance(send=None, error: BaseException | None = None) -> None:
             try:
                 want = steps.throw(error) if error is not None else steps.send(send)
-            except StopIteration as done:
-                self._end(key, fut, *done.value)
+            except BaseException as e:  # noqa: BLE001 - opened (StopIteration) or failed: tell who waits
+                with self._lock:
+                    self._opening.pop(index, None)
+                if isinstance(e, StopIteration):
+                    self._end(key, fut, *e.value)
+                else:
+                    self._end(key, fut, error=e)
                 return
-            except BaseException as e:  # noqa: BLE001 - the load fails; whoever waits for it gets the error
-                self._end(key, fut, error=e)
-                return
-            req = self._request(want[1]) if want[0] == SIDECAR else self._request(*want[1:])
+            req: cf.Future = cf.Future()
+            with self._lock:
+                state = self._opening.setdefault(index, [None, False])
+                state[0] = req
+            rel, start, end = (list(want[1:]) + [None, None])[:3]  # (a sidecar, a whole file: no range)
+            self._request(rel, start, end, urgent=state[1], out=req)
             req.add_done_callback(lambda r: returned(r, want))
 
         def returned(r: cf.Future, want) -> None:
@@ -357,23 +374,17 @@ class ChunkStore:
                     self._fetched[("rg", m.index, g)] = (slot, int(m.rg_ranges[g, 0]) - start, int(m.rg_ranges[g, 1]))
                 slots.append((slot, start, int(m.rg_ranges[run[-1], 0] + m.rg_ranges[run[-1], 1])))
         for run, (slot, start, end) in zip(runs, slots):
-            req = self._request(m.path, start, end)
-            req.add_done_callback(lambda r, run=run, slot=slot: self._arrived(m.index, run, slot, r))
+            self._request(m.path, start, end, out=slot)
+            slot.add_done_callback(lambda r, run=run: self._arrived(m.index, run, r))
 
-    def _arrived(self, index: int, run: list[int], slot: cf.Future, req: cf.Future) -> None:
-        e = req.exception()
-        if e is not None:
-            if isinstance(e, FileNotFoundError):
-                e = chunk_error(self.cache, self.cache.table.paths[index], "missing")
-            with self._lock:  # a later read asks again; one waiting for these bytes gets the error
+    def _arrived(self, index: int, run: list[int], slot: cf.Future) -> None:
+        if slot.exception() is not None:
+            with self._lock:  # a later read asks again; one waiting for these bytes got the error
                 for g in run:
                     if self._fetched.get(("rg", index, g), (None,))[0] is slot:
                         del self._fetched[("rg", index, g)]
-            slot.set_exception(e)
             return
-        data = req.result()
-        self._count(index, len(data), data=True)
-        slot.set_result(data)
+        self._count(index, len(slot.result()), data=True)
         try:
             self.submit(self._decode_ahead, index, run)
         except RuntimeError:  # the store is closed
@@ -410,7 +421,16 @@ class ChunkStore:
             if fut is None:
                 return hit
             if owner:
+                with self._lock:  # a read waits: the opening's requests go first
+                    self._opening[index] = [None, True]
                 self._open_async(index, fut)
+            elif not fut.done():
+                with self._lock:
+                    state = self._opening.get(index)
+                    if state is not None:
+                        state[1] = True
+                if state is not None and state[0] is not None:
+                    self._hurry(state[0])
             return fut.result()
         return self._get(("chunk", index), lambda: open_chunk(self.cache, index, self._cat, self._count))
 
@@ -508,7 +528,12 @@ class ChunkStore:
             buf = m.data[off:off + length]  # verified with the whole file
         elif ahead is not None:  # requested ahead: its bytes (waiting for them if they are on their way)
             slot, at, n = ahead
-            data = slot.result()
+            if not slot.done():
+                self._hurry(slot)
+            try:
+                data = slot.result()
+            except FileNotFoundError:
+                raise chunk_error(self.cache, m.path, "missing") from None
             buf = data if at == 0 and n == len(data) else data[at:at + n]
         else:
             buf = self._cat(m.path, off, off + length)
