@@ -422,8 +422,7 @@ class JaxLoader:
             self._worker_pools.discard(pool)
 
     def _lookahead(self):
-        """Batches ahead to hint with ``Reader.prefetch`` (0: the reader has no such hint, or no rows here): the
-        reader's ``lookahead_batches``, asked again as the read goes (it grows with a remote cache's latency)."""
+        """Batches ahead to hint with ``Reader.prefetch`` (0: none; the reader's, asked again as the read goes)."""
         if self.rows.size == 0 or not hasattr(self.reader, "prefetch"):
             return 0
         get = getattr(self.reader, "lookahead_batches", None)

@@ -8,25 +8,18 @@ naming the file and the row group, and no wrong token is ever returned. Decoded 
 metadata, count against ``memory_budget_bytes`` (fetched bytes are not kept). Concurrent requests
 for the same item (the prefetch threads and the caller) share one load.
 
-**Remote caches** on an asynchronous filesystem (gcsfs for ``gs://``: fsspec runs its requests on one
-event loop) are read ahead without a thread waiting on each request: :meth:`ChunkStore.warm_row_groups`
-and :meth:`ChunkStore.when_open` start the range requests (a chunk's sidecar and footer, then its row
-groups, adjacent ones in one request) on the filesystem's event loop and return at once; as each request
-returns, its row groups are decoded on the store's threads. So as many requests are in flight as the
-read-ahead asks for (at most ``MAX_REQUESTS``), whatever the number of threads, and a request's latency
-is paid once for all of them. :attr:`ChunkStore.latency_s` is the latency the requests see (the
-read-ahead sizes itself with it). Local caches read with ``os.pread`` on the threads, as they always did.
+A remote cache on an asynchronous filesystem (gcsfs for ``gs://``) is read ahead with many requests in
+flight and no thread waiting on them (:mod:`reader.storage.requests`); a local one with ``os.pread`` on
+the threads.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures as cf
 import io
 import os
 import threading
-import time
 import weakref
 from typing import Any, Callable
 
@@ -34,33 +27,29 @@ import numpy as np
 
 from reader.format import spec as fmt
 from reader.storage.cache import Cache
-from reader.storage.chunk import RANGE, SIDECAR, ChunkMeta, DocIndex, RowGroup, open_chunk, open_chunk_steps
+from reader.storage.chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
 from reader.storage.pages import decode_loss_spans, decode_row_group, loss_flags
+from reader.storage.requests import ReadAhead, Requests
 from reader.storage.validate import arrow_message, chunk_error
 
 
 _MAX_OPEN_FILES = 64
-MAX_REQUESTS = 64  # range requests in flight at once per store (remote caches; more wait their turn)
-MERGE_BYTES = 8 << 20  # adjacent row groups wanted together are one request up to this many bytes
-_LATENCY_WEIGHT = 0.2  # weight of each new request in the latency average
 
 
 def _nothing() -> None:
     pass
 
 
-def _shutdown(pool: cf.ThreadPoolExecutor | None, files: dict, lock: threading.Lock, sent: set,
-              waiting: collections.deque) -> None:
+def _shutdown(pool: cf.ThreadPoolExecutor | None, files: dict, lock: threading.Lock,
+              requests: Requests | None) -> None:
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
     with lock:
         for f in files.values():
             f.close()
         files.clear()
-        waiting.clear()
-        requests = list(sent)
-    for fut in requests:  # requests still out: nobody will read what they bring
-        fut.cancel()
+    if requests is not None:
+        requests.close()
 
 
 class ChunkStore:
@@ -96,18 +85,12 @@ class ChunkStore:
         # for every range, which costs as much as reading a row group). Other filesystems use fsspec.
         self._files: collections.OrderedDict[str, io.FileIO] = collections.OrderedDict()
         self._local = cache.is_local
-        # Remote caches on an asynchronous filesystem: requests go to its event loop (see the module docstring)
+        # a remote cache on an asynchronous filesystem: requests on its event loop (reader.storage.requests)
         self.asynchronous: bool = not self._local and bool(getattr(cache.fs, "async_impl", False))
-        self._fetched: dict[Any, tuple[cf.Future, int, int]] = {}  # row groups requested ahead: (request, at, length)
-        self._when_open: dict[int, list[Callable[[ChunkMeta], None]]] = {}  # chunk -> what to do once it is open
-        self._requests = 0  # requests in flight
-        self._waiting: collections.deque = collections.deque()  # requests waiting for one of MAX_REQUESTS
-        self._latency: float | None = None  # seconds, a moving average over the requests that returned
-        self._sent: set[cf.Future] = set()  # requests on the event loop now
-        self._opening: dict[int, list] = {}  # chunk opened asynchronously -> [its request now, a read waits]
+        self.remote = ReadAhead(self) if self.asynchronous else None
         # a store dropped without close() still stops its threads, closes its files and cancels its requests
         self._closer = weakref.finalize(self, _shutdown, self._pool if own else None, self._files, self._lock,
-                                        self._sent, self._waiting)
+                                        None if self.remote is None else self.remote.requests)
 
     def close(self) -> None:
         self._closer()
@@ -154,7 +137,7 @@ class ChunkStore:
                 while self._used > self.budget and len(self._lru) > 1:
                     _, (_, n) = self._lru.popitem(last=False)
                     self._used -= n
-            then = self._when_open.pop(key[1], ()) if key[0] == "chunk" else ()
+            then = self.remote.opened(key[1]) if key[0] == "chunk" and self.remote is not None else ()
         for fn in then if error is None else ():
             self._quietly(fn, value)
         if error is None:
@@ -211,191 +194,31 @@ class ChunkStore:
         try:
             if start is not None and self._local:
                 return self._pread(rel, start, end)
-            if self.asynchronous:  # (a read waits for it: ahead of the read-ahead's requests waiting their turn)
-                return self._request(rel, start, end, urgent=True).result()
+            if self.remote is not None:  # (a read waits for it: ahead of the read-ahead's requests waiting their turn)
+                return self.remote.requests.request(rel, start, end, urgent=True).result()
             return self.cache.cat(rel, start, end)
         except FileNotFoundError:
             raise chunk_error(self.cache, rel, "missing") from None
 
-    # -- requests on the event loop (remote caches on an asynchronous filesystem) -------------------------
     @property
     def latency_s(self) -> float | None:
-        """Seconds a range request of this store takes, averaged over the latest (None: a local cache, or
-        no request yet)."""
-        return self._latency
-
-    def _observe(self, seconds: float) -> None:
-        last = self._latency
-        self._latency = seconds if last is None else last + _LATENCY_WEIGHT * (seconds - last)
-
-    def _request(self, rel: str, start: int | None = None, end: int | None = None, urgent: bool = False,
-                 out: cf.Future | None = None) -> cf.Future:
-        """Bytes ``[start, end)`` of file ``rel`` (None: the whole file), as a future (``out`` if given), from a
-        request on the filesystem's event loop (at most ``MAX_REQUESTS`` in flight; later ones wait their
-        turn, an ``urgent`` one first). A failure is what :meth:`reader.storage.cache.Cache.failure` says (a
-        missing file: ``FileNotFoundError``)."""
-        out = cf.Future() if out is None else out
-        with self._lock:
-            go = self._requests < MAX_REQUESTS
-            if go:
-                self._requests += 1
-            elif urgent:
-                self._waiting.appendleft((rel, start, end, out))
-            else:
-                self._waiting.append((rel, start, end, out))
-        if go:
-            self._send(rel, start, end, out)
-        return out
-
-    def _hurry(self, out: cf.Future) -> None:
-        """A read waits for request ``out``: if it is still waiting its turn, it goes first."""
-        with self._lock:
-            for i, w in enumerate(self._waiting):
-                if w[3] is out:
-                    del self._waiting[i]
-                    self._waiting.appendleft(w)
-                    return
-
-    def _send(self, rel: str, start: int | None, end: int | None, out: cf.Future) -> None:
-        fs, t0 = self.cache.fs, time.monotonic()
-        coro = fs._cat_file(self.cache.path(rel), start=start, end=end)
-        try:
-            fut = asyncio.run_coroutine_threadsafe(coro, fs.loop)
-        except BaseException as e:  # noqa: BLE001 - e.g. the loop is gone: the request fails
-            coro.close()
-            fut = cf.Future()
-            fut.set_exception(e)
-        with self._lock:
-            self._sent.add(fut)
-        fut.add_done_callback(lambda f: self._returned(rel, out, f, t0))
-
-    def _returned(self, rel: str, out: cf.Future, fut: cf.Future, t0: float) -> None:
-        with self._lock:
-            self._sent.discard(fut)
-            nxt = self._waiting.popleft() if self._waiting else None
-            if nxt is None:
-                self._requests -= 1
-        if nxt is not None:
-            self._send(*nxt)
-        try:
-            data = fut.result()
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for these bytes
-            out.set_exception(self.cache.failure(rel, e))
-            return
-        self._observe(time.monotonic() - t0)
-        out.set_result(data)
+        """Seconds a range request of this store takes, averaged over the latest (None: not a remote cache
+        read asynchronously, or no request yet)."""
+        return None if self.remote is None else self.remote.requests.latency_s
 
     def when_open(self, index: int, fn: Callable[[ChunkMeta], None]) -> None:
         """Run ``fn(meta)`` once chunk ``index`` is open: now if it is; on a remote cache read
         asynchronously, when its sidecar and footer have come back (opening it without waiting, if nobody
         is), before anyone waiting for it wakes; otherwise after opening it in this thread. Read-ahead
         work: an error (of ``fn`` or of the opening) is dropped, the read itself reports it."""
-        if not self.asynchronous:
-            try:
-                m = self.meta(index)
-            except Exception:  # noqa: BLE001 - see above
-                return
-            self._quietly(fn, m)
+        if self.remote is not None:
+            self.remote.when_open(index, fn)
             return
-        key = ("chunk", index)
-        with self._lock:
-            hit = self._lru.get(key)
-            if hit is None:
-                self._when_open.setdefault(index, []).append(fn)
-        if hit is not None:
-            self._quietly(fn, hit[0])
-            return
-        _, fut, owner = self._begin(key)
-        if fut is None:  # opened meanwhile (its when_open work ran)
-            return
-        if owner:
-            self._open_async(index, fut)
-
-    def _open_async(self, index: int, fut: cf.Future) -> None:
-        """Open chunk ``index`` (:func:`reader.storage.chunk.open_chunk_steps`) with requests on the event loop;
-        each step runs in the thread a request returns in (the event loop's: parsing a sidecar and a footer
-        is short), so no thread of the store waits for it."""
-        key = ("chunk", index)
-        steps = open_chunk_steps(self.cache, index, self._count)
-
-        def advance(send=None, error: BaseException | None = None) -> None:
-            try:
-                want = steps.throw(error) if error is not None else steps.send(send)
-            except BaseException as e:  # noqa: BLE001 - opened (StopIteration) or failed: tell who waits
-                with self._lock:
-                    self._opening.pop(index, None)
-                if isinstance(e, StopIteration):
-                    self._end(key, fut, *e.value)
-                else:
-                    self._end(key, fut, error=e)
-                return
-            req: cf.Future = cf.Future()
-            with self._lock:
-                state = self._opening.setdefault(index, [None, False])
-                state[0] = req
-            rel, start, end = (list(want[1:]) + [None, None])[:3]  # (a sidecar, a whole file: no range)
-            self._request(rel, start, end, urgent=state[1], out=req)
-            req.add_done_callback(lambda r: returned(r, want))
-
-        def returned(r: cf.Future, want) -> None:
-            e = r.exception()
-            if e is None:
-                advance(r.result())
-            elif want[0] == RANGE and isinstance(e, FileNotFoundError):
-                advance(error=chunk_error(self.cache, want[1], "missing"))
-            else:
-                advance(error=e)
-
-        advance()
-
-    def _fetch_ahead(self, m: ChunkMeta, groups) -> None:
-        """Request row groups ``groups`` of chunk ``m`` that are neither cached, loading nor requested yet,
-        adjacent ones together (up to ``MERGE_BYTES`` a request); each is decoded on the store's threads
-        once its bytes are here."""
-        if m.data is not None:  # a whole-file chunk: its bytes are here
-            self.submit(self._decode_ahead, m.index, list(groups))
-            return
-        runs: list[list[int]] = []
-        with self._lock:
-            for g in sorted(set(groups)):
-                key = ("rg", m.index, g)
-                if key in self._lru or key in self._inflight or key in self._fetched:
-                    continue
-                if runs and runs[-1][-1] == g - 1 and (m.rg_ranges[g, 0] + m.rg_ranges[g, 1]
-                                                       - m.rg_ranges[runs[-1][0], 0]) <= MERGE_BYTES:
-                    runs[-1].append(g)
-                else:
-                    runs.append([g])
-            slots = []
-            for run in runs:  # registered before the lock is let go: a demand load then waits for them
-                slot: cf.Future = cf.Future()
-                start = int(m.rg_ranges[run[0], 0])
-                for g in run:
-                    self._fetched[("rg", m.index, g)] = (slot, int(m.rg_ranges[g, 0]) - start, int(m.rg_ranges[g, 1]))
-                slots.append((slot, start, int(m.rg_ranges[run[-1], 0] + m.rg_ranges[run[-1], 1])))
-        for run, (slot, start, end) in zip(runs, slots):
-            self._request(m.path, start, end, out=slot)
-            slot.add_done_callback(lambda r, run=run: self._arrived(m.index, run, r))
-
-    def _arrived(self, index: int, run: list[int], slot: cf.Future) -> None:
-        if slot.exception() is not None:
-            with self._lock:  # a later read asks again; one waiting for these bytes got the error
-                for g in run:
-                    if self._fetched.get(("rg", index, g), (None,))[0] is slot:
-                        del self._fetched[("rg", index, g)]
-            return
-        self._count(index, len(slot.result()), data=True)
         try:
-            self.submit(self._decode_ahead, index, run)
-        except RuntimeError:  # the store is closed
-            pass
-
-    def _decode_ahead(self, index: int, groups: list[int]) -> None:
-        for g in groups:
-            try:
-                self._get(("rg", index, g), lambda: self._load_row_group(index, g), wait=False)
-            except Exception:  # noqa: BLE001 - read-ahead work; the read itself reports
-                pass
+            m = self.meta(index)
+        except Exception:  # noqa: BLE001 - see above
+            return
+        self._quietly(fn, m)
 
     def _pread(self, rel: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a local file (fewer at its end), through a kept-open file. An evicted
@@ -416,22 +239,8 @@ class ChunkStore:
     # -- loading ----------------------------------------------------------------------------------------
     def meta(self, index: int) -> ChunkMeta:
         """Chunk ``index``'s verified layout (sidecar + footer, fetched on first use)."""
-        if self.asynchronous:  # (every request of a remote store goes through _request: at most MAX_REQUESTS at once)
-            hit, fut, owner = self._begin(("chunk", index))
-            if fut is None:
-                return hit
-            if owner:
-                with self._lock:  # a read waits: the opening's requests go first
-                    self._opening[index] = [None, True]
-                self._open_async(index, fut)
-            elif not fut.done():
-                with self._lock:
-                    state = self._opening.get(index)
-                    if state is not None:
-                        state[1] = True
-                if state is not None and state[0] is not None:
-                    self._hurry(state[0])
-            return fut.result()
+        if self.remote is not None:  # (every request of a remote store is one of its Requests)
+            return self.remote.meta(index)
         return self._get(("chunk", index), lambda: open_chunk(self.cache, index, self._cat, self._count))
 
     def doc_index(self, index: int) -> DocIndex:
@@ -486,9 +295,8 @@ class ChunkStore:
         """Prefetch: load row groups ``groups`` of chunk ``index``, skipping those cached (they count as
         used) and those another thread is loading (so the prefetch threads decode different row groups).
         On a remote cache read asynchronously this only starts their requests (:meth:`when_open`)."""
-        if self.asynchronous:
-            groups = list(groups)
-            self.when_open(index, lambda m: self._fetch_ahead(m, self.touch_row_groups(index, groups)))
+        if self.remote is not None:
+            self.remote.warm(index, groups)
             return
         for group in self.touch_row_groups(index, groups):
             self._get(("rg", index, group), lambda: self._load_row_group(index, group), wait=False)
@@ -520,21 +328,11 @@ class ChunkStore:
 
     def _fetch_row_group(self, m: ChunkMeta, group: int) -> bytes:
         off, length = (int(x) for x in m.rg_ranges[group])
-        ahead = None
-        if self._fetched:
-            with self._lock:
-                ahead = self._fetched.pop(("rg", m.index, group), None)
+        ahead = None if self.remote is None or m.data is not None else self.remote.bytes_of(m, group)
         if m.data is not None:
             buf = m.data[off:off + length]  # verified with the whole file
-        elif ahead is not None:  # requested ahead: its bytes (waiting for them if they are on their way)
-            slot, at, n = ahead
-            if not slot.done():
-                self._hurry(slot)
-            try:
-                data = slot.result()
-            except FileNotFoundError:
-                raise chunk_error(self.cache, m.path, "missing") from None
-            buf = data if at == 0 and n == len(data) else data[at:at + n]
+        elif ahead is not None:  # requested ahead (waited for if it was on its way)
+            buf = ahead
         else:
             buf = self._cat(m.path, off, off + length)
             self._count(m.index, len(buf), data=True)

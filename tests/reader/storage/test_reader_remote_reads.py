@@ -24,7 +24,7 @@ import mixgen
 from counting_fs import counting
 from reader import ReadOptions, Reader, ReaderStalled
 from reader.format import spec as fmt
-from reader.storage import store as store_mod
+from reader.storage import requests as requests_mod
 
 OPTS = ReadOptions(seq_len=16, batch_size=8, ideal_readers=4)
 READS = {
@@ -71,7 +71,7 @@ def assert_same(got: list[dict], want: list[dict]) -> None:
 
 @pytest.mark.parametrize("kind", sorted(READS))
 def test_remote_reads_ask_only_for_their_row_groups_coalesced_and_bounded(cache, kind, monkeypatch):
-    monkeypatch.setattr(store_mod, "MAX_REQUESTS", 3)
+    monkeypatch.setattr(requests_mod, "MAX_REQUESTS", 3)
     opts = READS[kind]
     want = batches(cache, opts, 40, 30)
     with Reader(cache, opts, num_readers=2, reader_index=1) as local:  # the chunks this host's rows lie in
