@@ -23,7 +23,8 @@ default budget, one process), starting at step 3000 (a resume):
 - Where 0 ms differs from disk: the emulator is a Python HTTP server (one request at a time) on the same
   cores. Its own cost is measured apart: a plain client (``http.client``, one connection per request, as
   the emulator wants) asks it, then the proxy at 0 ms, for every row group's byte range of the cache,
-  one after the other; seconds and emulator CPU-seconds per request.
+  one after the other; seconds and emulator CPU-seconds per request. During the reads, the CPU per
+  batch of this process, the emulator and the proxy say where a batch's time goes.
 - The process's peak RSS (sampled) during the 50 ms reads, its growth over the RSS before the first read
   against the reader's budget.
 
@@ -118,7 +119,8 @@ def cpu_s(pid: int | None = None) -> float:
     return t.user + t.system
 
 
-def one_read(source: str, kind: str, batches: int, storage_options: dict | None, emulator_pid: int | None) -> dict:
+def one_read(source: str, kind: str, batches: int, storage_options: dict | None, emulator_pid: int | None,
+             proxy_pid: int | None = None) -> dict:
     """One read from step ``START`` (see the module docstring)."""
     t0 = time.perf_counter()
     r = Reader(source, options(kind), num_readers=HOSTS, reader_index=HOST, storage_options=storage_options)
@@ -135,13 +137,16 @@ def one_read(source: str, kind: str, batches: int, storage_options: dict | None,
         if n == skip:
             t_s, c_s = time.perf_counter(), cpu_s()
             e_s = cpu_s(emulator_pid) if emulator_pid else 0.0
+            p_s = cpu_s(proxy_pid) if proxy_pid else 0.0
     end, c_e = time.perf_counter(), cpu_s()
     e_e = cpu_s(emulator_pid) if emulator_pid else 0.0
+    p_e = cpu_s(proxy_pid) if proxy_pid else 0.0
     st = r.store
     tokens = n * rows * L
     out = {"first_batch_s": first - t0, "rate": (n - 1) * rows * L / (end - first),
            "steady": (n - skip) * rows * L / (end - t_s), "cpu_ms_per_batch": (c_e - c_s) / (n - skip) * 1e3,
            "emulator_cpu_ms_per_batch": (e_e - e_s) / (n - skip) * 1e3,
+           "proxy_cpu_ms_per_batch": (p_e - p_s) / (n - skip) * 1e3, "ms_per_batch": (end - t_s) / (n - skip) * 1e3,
            "requests_per_mtoken": (st.fetches + 2 * st.meta_fetches) / tokens * 1e6,
            "bytes_per_token": st.bytes_fetched / tokens, "first": ref}
     it.close()
@@ -182,7 +187,9 @@ def run(work: Path, tokens: int, batches: int, rounds: int, chunks: int) -> dict
     work.mkdir(parents=True, exist_ok=True)
     cache = work / "cache"
     total = write_cache(cache, tokens, chunks)
-    res: dict = {"latency_cache_tokens": total, "latency_cache_chunks": chunks, "latency_batches": batches, "latency_rounds": rounds,
+    res: dict = {"latency_run": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "latency_load_average": round(os.getloadavg()[0], 1),
+                 "latency_cache_tokens": total, "latency_cache_chunks": chunks, "latency_batches": batches, "latency_rounds": rounds,
                  "latency_hosts": HOSTS, "latency_batch_size": B, "latency_seq_len": L, "latency_start": START}
     mix = work / "mix4.json"
     best: dict[tuple[str, str], dict] = {}
@@ -224,7 +231,7 @@ def run(work: Path, tokens: int, batches: int, rounds: int, chunks: int) -> dict
                         so = dict(emu.storage_options, endpoint_url=proxies[d].endpoint)
                         src = str(mix) if kind == "mixture" else emu.url("c0")
                         with RssSampler() as rss:
-                            got = one_read(src, kind, batches, so, pid)
+                            got = one_read(src, kind, batches, so, pid, proxies[d].proc.pid)
                         if d == 50:
                             peak_rss = max(peak_rss, rss.peak)
                         keep((kind, f"{d}ms"), got)

@@ -473,7 +473,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         mark = "" if ok is None else ("met" if ok else "**missed**")
         if ok is False:
             missed.append(key)
-        corpus = report_peers.CORPUS_OF.get(key, report_peers.TODAY)
+        corpus = report_peers.CORPUS_OF.get(key, "synthetic" if key.startswith("latency_") else report_peers.TODAY)
         lines.append(f"| `{key}` | {_meaning(meaning, fig)} | {corpus} | {_fmt(v, kind)} | {tgt} | {mark} |")
     lines += report_peers.peer_table(fig)
     lines += report_peers.both_corpora_table(fig)
@@ -695,7 +695,8 @@ def latency_section(fig: dict) -> list[str]:
            "through the project's latency proxy (`tests/support/latency_proxy.py`: every request held D ms on loopback, requests in flight "
            f"held together) as host 1 of {f['latency_hosts']} (`seq_len={f['latency_seq_len']}, batch_size="
            f"{f['latency_batch_size']}`, R* = 16, flat layout, default budget, one process) from step "
-           f"{f['latency_start']}, {f['latency_batches']} batches, best of {f['latency_rounds']} alternating rounds. "
+           f"{f['latency_start']}, {f['latency_batches']} batches, best of {f['latency_rounds']} alternating rounds "
+           f"(run of {f.get('latency_run', '?')}, load average {f.get('latency_load_average', '?')} on 2 cores). "
            "Steady: tokens per second of the host's rows over the last three quarters of the batches. First batch: "
            "from opening the reader (the seek) to the first batch. Requests per million tokens read (a chunk opened "
            "is two: its sidecar and footer) and bytes fetched per token read (below 1 where the streams' second "
@@ -711,13 +712,20 @@ def latency_section(fig: dict) -> list[str]:
                        f"{f[p + 'requests_per_mtoken']:.1f} | {f[p + 'bytes_per_token']:.3f} | "
                        f"{f[p + 'cpu_ms_per_batch']:.3f}; {f[p + 'emulator_cpu_ms_per_batch']:.3f} |")
     d, px = "latency_emulator_direct_", "latency_emulator_proxy_"
+    lo, zo = "latency_packed_local_", "latency_packed_0ms_"
+    gap = (f" Packed, local disk against gs:// at 0 ms: {f[lo + 'ms_per_batch']:.3f} against {f[zo + 'ms_per_batch']:.3f} "
+           f"ms per batch; the reader's own CPU {f[lo + 'cpu_ms_per_batch']:.3f} against {f[zo + 'cpu_ms_per_batch']:.3f} "
+           "ms (the difference: the HTTP client on the event loop, and bytes received rather than read from the page "
+           f"cache), the emulator's {f[zo + 'emulator_cpu_ms_per_batch']:.3f} ms and the proxy's "
+           f"{f[zo + 'proxy_cpu_ms_per_batch']:.3f} ms, on the same two cores, and each request waits its turn at "
+           "the emulator (one at a time)." if zo + "proxy_cpu_ms_per_batch" in f else "")
     out += ["", "The emulator's own cost, measured apart: a plain client (`http.client`, a connection per request) asks "
             f"for each of the cache's {f['latency_row_group_requests']} row groups in turn: "
             f"{f[d + 'ms_per_request']:.2f} ms per request ({f[d + 'emulator_cpu_ms_per_request']:.2f} ms of the "
             f"emulator's CPU; {f[d + 'mb_per_s']:.0f} MB/s), through the proxy at 0 ms {f[px + 'ms_per_request']:.2f} ms. "
             "gs:// at 0 ms against local disk (the `/ 0 ms` column of the local rows is local / 0 ms): the reader "
             "itself spends the CPU per batch in the last column on both; the rest of the gap is the emulator and "
-            "the proxy, Python servers on the same two cores, serving requests one at a time.",
+            "the proxy, Python servers on the same two cores, serving requests one at a time." + gap,
             f"Peak RSS of the bench process during the 50 ms reads: {f['latency_reader_peak_rss_mb']:.0f} MB, "
             f"{f['latency_rss_before_mb']:.0f} MB before the first read (the interpreter, numpy, pyarrow, gcsfs and "
             f"the emulator's client), against a budget of {f['latency_memory_budget_mb']:.0f} MB."]
