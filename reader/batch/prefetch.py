@@ -182,8 +182,8 @@ class Prefetcher:
     def _missing(self, c: int, starts: list[int], tokens: np.ndarray, ahead: int = 0) -> list[int]:
         """Row groups holding ``tokens`` of chunk ``c`` that are neither cached nor loading (the cached ones
         are marked used), past those the reads have released unless the plan is ahead of the reads (a
-        stream's next pass reads the chunk again; ``ahead``: the plan's first batch, 0: not ahead), whose
-        cached ones the reads then keep until that batch (:meth:`reader.batch.release.ReleasePolicy.want`).
+        stream's next pass reads the chunk again; ``ahead``: the plan's first batch, 0: not ahead), which the
+        reads then keep until that batch (:meth:`reader.batch.release.ReleasePolicy.want`).
         (A plan names a few tokens per chunk: bisect over the row-group starts costs less than numpy's
         per-call overhead.)"""
         done = 0 if ahead else self.release.released_before(c)  # a plan the reads have overtaken: already used
@@ -193,10 +193,9 @@ class Prefetcher:
             groups = [g for g in range(lo, hi + 1) if g >= done]
         else:
             groups = sorted({g for g in (bisect.bisect_right(starts, t) - 1 for t in toks) if g >= done})
-        todo = self.store.touch_row_groups(c, groups)
-        if ahead and len(todo) < len(groups):  # cached now: the reads may be about to release them
-            self.release.want(c, [g for g in groups if g not in todo], ahead)
-        return todo
+        if ahead:  # cached or on their way now: the reads may be about to release them
+            self.release.want(c, groups, ahead)
+        return self.store.touch_row_groups(c, groups)
 
     def _prefetch_mixes(self, exs: list[np.ndarray]) -> list[cf.Future]:
         """Load the row groups of every mix that examples ``exs`` reach and that is not loaded yet: one
@@ -248,10 +247,12 @@ class Prefetcher:
             for r0, r1 in ranges.tolist():
                 for _, c, a, z in idx.pieces(lane, r0 * L, r1 * L):
                     per_chunk.setdefault(c, []).append((a, z))
-        return [self.store.submit(self._load_chunk_ranges, c, ranges, hi - 1) for c, ranges in per_chunk.items()]
+        batch = (hi * cfg.lanes - 1) // self.options.batch_size  # the mix's last batch
+        return [self.store.submit(self._load_chunk_ranges, c, ranges, hi - 1, batch) for c, ranges in per_chunk.items()]
 
-    def _load_chunk_ranges(self, c: int, ranges: list[tuple[int, int]], last_row: int) -> None:
-        """Load the row groups of chunk ``c`` that hold tokens ``[a, z)`` for each range."""
+    def _load_chunk_ranges(self, c: int, ranges: list[tuple[int, int]], last_row: int, batch: int = -1) -> None:
+        """Load the row groups of chunk ``c`` that hold tokens ``[a, z)`` for each range (for a mix read until
+        batch ``batch``: the reads keep them until then, :meth:`reader.batch.release.ReleasePolicy.want`)."""
         if last_row < self.release.passed_row:  # the reads have passed the mix: already served
             return
 
@@ -262,7 +263,10 @@ class Prefetcher:
                 g0 = int(np.searchsorted(starts, a, side="right")) - 1
                 g1 = int(np.searchsorted(starts, z - 1, side="right")) - 1
                 groups.update(range(g0, g1 + 1))
-            self.store.warm_row_groups(c, sorted(groups))
+            groups = sorted(groups)
+            if batch > self.pace.last:  # (the mix before may hold some of them: its release keeps them)
+                self.release.want(c, groups, batch)
+            self.store.warm_row_groups(c, groups)
 
         self.store.when_open(c, load)  # (a prefetch never fails the run; the real read reports an error)
 

@@ -65,12 +65,10 @@ class ReleasePolicy:
         return self._released.get(c, 0)
 
     def want(self, c: int, groups: list[int], batch: int) -> None:
-        """The prefetch found row groups ``groups`` of chunk ``c`` cached for batch ``batch`` and beyond: the
-        reads keep them when they pass them before that batch (a stream's next pass, planned while the
-        current one still reads the chunk; the latest batch wanted counts), and release them when they pass
-        them after it."""
-        if not self.by_chunk:
-            return
+        """The prefetch planned row groups ``groups`` of chunk ``c`` for reads until batch ``batch``: the reads
+        keep them when they pass them before that batch (a stream's next pass, planned while the current one
+        still reads the chunk; the next mix, loaded while this one is read, which shares row groups with it
+        at its blocks' ends; the latest batch wanted counts), and release them when they pass them after it."""
         with self._lock:
             for g in groups:
                 if self._wanted.get((c, g), -1) < batch:
@@ -184,4 +182,21 @@ class ReleasePolicy:
             g0 = int(np.searchsorted(starts, a, side="left"))  # first row group starting at or after a
             g1 = int(np.searchsorted(starts, b, side="right")) - 1  # row groups ending at or before b
             if g1 > g0:
-                self.store.release_range(c, g0, g1)
+                keep = self._kept(c, g0, g1)
+                if not keep:
+                    self.store.release_range(c, g0, g1)
+                for g in range(g0, g1) if keep else ():
+                    if g not in keep:
+                        self.store.release(c, g)
+
+    def _kept(self, c: int, g0: int, g1: int) -> set[int]:
+        """Of row groups ``g0 .. g1-1`` of chunk ``c``, those a later batch wants (see :meth:`want`)."""
+        if not self._wanted:
+            return set()
+        now = self.pace.first if self.pace is not None else -1
+        with self._lock:
+            keep = {g for g in range(g0, g1) if self._wanted.get((c, g), -1) > now}
+            for g in range(g0, g1):
+                if g not in keep:
+                    self._wanted.pop((c, g), None)
+        return keep
