@@ -699,8 +699,8 @@ def latency_section(fig: dict) -> list[str]:
            f"(run of {f.get('latency_run', '?')}, load average {f.get('latency_load_average', '?')} on 2 cores). "
            "Steady: tokens per second of the host's rows over the last three quarters of the batches. First batch: "
            "from opening the reader (the seek) to the first batch. Requests per million tokens read (a chunk opened "
-           "is two: its sidecar and footer) and bytes fetched per token read (below 1 where the streams' second "
-           "pass finds row groups still held).", "",
+           "is two: its sidecar and footer) and bytes fetched per token read (the cache holds about 1.3 bytes per "
+           "token; a shuffled read also fetches the row groups at its blocks' ends, which it uses in part).", "",
            "| read | where | steady, M tok/s | / 0 ms | first batch, s | requests / M tokens | bytes / token | "
            "CPU ms / batch (reader; emulator) |", "|---|---|---|---|---|---|---|---|"]
     for kind, what in LATENCY_READS:
