@@ -55,6 +55,13 @@ MAIN_ROWS = report_peers.PEER_MAIN_ROWS + [
     ("best_fit_vs_concat_L8192", "the same at L=8192", "ratio"),
     ("mask_train_ratio", "a cache with loss masks / the same documents without, real tokens per second "
      "(benchmarks/mask_cost.py: flat layout, batch 64, L=2048, R*=16, 2 workers, one pass of 96 Mi tokens)", "ratio"),
+    ("latency_50ms_vs_0ms_min", "gs:// with every request held 50 ms / the same read at 0 ms, steady, the least of "
+     "packed, shuffled and a 4-cache mixture (benchmarks/latency_bench.py: host 1 of 4, L=2048, B=32, from step "
+     "3000; \"Reading from object storage\" below)", "ratio"),
+    ("latency_first_batch_s_50ms_max", "seconds from opening the reader to the first batch at step 3000, gs:// at 50 ms "
+     "per request, the most of the three reads", "s"),
+    ("latency_rss_growth_vs_budget", "the bench process's RSS growth during the 50 ms reads / the reader's memory "
+     "budget", "ratio"),
 ]
 
 # The encoders alone on the same documents (benchmarks/tokenizer_bench.py throughput): (label, figure prefix,
@@ -466,7 +473,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         mark = "" if ok is None else ("met" if ok else "**missed**")
         if ok is False:
             missed.append(key)
-        corpus = report_peers.CORPUS_OF.get(key, report_peers.TODAY)
+        corpus = report_peers.CORPUS_OF.get(key, "synthetic" if key.startswith("latency_") else report_peers.TODAY)
         lines.append(f"| `{key}` | {_meaning(meaning, fig)} | {corpus} | {_fmt(v, kind)} | {tgt} | {mark} |")
     lines += report_peers.peer_table(fig)
     lines += report_peers.both_corpora_table(fig)
@@ -509,6 +516,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         lines += ["", notes["_general"]]
     lines += columnar_memory_section()
     lines += sft_section(fig)
+    lines += latency_section(fig)
     lines += ["", "## Plots", ""]
     if has_pipe:
         lines += [f"![pipeline progress and CPU]({rel(p_pipe)})", "",
@@ -668,6 +676,59 @@ def mask_read_section(fig: dict) -> list[str]:
            "(and per CPU-second of the reading processes), masked / plain:", "",
            "| read | per second | per CPU-second |", "|---|---|---|"]
     out += [f"| {what} | {f[f'mask_{k}_ratio']:.3f} | {f[f'mask_{k}_cpu_ratio']:.3f} |" for k, what in MASK_READS]
+    return out
+
+
+LATENCY_READS = [("packed", "packed, in order"), ("shuffled", "packed, `shuffle_seed=0`"),
+                 ("mixture", "mixture of 4 caches (0.4/0.3/0.2/0.1), packed")]
+
+
+def latency_section(fig: dict) -> list[str]:
+    """Reading ``gs://`` through the latency proxy (``benchmarks/latency_bench.py``)."""
+    if "latency_50ms_vs_0ms_min" not in fig:
+        return []
+    f = fig
+    delays = sorted({int(k.split("_")[2][:-2]) for k in f if k.startswith("latency_packed_") and k.endswith("ms_steady")})
+    out = ["", "## Reading from object storage", "",
+           f"`benchmarks/latency_bench.py` uploads a synthetic cache of {f['latency_cache_tokens'] / 1e6:.1f} M tokens "
+           f"({f['latency_cache_chunks']} chunks, 128 Ki-token row groups) four times to the GCS emulator and reads it "
+           "through the project's latency proxy (`tests/support/latency_proxy.py`: every request held D ms on loopback, requests in flight "
+           f"held together) as host 1 of {f['latency_hosts']} (`seq_len={f['latency_seq_len']}, batch_size="
+           f"{f['latency_batch_size']}`, R* = 16, flat layout, default budget, one process) from step "
+           f"{f['latency_start']}, {f['latency_batches']} batches, best of {f['latency_rounds']} alternating rounds "
+           f"(run of {f.get('latency_run', '?')}, load average {f.get('latency_load_average', '?')} on 2 cores). "
+           "Steady: tokens per second of the host's rows over the last three quarters of the batches. First batch: "
+           "from opening the reader (the seek) to the first batch. Requests per million tokens read (a chunk opened "
+           "is two: its sidecar and footer) and bytes fetched per token read (the cache holds about 1.3 bytes per "
+           "token; a shuffled read also fetches the row groups at its blocks' ends, which it uses in part).", "",
+           "| read | where | steady, M tok/s | / 0 ms | first batch, s | requests / M tokens | bytes / token | "
+           "CPU ms / batch (reader; emulator) |", "|---|---|---|---|---|---|---|---|"]
+    for kind, what in LATENCY_READS:
+        for where in ["local"] + [f"{d}ms" for d in delays]:
+            p = f"latency_{kind}_{where}_"
+            ratio = f"{f[p + 'vs_0ms']:.2f}" if where != "local" else f"{1 / f[f'latency_{kind}_0ms_vs_local']:.2f}"
+            label = "local disk" if where == "local" else f"gs://, {where[:-2]} ms"
+            out.append(f"| {what} | {label} | {f[p + 'steady'] / 1e6:.1f} | {ratio} | {f[p + 'first_batch_s']:.2f} | "
+                       f"{f[p + 'requests_per_mtoken']:.1f} | {f[p + 'bytes_per_token']:.3f} | "
+                       f"{f[p + 'cpu_ms_per_batch']:.3f}; {f[p + 'emulator_cpu_ms_per_batch']:.3f} |")
+    d, px = "latency_emulator_direct_", "latency_emulator_proxy_"
+    lo, zo = "latency_packed_local_", "latency_packed_0ms_"
+    gap = (f" Packed, local disk against gs:// at 0 ms: {f[lo + 'ms_per_batch']:.3f} against {f[zo + 'ms_per_batch']:.3f} "
+           f"ms per batch; the reader's own CPU {f[lo + 'cpu_ms_per_batch']:.3f} against {f[zo + 'cpu_ms_per_batch']:.3f} "
+           "ms (the difference: the HTTP client on the event loop, and bytes received rather than read from the page "
+           f"cache), the emulator's {f[zo + 'emulator_cpu_ms_per_batch']:.3f} ms and the proxy's "
+           f"{f[zo + 'proxy_cpu_ms_per_batch']:.3f} ms, on the same two cores, and each request waits its turn at "
+           "the emulator (one at a time)." if zo + "proxy_cpu_ms_per_batch" in f else "")
+    out += ["", "The emulator's own cost, measured apart: a plain client (`http.client`, a connection per request) asks "
+            f"for each of the cache's {f['latency_row_group_requests']} row groups in turn: "
+            f"{f[d + 'ms_per_request']:.2f} ms per request ({f[d + 'emulator_cpu_ms_per_request']:.2f} ms of the "
+            f"emulator's CPU; {f[d + 'mb_per_s']:.0f} MB/s), through the proxy at 0 ms {f[px + 'ms_per_request']:.2f} ms. "
+            "gs:// at 0 ms against local disk (the `/ 0 ms` column of the local rows is local / 0 ms): the reader "
+            "itself spends the CPU per batch in the last column on both; the rest of the gap is the emulator and "
+            "the proxy, Python servers on the same two cores, serving requests one at a time." + gap,
+            f"Peak RSS of the bench process during the 50 ms reads: {f['latency_reader_peak_rss_mb']:.0f} MB, "
+            f"{f['latency_rss_before_mb']:.0f} MB before the first read (the interpreter, numpy, pyarrow, gcsfs and "
+            f"the emulator's client), against a budget of {f['latency_memory_budget_mb']:.0f} MB."]
     return out
 
 

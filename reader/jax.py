@@ -421,12 +421,12 @@ class JaxLoader:
             pool.close()  # stops the workers: the iterator was exhausted, closed early or failed
             self._worker_pools.discard(pool)
 
-    def _lookahead(self) -> int:
-        """Batches ahead to hint with ``Reader.prefetch`` (0: the reader has no such hint, or no rows here)."""
+    def _lookahead(self):
+        """Batches ahead to hint with ``Reader.prefetch`` (0: none; the reader's, asked again as the read goes)."""
         if self.rows.size == 0 or not hasattr(self.reader, "prefetch"):
             return 0
         get = getattr(self.reader, "lookahead_batches", None)
-        return int(get()) if callable(get) else self.prefetch + 1
+        return (lambda: int(get())) if callable(get) else self.prefetch + 1
 
     def __iter__(self) -> Iterator[dict]:
         """Batches from :attr:`start` on (just the dicts; use :meth:`iter_batches` for step numbers)."""

@@ -122,6 +122,8 @@ class Reader:
         for store in getattr(self.store, "stores", [self.store]):  # (a mixture's: one per component)
             store.progress = self.progress.beat
         self._unwarned = serve_rows is None  # (a reader worker's parent warns, not the worker)
+        # a remote cache read asynchronously: a read asks for all it needs at once, before it waits for any
+        self._ask = any(s.asynchronous for s in getattr(self.store, "stores", [self.store]))
         self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read, masked=self.masked)
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 
@@ -249,6 +251,11 @@ class Reader:
         limit = self._pass_limit()
         if limit is not None and ex.size and int(ex.max()) >= limit[0] * self.options.batch_size:
             raise limit[1]
+        if ex.size:  # where the reads are (what they release, how far a remote read looks ahead)
+            B = self.options.batch_size
+            self.prefetcher.pace.note(int(ex[0]) // B, int(ex[-1]) // B)
+            if self._ask:
+                self.prefetcher.ask(ex)
         out = self.assembler.assemble(self.order.locate(ex, src), into)
         self.release.examples_read(ex)
         if self._unwarned:
@@ -342,7 +349,7 @@ class Reader:
                 self.batches, start, stop=None if count is None else start + int(count),
                 available=self.has_batch, slab=self.slab, depth=max(1, opts.prefetch_batches),
                 executor=assembler, hint=lambda b, n: self.prefetch(b, None, n), submit_hint=self.store.submit,
-                lookahead=self.lookahead_batches() if opts.prefetch_threads > 0 else 0,
+                lookahead=self.lookahead_batches if opts.prefetch_threads > 0 else 0,
                 progress=self.progress, timeout_s=opts.worker_timeout_s,
                 describe=lambda b, n: f"batches {b}..{b + n - 1} in this process")
         finally:
@@ -350,7 +357,9 @@ class Reader:
 
     # -- prefetch hints for loaders ---------------------------------------------------------------------
     def lookahead_batches(self) -> int:
-        """How many batches ahead ``iter_batches`` decodes: about one row group per stream, within budget."""
+        """How many batches ahead ``iter_batches`` decodes: about one row group per stream, within budget; on a
+        remote cache more, with the latency and rate it sees (:meth:`reader.batch.prefetch.Prefetcher.lookahead`:
+        ask again as the read goes)."""
         return self.prefetcher.lookahead()
 
     def prefetch(self, b: int, rows=None, count: int = 1, every: int = 1) -> list[cf.Future]:

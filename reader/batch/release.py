@@ -55,12 +55,26 @@ class ReleasePolicy:
         self._mixes: dict[int, list] = {}  # mixes being read: first output row -> [end row, lanes read]
         self._mix_span: tuple[int, int] = (0, 0)
         self._lane_sets: dict[bytes, frozenset] = {}
+        self._wanted: dict[tuple[int, int], int] = {}  # (chunk, row group) -> a later batch that needs it
+        self.pace = None  # the reads' reader.batch.prefetch.Pace (where they are), set by the prefetcher
         self.passed_row = 0
         self.rewinds = 0
 
     def released_before(self, c: int) -> int:
         """Row groups of chunk ``c`` before this one were released (unshuffled reads; 0: none)."""
         return self._released.get(c, 0)
+
+    def want(self, c: int, groups: list[int], batch: int) -> None:
+        """The prefetch planned row groups ``groups`` of chunk ``c`` for reads until batch ``batch``: the reads
+        keep them when they pass them before that batch (a stream's next pass, planned while the current one
+        still reads the chunk; the next mix, loaded while this one is read, which shares row groups with it
+        at its blocks' ends; the latest batch wanted counts), and release them when they pass them after it."""
+        with self._lock:
+            for g in groups:
+                if self._wanted.get((c, g), -1) < batch:
+                    self._wanted[(c, g)] = batch
+            while len(self._wanted) > _TRACKED_CHUNKS:
+                self._wanted.pop(next(iter(self._wanted)))
 
     # -- unshuffled: per chunk --------------------------------------------------------------------------
     def windows_read(self, recs, cross) -> None:
@@ -84,6 +98,11 @@ class ReleasePolicy:
                     self._released[c] = g
             while len(self._released) > _TRACKED_CHUNKS:
                 self._released.pop(next(iter(self._released)))
+            if self._wanted:  # kept for a later batch (see want)
+                now = self.pace.first if self.pace is not None else -1
+                todo = [k for k in todo if self._wanted.get(k, -1) <= now]
+                for k in todo:
+                    self._wanted.pop(k, None)
         for c, g in todo:
             self.store.release(c, g)
 
@@ -153,4 +172,21 @@ class ReleasePolicy:
             g0 = int(np.searchsorted(starts, a, side="left"))  # first row group starting at or after a
             g1 = int(np.searchsorted(starts, b, side="right")) - 1  # row groups ending at or before b
             if g1 > g0:
-                self.store.release_range(c, g0, g1)
+                keep = self._kept(c, g0, g1)
+                if not keep:
+                    self.store.release_range(c, g0, g1)
+                for g in range(g0, g1) if keep else ():
+                    if g not in keep:
+                        self.store.release(c, g)
+
+    def _kept(self, c: int, g0: int, g1: int) -> set[int]:
+        """Of row groups ``g0 .. g1-1`` of chunk ``c``, those a later batch wants (see :meth:`want`)."""
+        if not self._wanted:
+            return set()
+        now = self.pace.first if self.pace is not None else -1
+        with self._lock:
+            keep = {g for g in range(g0, g1) if self._wanted.get((c, g), -1) > now}
+            for g in range(g0, g1):
+                if g not in keep:
+                    self._wanted.pop((c, g), None)
+        return keep

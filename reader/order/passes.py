@@ -76,6 +76,10 @@ class StreamLanes:
         """The lane rows each lane of ``lanes`` reads for the mix of lane row ``row``: ``[k, 2]`` ranges."""
         return mix_sources_of_lanes(row, lanes, self.cfg)
 
+    def last_example(self, row: int) -> int:
+        """The last global example of lane row ``row``."""
+        return (int(row) + 1) * self.lanes - 1
+
     def reader_lanes(self, row: int, num_readers: int, reader_index: int) -> list[int]:
         """The lanes reader ``r`` of ``R`` reads at lane row ``row`` (``R`` divides ``R*``)."""
         return list(range(reader_index % num_readers, self.lanes, num_readers))
@@ -149,6 +153,10 @@ class Spans:
         p, t = divmod(int(row), self.pass_rows)
         got = mix_sources_of_lanes(t, lanes, self.cfg, epoch_length=self.rows, passes=p)
         return [g + p * self.pass_rows for g in got]
+
+    def last_example(self, row: int) -> int:
+        p, t = divmod(int(row), self.pass_rows)
+        return p * self.rows + min((t + 1) * self.r, self.rows) - 1
 
     def reader_lanes(self, row: int, num_readers: int, reader_index: int) -> list[int]:
         # reader r's examples i = r (mod R) are k = r - p E (mod R) of pass p, and R divides R*

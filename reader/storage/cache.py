@@ -84,12 +84,19 @@ class Cache:
             if start is None and end is None:
                 return self.storage.read(self.path(rel))
             return self.storage.read_range(self.path(rel), start or 0, end)
-        except FileNotFoundError:
-            raise
         except Exception as e:
-            if remote.is_storage_error(e):
-                raise remote.storage_error(self.display(rel), e, anonymous=self.anonymous) from e
-            raise
+            failure = self.failure(rel, e)
+            if failure is e:
+                raise
+            raise failure from e
+
+    def failure(self, rel: str, e: BaseException) -> BaseException:
+        """What a failed read of file ``rel`` raises: a storage failure as a
+        :class:`reader.storage.remote.StorageError` naming the file; anything else (a missing file's
+        ``FileNotFoundError`` too) as it is."""
+        if not isinstance(e, FileNotFoundError) and remote.is_storage_error(e):
+            return remote.storage_error(self.display(rel), e, anonymous=self.anonymous)
+        return e
 
     def fields(self, start: int, stop: int, names=None) -> dict[str, list]:
         """Kept fields (``--keep_fields``) of documents ``[start, stop)`` in global order: ``name -> values``

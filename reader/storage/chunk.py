@@ -109,13 +109,37 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
     """Chunk ``index``'s verified :class:`ChunkMeta` and its size in memory, from its sidecar and footer.
 
     ``fetch(rel, start=None, end=None)`` returns a file's bytes (a range of them); ``tally(index, nbytes,
-    data=...)`` counts each fetch (see ``ChunkStore``).
+    data=...)`` counts each fetch (see ``ChunkStore``). The sidecar is read with ``cache.cat``.
     """
+    steps = open_chunk_steps(cache, index, tally)
+    want = next(steps)
+    while True:
+        try:
+            got = cache.cat(want[1]) if want[0] == SIDECAR else fetch(*want[1:])
+        except Exception as e:  # noqa: BLE001 - the steps decide what a failed read means
+            want = steps.throw(e)
+        else:
+            try:
+                want = steps.send(got)
+            except StopIteration as done:
+                return done.value
+
+
+SIDECAR = "sidecar"  # what open_chunk_steps asks for: (SIDECAR, rel), or (RANGE, rel, start, end) / (RANGE, rel)
+RANGE = "range"
+
+
+def open_chunk_steps(cache: Cache, index: int, tally: Callable[..., None]):
+    """:func:`open_chunk` as a generator that does no I/O itself: it yields what it needs read, ``(SIDECAR,
+    rel)`` (a whole sidecar; a missing one is thrown in as ``FileNotFoundError``) or ``(RANGE, rel, start,
+    end)`` (bytes of a chunk file, as ``fetch`` reads them; ``(RANGE, rel)``: the whole file), is sent the
+    bytes (or thrown the read's error), and returns ``(ChunkMeta, size in memory)``. A blocking caller
+    (:func:`open_chunk`) and an asynchronous one (``ChunkStore``, many chunks opened at once) drive it."""
     t = cache.table
     rel = t.paths[index]
     side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
     try:
-        raw = cache.cat(side_rel)
+        raw = yield SIDECAR, side_rel
     except FileNotFoundError:
         raise chunk_error(cache, side_rel, "sidecar missing") from None
     tally(index, len(raw), data=False)
@@ -139,14 +163,17 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
     size = int(t.nbytes[index])
     try:
         lay = Layout.of(side, size, int(t.docs[index]), int(t.tokens[index]))
-        if lay is None:
-            return _open_whole(cache, index, fetch, tally)
-        f_off, f_len, _ = lay.footer
-        # one byte past the recorded end: a file longer than recorded shows up here, at no extra request
-        footer = fetch(rel, f_off, f_off + f_len + 1)
-        tally(index, len(footer), data=None)
-        if len(footer) != f_len:
-            raise chunk_error(cache, rel, _size_problem(cache, rel, size, f_off, f_len, len(footer)))
+    except Disagreement as e:
+        raise chunk_error(cache, side_rel if e.sidecar else rel, str(e)) from None
+    if lay is None:
+        return (yield from _open_whole(cache, index, tally))
+    f_off, f_len, _ = lay.footer
+    # one byte past the recorded end: a file longer than recorded shows up here, at no extra request
+    footer = yield RANGE, rel, f_off, f_off + f_len + 1
+    tally(index, len(footer), data=None)
+    if len(footer) != f_len:
+        raise chunk_error(cache, rel, _size_problem(cache, rel, size, f_off, f_len, len(footer)))
+    try:
         fm = lay.footer_meta(footer)
     except Disagreement as e:
         raise chunk_error(cache, side_rel if e.sidecar else rel, str(e)) from None
@@ -167,10 +194,10 @@ def _size_problem(cache: Cache, rel: str, size: int, f_off: int, f_len: int, got
     return f"{kind}: the footer at bytes [{f_off}, {f_off + f_len}) of a {size}-byte file read {got} bytes"
 
 
-def _open_whole(cache: Cache, index: int, fetch, tally):
+def _open_whole(cache: Cache, index: int, tally):
     """A chunk whose sidecar predates the row-group index: fetch it whole, verify, index it here."""
     rel = cache.table.paths[index]
-    data = fetch(rel)
+    data = yield RANGE, rel
     tally(index, len(data), data=True)
     w = parse_chunk(cache, index, data)
     rg_index, footer = row_group_index(data)
