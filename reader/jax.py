@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import functools
 import itertools
 import os
 import threading
@@ -35,7 +36,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from reader.options import ReadOptions
 from reader.reader import Reader
 from reader.batch.readahead import read_ahead
-from reader.batch.schema import FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS, loss_mask
+from reader.batch.schema import CONTINUATION_FIELDS, FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS, VARLEN_FIELDS, \
+    loss_mask
 from reader.workers.pool import WorkerPool
 
 
@@ -92,20 +94,33 @@ def process_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int)
 
 def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     """``reader.expand_flat`` in jax.numpy (jit-able): the five ``[B, L]`` token fields of a ``layout="flat"``
-    batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``; ``loss_mask`` if masked)."""
+    batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``; ``loss_mask`` if masked; the
+    ``continuation_*`` fields of best-fit rows with several continuation pieces)."""
     import jax.numpy as jnp
 
     tok = jnp.asarray(batch["tokens"]).astype(jnp.uint32)
-    L = tok.shape[1] - 1
+    B, L = tok.shape[0], tok.shape[1] - 1
     start = (tok[:, 1:] & 1).astype(bool)
     t = jnp.arange(L, dtype=jnp.int32)[None, :]
     real = t < jnp.asarray(batch["num_tokens"]).astype(jnp.int32)[:, None]
     targets = (tok[:, 1:] >> 1).astype(jnp.int32)
     inputs = jnp.where(start, 0, (tok[:, :-1] >> 1).astype(jnp.int32))
-    segment_ids = jnp.cumsum(start.astype(jnp.int32), axis=1) + (~start[:, :1]).astype(jnp.int32)
-    last = jax.lax.cummax(jnp.where(start, t, -1), axis=1)
+    cols = batch.get("continuation_columns")
+    cols = jnp.zeros((B, 0), jnp.int32) if cols is None else jnp.asarray(cols).astype(jnp.int32)
+    rows = jnp.arange(B)[:, None]
+
+    def at_columns(values, dtype):  # [B, L]: ``values`` [B, K] at the continuations' columns (L: unused, dropped)
+        return jnp.zeros((B, L + 1), dtype).at[rows, cols].set(jnp.asarray(values).astype(dtype))[:, :L]
+
+    cont = at_columns(jnp.ones(cols.shape, bool), bool)
+    boundary = start | cont
+    inputs = jnp.where(cont, at_columns(batch.get("continuation_inputs", cols), jnp.int32), inputs)
+    segment_ids = jnp.cumsum(boundary.astype(jnp.int32), axis=1) + (~boundary[:, :1]).astype(jnp.int32)
+    last = jax.lax.cummax(jnp.where(boundary, t, -1), axis=1)
     first = jnp.asarray(batch["first_positions"]).astype(jnp.int32)[:, None]
-    positions = jnp.where(last >= 0, t - last, first + t)
+    seg_first = jnp.take_along_axis(at_columns(batch.get("continuation_positions", cols), jnp.int32),
+                                    jnp.maximum(last, 0), axis=1)
+    positions = jnp.where(last >= 0, t - last + seg_first, first + t)
     zero = jnp.zeros_like(targets)
     stored = jnp.asarray(batch["loss_mask"]).astype(bool) if batch.get("loss_mask") is not None else None
     return {"inputs": jnp.where(real, inputs, zero), "targets": jnp.where(real, targets, zero),
@@ -124,8 +139,8 @@ LOADER_LAYOUT = "flat"
 # fields (example_ids, epochs) become int32 jax.Arrays unless jax_enable_x64 is on.
 
 
-def _expand_for_loader(tokens, first_positions, num_tokens, stored=None):
-    return expand_flat(dict(tokens=tokens, first_positions=first_positions, num_tokens=num_tokens, loss_mask=stored))
+def _expand_for_loader(*arrays, names):
+    return expand_flat(dict(zip(names, arrays)))
 
 
 class JaxLoader:
@@ -153,7 +168,9 @@ class JaxLoader:
         assembles every W-th of :attr:`rows` into shared memory, ``prefetch_batches`` ahead; see the
         module docstring), which needs a ``reader.Reader`` or a path as ``source``, and W must divide
         the number of :attr:`rows`. ``global_batch`` always reads in this process.
-      fields: fields to build (default: every field in :data:`TOKEN_FIELDS` and :data:`ROW_FIELDS`).
+      fields: fields to build (default: every field in :data:`TOKEN_FIELDS` and :data:`ROW_FIELDS`, and a
+        varlen read's ``cu_seqlens`` and ``max_seqlen``, ``[B, max_segments + 1]`` and ``[B]``, sharded like
+        the rows).
       reader_kwargs: extra keyword arguments for ``Reader(...)`` when ``source`` is a path
         (e.g. ``wait_timeout_s``).
 
@@ -203,21 +220,29 @@ class JaxLoader:
             n_seq = int(np.prod([mesh.shape[a] for a in seq_axes], dtype=np.int64))
             if self.seq_len % n_seq:
                 raise ValueError(f"seq_len {self.seq_len} is not divisible by the {n_seq} sequence shards of {self.spec}")
+        # a varlen read's cu_seqlens and max_seqlen (reader.batch.schema), sharded like the rows
+        self._segments = getattr(self.opts, "varlen_segments", None)
+        known = TOKEN_FIELDS + VARLEN_FIELDS * (self._segments is not None) + ROW_FIELDS
         if fields is None:
-            fields = TOKEN_FIELDS + ROW_FIELDS
-        unknown = set(fields) - set(TOKEN_FIELDS) - set(ROW_FIELDS)
+            fields = known
+        unknown = set(fields) - set(known)
         if unknown:
-            raise ValueError(f"unknown fields {sorted(unknown)}; known: {TOKEN_FIELDS + ROW_FIELDS}")
+            raise ValueError(f"unknown fields {sorted(unknown)}; known: {known}")
         self.fields = tuple(fields)
+        # [B, X] arrays other than the token fields (flat tokens, continuation slots, cu_seqlens): rows
+        # partitioned like the batch, columns whole
+        self._wide_sharding = NamedSharding(mesh, PartitionSpec(self.spec[0] if len(self.spec) else None, None))
         # layout="flat": ship tokens [B, L+1] (uint32, flat-tokens) and two ints per row, then expand them
         # on the devices (jit): about 4x fewer bytes from host to device than the five [B, L] arrays.
         self.flat = getattr(self.opts, "layout", ReadOptions.layout) == "flat"
+        # a cache with loss masks: the flat rows' loss_mask goes to the devices too, and best-fit rows'
+        # continuation pieces past column 0 (reader.batch.schema)
+        self._slots = int(getattr(self.reader, "continuation_slots", 0))
+        self._flat_fields = list(FLAT_FIELDS) + ["loss_mask"] * (self.flat and bool(getattr(self.reader, "masked", 0))) \
+            + list(CONTINUATION_FIELDS) * bool(self.flat and self._slots)
         if self.flat:
-            self._flat_sharding = NamedSharding(mesh, PartitionSpec(self.spec[0] if len(self.spec) else None,
-                                                                    None))
-            self._expand = jax.jit(_expand_for_loader, out_shardings=self.token_sharding)
-        # a cache with loss masks: the flat rows' loss_mask goes to the devices too (reader.batch.schema)
-        self._flat_fields = list(FLAT_FIELDS) + ["loss_mask"] * (self.flat and bool(getattr(self.reader, "masked", 0)))
+            self._expand = jax.jit(functools.partial(_expand_for_loader, names=tuple(self._flat_fields)),
+                                   out_shardings=self.token_sharding)
         self.rows = process_rows(self.token_sharding, self.batch_size, self.seq_len)
         self._row_pos = self._local_positions()
         if self.num_workers:
@@ -286,7 +311,7 @@ class JaxLoader:
         """Flat-tokens rows -> device arrays -> the five token fields, expanded on the devices."""
         want_tokens = [f for f in self.fields if f in TOKEN_FIELDS]
         flat = self._flat_fields
-        out = self._put(data, [f for f in self.fields if f in ROW_FIELDS] + (flat if want_tokens else []))
+        out = self._put(data, [f for f in self.fields if f not in TOKEN_FIELDS] + (flat if want_tokens else []))
         if want_tokens:
             expanded = self._expand(*(out.pop(f) for f in flat))
             out.update({f: expanded[f] for f in want_tokens})
@@ -296,23 +321,24 @@ class JaxLoader:
         n, L = int(self.rows.size), self.seq_len
         out = {}
         for name in fields:
+            field = FIELDS[name]
             if n == 0:  # no addressable shard: the callback is never called; the schema gives the type
-                arr = np.zeros(FIELDS[name].shape(0, L), FIELDS[name].dtype)
+                arr = np.zeros(field.shape(0, L, self._slots, self._segments), field.dtype)
             elif name not in data:
                 raise KeyError(f"the reader returned no field {name!r} (it returned {sorted(data)}); "
                                f"pass fields=... to JaxLoader to build fewer fields")
             else:
                 arr = np.asarray(data[name])
-            if name == "tokens":  # flat layout: [n, L+1], rows partitioned like the batch, columns whole
-                want = (n, L + 1)
+            if field.columns not in (None, 0):  # [n, X]: rows partitioned like the batch, columns whole
+                want = field.shape(n, L, self._slots, self._segments)
                 if arr.shape != want:
-                    raise ValueError(f"reader field 'tokens' has shape {arr.shape}, expected {want}")
+                    raise ValueError(f"reader field {name!r} has shape {arr.shape}, expected {want}")
 
-                def cb_tokens(index, arr=arr):
+                def cb_wide(index, arr=arr):
                     return arr[self._row_pos[(index[0].start, index[0].stop, index[0].step)]]
 
-                out[name] = jax.make_array_from_callback((self.batch_size, L + 1), self._flat_sharding,
-                                                         cb_tokens, dtype=arr.dtype)
+                out[name] = jax.make_array_from_callback((self.batch_size, want[1]), self._wide_sharding,
+                                                         cb_wide, dtype=arr.dtype)
                 continue
             per_token = name in TOKEN_FIELDS
             want = (n, L) if per_token else (n,)

@@ -79,11 +79,20 @@ def _config(chunk_bytes: int, row_group_tokens: int, masked: bool) -> dict[str, 
     return config
 
 
-def best_fit_chunk(docs, L: int, row_group_tokens: int, window_tokens: int) -> list:
-    """A synthetic chunk's best-fit rows by the brute-force packer, over the row groups it is written with."""
+def best_fit_caps(best_fit_continuations: int | None = None, max_segments: int | None = None) -> dict:
+    """``best_fit_chunk``'s caps for these read options, in a synthetic cache (format version below 4:
+    one continuation piece per row unless the options say otherwise)."""
+    cont = best_fit_continuations or 1
+    return {"continuations": cont if max_segments is None else min(cont, max_segments), "max_segments": max_segments}
+
+
+def best_fit_chunk(docs, L: int, row_group_tokens: int, window_tokens: int, continuations: int | None = 1,
+                   max_segments: int | None = None) -> list:
+    """A synthetic chunk's best-fit rows by the brute-force packer, over the row groups it is written with
+    (``continuations``, ``max_segments``: the caps per row)."""
     lengths = [len(d) for d in docs]
     rg_docs = [hi - lo for lo, hi in row_groups(lengths, row_group_tokens)]
-    return reference_chunk_best_fit(lengths, rg_docs, L, window_tokens)
+    return reference_chunk_best_fit(lengths, rg_docs, L, window_tokens, continuations, max_segments)
 
 
 def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offset: int = 0,
@@ -373,19 +382,23 @@ def spans_of(masks) -> list[list[list[int]]]:
 class Reference:
     """Examples of a synthetic cache computed naively: ``loop(chunks)[s::R*]`` walked position by position.
     ``packing="best_fit"`` (packed): each chunk's rows from the brute-force packer (``packing_ref``), per
-    window of ``best_fit_window_tokens`` over the row groups ``row_group_tokens`` makes (as the cache's).
+    window of ``best_fit_window_tokens`` over the row groups ``row_group_tokens`` makes (as the cache's),
+    ``best_fit_continuations`` continuation pieces per row (None: one, the rule of the synthetic caches'
+    format versions) and ``max_segments`` pieces per row at most.
     ``masks``: per chunk, per document, its per-token loss mask (a masked cache); ``loss_mask`` is then
     that mask on real tokens."""
 
     def __init__(self, chunks: Sequence[Sequence[Sequence[int]]], seq_len: int, num_streams: int, *,
                  packed: bool = True, loop: bool = True, packing: str = "concat", masks=None,
-                 best_fit_window_tokens: int = WINDOW_TOKENS, row_group_tokens: int = 64):
+                 best_fit_window_tokens: int = WINDOW_TOKENS, row_group_tokens: int = 64,
+                 best_fit_continuations: int | None = None, max_segments: int | None = None):
         self.chunks = [[np.asarray(d, dtype=np.int64) for d in c] for c in chunks]
         self.masks = [[np.ones(len(d), bool) for d in c] for c in self.chunks] if masks is None else \
             [[np.asarray(m, bool) for m in c] for c in masks]
         self.L, self.R, self.packed, self.loop = seq_len, num_streams, packed, loop
         self.best_fit = packed and packing == "best_fit"
         self.window, self.rgt = best_fit_window_tokens, row_group_tokens
+        self.caps = best_fit_caps(best_fit_continuations, max_segments)
         self._units: dict[int, list] = {}  # stream -> list of units (token tuples or piece dicts)
         self._pos: dict[int, int] = {}  # stream -> next looped-chunk position
 
@@ -401,7 +414,7 @@ class Reference:
             before = len(units)
             if self.best_fit:
                 docs, masks = self.chunks[c], self.masks[c]
-                for row in best_fit_chunk(docs, self.L, self.rgt, self.window):
+                for row in best_fit_chunk(docs, self.L, self.rgt, self.window, **self.caps):
                     units.append({"pieces": [(docs[d], a, m, masks[d]) for d, a, m in row], "epoch": e})
             for d, mk in zip(self.chunks[c], self.masks[c]) if not self.best_fit else ():
                 if self.packed:
