@@ -41,3 +41,32 @@ def test_todays_reader_serves_the_batches_the_old_tree_served(cache, old, name):
             for k, v in want.items():
                 g = np.asarray(got[k])
                 assert g.dtype == v.dtype and np.array_equal(g, v), (name, b, k)
+
+
+# Best-fit batches of the same cache read by the tree before best fit's caps (commit 6b38922): a cache of
+# format version 2 keeps one continuation piece per row, so its best-fit rows stay what they were.
+BEST_FIT_CASES = json.load(open(os.path.join(FIXTURE, "best_fit_cases.json")))
+
+
+@pytest.fixture(scope="module")
+def old_best_fit():
+    with np.load(os.path.join(FIXTURE, "best_fit_batches.npz")) as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.mark.parametrize("name", sorted(BEST_FIT_CASES))
+def test_an_older_cache_keeps_its_best_fit_rows(cache, old_best_fit, name):
+    case = BEST_FIT_CASES[name]
+    with Reader(str(cache), ReadOptions(**case["opts"])) as rd, \
+            Reader(str(cache), ReadOptions(**case["opts"], best_fit_continuations=4)) as tighter:
+        changed = False
+        for b in case["batches"]:
+            got = rd.batch(b)
+            want = {k.split("/", 2)[2]: v for k, v in old_best_fit.items() if k.startswith(f"{name}/{b}/")}
+            assert want and sorted(got) == sorted(want), (name, b)
+            for k, v in want.items():
+                g = np.asarray(got[k])
+                assert g.dtype == v.dtype and np.array_equal(g, v), (name, b, k)
+            other = tighter.batch(b)
+            changed |= not np.array_equal(other.get("targets", other.get("tokens")), got.get("targets", got.get("tokens")))
+        assert changed, "the explicit option packs this cache the same: the fixture does not tell the rules apart"
