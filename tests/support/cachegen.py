@@ -334,6 +334,18 @@ def random_chunks(rng: np.random.Generator, num_chunks: int, *, max_docs: int = 
     return out
 
 
+def long_document_chunks(rng: np.random.Generator, num_chunks: int, seq_len: int, *, max_docs: int = 10,
+                         vocab: int = 1000) -> list[list[np.ndarray]]:
+    """Chunks where most documents are longer than ``seq_len`` (tails of every length, so best fit's
+    continuation pieces share rows) and the rest at most ``seq_len`` tokens."""
+    out = []
+    for _ in range(num_chunks):
+        lengths = [int(rng.integers(seq_len + 1, 4 * seq_len)) if rng.random() < 0.7 else int(rng.integers(1, seq_len + 1))
+                   for _ in range(int(rng.integers(1, max_docs + 1)))]
+        out.append([rng.integers(1, vocab, size=n, dtype=np.int32) for n in lengths])
+    return out
+
+
 def write_best_fit_loader_cache(root: str) -> str:
     """The cache the best-fit loader tests read (reader.jax and reader.torch alike): 10 chunks in 2 shards,
     short documents and some of 50 tokens (longer than their L = 16), row groups of 20 tokens."""
