@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import functools
 import itertools
 import os
 import threading
@@ -37,7 +36,7 @@ from reader.options import ReadOptions
 from reader.reader import Reader
 from reader.batch.readahead import read_ahead
 from reader.batch.schema import CONTINUATION_FIELDS, FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS, VARLEN_FIELDS, \
-    loss_mask
+    continuations, loss_mask
 from reader.workers.pool import WorkerPool
 
 
@@ -94,8 +93,7 @@ def process_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int)
 
 def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     """``reader.expand_flat`` in jax.numpy (jit-able): the five ``[B, L]`` token fields of a ``layout="flat"``
-    batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``; ``loss_mask`` if masked; the
-    ``continuation_*`` fields of best-fit rows with several continuation pieces)."""
+    batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``; ``loss_mask``, ``continuation_*``)."""
     import jax.numpy as jnp
 
     tok = jnp.asarray(batch["tokens"]).astype(jnp.uint32)
@@ -105,22 +103,14 @@ def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     real = t < jnp.asarray(batch["num_tokens"]).astype(jnp.int32)[:, None]
     targets = (tok[:, 1:] >> 1).astype(jnp.int32)
     inputs = jnp.where(start, 0, (tok[:, :-1] >> 1).astype(jnp.int32))
-    cols = batch.get("continuation_columns")
-    cols = jnp.zeros((B, 0), jnp.int32) if cols is None else jnp.asarray(cols).astype(jnp.int32)
-    rows = jnp.arange(B)[:, None]
-
-    def at_columns(values, dtype):  # [B, L]: ``values`` [B, K] at the continuations' columns (L: unused, dropped)
-        return jnp.zeros((B, L + 1), dtype).at[rows, cols].set(jnp.asarray(values).astype(dtype))[:, :L]
-
-    cont = at_columns(jnp.ones(cols.shape, bool), bool)
+    cont, cont_inputs, seg_first = continuations(t, *(jnp.asarray(batch.get(f"continuation_{k}", jnp.zeros(
+        (B, 0), jnp.int32))).astype(jnp.int32) for k in ("columns", "positions", "inputs")), jnp.int32)
+    inputs = jnp.where(cont, cont_inputs, inputs)
     boundary = start | cont
-    inputs = jnp.where(cont, at_columns(batch.get("continuation_inputs", cols), jnp.int32), inputs)
     segment_ids = jnp.cumsum(boundary.astype(jnp.int32), axis=1) + (~boundary[:, :1]).astype(jnp.int32)
     last = jax.lax.cummax(jnp.where(boundary, t, -1), axis=1)
     first = jnp.asarray(batch["first_positions"]).astype(jnp.int32)[:, None]
-    seg_first = jnp.take_along_axis(at_columns(batch.get("continuation_positions", cols), jnp.int32),
-                                    jnp.maximum(last, 0), axis=1)
-    positions = jnp.where(last >= 0, t - last + seg_first, first + t)
+    positions = jnp.where(last >= 0, t - last + seg_first(last), first + t)
     zero = jnp.zeros_like(targets)
     stored = jnp.asarray(batch["loss_mask"]).astype(bool) if batch.get("loss_mask") is not None else None
     return {"inputs": jnp.where(real, inputs, zero), "targets": jnp.where(real, targets, zero),
@@ -137,10 +127,6 @@ LOADER_LAYOUT = "flat"
 
 # The fields (reader.batch.schema): TOKEN_FIELDS are [B, L] arrays, ROW_FIELDS [B] arrays. The int64 per-row
 # fields (example_ids, epochs) become int32 jax.Arrays unless jax_enable_x64 is on.
-
-
-def _expand_for_loader(*arrays, names):
-    return expand_flat(dict(zip(names, arrays)))
 
 
 class JaxLoader:
@@ -169,8 +155,7 @@ class JaxLoader:
         module docstring), which needs a ``reader.Reader`` or a path as ``source``, and W must divide
         the number of :attr:`rows`. ``global_batch`` always reads in this process.
       fields: fields to build (default: every field in :data:`TOKEN_FIELDS` and :data:`ROW_FIELDS`, and a
-        varlen read's ``cu_seqlens`` and ``max_seqlen``, ``[B, max_segments + 1]`` and ``[B]``, sharded like
-        the rows).
+        varlen read's ``cu_seqlens`` ``[B, max_segments + 1]`` and ``max_seqlen``, sharded like the rows).
       reader_kwargs: extra keyword arguments for ``Reader(...)`` when ``source`` is a path
         (e.g. ``wait_timeout_s``).
 
@@ -229,20 +214,18 @@ class JaxLoader:
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; known: {known}")
         self.fields = tuple(fields)
-        # [B, X] arrays other than the token fields (flat tokens, continuation slots, cu_seqlens): rows
-        # partitioned like the batch, columns whole
+        # other [B, X] arrays (flat tokens, continuation slots, cu_seqlens): rows partitioned, columns whole
         self._wide_sharding = NamedSharding(mesh, PartitionSpec(self.spec[0] if len(self.spec) else None, None))
         # layout="flat": ship tokens [B, L+1] (uint32, flat-tokens) and two ints per row, then expand them
         # on the devices (jit): about 4x fewer bytes from host to device than the five [B, L] arrays.
         self.flat = getattr(self.opts, "layout", ReadOptions.layout) == "flat"
-        # a cache with loss masks: the flat rows' loss_mask goes to the devices too, and best-fit rows'
-        # continuation pieces past column 0 (reader.batch.schema)
+        # flat rows' loss_mask (a masked cache) and continuation slots (best fit) go to the devices too
         self._slots = int(getattr(self.reader, "continuation_slots", 0))
         self._flat_fields = list(FLAT_FIELDS) + ["loss_mask"] * (self.flat and bool(getattr(self.reader, "masked", 0))) \
             + list(CONTINUATION_FIELDS) * bool(self.flat and self._slots)
         if self.flat:
-            self._expand = jax.jit(functools.partial(_expand_for_loader, names=tuple(self._flat_fields)),
-                                   out_shardings=self.token_sharding)
+            names = tuple(self._flat_fields)
+            self._expand = jax.jit(lambda *arrays: expand_flat(dict(zip(names, arrays))), out_shardings=self.token_sharding)
         self.rows = process_rows(self.token_sharding, self.batch_size, self.seq_len)
         self._row_pos = self._local_positions()
         if self.num_workers:
@@ -329,19 +312,8 @@ class JaxLoader:
                                f"pass fields=... to JaxLoader to build fewer fields")
             else:
                 arr = np.asarray(data[name])
-            if field.columns not in (None, 0):  # [n, X]: rows partitioned like the batch, columns whole
-                want = field.shape(n, L, self._slots, self._segments)
-                if arr.shape != want:
-                    raise ValueError(f"reader field {name!r} has shape {arr.shape}, expected {want}")
-
-                def cb_wide(index, arr=arr):
-                    return arr[self._row_pos[(index[0].start, index[0].stop, index[0].step)]]
-
-                out[name] = jax.make_array_from_callback((self.batch_size, want[1]), self._wide_sharding,
-                                                         cb_wide, dtype=arr.dtype)
-                continue
-            per_token = name in TOKEN_FIELDS
-            want = (n, L) if per_token else (n,)
+            per_token = field.columns == 0  # [n, L]; other [n, X] arrays: rows partitioned, columns whole
+            want = field.shape(n, L, self._slots, self._segments)
             if arr.shape != want:
                 raise ValueError(f"reader field {name!r} has shape {arr.shape}, expected {want}")
             if arr.dtype == np.int64 and not jax.config.jax_enable_x64:
@@ -351,8 +323,8 @@ class JaxLoader:
                         f"field {name!r} holds values beyond int32 and jax_enable_x64 is off; enable it "
                         f"(jax.config.update('jax_enable_x64', True)) or leave {name!r} out of fields=")
                 arr = arr.astype(np.int32)
-            shape = (self.batch_size, L) if per_token else (self.batch_size,)
-            sharding = self.token_sharding if per_token else self.row_sharding
+            shape = (self.batch_size,) + want[1:]
+            sharding = self.token_sharding if per_token else self._wide_sharding if len(want) > 1 else self.row_sharding
 
             def cb(index, arr=arr, per_token=per_token):
                 local = arr[self._row_pos[(index[0].start, index[0].stop, index[0].step)]]

@@ -158,6 +158,18 @@ def loss_mask(real, stored=None):
     return real if stored is None else real & stored
 
 
+def continuations(t, columns, positions, inputs, int32):
+    """The continuation pieces past column 0 of flat rows, for :func:`expand_flat` in numpy, jax.numpy or
+    torch alike (``int32``: that library's dtype). ``t``: the columns ``[1, L]``; ``columns``, ``positions``,
+    ``inputs``: the ``continuation_*`` fields ``[B, K]`` (K is a few: ``[B, L, K]`` comparisons find them).
+    Returns ``(at, input, first)``: where such a piece starts (bool ``[B, L]``; a segment starts there), its
+    first input there (0 elsewhere), and a function of each token's segment start column ``last`` ``[B, L]``
+    giving its segment's first position when that segment is such a piece (0 otherwise: a document start)."""
+    hit = t[:, :, None] == columns[:, None, :]
+    return (hit.any(2), (hit * inputs[:, None, :]).sum(2, dtype=int32),
+            lambda last: ((last[:, :, None] == columns[:, None, :]) * positions[:, None, :]).sum(2, dtype=int32))
+
+
 def expand_flat(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The ``layout="arrays"`` batch of a ``layout="flat"`` one: equal, array for array, to what the same
     reader returns with ``layout="arrays"``.
@@ -182,25 +194,16 @@ def expand_flat(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     inputs = (tok[:, :-1] >> 1).astype(np.int32)
     inputs[start] = 0
     # continuation pieces past column 0: a segment starts there, at their position, after their input
-    cols = batch.get("continuation_columns")
-    cols = np.zeros((tok.shape[0], 0), np.int32) if cols is None else np.asarray(cols, dtype=np.int64)
-
-    def at_columns(values, base):  # ``base`` [B, L] with ``values`` [B, K] put at the continuations' columns
-        wide = np.concatenate([base, np.zeros((base.shape[0], 1), base.dtype)], axis=1)  # column L: unused slots
-        np.put_along_axis(wide, cols, np.asarray(values).astype(base.dtype), axis=1)
-        return wide[:, :L]
-
-    cont = at_columns(np.ones(cols.shape, bool), np.zeros_like(start))
+    none = np.zeros((tok.shape[0], 0), np.int32)
+    cont, cont_inputs, seg_first = continuations(t[None, :], *(np.asarray(batch.get(f"continuation_{k}", none))
+                                                               for k in ("columns", "positions", "inputs")), np.int32)
+    inputs = np.where(cont, cont_inputs, inputs)
     boundary = start | cont
-    inputs = np.where(cont, at_columns(batch.get("continuation_inputs", cols), np.zeros_like(inputs)), inputs)
     segment_ids = np.cumsum(boundary, axis=1, dtype=np.int32)
     segment_ids += (~boundary[:, :1]).astype(np.int32)
     last = np.maximum.accumulate(np.where(boundary, t[None, :], -1), axis=1)
     first = np.asarray(batch["first_positions"], dtype=np.int32)[:, None]
-    # each segment's first position: 0 at a document start, the continuation's own past column 0
-    seg_first = np.take_along_axis(at_columns(batch.get("continuation_positions", cols), np.zeros_like(inputs)),
-                                   np.maximum(last, 0), axis=1)
-    positions = np.where(last >= 0, t[None, :] - last + seg_first, first + t[None, :]).astype(np.int32)
+    positions = np.where(last >= 0, t[None, :] - last + seg_first(last), first + t[None, :]).astype(np.int32)
     stored = np.asarray(batch["loss_mask"], dtype=bool) if "loss_mask" in batch else None
     out = {"inputs": inputs, "targets": targets, "segment_ids": segment_ids, "positions": positions,
            "loss_mask": loss_mask(real, stored)}
