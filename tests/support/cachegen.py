@@ -346,6 +346,20 @@ def long_document_chunks(rng: np.random.Generator, num_chunks: int, seq_len: int
     return out
 
 
+# How the varlen loader tests read their cache: best fit, 4 continuation pieces and 5 pieces per row at most
+VARLEN_LOADER_OPTIONS = dict(seq_len=16, batch_size=8, ideal_readers=4, packing="best_fit", best_fit_continuations=4,
+                             max_segments=5, varlen=True)
+
+
+def write_varlen_loader_cache(root: str, seed: int) -> str:
+    """The cache the varlen loader tests read (reader.jax and reader.torch alike): 10 chunks of
+    :func:`long_document_chunks` in 2 shards, with loss masks, row groups of 40 tokens."""
+    chunks = long_document_chunks(np.random.default_rng(seed), 10, VARLEN_LOADER_OPTIONS["seq_len"])
+    masks = random_masks(np.random.default_rng(seed + 1), chunks)
+    write_synthetic_cache(root, chunks, chunks_per_shard=[5, 5], row_group_tokens=40, spans=spans_of(masks))
+    return root
+
+
 def write_best_fit_loader_cache(root: str) -> str:
     """The cache the best-fit loader tests read (reader.jax and reader.torch alike): 10 chunks in 2 shards,
     short documents and some of 50 tokens (longer than their L = 16), row groups of 20 tokens."""

@@ -18,24 +18,18 @@ from reader.torch import TokenBatches, as_tensors, expand_flat, token_loader  # 
 from torch_helpers.common import assert_item_equals  # noqa: E402
 from torch_helpers.marks import DATALOADER_WARNINGS  # noqa: E402
 
-L, B, M = 16, 8, 5
+L, B, M = (cachegen.VARLEN_LOADER_OPTIONS[k] for k in ("seq_len", "batch_size", "max_segments"))
 
 pytestmark = DATALOADER_WARNINGS
 
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("varlen-torch") / "cache")
-    chunks = cachegen.long_document_chunks(np.random.default_rng(21), 10, L)
-    masks = cachegen.random_masks(np.random.default_rng(22), chunks)
-    cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=[5, 5], row_group_tokens=40,
-                                   spans=cachegen.spans_of(masks))
-    return root
+    return cachegen.write_varlen_loader_cache(str(tmp_path_factory.mktemp("varlen-torch") / "cache"), 21)
 
 
 def options(**kw) -> ReadOptions:
-    return ReadOptions(seq_len=L, batch_size=B, ideal_readers=4, packing="best_fit", best_fit_continuations=4,
-                       max_segments=M, varlen=True, **kw)
+    return ReadOptions(**cachegen.VARLEN_LOADER_OPTIONS, **kw)
 
 
 @pytest.mark.parametrize("layout", ["arrays", "flat"])
