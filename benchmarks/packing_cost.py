@@ -109,7 +109,8 @@ def cache_figures(chunks: list[np.ndarray], seq_len: int, groups: list[np.ndarra
       ``continuations`` continuation pieces per row, as ``packing="best_fit"`` reads it;
     * ``best_fit_one_continuation_padding``, ``plain_bfd_padding``: the same windows packed with one
       continuation piece per row (the rule of caches older than format version 4) and with no cap (plain
-      best-fit decreasing of the same pieces);
+      best-fit decreasing of the same pieces); ``best_fit_padding_over_plain_bfd``: best fit's padding less
+      plain BFD's;
     * ``concat_*``: the documents in global chunk order concatenated and cut every L tokens (a stream of
       the order; ``R*`` streams cut at other places, in the same proportions);
     * ``unpacked_*``: a document of n tokens in ``ceil(n/L)`` rows, each padded.
@@ -139,6 +140,7 @@ def cache_figures(chunks: list[np.ndarray], seq_len: int, groups: list[np.ndarra
     out["best_fit_padding"] = (cap - tokens) / cap if cap else 0.0
     out["best_fit_one_continuation_padding"] = 1 - tokens / (other["one_continuation"] * L) if cap else 0.0
     out["plain_bfd_padding"] = 1 - tokens / (other["plain_bfd"] * L) if cap else 0.0
+    out["best_fit_padding_over_plain_bfd"] = out["best_fit_padding"] - out["plain_bfd_padding"]
     out["best_fit_cut_documents"] = cut_docs / docs if docs else 0.0
     out["best_fit_cut_tokens"] = cut_tokens / tokens if tokens else 0.0
     every = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
@@ -259,7 +261,8 @@ def cache_main(a) -> None:
                     if k.startswith("best_fit")})
         res.update({f"long_docs_{k}_L{L}": v for k, v in cache_figures(long_chunks, L, long_groups, a.window_tokens,
                                                                        a.continuations).items()
-                    if k in ("best_fit_padding", "best_fit_one_continuation_padding", "plain_bfd_padding")})
+                    if k in ("best_fit_padding", "best_fit_one_continuation_padding", "plain_bfd_padding",
+                             "best_fit_padding_over_plain_bfd")})
         line = (f"best fit, L={L}: padding {res[f'best_fit_padding_L{L}']:.2%} ({res[f'best_fit_padding_L{L}_small']:.2%} "
                 f"with {a.split}x smaller chunks; one continuation per row {res[f'best_fit_one_continuation_padding_L{L}']:.2%}, "
                 f"plain BFD {res[f'plain_bfd_padding_L{L}']:.2%}; long documents {res[f'long_docs_best_fit_padding_L{L}']:.2%}, "
