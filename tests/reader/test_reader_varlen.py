@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from reader import ReadOptions, Reader, expand_flat
-from reader.batch.schema import BATCH_KEYS, VARLEN_FIELDS
+from reader.batch.schema import BATCH_KEYS, TOKEN_FIELDS, VARLEN_FIELDS
 from reader.cli.main import main
 from reader.format import spec as fmt
 from reader.order import packing
@@ -203,6 +203,36 @@ def test_varlen_in_a_mixture(tmp_path):
                 check_varlen(x, 4)
                 comps |= set(x["components"].tolist())
         assert comps == {0, 1}
+
+
+def test_a_mixture_reads_each_component_by_its_own_format_version(tmp_path, monkeypatch):
+    """Components of versions 2 and 4 under default options: each serves its own rule's rows (one
+    continuation piece per row, four), and the flat batches have the slots the larger rule needs."""
+    chunks = [cachegen.long_document_chunks(np.random.default_rng(s), 6, L) for s in (40, 41)]
+    paths = [str(tmp_path / f"c{i}") for i in range(2)]
+    for p, c in zip(paths, chunks):
+        cachegen.write_synthetic_cache(p, c, chunks_per_shard=[3, 3], row_group_tokens=RGT)
+    as_version_4(paths[1], monkeypatch)
+    f = write_mixture(str(tmp_path / "mix.json"), [("old", "c0", 0.5), ("new", "c1", 0.5)], block=8)
+    o = ReadOptions(seq_len=L, batch_size=B, ideal_readers=2, packing="best_fit", best_fit_window_tokens=W,
+                    shuffle_seed=5)
+    with Reader(f, dataclasses.replace(o, layout="flat")) as flat, Reader(f, o) as arrays:
+        assert flat.continuation_slots == 3
+        assert [x.continuations for x in arrays.order.orders] == [1, 4]
+        comp, k = arrays.order.assign(np.arange(6 * B))
+        alone = [Reader(p, o) for p in paths]
+        try:
+            for b in range(6):
+                x, y = flat.batch(b), arrays.batch(b)
+                assert all(np.array_equal(v, y[key]) for key, v in expand_flat(x).items())
+                assert (x["continuation_columns"][y["components"] == 0] == L).all()  # the old rule: none
+                for row in range(B):
+                    i = b * B + row
+                    want = alone[comp[i]].examples([k[i]])
+                    assert all(np.array_equal(y[key][row], want[key][0]) for key in TOKEN_FIELDS + ("epochs", "valid"))
+        finally:
+            for a in alone:
+                a.close()
 
 
 @pytest.mark.parametrize("extra", [{}, {"eval_mode": True}])
