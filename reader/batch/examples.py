@@ -156,9 +156,9 @@ class ExampleOrder:
         self._windows: list[tuple[int, np.ndarray]] = []
         self.shuffle = options.shuffle_config()
         self.kind = options.kind
-        # per-chunk example counts (None: a concat stream's units are its tokens)
         # best fit: the continuation pieces per row, resolved by the cache's format version
         self.continuations = options.continuations(int(cache.ledger.raw["format_version"]))
+        # per-chunk example counts (None: a concat stream's units are its tokens)
         self.chunk_index = None if self.kind == "concat" else ExampleIndex(
             cache, options.seq_len, self.kind, index_cache=options.index_cache,
             window_tokens=options.best_fit_window_tokens, drop_long=options.drop_long,
