@@ -79,10 +79,18 @@ def _config(chunk_bytes: int, row_group_tokens: int, masked: bool) -> dict[str, 
     return config
 
 
-def best_fit_caps(best_fit_continuations: int | None = None, max_segments: int | None = None) -> dict:
-    """``best_fit_chunk``'s caps for these read options, in a synthetic cache (format version below 4:
-    one continuation piece per row unless the options say otherwise)."""
-    cont = best_fit_continuations or 1
+def ledger_version(masked: bool) -> int:
+    """The format version :func:`write_synthetic_cache` records: the newest for a cache with loss masks
+    (they need version 3), else the base version."""
+    return fmt.FORMAT_VERSION if masked else fmt.BASE_FORMAT_VERSION
+
+
+def best_fit_caps(best_fit_continuations: int | None = None, max_segments: int | None = None,
+                  masked: bool = False) -> dict:
+    """``best_fit_chunk``'s caps for these read options on a synthetic cache (``masked``: one with loss
+    masks): unless the options say, one continuation piece per row below format version 4, four from it
+    (docs/FORMAT.md, "Best-fit packing"), and at most ``max_segments``."""
+    cont = best_fit_continuations or (4 if ledger_version(masked) >= 4 else 1)
     return {"continuations": cont if max_segments is None else min(cont, max_segments), "max_segments": max_segments}
 
 
@@ -157,7 +165,7 @@ def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_toke
         tok_off += e["tokens"]
     ledger = {
         "format": fmt.FORMAT_NAME,
-        "format_version": fmt.FORMAT_VERSION if masked else fmt.BASE_FORMAT_VERSION,
+        "format_version": ledger_version(masked),
         "finished": finished,
         "tokenizer": dict(tokenizer),
         "config": _config(chunk_bytes, row_group_tokens, masked),
@@ -409,8 +417,8 @@ class Reference:
     """Examples of a synthetic cache computed naively: ``loop(chunks)[s::R*]`` walked position by position.
     ``packing="best_fit"`` (packed): each chunk's rows from the brute-force packer (``packing_ref``), per
     window of ``best_fit_window_tokens`` over the row groups ``row_group_tokens`` makes (as the cache's),
-    ``best_fit_continuations`` continuation pieces per row (None: one, the rule of the synthetic caches'
-    format versions) and ``max_segments`` pieces per row at most.
+    ``best_fit_continuations`` continuation pieces per row (None: as the cache's format version says,
+    :func:`best_fit_caps`) and ``max_segments`` pieces per row at most.
     ``masks``: per chunk, per document, its per-token loss mask (a masked cache); ``loss_mask`` is then
     that mask on real tokens."""
 
@@ -424,7 +432,7 @@ class Reference:
         self.L, self.R, self.packed, self.loop = seq_len, num_streams, packed, loop
         self.best_fit = packed and packing == "best_fit"
         self.window, self.rgt = best_fit_window_tokens, row_group_tokens
-        self.caps = best_fit_caps(best_fit_continuations, max_segments)
+        self.caps = best_fit_caps(best_fit_continuations, max_segments, masked=masks is not None)
         self._units: dict[int, list] = {}  # stream -> list of units (token tuples or piece dicts)
         self._pos: dict[int, int] = {}  # stream -> next looped-chunk position
 
