@@ -2,8 +2,9 @@
 
 ``best_fit_rows`` never cuts a document shorter than L: each document is split only into full L-token
 pieces plus one remainder, full pieces are rows by themselves, and the remainders are placed by best-fit
-decreasing (Ding et al. 2024, "Fewer Truncations Improve Language Modeling"), at most one continuation
-piece (a long document's tail) per row, first in it. ``concat_rows`` describes
+decreasing (Ding et al. 2024, "Fewer Truncations Improve Language Modeling"), at most ``continuations``
+continuation pieces (long documents' tails) per row, first in it, and at most ``max_segments`` pieces in
+all (one and no cap by default: the rule of caches before format version 4). ``concat_rows`` describes
 plain concatenation cut into windows of L in the same form, and ``packing_figures`` measures either.
 The exact rule is in docs/FORMAT.md ("Best-fit packing"); ``count_best_fit_rows`` is the row count alone.
 
