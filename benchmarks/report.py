@@ -47,6 +47,10 @@ MAIN_ROWS = report_peers.PEER_MAIN_ROWS + [
     ("reader_rss_growth_vs_budget", "reader RSS growth while reading / its memory budget", "ratio"),
     ("best_fit_padding_L2048", "best-fit packing (`packing=\"best_fit\"`, each chunk per window), L=2048: padding "
      "tokens / row tokens", "ratio"),
+    ("long_docs_best_fit_padding_L256", "best fit, L=256, on synthetic long documents (200-5,000 tokens, "
+     "log-uniform; 64 Mi tokens in chunks of 64 Mi, windows of 4 Mi): padding", "pct"),
+    ("long_docs_best_fit_padding_over_plain_bfd_L256", "the same, less plain best-fit decreasing's on the same "
+     "windows' pieces (no cap on continuation pieces per row)", "pct"),
     ("best_fit_short_documents_cut_L2048", "best fit, L=2048: documents of at most L tokens that a row sees "
      "without their beginning", "int"),
     ("best_fit_short_documents_cut_L8192", "the same at L=8192", "int"),
@@ -225,6 +229,8 @@ def _fmt(v, kind: str) -> str:
         return f"{v / 1e6:.2f} M tok/s"
     if kind == "ratio":
         return f"{v:.3f}"
+    if kind == "pct":
+        return f"{v:.2%}"
     if kind == "s":
         return f"{v:.2f} s" if v < 100 else f"{v:.0f} s"
     if kind == "mb":
@@ -360,28 +366,42 @@ def packing_table(fig: dict) -> list[str]:
            f"({fig.get('packing_tokens_per_chunk', 0) / 1e6:.1f} M tokens each on average), each packed by "
            "best-fit decreasing per window of whole row groups of about "
            f"{fig.get('packing_window_tokens', 0) / 2**20:.3g} Mi tokens (`ReadOptions(packing=\"best_fit\")`, "
-           "docs/FORMAT.md), against concatenation "
+           f"docs/FORMAT.md), at most {fig.get('packing_continuations', 1)} continuation pieces per row (a cache of "
+           "format version 4's default), against concatenation "
            "(the documents in global order cut every L tokens) and unpacked reading (a row per L-token piece of "
            f"a document); *smaller chunks*: the same documents in chunks {int(fig.get('packing_split', 0))}x "
-           "smaller. Cut: a row sees the document (or token) without the document's beginning. Rates: real "
-           "tokens per second (`num_tokens`), flat layout, batch 64, from opening the reader, alternating, best "
-           "of the rounds; *training*: R*=16, {reader_num_workers} reader workers, as many tokens as the cache "
-           "holds (a best-fit read decodes a stream's whole window when it enters it, as the window's first rows "
-           "take documents from all of it); *eval*: a pass over a quarter of the cache in one process.", "",
+           "smaller; *one continuation per row*: older caches' rule; *plain BFD*: best-fit decreasing of the "
+           "same windows' pieces with no cap. Cut: a row sees the document (or token) without the document's "
+           "beginning. Rates: real tokens per second (`num_tokens`), flat layout, batch 64, from opening the "
+           "reader, alternating, best of the rounds; *training*: R*=16, {reader_num_workers} reader workers, as "
+           "many tokens as the cache holds (a best-fit read decodes a stream's whole window when it enters it, as "
+           "the window's first rows take documents from all of it); *eval*: a pass over a quarter of the cache in "
+           "one process.", "",
            "| L | packing | padding | documents cut | tokens cut | training: real tokens/s | / concat | eval: real "
            "tokens/s | / concat |", "|---|---|---|---|---|---|---|---|---|"]
-    for L in (2048, 8192):
+    for L in (256, 2048, 8192):
+        if f"best_fit_padding_L{L}" not in fig:
+            continue
         for label, p, tag in (("best fit", "best_fit", ""), ("best fit, smaller chunks", "best_fit", "_small"),
-                              ("concat", "concat", ""), ("unpacked", "unpacked", "")):
+                              ("best fit, one continuation per row", "best_fit_one_continuation", ""),
+                              ("plain BFD", "plain_bfd", ""), ("concat", "concat", ""), ("unpacked", "unpacked", "")):
             g = lambda k: fig.get(f"{p}_{k}_L{L}{tag}")  # noqa: E731
             cells = []
             for mode in ("", "_eval"):
-                rated = not tag and p != "unpacked"
+                rated = not tag and p in ("best_fit", "concat")
                 cells.append(_fmt(fig.get(f"{p}_real_tokens_per_s{mode}_L{L}"), "rate") if rated else "")
                 vs = fig.get(f"best_fit_vs_concat{mode}_L{L}")
                 cells.append(_fmt(vs, "ratio") if rated and p == "best_fit" else "")
-            out.append(f"| {L} | {label} | {_fmt(g('padding'), 'ratio')} | {_fmt(g('cut_documents'), 'ratio')} | "
+            out.append(f"| {L} | {label} | {_fmt(g('padding'), 'pct')} | {_fmt(g('cut_documents'), 'ratio')} | "
                        f"{_fmt(g('cut_tokens'), 'ratio')} | " + " | ".join(cells) + " |")
+    long = [L for L in (256, 2048, 8192) if f"long_docs_best_fit_padding_L{L}" in fig]
+    if long:
+        out += ["", f"Padding on synthetic long documents (lengths log-uniform in 200-5,000 tokens, "
+                f"{fig.get('long_docs_tokens', 0) / 2**20:.0f} Mi tokens, the same windows): "
+                + "; ".join(f"L={L}: best fit {_fmt(fig[f'long_docs_best_fit_padding_L{L}'], 'pct')}, one "
+                            f"continuation per row {_fmt(fig.get(f'long_docs_best_fit_one_continuation_padding_L{L}'), 'pct')}, "
+                            f"plain BFD {_fmt(fig.get(f'long_docs_plain_bfd_padding_L{L}'), 'pct')}" for L in long)
+                + "."]
     return [_meaning(x, fig) if "{" in x else x for x in out]
 
 

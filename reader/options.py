@@ -12,6 +12,11 @@ from reader.order.shuffle import ShuffleConfig
 
 LAYOUTS = ("arrays", "flat")  # how a batch's tokens are laid out: reader.batch.schema defines each
 PACKINGS = ("concat", "best_fit")  # how packed rows are filled: windows of the stream, or best-fit rows
+# Continuation pieces a best-fit row may hold by default (ReadOptions.best_fit_continuations) in caches of
+# format version 4 and later: as little padding as plain best-fit decreasing, give or take a few hundredths
+# of a percent, on long documents (docs/FORMAT.md, "Best-fit packing"); older caches keep one per row.
+CONTINUATIONS = 4
+CONTINUATIONS_FROM_VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +87,17 @@ class ReadOptions:
         the cache has fewer chunks than ``R*`` or unequal streams. None (default): ``"spans"`` for caches of
         format version 4 and later, ``"streams"`` for older ones, so their batches never change. Eval
         reads are the same under both.
+      best_fit_continuations: best fit: the continuation pieces (tails of documents longer than
+        ``seq_len``) one row may hold. None (default): :data:`CONTINUATIONS` (4) for a cache of format
+        version 4 or later, 1 (the rule such caches were first read with) for older ones, so an older
+        cache keeps serving its rows. Part of the order, like ``seq_len``. More pack tighter on long
+        documents; the flat layout carries that many minus one per row (``continuation_*`` fields).
+      max_segments: at most this many document pieces (segments) per row; None: no cap. Best fit packs
+        within it, an unpacked row always holds one; concat windows cut the stream every ``seq_len``
+        tokens whatever they hold, so a concat read refuses it. Part of the order of a best-fit read.
+      varlen: add ``cu_seqlens`` ``[rows, max_segments + 1]`` and ``max_seqlen`` ``[rows]`` to every batch,
+        the rows' document pieces in the form varlen attention kernels take (``reader.batch.schema``);
+        needs ``max_segments`` (the static width).
     """
 
     seq_len: int = 2048
@@ -102,6 +118,9 @@ class ReadOptions:
     num_workers: int = 0
     worker_timeout_s: float = 600.0
     pass_rule: str | None = None
+    best_fit_continuations: int | None = None
+    max_segments: int | None = None
+    varlen: bool = False
 
     def __post_init__(self):
         if self.packing not in PACKINGS:
@@ -119,6 +138,21 @@ class ReadOptions:
         if self.best_fit_window_tokens != WINDOW_TOKENS and self.kind != "best_fit":
             raise ValueError(f"best_fit_window_tokens={self.best_fit_window_tokens} applies to packing='best_fit' "
                              f"only (this read is {self.kind!r}). Drop it or set packing='best_fit'.")
+        for name in ("best_fit_continuations", "max_segments"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be None or an integer >= 1, got {v!r}")
+        if self.best_fit_continuations is not None and self.kind != "best_fit":
+            raise ValueError(f"best_fit_continuations={self.best_fit_continuations} applies to packing='best_fit' "
+                             f"only (this read is {self.kind!r}). Drop it or set packing='best_fit'.")
+        if self.max_segments is not None and self.kind == "concat":
+            raise ValueError(f"max_segments={self.max_segments}: concat rows cut the stream every seq_len tokens "
+                             "whatever documents they hold, so they cannot keep to a cap. Use packing='best_fit' "
+                             "(it packs within the cap) or packed=False (one piece per row), or drop max_segments.")
+        if self.varlen and self.max_segments is None:
+            raise ValueError("varlen=True writes cu_seqlens with max_segments + 1 entries per row (a static "
+                             "shape): set max_segments too, e.g. ReadOptions(packing='best_fit', "
+                             "max_segments=64, varlen=True)")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.layout == "flat" and not self.packed:
@@ -154,6 +188,25 @@ class ReadOptions:
         if self.pass_rule is not None:
             return self.pass_rule
         return "spans" if format_version >= SPANS_FORMAT_VERSION else "streams"
+    def continuations(self, format_version: int) -> int:
+        """Continuation pieces a best-fit row of a cache of ``format_version`` holds at most: the
+        ``best_fit_continuations`` option resolved (None: by the version), within ``max_segments``."""
+        c = self.best_fit_continuations
+        if c is None:
+            c = CONTINUATIONS if format_version >= CONTINUATIONS_FROM_VERSION else 1
+        return c if self.max_segments is None else min(c, self.max_segments)
+
+    def continuation_slots(self, format_versions) -> int:
+        """Columns of the flat layout's ``continuation_*`` fields for caches of ``format_versions`` (a
+        mixture's components): the continuation pieces a best-fit row may hold past column 0."""
+        if self.kind != "best_fit":
+            return 0
+        return max((self.continuations(v) for v in format_versions), default=1) - 1
+
+    @property
+    def varlen_segments(self) -> int | None:
+        """``max_segments`` when the batches carry varlen fields, else None."""
+        return self.max_segments if self.varlen else None
 
     @property
     def num_streams(self) -> int:

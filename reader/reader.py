@@ -74,7 +74,8 @@ class Reader:
     Attributes: ``options``, ``cache``, ``store`` (I/O counters: ``bytes_fetched``, ``fetches``, ...),
     ``order`` (which tokens each example is), ``my_rows`` (the rows of each global batch served here),
     ``masked`` (the cache, or a component of the mixture, has loss masks: a flat batch then has
-    ``loss_mask``, see ``reader.batch.schema``).
+    ``loss_mask``, see ``reader.batch.schema``), ``continuation_slots`` (best fit: the columns of a flat
+    batch's ``continuation_*`` fields; 0: none).
     For a mixture, ``cache`` is the :class:`reader.mixture.mixture.Mixture` (its component caches in
     ``cache.caches``), ``store`` a :class:`reader.mixture.io.MixtureStore` (``store.stores``) and
     ``order`` a :class:`reader.mixture.mixture.MixtureOrder`.
@@ -104,7 +105,11 @@ class Reader:
         mixture = None if self.cache is not None else Mixture(source, storage_options=storage_options)
         # loss masks: a cache built from supervised records, or a mixture with one (its plain components'
         # rows then have the plain rule: every real token is a loss token)
-        self.masked = any(c.ledger.masked for c in (mixture.caches if mixture is not None else [self.cache]))
+        caches = mixture.caches if mixture is not None else [self.cache]
+        self.masked = any(c.ledger.masked for c in caches)
+        # best fit: a flat batch's slots for continuation pieces past column 0 (reader.batch.schema), by the
+        # rule each cache's format version gives
+        self.continuation_slots = opts.continuation_slots(int(c.ledger.raw["format_version"]) for c in caches)
         # the budget: batches assembled ahead by iter_batches (a quarter at most), decoded data (the rest)
         self.slab, self.ahead_bytes = self._read_ahead_size()
         data = dataclasses.replace(opts, memory_budget_bytes=opts.memory_budget_bytes - min(
@@ -124,7 +129,8 @@ class Reader:
         self._unwarned = serve_rows is None  # (a reader worker's parent warns, not the worker)
         # a remote cache read asynchronously: a read asks for all it needs at once, before it waits for any
         self._ask = any(s.asynchronous for s in getattr(self.store, "stores", [self.store]))
-        self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read, masked=self.masked)
+        self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read, masked=self.masked,
+                                   continuations=self.continuation_slots)
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 
     def close(self) -> None:
@@ -180,7 +186,8 @@ class Reader:
         of ``memory_budget_bytes`` when a slab of one batch fits there."""
         opts = self.options
         batch = sum(d.itemsize * int(np.prod(shape)) for _, d, shape in
-                    batch_spec(opts.layout, opts.seq_len, len(self.my_rows), self.masked))
+                    batch_spec(opts.layout, opts.seq_len, len(self.my_rows), self.masked,
+                               self.continuation_slots, opts.varlen_segments))
         depth = max(1, opts.prefetch_batches)
         slab = max(1, min(SLAB_BATCHES, (opts.memory_budget_bytes // 4 // batch - depth) // 3))
         return slab, (depth + 3 * slab) * batch

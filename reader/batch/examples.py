@@ -168,10 +168,13 @@ class ExampleOrder:
         self.spans_rule = self.pass_rule == "spans" and not options.eval_mode
         self._spans: Spans | None = None
         self._said_wait = False
+        # best fit: the continuation pieces per row, resolved by the cache's format version
+        self.continuations = options.continuations(int(cache.ledger.raw["format_version"]))
         # per-chunk example counts (None: a concat stream's units are its tokens)
         self.chunk_index = None if self.kind == "concat" else ExampleIndex(
             cache, options.seq_len, self.kind, index_cache=options.index_cache,
-            window_tokens=options.best_fit_window_tokens, drop_long=options.drop_long)
+            window_tokens=options.best_fit_window_tokens, drop_long=options.drop_long,
+            continuations=self.continuations, max_segments=options.max_segments)
         self._lock = threading.Lock()
         self._index: StreamIndex | None = None
         self._index_key: tuple[int, bool] | None = None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import json
 import sys
 
@@ -33,10 +34,11 @@ from reader.storage import fields
 from reader.storage.cache import Cache
 from reader.interop.export import write_file
 from reader.mixture.spec import is_mixture_path
-from reader.options import PACKINGS, ReadOptions
+from reader.options import ReadOptions
 from reader.reader import Reader
-from reader.batch.schema import BATCH_KEYS
+from reader.batch.schema import BATCH_KEYS, VARLEN_FIELDS
 from reader.report import summary
+from reader.report.figures import RowPacking, row_packing
 from reader.storage.progress import describe as describe_progress, read_progress
 from reader.storage.validate import validate_chunk, validate_ledger, validate_shards
 
@@ -47,7 +49,7 @@ def _read_options(args, **kw) -> ReadOptions:
         raise ValueError(f"--packing {args.packing} packs rows; --unpacked reads one document piece per row. Drop "
                          "one of them.")
     return ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, ideal_readers=args.ideal_readers,
-                       packed=not args.unpacked, packing=args.packing, pass_rule=args.pass_rule, **kw)
+                       pass_rule=args.pass_rule, **report_cli.packing_options(args), **kw)
 
 
 def _passes_lines(p: dict) -> list[str]:
@@ -125,7 +127,7 @@ def cmd_inspect(args) -> int:
         print("error: --steps must be >= 0", file=sys.stderr)
         return 2
     opts = _read_options(args)
-    memory = _reader_memory(args) if args.read_batches else None  # first: what inspect reads adds to the RSS
+    memory, rows = _reader_memory(args) if args.read_batches else (None, None)  # first: inspect's reads add to the RSS
     cache = Cache(args.path)
     info, _ = summary.cache_summary(cache, args.path, max_chunks=args.max_chunks, threads=args.threads,
                                     seq_len=args.seq_len)
@@ -136,6 +138,7 @@ def cmd_inspect(args) -> int:
         info["progress"] = progress.as_dict()
     if memory is not None:
         info["memory"] = memory
+        info["rows"] = dataclasses.asdict(rows)
     if args.by:  # documents and tokens per value of a kept field
         info["by"] = {args.by: [{"value": v, "documents": d, "tokens": n} for v, (d, n) in
                                 fields.tally(cache, args.by).items()]}
@@ -174,6 +177,7 @@ def cmd_inspect(args) -> int:
               f"{m['decoded']:.1f} MiB, batches read ahead up to "
               f"{m['ahead_limit']:.1f} MiB; process RSS {m['rss']:.0f} MiB (the interpreter, numpy and pyarrow "
               "alone: about 70 MiB)")
+        print(f"rows        {rows.describe()} ({'unpacked' if args.unpacked else args.packing})")
     for name, rows in info.get("by", {}).items():
         w = max([len(name) + 3] + [len(str(r["value"])) for r in rows])
         print(f"\n{'by ' + name:<{w}}  {'documents':>14}  {'tokens':>18}")
@@ -182,17 +186,20 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def _reader_memory(args) -> dict[str, int]:
-    """A reader's memory at its peak over ``--read_batches`` batches read as a training run would."""
+def _reader_memory(args) -> tuple[dict[str, int], RowPacking]:
+    """A reader's memory at its peak over ``--read_batches`` batches read as a training run would, and how
+    full their rows are."""
     opts = _read_options(args, shuffle_seed=args.shuffle_seed, memory_budget_bytes=args.memory_budget_bytes)
     peak: dict[str, int] = {}  # the moment the reader held the most, and the process's largest RSS
+    seen = []  # each batch's segment_ids and valid rows
     with Reader(args.path, opts) as r:
-        for _, _ in r.iter_batches(0, args.read_batches):
+        for _, x in r.iter_batches(0, args.read_batches):
+            seen.append({k: x[k].copy() for k in ("segment_ids", "valid")})
             got = r.memory()
             if got["decoded"] >= peak.get("decoded", 0):
                 peak = dict(got, rss=max(got["rss"], peak.get("rss", 0)))
             peak["rss"] = max(got["rss"], peak["rss"])
-    return peak
+    return peak, row_packing(seen)
 
 
 def cmd_validate(args) -> int:
@@ -219,8 +226,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_batches(args) -> int:
-    opts = _read_options(args, best_fit_window_tokens=args.best_fit_window_tokens, eval_mode=args.eval,
-                         shuffle_seed=args.shuffle_seed, drop_long=args.drop_long)
+    opts = _read_options(args, eval_mode=args.eval, shuffle_seed=args.shuffle_seed)
     if args.count < 0 or (args.count == 0 and not args.eval):
         print("error: --count must be positive (0 = to the end, only with --eval)", file=sys.stderr)
         return 2
@@ -237,12 +243,13 @@ def cmd_batches(args) -> int:
         report_cli.show_rows(r, got, args.tokenizer)
     if not args.out:
         return 0
-    arrays = {k: np.stack([b[k] for _, b in got]) for k in BATCH_KEYS}
+    arrays = {k: np.stack([b[k] for _, b in got]) for k in BATCH_KEYS + VARLEN_FIELDS * args.varlen}
     arrays["batch_index"] = np.asarray([b for b, _ in got], dtype=np.int64)
     arrays["rows"] = r.my_rows
     arrays["options"] = np.asarray(json.dumps({
         "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size, "packed": not args.unpacked,
         "packing": args.packing, "best_fit_window_tokens": args.best_fit_window_tokens, "drop_long": args.drop_long,
+        "best_fit_continuations": args.best_fit_continuations, "max_segments": args.max_segments, "varlen": args.varlen,
         "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
         "num_readers": args.num_readers, "reader_index": args.reader_index, "pass_rule": args.pass_rule},
         sort_keys=True))
@@ -287,8 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--threads", type=int, default=8, help="parallel chunk reads")
     q.add_argument("--read_batches", type=int, default=0, metavar="N",
                    help="cache: read N batches (--seq_len, --batch_size, --ideal_readers, --shuffle_seed, "
-                        "--memory_budget_bytes) and show the reader's memory against its budget")
+                        "--memory_budget_bytes, and how rows are made: --packing ...) and show the reader's "
+                        "memory against its budget, and the rows' padding and document pieces per row")
     q.add_argument("--shuffle_seed", type=int, default=None, help="with --read_batches: shuffle")
+    report_cli.add_packing_arguments(q)  # (with --read_batches: how the rows are made)
     q.add_argument("--memory_budget_bytes", type=int, default=ReadOptions.memory_budget_bytes,
                    help=f"with --read_batches: the reader's budget (default {ReadOptions.memory_budget_bytes})")
     q.add_argument("--by", metavar="FIELD", help="documents and tokens per value of FIELD, a field the build kept "
@@ -309,17 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("path", help="cache root (local path or gs://bucket/cache), or a mixture file (*.json)")
     b.add_argument("--seq_len", type=int, required=True, help="tokens per example (L)")
     b.add_argument("--batch_size", type=int, required=True, help="GLOBAL batch size (B)")
-    b.add_argument("--unpacked", action="store_true", help="one document piece per row instead of packing")
-    b.add_argument("--packing", choices=PACKINGS, default="concat",
-                   help="packed rows: concat (documents concatenated, cut every seq_len tokens; default) or "
-                        "best_fit (each chunk's documents packed by best-fit decreasing: no document of at most "
-                        "seq_len tokens is cut)")
-    b.add_argument("--drop_long", action="store_true",
-                   help="with --unpacked or --packing best_fit: skip documents longer than --seq_len instead of "
-                        "cutting them")
-    b.add_argument("--best_fit_window_tokens", type=int, default=ReadOptions.best_fit_window_tokens,
-                   help="best_fit: pack each chunk per window of whole row groups of about this many tokens "
-                        f"(default {ReadOptions.best_fit_window_tokens}); must match the run")
+    report_cli.add_packing_arguments(b)
     b.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
                    help=f"R*, number of streams (default {ReadOptions.ideal_readers}); must match the run")
     b.add_argument("--num_readers", type=int, default=1, help="R, reader hosts (must divide batch_size)")

@@ -46,6 +46,7 @@ class BatchView:
     batch: int
     rows: list[RowView]
     note: str = ""  # why rows are missing (a running build has not written them yet)
+    packing: figures.RowPacking | None = None  # how full the whole batch's rows are
 
 
 @dataclasses.dataclass
@@ -204,15 +205,16 @@ def kept_field_tokens(cache: Cache, sampled: dict[int, np.ndarray]) -> dict[str,
 
 
 def _batches(path: str, opts: ReadOptions, which: list[int], rows: int, decode, names) -> tuple[list[BatchView], int]:
-    """The first ``rows`` rows of each batch in ``which``, decoded, and how many chunks were opened for them.
-    A running build's batch that is not written yet is shown as a note (the report does not wait)."""
-    opts = dataclasses.replace(opts, prefetch_batches=0, prefetch_threads=0)
+    """The first ``rows`` rows of each batch in ``which``, decoded, the padding and pieces per row of the
+    whole batch, and how many chunks were opened for them. A running build's batch that is not written yet
+    is shown as a note (the report does not wait)."""
+    opts = dataclasses.replace(opts, prefetch_batches=0, prefetch_threads=0, layout="arrays")
     out = []
     with Reader(path, opts, wait_timeout_s=0.0) as r:
         want = np.arange(min(rows, opts.batch_size))
         for b in which:
             try:
-                got = r.rows(b, want)
+                got = r.rows(b, np.arange(opts.batch_size))
             except (CacheNotReady, NotYetAvailable) as e:
                 out.append(BatchView(b, [], f"not readable yet: {e}"))
                 continue
@@ -224,6 +226,6 @@ def _batches(path: str, opts: ReadOptions, which: list[int], rows: int, decode, 
                 views.append(RowView(row, int(got["example_ids"][i]), int(got["epochs"][i]),
                                      names[comp] if names is not None and comp >= 0 else None,
                                      rowlib.batch_row_pieces(got, i, decode)))
-            out.append(BatchView(b, views, "" if views else "past the end of the eval pass"))
+            out.append(BatchView(b, views, "" if views else "past the end of the eval pass", figures.row_packing([got])))
         opened = len(r.store.opened)
     return out, opened

@@ -84,6 +84,31 @@ def bad_record_rows(reasons: Mapping[str, int]) -> list[tuple[str, int, float]]:
             for r, n in sorted(reasons.items(), key=lambda x: (-int(x[1]), x[0])) if int(n)]
 
 
+@dataclasses.dataclass(frozen=True)
+class RowPacking:
+    """How full the rows of some batches are: ``rows`` real rows (not eval padding), ``padding`` the share of
+    their tokens that are padding, and the document pieces (segments) per row, on average and at most."""
+
+    rows: int
+    padding: float
+    pieces_mean: float
+    pieces_max: int
+
+    def describe(self) -> str:
+        return (f"{self.rows:,} rows: padding {self.padding:.2%}, document pieces per row {self.pieces_mean:.2f} on "
+                f"average, at most {self.pieces_max}")
+
+
+def row_packing(batches: Iterable[Mapping[str, np.ndarray]]) -> RowPacking:
+    """:class:`RowPacking` of batches in the arrays layout (``segment_ids``, ``valid``)."""
+    seg = [np.asarray(b["segment_ids"])[np.asarray(b["valid"], bool)] for b in batches]
+    seg = np.concatenate(seg) if seg else np.zeros((0, 1), np.int32)
+    pieces = seg.max(axis=1) if seg.size else np.zeros(0, np.int64)
+    return RowPacking(rows=int(seg.shape[0]), padding=float((seg == 0).mean()) if seg.size else 0.0,
+                      pieces_mean=float(pieces.mean()) if pieces.size else 0.0,
+                      pieces_max=int(pieces.max()) if pieces.size else 0)
+
+
 def truncate(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, marked with an ellipsis and the full length when cut."""
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"

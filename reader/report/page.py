@@ -209,8 +209,9 @@ def _bad(d: ReportData) -> str:
 
 def _batches(d: ReportData) -> str:
     o = d.options
-    how = (f"seq_len {o.seq_len}, batch_size {o.batch_size}, {'packed' if o.packed else 'unpacked'}, ideal_readers "
-           f"{o.ideal_readers}" + (f", shuffle_seed {o.shuffle_seed}" if o.shuffle_seed is not None else ""))
+    how = (f"seq_len {o.seq_len}, batch_size {o.batch_size}, {'packed, ' + o.packing if o.packed else 'unpacked'}, "
+           f"ideal_readers {o.ideal_readers}" + (f", shuffle_seed {o.shuffle_seed}" if o.shuffle_seed is not None else "")
+           + (f", max_segments {o.max_segments}" if o.max_segments is not None else ""))
     out = [f"<h2>Batches</h2><p>Read with {html.escape(how)}. Colours: one per document piece; "
            '<span class="doc">|</span> a document start; <span class="masked seg0">dimmed</span>: masked out of the '
            'loss; <span class="pad">···</span> padding.</p>']
@@ -218,6 +219,8 @@ def _batches(d: ReportData) -> str:
         out.append(f"<h3>Batch {b.batch:,}</h3>")
         if b.note:
             out.append(f"<p class='note'>{html.escape(b.note)}</p>")
+        if b.packing is not None and b.packing.rows:
+            out.append(f"<p class='packing'>The batch's {html.escape(b.packing.describe())}.</p>")
         for r in b.rows:
             comp = f", component {html.escape(r.component)}" if r.component is not None else ""
             out.append(f"<div class='rowhead'>row {r.row} (example {r.example:,}, epoch {r.epoch}{comp})</div>"

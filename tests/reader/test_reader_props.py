@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from reader import EmptyStream, ReadOptions, Reader
+from reader import EmptyStream, ReadOptions, Reader, expand_flat
 from reader.order import shuffle
 from reader.order import streams
 
@@ -48,22 +48,25 @@ def assert_rows_equal(got, ref_examples, rows):
 
 @settings(**SETTINGS)
 @given(caches(), st.sampled_from(KINDS), st.integers(1, 12), st.integers(1, 6), st.integers(1, 16),
-       st.integers(1, 3), MASK_SEEDS, st.sampled_from(RULES), st.data())
-def test_batches_match_reference_and_are_R_invariant(cache, kind, L, r_star, R, per_reader, mask_seed, rule, data):
+       st.integers(1, 3), MASK_SEEDS, st.sampled_from(RULES), st.sampled_from(["arrays", "flat"]), st.data())
+def test_batches_match_reference_and_are_R_invariant(cache, kind, L, r_star, R, per_reader, mask_seed, rule, layout,
+                                                      data):
     chunks, cps = cache
     ko = kind_options(kind)
     assume(not has_no_pass(rule, chunks, r_star, ko["packed"], L, ko["packing"]))
     B = R * per_reader
+    layout = layout if ko["packed"] else "arrays"
     with Tmp() as root:
         masks = masked_cache(root, chunks, mask_seed, chunks_per_shard=cps, row_group_tokens=7)
-        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, prefetch_batches=2, pass_rule=rule, **ko)
+        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, prefetch_batches=2, pass_rule=rule,
+                           layout=layout, **ko)
         ref = reference(rule, chunks, L, r_star, masks=masks, row_group_tokens=7, **ko)
         full = Reader(root, opts)
         readers = [Reader(root, opts, num_readers=R, reader_index=r) for r in range(R)]
         for b in [0, 1, data.draw(st.integers(2, 40))]:
             glob = full.rows(b, np.arange(B))
             examples = [ref.example(b * B + k) for k in range(B)]
-            assert_rows_equal(glob, examples, np.arange(B))
+            assert_rows_equal(glob if layout == "arrays" else expand_flat(glob), examples, np.arange(B))
             assert glob["epochs"].tolist() == [e["epoch"] for e in examples]
             assert glob["example_ids"].tolist() == list(range(b * B, (b + 1) * B))
             assert glob["valid"].all()
@@ -142,7 +145,7 @@ def test_eval_pass_covers_every_document_once(cache, kind, L, R, per_reader):
         # every token of every document exactly once, in global order (best fit: chunk by chunk, each
         # chunk's tokens in its rows' order; token ids are unique)
         every = np.concatenate([np.concatenate(c) if c else np.zeros(0, np.int32) for c in chunks])
-        if kind == "best_fit":
+        if kind.startswith("best_fit"):
             assert np.array_equal(np.sort(targets[mask]), np.sort(every))
             chunk_of = np.repeat(np.arange(len(chunks)), [sum(len(d) for d in c) for c in chunks])
             assert (np.diff(chunk_of[np.searchsorted(every, targets[mask], sorter=np.argsort(every))]) >= 0).all()
@@ -171,7 +174,7 @@ def test_locality_each_reader_opens_only_its_streams_chunks(cache, kind, L, rs, 
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=4)
         opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, **ko)
         units = units_per_chunk(chunks, packed, L, ko["packing"], row_group_tokens=4,
-                                **{k: v for k, v in ko.items() if k == "best_fit_window_tokens"})
+                                **{k: v for k, v in ko.items() if k.startswith("best_fit_") or k == "max_segments"})
         for r in range(R):
             with Reader(root, opts, num_readers=R, reader_index=r) as rd:
                 got = list(rd.iter_batches(b0, 3))

@@ -80,11 +80,24 @@ def _config(chunk_bytes: int, row_group_tokens: int, masked: bool) -> dict[str, 
     return config
 
 
-def best_fit_chunk(docs, L: int, row_group_tokens: int, window_tokens: int) -> list:
-    """A synthetic chunk's best-fit rows by the brute-force packer, over the row groups it is written with."""
+def best_fit_caps(best_fit_continuations: int | None = None, max_segments: int | None = None,
+                  masked: bool = False, format_version: int | None = None) -> dict:
+    """``best_fit_chunk``'s caps for these read options on a synthetic cache (``masked``: one with loss
+    masks; ``format_version``: its ledger's, default :func:`default_version`): unless the options say, one
+    continuation piece per row below format version 4, four from it (docs/FORMAT.md, "Best-fit packing"),
+    and at most ``max_segments``."""
+    version = default_version(masked) if format_version is None else format_version
+    cont = best_fit_continuations or (4 if version >= 4 else 1)
+    return {"continuations": cont if max_segments is None else min(cont, max_segments), "max_segments": max_segments}
+
+
+def best_fit_chunk(docs, L: int, row_group_tokens: int, window_tokens: int, continuations: int | None = 1,
+                   max_segments: int | None = None) -> list:
+    """A synthetic chunk's best-fit rows by the brute-force packer, over the row groups it is written with
+    (``continuations``, ``max_segments``: the caps per row)."""
     lengths = [len(d) for d in docs]
     rg_docs = [hi - lo for lo, hi in row_groups(lengths, row_group_tokens)]
-    return reference_chunk_best_fit(lengths, rg_docs, L, window_tokens)
+    return reference_chunk_best_fit(lengths, rg_docs, L, window_tokens, continuations, max_segments)
 
 
 def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offset: int = 0,
@@ -338,6 +351,32 @@ def random_chunks(rng: np.random.Generator, num_chunks: int, *, max_docs: int = 
     return out
 
 
+def long_document_chunks(rng: np.random.Generator, num_chunks: int, seq_len: int, *, max_docs: int = 10,
+                         vocab: int = 1000) -> list[list[np.ndarray]]:
+    """Chunks where most documents are longer than ``seq_len`` (tails of every length, so best fit's
+    continuation pieces share rows) and the rest at most ``seq_len`` tokens."""
+    out = []
+    for _ in range(num_chunks):
+        lengths = [int(rng.integers(seq_len + 1, 4 * seq_len)) if rng.random() < 0.7 else int(rng.integers(1, seq_len + 1))
+                   for _ in range(int(rng.integers(1, max_docs + 1)))]
+        out.append([rng.integers(1, vocab, size=n, dtype=np.int32) for n in lengths])
+    return out
+
+
+# How the varlen loader tests read their cache: best fit, 4 continuation pieces and 5 pieces per row at most
+VARLEN_LOADER_OPTIONS = dict(seq_len=16, batch_size=8, ideal_readers=4, packing="best_fit", best_fit_continuations=4,
+                             max_segments=5, varlen=True)
+
+
+def write_varlen_loader_cache(root: str, seed: int) -> str:
+    """The cache the varlen loader tests read (reader.jax and reader.torch alike): 10 chunks of
+    :func:`long_document_chunks` in 2 shards, with loss masks, row groups of 40 tokens."""
+    chunks = long_document_chunks(np.random.default_rng(seed), 10, VARLEN_LOADER_OPTIONS["seq_len"])
+    masks = random_masks(np.random.default_rng(seed + 1), chunks)
+    write_synthetic_cache(root, chunks, chunks_per_shard=[5, 5], row_group_tokens=40, spans=spans_of(masks))
+    return root
+
+
 def write_best_fit_loader_cache(root: str) -> str:
     """The cache the best-fit loader tests read (reader.jax and reader.torch alike): 10 chunks in 2 shards,
     short documents and some of 50 tokens (longer than their L = 16), row groups of 20 tokens."""
@@ -386,19 +425,25 @@ def spans_of(masks) -> list[list[list[int]]]:
 class Reference:
     """Examples of a synthetic cache computed naively: ``loop(chunks)[s::R*]`` walked position by position.
     ``packing="best_fit"`` (packed): each chunk's rows from the brute-force packer (``packing_ref``), per
-    window of ``best_fit_window_tokens`` over the row groups ``row_group_tokens`` makes (as the cache's).
+    window of ``best_fit_window_tokens`` over the row groups ``row_group_tokens`` makes (as the cache's),
+    ``best_fit_continuations`` continuation pieces per row (None: as the cache's format version says,
+    :func:`best_fit_caps`) and ``max_segments`` pieces per row at most.
     ``masks``: per chunk, per document, its per-token loss mask (a masked cache); ``loss_mask`` is then
     that mask on real tokens."""
 
     def __init__(self, chunks: Sequence[Sequence[Sequence[int]]], seq_len: int, num_streams: int, *,
                  packed: bool = True, loop: bool = True, packing: str = "concat", masks=None,
-                 best_fit_window_tokens: int = WINDOW_TOKENS, row_group_tokens: int = 64):
+                 best_fit_window_tokens: int = WINDOW_TOKENS, row_group_tokens: int = 64,
+                 best_fit_continuations: int | None = None, max_segments: int | None = None,
+                 format_version: int | None = None):
         self.chunks = [[np.asarray(d, dtype=np.int64) for d in c] for c in chunks]
         self.masks = [[np.ones(len(d), bool) for d in c] for c in self.chunks] if masks is None else \
             [[np.asarray(m, bool) for m in c] for c in masks]
         self.L, self.R, self.packed, self.loop = seq_len, num_streams, packed, loop
         self.best_fit = packed and packing == "best_fit"
         self.window, self.rgt = best_fit_window_tokens, row_group_tokens
+        self.caps = best_fit_caps(best_fit_continuations, max_segments, masked=masks is not None,
+                                  format_version=format_version)
         self._units: dict[int, list] = {}  # stream -> list of units (token tuples or piece dicts)
         self._pos: dict[int, int] = {}  # stream -> next looped-chunk position
 
@@ -414,7 +459,7 @@ class Reference:
             before = len(units)
             if self.best_fit:
                 docs, masks = self.chunks[c], self.masks[c]
-                for row in best_fit_chunk(docs, self.L, self.rgt, self.window):
+                for row in best_fit_chunk(docs, self.L, self.rgt, self.window, **self.caps):
                     units.append({"pieces": [(docs[d], a, m, masks[d]) for d, a, m in row], "epoch": e})
             for d, mk in zip(self.chunks[c], self.masks[c]) if not self.best_fit else ():
                 if self.packed:
