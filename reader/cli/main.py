@@ -284,8 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {ReadOptions.batch_size})")
     q.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
                    help=f"R* of the run (default {ReadOptions.ideal_readers})")
-    q.add_argument("--unpacked", action="store_true", help="passes of one document piece per row")
-    q.add_argument("--packing", choices=PACKINGS, default="concat", help="passes of packed rows: concat or best_fit")
     cli_support.add_pass_rule(q)
     q.add_argument("--max_chunks", type=int, default=1000,
                    help="read document lengths (for the percentiles) from at most this many chunks, spread "
@@ -295,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--read_batches", type=int, default=0, metavar="N",
                    help="cache: read N batches (--seq_len, --batch_size, --ideal_readers, --shuffle_seed, "
                         "--memory_budget_bytes, and how rows are made: --packing ...) and show the reader's "
-                        "memory against its budget, and the rows' padding and document pieces per row")
+                        "memory against its budget, and the rows' padding and document pieces per row; "
+                        "--packing also decides what a pass is, for --steps")
     q.add_argument("--shuffle_seed", type=int, default=None, help="with --read_batches: shuffle")
     report_cli.add_packing_arguments(q)  # (with --read_batches: how the rows are made)
     q.add_argument("--memory_budget_bytes", type=int, default=ReadOptions.memory_budget_bytes,
