@@ -8,7 +8,7 @@ dependency needs to be installed):
   module; numpy, pyarrow and fsspec anywhere, each optional library in the one module that owns it;
 - pipelines/ imports from reader/ only the modules reader shares with it (docs/ARCHITECTURE.md);
 - the batch schema is defined once;
-- no module over 450 lines, no folder over 13 modules.
+- no module over 800 lines (sizes are reported, not limited, below that: past 600, split by concept).
 
 The last test feeds the checks broken code to show that they fail then.
 """
@@ -21,8 +21,10 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGES = ("reader", "pipelines")
-MAX_LINES = 450
-MAX_MODULES_PER_FOLDER = 13
+# Sizes are guidance: a module grows as long as its concept needs. Past SPLIT_LINES, split it by concept
+# (the report below names such modules); past MAX_LINES the check fails.
+SPLIT_LINES = 600
+MAX_LINES = 800
 # Third-party modules reader/ may import (everything else must be the standard library): its base install
 # anywhere, and each optional library in the one module that owns it.
 BASE_LIBRARIES = {"numpy", "pyarrow", "fsspec"}
@@ -269,15 +271,25 @@ def test_the_batch_schema_is_defined_once():
     assert schema_copies(read_sources()) == []
 
 
-def test_modules_are_small_and_folders_short():
-    sources = read_sources()
-    assert {m: s.count("\n") for m, s in sources.items() if s.count("\n") > MAX_LINES} == {}
+def module_sizes(sources: dict[str, str]) -> tuple[dict[str, int], dict[str, int]]:
+    """``({module: lines}, {folder: modules})``: the sizes the structure reports."""
+    lines = {m: s.count("\n") for m, s in sources.items()}
     folders: dict[str, int] = {}
     for m in sources:
         if not is_package(m, sources):
             folder = m.rsplit(".", 1)[0]
             folders[folder] = folders.get(folder, 0) + (not m.endswith("__main__"))
-    assert {f: n for f, n in folders.items() if n > MAX_MODULES_PER_FOLDER} == {}
+    return lines, folders
+
+
+def test_no_module_is_past_the_hard_size_limit():
+    """Module and folder sizes are reported (``-rP`` shows them), not limited, but one very long module has
+    several concepts in it: past MAX_LINES the check fails."""
+    lines, folders = module_sizes(read_sources())
+    long = {m: n for m, n in sorted(lines.items()) if n > SPLIT_LINES}
+    print(f"modules over {SPLIT_LINES} lines (split by concept): {long or 'none'}")
+    print("largest folders:", sorted(folders.items(), key=lambda kv: -kv[1])[:5])
+    assert {m: n for m, n in lines.items() if n > MAX_LINES} == {}
 
 
 def test_the_checks_fail_on_broken_code():
