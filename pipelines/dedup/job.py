@@ -144,7 +144,8 @@ def _clear(set_url: str) -> None:
     its recorded failure."""
     fsutil.delete_if_exists(f"{set_url}/{attrs.MANIFEST_NAME}")
     fsutil.delete_if_exists(f"{set_url}/{FAILED_NAME}")
-    stale = [m.path for r in FileSystems.match([f"{set_url}/shard-*/{atomic.TMP_PREFIX}*"]) for m in r.metadata_list]
+    stale = [m.path for r in FileSystems.match([f"{set_url}/{atomic.TMP_PREFIX}*",
+                                                 f"{set_url}/shard-*/{atomic.TMP_PREFIX}*"]) for m in r.metadata_list]
     if stale:
         FileSystems.delete(stale)
 
