@@ -84,15 +84,16 @@ class _CacheFn(beam.DoFn):
     def setup(self):
         self._cache = None
 
-    @property
     def cache(self) -> Cache:
+        """The cache, opened on first use in this worker (a method: Beam reads a DoFn's properties when it
+        inspects it, which would open the cache in the launcher and make the DoFn unpicklable)."""
         if self._cache is None:
             self._cache = Cache(self.job.cache_url)
         return self._cache
 
     def chunk_of(self, doc: np.ndarray) -> np.ndarray:
         """The global chunk of each global document index."""
-        return np.searchsorted(self.cache.table.doc_offsets, doc, side="right") - 1
+        return np.searchsorted(self.cache().table.doc_offsets, doc, side="right") - 1
 
     def process(self, element) -> Iterable[Any]:
         try:
@@ -153,9 +154,9 @@ class HashChunkFn(_CacheFn):
     """Chunk index -> ``(partition, (hi, lo, num_tokens, doc))`` for each hash partition present."""
 
     def work(self, c: int):
-        values, lengths = chunk_tokens(self.cache, c)
+        values, lengths = chunk_tokens(self.cache(), c)
         hi, lo = document_hashes(values, lengths)
-        doc = int(self.cache.table.doc_offsets[c]) + np.arange(len(lengths), dtype=np.int64)
+        doc = int(self.cache().table.doc_offsets[c]) + np.arange(len(lengths), dtype=np.int64)
         Metrics.counter(NAMESPACE, "documents_read").inc(len(lengths))
         yield from _by_partition(hi, self.job.partitions, lo, lengths.astype(np.int64), doc)
 
@@ -194,7 +195,7 @@ class SignChunkFn(_CacheFn):
     """Chunk index -> ``(chunk, (signatures [docs, K] uint32, has shingles, num_tokens))``."""
 
     def work(self, c: int):
-        values, lengths = chunk_tokens(self.cache, c)
+        values, lengths = chunk_tokens(self.cache(), c)
         if not len(lengths):
             return
         sig, has = minhash.signatures(values, lengths)
@@ -207,7 +208,7 @@ class BandKeysFn(_CacheFn):
 
     def work(self, element):
         c, (sig, has, _) = element
-        docs = int(self.cache.table.doc_offsets[c]) + np.flatnonzero(has)
+        docs = int(self.cache().table.doc_offsets[c]) + np.flatnonzero(has)
         keys = minhash.band_keys(sig[has]).ravel()
         yield from _by_partition(keys, self.job.partitions, np.repeat(docs, minhash.BANDS))
 
@@ -240,7 +241,7 @@ class AttachFirstFn(_CacheFn):
         sig, _, _ = _signatures(c, got)
         a, b = groups.unique_pairs(np.concatenate([p[0] for p in got["pairs"]]),
                                    np.concatenate([p[1] for p in got["pairs"]]))
-        yield from _by_chunk(self.chunk_of(b), a, b, sig[a - int(self.cache.table.doc_offsets[c])])
+        yield from _by_chunk(self.chunk_of(b), a, b, sig[a - int(self.cache().table.doc_offsets[c])])
 
 
 class VerifyFn(_CacheFn):
@@ -253,7 +254,7 @@ class VerifyFn(_CacheFn):
             return
         sig, _, ntok = _signatures(c, got)
         a, b, sig_a = (np.concatenate([h[i] for h in got["halves"]]) for i in range(3))
-        row = b - int(self.cache.table.doc_offsets[c])
+        row = b - int(self.cache().table.doc_offsets[c])
         jac = minhash.jaccard(sig_a, sig[row])
         ok = jac >= np.float32(self.job.threshold)
         Metrics.counter(NAMESPACE, "edges").inc(int(ok.sum()))
@@ -319,7 +320,7 @@ class WriteFileFn(_CacheFn):
 
     def work(self, element):
         c, got = element
-        job, table = self.job, self.cache.table
+        job, table = self.job, self.cache().table
         docs, first = int(table.docs[c]), int(table.doc_offsets[c])
         keeper = np.full(docs, attrs.KEPT, np.int64)
         jac = np.zeros(docs, np.float32)
@@ -343,7 +344,7 @@ class CommitFn(_CacheFn):
     """Every chunk's :class:`FileResult` (one list) -> the manifest, written last; yields its totals."""
 
     def work(self, results: list):
-        job, table = self.job, self.cache.table
+        job, table = self.job, self.cache().table
         results = sorted(results, key=lambda r: r.chunk)
         if [r.chunk for r in results] != list(range(len(table))):
             raise RuntimeError(f"{len(results)} attribute files for {len(table)} chunks")

@@ -173,3 +173,20 @@ def test_a_set_of_another_build_of_the_cache_is_refused(exact_cache, tmp_path):
         f.write(fmt.dumps_ledger(ledger))
     with pytest.raises(fmt.DamagedCache, match="computed from another build of this cache"):
         AttributeSet(Cache(root), job.EXACT_NAME)
+
+
+@pytest.mark.slow
+def test_the_same_files_on_a_dask_cluster(exact_cache, near_cache, tmp_path):
+    from test_build_cache_dask import dask_cluster
+
+    for src, name, flags in ((exact_cache, job.EXACT_NAME, []), (near_cache, job.NEAR_NAME, ["--near"])):
+        if not os.path.exists(os.path.join(src, attrs.manifest_path(name))):
+            dedup(src, *flags)
+    with dask_cluster(tmp_path) as cluster:
+        for src, name, flags in ((exact_cache, job.EXACT_NAME, []), (near_cache, job.NEAR_NAME, ["--near"])):
+            root = copy_cache(src, tmp_path / name)
+            proc = subprocess.run([sys.executable, "-m", "pipelines.dedup", root, *flags, "--runner=DaskRunner",
+                                   f"--dask_client_address={cluster.address}"], cwd=REPO, capture_output=True,
+                                  text=True, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert set_files(root, name) == set_files(src, name), name
