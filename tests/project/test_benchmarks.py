@@ -117,7 +117,8 @@ def test_quick_suite_produces_every_figure(tmp_path):
     assert details["profile"] == "quick" and details["samples"]
     # The machine's own 2-vs-1 scaling is measured beside ours, and a speed probe ran before every measured
     # command (encoders, the limit x3 (twice on 2 processes, once on 1), tiktoken's limit, builds x4, HF datasets
-    # x2, raw HF, stages, the Parquet-input comparison's 3 builds, the dedup bench, reader, mixture), each shown in the report.
+    # x2, raw HF, stages, the Parquet-input comparison's 3 builds, the dedup bench, reader, mixture), each shown in
+    # the report.
     assert fig["limit_1p_tokens_per_s"] > 0 and fig["limit_scaling_2_vs_1"] > 0
     assert math.isclose(fig["pipeline_scaling_vs_limit_scaling"],
                         fig["pipeline_scaling_2_vs_1"] / fig["limit_scaling_2_vs_1"])
