@@ -68,6 +68,14 @@ def dedup(root: str, *extra: str, runner=FNAPI) -> dict:
     return job.run([root, *extra, *runner])
 
 
+def computed(exact_cache: str, near_cache: str, near: bool) -> tuple[str, str, list[str]]:
+    """``(cache, set name, flags)`` of one kind, its set computed by the FnApiRunner."""
+    src, name, flags = (near_cache, job.NEAR_NAME, ["--near"]) if near else (exact_cache, job.EXACT_NAME, [])
+    if not os.path.exists(os.path.join(src, attrs.manifest_path(name))):
+        dedup(src, *flags)
+    return src, name, flags
+
+
 def test_exact_marks_are_the_brute_force_grouping(exact_cache):
     result = dedup(exact_cache)
     assert result["state"] == "computed"
@@ -109,11 +117,7 @@ def test_near_marks_find_the_planted_copies(near_cache, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("near", [False, True], ids=["exact", "near"])
 def test_the_same_files_from_two_local_workers(exact_cache, near_cache, tmp_path, near):
-    src = near_cache if near else exact_cache
-    name = job.NEAR_NAME if near else job.EXACT_NAME
-    flags = ["--near"] if near else []
-    if not os.path.exists(os.path.join(src, attrs.manifest_path(name))):
-        dedup(src, *flags)
+    src, name, flags = computed(exact_cache, near_cache, near)
     other = copy_cache(src, tmp_path / "mp2")
     dedup(other, *flags, runner=DIRECT_MP2)
     assert set_files(other, name) == set_files(src, name)
@@ -127,11 +131,7 @@ def run_killed(root: str, point: str, *flags: str) -> subprocess.CompletedProces
 
 @pytest.mark.parametrize("near", [False, True], ids=["exact", "near"])
 def test_sigkill_mid_job_then_rerun_gives_the_same_files(exact_cache, near_cache, tmp_path, near):
-    src = near_cache if near else exact_cache
-    name = job.NEAR_NAME if near else job.EXACT_NAME
-    flags = ["--near"] if near else []
-    if not os.path.exists(os.path.join(src, attrs.manifest_path(name))):
-        dedup(src, *flags)
+    src, name, flags = computed(exact_cache, near_cache, near)
     want = set_files(src, name)
     chunks = len(Cache(src).table)
     for point in (f"{chunks // 2}:after_rename", f"{chunks + 1}:before_rename"):  # mid-way; the manifest
@@ -179,11 +179,9 @@ def test_a_set_of_another_build_of_the_cache_is_refused(exact_cache, tmp_path):
 def test_the_same_files_on_a_dask_cluster(exact_cache, near_cache, tmp_path):
     from test_build_cache_dask import dask_cluster
 
-    for src, name, flags in ((exact_cache, job.EXACT_NAME, []), (near_cache, job.NEAR_NAME, ["--near"])):
-        if not os.path.exists(os.path.join(src, attrs.manifest_path(name))):
-            dedup(src, *flags)
+    kinds = [computed(exact_cache, near_cache, near) for near in (False, True)]
     with dask_cluster(tmp_path) as cluster:
-        for src, name, flags in ((exact_cache, job.EXACT_NAME, []), (near_cache, job.NEAR_NAME, ["--near"])):
+        for src, name, flags in kinds:
             root = copy_cache(src, tmp_path / name)
             proc = subprocess.run([sys.executable, "-m", "pipelines.dedup", root, *flags, "--runner=DaskRunner",
                                    f"--dask_client_address={cluster.address}"], cwd=REPO, capture_output=True,
