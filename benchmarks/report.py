@@ -57,6 +57,16 @@ MAIN_ROWS = report_peers.PEER_MAIN_ROWS + [
     ("best_fit_vs_concat_L2048", "best fit / concat, real tokens per second, L=2048 ({reader_num_workers} "
      "workers, flat layout, R*=16, as many tokens as the cache holds, from opening the reader)", "ratio"),
     ("best_fit_vs_concat_L8192", "the same at L=8192", "ratio"),
+    ("dedup_exact_mb_per_cpu_s", "`python -m pipelines.dedup` (exact duplicates, 2 local workers, whole command): MB "
+     "of input text per CPU-second of its process tree, i.e. per core (docs/CURATION.md)", "num"),
+    ("dedup_near_mb_per_cpu_s", "the same with `--near` (MinHash, LSH, verified pairs; {dedup_near_wall_s:.0f} s for "
+     "{dedup_corpus_mb:.0f} MB)", "num"),
+    ("dedup_signature_tokens_per_cpu_s", "MinHash signatures alone (pipelines/dedup/minhash.py), tokens per CPU-second",
+     "rate"),
+    ("dedup_planted_recall", "near marks on {dedup_planted_docs} documents of the corpus with 10% planted near copies: "
+     "recall over the planted pairs with true Jaccard >= 0.8", "ratio"),
+    ("dedup_marked_false_share", "of the {dedup_marked_pairs} marked (document, keeper) pairs there, the share with "
+     "true Jaccard < 0.7", "ratio"),
     ("mask_train_ratio", "a cache with loss masks / the same documents without, real tokens per second "
      "(benchmarks/mask_cost.py: flat layout, batch 64, L=2048, R*=16, 2 workers, one pass of 96 Mi tokens)", "ratio"),
     ("latency_50ms_vs_0ms_min", "gs:// with every request held 50 ms / the same read at 0 ms, steady, the least of "

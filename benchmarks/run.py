@@ -88,6 +88,10 @@ TARGETS = {
     "latency_50ms_vs_0ms_min": (0.7, ">="),
     "latency_first_batch_s_50ms_max": (1.0, "<="),
     "latency_rss_growth_vs_budget": (1.0, "<="),
+    "dedup_exact_mb_per_cpu_s": (20.0, ">="),
+    "dedup_signature_tokens_per_cpu_s": (5e6, ">="),
+    "dedup_planted_recall": (0.9, ">="),
+    "dedup_marked_false_share": (0.05, "<="),
 }
 
 
@@ -385,6 +389,12 @@ def main(argv=None) -> int:
     details.update(details_d)
     details["commands"] = build_commands(inputs, cache_tt, tokenizer_json, corpus, P, work / f"corpus-distinct-{profile}")
 
+    # -- duplicate marks on the distinct corpus's cache (benchmarks/dedup_bench.py) ------------------------------
+    m = run_monitored([_py(), "-m", "benchmarks.dedup_bench", "--cache", str(work / f"cache-{profile}-distinct"),
+                       "--corpus", str(work / f"corpus-distinct-{profile}"), "--work", str(work / f"dedup-{profile}")]
+                      + (["--quick"] if a.quick else []))
+    fig.update(m.result)
+
     # -- reader -----------------------------------------------------------------------------------------------------
     m = run_monitored([_py(), "-m", "benchmarks.reader_bench", "--cache", str(cache_tt), "--work",
                        str(work / f"reader-{profile}"), "--batches", str(P["reader_batches"]), "--rounds",
@@ -450,7 +460,8 @@ def main(argv=None) -> int:
     report.write(fig, details, doc, plots, quick=a.quick)
     if not a.keep:
         for d in (cache_hf, work / f"cache-{profile}-tiktoken-1w", work / f"cache-{profile}-small-shards", work / f"reader-{profile}",
-                  work / f"cache-{profile}-distinct", work / f"mask-{profile}", work / f"latency-{profile}"):
+                  work / f"cache-{profile}-distinct", work / f"mask-{profile}", work / f"latency-{profile}",
+                  work / f"dedup-{profile}"):
             shutil.rmtree(d, ignore_errors=True)
     log(f"done in {fig['bench_total_s']:.0f} s: {out} and {doc}")
     return 0

@@ -333,6 +333,12 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The command line: one line on stderr and the exit code for a refused, damaged or failed export."""
+    run_command(run, argv, "completed parts are kept")
+
+
+def run_command(run_fn, argv: Sequence[str] | None, resumes: str) -> None:
+    """Run a Beam command's ``run_fn(argv)`` for the command line (this export's, the dedup job's): one line
+    on stderr and the exit code for a refused, damaged or failed run; ``resumes``: what a rerun keeps."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -343,9 +349,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             h.addFilter(quiet)
         logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     try:
-        run(argv)
+        run_fn(argv)
     except KeyboardInterrupt:
-        print("interrupted. Rerunning the same command resumes: completed parts are kept.", file=sys.stderr)
+        print(f"interrupted. Rerunning the same command resumes: {resumes}.", file=sys.stderr)
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - classified below
         code = e.exit_code if isinstance(e, BuildError) else cli_support.exit_code(e)

@@ -122,7 +122,8 @@ def test_quick_suite_produces_every_figure(tmp_path):
     assert details["profile"] == "quick" and details["samples"]
     # The machine's own 2-vs-1 scaling is measured beside ours, and a speed probe ran before every measured
     # command (encoders, the limit x3 (twice on 2 processes, once on 1), tiktoken's limit, builds x4, HF datasets
-    # x2, raw HF, stages, the Parquet-input comparison's 3 builds, reader, mixture), each shown in the report.
+    # x2, raw HF, stages, the Parquet-input comparison's 3 builds, the dedup bench, reader, mixture), each shown in
+    # the report.
     assert fig["limit_1p_tokens_per_s"] > 0 and fig["limit_scaling_2_vs_1"] > 0
     assert math.isclose(fig["pipeline_scaling_vs_limit_scaling"],
                         fig["pipeline_scaling_2_vs_1"] / fig["limit_scaling_2_vs_1"])
@@ -137,7 +138,7 @@ def test_quick_suite_produces_every_figure(tmp_path):
                      ("benchmarks.megatron_peer limit --encoder fastokens", 2), ("benchmarks.megatron_peer fast", 1),
                      ("benchmarks.megatron_peer classic", 1), ("benchmarks.encoders_cold", 2),
                      ("benchmarks.stages", 2), ("benchmarks.packing_cost", 1), ("benchmarks.mask_cost", 1),
-                     ("benchmarks.latency_bench", 1)):
+                     ("benchmarks.latency_bench", 1), ("benchmarks.dedup_bench", 1)):
         assert labels.count(label) == n, (label, labels)
     assert len(probes) == 33 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
     assert 0 < fig["probe_compute_min_vs_max"] <= 1 and 0 < fig["probe_memory_min_vs_max"] <= 1

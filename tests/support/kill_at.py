@@ -3,6 +3,7 @@
     python tests/support/kill_at.py N:before_rename [python -m pipelines.build_cache options]
     python tests/support/kill_at.py N:after_rename  [...]
     python tests/support/kill_at.py N:pause         [...]
+    python tests/support/kill_at.py N:STAGE --module pipelines.dedup.job [its options]   (another command's main)
 
 Every atomic write of the builder ends in one rename of its temporary file (``.tmp-*``) onto the final
 name: ``reader.storage.files.publish``, the last step of every atomic write in the project, called with
@@ -64,6 +65,11 @@ def kill_at_write(point: str) -> None:
 if __name__ == "__main__":
     sys.path.insert(0, REPO)  # this checkout's pipelines/, as `python -m` from the repository root finds it
     kill_at_write(sys.argv[1])
-    from pipelines.build_cache import main
+    if sys.argv[2:3] == ["--module"]:
+        import importlib
 
-    main(sys.argv[2:])
+        importlib.import_module(sys.argv[3]).main(sys.argv[4:])
+    else:
+        from pipelines.build_cache import main
+
+        main(sys.argv[2:])
