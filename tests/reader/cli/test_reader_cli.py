@@ -172,6 +172,45 @@ def test_bad_arguments_exit_2_with_two_lines(argv, said, capsys):
     assert len(lines) == 2 and said in lines[0] and lines[1].endswith("--help)"), lines
 
 
+@pytest.mark.parametrize("argv,lines", [
+    (["inpect", "C"], ["python -m reader: error: argument command: invalid choice: 'inpect'; did you mean inspect?",
+                       "(see python -m reader --help)"]),
+    (["inspect", "C", "--sqe_len", "3"], ["python -m reader inspect: error: unrecognized arguments: --sqe_len 3; did "
+                                          "you mean --seq_len?", "(see python -m reader inspect --help)"]),
+    (["export", "C", "--format", "megatorn", "--out", "x"],
+     ["python -m reader export: error: argument --format: invalid choice: 'megatorn'; did you mean --format megatron?",
+      "(see python -m reader export --help)"]),
+    (["export", "C", "--format", "parquet", "--out", "x"],
+     ["python -m reader export: error: argument --format: invalid choice: 'parquet' (choose from megatron, "
+      "flat-tokens)", "(see python -m reader export --help)"]),
+    (["import-megatron", "p", "--tokenizer_frm", "c", "--out", "x"],
+     ["python -m reader import-megatron: error: unknown option --tokenizer_frm; did you mean --tokenizer_from? "
+      "(--tokenizer_from is required)", "(see python -m reader import-megatron --help)"]),
+])
+def test_a_mistake_gets_the_fix_did_you_mean_or_the_choices(argv, lines, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines() == lines
+
+
+def test_every_option_and_choice_mistyped_gets_did_you_mean(capsys):
+    import argparse
+
+    import cli_mistakes
+    from reader.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    checked = 0
+    for command, parser in sub.choices.items():
+        for argv, fix in cli_mistakes.mistakes(parser):
+            with pytest.raises(SystemExit) as e:
+                main([command, *cli_mistakes.required_argv(parser), *argv])
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert e.value.code == 2 and len(lines) == 2 and fix in lines[0], (command, argv, lines)
+            checked += 1
+    assert checked > 60  # every option of every command
+
+
 @pytest.mark.parametrize("command", ["import-megatron", "import-flat-tokens"])
 @pytest.mark.parametrize("given", [["--tokenizer", "tiktoken:cl100k_base"], ["--tokenizer=./tok/"], ["--tokenizer"]])
 def test_a_tokenizer_spec_is_refused_naming_both_ways(command, given, capsys):
