@@ -273,7 +273,7 @@ class Console:
         """An updated progress line: rewritten in place on a terminal, else a line of its own."""
         with self._lock:
             if self.tty:
-                self.stream.write("\r" + text[:self._width() - 1] + "\x1b[K")
+                self.stream.write("\r" + fit(text, self._width() - 1) + "\x1b[K")
                 self._open = True
             else:
                 self.stream.write(text + "\n")
@@ -282,7 +282,7 @@ class Console:
     def end(self, text: str) -> None:
         """The last progress line, kept on the screen."""
         with self._lock:
-            self.stream.write(("\r" + text[:self._width() - 1] + "\x1b[K\n") if self.tty else text + "\n")
+            self.stream.write(("\r" + fit(text, self._width() - 1) + "\x1b[K\n") if self.tty else text + "\n")
             self.stream.flush()
             self._open = False
 
@@ -376,6 +376,50 @@ def render(snap: Snapshot, rate: float | None) -> str:
     elif not snap.complete:
         text += ", ETA unknown"
     return text
+
+
+# Shorter words for the middle of a line that does not fit; then numbers as 3.96M, then fields left out.
+_SHORT = (("documents", "docs"), ("tokens", "tok"), ("bad records", "bad"))
+_RATE = re.compile(r".* MB/s|ETA .*")
+
+
+def _compact(field: str) -> str:
+    """``3,959,632 tok`` -> ``3.96M tok``."""
+    n, _, word = field.partition(" ")
+    value = int(n.replace(",", "")) if n.replace(",", "").isdigit() else None
+    if value is None or value < 10_000:
+        return field
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit} {word}"
+    return field
+
+
+def fit(line: str, width: int) -> str:
+    """``line`` (a :func:`render` line) in ``width`` characters: its middle shortened (shorter words, compact
+    numbers, then documents, tokens and bad records left out in that order), never the rate or the ETA."""
+    fields = line.split(", ")
+    k = len(fields)
+    while k > 1 and _RATE.fullmatch(fields[k - 1]):
+        k -= 1
+    head, middle, tail = fields[0], fields[1:k], fields[k:]
+    steps = [lambda f, long=long, short=short: f.replace(long, short) for long, short in _SHORT] + [_compact]
+    text = line
+    for step in steps:
+        if len(text) <= width:
+            return text
+        middle = [step(f) for f in middle]
+        text = ", ".join([head, *middle, *tail])
+    for cut in range(1, len(middle) + 1):
+        if len(text) <= width:
+            return text
+        text = ", ".join([head, "…", *middle[cut:], *tail]) if cut < len(middle) else ", ".join([head, *tail])
+    if len(text) <= width:
+        return text
+    end = ", ".join(tail)
+    if len(end) + 3 > width:
+        return end[-width:].lstrip(", ") if width > 0 else ""
+    return head[:width - len(end) - 3] + "…, " + end if end else head[:width - 1] + "…"
 
 
 def _duration(seconds: float) -> str:

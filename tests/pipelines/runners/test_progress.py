@@ -4,6 +4,7 @@ The command line's line, on a terminal and piped, is tested end to end in
 tests/end_to_end/test_build_cache_console.py.
 """
 
+import fcntl
 import gzip
 import json
 import logging
@@ -12,6 +13,8 @@ import pty
 import random
 import select
 import shutil
+import struct
+import termios
 import threading
 
 import pytest
@@ -178,6 +181,33 @@ def test_terminal_console_rewrites_one_line_and_clears_it_for_a_log_record():
     finally:
         os.close(master)
         stream.close()
+
+
+def test_the_line_fits_the_terminal_shortening_its_middle_never_the_rate_or_eta():
+    line = ("building: 16.8 of ~130.5 MB (12.9%), 23,402 documents, 3,959,632 tokens, 0 bad records, 12.9 MB/s, "
+            "ETA 1m04s")
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # an 80-column terminal
+    stream = os.fdopen(slave, "w", encoding="utf-8")
+    try:
+        progress.Console(stream).end(line)
+        got = b""
+        while not got.endswith(b"\n") and select.select([master], [], [], 10)[0]:
+            got += os.read(master, 4096)
+        assert got.decode() == ("\rbuilding: 16.8 of ~130.5 MB (12.9%), …, 3.96M tok, 0 bad, 12.9 MB/s, ETA 1m04s"
+                                "\x1b[K\r\n")
+    finally:
+        os.close(master)
+        stream.close()
+    # each step shortens the middle only as far as needed; a line that fits is left alone
+    assert progress.fit(line, 200) == line
+    assert progress.fit(line, 100) == ("building: 16.8 of ~130.5 MB (12.9%), 23,402 docs, 3,959,632 tok, 0 bad records, "
+                                       "12.9 MB/s, ETA 1m04s")
+    assert progress.fit(line, 90) == "building: 16.8 of ~130.5 MB (12.9%), 23.4k docs, 3.96M tok, 0 bad, 12.9 MB/s, ETA 1m04s"
+    assert progress.fit(line, 60) == "building: 16.8 of ~130.5 MB (12.9%), 12.9 MB/s, ETA 1m04s"
+    assert progress.fit(line, 40) == "building: 16.8 of…, 12.9 MB/s, ETA 1m04s"
+    for width in range(20, 120):
+        assert len(progress.fit(line, width)) <= width and progress.fit(line, width).endswith("12.9 MB/s, ETA 1m04s")
 
 
 def test_a_progress_failure_is_logged_and_never_raised(finished, tmp_path):
