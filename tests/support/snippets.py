@@ -20,7 +20,8 @@ The context a page runs in (:func:`make_context`, :class:`Preamble`), and nothin
   ``data/*.jsonl.zst``, ``gs/bucket/more/*.jsonl.zst``, ``corpus/*.jsonl``, ``F.jsonl`` (text records),
   ``pipelines/sample_corpus`` (the repository's);
   Megatron datasets ``data/my-corpus_text_document`` and ``data/web_text_document``; ``sft/*.jsonl``
-  (prompt/completion), ``chats/*.jsonl`` and ``chats/*.parquet`` (chat messages); ``my-tokenizer/`` (a
+  (prompt/completion), ``chats/*.jsonl`` and ``chats/*.parquet`` (chat messages), ``sharegpt/*.jsonl`` (the
+  same conversations in ShareGPT's shape); ``my-tokenizer/`` (a
   Hugging Face tokenizer with a chat template); ``.venv`` (this interpreter's environment).
 - **Rewrites.** The runner has no bucket: ``gs://B/K`` is read as the local path ``gs/B/K``, and ``/tmp/X`` as
   ``tmp/X`` (remote storage is tested against an emulator elsewhere).
@@ -220,6 +221,10 @@ def _sft_inputs(res: Path) -> None:
     chats = [{"messages": m} for m in conversations(40, seed=6)
              if any(x["role"] == "assistant" and x["content"] for x in m)]  # each has loss tokens
     write_shard(str(res / "chats" / "part-00.jsonl"), chats)
+    names = {"user": "human", "assistant": "gpt", "system": "system"}
+    write_shard(str(res / "sharegpt" / "part-00.jsonl"),
+                [{"conversations": [{"from": names[x["role"]], "value": x["content"]} for x in c["messages"]]}
+                 for c in chats])
     pq.write_table(pa.Table.from_pylist(chats), res / "chats" / "part-00.parquet")
     tok = res / "my-tokenizer"
     train_tiny_tokenizer(str(tok / "tokenizer.json"), texts)
@@ -235,7 +240,8 @@ LINKS = {
     "web-cache": "sample-cache", "math/train": "sample-cache", "../code": "sample-cache",
     "tmp/sample-cache": "sample-cache", "gs/bucket/cache": "sample-cache", "gs/b/web": "sample-cache",
     "tiny": "tiny", "killed": "killed", "data": "data", "corpus": "corpus", "F.jsonl": "F.jsonl",
-    "gs/bucket/more": "gs/bucket/more", "sft": "sft", "chats": "chats", "my-tokenizer": "my-tokenizer",
+    "gs/bucket/more": "gs/bucket/more", "sft": "sft", "chats": "chats", "sharegpt": "sharegpt",
+    "my-tokenizer": "my-tokenizer",
     ".venv": ".venv", "pipelines/sample_corpus": str(REPO / "pipelines" / "sample_corpus"),
 }
 
