@@ -50,6 +50,7 @@ from typing import Any, Sequence
 from pipelines import faults, trace
 
 _WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # the console's log lines (main)
 
 
 def _interrupted_early(signum, frame) -> None:
@@ -309,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     log = None if debug else faults.BuildLog.start(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
     root = logging.getLogger()
     saved_level, quiet, saved_hook = root.level, faults.HideRunnerTracebacks(), threading.excepthook
     console = progress.Console(sys.stderr, show=progress.enabled(), log=log.file if log is not None else None)
