@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import re
+import select
 import sys
 import textwrap
 import traceback
@@ -24,6 +26,7 @@ from reader.storage import remote
 
 EXIT_DAMAGED = 1
 EXIT_ERROR = 2
+EXIT_SIGPIPE = 128 + 13  # what a shell reports for a command whose output's reader went away
 
 DESCRIPTIONS = {  # for the subcommands whose parser gives none
     "inspect": "Print what a cache holds: documents, tokens, chunks (and how many are empty), bytes, input "
@@ -191,6 +194,16 @@ def _wrap(text: str) -> str:
     return textwrap.fill(" ".join(text.split()), width=100)
 
 
+def _stdout_gone() -> bool:
+    """Whether standard output is a pipe whose reader has gone (a BrokenPipeError may also be a socket's)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), 0)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() here, or no descriptor: assume it was stdout
+        return True
+
+
 def exit_code(e: BaseException) -> int | None:
     """The exit status for ``e``, or None for an unexpected exception (a bug: keep the traceback)."""
     if isinstance(e, fmt.DamagedCache):
@@ -220,7 +233,15 @@ def run(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> in
         for name in _QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        return fn(args)
+        code = fn(args)
+        sys.stdout.flush()  # here, where a reader gone away (| head) is handled below
+        return code
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
+        # as a command killed by SIGPIPE: no message; the interpreter's last flush must not fail either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_SIGPIPE
     except Exception as e:  # noqa: BLE001 - classified below; unknown ones are re-raised
         code = exit_code(e)
         if code is None:

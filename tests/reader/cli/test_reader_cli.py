@@ -250,3 +250,14 @@ def test_help_explains_the_command_with_an_example(command, capsys):
     example = text.split("\nexample")[1]  # the "example(s):" section
     assert f"python -m reader {command} " in example
     assert "exit status: 0 done; 1 the cache is damaged" in text and "--debug" in text
+
+
+def test_output_cut_short_by_its_reader_ends_quietly_as_a_command_killed_by_sigpipe(cache_dir):
+    root, _, _ = cache_dir  # `python -m reader batches ... --show | head -1`: head leaves after one line
+    p = subprocess.Popen([sys.executable, "-m", "reader", "batches", root, "--seq_len", "16", "--batch_size", "4",
+                          "--ideal_readers", "1", "--count", "2000", "--show"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    assert p.stdout.readline().startswith(b"batch 0 row 0")
+    p.stdout.close()
+    err = p.stderr.read().decode()  # (a synthetic cache's rows are token ids: a note says so)
+    assert p.wait(timeout=120) == 141 and "error" not in err and "Broken pipe" not in err, err
