@@ -36,6 +36,7 @@ from typing import Any, Iterator, Mapping, TextIO
 from apache_beam.io.filesystems import FileSystems
 
 from reader.format import spec as fmt
+from reader.storage.progress import counted
 
 from pipelines.inputs import fsutil
 from pipelines.inputs.decompress import open_raw
@@ -368,7 +369,7 @@ def render(snap: Snapshot, rate: float | None) -> str:
         pct = min(99.9, 100.0 * snap.done_bytes / snap.total_bytes) if snap.total_bytes else 0.0
     total = ("~" if snap.estimated and not snap.complete else "") + f"{snap.total_bytes / 1e6:,.1f}"
     text = (f"{'built' if snap.complete else 'building'}: {snap.done_bytes / 1e6:,.1f} of {total} MB ({pct:.1f}%), "
-            f"{snap.docs:,} documents, {snap.tokens:,} tokens, {snap.bad_records:,} bad records")
+            f"{counted(snap.docs, 'document')}, {counted(snap.tokens, 'token')}, {counted(snap.bad_records, 'bad record')}")
     if rate is not None and rate > 0:
         text += f", {rate / 1e6:,.1f} MB/s"
         if not snap.complete:
@@ -379,7 +380,7 @@ def render(snap: Snapshot, rate: float | None) -> str:
 
 
 # Shorter words for the middle of a line that does not fit; then numbers as 3.96M, then fields left out.
-_SHORT = (("documents", "docs"), ("tokens", "tok"), ("bad records", "bad"))
+_SHORT = ((r"\bdocuments?$", "docs"), (r"\btokens?$", "tok"), (r"\bbad records?$", "bad"))
 _RATE = re.compile(r".* MB/s|ETA .*")
 
 
@@ -403,7 +404,7 @@ def fit(line: str, width: int) -> str:
     while k > 1 and _RATE.fullmatch(fields[k - 1]):
         k -= 1
     head, middle, tail = fields[0], fields[1:k], fields[k:]
-    steps = [lambda f, long=long, short=short: f.replace(long, short) for long, short in _SHORT] + [_compact]
+    steps = [lambda f, long=long, short=short: re.sub(long, short, f) for long, short in _SHORT] + [_compact]
     text = line
     for step in steps:
         if len(text) <= width:

@@ -128,7 +128,7 @@ def test_the_line_exact():
     assert "(99.9%)" in progress.render(there, 1e6)
     done = progress.Snapshot.of_ledgers({None: {"totals": {"docs": 7, "tokens": 70, "bad_records": 1,
                                                            "uncompressed_bytes": 2_500_000}}})
-    assert progress.render(done, 2e6) == ("built: 2.5 of 2.5 MB (100.0%), 7 documents, 70 tokens, 1 bad records, "
+    assert progress.render(done, 2e6) == ("built: 2.5 of 2.5 MB (100.0%), 7 documents, 70 tokens, 1 bad record, "
                                           "2.0 MB/s")
 
 
@@ -247,3 +247,16 @@ def test_input_bytes_done_counts_built_and_kept_chunks(finished, tmp_path):
     assert c["input_bytes_done"] == ledger["totals"]["uncompressed_bytes"]
     assert c["chunks_written"] == 1 and c["input_bytes"] < c["input_bytes_done"]
     assert load_ledger(str(copy))["totals"] == ledger["totals"]
+
+
+def test_counts_of_one_are_singular_in_the_line_and_the_summary():
+    from pipelines import build_cache
+
+    one = progress.Snapshot(docs=1, tokens=1, bad_records=1, done_bytes=10, total_bytes=10, estimated=False,
+                            complete=True)
+    assert progress.render(one, None) == "built: 0.0 of 0.0 MB (100.0%), 1 document, 1 token, 1 bad record"
+    totals = {"docs": 1, "tokens": 7, "chunks": 1, "bad_records": 1, "uncompressed_bytes": 20}
+    run = build_cache._this_run({"chunks_written": 1, "tokens": 7}, 1.0, verified=False)
+    assert build_cache._summary({None: {"totals": totals}}, "out", run) == (
+        "chunkledger: 1 document, 7 tokens, 1 chunk, 1 bad record, 20 input bytes; this run in 1.0s: built 1 chunk, "
+        "7 tokens (7 tokens/s, 0.0 MB/s) -> out")
