@@ -166,6 +166,10 @@ def explain(parser: argparse.ArgumentParser, msg: str) -> str:
             close = close_matches(name, missing) if name.startswith("--") and name not in options else []
             if close:
                 return f"unknown option {name}; did you mean {close[0]}? ({close[0]} is required)"
+        commands = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+                         and a.dest in missing), None)
+        if commands is not None:  # no command given: name them
+            return f"{msg} (one of {', '.join(commands.choices)})"
         return msg
     m = re.fullmatch(r"unrecognized arguments: (.*)", msg)
     if m:
