@@ -175,6 +175,7 @@ def dask_cluster(tmp, workers: int = 2, scheduler_env: dict[str, str] | None = N
             cluster.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)  # Beam's own Dask client would wait far longer on the silent port
 def test_missing_or_unreachable_scheduler_fails_at_once_naming_it(corpus, tmp_path):
     pattern, _ = corpus

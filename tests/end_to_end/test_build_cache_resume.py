@@ -53,6 +53,7 @@ def run_killed(args: list[str], kill_at: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_kill_points_then_rerun_is_byte_identical(corpus, clean, tmp_path):
     d, _ = corpus
     clean_out, clean_files = clean

@@ -259,6 +259,7 @@ def run_killed(args: list[str], kill_at: str) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_killed_supervised_build_resumes_to_the_same_bytes(template_file, tmp_path):
     records = chat_records(160, seed=8)
     inputs = [write_shard(str(tmp_path / "in" / "a.jsonl"), records[:80]),

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from build_helpers import REPO, SAMPLE_DIR
 from build_helpers import build
 
@@ -43,6 +45,7 @@ def test_measure_encodings_reads_a_cache(tmp_path):
     assert "corpus: 96 documents" in out and "builder default (zstd-3 PLAIN)" in out
 
 
+@pytest.mark.slow
 def test_measure_input_checks_reports_both_costs():
     out = run_tool("tools.measure_input_checks", "--mb", "0.3")
     assert '"hash/tokenize"' in out and '"rerun/build"' in out

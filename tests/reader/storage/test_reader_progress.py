@@ -129,6 +129,7 @@ def test_read_progress_from_a_running_builds_files(tmp_path):
     assert done.finished and done.input_bytes_done == done.input_bytes_total and done.chunks_written == 5
 
 
+@pytest.mark.slow
 def test_inspect_on_a_build_killed_midway(tmp_path):
     """A real build of a plain, a gzip and a zstd shard, SIGKILLed after its 76th file (both compressed shards and
     some chunks of the plain one written: FnApiRunner builds the largest work units first), then inspected."""
