@@ -109,6 +109,7 @@ def two_line_errors(parser: argparse.ArgumentParser) -> None:
 
 
 def _usage_error(parser: argparse.ArgumentParser, msg: str) -> None:
+    """argparse's error, explained, then where ``--help`` is (the command's own, if one was named)."""
     where = _command(parser) or parser
     parser.exit(EXIT_ERROR, f"{where.prog}: error: {explain(parser, msg)}\n(see {where.prog} --help)\n")
 

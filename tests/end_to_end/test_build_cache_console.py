@@ -34,8 +34,8 @@ RERUN = "Rerunning the same command resumes: completed chunks are kept."
 RUNNERS = {"default": [], "fnapi": ["--runner=FnApiRunner"],
            "portable": ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]}
 MB = r"[\d,]+\.\d"
-BUILDING = re.compile(rf"building: ({MB}) of (~?)({MB}) MB \((\d+\.\d)%\), ([\d,]+) documents, ([\d,]+) tokens, "
-                      r"([\d,]+) bad records(?:, ETA unknown|, [\d,]+\.\d MB/s, ETA (?:\d+h\d\dm|\d+m\d\ds|\d+s))")
+BUILDING = re.compile(rf"building: ({MB}) of (~?)({MB}) MB \((\d+\.\d)%\), ([\d,]+) documents?, ([\d,]+) tokens?, "
+                      r"([\d,]+) bad records?(?:, ETA unknown|, [\d,]+\.\d MB/s, ETA (?:\d+h\d\dm|\d+m\d\ds|\d+s))")
 
 
 @pytest.fixture(scope="module")

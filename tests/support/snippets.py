@@ -390,6 +390,8 @@ def main(spec_path: str) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from jax_helpers.common import force_cpu_devices
 
+    # a device count inherited from the test process (its jax tests ask for 8) would not hold JAX.md's mesh
+    os.environ["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
     force_cpu_devices(JAX_DEVICES)
     pre = Preamble()
     py = [b for b in spec["blocks"] if b["kind"] == "python"]
