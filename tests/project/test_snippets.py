@@ -12,7 +12,10 @@ import pytest
 import snippets
 
 PAGES = {str(p.relative_to(snippets.REPO)): snippets.blocks(p) for p in snippets.pages()}
-RUNNABLE = [page for page, bs in PAGES.items() if any(b.runs for b in bs)]
+# Pages that run several real builds each (about half of the runner's time): make test runs them, not test-fast.
+SLOW_PAGES = ("docs/RUNNING.md", "docs/SFT.md")
+RUNNABLE = [pytest.param(page, marks=[pytest.mark.slow] * (page in SLOW_PAGES)) for page, bs in PAGES.items()
+            if any(b.runs for b in bs)]
 
 
 @pytest.fixture(scope="module")
