@@ -51,5 +51,6 @@ def test_the_check_sees_both_kinds_of_mark():
     src = ("import pytest\n@pytest.mark.slow\ndef test_a(): pass\n@pytest.mark.timeout(9)\ndef test_b(): pass\n"
            "@pytest.mark.parametrize('x', [1])\n@pytest.mark.slow\ndef test_c(x): pass\ndef helper(): pass\n")
     assert fast_tests(src) == ["test_b"]
-    assert fast_tests("import pytest\npytestmark = [pytest.mark.timeout(9), pytest.mark.slow]\ndef test_a(): pass\n") == []
+    marked = "import pytest\npytestmark = [pytest.mark.timeout(9), pytest.mark.slow]\ndef test_a(): pass\n"
+    assert fast_tests(marked) == []
     assert fast_tests("import pytest\npytestmark = pytest.mark.timeout(9)\ndef test_a(): pass\n") == ["test_a"]

@@ -17,22 +17,22 @@ The context a page runs in (:func:`make_context`, :class:`Preamble`), and nothin
   --append_eos --keep_fields source``), also named ``demo-cache`` (what ``make demo`` builds, in other
   chunks), ``CACHE``, ``web-cache``, ``math/train``, ``../code``, ``tmp/sample-cache``, ``gs/bucket/cache``
   and ``gs/b/web``; ``tiny`` (three short documents); ``killed`` (a build stopped midway: some chunks, and
-  the lock of a builder that is gone); ``data/*.jsonl``,
-  ``data/*.jsonl.zst``, ``gs/bucket/more/*.jsonl.zst``, ``corpus/*.jsonl``, ``F.jsonl`` (text records),
-  ``pipelines/sample_corpus`` (the repository's);
+  the lock of a builder that is gone); ``data/*.jsonl``, ``data/*.jsonl.zst``, ``gs/bucket/more/*.jsonl.zst``,
+  ``corpus/*.jsonl``, ``F.jsonl`` (text records); ``pipelines/sample_corpus`` (the repository's); the
   Megatron datasets ``data/my-corpus_text_document`` and ``data/web_text_document``; ``sft/*.jsonl``
   (prompt/completion), ``chats/*.jsonl`` and ``chats/*.parquet`` (chat messages), ``sharegpt/*.jsonl`` (the
-  same conversations in ShareGPT's shape); ``my-tokenizer/`` (a
-  Hugging Face tokenizer with a chat template); ``.venv`` (this interpreter's environment).
-- **Rewrites.** The runner has no bucket: ``gs://B/K`` is read as the local path ``gs/B/K``, and ``/tmp/X`` as
-  ``tmp/X`` (remote storage is tested against an emulator elsewhere).
+  same conversations in ShareGPT's shape); ``my-tokenizer/`` (a Hugging Face tokenizer with a chat
+  template); ``.venv`` (this interpreter's environment).
+- **Rewrites.** The runner has no bucket: ``gs://B/K`` is read as the local path ``gs/B/K``, and ``/tmp/X``
+  as ``tmp/X`` (remote storage is tested against an emulator elsewhere).
 - **Names** (:meth:`Preamble.names`). Python blocks may use, without defining them, what a training
-  program around the snippet would define: ``step`` (0), ``state`` (None), ``model`` (None), ``train_step(...)`` (an embedding lookup
-  of the batch's inputs, ``jax.jit``-ed for ``jax.Array`` inputs; it ends the loop it is called from after
-  :data:`STEPS` calls by raising :class:`EnoughSteps`, which the runner takes as success),
-  ``restore_checkpoint()`` (``(0, None)``), ``load_checkpoint()`` (0), ``save_checkpoint(...)``,
-  ``save(obj)`` (keeps ``obj`` in ``saved``), ``path`` (``sample-cache``) and ``mesh`` (8 of the CPU
-  devices as ``data`` 4 x ``fsdp`` 2, given only to a page that uses ``mesh`` and never assigns it).
+  program around the snippet would define: ``step`` (0), ``state`` (None), ``model`` (None),
+  ``train_step(...)`` (an embedding lookup of the batch's inputs, ``jax.jit``-ed for ``jax.Array`` inputs;
+  it ends the loop it is called from after :data:`STEPS` calls by raising :class:`EnoughSteps`, which the
+  runner takes as success), ``restore_checkpoint()`` (``(0, None)``), ``load_checkpoint()`` (0),
+  ``save_checkpoint(...)``, ``save(obj)`` (keeps ``obj`` in ``saved``), ``path`` (``sample-cache``) and
+  ``mesh`` (8 of the CPU devices as ``data`` 4 x ``fsdp`` 2, given only to a page that uses ``mesh`` and
+  never assigns it).
 - **Devices.** JAX runs on 256 CPU devices; torch.distributed is set up as ``torchrun`` would for one
   process (``RANK=0``, ``WORLD_SIZE=1``, ``MASTER_ADDR``, ``MASTER_PORT``); there is no GPU.
 """
@@ -43,7 +43,6 @@ import ast
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -391,7 +390,8 @@ def main(spec_path: str) -> None:
     from jax_helpers.common import force_cpu_devices
 
     # a device count inherited from the test process (its jax tests ask for 8) would not hold JAX.md's mesh
-    os.environ["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\S+", "", flags)
     force_cpu_devices(JAX_DEVICES)
     pre = Preamble()
     py = [b for b in spec["blocks"] if b["kind"] == "python"]
