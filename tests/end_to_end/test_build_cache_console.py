@@ -33,6 +33,8 @@ CHUNK = 8192
 RERUN = "Rerunning the same command resumes: completed chunks are kept."
 RUNNERS = {"default": [], "fnapi": ["--runner=FnApiRunner"],
            "portable": ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]}
+# the portable runner's cases run in make test only (it starts a job service: slow)
+RUNNER_CASES = [pytest.param(r, marks=[pytest.mark.slow] * (r == "portable")) for r in RUNNERS]
 MB = r"[\d,]+\.\d"
 BUILDING = re.compile(rf"building: ({MB}) of (~?)({MB}) MB \((\d+\.\d)%\), ([\d,]+) documents?, ([\d,]+) tokens?, "
                       r"([\d,]+) bad records?(?:, ETA unknown|, [\d,]+\.\d MB/s, ETA (?:\d+h\d\dm|\d+m\d\ds|\d+s))")
@@ -213,7 +215,7 @@ def _damaged(tmp_path) -> tuple[str, str]:
                   "Replace the file with an intact copy (or leave it out of --input) and rerun the same command.")
 
 
-@pytest.mark.parametrize("runner", RUNNERS, ids=str)
+@pytest.mark.parametrize("runner", RUNNER_CASES, ids=str)
 def test_a_failed_build_prints_one_message_and_the_path_of_its_log(tmp_path, runner):
     path, message = _damaged(tmp_path)
     out = str(tmp_path / "cache")
@@ -230,7 +232,7 @@ def test_a_failed_build_prints_one_message_and_the_path_of_its_log(tmp_path, run
     assert proc.stdout == "" and not load_ledger(out)["finished"]
 
 
-@pytest.mark.parametrize("runner", RUNNERS, ids=str)
+@pytest.mark.parametrize("runner", RUNNER_CASES, ids=str)
 def test_ctrl_c_prints_one_line_and_exits_130(corpus, tmp_path, runner):
     """SIGINT to the launcher's process group, as a terminal's Ctrl-C sends it: the workers (forked, or
     in-process) end quietly, and the launcher prints one line."""
@@ -286,7 +288,8 @@ def test_a_routine_build_and_its_rerun_write_no_warning_even_with_only_the_pipel
     assert "already complete" in p.stdout  # the rerun verified the finished cache
     # a warning to act on still reaches the console, in the builder's format
     one = os.path.join(REPO, "pipelines", "sample_corpus", "part-00.jsonl")
-    twice = [*argv[:3], "--input", one, "--input", one, "--output", str(tmp_path / "again"), *argv[-2:]]
+    twice = [*argv[:3], "--input", one, "--input", one, "--output", str(tmp_path / "again"), *argv[-2:],
+             "--runner=FnApiRunner"]
     p = subprocess.run(twice, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BUILD_SECONDS)
     assert p.returncode == 0 and [ln for ln in p.stderr.splitlines() if "WARNING" in ln] == [
         f"WARNING chunkledger.build: input file {one} is matched by more than one --input; it is read once"], p.stderr

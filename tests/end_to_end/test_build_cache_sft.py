@@ -175,6 +175,7 @@ def test_a_parquet_row_s_bad_record_keeps_its_fields_in_its_dead_letter(chat_tab
     assert letters["messages_not_list"]["value"] == {"messages": None}
 
 
+@pytest.mark.slow
 def test_chat_with_a_hugging_face_tokenizer_and_its_own_template(tmp_path):
     tok = chat_tokenizer_json(tmp_path)
     (tok.parent / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "bos_token": BOS,

@@ -268,6 +268,7 @@ def test_stateful_eval_pass_resumes_to_its_end_and_a_finished_state_starts_a_new
 # Reader worker processes (DataLoader num_workers=0), tensors that outlive the iteration
 
 
+@pytest.mark.slow
 def test_reader_workers_serve_zero_copy_tensors_that_stay_unchanged(cache):
     opts = options("shuffled", num_workers=2)
     with Reader(cache, options("shuffled")) as ref:
