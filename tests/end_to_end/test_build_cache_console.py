@@ -33,8 +33,9 @@ CHUNK = 8192
 RERUN = "Rerunning the same command resumes: completed chunks are kept."
 RUNNERS = {"default": [], "fnapi": ["--runner=FnApiRunner"],
            "portable": ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]}
-# the portable runner's cases run in make test only (it starts a job service: slow)
-RUNNER_CASES = [pytest.param(r, marks=[pytest.mark.slow] * (r == "portable")) for r in RUNNERS]
+# in make test only: the portable runner's cases (it starts a job service) and the default runner's (it forks
+# worker processes); the in-process runner's run in test-fast too
+RUNNER_CASES = [pytest.param(r, marks=[pytest.mark.slow] * (r != "fnapi")) for r in RUNNERS]
 MB = r"[\d,]+\.\d"
 BUILDING = re.compile(rf"building: ({MB}) of (~?)({MB}) MB \((\d+\.\d)%\), ([\d,]+) documents?, ([\d,]+) tokens?, "
                       r"([\d,]+) bad records?(?:, ETA unknown|, [\d,]+\.\d MB/s, ETA (?:\d+h\d\dm|\d+m\d\ds|\d+s))")
@@ -148,6 +149,7 @@ def _mid_build(match: re.Match, out: str) -> bool:
     return done < t["uncompressed_bytes"] / 1e6 and docs < t["docs"] and float(match[4]) < 100
 
 
+@pytest.mark.slow
 def test_piped_stderr_gets_a_line_per_interval_then_the_last_at_100_percent(corpus, tmp_path):
     out = str(tmp_path / "cache")
     proc = subprocess.Popen(_argv(corpus, out, []), cwd=REPO, env=_env(tmp_path, CHUNKLEDGER_PROGRESS_INTERVAL="0.2"),
@@ -172,6 +174,7 @@ def test_piped_stderr_gets_a_line_per_interval_then_the_last_at_100_percent(corp
     assert _logs(tmp_path) == []  # a build that succeeds leaves no log
 
 
+@pytest.mark.slow
 def test_a_terminal_gets_one_line_rewritten_in_place(corpus, tmp_path):
     out = str(tmp_path / "cache")
     master, slave = pty.openpty()
@@ -280,8 +283,9 @@ def test_a_routine_build_and_its_rerun_write_no_warning_even_with_only_the_pipel
     assert "WARNING:root:apitools not found, and bigquery client libraries" in beam.stderr  # what is hidden
     argv = [sys.executable, "-m", "pipelines.build_cache", "--input", os.path.join(REPO, "pipelines", "sample_corpus",
             "*"), "--output", str(tmp_path / "cache"), "--tokenizer", "tiktoken:cl100k_base"]  # the default runner
-    for run in ("build", "rerun"):
-        p = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BUILD_SECONDS)
+    for run in ("build", "rerun"):  # the build on the default runner: its forked workers import Beam too
+        more = [] if run == "build" else ["--runner=FnApiRunner"]
+        p = subprocess.run(argv + more, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BUILD_SECONDS)
         assert p.returncode == 0, p.stderr[-3000:]
         assert "WARNING" not in p.stderr, (run, p.stderr)
         assert p.stderr.splitlines()[-1].startswith("built: 0.4 of 0.4 MB (100.0%), 382 documents"), p.stderr
