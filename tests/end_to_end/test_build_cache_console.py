@@ -273,6 +273,7 @@ sys.meta_path.insert(0, _Hide())
 """
 
 
+@pytest.mark.slow
 def test_a_routine_build_and_its_rerun_write_no_warning_even_with_only_the_pipeline_extra(tmp_path):
     site = tmp_path / "site"
     site.mkdir()

@@ -12,8 +12,8 @@ import pytest
 import snippets
 
 PAGES = {str(p.relative_to(snippets.REPO)): snippets.blocks(p) for p in snippets.pages()}
-# Pages that run several real builds each (about half of the runner's time): make test runs them, not test-fast.
-SLOW_PAGES = ("docs/RUNNING.md", "docs/SFT.md")
+# Pages that run several real builds each, or DataLoader worker processes: make test runs them, not test-fast.
+SLOW_PAGES = ("docs/RUNNING.md", "docs/SFT.md", "docs/TORCH.md")
 RUNNABLE = [pytest.param(page, marks=[pytest.mark.slow] * (page in SLOW_PAGES)) for page, bs in PAGES.items()
             if any(b.runs for b in bs)]
 

@@ -34,11 +34,13 @@ def test_make_sample_corpus_writes_four_shards_the_last_gzip(tmp_path):
     assert sum(len(json.dumps(d, ensure_ascii=False).encode()) + 1 for d in docs) <= 20000
 
 
+@pytest.mark.slow
 def test_profile_builder_builds_a_chunk_and_compares_with_the_tokenizer():
     out = run_tool("tools.profile_builder", "--input", os.path.join(SAMPLE_DIR, "part-00.jsonl"))
     assert "96 documents" in out and "ChunkBuilder" in out and "builder / raw" in out
 
 
+@pytest.mark.slow
 def test_measure_encodings_reads_a_cache(tmp_path):
     cache, _ = build(tmp_path, [os.path.join(SAMPLE_DIR, "part-01.jsonl")], chunk_bytes=40000)
     out = run_tool("tools.measure_encodings", "--cache", cache, "--only_default")
