@@ -19,6 +19,8 @@ from pipelines.tokenize import sft
 from sftgen import (BOS, CHAT_ADDED, CHAT_SPECIALS, CHATML, EOS, FEATURES, LLAMA3, PIECES, ZEPHYR, chat_tiktoken,
                     chat_tokenizer_json, conversations, with_special_strings, without_marks)
 
+pytestmark = pytest.mark.slow  # against transformers' own rendering, token for token: make test only
+
 # name -> (our template, the template transformers masks with: the same text, with generation marks)
 TEMPLATES = {
     "chatml": (CHATML, CHATML),
