@@ -55,7 +55,7 @@ def main(argv=None) -> int:
                                          for c in ledger["chunks"][:5]) + ", ...")
 
     from reader.storage.cache import Cache
-    from reader.format import tokenizer_lib
+    from reader.tokenizers import tokenizer_lib
 
     tok = tokenizer_lib.for_cache(Cache(root))  # the tokenizer the cache records, as any reader decodes
     eos = ledger["tokenizer"]["eos_id"]

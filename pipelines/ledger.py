@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Iterable, Mapping, Sequence
 
 from reader.format import spec as fmt
-from reader.format.chunk_file import ledger_chunks
+from reader.format.sidecar import finish_ledger
 from reader.order.streams import round_robin_order
 
 from pipelines.errors import BuildError
@@ -43,24 +43,7 @@ def finished_ledger(plan: BuildPlan, results: Iterable[UnitResult]) -> dict[str,
     missing = [(s, k) for s, k in order.tolist() if (s, k) not in sidecars]
     if missing:
         raise BuildError(f"internal: chunk {fmt.chunk_path(*missing[0])} is missing after the build")
-    chunks, bad = ledger_chunks(sidecars[(s, k)] for s, k in order.tolist())
-    ledger = plan.ledger()
-    ledger["finished"] = True
-    ledger["inputs"] = inputs
-    ledger["chunks"] = chunks
-    ledger["bad_records"] = bad
-    ledger["totals"] = {
-        "docs": sum(c["docs"] for c in chunks),
-        "tokens": sum(c["tokens"] for c in chunks),
-        "chunks": len(chunks),
-        "bytes": sum(c["bytes"] for c in chunks),
-        "input_bytes": sum(i["size"] for i in inputs),
-        "uncompressed_bytes": sum(i["uncompressed_bytes"] for i in inputs),
-        "bad_records": sum(bad.values()),
-    }
-    if fmt.is_masked(ledger["config"]):
-        ledger["totals"]["loss_tokens"] = sum(c["loss_tokens"] for c in chunks)
-    return ledger
+    return finish_ledger(plan.ledger(), inputs, (sidecars[(s, k)] for s, k in order.tolist()))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,16 +27,15 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from reader.format import spec as fmt
+from reader.format.splits import SplitSpec, cache_root
 
-from pipelines import status, trace
-from pipelines.inputs import fsutil
+from pipelines import filesystem, status, trace
 from pipelines.chunking.chunk_writer import Counters
 from pipelines.chunking.supervised import Supervised
 from pipelines.errors import BuildError
 from pipelines.ledger import check_bad_fraction_of, check_empty_of, finished_ledger
 from pipelines.plan import BuildPlan, ChunkConfig, UnitResult, WorkUnit, work_units
 from pipelines.tokenize.fast_tokenizer import load_cached
-from pipelines.chunking.splits import SplitSpec, cache_root
 from pipelines.tokenize.tokenizer import TokenizerSpec
 from pipelines.chunking.unit_queue import ClaimQueue
 from pipelines.chunking.units import UnitBuilder
@@ -177,7 +176,7 @@ class FinalizeLedgerFn(beam.DoFn):
         roots = {name: cache_root(self.output, name) for name, _ in caches}
         ledgers = {name: finished_ledger(plan, [r for r in results if r.split == name]) for name, plan in caches}
         for root in dict.fromkeys([self.output, *roots.values()]):
-            fsutil.remove_temp_files(root, older_than=self.started)
+            filesystem.remove_temp_files(root, older_than=self.started)
         failure = (check_bad_fraction_of(list(ledgers.values()), self.max_bad_fraction)
                    or check_empty_of(list(ledgers.values()), self.allow_empty))
         if failure is not None:
@@ -188,7 +187,7 @@ class FinalizeLedgerFn(beam.DoFn):
         status.clear_failure(self.output)
         for name, ledger in ledgers.items():
             text = fmt.dumps_ledger(ledger).encode()
-            if fsutil.read_bytes_or_none(fmt.join(roots[name], fmt.LEDGER_NAME)) != text:
+            if filesystem.read_or_none(fmt.join(roots[name], fmt.LEDGER_NAME)) != text:
                 status.write_ledger(roots[name], ledger)
         trace.event("finalize_done")
         for name, ledger in ledgers.items():

@@ -21,19 +21,13 @@ from reader.format import spec as fmt
 from reader.storage import remote
 from reader.order import streams
 from reader.storage import fields as kept
+from reader.storage import files
 from reader.storage import whatis
 
 T = TypeVar("T")
 
 _SIDECAR_RE = re.compile(r"shard-(\d{5})/chunk-(\d{6})\.json$")
 _DONE_RE = re.compile(r"shard-(\d{5})/" + re.escape(fmt.SHARD_DONE_NAME) + "$")
-
-
-def _cat_one(fs, path: str) -> dict:
-    try:
-        return {path: fs.cat_file(path)}
-    except FileNotFoundError:
-        return {}
 
 
 class CacheNotReady(TimeoutError):
@@ -56,6 +50,7 @@ class Cache:
         self.storage_options = dict(storage_options or {})
         self.fs, root, self.anonymous = remote.filesystem(url, self.storage_options)
         self.root = root.rstrip("/")
+        self.storage = files.FsspecStorage(self.fs)  # every file of the cache is read through it
         if not self.is_local:  # bounded first contact: a dead network or missing credentials fail in seconds
             remote.check_open(self.fs, url, self.path(fmt.LEDGER_NAME), self.display(fmt.LEDGER_NAME),
                               anonymous=self.anonymous)
@@ -72,8 +67,7 @@ class Cache:
     @property
     def is_local(self) -> bool:
         """True for a cache on the local filesystem (plain paths, os-level file calls work)."""
-        p = getattr(self.fs, "protocol", ())
-        return "file" in (p if isinstance(p, tuple) else (p,))
+        return self.storage.local
 
     def path(self, rel: str) -> str:
         """Filesystem path (for ``self.fs``) of a path relative to the root."""
@@ -87,13 +81,22 @@ class Cache:
         """Bytes of a file of the cache (``[start, end)`` of them). A missing file raises
         ``FileNotFoundError``; a storage failure, a :class:`reader.storage.remote.StorageError` naming the file."""
         try:
-            return self.fs.cat_file(self.path(rel), start=start, end=end)
-        except FileNotFoundError:
-            raise
+            if start is None and end is None:
+                return self.storage.read(self.path(rel))
+            return self.storage.read_range(self.path(rel), start or 0, end)
         except Exception as e:
-            if remote.is_storage_error(e):
-                raise remote.storage_error(self.display(rel), e, anonymous=self.anonymous) from e
-            raise
+            failure = self.failure(rel, e)
+            if failure is e:
+                raise
+            raise failure from e
+
+    def failure(self, rel: str, e: BaseException) -> BaseException:
+        """What a failed read of file ``rel`` raises: a storage failure as a
+        :class:`reader.storage.remote.StorageError` naming the file; anything else (a missing file's
+        ``FileNotFoundError`` too) as it is."""
+        if not isinstance(e, FileNotFoundError) and remote.is_storage_error(e):
+            return remote.storage_error(self.display(rel), e, anonymous=self.anonymous)
+        return e
 
     def fields(self, start: int, stop: int, names=None) -> dict[str, list]:
         """Kept fields (``--keep_fields``) of documents ``[start, stop)`` in global order: ``name -> values``
@@ -104,7 +107,7 @@ class Cache:
     def _read_ledger(self) -> fmt.Ledger:
         where = self.display(fmt.LEDGER_NAME)
         try:
-            text = self.fs.cat_file(self.path(fmt.LEDGER_NAME))
+            text = self.storage.read(self.path(fmt.LEDGER_NAME))
         except (FileNotFoundError, NotADirectoryError):
             raise whatis.not_a_cache(self.fs, self.root, self.url) from None
         return fmt.Ledger.parse(text, where=where)
@@ -227,11 +230,7 @@ class Cache:
             elif i in self._done_shards:
                 lower[i], final[i] = self._done_shards[i], True
         for i in np.flatnonzero(~final).tolist():  # a compressed shard still being streamed
-            try:
-                listing = self.fs.ls(self.path(fmt.shard_dir(i)), detail=False)
-            except FileNotFoundError:
-                listing = []
-            for p in listing:
+            for p in (e.path for e in self.storage.list(self.path(fmt.shard_dir(i)))):
                 m = _DONE_RE.search(p)
                 if m and int(m.group(1)) == i:
                     n_done = self._done_chunks(i, self.display(fmt.LEDGER_NAME), missing_ok=True)
@@ -251,12 +250,10 @@ class Cache:
         while upto < len(keys):  # extend the prefix: sidecars are published after their chunk is in place
             want = keys[upto:upto + batch]
             paths = [self.path(fmt.sidecar_path(s, k)) for s, k in want]
-            got = self.fs.cat(paths, on_error="omit") if len(paths) > 1 else _cat_one(self.fs, paths[0])
+            got = self.storage.read_many(paths)
             for (s, k), p in zip(want, paths):
                 data = got.get(p)
                 if data is None:
-                    data = next((v for q, v in got.items() if q.endswith(p.lstrip("/"))), None)
-                if data is None or isinstance(data, Exception):
                     break
                 where = self.display(fmt.sidecar_path(s, k))
                 try:

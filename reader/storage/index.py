@@ -27,11 +27,12 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
-from reader.storage import atomic, remote
+from reader.storage import files, remote
 from reader.storage.cache import Cache
 from reader.storage.chunk import DocIndex
 from reader.storage.pages import int_values
-from reader.storage.validate import ChunkError, arrow_message, size_mismatch
+from reader.format.sidecar import arrow_message, size_mismatch
+from reader.storage.validate import ChunkError
 from reader.order.packing import WINDOW_TOKENS, best_fit_rows, count_best_fit_rows, window_bounds, window_docs
 from reader.order.pieces import pieces_per_doc, unpacked_examples_per_chunk
 
@@ -48,8 +49,8 @@ class WindowRows:
 
     __slots__ = ("ptr", "token", "first", "length", "column", "nbytes", "rows")
 
-    def __init__(self, lengths: np.ndarray, doc_starts: np.ndarray, seq_len: int):
-        rows = best_fit_rows(lengths, seq_len)
+    def __init__(self, lengths: np.ndarray, doc_starts: np.ndarray, seq_len: int, **caps):
+        rows = best_fit_rows(lengths, seq_len, **caps)
         self.ptr = rows.row_ptr
         self.rows = rows.num_rows
         self.token = doc_starts[rows.doc] + rows.start
@@ -72,10 +73,13 @@ class ExampleIndex:
       index_cache: load and store the counts in ``ROOT/index/`` (when the cache is finished and writable).
       window_tokens: best fit: the window target (``ReadOptions.best_fit_window_tokens``).
       drop_long: documents longer than ``seq_len`` yield no example (see the module docstring).
+      continuations, max_segments: best fit: the continuation pieces and the pieces a row holds at most
+        (:func:`reader.order.packing.best_fit_rows`; None: no cap).
     """
 
     def __init__(self, cache: Cache, seq_len: int, kind: str = "unpacked", *, index_cache: bool = True,
-                 window_tokens: int = WINDOW_TOKENS, drop_long: bool = False):
+                 window_tokens: int = WINDOW_TOKENS, drop_long: bool = False, continuations: int = 1,
+                 max_segments: int | None = None):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.cache = cache
@@ -84,6 +88,7 @@ class ExampleIndex:
         self.window_tokens = int(window_tokens)
         self.index_cache = index_cache
         self.drop_long = bool(drop_long)
+        self.caps = {"continuations": continuations, "max_segments": max_segments} if kind == "best_fit" else {}
         self._lock = threading.Lock()
         self._counts: dict[str, np.ndarray] = {}  # chunk checksum -> examples (best fit: per window)
         self._dropped: dict[str, tuple[int, int]] = {}  # chunk checksum -> (documents, tokens) dropped
@@ -94,8 +99,15 @@ class ExampleIndex:
 
     @property
     def index_file(self) -> str:
-        window = f"-W{self.window_tokens}" if self.kind == "best_fit" else ""
-        return f"{INDEX_DIR}/{self.kind}-L{self.seq_len}{window}{'-drop_long' * self.drop_long}.json"
+        """``index/{kind}-L{L}[-W{W}][-C{continuations}][-S{max_segments}][-drop_long].json``: what the
+        counts depend on besides the chunks (best fit: the window, and caps other than one continuation
+        piece and no segment cap)."""
+        name = f"{self.kind}-L{self.seq_len}"
+        if self.kind == "best_fit":
+            name += f"-W{self.window_tokens}"
+            c, m = self.caps["continuations"], self.caps["max_segments"]
+            name += f"-C{c}" * (c != 1) + f"-S{m}" * (m is not None)
+        return f"{INDEX_DIR}/{name}{'-drop_long' * self.drop_long}.json"
 
     def lengths(self, doc_lengths: np.ndarray) -> np.ndarray:
         """Document lengths as this read sees them: with ``drop_long``, a long document as empty."""
@@ -133,7 +145,7 @@ class ExampleIndex:
         best_fit = self.kind == "best_fit"
         if cache.complete and self.index_cache and not self._counts:
             try:
-                got = fmt.load_json(cache.fs.cat_file(cache.path(rel)))
+                got = fmt.load_json(cache.storage.read(cache.path(rel)))
                 if got.get("fingerprint") == fingerprint and got.get("seq_len") == self.seq_len:
                     counts = self._loaded(got, table)
                     if counts is not None:
@@ -156,7 +168,7 @@ class ExampleIndex:
                 doc["dropped"] = [list(self._dropped.get(h, (0, 0))) for h in table.checksums]
             body = fmt.dumps(doc).encode()
             try:
-                atomic.write(cache.fs, cache.path(rel), body)  # a concurrent reader sees the old or the new file
+                files.write(cache.storage, cache.path(rel), body)  # a concurrent reader sees the old or the new file
             except Exception:  # read-only cache: keep the table in memory only
                 pass
         return counts
@@ -167,8 +179,8 @@ class ExampleIndex:
         if int(table.docs[c]) == 0:
             return np.zeros(1 if self.kind == "unpacked" else 0, np.int64)
         try:
-            with cache.fs.open(cache.path(rel), "rb") as f:
-                size = f.size if getattr(f, "size", None) is not None else cache.fs.size(cache.path(rel))
+            with cache.storage.open(cache.path(rel)) as f:
+                size = f.size if getattr(f, "size", None) is not None else cache.storage.size(cache.path(rel))
                 if int(size) != int(table.nbytes[c]):
                     raise ChunkError(f"{cache.display(rel)}: {size_mismatch(int(size), int(table.nbytes[c]))}. "
                                      "Rerun the build (delete this chunk and its .json sidecar first) or run "
@@ -195,7 +207,7 @@ class ExampleIndex:
             self._dropped[table.checksums[c]] = (int(long.sum()), int(lengths[long].sum()))
             lengths = self.lengths(lengths)
         if bounds is not None:
-            return np.asarray([count_best_fit_rows(lengths[a:b], self.seq_len)
+            return np.asarray([count_best_fit_rows(lengths[a:b], self.seq_len, **self.caps)
                                for a, b in zip(bounds[:-1], bounds[1:])], np.int64)
         return np.asarray([unpacked_examples_per_chunk(lengths, self.seq_len)], np.int64)
 
@@ -269,7 +281,7 @@ class ExampleIndex:
         try:
             bounds, first = self.windows(c, store)
             docs = store.window_docs(c, int(bounds[w]), int(bounds[w + 1]))
-            got = WindowRows(self.lengths(docs.doc_lengths), docs.doc_starts, self.seq_len)
+            got = WindowRows(self.lengths(docs.doc_lengths), docs.doc_starts, self.seq_len, **self.caps)
             want = int(first[w + 1] - first[w])
             if got.rows != want:  # the counts came from the num_tokens column, or an index file
                 raise self._mismatch(c, f"the documents of its packing window {w} pack into {got.rows} rows of "

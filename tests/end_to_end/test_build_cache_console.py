@@ -38,7 +38,7 @@ RUNNERS = {"default": [], "fnapi": ["--runner=FnApiRunner"],
 RUNNER_CASES = [pytest.param(r, marks=[pytest.mark.slow] * (r != "fnapi")) for r in RUNNERS]
 MB = r"[\d,]+\.\d"
 BUILDING = re.compile(rf"building: ({MB}) of (~?)({MB}) MB \((\d+\.\d)%\), ([\d,]+) documents?, ([\d,]+) tokens?, "
-                      r"([\d,]+) bad records?(?:, ETA unknown|, [\d,]+\.\d MB/s, ETA (?:\d+h\d\dm|\d+m\d\ds|\d+s))")
+                      r"([\d,]+) bad records?(?:, ETA unknown|, [\d,]+\.\d MB/s, ETA (?:\d+ h \d+ min|\d+ min \d+ s|\d+ s))")
 
 
 @pytest.fixture(scope="module")

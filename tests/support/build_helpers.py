@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.format.sidecar import SIDECAR_ONLY_KEYS
 from reader.order.streams import round_robin_order
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -191,7 +192,7 @@ def check_cache(root: str, paths: list[str], chunk_bytes: int, append_eos: bool 
     """Everything the format promises, checked from the files alone."""
     ledger = load_ledger(root)
     assert ledger["finished"] is True
-    assert ledger["format"] == "chunkledger" and ledger["format_version"] == fmt.BASE_FORMAT_VERSION  # jsonl: 2
+    assert ledger["format"] == "chunkledger" and ledger["format_version"] == fmt.FORMAT_VERSION
     assert [i["path"] for i in ledger["inputs"]] == sorted(os.path.abspath(p) for p in paths)
     # chunk counts: ceil(uncompressed bytes / chunk_bytes) per shard
     for inp in ledger["inputs"]:
@@ -210,7 +211,7 @@ def check_cache(root: str, paths: list[str], chunk_bytes: int, append_eos: bool 
         side_bytes = open(os.path.join(root, fmt.sidecar_path(c["shard"], c["index_in_shard"])), "rb").read()
         side = json.loads(side_bytes)
         assert fmt.checksum(side_bytes) == c["sidecar_checksum"]
-        assert {k: v for k, v in side.items() if k not in fmt.SIDECAR_ONLY_KEYS} == \
+        assert {k: v for k, v in side.items() if k not in SIDECAR_ONLY_KEYS} == \
             {k: v for k, v in c.items() if k not in ("doc_offset", "token_offset", "sidecar_checksum")}
         assert "row_group_index" not in c and "footer" not in c  # the ledger stays small
         # row-group byte ranges: contiguous from byte 4, each hashed, then the footer up to EOF

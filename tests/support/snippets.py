@@ -43,6 +43,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -209,7 +210,7 @@ def _killed(root: Path) -> None:
     """A build stopped midway: the plan, some of its chunks, and the lock of a builder that is gone."""
     import numpy as np
     from cachegen import random_chunks, write_synthetic_cache
-    from reader.storage.progress import LOCK_NAME
+    from reader.format.spec import LOCK_NAME
 
     chunks = random_chunks(np.random.default_rng(3), 12, empty_prob=0)
     write_synthetic_cache(str(root), chunks, finished=False, chunks_per_shard=[8, 4], written=range(7))
@@ -254,14 +255,22 @@ LINKS = {
 
 
 def page_dir(root: Path, page: str) -> Path:
-    """A fresh work directory for ``page`` under ``root/pages``, its context linked in."""
+    """A fresh work directory for ``page`` under ``root/pages``, with its own copy of the context (hard links:
+    what a page writes into a cache, such as attribute files, every write atomic, stays in that page)."""
     work = root / "pages" / page.replace("/", "_").removesuffix(".md")
     work.mkdir(parents=True)
     for rel, target in LINKS.items():
-        link = (work / rel).resolve() if rel.startswith("..") else work / rel
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not os.path.lexists(link):
-            link.symlink_to(root / "res" / target)  # (an absolute target stays as it is)
+        dest = (work / rel).resolve() if rel.startswith("..") else work / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        src = root / "res" / target  # (an absolute target stays as it is: linked, never written)
+        if os.path.lexists(dest):
+            continue
+        if os.path.isabs(target) or target == ".venv":
+            dest.symlink_to(src)
+        elif src.is_dir():
+            shutil.copytree(src, dest, copy_function=os.link)
+        else:
+            os.link(src, dest)
     return work
 
 

@@ -118,10 +118,10 @@ def test_the_line_exact():
     snap = progress.Snapshot(docs=41200, tokens=11234567, bad_records=3, done_bytes=52_300_000,
                              total_bytes=104_000_000, estimated=True)
     assert progress.render(snap, 13.9e6) == ("building: 52.3 of ~104.0 MB (50.3%), 41,200 documents, 11,234,567 "
-                                             "tokens, 3 bad records, 13.9 MB/s, ETA 4s")
+                                             "tokens, 3 bad records, 13.9 MB/s, ETA 4 s")
     assert progress.render(snap, None).endswith(", 3 bad records, ETA unknown")
     slow = progress.render(snap, 0.01e6)
-    assert slow.endswith("0.0 MB/s, ETA 1h26m")
+    assert slow.endswith("0.0 MB/s, ETA 1 h 26 min")
     # every chunk is there, the ledger not yet: 99.9% until the build ends
     there = progress.Snapshot(docs=1, tokens=2, bad_records=0, done_bytes=5_000_000, total_bytes=5_000_000,
                               estimated=False)
@@ -185,7 +185,7 @@ def test_terminal_console_rewrites_one_line_and_clears_it_for_a_log_record():
 
 def test_the_line_fits_the_terminal_shortening_its_middle_never_the_rate_or_eta():
     line = ("building: 16.8 of ~130.5 MB (12.9%), 23,402 documents, 3,959,632 tokens, 0 bad records, 12.9 MB/s, "
-            "ETA 1m04s")
+            "ETA 1 min 4 s")
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # an 80-column terminal
     stream = os.fdopen(slave, "w", encoding="utf-8")
@@ -194,27 +194,33 @@ def test_the_line_fits_the_terminal_shortening_its_middle_never_the_rate_or_eta(
         got = b""
         while not got.endswith(b"\n") and select.select([master], [], [], 10)[0]:
             got += os.read(master, 4096)
-        assert got.decode() == ("\rbuilding: 16.8 of ~130.5 MB (12.9%), …, 3.96M tok, 0 bad, 12.9 MB/s, ETA 1m04s"
+        assert got.decode() == ("\rbuilding: 16.8 of ~130.5 MB (12.9%), …, 3.96M tok, 12.9 MB/s, ETA 1 min 4 s"
                                 "\x1b[K\r\n")
     finally:
         os.close(master)
         stream.close()
     # each step shortens the middle only as far as needed; a line that fits is left alone
     assert progress.fit(line, 200) == line
-    assert progress.fit(line, 100) == ("building: 16.8 of ~130.5 MB (12.9%), 23,402 docs, 3,959,632 tok, 0 bad records, "
-                                       "12.9 MB/s, ETA 1m04s")
-    assert progress.fit(line, 90) == "building: 16.8 of ~130.5 MB (12.9%), 23.4k docs, 3.96M tok, 0 bad, 12.9 MB/s, ETA 1m04s"
-    assert progress.fit(line, 60) == "building: 16.8 of ~130.5 MB (12.9%), 12.9 MB/s, ETA 1m04s"
-    assert progress.fit(line, 40) == "building: 16.8 of…, 12.9 MB/s, ETA 1m04s"
-    for width in range(20, 120):
-        assert len(progress.fit(line, width)) <= width and progress.fit(line, width).endswith("12.9 MB/s, ETA 1m04s")
+    assert progress.fit(line, 100) == ("building: 16.8 of ~130.5 MB (12.9%), 23,402 docs, 3,959,632 tok, 0 bad, "
+                                       "12.9 MB/s, ETA 1 min 4 s")
+    assert progress.fit(line, 90) == "building: 16.8 of ~130.5 MB (12.9%), …, 3.96M tok, 0 bad, 12.9 MB/s, ETA 1 min 4 s"
+    assert progress.fit(line, 70) == "building: 16.8 of ~130.5 MB (12.9%), 12.9 MB/s, ETA 1 min 4 s"
+    assert progress.fit(line, 40) == "building: 16.…, 12.9 MB/s, ETA 1 min 4 s"
+    bad = line.replace("0 bad records", "3 bad records")  # bad records are kept longer than tokens
+    assert progress.fit(bad, 79) == "building: 16.8 of ~130.5 MB (12.9%), …, 3 bad, 12.9 MB/s, ETA 1 min 4 s"
+    for width in range(25, 120):
+        assert len(progress.fit(line, width)) <= width and progress.fit(line, width).endswith("12.9 MB/s, ETA 1 min 4 s")
 
 
-def test_a_progress_failure_is_logged_and_never_raised(finished, tmp_path):
+def test_a_progress_failure_is_logged_and_never_raised(finished, tmp_path, monkeypatch):
     _, plan, _, _ = finished
     out = tmp_path / "broken"
     out.mkdir()
-    (out / fmt.CHUNKS_DIR).write_text("a file where the chunks directory should be")
+
+    def unreadable(pattern):
+        raise NotADirectoryError(20, "Not a directory", str(out / fmt.CHUNKS_DIR))
+
+    monkeypatch.setattr(progress.BEAM, "match", unreadable)  # the output cannot be listed
     logged, records = threading.Event(), []
 
     class Handler(logging.Handler):

@@ -229,5 +229,12 @@ def test_rerun_after_interruption_gives_identical_bytes(tmp_path, monkeypatch):
     monkeypatch.setattr(importer, "write_chunk", real)
     import_megatron(*args, str(tmp_path / "crash"), chunk_tokens=200)
     assert tree_bytes(str(tmp_path / "crash")) == tree_bytes(str(tmp_path / "clean"))
+    # an import an older chunkledger started (format version 2) finishes as version 2: its read order stays
+    led = tmp_path / "crash" / fmt.LEDGER_NAME
+    plan = dict(json.loads(led.read_text()), format_version=2, finished=False, chunks=[], totals={})
+    led.write_text(fmt.dumps_ledger(plan))
+    import_megatron(*args, str(tmp_path / "crash"), chunk_tokens=200)
+    assert json.loads(led.read_text())["format_version"] == 2
+    assert json.loads((tmp_path / "clean" / fmt.LEDGER_NAME).read_text())["format_version"] == 4
     with pytest.raises(importer.ImportFailed, match="already holds a different cache"):
         import_megatron(*args, str(tmp_path / "crash"), chunk_tokens=100)
