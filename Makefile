@@ -11,7 +11,7 @@ LOCK_TOOLS  := .lock-venv
 PIP_COMPILE := $(LOCK_TOOLS)/bin/pip-compile --strip-extras --allow-unsafe --no-emit-index-url \
                --no-emit-find-links --no-emit-trusted-host
 
-.PHONY: venv demo test bench bench-quick lock template clean
+.PHONY: venv demo test test-fast bench bench-quick lock template clean
 
 venv:
 	@$(INSTALL) $(ALL_EXTRAS)
@@ -24,6 +24,12 @@ demo:
 test:
 	@$(INSTALL) $(ALL_EXTRAS)
 	$(PY) -m pytest -q tests
+
+# The tests of every package without those marked slow (kills and chaos, benchmarks, multi-process JAX and
+# torch, long multi-worker builds): a few minutes on 2 cores. `make test` (and CI) runs them all.
+test-fast:
+	@$(INSTALL) $(ALL_EXTRAS)
+	$(PY) -m pytest -q -m "not slow" tests
 
 bench:
 	@$(INSTALL) $(ALL_EXTRAS)

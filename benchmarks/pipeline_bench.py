@@ -14,6 +14,7 @@ chunk's end).
 from __future__ import annotations
 
 import json
+import os
 import math
 import shutil
 import sys
@@ -317,7 +318,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", default="tiktoken:cl100k_base")
     ap.add_argument("--workers", type=int, default=2)
     a, extra = ap.parse_known_args(argv)
-    res = build(a.input, a.output, a.tokenizer, workers=a.workers, extra=extra)
+    # the build runs in the checkout: relative paths are the caller's
+    inputs = [i if "://" in i else os.path.abspath(i) for i in a.input]
+    res = build(inputs, a.output.absolute(), a.tokenizer, workers=a.workers, extra=extra)
     keys = ("wall_s", "tokens", "tokens_per_s", "steady_tokens_per_s", "busy_s", "startup_fraction", "steady_method",
             "worker_tokens_per_s", "units", "fixed", "fixed_cpu", "cpu_s", "tokens_per_cpu_s", "cpu_busy_mean_cores", "other_cores",
             "peak_rss_tree_mb")

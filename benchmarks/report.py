@@ -650,11 +650,12 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         "",
         "## Commands",
         "",
-        "```",
+        "<!-- illustration: hours of measurement on gigabytes of corpus -->",
+        "```console",
     ]
     for k, v in (details.get("commands") or {}).items():
         lines.append(f"# {k}")
-        lines.append(v)
+        lines.append(f"$ {v}")
     lines += ["```", "", "Raw figures: `benchmarks/latest.json` (flat); per-build details, baselines' phase times and "
               "the sampled time series: `benchmarks/latest-details.json`.", ""]
     doc.write_text("\n".join(lines))

@@ -50,6 +50,7 @@ from typing import Any, Sequence
 from pipelines import faults, trace
 
 _WARM: "local_workers.WarmProcess | None" = None  # started before Beam is imported (see local_workers)
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # the console's log lines (main)
 
 
 def _interrupted_early(signum, frame) -> None:
@@ -94,6 +95,7 @@ from pipelines.tokenize.fast_tokenizer import backend_note  # noqa: E402
 from pipelines.launcher import Prepared, plan_build, reconcile_output  # noqa: E402
 from pipelines.options import Arguments, build_arg_parser, parse_args, pipeline_options  # noqa: E402
 from pipelines.chunking.transforms import METRICS_NAMESPACE, BuildCache  # noqa: E402
+from reader.storage.progress import counted  # noqa: E402
 
 if __name__ == "__main__":
     gc.freeze()  # what was imported lives as long as the process: never walk it again
@@ -108,15 +110,16 @@ def _summary(ledgers: dict[str | None, dict[str, Any]], output: str, run: str = 
     docs = sum(x["docs"] for x in totals.values())
     tokens = sum(x["tokens"] for x in totals.values())
     bad = sum(x["bad_records"] for x in totals.values())
-    s = f"chunkledger: {docs} documents, {tokens} tokens"
+    s = f"chunkledger: {counted(docs, 'document', '')}, {counted(tokens, 'token', '')}"
     if "loss_tokens" in t:  # a supervised build
-        s += f" ({sum(x['loss_tokens'] for x in totals.values())} loss tokens)"
+        s += f" ({counted(sum(x['loss_tokens'] for x in totals.values()), 'loss token', '')})"
     if None not in totals:
-        s += " (" + "; ".join(f"{name}: {x['docs']} documents, {x['tokens']} tokens" for name, x in totals.items())
-        s += f"), {t['chunks']} chunks per split"
+        s += " (" + "; ".join(f"{name}: {counted(x['docs'], 'document', '')}, {counted(x['tokens'], 'token', '')}"
+                              for name, x in totals.items())
+        s += f"), {counted(t['chunks'], 'chunk', '')} per split"
     else:
-        s += f", {t['chunks']} chunks"
-    s += f", {bad} bad records, {t['uncompressed_bytes']} input bytes{run} -> {output}"
+        s += f", {counted(t['chunks'], 'chunk', '')}"
+    s += f", {counted(bad, 'bad record', '')}, {counted(t['uncompressed_bytes'], 'input byte', '')}{run} -> {output}"
     return s if None in totals else s + f" ({', '.join(f'{name}/' for name in totals)})"
 
 
@@ -139,11 +142,12 @@ def _this_run(counters: dict[str, int] | None, seconds: float, verified: bool) -
     if checked:
         changed = c("chunks_input_changed", 0)
         why = f" ({changed} because their input changed)" if changed else ""
-        parts.append(f"checked {checked} chunks against their files and inputs: kept {kept}, rebuilt {rebuilt}{why}")
+        parts.append(f"checked {counted(checked, 'chunk', '')} against their files and inputs: kept {kept}, rebuilt "
+                     f"{rebuilt}{why}")
     if written or not checked:
         rate = (f" ({c('tokens', 0) / max(seconds, 1e-9):,.0f} tokens/s, "
                 f"{c('input_bytes', 0) / max(seconds, 1e-9) / 1e6:.1f} MB/s)" if written else "")
-        parts.append(f"built {written} chunks, {c('tokens', 0)} tokens{rate}")
+        parts.append(f"built {counted(written, 'chunk', '')}, {counted(c('tokens', 0), 'token', '')}{rate}")
     if verified and not written:
         parts.append("already complete")
     return f"; this run in {seconds:.1f}s: " + "; ".join(parts)
@@ -310,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     log = None if debug else faults.BuildLog.start(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
     root = logging.getLogger()
     saved_level, quiet, saved_hook = root.level, faults.HideRunnerTracebacks(), threading.excepthook
     console = progress.Console(sys.stderr, show=progress.enabled(), log=log.file if log is not None else None)

@@ -13,8 +13,6 @@ import json
 import os
 import sys
 
-import logging
-
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
@@ -35,13 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--output", default="demo-cache", help="cache directory (default demo-cache)")
     ap.add_argument("--show", type=int, default=4, help="documents to decode and show (default 4)")
     args, beam_args = ap.parse_known_args(argv)
-    root_logger = logging.getLogger()
-    level = root_logger.level
-    root_logger.setLevel(logging.ERROR)  # Beam's import-time notices about optional GCP libraries
-    try:
-        from pipelines import build_cache
-    finally:
-        root_logger.setLevel(level)  # (a caller's logging stays as it was)
+    from pipelines import build_cache
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args.append("--runner=FnApiRunner")
     inputs = [os.path.join(SAMPLE_DIR, "*.jsonl"), os.path.join(SAMPLE_DIR, "*.jsonl.gz")]

@@ -363,8 +363,9 @@ def _reconcile_and_write(plan: BuildPlan, tok: TokenizerSpec, output: str) -> Pr
         if name not in finished and (old is None or fmt.dumps_ledger(old) != fmt.dumps_ledger(ledger)):
             status.write_ledger(roots[name], ledger)
     resumed = any(old is not None for old in olds.values())
-    if resumed:
-        LOG.warning("%s %s", "verifying the finished cache in" if len(finished) == len(caches)
-                    else "resuming the unfinished build in", output)
+    if resumed and len(finished) == len(caches):  # routine: the summary says what was checked
+        LOG.info("verifying the finished cache in %s", output)
+    elif resumed:
+        LOG.warning("resuming the unfinished build in %s", output)
     status.clear_failure(output)
     return Prepared(output=output, plan=plan, tokenizer=tok, resumed=resumed, finished=finished or None)

@@ -19,6 +19,7 @@ from pipelines.inputs import keys
 from pipelines.plan import DEFAULT_MAX_DOC_BYTES, MAX_JSON_DEPTH, ChunkConfig
 from pipelines.runners.choice import runner_args
 from pipelines.tokenize.tokenizer import BACKENDS, DEFAULT_VERIFY_EVERY, MAX_PIECE_CHARS, PIECE_CHARS
+from reader.cli import support as cli_support
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 DEFAULT_ROW_GROUP_TOKENS = 128 << 10  # shuffled reads stay near 1x I/O at a small size cost (docs/DESIGN.md)
@@ -37,11 +38,14 @@ MAX_ROW_GROUP_TOKENS = 1 << 28  # int32 list offsets of one row group; a reader 
 SUGGEST_CUTOFF = 0.6
 
 
+SIZE_FORMS = "a byte count or KiB, MiB, GiB: 67108864, 64MiB, 512KiB"
+
+
 def parse_size(text: str) -> int:
     """A positive byte count: ``67108864``, ``64MiB``, ``512KiB``, ``1g``."""
     m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]i?[bB]?|[bB])?\s*", text)
     if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 67108864, 64MiB, 512KiB)")
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use {SIZE_FORMS})")
     unit = (m.group(2) or "").lower().rstrip("b").rstrip("i")
     value = int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
     if value <= 0:
@@ -53,16 +57,25 @@ def min_chunk_bytes() -> int:
     return int(os.environ.get("CHUNKLEDGER_MIN_CHUNK_BYTES", MIN_CHUNK_BYTES))
 
 
+def size_text(n: int) -> str:
+    """``n`` bytes as ``--chunk_bytes`` accepts it: ``64MiB``, ``1536KiB``, ``1000``."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
 def parse_chunk_bytes(text: str) -> int:
     """``--chunk_bytes``: a size between 64 KiB (or ``CHUNKLEDGER_MIN_CHUNK_BYTES``) and 4 GiB."""
     value = parse_size(text)
     floor = min_chunk_bytes()
+    fix = f"give {size_text(floor)} to 4GiB, e.g. 64MiB (the default, for most corpora), 512KiB or 67108864"
     if value < floor:
-        raise argparse.ArgumentTypeError(
-            f"{text} is below the minimum of {floor} bytes: every chunk is a Parquet file, a sidecar and a work "
-            "unit, so tiny chunks make millions of files (the default 64MiB suits most corpora)")
+        raise argparse.ArgumentTypeError(f"{text} is below the minimum of {size_text(floor)} (every chunk is a file "
+                                         f"and a work unit): {fix}")
     if value > MAX_CHUNK_BYTES:
-        raise argparse.ArgumentTypeError(f"{text} is above the maximum of 4GiB (a worker holds a chunk in memory)")
+        raise argparse.ArgumentTypeError(f"{text} is above the maximum of 4GiB (a worker holds a chunk in memory): "
+                                         f"{fix}")
     return value
 
 
@@ -158,6 +171,7 @@ def build_arg_parser() -> BuilderParser:
                "See docs/FORMAT.md for the output format.",
         allow_abbrev=False,
     )
+    cli_support.two_line_errors(p)  # the error and its fix, then where --help is
     p.add_argument("--input", action="append", required=True, metavar="GLOB",
                    help="Input file pattern, local or gs:// (repeatable): JSON Lines (.jsonl, .ndjson, .json; "
                         "plain, .gz or .zst), a JSON array of records (.json), Parquet (.parquet) or Arrow IPC "
@@ -280,7 +294,9 @@ def beam_option_names() -> set[str]:
 
 
 def _suggest(name: str, ours: Sequence[str], beams: set[str]) -> str:
-    close = difflib.get_close_matches(name, list(ours), n=2, cutoff=SUGGEST_CUTOFF)
+    close = cli_support.close_matches(name, ours)[:2]
+    close += [o for o in difflib.get_close_matches(name, list(ours), n=2, cutoff=SUGGEST_CUTOFF) if o not in close]
+    close = close[:2]
     close += [o for o in ours if o not in close and len(name) > 5 and (name[2:] in o or o[2:] in name)][:2 - len(close)]
     if not close:
         close = difflib.get_close_matches(name, sorted(beams), n=1, cutoff=0.8)

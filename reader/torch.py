@@ -183,7 +183,8 @@ def token_loader(ds: "TokenBatches", *, num_workers: int = 0, loader: type = Dat
     long, legitimately, for chunks a running build has not written yet). When it fires,
     :class:`reader.ReaderStalled` names the worker (index, pid) and the batch due from it, and the
     loader's workers are shut down. With ``num_workers=0`` the dataset reads in this process, where the
-    reader itself raises ``ReaderStalled`` (torch allows no timeout there).
+    reader itself raises ``ReaderStalled`` (torch allows no timeout there: a ``timeout`` given is not passed
+    on, so the same call works with any worker count).
 
     Args:
       ds: a :class:`TokenBatches`.

@@ -214,6 +214,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="chunk files each worker fetches and decodes ahead, in parallel (default 2; a worker "
                         "holds threads + 1 chunks in memory)")
     p.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    cli_support.two_line_errors(p)
     return p
 
 

@@ -72,14 +72,35 @@ class InputFormat:
         return self.kind in (PARQUET, ARROW)
 
 
-def by_name(path: str) -> tuple[str, str]:
-    """``(suffix, compression)`` from the file name: suffix ``.jsonl``, ``.ndjson``, ``.json``, ``.parquet`` or
-    ``.arrow``. UnsupportedInput for any other name."""
+def _suffixes(path: str) -> tuple[str, str, str]:
+    """``(suffix, compression, the name's whole format suffix)``: ``(".jsonl", "gzip", ".jsonl.gz")``."""
     name = posixpath.basename(path.rstrip("/")).lower()
     stem, ext = posixpath.splitext(name)
     compression = COMPRESSION_SUFFIXES.get(ext, "none")
     if compression != "none":
-        stem, ext = posixpath.splitext(stem)
+        stem, inner = posixpath.splitext(stem)
+        return inner, compression, inner + ext
+    return ext, compression, ext
+
+
+def known_suffix(path: str) -> str | None:
+    """The accepted format suffix of the file's name (``.jsonl.gz``, ``.parquet``), None for any other name."""
+    ext, _, whole = _suffixes(path)
+    return whole if ext in TEXT_SUFFIXES or ext in (".parquet", ".arrow") else None
+
+
+def unknown_name(path: str) -> str | None:
+    """What is wrong with a file name of no accepted format (``extension '.txt'``), None for an accepted one."""
+    if known_suffix(path) is not None:
+        return None
+    ext = _suffixes(path)[0]
+    return f"extension {ext!r}" if ext else "no extension"
+
+
+def by_name(path: str) -> tuple[str, str]:
+    """``(suffix, compression)`` from the file name: suffix ``.jsonl``, ``.ndjson``, ``.json``, ``.parquet`` or
+    ``.arrow``. UnsupportedInput for any other name."""
+    ext, compression, _ = _suffixes(path)
     if ext in TEXT_SUFFIXES:
         return ext, compression
     if ext in (".parquet", ".arrow"):
@@ -87,8 +108,7 @@ def by_name(path: str) -> tuple[str, str]:
             raise UnsupportedInput(f"input file {path}: a compressed {ext} file; {ext[1:].title()} compresses its "
                                    f"own data: decompress it (and name it *{ext})")
         return ext, compression
-    what = f"extension {ext!r}" if ext else "no extension"
-    raise UnsupportedInput(f"input file {path}: unknown format ({what}); {ACCEPTED}")
+    raise UnsupportedInput(f"input file {path}: unknown format ({unknown_name(path)}); {ACCEPTED}")
 
 
 def looks_like(head: bytes) -> str | None:

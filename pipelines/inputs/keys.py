@@ -103,14 +103,37 @@ def missing_key_problem(path: str, key: str, objects: Sequence[dict], option: st
     listed = ", ".join(f"{p} ({n})" for p, n in counts.most_common(MAX_LISTED))
     more = f" and {len(counts) - MAX_LISTED} more" if len(counts) > MAX_LISTED else ""
     hint = f"; pass {option} {texts.most_common(1)[0][0]}?" if texts else ""
+    if option == "--text_key":  # records of another kind (most records have the keys it reads)
+        lists = collections.Counter(p for o in objects for p in json_key_paths(o) if _is_chat(json_lookup(o, p)))
+        hint = record_format_hint(set(p for p, n in counts.items() if 2 * n >= len(objects)),
+                                  [p for p, n in lists.most_common() if 2 * n >= len(objects)]) or hint
     return (f"input file {path}: {lacking} of the first {len(objects)} records have no key {key!r} ({option} "
             f"{key}). Their keys (records having each): {listed or 'none'}{more}{hint}")
+
+
+def _is_chat(value: Any) -> bool:
+    """A list of messages: objects with role and content, or ShareGPT's from and value."""
+    return (type(value) is list and bool(value) and type(value[0]) is dict
+            and any(role in value[0] and content in value[0] for role, content in MESSAGE_KEYS))
+
+
+def record_format_hint(keys: set[str], chats: Sequence[str]) -> str:
+    """For records without their text key: the --record_format they look like (``keys``: the keys most
+    records have; ``chats``: those holding lists of messages), or ""."""
+    if {"prompt", "completion"} <= keys:
+        return "; these are prompt/completion records: pass --record_format prompt_completion?"
+    if chats:
+        key = "" if chats[0] == DEFAULT_KEYS["messages_key"] else f" --messages_key {chats[0]}"
+        return f"; these are chat records: pass --record_format chat{key}?"
+    return ""
 
 
 # -- what a record is read from ----------------------------------------------------------------------
 TEXT, PROMPT_COMPLETION, CHAT = "text", "prompt_completion", "chat"  # --record_format
 RECORD_FORMATS = (TEXT, PROMPT_COMPLETION, CHAT)
 DEFAULT_KEYS = {"prompt_key": "prompt", "completion_key": "completion", "messages_key": "messages"}
+# A chat message's role and content keys: Hugging Face's, or ShareGPT's (pipelines/tokenize/sft.py maps these).
+MESSAGE_KEYS = (("role", "content"), ("from", "value"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,12 +199,14 @@ def is_text_type(typ: pa.DataType) -> bool:
 
 
 def is_messages_type(typ: pa.DataType) -> bool:
-    """A list of structs with ``role`` and ``content`` fields (a chat's messages)."""
+    """A list of structs with ``role`` and ``content`` fields, or ShareGPT's ``from`` and ``value`` (a chat's
+    messages)."""
     if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_list_view(typ)
             or pa.types.is_large_list_view(typ)):
         return False
     item = typ.value_type
-    return pa.types.is_struct(item) and item.get_field_index("role") >= 0 and item.get_field_index("content") >= 0
+    return pa.types.is_struct(item) and any(item.get_field_index(role) >= 0 and item.get_field_index(content) >= 0
+                                            for role, content in MESSAGE_KEYS)
 
 
 def is_keepable_type(typ: pa.DataType) -> bool:
@@ -196,6 +221,9 @@ def missing_column_message(path: str, key: str, schema: pa.Schema, option: str) 
     more = f" and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else ""
     texts = [p for p in paths if is_text_type(schema_lookup(schema, p)[1])]
     hint = f"; pass {option} {texts[0]}?" if texts and option == "--text_key" else ""
+    if option == "--text_key":
+        chats = [p for p in paths if is_messages_type(schema_lookup(schema, p)[1])]
+        hint = record_format_hint(set(p for p in paths if is_text_type(schema_lookup(schema, p)[1])), chats) or hint
     return f"input file {path} has no column {key!r} ({option} {key}). Its columns: {listed}{more}{hint}"
 
 

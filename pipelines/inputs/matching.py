@@ -125,6 +125,7 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
     Parquet and Arrow files have no layout yet: :func:`plan_inputs` plans them.
     """
     found: dict[str, int] = {}
+    origin: dict[str, str] = {}  # path -> the first --input that matched it
     for pat in patterns:
         full = absolute(pat)
         saved = _saved_dataset(full, pat)
@@ -150,10 +151,12 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
             if path in found:
                 LOG.warning("input file %s is matched by more than one --input; it is read once", path)
             found[path] = size
+            origin.setdefault(path, pat)
     for alias, kept in _same_local_file(list(found)).items():
         LOG.warning("input %s is the same file as %s (a link); it is read once, as %s", alias, kept, kept)
         del found[alias]
     paths = sorted(found)
+    _refuse_unknown_names(paths, origin)
 
     def check(path: str) -> formats.InputFormat | str:
         try:
@@ -168,6 +171,28 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
     _raise_first_problem(kinds)
     crc = remote.crc32c_of(paths, [absolute(p) for p in patterns])
     return [MatchedFile(path=p, size=found[p], crc32c=crc.get(p), format=k.kind) for p, k in zip(paths, kinds)]
+
+
+def _refuse_unknown_names(paths: Sequence[str], origin: dict[str, str], shown: int = 10) -> None:
+    """Name every matched file of no accepted format (by its name) at once, with the patterns that leave them
+    out: a directory of mixed files is fixed in one run."""
+    unknown = [p for p in paths if formats.unknown_name(p)]
+    if not unknown:
+        return
+    globs = []  # each pattern's directory, with the accepted suffixes of the files it matched
+    for p in paths:
+        suffix = formats.known_suffix(p)
+        glob = f"--input '{os.path.join(os.path.dirname(origin[p]), '*' + suffix)}'" if suffix else None
+        if glob and glob not in globs:
+            globs.append(glob)
+    them = "it" if len(unknown) == 1 else "them"
+    fix = f"leave {them} out, e.g. {' '.join(globs)}" if globs else "pass files of an accepted format"
+    if len(unknown) == 1:
+        raise BuildError(f"input file {unknown[0]}: unknown format ({formats.unknown_name(unknown[0])}); {fix} "
+                         f"({formats.ACCEPTED})")
+    listed = ", ".join(f"{p} ({formats.unknown_name(p)})" for p in unknown[:shown])
+    listed += f" and {len(unknown) - shown} more" if len(unknown) > shown else ""
+    raise BuildError(f"{len(unknown)} input files of unknown format: {listed}; {fix} ({formats.ACCEPTED})")
 
 
 def _unreadable(path: str, e: Exception) -> str:

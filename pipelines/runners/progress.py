@@ -27,13 +27,14 @@ import dataclasses
 import gzip
 import logging
 import os
+import re
 import threading
 import time
 from typing import Any, Mapping, TextIO
 
 from reader.format import spec as fmt
 from reader.format.splits import cache_roots
-from reader.storage.progress import Scan, format_seconds
+from reader.storage.progress import Scan, counted, format_seconds
 
 from pipelines.filesystem import BEAM, is_remote
 from pipelines.inputs.decompress import open_raw
@@ -199,7 +200,7 @@ class Console:
         """An updated progress line: rewritten in place on a terminal, else a line of its own."""
         with self._lock:
             if self.tty:
-                self.stream.write("\r" + text[:self._width() - 1] + "\x1b[K")
+                self.stream.write("\r" + fit(text, self._width() - 1) + "\x1b[K")
                 self._open = True
             else:
                 self.stream.write(text + "\n")
@@ -208,7 +209,7 @@ class Console:
     def end(self, text: str) -> None:
         """The last progress line, kept on the screen."""
         with self._lock:
-            self.stream.write(("\r" + text[:self._width() - 1] + "\x1b[K\n") if self.tty else text + "\n")
+            self.stream.write(("\r" + fit(text, self._width() - 1) + "\x1b[K\n") if self.tty else text + "\n")
             self.stream.flush()
             self._open = False
 
@@ -294,7 +295,7 @@ def render(snap: Snapshot, rate: float | None) -> str:
         pct = min(99.9, 100.0 * snap.done_bytes / snap.total_bytes) if snap.total_bytes else 0.0
     total = ("~" if snap.estimated and not snap.complete else "") + f"{snap.total_bytes / 1e6:,.1f}"
     text = (f"{'built' if snap.complete else 'building'}: {snap.done_bytes / 1e6:,.1f} of {total} MB ({pct:.1f}%), "
-            f"{snap.docs:,} documents, {snap.tokens:,} tokens, {snap.bad_records:,} bad records")
+            f"{counted(snap.docs, 'document')}, {counted(snap.tokens, 'token')}, {counted(snap.bad_records, 'bad record')}")
     if rate is not None and rate > 0:
         text += f", {rate / 1e6:,.1f} MB/s"
         if not snap.complete:
@@ -302,6 +303,56 @@ def render(snap: Snapshot, rate: float | None) -> str:
     elif not snap.complete:
         text += ", ETA unknown"
     return text
+
+
+# Shorter words for the middle of a line that does not fit; then numbers as 3.96M, then fields left out.
+_SHORT = ((r"\bdocuments?$", "docs"), (r"\btokens?$", "tok"), (r"\bbad records?$", "bad"))
+_RATE = re.compile(r".* MB/s|ETA .*")
+
+
+def _compact(field: str) -> str:
+    """``3,959,632 tok`` -> ``3.96M tok``."""
+    n, _, word = field.partition(" ")
+    value = int(n.replace(",", "")) if n.replace(",", "").isdigit() else None
+    if value is None or value < 10_000:
+        return field
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit} {word}"
+    return field
+
+
+def fit(line: str, width: int) -> str:
+    """``line`` (a :func:`render` line) in ``width`` characters: its middle shortened (shorter words, compact
+    numbers, then documents, a zero count of bad records, tokens and bad records left out in that order),
+    never the rate or the ETA."""
+    fields = line.split(", ")
+    k = len(fields)
+    while k > 1 and _RATE.fullmatch(fields[k - 1]):
+        k -= 1
+    head, middle, tail = fields[0], fields[1:k], fields[k:]
+    steps = [lambda f, long=long, short=short: re.sub(long, short, f) for long, short in _SHORT] + [_compact]
+    text = line
+    for step in steps:
+        if len(text) <= width:
+            return text
+        middle = [step(f) for f in middle]
+        text = ", ".join([head, *middle, *tail])
+    # left out in turn: documents, bad records when there are none, tokens, bad records
+    order = [0] + [i for i in range(1, len(middle)) if middle[i].startswith("0 ")] + list(range(1, len(middle)))
+    kept = list(range(len(middle)))
+    for i in order:
+        if len(text) <= width:
+            return text
+        if i in kept:
+            kept.remove(i)
+            text = ", ".join([head, *(["…"] + [middle[j] for j in kept] if kept else []), *tail])
+    if len(text) <= width:
+        return text
+    end = ", ".join(tail)
+    if len(end) + 3 > width:
+        return end[-width:].lstrip(", ") if width > 0 else ""
+    return head[:width - len(end) - 3] + "…, " + end if end else head[:width - 1] + "…"
 
 
 def watch(console: Console | None, output: str, plan: BuildPlan) -> Watcher | None:

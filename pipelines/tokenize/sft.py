@@ -36,6 +36,9 @@ from .sft_encoders import HFSft, TiktokenSft, offsets_from_bytes, offsets_from_l
 
 ROLES = ("system", "user", "assistant", "tool")  # what Hugging Face chat templates render
 ASSISTANT = "assistant"
+# ShareGPT's messages ({"from": "human", "value": ...}) read as {"role": "user", "content": ...}; another "from"
+# (tool, user, ...) is taken as the role it names.
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
 # Names a message's reasoning is passed under; transformers fills each from the first present (templates
 # read "reasoning_content", gpt-oss's "thinking").
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -130,6 +133,9 @@ def check_messages(messages: Any, roles: Sequence[str] = ROLES) -> list[dict]:
         if not isinstance(m, dict):
             raise BadRecord("message_not_object", f"message {i} is {type(m).__name__}")
         m = {k: v for k, v in m.items() if v is not None}
+        if "role" not in m and "content" not in m and "from" in m and "value" in m:  # ShareGPT
+            rest = {k: v for k, v in m.items() if k not in ("from", "value")}
+            m = {"role": SHAREGPT_ROLES.get(m["from"], m["from"]), "content": m["value"], **rest}
         role = m.get("role")
         if not isinstance(role, str) or role not in roles:
             raise BadRecord("unknown_role", f"message {i} has role {role!r}; allowed: {', '.join(roles)}")

@@ -39,7 +39,7 @@ from reader.reader import Reader
 from reader.batch.schema import BATCH_KEYS, VARLEN_FIELDS
 from reader.report import summary
 from reader.report.figures import RowPacking, row_packing
-from reader.storage.progress import describe as describe_progress, read_progress
+from reader.storage.progress import counted, describe as describe_progress, read_progress
 from reader.storage.validate import validate_chunk, validate_ledger, validate_shards
 
 
@@ -149,7 +149,8 @@ def cmd_inspect(args) -> int:
     print(f"cache       {args.path}  [{state}]")
     print(f"documents   {info['documents']:,}")
     print(f"tokens      {info['tokens']:,}")
-    print(f"chunks      {n:,} ({info['empty_chunks']} empty), {info['bytes']:,} bytes, from {info['inputs']} input shards")
+    print(f"chunks      {n:,} ({info['empty_chunks']} empty), {info['bytes']:,} bytes, from "
+          f"{counted(info['inputs'], 'input shard')}")
     tok = info["tokenizer"]
     print(f"tokenizer   {tok.get('spec')} (kind={tok.get('kind')}, vocab_size={tok.get('vocab_size')}, "
           f"eos_id={tok.get('eos_id')}, hash={str(tok.get('hash'))[:16]})")
@@ -220,7 +221,8 @@ def cmd_validate(args) -> int:
         print(f"{len(problems)} problem(s) in {args.path}{state}. Rerun the build command to repair missing "
               "chunks (delete damaged chunks and their .json sidecars first).")
         return 1
-    print(f"OK: {len(t)} chunks, {int(t.docs.sum()):,} documents, {int(t.tokens.sum()):,} tokens match the "
+    print(f"OK: {counted(len(t), 'chunk')}, {counted(int(t.docs.sum()), 'document')}, "
+          f"{counted(int(t.tokens.sum()), 'token')} match the "
           f"ledger{state}")
     return 0
 

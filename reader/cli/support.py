@@ -13,6 +13,9 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
+import re
+import select
 import sys
 import textwrap
 import traceback
@@ -25,6 +28,7 @@ from reader.storage import remote
 
 EXIT_DAMAGED = 1
 EXIT_ERROR = 2
+EXIT_SIGPIPE = 128 + 13  # what a shell reports for a command whose output's reader went away
 
 DESCRIPTIONS = {  # for the subcommands whose parser gives none
     "inspect": "Print what a cache holds: documents, tokens, chunks (and how many are empty), bytes, input "
@@ -66,6 +70,7 @@ _AT_LEAST = {"threads": 1, "seq_len": 1, "batch_size": 1, "ideal_readers": 1, "n
              "row_group_tokens": 1, "tokens_chunk_size": 1, "seq_starts_chunk_size": 1, "max_chunks": 0,
              "reader_index": 0, "start": 0, "count": 0, "wait_timeout_s": 0, "steps": 0, "rows": 0}
 _QUIET_LOGGERS = ("gcsfs", "fsspec", "google", "urllib3", "aiohttp")
+MAX_TYPO = 2  # edits: a mistyped option or choice within this many gets "did you mean"
 
 
 def add_pass_rule(p: argparse.ArgumentParser) -> None:
@@ -78,17 +83,17 @@ def add_pass_rule(p: argparse.ArgumentParser) -> None:
 
 def finish_parsers(parser: argparse.ArgumentParser, sub, examples: dict[str, list[str]] | None = None) -> None:
     """Give every subcommand ``--debug``, its examples (``examples``, default :data:`EXAMPLES`, by subcommand
-    name) and the exit status in ``--help``."""
+    name), the exit status in ``--help`` and :func:`two_line_errors`."""
     examples = EXAMPLES if examples is None else examples
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    parser.error = functools.partial(_usage_error, parser)
+    two_line_errors(parser)
     parser.epilog = _wrap(EXIT_HELP)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     for name, p in sub.choices.items():
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the traceback of an error (errors are otherwise one or two lines)")
         p.formatter_class = argparse.RawDescriptionHelpFormatter
-        p.error = functools.partial(_usage_error, p)
+        two_line_errors(p)
         for action in p._actions:
             if action.dest in _AT_LEAST and action.type in (int, float):
                 action.type = _at_least(action.type, _AT_LEAST[action.dest])
@@ -100,9 +105,90 @@ def finish_parsers(parser: argparse.ArgumentParser, sub, examples: dict[str, lis
             + ("\n\n" if lines else "") + _wrap(EXIT_HELP)
 
 
+def two_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Make ``parser``'s usage errors two lines instead of argparse's usage block (``--help`` has it): the
+    error with its fix (:func:`explain`), then where the details are. Shared by every command line."""
+    parse = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        parser._given = list(sys.argv[1:] if args is None else args)  # what explain() looks through
+        return parse(args, namespace)
+
+    parser.parse_known_args = parse_known_args
+    parser.error = functools.partial(_usage_error, parser)
+
+
 def _usage_error(parser: argparse.ArgumentParser, msg: str) -> None:
-    """argparse's error, in two lines instead of the usage block (``--help`` has it)."""
-    parser.exit(EXIT_ERROR, f"{parser.prog}: error: {msg}\n(see {parser.prog} --help)\n")
+    """argparse's error, explained, then where ``--help`` is (the command's own, if one was named)."""
+    where = _command(parser) or parser
+    parser.exit(EXIT_ERROR, f"{where.prog}: error: {explain(parser, msg)}\n(see {where.prog} --help)\n")
+
+
+def _command(parser: argparse.ArgumentParser) -> argparse.ArgumentParser | None:
+    """The subcommand's parser named on the command line, if any (the top parser reports its leftovers)."""
+    given = getattr(parser, "_given", [])
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return next((action.choices[w] for w in given if w in action.choices), None)
+    return None
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of two neighbours that turn ``a`` into ``b``."""
+    prev2, prev = [], list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
+def close_matches(word: str, candidates, max_distance: int = MAX_TYPO) -> list[str]:
+    """The candidates within ``max_distance`` edits of ``word`` (case aside), nearest first."""
+    scored = sorted((edit_distance(word.lower(), c.lower()), c) for c in set(candidates))
+    return [c for d, c in scored if d <= max_distance and c != word]
+
+
+def explain(parser: argparse.ArgumentParser, msg: str) -> str:
+    """argparse's message ``msg`` with the fix: "did you mean" when the mistake is a typo of a real option or
+    choice, else the valid choices."""
+    parsers = [parser] + [_command(parser)] * (_command(parser) is not None)
+    options = [o for p in parsers for a in p._actions for o in a.option_strings if o.startswith("--")]
+    given = getattr(parser, "_given", [])
+    m = re.fullmatch(r"argument (\S+): invalid choice: '(.*)' \(choose from .*\)", msg, re.S)
+    if m:
+        name, value = m.groups()
+        action = next((a for a in parser._actions if a.choices and name in (*a.option_strings, a.dest, a.metavar)),
+                      None)
+        choices = [str(c) for c in action.choices] if action is not None else []
+        close = close_matches(value, choices)
+        if close:
+            shown = f"{name} {close[0]}" if name.startswith("-") else close[0]
+            return f"argument {name}: invalid choice: '{value}'; did you mean {shown}?"
+        return f"argument {name}: invalid choice: '{value}' (choose from {', '.join(choices)})" if choices else msg
+    m = re.fullmatch(r"the following arguments are required: (.*)", msg)
+    if m:
+        missing = m.group(1).split(", ")
+        for word in given:
+            name = word.split("=", 1)[0]
+            close = close_matches(name, missing) if name.startswith("--") and name not in options else []
+            if close:
+                return f"unknown option {name}; did you mean {close[0]}? ({close[0]} is required)"
+        commands = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+                         and a.dest in missing), None)
+        if commands is not None:  # no command given: name them
+            return f"{msg} (one of {', '.join(commands.choices)})"
+        return msg
+    m = re.fullmatch(r"unrecognized arguments: (.*)", msg)
+    if m:
+        for word in m.group(1).split():
+            close = close_matches(word.split("=", 1)[0], options) if word.startswith("--") else []
+            if close:
+                return f"{msg}; did you mean {close[0]}?"
+    return msg
 
 
 def _at_least(kind: type, low: int) -> Callable[[str], int | float]:
@@ -121,6 +207,16 @@ def _at_least(kind: type, low: int) -> Callable[[str], int | float]:
 
 def _wrap(text: str) -> str:
     return textwrap.fill(" ".join(text.split()), width=100)
+
+
+def _stdout_gone() -> bool:
+    """Whether standard output is a pipe whose reader has gone (a BrokenPipeError may also be a socket's)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), 0)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() here, or no descriptor: assume it was stdout
+        return True
 
 
 def exit_code(e: BaseException) -> int | None:
@@ -153,7 +249,15 @@ def run(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> in
         for name in _QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        return fn(args)
+        code = fn(args)
+        sys.stdout.flush()  # here, where a reader gone away (| head) is handled below
+        return code
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
+        # as a command killed by SIGPIPE: no message; the interpreter's last flush must not fail either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_SIGPIPE
     except Exception as e:  # noqa: BLE001 - classified below; unknown ones are re-raised
         code = exit_code(e)
         if code is None:

@@ -28,6 +28,7 @@ from reader.interop.export import ExportError
 from reader.interop.flat_tokens import open_dataset
 from reader.interop.importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
                        add_tokenizer_from, checked_identity, is_finished, make_config, write_cache)
+from reader.storage.progress import counted
 
 _BLOCK = 1 << 20
 # How many bytes an array may claim per byte it holds in the store. Real flat-tokens data compresses
@@ -206,6 +207,6 @@ def cmd_import(args) -> int:
     for split, ledger in results.items():
         t = ledger["totals"]
         where = args.out if len(results) == 1 else args.out.rstrip("/") + "/" + split
-        print(f"{'cache' if done else 'wrote'} {where} ({split}): {t['docs']:,} documents, {t['tokens']:,} tokens, "
-              f"{t['chunks']:,} chunks" + (" (already complete; nothing to do)" if done else ""))
+        print(f"{'cache' if done else 'wrote'} {where} ({split}): {counted(t['docs'], 'document')}, "
+              f"{counted(t['tokens'], 'token')}, {counted(t['chunks'], 'chunk')}" + (" (already complete; nothing to do)" if done else ""))
     return 0

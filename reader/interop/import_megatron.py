@@ -33,6 +33,7 @@ import numpy as np
 from reader.interop.importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
                        add_tokenizer_from, checked_identity, is_finished, make_config, write_cache)
 from reader.interop.megatron import MegatronError, MegatronIndex, read_span
+from reader.storage.progress import counted
 
 
 def check_dtype(index: MegatronIndex, tokenizer: dict[str, Any]) -> None:
@@ -148,7 +149,7 @@ def cmd_import(args) -> int:
                              row_group_tokens=args.row_group_tokens)
     t = ledger["totals"]
     note = " (already complete; nothing to do)" if done else ""
-    print(f"{'cache' if done else 'wrote'} {args.out}: {t['docs']:,} documents, {t['tokens']:,} tokens, "
-          f"{t['chunks']:,} chunks from {len(ledger['inputs'])} Megatron dataset(s); tokenizer "
+    print(f"{'cache' if done else 'wrote'} {args.out}: {counted(t['docs'], 'document')}, "
+          f"{counted(t['tokens'], 'token')}, {counted(t['chunks'], 'chunk')} from {len(ledger['inputs'])} Megatron dataset(s); tokenizer "
           f"{ledger['tokenizer']['spec']} (vocab_size {ledger['tokenizer']['vocab_size']}){note}")
     return 0

@@ -60,6 +60,8 @@ def watch_loader(ds, num_workers: int, kwargs: dict, worker_info) -> None:
     if num_workers > 0:
         wait_s = float(ds.reader_kwargs.get("wait_timeout_s", WAIT_TIMEOUT_S))
         kwargs.setdefault("timeout", ds.options.worker_timeout_s + wait_s)
+    else:  # torch allows no timeout without workers; the reader in this process raises ReaderStalled itself
+        kwargs.pop("timeout", None)
     ds.loader_timeout_s = float(kwargs.get("timeout", 0.0))
     ds.watch = WorkerTable(num_workers)
     kwargs["worker_init_fn"] = functools.partial(_note_worker, worker_info, kwargs.get("worker_init_fn"))

@@ -63,13 +63,14 @@ class ReportData:
     length_note: str
     shard_tokens: list[tuple[str, int]]
     chunk_tokens: figures.Histogram | None
-    field_tokens: dict[str, list[tuple[str, int]]]
+    field_tokens: dict[str, list[tuple[str, int]]]  # kept fields with few values: their bar chart
     bad: list[tuple[str, int, float]]
     dead_letters: dict[str, list[dict[str, Any]]]
     batches: list[BatchView]
     shares: tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]] | None  # steps, realised, target, names
     locality: figures.Locality | None
     chunks_read: int  # chunk files read: the length sample plus the chunks behind the rows shown
+    field_notes: dict[str, str] = dataclasses.field(default_factory=dict)  # the other kept fields, in a line
 
 
 class _Counted:
@@ -109,7 +110,7 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
         lengths = np.concatenate([summary.cache_summary(c, c.url, max_chunks=per, threads=threads, read=counted)[1]
                                   for c in caches])
         sampled, known = len(counted.got), sum(len(c.table) for c in caches)
-        shard_tokens, chunk_hist, field_tokens, bad, dead = [], None, {}, [], {}
+        shard_tokens, chunk_hist, field_tokens, field_notes, bad, dead = [], None, {}, {}, [], {}
     else:
         cache = caches[0]
         info, lengths = summary.cache_summary(cache, path, max_chunks=max_chunks, threads=threads, seq_len=opts.seq_len,
@@ -121,7 +122,7 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
         names = [os.path.basename(str(inp.get("path", i))) or str(i) for i, inp in enumerate(cache.ledger.inputs)]
         shard_tokens = list(zip(names, figures.tokens_per_shard(shard, tokens, len(names)).tolist()))
         chunk_hist = figures.linear_histogram(tokens) if len(tokens) else None
-        field_tokens = kept_field_tokens(cache, counted.of(cache))
+        field_tokens, field_notes = kept_field_tokens(cache, counted.of(cache))
         bad = figures.bad_record_rows(progress.bad_reasons)
         dead = figures.dead_letter_examples(_dead_letters(cache, entries)) if bad else {}
     note = f"{lengths.size:,} documents, from {sampled:,} of {known:,} chunks spread over the cache"
@@ -145,7 +146,7 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
         path=path, command=command, options=opts, steps=steps, summary=info, is_mixture=mix is not None,
         progress=progress, tokenizer=tok_text, lengths=figures.log_histogram(lengths), length_note=note,
         shard_tokens=shard_tokens, chunk_tokens=chunk_hist, field_tokens=field_tokens, bad=bad, dead_letters=dead,
-        batches=batches, shares=shares, locality=locality, chunks_read=sampled + opened)
+        batches=batches, shares=shares, locality=locality, chunks_read=sampled + opened, field_notes=field_notes)
 
 
 def _tokenizer(cache: Cache, spec: str | None) -> tuple[tokenizer_lib.Tokenizer | None, str]:
@@ -187,13 +188,16 @@ def _dead_letters(cache: Cache, entries) -> list[dict]:
     return out
 
 
-def kept_field_tokens(cache: Cache, sampled: dict[int, np.ndarray]) -> dict[str, list[tuple[str, int]]]:
+def kept_field_tokens(cache: Cache, sampled: dict[int, np.ndarray]) -> tuple[dict[str, list[tuple[str, int]]],
+                                                                           dict[str, str]]:
     """Tokens per value of each kept metadata field (``--keep_fields``) over the sampled chunks (``sampled``:
-    chunk -> its document lengths), by ``Cache.fields``; nothing for a cache that keeps no field."""
+    chunk -> its document lengths), by ``Cache.fields``, for the fields with few values (the bar charts); the
+    others summarized in a line each (:func:`reader.report.figures.field_note`). Nothing for a cache that keeps
+    no field."""
     names = tuple(cache.ledger.config.get("keep_fields") or ())
     fields = getattr(cache, "fields", None)
     if not names or fields is None:
-        return {}
+        return {}, {}
     off = cache.table.doc_offsets
     tally: dict[str, dict[Any, int]] = {n: {} for n in names}
     for c, lengths in sorted(sampled.items()):
@@ -201,7 +205,9 @@ def kept_field_tokens(cache: Cache, sampled: dict[int, np.ndarray]) -> dict[str,
         for n in names:
             for value, k in zip(got[n], lengths.tolist()):
                 tally[n][value] = tally[n].get(value, 0) + int(k)
-    return {n: figures.tokens_per_value(t) for n, t in tally.items()}
+    notes = {n: figures.field_note(t) for n, t in tally.items()}
+    return ({n: figures.tokens_per_value(t) for n, t in tally.items() if notes[n] is None},
+            {n: note for n, note in notes.items() if note is not None})
 
 
 def _batches(path: str, opts: ReadOptions, which: list[int], rows: int, decode, names) -> tuple[list[BatchView], int]:

@@ -77,6 +77,18 @@ def tokens_per_value(tally: Mapping[Any, Any], top: int = 20) -> list[tuple[str,
     return top_values({v: (n[1] if isinstance(n, (tuple, list)) else n) for v, n in tally.items()}, top)
 
 
+def field_note(tally: Mapping[Any, Any], top: int = 20, share: float = 0.5) -> str | None:
+    """None when a bar chart of a kept field's tokens per value says something: at most ``top`` values, or the
+    ``top`` largest holding at least ``share`` of the tokens. Else (a field like ``url``, nearly one value
+    per document) the one line the page shows instead of near-empty bars."""
+    tokens = sorted(((n[1] if isinstance(n, (tuple, list)) else n) for n in tally.values()), reverse=True)
+    total = sum(tokens)
+    if len(tokens) <= top or not total or sum(tokens[:top]) >= share * total:
+        return None
+    return (f"{len(tokens):,} distinct values in the sampled chunks; the {top} most frequent hold "
+            f"{sum(tokens[:top]) / total:.1%} of the tokens, the largest {tokens[0] / total:.2%} (no chart)")
+
+
 def bad_record_rows(reasons: Mapping[str, int]) -> list[tuple[str, int, float]]:
     """``(reason, count, share of all bad records)``, most frequent first."""
     total = sum(int(n) for n in reasons.values())

@@ -36,7 +36,7 @@ pre { background: #f6f6f6; padding: 8px; }
 .rowhead { color: #555; font-size: 12px; }
 .seg0 { background: #dbeafe; } .seg1 { background: #fde68a; } .seg2 { background: #d1fae5; }
 .seg3 { background: #fbcfe8; } .seg4 { background: #e0e7ff; } .seg5 { background: #fed7aa; }
-.masked { opacity: .45; text-decoration: line-through dotted; }
+.masked { color: #6b7280; font-style: italic; }
 .pad { color: #999; background: repeating-linear-gradient(45deg, #eee, #eee 3px, #fff 3px, #fff 6px); }
 .doc { color: #c00; font-weight: 700; padding: 0 1px; }
 .note { color: #7a5200; }
@@ -163,6 +163,7 @@ def _summary(d: ReportData) -> str:
         rows.append(("pass rule", _rule(p)))
         if p.get("passes") is not None:
             rows.append(("passes", f"{p['passes']:.3f} in steps 0 to {p['steps'] - 1:,}"))
+    rows += [(f"kept field {name}", note) for name, note in d.field_notes.items()]
     return _rows_table(rows)
 
 
@@ -213,8 +214,9 @@ def _batches(d: ReportData) -> str:
            f"ideal_readers {o.ideal_readers}" + (f", shuffle_seed {o.shuffle_seed}" if o.shuffle_seed is not None else "")
            + (f", max_segments {o.max_segments}" if o.max_segments is not None else ""))
     out = [f"<h2>Batches</h2><p>Read with {html.escape(how)}. Colours: one per document piece; "
-           '<span class="doc">|</span> a document start; <span class="masked seg0">dimmed</span>: masked out of the '
-           'loss; <span class="pad">···</span> padding.</p>']
+           '<span class="doc">|</span> a document start; <span class="doc">…</span> first in a row: the row begins '
+           'inside a document that started before it; <span class="masked seg0">grey italics</span>: masked out '
+           'of the loss; <span class="pad">···</span> padding.</p>']
     for b in d.batches:
         out.append(f"<h3>Batch {b.batch:,}</h3>")
         if b.note:

@@ -335,8 +335,10 @@ def describe(p: Progress, readable: int | None = None) -> list[str]:
                   f"({format_bytes(p.streaming_uncompressed_bytes)} uncompressed so far) count when they finish")
     planned = f"{p.chunks_planned:,}" if p.chunks_planned_exact else f"at least {p.chunks_planned:,}"
     usable = "" if readable is None else f" ({readable:,} readable in global order)"
-    lines = [first, f"written {p.chunks_written:,} of {planned} chunks{usable}: {p.documents:,} documents, "
-                    f"{p.tokens:,} tokens, {p.bad_records:,} bad records"]
+    chunks = "chunk" if p.chunks_planned == 1 else "chunks"
+    lines = [first, f"written {p.chunks_written:,} of {planned} {chunks}{usable}: "
+                    f"{counted(p.documents, 'document')}, {counted(p.tokens, 'token')}, "
+                    f"{counted(p.bad_records, 'bad record')}"]
     if p.bytes_per_s is None and p.tokens_per_s is None:
         speed = "rate unknown (too few chunks written" + (" in this run)" if p.running else ")")
     else:
@@ -347,7 +349,7 @@ def describe(p: Progress, readable: int | None = None) -> list[str]:
             parts.append(f"{p.tokens_per_s:,.0f} tokens/s")
         if p.chunks_per_s is not None:
             parts.append(f"{p.chunks_per_s:,.2f} chunks/s")
-        speed = f"rate {', '.join(parts)} (over {p.rate_chunks:,} chunks{' of this run' if p.running else ''})"
+        speed = f"rate {', '.join(parts)} (over {counted(p.rate_chunks, 'chunk')}{' of this run' if p.running else ''})"
     if not p.running:
         speed += f"; ETA -: {p.stopped or 'no builder is running'}"
     elif p.eta_s is not None:
@@ -361,6 +363,11 @@ def describe(p: Progress, readable: int | None = None) -> list[str]:
         what = p.failed.get("message") or p.failed.get("error") or "see _FAILED.json"
         lines.append(f"STOPPED: {what} ({fmt.FAILED_NAME})")
     return lines
+
+
+def counted(n: int, noun: str, sep: str = ",") -> str:
+    """``1 chunk``, ``3 chunks``, ``1,000 bad records`` (``sep=""``: ``1000 bad records``)."""
+    return f"{n:{sep}} {noun}" + ("" if n == 1 else "s")
 
 
 def format_bytes(n: float) -> str:

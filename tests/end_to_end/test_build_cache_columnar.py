@@ -65,6 +65,7 @@ def test_every_format_gives_the_same_documents_and_tokens(inputs, table, tmp_pat
                 [f"data-0000{k}-of-00003.arrow" for k in range(3)]
 
 
+@pytest.mark.slow
 def test_one_build_mixes_formats_with_the_same_bytes_on_every_runner_and_worker_count(inputs, tmp_path):
     paths = [p for name, p in inputs.items() if name != "save_to_disk"]
     args = dict(chunk_bytes=CHUNK, keep_fields=KEEP, max_bad_fraction=1.0)

@@ -100,6 +100,7 @@ def prefix_of_final(root: str, final: dict) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_kill_points_then_rerun_is_byte_identical_and_readable_meanwhile(corpus, tmp_path):
     from reader.cli.main import main as reader_cli
 

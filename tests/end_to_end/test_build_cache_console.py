@@ -33,9 +33,12 @@ CHUNK = 8192
 RERUN = "Rerunning the same command resumes: completed chunks are kept."
 RUNNERS = {"default": [], "fnapi": ["--runner=FnApiRunner"],
            "portable": ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]}
+# in make test only: the portable runner's cases (it starts a job service) and the default runner's (it forks
+# worker processes); the in-process runner's run in test-fast too
+RUNNER_CASES = [pytest.param(r, marks=[pytest.mark.slow] * (r != "fnapi")) for r in RUNNERS]
 MB = r"[\d,]+\.\d"
-BUILDING = re.compile(rf"building: ({MB}) of (~?)({MB}) MB \((\d+\.\d)%\), ([\d,]+) documents, ([\d,]+) tokens, "
-                      r"([\d,]+) bad records(?:, ETA unknown|, [\d,]+\.\d MB/s, ETA (?:\d+ h \d+ min|\d+ min \d+ s|\d+ s))")
+BUILDING = re.compile(rf"building: ({MB}) of (~?)({MB}) MB \((\d+\.\d)%\), ([\d,]+) documents?, ([\d,]+) tokens?, "
+                      r"([\d,]+) bad records?(?:, ETA unknown|, [\d,]+\.\d MB/s, ETA (?:\d+ h \d+ min|\d+ min \d+ s|\d+ s))")
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +149,7 @@ def _mid_build(match: re.Match, out: str) -> bool:
     return done < t["uncompressed_bytes"] / 1e6 and docs < t["docs"] and float(match[4]) < 100
 
 
+@pytest.mark.slow
 def test_piped_stderr_gets_a_line_per_interval_then_the_last_at_100_percent(corpus, tmp_path):
     out = str(tmp_path / "cache")
     proc = subprocess.Popen(_argv(corpus, out, []), cwd=REPO, env=_env(tmp_path, CHUNKLEDGER_PROGRESS_INTERVAL="0.2"),
@@ -170,6 +174,7 @@ def test_piped_stderr_gets_a_line_per_interval_then_the_last_at_100_percent(corp
     assert _logs(tmp_path) == []  # a build that succeeds leaves no log
 
 
+@pytest.mark.slow
 def test_a_terminal_gets_one_line_rewritten_in_place(corpus, tmp_path):
     out = str(tmp_path / "cache")
     master, slave = pty.openpty()
@@ -213,7 +218,7 @@ def _damaged(tmp_path) -> tuple[str, str]:
                   "Replace the file with an intact copy (or leave it out of --input) and rerun the same command.")
 
 
-@pytest.mark.parametrize("runner", RUNNERS, ids=str)
+@pytest.mark.parametrize("runner", RUNNER_CASES, ids=str)
 def test_a_failed_build_prints_one_message_and_the_path_of_its_log(tmp_path, runner):
     path, message = _damaged(tmp_path)
     out = str(tmp_path / "cache")
@@ -230,7 +235,7 @@ def test_a_failed_build_prints_one_message_and_the_path_of_its_log(tmp_path, run
     assert proc.stdout == "" and not load_ledger(out)["finished"]
 
 
-@pytest.mark.parametrize("runner", RUNNERS, ids=str)
+@pytest.mark.parametrize("runner", RUNNER_CASES, ids=str)
 def test_ctrl_c_prints_one_line_and_exits_130(corpus, tmp_path, runner):
     """SIGINT to the launcher's process group, as a terminal's Ctrl-C sends it: the workers (forked, or
     in-process) end quietly, and the launcher prints one line."""
@@ -254,3 +259,42 @@ def test_ctrl_c_while_the_launcher_starts_prints_one_line(corpus, tmp_path):
         lambda: os.path.exists(trace_path) and b"warm_process_started" in open(trace_path, "rb").read())
     assert (code, stderr, stdout) == (130, f"interrupted. {RERUN}\n", b"")
     assert gone and glob.glob(str(tmp_path / "logs" / "chunkledger-*")) == []
+
+
+# Hides apitools, as an install with only the `pipeline` extra lacks it (the gcs and dataflow extras bring it):
+# Apache Beam then logs a warning on import. On PYTHONPATH, so that every process of the build has it.
+WITHOUT_APITOOLS = """
+import importlib.abc, sys
+class _Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "apitools" or name.startswith("apitools."):
+            raise ImportError("hidden: as with only the pipeline extra")
+sys.meta_path.insert(0, _Hide())
+"""
+
+
+@pytest.mark.slow
+def test_a_routine_build_and_its_rerun_write_no_warning_even_with_only_the_pipeline_extra(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(WITHOUT_APITOOLS)
+    env = _env(tmp_path, PYTHONPATH=os.pathsep.join([str(site), REPO]), CHUNKLEDGER_PROGRESS_INTERVAL="0.2")
+    beam = subprocess.run([sys.executable, "-c", "import apache_beam"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert "WARNING:root:apitools not found, and bigquery client libraries" in beam.stderr  # what is hidden
+    argv = [sys.executable, "-m", "pipelines.build_cache", "--input", os.path.join(REPO, "pipelines", "sample_corpus",
+            "*"), "--output", str(tmp_path / "cache"), "--tokenizer", "tiktoken:cl100k_base"]  # the default runner
+    for run in ("build", "rerun"):  # the build on the default runner: its forked workers import Beam too
+        more = [] if run == "build" else ["--runner=FnApiRunner"]
+        p = subprocess.run(argv + more, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BUILD_SECONDS)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert "WARNING" not in p.stderr, (run, p.stderr)
+        assert p.stderr.splitlines()[-1].startswith("built: 0.4 of 0.4 MB (100.0%), 382 documents"), p.stderr
+    assert "already complete" in p.stdout  # the rerun verified the finished cache
+    # a warning to act on still reaches the console, in the builder's format
+    one = os.path.join(REPO, "pipelines", "sample_corpus", "part-00.jsonl")
+    twice = [*argv[:3], "--input", one, "--input", one, "--output", str(tmp_path / "again"), *argv[-2:],
+             "--runner=FnApiRunner"]
+    p = subprocess.run(twice, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BUILD_SECONDS)
+    assert p.returncode == 0 and [ln for ln in p.stderr.splitlines() if "WARNING" in ln] == [
+        f"WARNING chunkledger.build: input file {one} is matched by more than one --input; it is read once"], p.stderr

@@ -53,6 +53,7 @@ def run_killed(args: list[str], kill_at: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_kill_points_then_rerun_is_byte_identical(corpus, clean, tmp_path):
     d, _ = corpus
     clean_out, clean_files = clean
@@ -72,6 +73,7 @@ def test_kill_points_then_rerun_is_byte_identical(corpus, clean, tmp_path):
         assert tree_bytes(out) == clean_files, f"resume after kill at {point} differs from a clean build"
 
 
+@pytest.mark.slow
 def test_external_sigkill_mid_build_then_rerun_is_byte_identical(tmp_path):
     """A real SIGKILL from outside once some chunks exist (multi-process runner: kill the whole group)."""
     texts = sample_texts(1200, seed=3, min_words=100, max_words=600)

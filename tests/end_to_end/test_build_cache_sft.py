@@ -175,6 +175,7 @@ def test_a_parquet_row_s_bad_record_keeps_its_fields_in_its_dead_letter(chat_tab
     assert letters["messages_not_list"]["value"] == {"messages": None}
 
 
+@pytest.mark.slow
 def test_chat_with_a_hugging_face_tokenizer_and_its_own_template(tmp_path):
     tok = chat_tokenizer_json(tmp_path)
     (tok.parent / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "bos_token": BOS,
@@ -259,6 +260,7 @@ def run_killed(args: list[str], kill_at: str) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_killed_supervised_build_resumes_to_the_same_bytes(template_file, tmp_path):
     records = chat_records(160, seed=8)
     inputs = [write_shard(str(tmp_path / "in" / "a.jsonl"), records[:80]),

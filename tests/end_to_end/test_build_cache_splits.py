@@ -331,6 +331,7 @@ def check_prefix_of_final(root: str, final: dict) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_kill_points_then_rerun_is_byte_identical_and_readable_meanwhile(clean, corpus, tmp_path, capsys):
     out_clean, _, files = clean
     d, _ = corpus

@@ -77,6 +77,7 @@ def test_unfinished_split_build_rebuilds_in_both_caches_exactly_the_chunks_whose
     assert tree_bytes(out) == tree_bytes(clean)
 
 
+@pytest.mark.slow
 def test_finished_split_build_repairs_damage_in_either_cache_to_the_same_bytes(tmp_path):
     d = tmp_path / "in"
     make_corpus(d)
@@ -99,6 +100,7 @@ def test_finished_split_build_repairs_damage_in_either_cache_to_the_same_bytes(t
     assert res["counters"]["chunks_skipped"] == len(chunks)
 
 
+@pytest.mark.slow
 def test_split_chunk_that_is_not_the_recorded_one_is_refused_naming_it(tmp_path):
     """A complete validation chunk swapped for one of another build: the finished ledger does not record it."""
     d = tmp_path / "in"
@@ -172,6 +174,7 @@ def test_resized_input_in_an_unfinished_split_build_names_its_files_in_both_cach
     assert tree_bytes(out) == tree_bytes(clean)
 
 
+@pytest.mark.slow
 def test_damaged_compressed_input_leaves_no_chunk_of_it_in_either_cache(tmp_path):
     src = write_shard(str(tmp_path / "src" / "d.jsonl.gz"), [{"text": t} for t in sample_texts(1500, seed=34)])
     intact = open(src, "rb").read()

@@ -42,7 +42,7 @@ from chaos import LONG, OPTS, SEED, argv, n, record, write_corpus, write_report
 from pipelines.errors import BuildError, EnvironmentFault
 from reader.format import spec as fmt
 
-pytestmark = pytest.mark.timeout(1800 if LONG else 600)
+pytestmark = [pytest.mark.timeout(1800 if LONG else 600), pytest.mark.slow]  # kills and reruns: make test only
 
 
 @pytest.fixture(scope="module", autouse=True)

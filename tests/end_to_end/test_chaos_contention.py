@@ -31,7 +31,7 @@ from build_helpers import REPO, build, tree_bytes
 from chaos import LONG, OPTS, SEED, argv, n, record, write_corpus, write_report
 from kill_at import PAUSED
 
-pytestmark = [pytest.mark.timeout(1800 if LONG else 900),
+pytestmark = [pytest.mark.timeout(1800 if LONG else 900), pytest.mark.slow,
               pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="waits on processes through pidfds (Linux)")]
 SUPPORT = os.path.join(REPO, "tests", "support")
 FIRST_CHUNK = 2  # the builder's atomic writes: the plan ledger, then the chunks' files (tests/support/kill_at.py)

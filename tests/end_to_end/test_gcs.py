@@ -33,7 +33,7 @@ TESTS = os.path.join(REPO, "tests", "support")
 SAMPLE = os.path.join(REPO, "pipelines", "sample_corpus")
 CHUNK = 40000
 FNAPI = ["--runner=FnApiRunner"]
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # builds against the emulator: make test only
 
 
 def argv(inputs: str, output: str, *extra: str) -> list[str]:

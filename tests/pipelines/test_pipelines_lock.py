@@ -148,6 +148,7 @@ def test_a_child_forked_by_the_holder_does_not_keep_the_lock_after_the_holder_di
                     pass
 
 
+@pytest.mark.slow
 def test_launchers_starting_at_once_exclude_each_other(tmp_path):
     out = str(tmp_path / "cache")
     procs = [holder(out, "wait-go") for _ in range(3)]

@@ -113,3 +113,51 @@ def test_a_config_resuming_an_older_cache_keeps_the_keys_it_lacks_absent():
     assert config.as_in(config.to_json()) == config
     other = chunk_config(parse("--max_doc_bytes", "1MiB").options)
     assert other.as_in(old).to_json() == {**old, "max_doc_bytes": 1 << 20}  # another value: refused by reconcile
+
+
+BUILDER = "python -m pipelines.build_cache"
+
+
+def run_main(argv, capsys) -> list[str]:
+    """``python -m pipelines.build_cache ARGV``'s stderr lines, for a command line refused with exit status 2."""
+    import pytest
+
+    from pipelines import build_cache
+
+    with pytest.raises(SystemExit) as e:
+        build_cache.main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def test_command_line_mistakes_are_two_lines_the_error_with_its_fix_and_where_help_is(capsys, monkeypatch):
+    monkeypatch.delenv("CHUNKLEDGER_MIN_CHUNK_BYTES")  # a real build's floor on --chunk_bytes
+    see = f"(see {BUILDER} --help)"
+    cases = {
+        ("--input", "a", "--output", "o", "--tokenzier", "tiktoken:cl100k_base"):
+            "unknown option --tokenzier; did you mean --tokenizer? (--tokenizer is required)",
+        (*BASE, "--record_format", "chats"): "argument --record_format: invalid choice: 'chats'; did you mean "
+                                             "--record_format chat?",
+        (*BASE, "--parquet_compression", "zstandard"): "argument --parquet_compression: invalid choice: "
+                                                       "'zstandard' (choose from zstd, snappy, gzip, lz4, brotli, none)",
+        (*BASE, "--chunk_bytes", "10KB"): "argument --chunk_bytes: 10KB is below the minimum of 64KiB (every chunk is "
+                                          "a file and a work unit): give 64KiB to 4GiB, e.g. 64MiB (the default, for "
+                                          "most corpora), 512KiB or 67108864",
+        (*BASE, "--chunk_bytes", "10 MB/s"): "argument --chunk_bytes: not a size: '10 MB/s' (use a byte count or "
+                                             "KiB, MiB, GiB: 67108864, 64MiB, 512KiB)",
+        ("--output", "o", "--tokenizer", "t"): "the following arguments are required: --input",
+    }
+    for argv, said in cases.items():
+        assert run_main(list(argv), capsys) == [f"{BUILDER}: error: {said}", see]
+    # an unknown option is the builder's own check (Beam's options pass through): one line, --help named in it
+    assert run_main([*BASE, "--inptu", "x"], capsys) == [
+        "error: unknown option --inptu; did you mean --input? (neither a builder option, see --help, nor an Apache "
+        "Beam pipeline option)"]
+
+
+def test_every_option_and_choice_mistyped_gets_did_you_mean(capsys):
+    import cli_mistakes
+
+    for argv, fix in cli_mistakes.mistakes(build_arg_parser()):
+        lines = run_main([*BASE, *argv], capsys)
+        assert len(lines) <= 2 and fix in lines[0], (argv, lines)

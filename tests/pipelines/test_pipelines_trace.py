@@ -5,6 +5,8 @@ from __future__ import annotations
 import glob
 import os
 
+import pytest
+
 from build_helpers import FNAPI, REPO, SAMPLE_DIR as SAMPLE, load_ledger, tree_digest
 from pipelines import build_cache, trace
 from pipelines.plan import ChunkConfig, MatchedFile, make_plan, work_units
@@ -55,6 +57,7 @@ def test_traced_build_records_every_unit_and_the_same_bytes(tmp_path, monkeypatc
     assert not glob.glob(os.path.join(traced, "**", "*trace*"), recursive=True)
 
 
+@pytest.mark.slow
 def test_cli_build_with_two_worker_processes_is_traced_and_identical(tmp_path):
     """The command line with 2 DirectRunner worker processes: launcher and both workers trace, the garbage
     collector is back on after the launcher's imports, and the cache equals an in-process build."""

@@ -228,6 +228,7 @@ def test_distinct_corpus_holds_each_document_once(tmp_path):
     assert build_distinct_corpus(tmp_path / "c", 3, real=real, log=logs.append) == m and len(logs) == 1
 
 
+@pytest.mark.slow
 def test_cold_agreement_counts_documents_identical_to_tiktoken(tmp_path):
     import tiktoken
 
@@ -245,6 +246,7 @@ def test_cold_agreement_counts_documents_identical_to_tiktoken(tmp_path):
     assert encoders_cold.same_docs([[1, 2], [3, 4], []], [[1, 2], [3, 5], []]) == 2  # same lengths, other tokens
 
 
+@pytest.mark.slow
 def test_megatron_fast_peer_writes_each_document_with_eod(tmp_path):
     import warnings
 

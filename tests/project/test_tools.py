@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from build_helpers import REPO, SAMPLE_DIR
 from build_helpers import build
 
@@ -32,17 +34,20 @@ def test_make_sample_corpus_writes_four_shards_the_last_gzip(tmp_path):
     assert sum(len(json.dumps(d, ensure_ascii=False).encode()) + 1 for d in docs) <= 20000
 
 
+@pytest.mark.slow
 def test_profile_builder_builds_a_chunk_and_compares_with_the_tokenizer():
     out = run_tool("tools.profile_builder", "--input", os.path.join(SAMPLE_DIR, "part-00.jsonl"))
     assert "96 documents" in out and "ChunkBuilder" in out and "builder / raw" in out
 
 
+@pytest.mark.slow
 def test_measure_encodings_reads_a_cache(tmp_path):
     cache, _ = build(tmp_path, [os.path.join(SAMPLE_DIR, "part-01.jsonl")], chunk_bytes=40000)
     out = run_tool("tools.measure_encodings", "--cache", cache, "--only_default")
     assert "corpus: 96 documents" in out and "builder default (zstd-3 PLAIN)" in out
 
 
+@pytest.mark.slow
 def test_measure_input_checks_reports_both_costs():
     out = run_tool("tools.measure_input_checks", "--mb", "0.3")
     assert '"hash/tokenize"' in out and '"rerun/build"' in out

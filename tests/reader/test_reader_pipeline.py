@@ -116,6 +116,7 @@ def test_real_cache_seek_equals_iterate_and_eval_covers_everything(built):
         assert np.array_equal(ids, np.arange(ids.size))
 
 
+@pytest.mark.slow
 def test_reading_during_a_real_build_matches_reading_after(tmp_path):
     out = str(tmp_path / "live")
     env = dict(os.environ, PYTHONPATH=ROOT)

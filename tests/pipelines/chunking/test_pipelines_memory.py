@@ -6,6 +6,8 @@ import gzip
 import json
 import tracemalloc
 
+import pytest
+
 from build_helpers import read_dead_letters
 from pipelines.launcher import match_inputs
 from pipelines.options import build_arg_parser, chunk_config
@@ -14,6 +16,7 @@ from pipelines.tokenize.tokenizer import resolve
 from pipelines.chunking.transforms import BuildChunksFn
 
 
+@pytest.mark.slow
 def test_streamed_gzip_shard_of_bad_lines_keeps_python_memory_bounded(tmp_path):
     n_lines = 200_000
     path = tmp_path / "in" / "big.jsonl.gz"

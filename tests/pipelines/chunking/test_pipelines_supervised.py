@@ -124,6 +124,7 @@ def pc_records(n: int, seed: int = 0) -> list[dict]:
             for m in convs]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["reference", "fast"])
 def test_prompt_completions_encoded_in_one_call_are_sft_records(backend):
     sup = supervised("prompt_completion", backend)
@@ -135,6 +136,7 @@ def test_prompt_completions_encoded_in_one_call_are_sft_records(backend):
         assert ids.tolist() == want_ids.tolist() and spans.tolist() == spans_of(want_mask).tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["reference", "fast"])
 def test_chat_records_are_sft_records_with_either_backend(backend):
     sup = supervised("chat", backend)
@@ -164,6 +166,7 @@ class OneTokenOff(ft.FastEncoder):
                 np.concatenate([[(a[0] + 1) % 1000], a[1:]]).astype(np.int32) for t, a in zip(texts, out)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("record_format", ["chat", "prompt_completion"])
 def test_the_fast_backend_is_checked_against_the_reference_on_sampled_records(record_format):
     fast = ft.load_encoder(SPEC.with_backend("fast"))

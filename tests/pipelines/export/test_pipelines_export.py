@@ -97,6 +97,7 @@ def test_the_fingerprint_names_the_chunks_the_dtype_and_the_part_size():
 # Same bytes as the CLI
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runner", [FNAPI, DIRECT_MP2], ids=["fnapi", "direct_mp2"])
 def test_byte_identical_to_the_cli(cache, tmp_path, runner):
     root, want = cache
@@ -106,6 +107,7 @@ def test_byte_identical_to_the_cli(cache, tmp_path, runner):
     assert got["counters"].get("parts_written") == len(got["plan"].parts)
 
 
+@pytest.mark.slow
 def test_int32_and_a_forced_dtype_match_the_cli(tmp_path):
     root = str(tmp_path / "c")
     ref.synthetic_cache(root, _chunks(seed=3, n=10, vocab=70000), vocab_size=70000, chunks_per_shard=[6, 4])
@@ -143,6 +145,7 @@ main(sys.argv[5:])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,n,stage", [("part", 13, "after"), ("m.bin", 1, "before"), ("m.bin", 1, "after"),
                                           ("m.idx", 1, "after")])
 def test_killed_export_reruns_to_the_same_bytes(cache, tmp_path, kind, n, stage):
@@ -192,6 +195,7 @@ def test_an_unfinished_cache_is_refused_before_anything_is_written(tmp_path, cap
     assert _files(str(tmp_path / "out")) == {}
 
 
+@pytest.mark.slow
 def test_a_damaged_chunk_is_named_and_a_rerun_after_the_repair_resumes(cache, tmp_path, capsys):
     import shutil
 
@@ -245,6 +249,7 @@ def test_existing_output_options_and_formats(cache, tmp_path, capsys):
     assert code == 2 and "--part_byte" in err
 
 
+@pytest.mark.slow
 def test_a_split_builds_top_directory_is_refused_as_the_cli_does_and_each_split_exports(tmp_path, capsys):
     top = str(tmp_path / "ds")
     build_cache.run(["--input", os.path.join(SAMPLE_DIR, "*.jsonl"), "--output", top, "--tokenizer",

@@ -20,6 +20,7 @@ from reader.cli.main import main as reader_main  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow
 def test_gs_export_composes_the_parts_into_the_clis_bytes(tmp_path):
     root = str(tmp_path / "cache")
     chunks = cachegen.random_chunks(np.random.default_rng(11), 3 * COMPOSE_LIMIT // 2, vocab=1000, empty_prob=0.05)

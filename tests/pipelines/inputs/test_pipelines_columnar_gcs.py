@@ -51,6 +51,7 @@ def records(layout, opts=None, source=None):
     return out
 
 
+@pytest.mark.slow
 def test_gs_inputs_read_like_local_files(files, emulator):
     singles, _ = files
     opts = emulator.storage_options

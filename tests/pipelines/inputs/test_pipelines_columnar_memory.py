@@ -11,6 +11,7 @@ pytestmark = pytest.mark.timeout(300)
 ROW_GROUP = 4 << 20
 
 
+@pytest.mark.slow
 def test_peak_memory_follows_the_row_group_not_the_file(tmp_path):
     small = measure(make_parquet(tmp_path / "small.parquet", 3 * ROW_GROUP, ROW_GROUP), ROW_GROUP)
     large = measure(make_parquet(tmp_path / "large.parquet", 30 * ROW_GROUP, ROW_GROUP), ROW_GROUP)

@@ -82,3 +82,28 @@ def test_types_accepted_for_text_and_kept_fields():
     assert not any(keys.is_text_type(t) for t in (pa.int64(), pa.list_(pa.string()), pa.struct([("a", pa.string())])))
     assert all(keys.is_keepable_type(t) for t in (pa.string(), pa.int8(), pa.uint64(), pa.null()))
     assert not any(keys.is_keepable_type(t) for t in (pa.float64(), pa.bool_(), pa.binary(), pa.list_(pa.int8())))
+
+
+def test_records_of_another_format_built_as_text_get_their_record_format():
+    pc = [{"prompt": f"q {i}", "completion": f"a {i}", "id": i} for i in range(50)]
+    assert keys.missing_key_problem("sft.jsonl", "text", pc) == (
+        "input file sft.jsonl: 50 of the first 50 records have no key 'text' (--text_key text). Their keys (records "
+        "having each): prompt (50), completion (50), id (50); these are prompt/completion records: pass "
+        "--record_format prompt_completion?")
+    chat = [{"messages": [{"role": "user", "content": "hi"}]}] * 10
+    assert keys.missing_key_problem("c.jsonl", "text", chat).endswith(
+        "; these are chat records: pass --record_format chat?")
+    sharegpt = [{"id": 1, "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}] * 10
+    assert keys.missing_key_problem("s.jsonl", "text", sharegpt).endswith(
+        "; these are chat records: pass --record_format chat --messages_key conversations?")
+    # a chat build of ShareGPT records: the key to pass
+    assert keys.missing_key_problem("s.jsonl", "messages", sharegpt, "--messages_key", list).endswith(
+        "; pass --messages_key conversations?")
+    columns = pa.schema([("prompt", pa.string()), ("completion", pa.string())])
+    assert keys.missing_column_message("p.parquet", "text", columns, "--text_key") == (
+        "input file p.parquet has no column 'text' (--text_key text). Its columns: prompt (string), completion "
+        "(string); these are prompt/completion records: pass --record_format prompt_completion?")
+    messages = pa.schema([("conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())])))])
+    assert keys.is_messages_type(messages.field("conversations").type)
+    assert keys.missing_column_message("c.parquet", "text", messages, "--text_key").endswith(
+        "; these are chat records: pass --record_format chat --messages_key conversations?")

@@ -86,6 +86,7 @@ def _read_all(reader, consume):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_long_lines_are_streamed_with_exact_offsets(tmp_path, seed):
     rng = random.Random(seed)

@@ -97,3 +97,22 @@ def test_planning_refuses_a_missing_column_or_text_key_naming_what_the_file_has(
         plan_inputs(match_inputs([jsonl]), cfg)
     half = write_shard(str(tmp_path / "c.jsonl"), [{"body": "x"}] * 15 + [{"content": "y"}] * 15)
     assert plan_inputs(match_inputs([half]), cfg)[0].path == half  # half of them have it: bad records, if any
+
+
+def test_a_directory_of_mixed_files_names_every_unknown_one_and_the_globs_to_use(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.jsonl", "b.jsonl.gz", "c.parquet"):
+        write_shard(str(tmp_path / "d" / name), [{"text": "x"}]) if "parquet" not in name else \
+            write_parquet(tmp_path / "d" / name, corpus_table(3))
+    for name in ("notes.txt", "README", "b.jsonl.gz.part"):
+        (tmp_path / "d" / name).write_text("x")
+    with pytest.raises(BuildError) as e:
+        match_inputs(["d/*"])
+    d = tmp_path / "d"
+    assert str(e.value) == (
+        f"3 input files of unknown format: {d}/README (no extension), {d}/b.jsonl.gz.part (extension '.part'), "
+        f"{d}/notes.txt (extension '.txt'); leave them out, e.g. --input 'd/*.jsonl' --input 'd/*.jsonl.gz' "
+        "--input 'd/*.parquet' (formats accepted: .jsonl, .ndjson or .json (each plain, .gz or .zst), .parquet, "
+        ".arrow (Arrow IPC stream or file), or a directory written by datasets' save_to_disk)")
+    assert [os.path.basename(f.path) for f in match_inputs(["d/*.jsonl", "d/*.jsonl.gz", "d/*.parquet"])] == [
+        "a.jsonl", "b.jsonl.gz", "c.parquet"]

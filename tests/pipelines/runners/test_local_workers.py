@@ -150,6 +150,7 @@ def test_a_killed_launcher_leaves_no_worker_behind_and_a_rerun_finishes(tmp_path
     assert tree_bytes(out2) == tree_bytes(ref)
 
 
+@pytest.mark.slow
 def test_a_worker_command_without_a_warm_process_starts_beams_own_worker(tmp_path):
     """Nothing listens on the socket: the command becomes Beam's standard worker (which, without a runner's
     addresses in its environment, stops at once saying so)."""

@@ -4,6 +4,7 @@ The command line's line, on a terminal and piped, is tested end to end in
 tests/end_to_end/test_build_cache_console.py.
 """
 
+import fcntl
 import gzip
 import json
 import logging
@@ -12,6 +13,8 @@ import pty
 import random
 import select
 import shutil
+import struct
+import termios
 import threading
 
 import pytest
@@ -125,7 +128,7 @@ def test_the_line_exact():
     assert "(99.9%)" in progress.render(there, 1e6)
     done = progress.Snapshot.of_ledgers({None: {"totals": {"docs": 7, "tokens": 70, "bad_records": 1,
                                                            "uncompressed_bytes": 2_500_000}}})
-    assert progress.render(done, 2e6) == ("built: 2.5 of 2.5 MB (100.0%), 7 documents, 70 tokens, 1 bad records, "
+    assert progress.render(done, 2e6) == ("built: 2.5 of 2.5 MB (100.0%), 7 documents, 70 tokens, 1 bad record, "
                                           "2.0 MB/s")
 
 
@@ -180,6 +183,35 @@ def test_terminal_console_rewrites_one_line_and_clears_it_for_a_log_record():
         stream.close()
 
 
+def test_the_line_fits_the_terminal_shortening_its_middle_never_the_rate_or_eta():
+    line = ("building: 16.8 of ~130.5 MB (12.9%), 23,402 documents, 3,959,632 tokens, 0 bad records, 12.9 MB/s, "
+            "ETA 1 min 4 s")
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # an 80-column terminal
+    stream = os.fdopen(slave, "w", encoding="utf-8")
+    try:
+        progress.Console(stream).end(line)
+        got = b""
+        while not got.endswith(b"\n") and select.select([master], [], [], 10)[0]:
+            got += os.read(master, 4096)
+        assert got.decode() == ("\rbuilding: 16.8 of ~130.5 MB (12.9%), …, 3.96M tok, 12.9 MB/s, ETA 1 min 4 s"
+                                "\x1b[K\r\n")
+    finally:
+        os.close(master)
+        stream.close()
+    # each step shortens the middle only as far as needed; a line that fits is left alone
+    assert progress.fit(line, 200) == line
+    assert progress.fit(line, 100) == ("building: 16.8 of ~130.5 MB (12.9%), 23,402 docs, 3,959,632 tok, 0 bad, "
+                                       "12.9 MB/s, ETA 1 min 4 s")
+    assert progress.fit(line, 90) == "building: 16.8 of ~130.5 MB (12.9%), …, 3.96M tok, 0 bad, 12.9 MB/s, ETA 1 min 4 s"
+    assert progress.fit(line, 70) == "building: 16.8 of ~130.5 MB (12.9%), 12.9 MB/s, ETA 1 min 4 s"
+    assert progress.fit(line, 40) == "building: 16.…, 12.9 MB/s, ETA 1 min 4 s"
+    bad = line.replace("0 bad records", "3 bad records")  # bad records are kept longer than tokens
+    assert progress.fit(bad, 79) == "building: 16.8 of ~130.5 MB (12.9%), …, 3 bad, 12.9 MB/s, ETA 1 min 4 s"
+    for width in range(25, 120):
+        assert len(progress.fit(line, width)) <= width and progress.fit(line, width).endswith("12.9 MB/s, ETA 1 min 4 s")
+
+
 def test_a_progress_failure_is_logged_and_never_raised(finished, tmp_path, monkeypatch):
     _, plan, _, _ = finished
     out = tmp_path / "broken"
@@ -221,3 +253,16 @@ def test_input_bytes_done_counts_built_and_kept_chunks(finished, tmp_path):
     assert c["input_bytes_done"] == ledger["totals"]["uncompressed_bytes"]
     assert c["chunks_written"] == 1 and c["input_bytes"] < c["input_bytes_done"]
     assert load_ledger(str(copy))["totals"] == ledger["totals"]
+
+
+def test_counts_of_one_are_singular_in_the_line_and_the_summary():
+    from pipelines import build_cache
+
+    one = progress.Snapshot(docs=1, tokens=1, bad_records=1, done_bytes=10, total_bytes=10, estimated=False,
+                            complete=True)
+    assert progress.render(one, None) == "built: 0.0 of 0.0 MB (100.0%), 1 document, 1 token, 1 bad record"
+    totals = {"docs": 1, "tokens": 7, "chunks": 1, "bad_records": 1, "uncompressed_bytes": 20}
+    run = build_cache._this_run({"chunks_written": 1, "tokens": 7}, 1.0, verified=False)
+    assert build_cache._summary({None: {"totals": totals}}, "out", run) == (
+        "chunkledger: 1 document, 7 tokens, 1 chunk, 1 bad record, 20 input bytes; this run in 1.0s: built 1 chunk, "
+        "7 tokens (7 tokens/s, 0.0 MB/s) -> out")

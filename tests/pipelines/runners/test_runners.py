@@ -156,6 +156,7 @@ def test_flink_is_byte_identical(corpus, reference, tmp_path):
 # Dataflow: the job description, built offline
 
 
+@pytest.mark.slow
 def test_dataflow_job_description_offline(corpus, tmp_path):
     pytest.importorskip("google.cloud.dataflow_v1beta3", reason="apache-beam[gcp] is not installed")
     pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator (test extra) is not installed")

@@ -147,6 +147,7 @@ def test_the_faster_pattern_applies_only_to_ranks_without_a_token_spanning_its_o
     assert own.encode_ordinary(text) != orig.encode_ordinary(text)
 
 
+@pytest.mark.slow
 def test_fast_backend_passes_the_conformance_set_with_cl100k(pattern):
     enc = ft.load_encoder(tk.resolve("tiktoken:cl100k_base").with_backend("fast"))
     assert isinstance(enc, ft.FastEncoder) and enc.backend == "fast" and enc.cut_long
@@ -176,6 +177,7 @@ def test_conformance_set_covers_scripts_marks_digits_whitespace_specials_and_lon
     assert any(len(p[0]) == tk.MAX_PIECE_CHARS for p in pieces.values())  # degenerate: a forced cut
 
 
+@pytest.mark.slow
 def test_fast_encoder_cuts_long_documents_like_the_reference():
     enc = ft.load_encoder(tk.resolve("tiktoken:cl100k_base").with_backend("fast"))
     degenerate = "abc" * 50_000  # no safe cut: forced cut at MAX_PIECE_CHARS, inside a token
@@ -253,6 +255,7 @@ def test_with_backend_rejects_bad_values():
 BACKENDS = ("reference", "fast", "gigatoken")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corpus", ["sample", "unicode"])
 def test_caches_are_byte_identical_across_backends_tiktoken(tmp_path, corpus, pattern):
     inputs = SAMPLE_INPUTS if corpus == "sample" else [str(p) for p in unicode_corpus(tmp_path / "in")]
@@ -283,6 +286,7 @@ def cl100k_tokenizer_json(tmp_path_factory) -> str:
     return str(hf_tokenizer.convert_added_specials(tmp_path_factory.mktemp("hf-cl100k")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corpus", ["sample", "unicode"])
 @pytest.mark.parametrize("which", ["tiny", "cl100k"])
 def test_caches_are_byte_identical_across_backends_hf_tokenizer_json(tmp_path, corpus, which, request):
@@ -302,6 +306,7 @@ def test_caches_are_byte_identical_across_backends_hf_tokenizer_json(tmp_path, c
     assert tree_bytes(outs["fast"]) == ref and tree_bytes(outs["gigatoken"]) == ref
 
 
+@pytest.mark.slow
 def test_the_backend_is_not_part_of_the_cache_identity(tmp_path):
     out, res = build(tmp_path, SAMPLE_INPUTS, tokenizer_backend="reference", chunk_bytes=100_000)
     before = tree_bytes(out)
@@ -342,6 +347,7 @@ def marker_corpus(root, marked: int) -> tuple[str, list[int]]:
     return path, offsets
 
 
+@pytest.mark.slow
 def test_verify_every_fails_the_build_naming_file_and_offset(tmp_path, monkeypatch, fresh_loads):
     assert all(MARKER not in t for _, t in conformance.conformance_texts(["<|endoftext|>"]))
     break_fast_backend(monkeypatch, marker=MARKER)
@@ -366,6 +372,7 @@ def test_verify_every_fails_the_build_naming_file_and_offset(tmp_path, monkeypat
     assert [g[1] for g in got if g not in want] == [offsets[23]]
 
 
+@pytest.mark.slow
 def test_summary_names_the_backend_and_the_checked_documents(tmp_path):
     out, res = build(tmp_path, SAMPLE_INPUTS, chunk_bytes=100_000, verify_every=1)
     docs = load_ledger(out)["totals"]["docs"]

@@ -52,6 +52,7 @@ def cl100k_with(pattern: str) -> tuple[tokenizer_lib.TiktokenDefinition, tk.Tikt
 # tiktoken: special-token strings stay text
 
 
+@pytest.mark.slow
 def test_gigatoken_passes_the_conformance_set_with_cl100k_keeping_special_strings_as_text():
     enc = gigatoken_of(tk.resolve("tiktoken:cl100k_base"))
     specials = ft._special_strings(enc.reference)
@@ -82,6 +83,7 @@ def test_the_check_catches_gigatoken_loaded_with_special_tokens_as_users_load_it
             assert diff is not None and i in as_users_load_it.encode_many([diff.text])[0], (label, special)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pattern", sorted(gb.SCHEMES, key=gb.SCHEMES.get))
 def test_each_tiktoken_pattern_maps_to_a_gigatoken_scheme_that_cuts_text_the_same(pattern):
     """With cl100k's ranks (the only ones offline), GigaToken's scheme for a pattern gives tiktoken's tokens of
@@ -108,6 +110,7 @@ def test_an_encoding_whose_pattern_gigatoken_lacks_is_refused_in_gigatoken_and_s
     assert enc.backend == "reference" and "no pre-tokenizer" in enc.fallback_reason
 
 
+@pytest.mark.slow
 def test_auto_uses_the_backend_chosen_for_the_kind(monkeypatch, tmp_path):
     tiktoken_spec = tk.resolve("tiktoken:cl100k_base")
     hf_spec = tk.resolve(train_tiny_tokenizer(str(tmp_path / "tok.json")))
@@ -198,6 +201,7 @@ def encode_in_batches(enc, texts, size=16):
     return [a.tolist() for i in range(0, len(texts), size) for a in enc.encode_many(texts[i:i + size])]
 
 
+@pytest.mark.slow
 def test_the_tokenizer_is_reloaded_when_the_rss_grew_by_the_budget_with_the_same_tokens():
     texts = sample_texts(96, seed=5)
     enc = gigatoken_of(tk.resolve("tiktoken:cl100k_base"))
@@ -210,6 +214,7 @@ def test_the_tokenizer_is_reloaded_when_the_rss_grew_by_the_budget_with_the_same
     assert enc.rebuilds == len(texts) // 16 and enc.tok is not first
 
 
+@pytest.mark.slow
 def test_where_the_rss_cannot_be_read_the_tokenizer_is_reloaded_by_characters(monkeypatch, tmp_path):
     monkeypatch.setattr(gb, "STATM", str(tmp_path / "no-proc"))
     assert gb.process_rss() is None

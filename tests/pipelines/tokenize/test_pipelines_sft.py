@@ -384,3 +384,14 @@ def test_tiktoken_encoder_over_another_ordinary_encoder_gives_the_same_records()
             continue
         got = sft.encode_chat({"messages": msgs}, CL100K_CHAT, other, eos_token="<|endoftext|>")
         assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+
+
+def test_sharegpt_messages_are_read_as_role_and_content():
+    hf = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+          {"role": "assistant", "content": "Hello!", "name": "bot"}, {"role": "tool", "content": "{}"}]
+    sharegpt = [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},
+                {"from": "gpt", "value": "Hello!", "name": "bot"}, {"from": "tool", "value": "{}"}]
+    assert sft.check_messages(sharegpt) == sft.check_messages(hf)
+    assert sft.render_chat(sharegpt, CHATML) == sft.render_chat(hf, CHATML)
+    with pytest.raises(sft.BadRecord, match="message 0 has role 'robot'"):
+        sft.check_messages([{"from": "robot", "value": "x"}])

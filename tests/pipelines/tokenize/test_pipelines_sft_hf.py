@@ -19,6 +19,8 @@ from pipelines.tokenize import sft
 from sftgen import (BOS, CHAT_ADDED, CHAT_SPECIALS, CHATML, EOS, FEATURES, LLAMA3, PIECES, ZEPHYR, chat_tiktoken,
                     chat_tokenizer_json, conversations, with_special_strings, without_marks)
 
+pytestmark = pytest.mark.slow  # against transformers' own rendering, token for token: make test only
+
 # name -> (our template, the template transformers masks with: the same text, with generation marks)
 TEMPLATES = {
     "chatml": (CHATML, CHATML),
@@ -73,6 +75,7 @@ def reference(hf, msgs, template):
     return out["input_ids"], [bool(x) for x in out["assistant_masks"]]
 
 
+@pytest.mark.slow
 def test_control_tokens_are_the_special_ones_and_the_added_ones_the_template_writes(encoders, tokenizer, hf):
     specials = set(ALL_SPECIALS) - set(CHAT_ADDED) | {"<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"}
     assert set(sft.HFSft(tokenizer).special_ids) == specials
@@ -82,6 +85,7 @@ def test_control_tokens_are_the_special_ones_and_the_added_ones_the_template_wri
     assert encoders("hf", CHATML).special_ids[EOS] == hf.eos_token_id == 100257
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["hf", "tiktoken"])
 @pytest.mark.parametrize("name", list(TEMPLATES))
 def test_chat_tokens_and_masks_equal_transformers(name, kind, hf, encoders):

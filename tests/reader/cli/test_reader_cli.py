@@ -172,6 +172,47 @@ def test_bad_arguments_exit_2_with_two_lines(argv, said, capsys):
     assert len(lines) == 2 and said in lines[0] and lines[1].endswith("--help)"), lines
 
 
+@pytest.mark.parametrize("argv,lines", [
+    (["inpect", "C"], ["python -m reader: error: argument command: invalid choice: 'inpect'; did you mean inspect?",
+                       "(see python -m reader --help)"]),
+    ([], ["python -m reader: error: the following arguments are required: command (one of inspect, validate, "
+          "batches, export, import-megatron, import-flat-tokens, report)", "(see python -m reader --help)"]),
+    (["inspect", "C", "--sqe_len", "3"], ["python -m reader inspect: error: unrecognized arguments: --sqe_len 3; did "
+                                          "you mean --seq_len?", "(see python -m reader inspect --help)"]),
+    (["export", "C", "--format", "megatorn", "--out", "x"],
+     ["python -m reader export: error: argument --format: invalid choice: 'megatorn'; did you mean --format megatron?",
+      "(see python -m reader export --help)"]),
+    (["export", "C", "--format", "parquet", "--out", "x"],
+     ["python -m reader export: error: argument --format: invalid choice: 'parquet' (choose from megatron, "
+      "flat-tokens)", "(see python -m reader export --help)"]),
+    (["import-megatron", "p", "--tokenizer_frm", "c", "--out", "x"],
+     ["python -m reader import-megatron: error: unknown option --tokenizer_frm; did you mean --tokenizer_from? "
+      "(--tokenizer_from is required)", "(see python -m reader import-megatron --help)"]),
+])
+def test_a_mistake_gets_the_fix_did_you_mean_or_the_choices(argv, lines, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines() == lines
+
+
+def test_every_option_and_choice_mistyped_gets_did_you_mean(capsys):
+    import argparse
+
+    import cli_mistakes
+    from reader.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    checked = 0
+    for command, parser in sub.choices.items():
+        for argv, fix in cli_mistakes.mistakes(parser):
+            with pytest.raises(SystemExit) as e:
+                main([command, *cli_mistakes.required_argv(parser), *argv])
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert e.value.code == 2 and len(lines) == 2 and fix in lines[0], (command, argv, lines)
+            checked += 1
+    assert checked > 60  # every option of every command
+
+
 @pytest.mark.parametrize("command", ["import-megatron", "import-flat-tokens"])
 @pytest.mark.parametrize("given", [["--tokenizer", "tiktoken:cl100k_base"], ["--tokenizer=./tok/"], ["--tokenizer"]])
 def test_a_tokenizer_spec_is_refused_naming_both_ways(command, given, capsys):
@@ -211,3 +252,14 @@ def test_help_explains_the_command_with_an_example(command, capsys):
     example = text.split("\nexample")[1]  # the "example(s):" section
     assert f"python -m reader {command} " in example
     assert "exit status: 0 done; 1 the cache is damaged" in text and "--debug" in text
+
+
+def test_output_cut_short_by_its_reader_ends_quietly_as_a_command_killed_by_sigpipe(cache_dir):
+    root, _, _ = cache_dir  # `python -m reader batches ... --show | head -1`: head leaves after one line
+    p = subprocess.Popen([sys.executable, "-m", "reader", "batches", root, "--seq_len", "16", "--batch_size", "4",
+                          "--ideal_readers", "1", "--count", "2000", "--show"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    assert p.stdout.readline().startswith(b"batch 0 row 0")
+    p.stdout.close()
+    err = p.stderr.read().decode()  # (a synthetic cache's rows are token ids: a note says so)
+    assert p.wait(timeout=120) == 141 and "error" not in err and "Broken pipe" not in err, err

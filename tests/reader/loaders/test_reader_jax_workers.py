@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 jax = pytest.importorskip("jax", reason="reader.jax needs the optional 'jax' extra")
+pytestmark = pytest.mark.slow  # reader worker processes under JAX: make test only
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 from cachegen import random_chunks, write_synthetic_cache  # noqa: E402

@@ -235,6 +235,7 @@ def test_a_native_restore_onto_another_worker_count_says_how_to_resume(cache):
         next(iter(other))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateful_eval_pass_resumes_to_its_end_and_a_finished_state_starts_a_new_pass(cache, workers):
     pytest.importorskip("torchdata")
@@ -269,6 +270,7 @@ def test_stateful_eval_pass_resumes_to_its_end_and_a_finished_state_starts_a_new
 # Reader worker processes (DataLoader num_workers=0), tensors that outlive the iteration
 
 
+@pytest.mark.slow
 def test_reader_workers_serve_zero_copy_tensors_that_stay_unchanged(cache):
     opts = options("shuffled", num_workers=2)
     with Reader(cache, options("shuffled")) as ref:
@@ -293,6 +295,7 @@ def test_as_tensors_shares_memory_and_views_uint32_as_int32():
     assert as_tensors({"x": ro})["x"].tolist() == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_spawned_workers_pickle_the_dataset(cache):
     """Under the spawn start method the dataset travels by pickle (no reader inside) and each worker
     opens its own."""

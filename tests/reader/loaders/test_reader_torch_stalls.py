@@ -60,6 +60,10 @@ def test_token_loader_sets_the_timeout_and_serves_the_same_batches(cache):
     for b, (item, x) in enumerate(zip(got, want), start=3):
         assert_item_equals(item, x, b)
     assert token_loader(TokenBatches(cache, opts, rank=0, world_size=1), num_workers=0).timeout == 0  # torch's rule
+    # the same call with a timeout works without workers too (torch would assert timeout == 0 there)
+    same = token_loader(TokenBatches(cache, opts, rank=0, world_size=1, start=3), num_workers=0, timeout=120)
+    assert same.timeout == 0
+    assert_item_equals(next(iter(same)), want[0], 3)
     with pytest.raises(ValueError, match="drop batch_size"):
         token_loader(ds, batch_size=4)
 

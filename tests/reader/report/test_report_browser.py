@@ -15,6 +15,7 @@ import chromium
 from build_helpers import REPO
 
 PNG = b"\x89PNG\r\n\x1a\n"
+pytestmark = pytest.mark.slow  # a real browser: make test (and CI) only
 
 
 @pytest.fixture(scope="module")

