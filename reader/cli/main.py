@@ -38,7 +38,7 @@ from reader.reader import Reader
 from reader.batch.schema import BATCH_KEYS
 from reader.report import summary
 from reader.storage.progress import describe as describe_progress, read_progress
-from reader.storage.validate import validate_chunk, validate_ledger, validate_shards
+from reader.storage.validate import recorded_entries, validate_chunk, validate_ledger, validate_shards
 
 
 def cmd_inspect_mixture(args) -> int:
@@ -151,6 +151,15 @@ def _reader_memory(args) -> dict[str, int]:
     return peak
 
 
+def _sample(n: int, sample: float | None, seed: int) -> np.ndarray:
+    """The chunks ``validate`` checks: all, or a deterministic sample (``sample`` chunks, or that fraction of
+    them when below 1), in order."""
+    if not sample:
+        return np.arange(n)
+    k = min(n, max(1, round(sample * n)) if sample < 1 else int(sample))
+    return np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+
+
 def cmd_validate(args) -> int:
     try:
         cache = Cache(args.path)
@@ -158,19 +167,33 @@ def cmd_validate(args) -> int:
         print(f"PROBLEM {e}")
         return 1
     t = cache.table
-    problems = validate_ledger(cache) + validate_shards(cache)
+    chosen = _sample(len(t), args.sample, args.seed)
+    sampled = len(chosen) < len(t)
+    shards = sorted(set(t.shard[chosen].tolist())) if sampled else None
+    problems = validate_ledger(cache) + validate_shards(cache, shards)
+    step = 1 << 14  # chunks whose records are fetched together (a table's block)
     with cf.ThreadPoolExecutor(args.threads) as pool:
-        for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick), range(len(t))):
-            problems += got
-    for p in problems:
+        for lo in range(0, len(chosen), step):
+            part = chosen[lo:lo + step].tolist()
+            try:
+                entries = recorded_entries(cache, part)
+            except fmt.DamagedCache as e:  # a damaged table block (validate_ledger named it too)
+                problems.append(str(e))
+                entries = None
+            if entries is None:
+                continue
+            for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick, entry=entries.get(c)), part):
+                problems += got
+    for p in dict.fromkeys(problems):
         print(f"PROBLEM {p}")
     state = "" if cache.complete else " (build in progress: only the chunks written so far were checked)"
+    which = (f"{len(chosen):,} of {len(t):,} chunks (--sample {args.sample:g} --seed {args.seed}: their shards' "
+             "directories, the whole ledger and table)") if sampled else f"{len(t)} chunks"
     if problems:
-        print(f"{len(problems)} problem(s) in {args.path}{state}. Rerun the build command to repair missing "
-              "chunks (delete damaged chunks and their .json sidecars first).")
+        print(f"{len(dict.fromkeys(problems))} problem(s) in {args.path}{state}, checking {which}. Rerun the build "
+              "command to repair missing chunks (delete damaged chunks and their .json sidecars first).")
         return 1
-    print(f"OK: {len(t)} chunks, {int(t.docs.sum()):,} documents, {int(t.tokens.sum()):,} tokens match the "
-          f"ledger{state}")
+    print(f"OK: {which}, {int(t.docs.sum()):,} documents, {int(t.tokens.sum()):,} tokens match the ledger{state}")
     return 0
 
 
@@ -254,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("path", help="cache root (local path or gs://bucket/cache)")
     v.add_argument("--quick", action="store_true", help="skip decoding token columns (size, checksum, layout only)")
     v.add_argument("--threads", type=int, default=4, help="parallel chunk reads")
+    v.add_argument("--sample", type=float, default=None, metavar="N",
+                   help="check N chunks (a fraction of them if below 1) drawn by --seed, their shards' files, and the "
+                        "whole ledger and chunk table: for a cache too large to read every chunk (default: every chunk)")
+    v.add_argument("--seed", type=int, default=0, help="with --sample: which chunks (the same seed, the same chunks)")
     v.set_defaults(fn=cmd_validate)
 
     b = sub.add_parser("batches", help="write one reader's rows of some batches to an .npz file",

@@ -47,13 +47,13 @@ from reader.format import checks
 from reader.format.checks import MAX_COUNT, MAX_INDEX, MAX_TOTAL, is_int, load_json  # noqa: F401 - re-exported
 
 FORMAT_NAME = "chunkledger"
-FORMAT_VERSION = 3  # the newest version this code writes
-# What a cache that uses nothing version 3 added (inputs other than JSON Lines, kept fields, loss masks) is
-# written as: byte for byte what writers before version 3 wrote, so older readers and builders keep reading it.
+FORMAT_VERSION = 4  # the version every build of this code writes
+# What builders before version 4 wrote for a cache that used nothing version 3 added (inputs other than JSON
+# Lines, kept fields, loss masks).
 BASE_FORMAT_VERSION = 2
 # Versions this code reads; a reader needs nothing of the differences but the optional columns (fields,
-# loss_spans) (docs/FORMAT.md, "Versions").
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
+# loss_spans) and, from version 4, the chunk table (reader/format/table.py; docs/FORMAT.md, "Versions").
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
 
 LEDGER_NAME = "ledger.json"
 CHUNKS_DIR = "chunks"

@@ -18,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.format import table as chunk_table
 from reader.storage import remote
 from reader.storage.cache import Cache
 from reader.storage.pages import int_values, loss_flags
@@ -180,7 +181,8 @@ def chunk_doc_lengths(cache: Cache, index: int) -> np.ndarray:
 
 
 def validate_ledger(cache: Cache) -> list[str]:
-    """Problems of a finished ledger as a whole: totals and offsets that disagree with its chunk entries."""
+    """Problems of a finished ledger as a whole: totals and offsets that disagree with its chunk entries; a
+    version 4 cache's table read whole, every block checked against the ledger."""
     if not cache.complete:
         return []
     t = cache.table
@@ -198,6 +200,14 @@ def validate_ledger(cache: Cache) -> list[str]:
         if key in totals and int(totals[key]) != want:
             problems.append(f"{where}: totals.{key} = {totals[key]}, the chunk entries sum to {want} (the ledger "
                             "was changed after the build)")
+    table = chunk_table.table_of(t)
+    if table is not None:  # offsets are derived; every block of every column must be the one the ledger records
+        for b in range(table.num_blocks):
+            try:
+                table.pieces(table.names, [b])
+            except fmt.DamagedCache as e:
+                problems.append(str(e))
+        return problems
     doc_off, tok_off = t.doc_offsets, t.token_offsets
     for i, e in enumerate(cache.ledger.raw["chunks"]):
         if e.get("doc_offset") != int(doc_off[i]) or e.get("token_offset") != int(tok_off[i]):
@@ -218,12 +228,13 @@ def _names(cache: Cache, rel: str) -> list[str]:
         return []
 
 
-def validate_shards(cache: Cache) -> list[str]:
+def validate_shards(cache: Cache, shards: Sequence[int] | None = None) -> list[str]:
     """Problems of a finished ledger against the files of its shards: a ``_DONE.json`` (compressed shards)
     that announces another chunk count or size than the ledger, a shard directory holding a chunk or
     sidecar past the ledger's count (the ledger lists fewer chunks than were written: a plan marked
     finished by hand, or an edited ledger), a shard directory the ledger has no input for. One listing per
-    shard directory: only ``validate`` does this (opening a cache reads no directory)."""
+    shard directory (of ``shards`` only, if given: a sampled ``validate``): only ``validate`` does this
+    (opening a cache reads no directory)."""
     if not cache.complete:
         return []
     led, problems = cache.ledger, []
@@ -237,7 +248,9 @@ def validate_shards(cache: Cache) -> list[str]:
             where = cache.display(fmt.CHUNKS_DIR + "/" + name)
             problems.append(f"{where}: a directory of shard {int(m.group(1))}, but {fmt.LEDGER_NAME} has {n_inputs} "
                             f"input shards; {fix}")
-    for i, inp in enumerate(led.inputs):
+    inputs = led.inputs
+    for i in range(n_inputs) if shards is None else shards:
+        inp = inputs[i]
         n, rel = int(per_shard[i]), fmt.shard_dir(i)
         names = _names(cache, rel)
         past = sorted({int(m.group(1)) for m in map(_CHUNK_FILE.fullmatch, names) if m and int(m.group(1)) >= n})
@@ -281,13 +294,31 @@ def _show(v: Any) -> str:
     return s if len(s) <= 40 else s[:18] + "..." + s[-18:]
 
 
-def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str]:
+def recorded_entries(cache: Cache, indices) -> dict[int, dict[str, Any]]:
+    """What a finished cache records of chunks ``indices``: their ledger entries (version 1 to 3), or their
+    table rows with the derived path, shard and index (version 4: the blocks holding them fetched once);
+    nothing while the build runs (the sidecars are the record then)."""
+    if not cache.complete:
+        return {}
+    table = chunk_table.table_of(cache.table)
+    if table is None:
+        return {i: dict(cache.ledger.raw["chunks"][i]) for i in indices}
+    t = cache.table
+    rows = chunk_table.rows_of(table, list(indices))
+    for i, row in rows.items():
+        row.update(path=t.paths[i], shard=int(t.shard[i]), index_in_shard=int(t.index_in_shard[i]))
+    return rows
+
+
+def validate_chunk(cache: Cache, index: int, *, decode: bool = True, entry: dict[str, Any] | None = None) -> list[str]:
     """Problems with global chunk ``index`` (empty list if it is sound), each naming the damaged file:
-    the Parquet file, its sidecar, or the ledger (see the module docstring)."""
+    the Parquet file, its sidecar, or the ledger (version 4: its table) (see the module docstring).
+    ``entry``: what the cache records of the chunk, if the caller fetched it (:func:`recorded_entries`)."""
     t = cache.table
     rel = t.paths[index]
     side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
-    ledger_rel = fmt.LEDGER_NAME
+    table = chunk_table.table_of(t)
+    ledger_rel = table.desc["path"] if table is not None else fmt.LEDGER_NAME
     shown = cache.display
     problems: list[str] = []
     data = _read(cache, rel)
@@ -304,7 +335,8 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
             if not isinstance(side, dict):
                 problems.append(f"{shown(side_rel)}: damaged sidecar: not a JSON object")
                 side = None
-    entry = dict(cache.ledger.raw["chunks"][index]) if cache.complete else None
+    if entry is None and cache.complete:
+        entry = recorded_entries(cache, [index])[index]
     want_bytes, want_sum = int(t.nbytes[index]), t.checksums[index]
     side_trusted = side is not None and entry is None  # during a build the table is the sidecars
     ledger_blamed = False
@@ -313,7 +345,9 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
         side_vouched = recorded is not None and recorded == fmt.checksum(raw)
         side_sum_ok = recorded is None or side_vouched
         got, want = _fields(side), _fields(entry)
-        differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+        # a table records some of a sidecar's keys (the rest the sidecar_checksum vouches for), a chunk list all
+        differ = sorted(k for k in (set(want) if table is not None else set(got) | set(want))
+                        if got.get(k) != want.get(k))
         file_backs_side = (data is not None and len(data) == side.get("bytes")
                            and fmt.checksum(data) == side.get("checksum"))
         if differ and (side_vouched or file_backs_side):
@@ -325,7 +359,8 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
             other = ", ".join(f"{_show(got.get(k))}" for k in differ)
             witness = "the chunk file and its sidecar" if file_backs_side else "its sidecar (checksum verified)"
             problems.append(f"{shown(ledger_rel)}: the entry of chunk {index} ({rel}) says {says}; {witness} "
-                            f"say {other}. The ledger was changed after the build: restore it, or rebuild")
+                            f"say {other}. The {'table' if table else 'ledger'} was changed after the build: restore it, "
+                            "or rebuild")
         elif differ:
             problems.append(f"{shown(side_rel)}: damaged sidecar: differs from the ledger entry in {differ}"
                             + (" (and its sha256 from the ledger's sidecar_checksum)" if recorded else ""))

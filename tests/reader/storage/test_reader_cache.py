@@ -99,14 +99,15 @@ def test_a_poll_reads_what_changed_not_the_whole_build(tmp):
     assert len(fetched) <= 4 + 16 + 1  # ... plus at most one batch of probes past the end (and the plan)
 
 
-@pytest.mark.parametrize("packed,eval_mode,seed", [(True, False, 0), (False, False, 1), (True, True, 2),
-                                                   (False, True, 3)])
-def test_reading_during_build_equals_reading_after(tmp, packed, eval_mode, seed):
+@pytest.mark.parametrize("packed,eval_mode,seed,version", [(True, False, 0, 2), (False, False, 1, 2), (True, True, 2, 2),
+                                                           (False, True, 3, 2), (True, False, 4, 4), (False, True, 5, 4)])
+def test_reading_during_build_equals_reading_after(tmp, packed, eval_mode, seed, version):
+    """Version 4: followed through the chunks' entries, then the finished table."""
     chunks = _chunks(10 + seed, 12)
     cps, comp = [5, 4, 3], [False, True, False]
     opts = ReadOptions(seq_len=7, batch_size=4, packed=packed, ideal_readers=3, eval_mode=eval_mode)
     got, want = cachegen.batches_during_and_after_build(tmp, chunks, cps, opts, 30, compressed=comp, first=[0],
-                                                        seed=seed)
+                                                        seed=seed, version=version)
     assert [b for b, _ in got] == [b for b, _ in want]
     for (_, x), (_, y) in zip(got, want):
         for k in x:
