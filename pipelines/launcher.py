@@ -40,7 +40,7 @@ TOKENIZER_FILE = "tokenizer.json"  # Hugging Face builds: the tokenizer's JSON, 
 INDEX_DIR = "index"  # reader.storage.index.INDEX_DIR, the reader's files in a cache (not imported: a light launcher)
 # Finished caches a rerun checks against their inputs: sidecars record what they were built from from
 # version 2 on (a version 1 cache is left as it is).
-CHECKABLE = (fmt.BASE_FORMAT_VERSION, fmt.FORMAT_VERSION)
+CHECKABLE = tuple(range(fmt.BASE_FORMAT_VERSION, fmt.FORMAT_VERSION + 1))
 
 
 def check_output(output: str) -> None:
@@ -65,7 +65,8 @@ def check_output(output: str) -> None:
 _SHARD = re.compile(r"shard-\d{5,}")
 _CACHE: dict[Any, Any] = {
     fmt.LEDGER_NAME: True, TOKENIZER_FILE: True, status.FAILED_NAME: True,
-    fmt.CHUNKS_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.(parquet|json)"): True, fmt.SHARD_DONE_NAME: True}},
+    re.compile(r"table-[0-9a-f]{16}\.bin"): True,
+    fmt.CHUNKS_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.(parquet|json|entry)"): True, fmt.SHARD_DONE_NAME: True}},
     fmt.BAD_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.jsonl"): True}},
     INDEX_DIR: None,  # the reader's
 }

@@ -491,7 +491,7 @@ def test_fuzzed_lines_are_never_lost():
                 out = os.path.join(d, "out-" + name)
                 plan = make_plan(tok.identity(), config, [MatchedFile(path, os.path.getsize(path))])
                 ub = UnitBuilder(out, enc, config.to_json(), tok.eos_id)
-                sidecars = [sc for u in work_units(plan) for r in ub.build(u) for sc in r.sidecars]
+                sidecars = [sc for u in work_units(plan) for r in ub.build(u) for sc in r.entries]
                 seen = {}
                 for sc in sidecars:
                     cols = read_chunk(out, sc["path"])

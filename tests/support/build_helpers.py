@@ -145,6 +145,15 @@ def small_plan(tmp_path, chunk_bytes: int = 1500):
     return plan, tok, texts, (a, b)
 
 
+def write_plan(out: str, plan) -> None:
+    """The plan ledger(s) of ``plan`` in ``out``, as the launcher writes them before a job starts."""
+    from pipelines import status
+    from pipelines.chunking.splits import cache_root
+
+    for name, cache_plan in plan.caches():
+        status.write_ledger(cache_root(out, name), cache_plan.ledger())
+
+
 # --------------------------------------------------------------------------------------------------
 # End-to-end builds and their reference checks (shared by the build tests in every folder)
 

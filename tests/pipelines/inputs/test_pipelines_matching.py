@@ -43,7 +43,7 @@ def test_formats_are_found_per_file_and_columnar_files_planned(tmp_path):
     assert (a.rows, b.rows) == (100, 100) and a.chunks == len(a.layout.chunks) > 1 and b.chunks > 1
     assert (c.chunks, e.chunks) == (fmt.num_chunks(c.size, 4000), None)
     ledger = plan.ledger()
-    assert ledger["format_version"] == 3 and ledger["config"]["keep_fields"] == ["source"]
+    assert ledger["format_version"] == 4 and ledger["config"]["keep_fields"] == ["source"]
     assert [i["format"] for i in ledger["inputs"]] == ["parquet", "arrow", "json_array", "jsonl"]
     assert [i.get("rows") for i in ledger["inputs"]] == [100, 100, None, None]
     units = work_units(plan)
@@ -55,12 +55,12 @@ def test_formats_are_found_per_file_and_columnar_files_planned(tmp_path):
     assert all(len(u.columnar.group_rows) == u.columnar.span[1] - u.columnar.span[0] for u in columnar)
 
 
-def test_a_jsonl_build_is_version_2_exactly_as_before(tmp_path):
+def test_every_build_is_version_4(tmp_path):
     path = write_shard(str(tmp_path / "a.jsonl"), [{"text": "one"}])
     cfg = config()
     ledger = make_plan({"spec": "t"}, cfg, plan_inputs(match_inputs([path]), cfg)).ledger()
-    assert ledger["format_version"] == 2 and "keep_fields" not in ledger["config"]
-    assert set(ledger["inputs"][0]) == {"shard", "path", "size", "compression", "chunks", "crc32c"}
+    assert ledger["format_version"] == 4 and "keep_fields" not in ledger["config"]
+    assert set(ledger["inputs"][0]) == {"shard", "path", "size", "compression", "chunks", "crc32c", "format"}
 
 
 def test_a_save_to_disk_directory_is_its_arrow_files(tmp_path):
