@@ -236,6 +236,32 @@ def cmd_batches(args) -> int:
     return 0
 
 
+def cmd_index(args) -> int:
+    """Count the examples of every chunk for one read's options and write the index file readers load."""
+    import time
+
+    from reader.storage.index import ExampleIndex
+
+    kind = "best_fit" if args.packing == "best_fit" else "unpacked"
+    opts = (ReadOptions(seq_len=args.seq_len, packing="best_fit", best_fit_window_tokens=args.best_fit_window_tokens,
+                        drop_long=args.drop_long) if kind == "best_fit" else
+            ReadOptions(seq_len=args.seq_len, packed=False, drop_long=args.drop_long))
+    cache = Cache(args.path)
+    if not cache.complete:
+        print(f"error: {args.path}: the build is still running; an index file is of a finished cache", file=sys.stderr)
+        return 1
+    index = ExampleIndex(cache, opts.seq_len, kind, window_tokens=opts.best_fit_window_tokens, drop_long=opts.drop_long,
+                         threads=args.threads)
+    t0 = time.perf_counter()
+    counts = index.counts(cache.table)
+    dt = time.perf_counter() - t0
+    n = len(cache.table)
+    what = (f"counted in {dt:.1f} s ({1000 * dt / max(n, 1):.2f} ms per chunk with {args.threads} threads)"
+            if index.counted else "already there, checked against the table: nothing counted")
+    print(f"{cache.display(index.index_file)}: {int(counts.sum()):,} {kind} examples of {n:,} chunks, {what}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m reader", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -315,6 +341,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="output .npz file")
     report_cli.add_show_arguments(b)  # --show: the rows decoded in the terminal
     b.set_defaults(fn=cmd_batches)
+
+    x = sub.add_parser("index", help="count every chunk's unpacked examples or best-fit rows for one seq_len, once, "
+                                     "into the index file readers load (ahead of a large job)",
+                       description="Readers of unpacked or best-fit examples need each chunk's example count for "
+                                   "their seq_len; the first reader counts them (reading every chunk's num_tokens "
+                                   "column) and stores them in ROOT/index/. For a large cache, run this once before "
+                                   "the job instead of letting its first hosts do it (docs/READING.md).")
+    x.add_argument("path", help="cache root (local path or gs://bucket/cache), finished")
+    x.add_argument("--seq_len", type=int, required=True, help="tokens per example (L)")
+    x.add_argument("--packing", choices=("unpacked", "best_fit"), default="unpacked",
+                   help="unpacked examples (one document piece per row) or best-fit rows")
+    x.add_argument("--drop_long", action="store_true", help="count as ReadOptions(drop_long=True) reads")
+    x.add_argument("--best_fit_window_tokens", type=int, default=ReadOptions.best_fit_window_tokens,
+                   help="best_fit: the window target of the run")
+    x.add_argument("--threads", type=int, default=32, help="chunks counted at once (each a footer and a column read)")
+    x.set_defaults(fn=cmd_index)
 
     from reader.cli import export as export_cli  # Megatron and seqax formats (docs/INTEROP.md)
     from reader.interop import import_flat_tokens  # Megatron and seqax formats (docs/INTEROP.md)

@@ -54,6 +54,9 @@ def columns(masked: bool) -> list[tuple[str, str]]:
     return [c for c in COLUMNS if masked or c[0] != "loss_tokens"]
 
 
+_columns = columns
+
+
 def table_name(file_checksum: str) -> str:
     """``table-H.bin`` for the file whose checksum is ``file_checksum`` (``"sha256:<hex>"``)."""
     return f"{TABLE_PREFIX}{file_checksum.removeprefix(DIGEST_PREFIX)[:16]}{TABLE_SUFFIX}"
@@ -156,12 +159,15 @@ class TableWriter:
       masked: the cache has loss masks (the ``loss_tokens`` column).
     """
 
-    def __init__(self, out: BinaryIO, rows: int, masked: bool, *, block_rows: int = BLOCK_ROWS, codec: str = "zstd"):
+    def __init__(self, out: BinaryIO, rows: int, masked: bool, *, block_rows: int = BLOCK_ROWS, codec: str = "zstd",
+                 columns: Sequence[tuple[str, str]] | None = None, offset: int = 0):
+        """``columns``: other ``(name, type)`` columns than a chunk table's (a reader's index file, in the same
+        format); ``offset``: where in ``out`` the first piece goes (other parts of a file before it)."""
         self.out, self.rows, self.block_rows, self.codec = out, int(rows), int(block_rows), codec
-        self.columns = columns(masked)
+        self.columns = list(columns) if columns is not None else _columns(masked)
         self.blocks: list[list[list[Any]]] = []
         self.written = 0  # rows
-        self.offset = 0
+        self.offset = int(offset)
         self.sha = hashlib.sha256()
 
     def add(self, values: Mapping[str, np.ndarray]) -> None:

@@ -256,6 +256,17 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
     return entries
 
 
+def table_rows(root: str) -> list[dict[str, Any]]:
+    """Every row of a version 4 cache's table, as the entries it was written from (a test edits and rewrites
+    them with :func:`write_table`)."""
+    from reader.storage.cache import Cache
+    from reader.storage.validate import recorded_entries
+
+    c = Cache(root)
+    rows = recorded_entries(c, range(len(c.table)))
+    return [rows[i] for i in range(len(rows))]
+
+
 def finish_cache(root: str, entries: Sequence[Mapping[str, Any]]) -> None:
     """Rewrite the plan ledger at ``root`` as finished with ``entries`` (global order), as the launcher does."""
     fs, base = _fs(root)
