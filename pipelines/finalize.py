@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import glob
 import hashlib
+import os
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -22,32 +24,17 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from reader.format import spec as fmt
+from reader.format import blocks
 from reader.format import table as chunk_table
 from reader.order.streams import round_robin_order
 from reader.storage import atomic
 
 from pipelines.errors import BuildError
 from pipelines.inputs import fsutil
+from pipelines.options import is_remote
 
 ENTRY_THREADS = 32  # entries read at once (remote storage: each is a round trip)
 DELETE_BATCH = 1000  # entries deleted per call (Cloud Storage batches them)
-
-
-def plan_checksum(root: str) -> str | None:
-    """``"sha256:"`` of the ledger in ``root`` as it is now (what the job's steps check it against), None if none."""
-    raw = fsutil.read_bytes_or_none(fmt.join(root, fmt.LEDGER_NAME))
-    return None if raw is None else fmt.checksum(raw)
-
-
-def read_plan(root: str, checksum: str) -> dict[str, Any]:
-    """The ledger in ``root``, which must be the one the launcher wrote (its checksum): else another build
-    replaced it while this one ran. Raises BuildError."""
-    path = fmt.join(root, fmt.LEDGER_NAME)
-    raw = fsutil.read_bytes_or_none(path)
-    if raw is None or fmt.checksum(raw) != checksum:
-        raise BuildError(f"{path} was replaced by another build while this one ran; its chunks may be mixed. "
-                         "Delete the output and build again (one build at a time).")
-    return fmt.Ledger.parse(raw, where=path).raw
 
 
 def final_inputs(plan: Mapping[str, Any], root: str) -> list[dict[str, Any]]:
@@ -84,7 +71,7 @@ def entry_blocks(root: str, order: np.ndarray, block_rows: int = chunk_table.BLO
     """The entries of the chunks ``order`` (``(shard, index)`` rows, global order) in ``root``, a block of
     ``block_rows`` at a time; the next block's reads are in flight while one is used."""
     def read(row) -> bytes | None:
-        return fsutil.read_bytes_or_none(fmt.join(root, chunk_table.entry_path(int(row[0]), int(row[1]))))
+        return _read(fmt.join(root, chunk_table.entry_path(int(row[0]), int(row[1]))))
 
     def fetch(lo: int) -> list:
         return list(pool.map(read, order[lo:lo + block_rows]))
@@ -101,7 +88,7 @@ def entry_blocks(root: str, order: np.ndarray, block_rows: int = chunk_table.BLO
                     raise BuildError(f"internal: chunk {fmt.join(root, fmt.chunk_path(s, k))} is missing after the "
                                      f"build (no {rel})")
                 try:
-                    block.append(fsutil.load_json(raw))
+                    block.append(fmt.load_json(raw))
                 except ValueError as e:
                     raise BuildError(f"{fmt.join(root, rel)}: not valid JSON ({e}); delete it and the chunk's "
                                      ".json sidecar, and rerun the same command") from None
@@ -245,25 +232,48 @@ def discard(draft: Draft) -> None:
     fsutil.delete_if_exists(draft.tmp)
 
 
-def remove_entries(root: str) -> None:
-    """Delete every chunk entry of the cache in ``root`` (the finished ledger's table holds what they said)."""
-    found = FileSystems.match([fmt.join(root, f"{fmt.CHUNKS_DIR}/*/chunk-*{chunk_table.ENTRY_SUFFIX}")])
-    paths = [m.path for res in found for m in res.metadata_list]
+def _read(path: str) -> bytes | None:
+    """A small file's bytes, None if it does not exist (a local file read directly: Beam's local filesystem
+    costs a glob per call, and the finalize reads a million of them)."""
+    if is_remote(path):
+        return fsutil.read_bytes_or_none(path)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def remove_entries(root: str, order: np.ndarray) -> None:
+    """Delete the entries of the chunks ``order`` in ``root`` (the finished ledger's table holds what they said):
+    Cloud Storage in batches, local files one by one (Beam's local delete globs each path)."""
+    paths = [fmt.join(root, chunk_table.entry_path(s, k)) for s, k in order.tolist()]
+    if not is_remote(root):
+        for p in paths:
+            try:
+                os.remove(p)
+            except FileNotFoundError:
+                pass
+        return
     for i in range(0, len(paths), DELETE_BATCH):
         try:
             FileSystems.delete(paths[i:i + DELETE_BATCH])
-        except Exception:  # noqa: BLE001 - removed meanwhile (a concurrent cleanup): the goal anyway
+        except Exception:  # noqa: BLE001 - some were gone (removed meanwhile): remove the rest one by one
             for p in paths[i:i + DELETE_BATCH]:
                 fsutil.delete_if_exists(p)
 
 
 def remove_other_tables(root: str, keep: str | None) -> None:
     """Delete the tables in ``root`` that the ledger does not name (an earlier, interrupted finalize's)."""
-    found = FileSystems.match([fmt.join(root, f"{chunk_table.TABLE_PREFIX}*{chunk_table.TABLE_SUFFIX}")])
-    for m in (m for res in found for m in res.metadata_list):
-        name = m.path.rstrip("/").rsplit("/", 1)[-1]
+    pattern = f"{chunk_table.TABLE_PREFIX}*{chunk_table.TABLE_SUFFIX}"
+    if is_remote(root):
+        paths = [m.path for res in FileSystems.match([fmt.join(root, pattern)]) for m in res.metadata_list]
+    else:  # (Beam's local match walks the whole tree)
+        paths = glob.glob(fmt.join(glob.escape(root), pattern))
+    for path in paths:
+        name = path.rstrip("/").rsplit("/", 1)[-1]
         if chunk_table.is_table_name(name) and name != keep:
-            fsutil.delete_if_exists(m.path)
+            fsutil.delete_if_exists(path)
 
 
 def read_ranges(path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
@@ -312,7 +322,7 @@ class Recorded:
                                      "restore it, or build into another --output")
                 self._counts = counts
                 desc = self._raw["table"]
-                self._table = chunk_table.Table(desc, lambda rel, r: read_ranges(fmt.join(self.root, rel), r),
+                self._table = blocks.BlockFile(desc, lambda rel, r: read_ranges(fmt.join(self.root, rel), r),
                                                 fmt.join(self.root, desc["path"]))
         return self._raw
 
@@ -334,4 +344,4 @@ class Recorded:
             if len(self._blocks) >= self.KEEP_BLOCKS:
                 self._blocks.pop(next(iter(self._blocks)))
             self._blocks[b] = block
-        return chunk_table.digest_text(block[i])
+        return blocks.digest_text(block[i])

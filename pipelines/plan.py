@@ -11,7 +11,7 @@ writes two caches from one pass: :meth:`BuildPlan.caches` gives the plan of each
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -183,8 +183,7 @@ class BuildPlan:
 
     @property
     def format_version(self) -> int:
-        """The cache's format version: every build writes the newest (a finished cache of an older version is
-        verified, and left in its version)."""
+        """Every build writes the newest version (a finished older cache is verified and left in its own)."""
         return fmt.FORMAT_VERSION
 
     def ledger(self) -> dict[str, Any]:
@@ -228,19 +227,14 @@ def make_plan(tokenizer: Mapping[str, Any], config: ChunkConfig, files: Sequence
 
 
 class UnitList:
-    """The work units of a plan in their order, largest (estimated) first, without holding them: one per chunk
-    of an uncompressed JSON Lines or a columnar shard, one per compressed shard or JSON array. A unit is made
-    when asked for (:meth:`unit`), so a worker of a million-unit plan holds three arrays, not a million units.
+    """A plan's work units, largest (estimated) first, made when asked for (:meth:`unit`): one per chunk of an
+    uncompressed JSON Lines or a columnar shard, one per compressed shard or JSON array; three arrays for a
+    million units. The order changes no output byte: largest-first balances static partitioning and starts
+    compressed shards (the longest units, whose counts gate what a reader can follow) early. It is a function
+    of the ledger alone (a columnar chunk counts as ``chunk_bytes``), the same on every worker.
 
-    The order changes no output byte. Largest-first keeps static partitioning (the local DirectRunner deals
-    units round-robin to its workers) balanced, and starts compressed shards (the longest units, whose chunk
-    counts gate the order a reader can follow mid-build) early. It is a function of the plan's ledger alone
-    (a columnar chunk counts as ``chunk_bytes``), so every worker computes the same one.
-
-    Args:
-      plan: the plan (its inputs as the ledger records them).
-      layout_of: a columnar input's planned layout (``pipelines.inputs.columnar.ColumnarLayout``); default the
-        one the plan carries (a worker, whose plan comes from the ledger, plans it again from the file's metadata).
+    ``layout_of``: a columnar input's layout (default the plan's; a worker, whose plan comes from the ledger,
+    plans it again from the file's metadata).
     """
 
     def __init__(self, plan: "BuildPlan", layout_of: Callable[["InputFile"], Any] | None = None):
@@ -287,12 +281,6 @@ class UnitList:
         return WorkUnit(shard=inp.shard, path=inp.path, compression="none", size=inp.size, index=k, lo=lo, hi=hi,
                         estimate=hi - lo, trusted=trusted)
 
-    def of_shards(self, lo: int, hi: int) -> Iterator[WorkUnit]:
-        """The units of shards ``[lo, hi)``, in the order."""
-        for i in np.flatnonzero((self.shard >= lo) & (self.shard < hi)).tolist():
-            yield self.unit(i)
-
-
 def _planned_layout(inp: "InputFile") -> Any:
     if inp.layout is None:
         raise ValueError(f"internal: {inp.path} has no planned layout")
@@ -303,45 +291,6 @@ def work_units(plan: BuildPlan) -> list[WorkUnit]:
     """Every work unit of ``plan``, in the order of :class:`UnitList`."""
     units = UnitList(plan)
     return [units.unit(i) for i in range(len(units))]
-
-
-def inputs_from_ledger(ledger: Mapping[str, Any]) -> tuple[InputFile, ...]:
-    """The inputs of a plan (or finished) ledger, as the plan had them (columnar layouts are not in a ledger)."""
-    return tuple(InputFile(shard=int(i["shard"]), path=i["path"], size=int(i["size"]), compression=i["compression"],
-                           chunks=i.get("chunks"), crc32c=i.get("crc32c"), format=i.get("format", JSONL),
-                           rows=i.get("rows")) for i in ledger["inputs"])
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanRef:
-    """How the job's steps find the plan: the ledger(s) the launcher left in the output, by path and checksum,
-    never the plan itself (its size grows with the inputs; a job graph holding it would too). A step reads the
-    ledger, checks its checksum (another build replacing it is an error) and rebuilds what it needs.
-
-    Attributes:
-      output: the build's output (the parent of a split build's caches).
-      checksums: ``(cache name, "sha256:" of its ledger as the launcher left it)`` per cache of the build.
-      trusted: the shards whose input is known unchanged (same Cloud Storage CRC32C), a bitmap (``np.packbits``).
-      shards: the number of inputs.
-    """
-
-    output: str
-    checksums: tuple[tuple[str | None, str], ...]
-    trusted: bytes = b""
-    shards: int = 0
-
-    def checksum(self, name: str | None) -> str:
-        return dict(self.checksums)[name]
-
-    def trusted_shards(self) -> frozenset[int]:
-        bits = np.unpackbits(np.frombuffer(self.trusted, np.uint8))[:self.shards] if self.trusted else []
-        return frozenset(np.flatnonzero(bits).tolist())
-
-    @staticmethod
-    def packed(shards: Collection[int], n: int) -> bytes:
-        bits = np.zeros(n, np.uint8)
-        bits[list(shards)] = 1
-        return np.packbits(bits).tobytes()
 
 
 def _differences(section: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

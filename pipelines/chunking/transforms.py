@@ -2,7 +2,7 @@
 
 ``BuildCache`` is the whole job after planning::
 
-    PlanShards (Create: ranges of shards) -> PlanUnits (ParDo: each range's units, from the plan ledger) ->
+    PlanRanges (Create: ranges of the unit order) -> PlanUnits (ParDo: each range's units, from the plan ledger) ->
     Spread (Reshuffle) -> BuildChunks (ParDo) -> Done -> AfterAllUnits (CombineGlobally: a count) -> Finalize
 
 or, on the local multi-process runner, ``WorkerSlots`` (one element per worker) instead of the first three: each
@@ -28,21 +28,23 @@ from __future__ import annotations
 from typing import Any, Callable, Collection, Iterable
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 
 from reader.format import spec as fmt
 from reader.format.table import uses_table
+from reader.order.streams import round_robin_order
 
 from pipelines import status, trace
 from pipelines.inputs import fsutil
 from pipelines.chunking.chunk_writer import Counters
 from pipelines.chunking.supervised import Supervised
 from pipelines.errors import BuildError
-from pipelines.finalize import (Recorded, discard, draft_table, final_inputs, finished_ledger, plan_checksum, publish,
-                                read_plan, remove_entries, remove_other_tables)
+from pipelines.finalize import (Recorded, discard, draft_table, final_inputs, finished_ledger, publish, remove_entries,
+                                remove_other_tables)
 from pipelines.ledger import check_bad_fraction_of, empty_inputs, per_shard
-from pipelines.plan import (BuildPlan, ChunkConfig, InputFile, PlanRef, UnitList, UnitResult, WorkUnit,
-                            inputs_from_ledger)
+from pipelines.plan import BuildPlan, ChunkConfig, InputFile, UnitList, UnitResult, WorkUnit
+from pipelines.plan_ledger import PlanRef, inputs_from_ledger, plan_checksum, read_plan
 from pipelines.tokenize.fast_tokenizer import load_cached
 from pipelines.chunking.splits import SplitSpec, cache_names, cache_root
 from pipelines.tokenize.tokenizer import TokenizerSpec
@@ -95,7 +97,7 @@ def layout_planner(config: ChunkConfig) -> Callable[[InputFile], Any]:
 
 class PlannedStep(beam.DoFn):
     """A step that needs the plan: it reads the first cache's ledger from the output (checked against the
-    checksum the launcher recorded, :class:`pipelines.plan.PlanRef`) once per worker process, not from the
+    checksum the launcher recorded, :class:`pipelines.plan_ledger.PlanRef`) once per worker process, not from the
     job graph.
 
     Args:
@@ -124,11 +126,14 @@ class PlannedStep(beam.DoFn):
 
 
 class ExpandUnitsFn(PlannedStep):
-    """``(first shard, end shard)`` -> the work units of those shards, made on the worker from the plan ledger
-    (the job graph holds a few ranges, not a unit per chunk)."""
+    """``(first, end)`` -> units ``[first, end)`` of the plan's order (:class:`pipelines.plan.UnitList`), made on
+    the worker from the plan ledger (the job graph holds at most :data:`MAX_ELEMENTS` ranges, not a unit per
+    chunk)."""
 
-    def process(self, shards: tuple[int, int]) -> Iterable[WorkUnit]:
-        yield from self.units().of_shards(*shards)
+    def process(self, span: tuple[int, int]) -> Iterable[WorkUnit]:
+        units = self.units()
+        for i in range(*span):
+            yield units.unit(i)
 
 
 class BuildChunksFn(beam.DoFn):
@@ -199,7 +204,7 @@ class BuildQueuedUnitsFn(BuildChunksFn):
     from the plan ledger, in the same order.
 
     Args:
-      ref: where the plan is (:class:`pipelines.plan.PlanRef`).
+      ref: where the plan is (:class:`pipelines.plan_ledger.PlanRef`).
       claims: the run's claims directory.
       Others: see :class:`BuildChunksFn`.
     """
@@ -230,7 +235,7 @@ class FinalizeLedgerFn(beam.DoFn):
 
     Args:
       output: the build's output (the cache root, or the parent of a split build's caches).
-      ref: where the plan ledgers are (:class:`pipelines.plan.PlanRef`).
+      ref: where the plan ledgers are (:class:`pipelines.plan_ledger.PlanRef`).
       split: the train/validation split of a split build, None for one cache.
       max_bad_fraction: the largest share of bad input lines that still finishes the build.
       allow_empty: accept input files that yield no document.
@@ -279,15 +284,18 @@ class FinalizeLedgerFn(beam.DoFn):
             text = fmt.dumps_ledger(ledgers[name]).encode()
             if fsutil.read_bytes_or_none(fmt.join(roots[name], fmt.LEDGER_NAME)) != text:
                 status.write_ledger(roots[name], ledgers[name])
+        order = round_robin_order([int(i["chunks"]) for i in inputs])
         for name, root in roots.items():
-            remove_entries(root)
+            remove_entries(root, order)
             remove_other_tables(root, (ledgers[name].get("table") or {}).get("path"))
         trace.event("finalize_done")
         for name, ledger in ledgers.items():
             yield ledger["totals"] if name is None else {**ledger["totals"], "split": name}
 
 
-SHARDS_PER_ELEMENT = 64  # the job graph lists ranges of this many shards; workers make their units
+# The job graph lists at most this many ranges of the unit order (each its own Dask partition: a small build's
+# units still spread over the workers); workers make the units.
+MAX_ELEMENTS = 1024
 
 
 def _one(_result) -> int:
@@ -297,8 +305,8 @@ def _one(_result) -> int:
 class BuildCache(beam.PTransform):
     """PBegin -> a PCollection of totals dicts (one per cache): every work unit built, then the ledgers finished.
 
-    The job graph holds no list of units or inputs: it holds ranges of shards (each made into its units on a
-    worker from the plan ledger) and the plan ledgers' checksums (:class:`pipelines.plan.PlanRef`), so its
+    The job graph holds no list of units or inputs: it holds ranges of the unit order (each made into its units
+    on a worker from the plan ledger) and the plan ledgers' checksums (:class:`pipelines.plan_ledger.PlanRef`), so its
     size does not grow with the corpus.
 
     Args:
@@ -335,10 +343,10 @@ class BuildCache(beam.PTransform):
         ref = self.plan_ref()
         config, split = self.plan.config, self.plan.split
         if self.queue is None:
-            n = len(self.plan.inputs)
-            ranges = [(a, min(a + SHARDS_PER_ELEMENT, n)) for a in range(0, n, SHARDS_PER_ELEMENT)]
+            n = len(UnitList(self.plan))
+            cuts = np.linspace(0, n, min(n, MAX_ELEMENTS) + 1).round().astype(int).tolist()
             built = (pbegin
-                     | "PlanShards" >> beam.Create(ranges, reshuffle=False)
+                     | "PlanRanges" >> beam.Create(list(zip(cuts[:-1], cuts[1:])), reshuffle=False)
                      | "PlanUnits" >> beam.ParDo(ExpandUnitsFn(ref, config, split))
                      | "Spread" >> beam.Reshuffle()
                      | "BuildChunks" >> beam.ParDo(BuildChunksFn(self.output, self.tokenizer, config,

@@ -6,8 +6,10 @@ Paths are joined with :func:`reader.format.spec.join`, the one definition shared
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import os
 import re
 import sys
 from typing import Any, BinaryIO, Callable, Iterator
@@ -92,9 +94,14 @@ def remove_temp_files(root: str, older_than: float | None = None) -> int:
       older_than: a Unix time; only files last modified before it are deleted, so a build running
         concurrently into the same root keeps the temporary files it is writing.
     """
-    patterns = [fmt.join(root, f"{TMP_PREFIX}*"),
-                fmt.join(root, f"{fmt.CHUNKS_DIR}/*/{TMP_PREFIX}*"),
-                fmt.join(root, f"{fmt.BAD_DIR}/*/{TMP_PREFIX}*")]
+    rels = [f"{TMP_PREFIX}*", f"{fmt.CHUNKS_DIR}/*/{TMP_PREFIX}*", f"{fmt.BAD_DIR}/*/{TMP_PREFIX}*"]
+    patterns = [fmt.join(root, rel) for rel in rels]
+    if "://" not in root:  # (Beam's local match compiles a pattern per directory: tens of thousands of shards)
+        paths = [p for rel in rels for p in glob.glob(fmt.join(glob.escape(root), rel), include_hidden=True)
+                 if older_than is None or _mtime(p) < older_than]
+        for p in paths:
+            delete_if_exists(p)
+        return len(paths)
     paths = []
     for res in FileSystems.match(patterns):
         paths.extend(m.path for m in res.metadata_list
@@ -106,6 +113,13 @@ def remove_temp_files(root: str, older_than: float | None = None) -> int:
         except Exception:  # noqa: BLE001 - another run removed some of them first: that is the goal anyway
             pass
     return len(paths)
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
 
 
 def list_sizes(pattern: str) -> dict[str, int]:

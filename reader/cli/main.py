@@ -29,6 +29,7 @@ import numpy as np
 from reader.cli import report as report_cli
 from reader.cli import support as cli_support
 from reader.format import spec as fmt
+from reader.format import table as chunk_table
 from reader.storage import fields
 from reader.storage.cache import Cache
 from reader.interop.export import write_file
@@ -38,7 +39,7 @@ from reader.reader import Reader
 from reader.batch.schema import BATCH_KEYS
 from reader.report import summary
 from reader.storage.progress import describe as describe_progress, read_progress
-from reader.storage.validate import recorded_entries, validate_chunk, validate_ledger, validate_shards
+from reader.storage.validate import validate_chunk, validate_ledger, validate_shards
 
 
 def cmd_inspect_mixture(args) -> int:
@@ -176,7 +177,7 @@ def cmd_validate(args) -> int:
         for lo in range(0, len(chosen), step):
             part = chosen[lo:lo + step].tolist()
             try:
-                entries = recorded_entries(cache, part)
+                entries = chunk_table.recorded_rows(t, cache.ledger.raw, part) if cache.complete else {}
             except fmt.DamagedCache as e:  # a damaged table block (validate_ledger named it too)
                 problems.append(str(e))
                 entries = None

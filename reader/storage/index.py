@@ -21,14 +21,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import hashlib
-import io
-import json
 import threading
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.format import blocks
 from reader.format import table as chunk_table
 from reader.storage import atomic, remote
 from reader.storage.cache import Cache
@@ -194,7 +193,7 @@ class ExampleIndex:
             return False  # missing or not ours: count again
 
     def _load_blocks(self, raw: bytes, table: fmt.ChunkTable, fingerprint: str) -> bool:
-        head, data = read_index_file(raw, self.cache.display(self.index_file))
+        head, data = blocks.read_parts(raw, self.cache.display(self.index_file))
         if (head.get("fingerprint"), head.get("seq_len"), head.get("kind")) != (fingerprint, self.seq_len, self.kind) \
                 or head.get("drop_long") != self.drop_long or (self.kind == "best_fit" and
                                                                head.get("window_tokens") != self.window_tokens):
@@ -418,38 +417,18 @@ class ExampleIndex:
 def write_index_file(kind: str, seq_len: int, fingerprint: str, examples: np.ndarray, *,
                      window_tokens: int | None = None, windows: tuple[np.ndarray, np.ndarray] | None = None,
                      dropped: np.ndarray | None = None) -> bytes:
-    """The bytes of a version 4 cache's index file: one line of JSON (what the counts are of: ``kind``,
-    ``seq_len``, ``window_tokens``, ``drop_long``, the table's ``fingerprint``, and a table descriptor per part),
-    then the parts in the chunk table's block format (docs/FORMAT.md, "Reading order"): per chunk
-    ``examples`` (best fit also ``windows``, drop_long ``dropped_docs`` and ``dropped_tokens``), and for best
-    fit the ``rows`` of every window, chunk after chunk (``windows``: ``(ptr, rows)``)."""
-    parts = {"chunks": [("examples", examples)]}
+    """The bytes of a version 4 cache's index file (:func:`reader.format.blocks.write_parts`): a header saying what
+    the counts are of (``kind``, ``seq_len``, ``window_tokens``, ``drop_long``, the table's ``fingerprint``), then
+    per chunk ``examples`` (best fit also ``windows``, drop_long ``dropped_docs`` and ``dropped_tokens``), and for
+    best fit the ``rows`` of every window, chunk after chunk (``windows``: ``(ptr, rows)``)."""
+    i64 = blocks.INT64
+    parts = {"chunks": [("examples", i64, examples)]}
     if windows is not None:
         ptr, rows = windows
-        parts["chunks"].append(("windows", np.diff(ptr)))
-        parts["windows"] = [("rows", rows[:int(ptr[-1])])]
+        parts["chunks"].append(("windows", i64, np.diff(ptr)))
+        parts["windows"] = [("rows", i64, rows[:int(ptr[-1])])]
     if dropped is not None:
-        parts["chunks"] += [("dropped_docs", dropped[:, 0]), ("dropped_tokens", dropped[:, 1])]
-    out, descs = io.BytesIO(), {}
-    for name, cols in parts.items():
-        n = len(cols[0][1])
-        w = chunk_table.TableWriter(out, n, masked=False, columns=[(c, chunk_table.INT64) for c, _ in cols],
-                                    offset=out.tell())
-        for lo in range(0, n, chunk_table.BLOCK_ROWS):
-            w.add({c: v[lo:lo + chunk_table.BLOCK_ROWS] for c, v in cols})
-        descs[name] = w.finish()
+        parts["chunks"] += [("dropped_docs", i64, dropped[:, 0]), ("dropped_tokens", i64, dropped[:, 1])]
     head = {"format": f"chunkledger-{kind}-index", "kind": kind, "seq_len": seq_len, "window_tokens": window_tokens,
-            "drop_long": dropped is not None, "fingerprint": fingerprint, "parts": descs}
-    return (json.dumps(head, sort_keys=True, separators=(",", ":")) + "\n").encode() + out.getvalue()
-
-
-def read_index_file(raw: bytes, where: str) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
-    """``(header, {part: {column: values}})`` of a file of :func:`write_index_file`, every piece verified
-    (``DamagedCache`` naming ``where`` and the block, ``ValueError`` for a malformed header)."""
-    line, _, data = raw.partition(b"\n")
-    head = fmt.load_json(line)
-    out = {}
-    for name, desc in head["parts"].items():
-        t = chunk_table.Table(desc, lambda _rel, ranges: [data[a:b] for a, b in ranges], where)
-        out[name] = t.columns(t.names)
-    return head, out
+            "drop_long": dropped is not None, "fingerprint": fingerprint}
+    return blocks.write_parts(head, parts, chunk_table.BLOCK_ROWS)

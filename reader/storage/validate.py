@@ -181,8 +181,7 @@ def chunk_doc_lengths(cache: Cache, index: int) -> np.ndarray:
 
 
 def validate_ledger(cache: Cache) -> list[str]:
-    """Problems of a finished ledger as a whole: totals and offsets that disagree with its chunk entries; a
-    version 4 cache's table read whole, every block checked against the ledger."""
+    """Problems of a finished ledger as a whole: totals and offsets that disagree with its chunks (every table block)."""
     if not cache.complete:
         return []
     t = cache.table
@@ -200,14 +199,8 @@ def validate_ledger(cache: Cache) -> list[str]:
         if key in totals and int(totals[key]) != want:
             problems.append(f"{where}: totals.{key} = {totals[key]}, the chunk entries sum to {want} (the ledger "
                             "was changed after the build)")
-    table = chunk_table.table_of(t)
-    if table is not None:  # offsets are derived; every block of every column must be the one the ledger records
-        for b in range(table.num_blocks):
-            try:
-                table.pieces(table.names, [b])
-            except fmt.DamagedCache as e:
-                problems.append(str(e))
-        return problems
+    if chunk_table.table_of(t) is not None:  # offsets derived; every block must be the one the ledger records
+        return problems + chunk_table.table_of(t).problems()
     doc_off, tok_off = t.doc_offsets, t.token_offsets
     for i, e in enumerate(cache.ledger.raw["chunks"]):
         if e.get("doc_offset") != int(doc_off[i]) or e.get("token_offset") != int(tok_off[i]):
@@ -233,8 +226,7 @@ def validate_shards(cache: Cache, shards: Sequence[int] | None = None) -> list[s
     that announces another chunk count or size than the ledger, a shard directory holding a chunk or
     sidecar past the ledger's count (the ledger lists fewer chunks than were written: a plan marked
     finished by hand, or an edited ledger), a shard directory the ledger has no input for. One listing per
-    shard directory (of ``shards`` only, if given: a sampled ``validate``): only ``validate`` does this
-    (opening a cache reads no directory)."""
+    listed shard directory (all, or ``shards``): only ``validate`` does this (opening a cache reads no directory)."""
     if not cache.complete:
         return []
     led, problems = cache.ledger, []
@@ -248,9 +240,8 @@ def validate_shards(cache: Cache, shards: Sequence[int] | None = None) -> list[s
             where = cache.display(fmt.CHUNKS_DIR + "/" + name)
             problems.append(f"{where}: a directory of shard {int(m.group(1))}, but {fmt.LEDGER_NAME} has {n_inputs} "
                             f"input shards; {fix}")
-    inputs = led.inputs
     for i in range(n_inputs) if shards is None else shards:
-        inp = inputs[i]
+        inp = led.raw["inputs"][i]
         n, rel = int(per_shard[i]), fmt.shard_dir(i)
         names = _names(cache, rel)
         past = sorted({int(m.group(1)) for m in map(_CHUNK_FILE.fullmatch, names) if m and int(m.group(1)) >= n})
@@ -294,26 +285,10 @@ def _show(v: Any) -> str:
     return s if len(s) <= 40 else s[:18] + "..." + s[-18:]
 
 
-def recorded_entries(cache: Cache, indices) -> dict[int, dict[str, Any]]:
-    """What a finished cache records of chunks ``indices``: their ledger entries (version 1 to 3), or their
-    table rows with the derived path, shard and index (version 4: the blocks holding them fetched once);
-    nothing while the build runs (the sidecars are the record then)."""
-    if not cache.complete:
-        return {}
-    table = chunk_table.table_of(cache.table)
-    if table is None:
-        return {i: dict(cache.ledger.raw["chunks"][i]) for i in indices}
-    t = cache.table
-    rows = chunk_table.rows_of(table, list(indices))
-    for i, row in rows.items():
-        row.update(path=t.paths[i], shard=int(t.shard[i]), index_in_shard=int(t.index_in_shard[i]))
-    return rows
-
-
 def validate_chunk(cache: Cache, index: int, *, decode: bool = True, entry: dict[str, Any] | None = None) -> list[str]:
     """Problems with global chunk ``index`` (empty list if it is sound), each naming the damaged file:
-    the Parquet file, its sidecar, or the ledger (version 4: its table) (see the module docstring).
-    ``entry``: what the cache records of the chunk, if the caller fetched it (:func:`recorded_entries`)."""
+    the Parquet file, its sidecar, or the ledger (version 4: its table) (see the module docstring). ``entry``:
+    what it records of the chunk, if the caller fetched it (``reader.format.table.recorded_rows``)."""
     t = cache.table
     rel = t.paths[index]
     side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
@@ -336,7 +311,7 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True, entry: dict
                 problems.append(f"{shown(side_rel)}: damaged sidecar: not a JSON object")
                 side = None
     if entry is None and cache.complete:
-        entry = recorded_entries(cache, [index])[index]
+        entry = chunk_table.recorded_rows(t, cache.ledger.raw, [index])[index]
     want_bytes, want_sum = int(t.nbytes[index]), t.checksums[index]
     side_trusted = side is not None and entry is None  # during a build the table is the sidecars
     ledger_blamed = False
@@ -345,9 +320,8 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True, entry: dict
         side_vouched = recorded is not None and recorded == fmt.checksum(raw)
         side_sum_ok = recorded is None or side_vouched
         got, want = _fields(side), _fields(entry)
-        # a table records some of a sidecar's keys (the rest the sidecar_checksum vouches for), a chunk list all
-        differ = sorted(k for k in (set(want) if table is not None else set(got) | set(want))
-                        if got.get(k) != want.get(k))
+        keys = set(want) if table is not None else set(got) | set(want)  # (a table records some of the keys)
+        differ = sorted(k for k in keys if got.get(k) != want.get(k))
         file_backs_side = (data is not None and len(data) == side.get("bytes")
                            and fmt.checksum(data) == side.get("checksum"))
         if differ and (side_vouched or file_backs_side):
@@ -358,9 +332,8 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True, entry: dict
             says = ", ".join(f"{k} {_show(want.get(k))}" for k in differ)
             other = ", ".join(f"{_show(got.get(k))}" for k in differ)
             witness = "the chunk file and its sidecar" if file_backs_side else "its sidecar (checksum verified)"
-            problems.append(f"{shown(ledger_rel)}: the entry of chunk {index} ({rel}) says {says}; {witness} "
-                            f"say {other}. The {'table' if table else 'ledger'} was changed after the build: restore it, "
-                            "or rebuild")
+            problems.append(f"{shown(ledger_rel)}: the entry of chunk {index} ({rel}) says {says}; {witness} say "
+                            f"{other}. The {'table' if table else 'ledger'} was changed after the build: restore it, or rebuild")
         elif differ:
             problems.append(f"{shown(side_rel)}: damaged sidecar: differs from the ledger entry in {differ}"
                             + (" (and its sha256 from the ledger's sidecar_checksum)" if recorded else ""))

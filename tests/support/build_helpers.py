@@ -81,8 +81,30 @@ def tree_digest(root: str) -> dict[str, str]:
 
 
 def load_ledger(root: str) -> dict[str, Any]:
+    """The ledger in ``root``; a finished version 4 ledger with the ``chunks`` list a version 3 ledger held
+    (:func:`chunk_entries`), so that tests look at chunk entries the same way in every version."""
     with open(os.path.join(root, fmt.LEDGER_NAME), encoding="utf-8") as f:
-        return json.load(f)
+        ledger = json.load(f)
+    if ledger.get("finished") and "table" in ledger:
+        ledger["chunks"] = chunk_entries(root)
+    return ledger
+
+
+def chunk_entries(root: str) -> list[dict[str, Any]]:
+    """A finished version 4 cache's chunks as version 3 ledger entries: each sidecar without the keys only
+    sidecars hold, its checksum and the offsets, in the table's order; each checked against its table row."""
+    from reader.storage.cache import Cache
+
+    table = Cache(root).table
+    out, docs, tokens = [], 0, 0
+    for c, rel in enumerate(table.paths):
+        raw = open(os.path.join(root, rel[:-len(".parquet")] + ".json"), "rb").read()
+        entry = dict(fmt.ledger_entry(json.loads(raw)), doc_offset=docs, token_offset=tokens)
+        assert (entry["sidecar_checksum"], entry["checksum"], entry["docs"], entry["tokens"]) == \
+            (table.sidecar_checksums[c], table.checksums[c], int(table.docs[c]), int(table.tokens[c])), rel
+        docs, tokens = docs + entry["docs"], tokens + entry["tokens"]
+        out.append(entry)
+    return out
 
 
 def read_chunk(root: str, rel: str) -> dict[str, list]:
@@ -200,7 +222,7 @@ def check_cache(root: str, paths: list[str], chunk_bytes: int, append_eos: bool 
     """Everything the format promises, checked from the files alone."""
     ledger = load_ledger(root)
     assert ledger["finished"] is True
-    assert ledger["format"] == "chunkledger" and ledger["format_version"] == fmt.BASE_FORMAT_VERSION  # jsonl: 2
+    assert ledger["format"] == "chunkledger" and ledger["format_version"] == fmt.FORMAT_VERSION
     assert [i["path"] for i in ledger["inputs"]] == sorted(os.path.abspath(p) for p in paths)
     # chunk counts: ceil(uncompressed bytes / chunk_bytes) per shard
     for inp in ledger["inputs"]:

@@ -260,10 +260,9 @@ def table_rows(root: str) -> list[dict[str, Any]]:
     """Every row of a version 4 cache's table, as the entries it was written from (a test edits and rewrites
     them with :func:`write_table`)."""
     from reader.storage.cache import Cache
-    from reader.storage.validate import recorded_entries
 
     c = Cache(root)
-    rows = recorded_entries(c, range(len(c.table)))
+    rows = chunk_table.recorded_rows(c.table, c.ledger.raw, range(len(c.table)))
     return [rows[i] for i in range(len(rows))]
 
 

@@ -41,7 +41,7 @@ def finished(tmp_path_factory):
               write_shard(str(d / "in" / "b.jsonl.gz"), [{"text": t} for t in texts[80:]])]
     out, res = build(d, inputs, chunk_bytes=CHUNK, max_bad_fraction=0.1)
     plan = plan_build(parse_args(_argv(inputs, out))).plan
-    return out, plan, res["ledger"], inputs
+    return out, plan, load_ledger(out), inputs
 
 
 def _sidecars(out):

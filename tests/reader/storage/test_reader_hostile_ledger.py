@@ -13,7 +13,6 @@ import pytest
 from reader import ReadOptions, Reader
 from reader.cli.main import main
 from reader.format import spec as fmt
-from reader.storage import validate
 from reader.storage.cache import Cache
 
 import cachegen
@@ -231,7 +230,7 @@ def test_a_shards_chunk_count_must_be_what_its_size_implies(gzip_build, tmp_path
     still refused when opened (a shard of U bytes has ceil(U / chunk_bytes) chunks)."""
     root = str(tmp_path / "short")
     shutil.copytree(gzip_build, root)
-    rows = validate.recorded_entries(Cache(root), range(len(Cache(root).table)))
+    rows = {i: r for i, r in enumerate(cachegen.table_rows(root))}
     led = _ledger(root)
     n = len(rows)
     last = rows.pop(n - 1)

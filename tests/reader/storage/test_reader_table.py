@@ -15,6 +15,7 @@ import pytest
 from reader import ReadOptions, Reader
 from reader.cli.main import main
 from reader.format import spec as fmt
+from reader.format import blocks
 from reader.format import table as chunk_table
 from reader.order.streams import round_robin_order
 from reader.storage import index as index_mod
@@ -100,7 +101,7 @@ def test_a_torn_or_edited_table_is_refused_block_by_block(tmp_path, chunks):
                 if name in chunk_table.OPEN_COLUMNS:
                     pytest.fail("opened with a damaged count column")
                 if name == "bad_records":  # (validate reads it)
-                    chunk_table.rows_of(chunk_table.table_of(c.table), [b * 4])
+                    blocks.rows_of(chunk_table.table_of(c.table), [b * 4])
                 getattr(c.table, "checksums" if name == "checksum" else "sidecar_checksums")[b * 4]
             assert str(e.value).startswith(said) and "checksum does not match" in str(e.value), str(e.value)
             if name not in chunk_table.OPEN_COLUMNS:  # the blocks not damaged still read
@@ -147,7 +148,7 @@ def test_index_files_of_a_version_4_cache_are_in_the_block_format(tmp_path, chun
     name = f"{packing}-L16{'-W32' if packing == 'best_fit' else ''}{'-drop_long' * drop_long}.bin"
     path = os.path.join(root, "index", name)
     raw = open(path, "rb").read()
-    head, parts = index_mod.read_index_file(raw, path)
+    head, parts = blocks.read_parts(raw, path)
     assert head["fingerprint"] == json.load(open(os.path.join(root, fmt.LEDGER_NAME)))["table"]["checksum"]
     assert parts["chunks"]["examples"].size == sum(CPS)
     counted = []
