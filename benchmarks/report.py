@@ -748,7 +748,10 @@ def scale_section(path: Path = SCALE) -> list[str]:
             f"Per size: {sizes}. The finalize took {f.get('finalize_s_1e6', 0):.0f} s for 10^6 entries on this machine "
             f"(it reads each unit's entry, about 0.4 KB). The plan ledger of 25,000 inputs is "
             f"{f.get('plan_ledger_mb_1e6', 0):.1f} MB; the job graph holds its checksum and 1,024 ranges of the unit order "
-            f"({', '.join(f'{k} {v:.3f} MB' for k, v in (f.get('pipeline_mb_1e6_by') or {}).items())})."]
+            f"({', '.join(f'{k} {v:.3f} MB' for k, v in (f.get('pipeline_mb_1e6_by') or {}).items())}). Counting "
+            f"one 64 MiB chunk for an index file (`python -m reader index`: its footer and lengths, warm local disk) "
+            f"takes {f.get('index_ms_per_chunk_unpacked', 0):.1f} ms unpacked, "
+            f"{f.get('index_ms_per_chunk_best_fit', 0):.1f} ms best fit."]
 
 
 def main(argv=None) -> int:

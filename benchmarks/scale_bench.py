@@ -13,13 +13,13 @@ more than this disk's inodes. The 10^6 cache stays at ``benchmarks/work/scale-1e
 Figures (``benchmarks/scale.json``):
 
 - ``open_*``: a fresh process opens the cache as host 3 of 64 (``Reader(...)`` then its stream index), default
-  read options; seconds, the process's peak RSS, and the bytes it read while opening (``/proc/self/io`` rchar:
-  the ledger and the table's pieces).
+  read options; seconds, the process's peak RSS (``VmHWM``: the interpreter and its imports included), and the
+  bytes it read while opening (``/proc/self/io`` rchar: the ledger and the table's pieces).
 - ``first_batch_s_r4096_1e6``: then, in a fresh process, host 4095 of 4096 reads its row of batch 0 (packed
   concat, L = 2048, B = 4096, R* = 4096): seconds from the open done to the batch.
 - ``finalize_rss_mb_1e6``: the build's finalize (``FinalizeLedgerFn`` on the FnApiRunner, in-process: the one
-  process of the run) over the entries of a 10^6-unit plan in 25,000 shards, written as workers write them;
-  the process's peak RSS and seconds.
+  process of the run) over the entries of a 10^6-unit plan in 25,000 shards, written as workers write them
+  (kept in ``benchmarks/work/scale-finalize-1e6/`` for the next run); the process's peak RSS and seconds.
 - ``pipeline_mb_1e6``: the serialized job graph (``Pipeline.to_runner_api()``) of that plan, both ways of dealing
   units (ranges of shards, and the local runner's worker slots); the larger.
 """
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -149,13 +148,15 @@ def write_cache(root: Path, n: int, tok, config) -> dict:
 
 
 OPEN = r"""
-import json, resource, sys, time
+import json, sys, time
 import numpy as np
 from reader import Reader, ReadOptions
 from reader.storage.cache import Cache
 from reader.format import table
 def rchar():
     return int(next(l for l in open("/proc/self/io") if l.startswith("rchar")).split()[1])
+def peak_rss_mb():  # this process's own peak (ru_maxrss would count the forking parent's pages)
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
 root, mode = sys.argv[1], sys.argv[2]
 Reader  # every module of an open imported: the bytes read below are the cache's
 r0, t0 = rchar(), time.perf_counter()
@@ -172,7 +173,7 @@ else:
     b = r.batch(0)
     out = {"s": time.perf_counter() - t1, "open_s": t1 - t0, "rows": int(b["targets"].shape[0])}
 r.close()
-out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out["rss_mb"] = peak_rss_mb()
 print(json.dumps(out))
 """
 
@@ -232,7 +233,7 @@ def pipeline_mb(tok, config, work: Path) -> dict:
 
 
 FINALIZE = r"""
-import json, resource, sys, time
+import json, sys, time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.chunking.transforms import FinalizeLedgerFn
@@ -242,7 +243,8 @@ ref = PlanRef(output=out, checksums=((None, plan_checksum(out)),))
 t0 = time.perf_counter()
 with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as p:
     _ = p | beam.Create([units]) | beam.ParDo(FinalizeLedgerFn(out, ref, None, max_bad_fraction=1.0))
-print(json.dumps({"s": time.perf_counter() - t0, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+hwm = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
+print(json.dumps({"s": time.perf_counter() - t0, "rss_mb": hwm}))
 """
 
 
@@ -254,14 +256,13 @@ def finalize_rss(tok, config, work: Path) -> dict:
     n = SIZES["1e6"]
     plan = synthetic_plan(n, tok, config)
     out = work / "scale-finalize-1e6"
-    if out.exists():
-        shutil.rmtree(out)
+    written = out / "entries-written"  # kept between runs: a million files take minutes to write or remove here
     status.write_ledger(str(out), plan.ledger())
     rng = np.random.default_rng(2)
     t0 = time.perf_counter()
-    for inp in plan.inputs:
+    for inp in [] if written.exists() else plan.inputs:
         d = out / fmt.shard_dir(inp.shard)
-        d.mkdir(parents=True)
+        d.mkdir(parents=True, exist_ok=True)
         for k in range(inp.chunks):
             docs = int(rng.integers(8_000, 24_000))
             tokens = docs * 1000
@@ -270,10 +271,11 @@ def finalize_rss(tok, config, work: Path) -> dict:
                  "bytes": tokens * 13 // 10, "checksum": "sha256:" + os.urandom(32).hex(), "row_groups": 115,
                  "bad_records": 0, "bad_reasons": {}, "dead_letters": None,
                  "sidecar_checksum": "sha256:" + os.urandom(32).hex()}
-            fd = os.open(d / f"chunk-{k:06d}{chunk_table.ENTRY_SUFFIX}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(d / f"chunk-{k:06d}{chunk_table.ENTRY_SUFFIX}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.write(fd, (json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n").encode())
             os.close(fd)
-    log(f"scale: {n:,} entries written in {time.perf_counter() - t0:.0f} s")
+    written.touch()
+    log(f"scale: {n:,} entries in {out} ({time.perf_counter() - t0:.0f} s)")
     got = subprocess.run([sys.executable, "-c", FINALIZE, str(out), str(n)], cwd=REPO, capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(REPO)), check=False)
     if got.returncode:
@@ -281,7 +283,6 @@ def finalize_rss(tok, config, work: Path) -> dict:
     r = json.loads(got.stdout.strip().splitlines()[-1])
     ledger = json.loads((out / fmt.LEDGER_NAME).read_text())
     assert ledger["finished"] and ledger["table"]["rows"] == n
-    shutil.rmtree(out)
     return {"finalize_rss_mb_1e6": r["rss_mb"], "finalize_s_1e6": r["s"]}
 
 

@@ -7,7 +7,9 @@ order, a block of :data:`reader.format.table.BLOCK_ROWS` at a time (many reads i
 block of the table as it goes, summing what the ledger's totals and the verdicts need (per shard: documents
 and bad records, for the empty-input check). Then, in this order: the verdict (``_FAILED.json`` and no table
 if the build must stop), each table under its name (``table-H.bin``), each finished ledger naming it (the
-commit, train then validation), and last the entries and any table no ledger names.
+commit, train then validation), and last any table no ledger names. The entries stay (a rerun of the finished
+cache keeps them; removing a million files would cost more than the finalize: each unlink is a metadata
+write, and on a disk mounted with ``discard`` a synchronous trim).
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from pipelines.inputs import fsutil
 from pipelines.options import is_remote
 
 ENTRY_THREADS = 32  # entries read at once (remote storage: each is a round trip)
-DELETE_BATCH = 1000  # entries deleted per call (Cloud Storage batches them)
 
 
 def final_inputs(plan: Mapping[str, Any], root: str) -> list[dict[str, Any]]:
@@ -242,25 +243,6 @@ def _read(path: str) -> bytes | None:
             return f.read()
     except FileNotFoundError:
         return None
-
-
-def remove_entries(root: str, order: np.ndarray) -> None:
-    """Delete the entries of the chunks ``order`` in ``root`` (the finished ledger's table holds what they said):
-    Cloud Storage in batches, local files one by one (Beam's local delete globs each path)."""
-    paths = [fmt.join(root, chunk_table.entry_path(s, k)) for s, k in order.tolist()]
-    if not is_remote(root):
-        for p in paths:
-            try:
-                os.remove(p)
-            except FileNotFoundError:
-                pass
-        return
-    for i in range(0, len(paths), DELETE_BATCH):
-        try:
-            FileSystems.delete(paths[i:i + DELETE_BATCH])
-        except Exception:  # noqa: BLE001 - some were gone (removed meanwhile): remove the rest one by one
-            for p in paths[i:i + DELETE_BATCH]:
-                fsutil.delete_if_exists(p)
 
 
 def remove_other_tables(root: str, keep: str | None) -> None:

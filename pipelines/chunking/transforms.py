@@ -33,14 +33,13 @@ from apache_beam.metrics import Metrics
 
 from reader.format import spec as fmt
 from reader.format.table import uses_table
-from reader.order.streams import round_robin_order
 
 from pipelines import status, trace
 from pipelines.inputs import fsutil
 from pipelines.chunking.chunk_writer import Counters
 from pipelines.chunking.supervised import Supervised
 from pipelines.errors import BuildError
-from pipelines.finalize import (Recorded, discard, draft_table, final_inputs, finished_ledger, publish, remove_entries,
+from pipelines.finalize import (Recorded, discard, draft_table, final_inputs, finished_ledger, publish,
                                 remove_other_tables)
 from pipelines.ledger import check_bad_fraction_of, empty_inputs, per_shard
 from pipelines.plan import BuildPlan, ChunkConfig, InputFile, UnitList, UnitResult, WorkUnit
@@ -284,9 +283,7 @@ class FinalizeLedgerFn(beam.DoFn):
             text = fmt.dumps_ledger(ledgers[name]).encode()
             if fsutil.read_bytes_or_none(fmt.join(roots[name], fmt.LEDGER_NAME)) != text:
                 status.write_ledger(roots[name], ledgers[name])
-        order = round_robin_order([int(i["chunks"]) for i in inputs])
         for name, root in roots.items():
-            remove_entries(root, order)
             remove_other_tables(root, (ledgers[name].get("table") or {}).get("path"))
         trace.event("finalize_done")
         for name, ledger in ledgers.items():

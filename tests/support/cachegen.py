@@ -276,11 +276,6 @@ def finish_cache(root: str, entries: Sequence[Mapping[str, Any]]) -> None:
                      masked=fmt.is_masked(plan["config"]), version=plan["format_version"], fs=fs, base=base)
     ledger["config"] = plan["config"]
     _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
-    for e in entries if plan["format_version"] >= chunk_table.TABLE_VERSION else []:  # as the finalize does
-        try:
-            fs.rm(base + "/" + chunk_table.entry_path(e["shard"], e["index_in_shard"]))
-        except FileNotFoundError:
-            pass
 
 
 def finish_build_from(live: str, done: str, entries: Sequence[Mapping[str, Any]]) -> None:
