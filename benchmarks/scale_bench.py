@@ -8,7 +8,8 @@ finished ledger by ``pipelines.finalize.finished_ledger``; its rows are syntheti
 (8,000 to 24,000 documents, 700 to 1,300 tokens each), and chunk files and sidecars exist only for the chunks a
 measured read touches (one real chunk, written by ``reader.format.chunk_file``, hard-linked under each of their
 paths; the table records its bytes and checksums there). A valid cache of 10^7 chunks would need 2 * 10^7 files,
-more than this disk's inodes. The 10^6 cache stays at ``benchmarks/work/scale-1e6/`` for any reader to open.
+more than this disk's inodes. The 10^6 cache stays at ``benchmarks/work/scale-1e6/`` for any reader to open
+(``python -m reader inspect benchmarks/work/scale-1e6 --max_chunks 2`` samples its first and last chunks).
 
 Figures (``benchmarks/scale.json``):
 
@@ -42,8 +43,9 @@ from benchmarks.common import REPO, log
 SHARDS = 25_000
 CHUNK_BYTES = 64 << 20
 SIZES = {"1e5": 100_000, "1e6": 1_000_000, "1e7": 10_000_000}
-# the chunks a measured read touches: host 4095 of 4096 reads stream 4095 (chunk 4095, then 4095 + 4096, ...)
-TOUCHED = (3, 4095, 4095 + 4096)
+# the chunks a measured read touches: host 4095 of 4096 reads stream 4095 (chunk 4095, then 4095 + 4096, ...);
+# the first and last chunks too (`inspect --max_chunks 2` reads them: see the module doc)
+TOUCHED = (3, 4095, 4095 + 4096, 0, -1)
 TARGETS = {"open_s_1e6": (1.0, "<="), "open_rss_mb_1e6": (300, "<="), "open_fetched_mb_1e6": (64, "<="),
            "open_s_1e7": (10.0, "<="), "open_rss_mb_1e7": (2000, "<="), "finalize_rss_mb_1e6": (1000, "<="),
            "pipeline_mb_1e6": (5.0, "<="), "first_batch_s_r4096_1e6": (2.0, "<=")}
@@ -106,7 +108,7 @@ def write_cache(root: Path, n: int, tok, config) -> dict:
     real = root / "real-chunk.parquet"
     real.write_bytes(data)
     touched = {}
-    for c in TOUCHED:
+    for c in (c % n for c in TOUCHED):
         s, k = map(int, order[c])
         (root / fmt.shard_dir(s)).mkdir(parents=True, exist_ok=True)
         os.link(real, root / fmt.chunk_path(s, k))
