@@ -88,7 +88,7 @@ def write_cache(root: str, docs: list[np.ndarray], spans: list[list[int]] | None
               "bytes": sum(s["bytes"] for s in sidecars), "input_bytes": len(chunks) * CHUNK_TOKENS}
     if spans is not None:
         totals["loss_tokens"] = sum(s["loss_tokens"] for s in sidecars)
-    ledger = {"format": fmt.FORMAT_NAME, "format_version": fmt.FORMAT_VERSION if spans else fmt.BASE_FORMAT_VERSION,
+    ledger = {"format": fmt.FORMAT_NAME, "format_version": 3 if spans else fmt.BASE_FORMAT_VERSION,  # a chunk list
               "finished": True, "config": config, "chunks": chunks, "totals": totals, "bad_records": bad,
               "tokenizer": {"spec": "synthetic", "kind": "synthetic", "name": "synthetic", "vocab_size": 100_000,
                             "eos_id": 0, "hash": "synthetic"},

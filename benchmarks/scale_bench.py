@@ -4,7 +4,7 @@ corpus at 64 MiB chunks makes about 10^6), opened, read and finalized as a real 
     make bench-scale    # = python -m benchmarks.scale_bench -> benchmarks/scale.json, docs/BENCHMARKS.md "Scale"
 
 Every cache is written by the project's own writer code: the table by ``reader.format.table.TableWriter``, the
-finished ledger by ``pipelines.finalize.finished_ledger``; its rows are synthetic counts like real 64 MiB chunks'
+finished ledger by ``pipelines.chunking.finalize.finished_ledger``; its rows are synthetic counts like real 64 MiB chunks'
 (8,000 to 24,000 documents, 700 to 1,300 tokens each), and chunk files and sidecars exist only for the chunks a
 measured read touches (one real chunk, written by ``reader.format.chunk_file``, hard-linked under each of their
 paths; the table records its bytes and checksums there). A valid cache of 10^7 chunks would need 2 * 10^7 files,
@@ -91,7 +91,8 @@ def real_chunk(config) -> tuple[bytes, int, int]:
 
 def write_cache(root: Path, n: int, tok, config) -> dict:
     """The finished cache of :func:`synthetic_plan`'s ``n`` chunks at ``root`` (see the module doc)."""
-    from pipelines import finalize, status
+    from pipelines import status
+    from pipelines.chunking import finalize
     from reader.format import blocks, chunk_file, table as chunk_table
     from reader.format import spec as fmt
     from reader.order.streams import round_robin_order
@@ -239,7 +240,7 @@ import json, sys, time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.chunking.transforms import FinalizeLedgerFn
-from pipelines.plan_ledger import PlanRef, plan_checksum
+from pipelines.chunking.plan_ledger import PlanRef, plan_checksum
 out, units = sys.argv[1], int(sys.argv[2])
 ref = PlanRef(output=out, checksums=((None, plan_checksum(out)),))
 t0 = time.perf_counter()

@@ -11,7 +11,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_pipeline
 
 from build_helpers import FNAPI, small_plan, write_plan
-from pipelines import finalize
+from pipelines.chunking import finalize
 from pipelines.errors import BuildError
 from pipelines.ledger import TooManyBadRecords, check_bad_fraction
 from pipelines.chunking.transforms import BuildCache
