@@ -181,8 +181,8 @@ def test_finished_format_1_cache_is_left_as_it_is(tmp_path):
     assert res["already_complete"] and "format 1 cache: readable as before" in res["summary"]
     assert tree_bytes(out) == before
     assert fmt.Ledger.parse(json.dumps(ledger)).finished  # still readable
-    with pytest.raises(fmt.FormatError, match="format_version 4, this reader reads 1, 2, 3; upgrade"):
-        fmt.Ledger.parse(json.dumps(dict(ledger, format_version=4)))
+    with pytest.raises(fmt.FormatError, match="format_version 5, this reader reads 1, 2, 3, 4; upgrade"):
+        fmt.Ledger.parse(json.dumps(dict(ledger, format_version=5)))
 
 
 def test_dead_letters_survive_a_repair(tmp_path):

@@ -44,7 +44,7 @@ def test_every_format_gives_the_same_documents_and_tokens(inputs, table, tmp_pat
         assert [d["tokens"] for d in docs] == want, name
         assert [d["fields"] for d in docs] == fields, name
         ledger = load_ledger(out)
-        assert ledger["format_version"] == 3 and ledger["config"]["keep_fields"] == ["source", "id"]
+        assert ledger["format_version"] == 4 and ledger["config"]["keep_fields"] == ["source", "id"]
         assert ledger["totals"]["docs"] == N and ledger["totals"]["bad_records"] == 0
         formats = {i["format"] for i in ledger["inputs"]}
         if name.startswith(("parquet", "arrow", "save")):
@@ -88,7 +88,7 @@ def test_kept_fields_are_read_for_any_range_and_counted_and_batches_do_not_chang
     path = inputs["parquet_zstd_small_groups"]
     kept, _ = build(tmp_path, [path], name="kept", chunk_bytes=CHUNK, keep_fields=KEEP)
     plain, _ = build(tmp_path, [path], name="plain", chunk_bytes=CHUNK)
-    assert "keep_fields" not in load_ledger(plain)["config"] and load_ledger(plain)["format_version"] == 3
+    assert "keep_fields" not in load_ledger(plain)["config"] and load_ledger(plain)["format_version"] == 4
     cache = Cache(kept)
     sources = table.column("source").to_pylist()
     got = cache.fields(17, 203)

@@ -85,7 +85,7 @@ def test_splits_route_each_document_by_its_text_as_a_plain_build_orders_them(cor
     assert not os.path.exists(os.path.join(split, "validation", fmt.BAD_DIR))
     for s in SPLITS:
         ledger = load_ledger(os.path.join(split, s))
-        assert ledger["format_version"] == 3 and ledger["config"]["split"]["name"] == s
+        assert ledger["format_version"] == 4 and ledger["config"]["split"]["name"] == s
 
 
 def prefix_of_final(root: str, final: dict) -> int:

@@ -87,7 +87,7 @@ def check_documents(root: str, expected: list) -> None:
     ledger = load_ledger(root)
     loss = sum(sum(s[1::2]) - sum(s[0::2]) for _, s in good)
     assert ledger["totals"]["loss_tokens"] == sum(c["loss_tokens"] for c in ledger["chunks"]) == loss
-    assert ledger["format_version"] == 3 and ledger["totals"]["docs"] == len(good)
+    assert ledger["format_version"] == 4 and ledger["totals"]["docs"] == len(good)
 
 
 @pytest.fixture(scope="module")
