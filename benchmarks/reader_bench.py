@@ -1,15 +1,17 @@
 """Reader figures against a numpy-memmap baseline, on one built cache, in one process.
 
-    python -m benchmarks.reader_bench --cache DIR --work DIR [--batches N] [--quick]
+    python -m benchmarks.reader_bench --cache DIR --work DIR [--batches N] [--pass_rule spans|streams]
 
 - Sequential packed batches (seq_len 2048, batch 64, one reader, local cache, warm page cache) from
   ``Reader.iter_batches`` with ``num_workers=2`` (``reader_*``; two worker processes assemble into shared
   memory) and in one process (``reader_*_1p``), steady state (first batch to last; opening and worker
   start-up reported apart), in the flat-tokens layout (``layout="flat"``, what JaxLoader uses; the
   five-array layout is reported as ``reader_arrays_*``) against slicing the very same windows out of a memmap of a flat uint32 token
-  file. The flat file is written from the cache in *stream-major* layout (stream ``s``'s tokens,
-  following ``loop(all_chunks)[s::R*]``, one after the other), so the baseline's window of example
-  ``(s, j)`` is one contiguous slice; its offsets are precomputed (as Megatron's sample index is).
+  file. Under the pass rule ``"streams"`` the flat file is written from the cache in *stream-major* layout
+  (stream ``s``'s tokens, following ``loop(all_chunks)[s::R*]``, one after the other), so the baseline's
+  window of example ``(s, j)`` is one contiguous slice; under ``"spans"`` (the default of a version 4
+  cache) it is the cache's tokens in global order and the window of eval row ``x`` is the slice at
+  ``x * L``. Its offsets are precomputed (as Megatron's sample index is).
   The first batches of both are compared token for token, so both serve the same windows.
 - The same with the growing-window shuffle at its default settings and memory budget; the memmap
   baseline uses the same permutation (precomputed).
@@ -42,6 +44,7 @@ from benchmarks.common import emit_result, log
 from reader import Reader, ReadOptions
 from reader.storage.cache import Cache
 from reader.format import spec as fmt
+from reader.order import passes
 from reader.order import shuffle
 from reader.order import streams
 
@@ -138,9 +141,35 @@ def example_sources(opts: ReadOptions, batches: int, shuffle_cfg) -> tuple[np.nd
     return streams.stream_position(np.asarray(src, np.int64), opts.num_streams)
 
 
+def baseline_offsets(cache: Path, seq_opts: ReadOptions, shuf_opts: ReadOptions, batches: int,
+                     flat: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Write the memmap baseline's flat file and return the token offsets of the sequential and the
+    shuffled read's windows ([batches, B] each), for the read's pass rule: ``"streams"``, a stream-major
+    file (:func:`write_flat_file`); ``"spans"``, the cache's tokens in global order, where eval row ``x``
+    (what every example is, :mod:`reader.order.passes`) is the slice at ``x * L``."""
+    with Reader(str(cache), shuf_opts) as r:
+        rule = r.order.pass_rule
+        shuffled = r.order.spans() if rule == "spans" else None
+    ex = np.arange(batches * B, dtype=np.int64)
+    if rule == "spans":
+        plain = passes.Spans(shuffled.rows, shuffled.r)
+        rows_seq, rows_shf = (sp.place(sp.sources(ex))[3] for sp in (plain, shuffled))
+        write_flat_file(cache, dataclasses.replace(seq_opts, pass_rule="streams", ideal_readers=1),
+                        np.asarray([(max(rows_seq.max(), rows_shf.max()) + 1) * L]), flat)
+        return (rows_seq * L).reshape(batches, B), (rows_shf * L).reshape(batches, B)
+    s_seq, j_seq = example_sources(seq_opts, batches, None)
+    s_shf, j_shf = example_sources(shuf_opts, batches, shuf_opts.shuffle_config())
+    need = np.zeros(seq_opts.num_streams, np.int64)
+    for s, j in ((s_seq, j_seq), (s_shf, j_shf)):
+        np.maximum.at(need, s, (j + 1) * L)
+    base = write_flat_file(cache, seq_opts, need, flat)
+    return (base[s_seq] + j_seq * L).reshape(batches, B), (base[s_shf] + j_shf * L).reshape(batches, B)
+
+
 def write_flat_file(cache: Path, opts: ReadOptions, need_tokens: np.ndarray, out: Path) -> np.ndarray:
-    """Stream-major flat uint32 file of the first ``need_tokens[s]`` tokens of every stream; returns the
-    file offset (in tokens) where each stream starts."""
+    """Stream-major flat uint32 file of the first ``need_tokens[s]`` tokens of every stream (of the
+    ``"streams"`` rule: ``opts.pass_rule``; with one stream, the cache's tokens in global order); returns
+    the file offset (in tokens) where each stream starts."""
     r = Reader(str(cache), opts)
     idx = r.stream_index()
     table = r.cache.table
@@ -289,12 +318,13 @@ def time_seek(cache: Path, opts: ReadOptions, step: int) -> float:
 
 
 def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float], seek_reps: int,
-        budget_max_s: float = 20.0) -> dict:
+        budget_max_s: float = 20.0, pass_rule: str | None = None) -> dict:
     res: dict = {}
     # The headline layout is "flat" (seed 001's flat-tokens: one uint32 [B, L+1] array and two ints per
     # row, what JaxLoader ships to devices); the five-array layout is measured too ("arrays").
-    seq_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, layout="flat")
-    shuf_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, layout="flat")
+    # pass_rule: None, the cache's default (ReadOptions.pass_rule)
+    seq_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, layout="flat", pass_rule=pass_rule)
+    shuf_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, layout="flat", pass_rule=pass_rule)
     W = WORKERS
     # name -> options; the headline figures (reader_*) use W worker processes, *_1p one process
     configs = {
@@ -302,11 +332,13 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
         "reader_shuffled": dataclasses.replace(shuf_opts, num_workers=W),
         "reader_1p": seq_opts,
         "reader_shuffled_1p": shuf_opts,
-        "reader_arrays": ReadOptions(seq_len=L, batch_size=B, packed=True, num_workers=W),
-        "reader_arrays_shuffled": ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, num_workers=W),
-        "reader_arrays_1p": ReadOptions(seq_len=L, batch_size=B, packed=True),
-        "reader_arrays_shuffled_1p": ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0),
+        "reader_arrays": dataclasses.replace(seq_opts, layout="arrays", num_workers=W),
+        "reader_arrays_shuffled": dataclasses.replace(shuf_opts, layout="arrays", num_workers=W),
+        "reader_arrays_1p": dataclasses.replace(seq_opts, layout="arrays"),
+        "reader_arrays_shuffled_1p": dataclasses.replace(shuf_opts, layout="arrays"),
     }
+    with Reader(str(cache), seq_opts) as r:
+        res["reader_pass_rule"] = r.order.pass_rule
     res["reader_layout"] = seq_opts.layout
     res["reader_num_workers"] = W
     cfg = shuf_opts.shuffle_config()
@@ -350,22 +382,14 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
             raise AssertionError(f"{name}: its first batches differ from the {W}-worker reader's")
 
     # -- memmap baseline ------------------------------------------------------------------------------
-    s_seq, j_seq = example_sources(seq_opts, batches, None)
-    s_shf, j_shf = example_sources(shuf_opts, batches, cfg)
-    R = seq_opts.num_streams
-    need = np.zeros(R, np.int64)
-    for s, j in ((s_seq, j_seq), (s_shf, j_shf)):
-        np.maximum.at(need, s, (j + 1) * L)
     flat = work / "memmap-tokens.u32"
-    base = write_flat_file(cache, seq_opts, need, flat)
+    off_seq, off_shf = baseline_offsets(cache, seq_opts, shuf_opts, batches, flat)
     res["memmap_file_mb"] = flat.stat().st_size / 1e6
     mm = np.memmap(flat, dtype=np.uint32, mode="r")
     _ = int(np.asarray(mm[:: 1024]).sum())  # touch
     with open(flat, "rb") as f:  # warm the page cache
         while f.read(1 << 24):
             pass
-    off_seq = (base[s_seq] + j_seq * L).reshape(batches, B)
-    off_shf = (base[s_shf] + j_shf * L).reshape(batches, B)
     # Same windows: the reader's first batches equal the memmap's.
     for first, offs, what in ((seq_first, off_seq, "sequential"), (shuf_first, off_shf, "shuffled")):
         for b, tgt in enumerate(first):
@@ -418,8 +442,7 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
     curve = []
     for mult in budgets:
         budget = int(seq_opts.memory_budget_bytes * mult)
-        o = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, memory_budget_bytes=budget,
-                        layout=seq_opts.layout)
+        o = dataclasses.replace(shuf_opts, memory_budget_bytes=budget)
         dt, _, _, done = read_reader(cache, o, batches, max_s=budget_max_s)
         curve.append([budget / 1e6, done * B * L / dt])
         log(f"reader: shuffled, budget {budget / 1e6:.0f} MB: {done * B * L / dt / 1e6:.2f} M tok/s")
@@ -436,10 +459,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seek_reps", type=int, default=3)
     ap.add_argument("--budgets", default="0.25,0.5,1,2", help="multiples of the default budget (plot)")
+    ap.add_argument("--pass_rule", choices=passes.PASS_RULES, default=None,
+                    help="ReadOptions.pass_rule of every read (default: the cache's, by its format version)")
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     budgets = [float(x) for x in a.budgets.split(",") if x]
-    emit_result(run(a.cache, a.work, a.batches, a.rounds, budgets, a.seek_reps))
+    emit_result(run(a.cache, a.work, a.batches, a.rounds, budgets, a.seek_reps, pass_rule=a.pass_rule))
     return 0
 
 

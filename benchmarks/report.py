@@ -47,14 +47,35 @@ MAIN_ROWS = report_peers.PEER_MAIN_ROWS + [
     ("reader_rss_growth_vs_budget", "reader RSS growth while reading / its memory budget", "ratio"),
     ("best_fit_padding_L2048", "best-fit packing (`packing=\"best_fit\"`, each chunk per window), L=2048: padding "
      "tokens / row tokens", "ratio"),
+    ("long_docs_best_fit_padding_L256", "best fit, L=256, on synthetic long documents (200-5,000 tokens, "
+     "log-uniform; 64 Mi tokens in chunks of 64 Mi, windows of 4 Mi): padding", "pct"),
+    ("long_docs_best_fit_padding_over_plain_bfd_L256", "the same, less plain best-fit decreasing's on the same "
+     "windows' pieces (no cap on continuation pieces per row)", "pct"),
     ("best_fit_short_documents_cut_L2048", "best fit, L=2048: documents of at most L tokens that a row sees "
      "without their beginning", "int"),
     ("best_fit_short_documents_cut_L8192", "the same at L=8192", "int"),
     ("best_fit_vs_concat_L2048", "best fit / concat, real tokens per second, L=2048 ({reader_num_workers} "
      "workers, flat layout, R*=16, as many tokens as the cache holds, from opening the reader)", "ratio"),
     ("best_fit_vs_concat_L8192", "the same at L=8192", "ratio"),
+    ("dedup_exact_mb_per_cpu_s", "`python -m pipelines.dedup` (exact duplicates, 2 local workers, whole command): MB "
+     "of input text per CPU-second of its process tree, i.e. per core (docs/CURATION.md)", "num"),
+    ("dedup_near_mb_per_cpu_s", "the same with `--near` (MinHash, LSH, verified pairs; {dedup_near_wall_s:.0f} s for "
+     "{dedup_corpus_mb:.0f} MB)", "num"),
+    ("dedup_signature_tokens_per_cpu_s", "MinHash signatures alone (pipelines/dedup/minhash.py), tokens per CPU-second",
+     "rate"),
+    ("dedup_planted_recall", "near marks on {dedup_planted_docs} documents of the corpus with 10% planted near copies: "
+     "recall over the planted pairs with true Jaccard >= 0.8", "ratio"),
+    ("dedup_marked_false_share", "of the {dedup_marked_pairs} marked (document, keeper) pairs there, the share with "
+     "true Jaccard < 0.7", "ratio"),
     ("mask_train_ratio", "a cache with loss masks / the same documents without, real tokens per second "
      "(benchmarks/mask_cost.py: flat layout, batch 64, L=2048, R*=16, 2 workers, one pass of 96 Mi tokens)", "ratio"),
+    ("latency_50ms_vs_0ms_min", "gs:// with every request held 50 ms / the same read at 0 ms, steady, the least of "
+     "packed, shuffled and a 4-cache mixture (benchmarks/latency_bench.py: host 1 of 4, L=2048, B=32, from step "
+     "3000; \"Reading from object storage\" below)", "ratio"),
+    ("latency_first_batch_s_50ms_max", "seconds from opening the reader to the first batch at step 3000, gs:// at 50 ms "
+     "per request, the most of the three reads", "s"),
+    ("latency_rss_growth_vs_budget", "the bench process's RSS growth during the 50 ms reads / the reader's memory "
+     "budget", "ratio"),
 ]
 
 # The encoders alone on the same documents (benchmarks/tokenizer_bench.py throughput): (label, figure prefix,
@@ -218,6 +239,8 @@ def _fmt(v, kind: str) -> str:
         return f"{v / 1e6:.2f} M tok/s"
     if kind == "ratio":
         return f"{v:.3f}"
+    if kind == "pct":
+        return f"{v:.2%}"
     if kind == "s":
         return f"{v:.2f} s" if v < 100 else f"{v:.0f} s"
     if kind == "mb":
@@ -353,28 +376,42 @@ def packing_table(fig: dict) -> list[str]:
            f"({fig.get('packing_tokens_per_chunk', 0) / 1e6:.1f} M tokens each on average), each packed by "
            "best-fit decreasing per window of whole row groups of about "
            f"{fig.get('packing_window_tokens', 0) / 2**20:.3g} Mi tokens (`ReadOptions(packing=\"best_fit\")`, "
-           "docs/FORMAT.md), against concatenation "
+           f"docs/FORMAT.md), at most {fig.get('packing_continuations', 1)} continuation pieces per row (a cache of "
+           "format version 4's default), against concatenation "
            "(the documents in global order cut every L tokens) and unpacked reading (a row per L-token piece of "
            f"a document); *smaller chunks*: the same documents in chunks {int(fig.get('packing_split', 0))}x "
-           "smaller. Cut: a row sees the document (or token) without the document's beginning. Rates: real "
-           "tokens per second (`num_tokens`), flat layout, batch 64, from opening the reader, alternating, best "
-           "of the rounds; *training*: R*=16, {reader_num_workers} reader workers, as many tokens as the cache "
-           "holds (a best-fit read decodes a stream's whole window when it enters it, as the window's first rows "
-           "take documents from all of it); *eval*: a pass over a quarter of the cache in one process.", "",
+           "smaller; *one continuation per row*: older caches' rule; *plain BFD*: best-fit decreasing of the "
+           "same windows' pieces with no cap. Cut: a row sees the document (or token) without the document's "
+           "beginning. Rates: real tokens per second (`num_tokens`), flat layout, batch 64, from opening the "
+           "reader, alternating, best of the rounds; *training*: R*=16, {reader_num_workers} reader workers, as "
+           "many tokens as the cache holds (a best-fit read decodes a stream's whole window when it enters it, as "
+           "the window's first rows take documents from all of it); *eval*: a pass over a quarter of the cache in "
+           "one process.", "",
            "| L | packing | padding | documents cut | tokens cut | training: real tokens/s | / concat | eval: real "
            "tokens/s | / concat |", "|---|---|---|---|---|---|---|---|---|"]
-    for L in (2048, 8192):
+    for L in (256, 2048, 8192):
+        if f"best_fit_padding_L{L}" not in fig:
+            continue
         for label, p, tag in (("best fit", "best_fit", ""), ("best fit, smaller chunks", "best_fit", "_small"),
-                              ("concat", "concat", ""), ("unpacked", "unpacked", "")):
+                              ("best fit, one continuation per row", "best_fit_one_continuation", ""),
+                              ("plain BFD", "plain_bfd", ""), ("concat", "concat", ""), ("unpacked", "unpacked", "")):
             g = lambda k: fig.get(f"{p}_{k}_L{L}{tag}")  # noqa: E731
             cells = []
             for mode in ("", "_eval"):
-                rated = not tag and p != "unpacked"
+                rated = not tag and p in ("best_fit", "concat")
                 cells.append(_fmt(fig.get(f"{p}_real_tokens_per_s{mode}_L{L}"), "rate") if rated else "")
                 vs = fig.get(f"best_fit_vs_concat{mode}_L{L}")
                 cells.append(_fmt(vs, "ratio") if rated and p == "best_fit" else "")
-            out.append(f"| {L} | {label} | {_fmt(g('padding'), 'ratio')} | {_fmt(g('cut_documents'), 'ratio')} | "
+            out.append(f"| {L} | {label} | {_fmt(g('padding'), 'pct')} | {_fmt(g('cut_documents'), 'ratio')} | "
                        f"{_fmt(g('cut_tokens'), 'ratio')} | " + " | ".join(cells) + " |")
+    long = [L for L in (256, 2048, 8192) if f"long_docs_best_fit_padding_L{L}" in fig]
+    if long:
+        out += ["", f"Padding on synthetic long documents (lengths log-uniform in 200-5,000 tokens, "
+                f"{fig.get('long_docs_tokens', 0) / 2**20:.0f} Mi tokens, the same windows): "
+                + "; ".join(f"L={L}: best fit {_fmt(fig[f'long_docs_best_fit_padding_L{L}'], 'pct')}, one "
+                            f"continuation per row {_fmt(fig.get(f'long_docs_best_fit_one_continuation_padding_L{L}'), 'pct')}, "
+                            f"plain BFD {_fmt(fig.get(f'long_docs_plain_bfd_padding_L{L}'), 'pct')}" for L in long)
+                + "."]
     return [_meaning(x, fig) if "{" in x else x for x in out]
 
 
@@ -466,7 +503,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
         mark = "" if ok is None else ("met" if ok else "**missed**")
         if ok is False:
             missed.append(key)
-        corpus = report_peers.CORPUS_OF.get(key, report_peers.TODAY)
+        corpus = report_peers.CORPUS_OF.get(key, "synthetic" if key.startswith("latency_") else report_peers.TODAY)
         lines.append(f"| `{key}` | {_meaning(meaning, fig)} | {corpus} | {_fmt(v, kind)} | {tgt} | {mark} |")
     lines += report_peers.peer_table(fig)
     lines += report_peers.both_corpora_table(fig)
@@ -510,6 +547,7 @@ def write(fig: dict, details: dict, doc: Path, plots: Path, *, quick: bool = Fal
     lines += columnar_memory_section()
     lines += scale_section()
     lines += sft_section(fig)
+    lines += latency_section(fig)
     lines += ["", "## Plots", ""]
     if has_pipe:
         lines += [f"![pipeline progress and CPU]({rel(p_pipe)})", "",
@@ -669,6 +707,59 @@ def mask_read_section(fig: dict) -> list[str]:
            "(and per CPU-second of the reading processes), masked / plain:", "",
            "| read | per second | per CPU-second |", "|---|---|---|"]
     out += [f"| {what} | {f[f'mask_{k}_ratio']:.3f} | {f[f'mask_{k}_cpu_ratio']:.3f} |" for k, what in MASK_READS]
+    return out
+
+
+LATENCY_READS = [("packed", "packed, in order"), ("shuffled", "packed, `shuffle_seed=0`"),
+                 ("mixture", "mixture of 4 caches (0.4/0.3/0.2/0.1), packed")]
+
+
+def latency_section(fig: dict) -> list[str]:
+    """Reading ``gs://`` through the latency proxy (``benchmarks/latency_bench.py``)."""
+    if "latency_50ms_vs_0ms_min" not in fig:
+        return []
+    f = fig
+    delays = sorted({int(k.split("_")[2][:-2]) for k in f if k.startswith("latency_packed_") and k.endswith("ms_steady")})
+    out = ["", "## Reading from object storage", "",
+           f"`benchmarks/latency_bench.py` uploads a synthetic cache of {f['latency_cache_tokens'] / 1e6:.1f} M tokens "
+           f"({f['latency_cache_chunks']} chunks, 128 Ki-token row groups) four times to the GCS emulator and reads it "
+           "through the project's latency proxy (`tests/support/latency_proxy.py`: every request held D ms on loopback, requests in flight "
+           f"held together) as host 1 of {f['latency_hosts']} (`seq_len={f['latency_seq_len']}, batch_size="
+           f"{f['latency_batch_size']}`, R* = 16, flat layout, default budget, one process) from step "
+           f"{f['latency_start']}, {f['latency_batches']} batches, best of {f['latency_rounds']} alternating rounds "
+           f"(run of {f.get('latency_run', '?')}, load average {f.get('latency_load_average', '?')} on 2 cores). "
+           "Steady: tokens per second of the host's rows over the last three quarters of the batches. First batch: "
+           "from opening the reader (the seek) to the first batch. Requests per million tokens read (a chunk opened "
+           "is two: its sidecar and footer) and bytes fetched per token read (the cache holds about 1.3 bytes per "
+           "token; a shuffled read also fetches the row groups at its blocks' ends, which it uses in part).", "",
+           "| read | where | steady, M tok/s | / 0 ms | first batch, s | requests / M tokens | bytes / token | "
+           "CPU ms / batch (reader; emulator) |", "|---|---|---|---|---|---|---|---|"]
+    for kind, what in LATENCY_READS:
+        for where in ["local"] + [f"{d}ms" for d in delays]:
+            p = f"latency_{kind}_{where}_"
+            ratio = f"{f[p + 'vs_0ms']:.2f}" if where != "local" else f"{1 / f[f'latency_{kind}_0ms_vs_local']:.2f}"
+            label = "local disk" if where == "local" else f"gs://, {where[:-2]} ms"
+            out.append(f"| {what} | {label} | {f[p + 'steady'] / 1e6:.1f} | {ratio} | {f[p + 'first_batch_s']:.2f} | "
+                       f"{f[p + 'requests_per_mtoken']:.1f} | {f[p + 'bytes_per_token']:.3f} | "
+                       f"{f[p + 'cpu_ms_per_batch']:.3f}; {f[p + 'emulator_cpu_ms_per_batch']:.3f} |")
+    d, px = "latency_emulator_direct_", "latency_emulator_proxy_"
+    lo, zo = "latency_packed_local_", "latency_packed_0ms_"
+    gap = (f" Packed, local disk against gs:// at 0 ms: {f[lo + 'ms_per_batch']:.3f} against {f[zo + 'ms_per_batch']:.3f} "
+           f"ms per batch; the reader's own CPU {f[lo + 'cpu_ms_per_batch']:.3f} against {f[zo + 'cpu_ms_per_batch']:.3f} "
+           "ms (the difference: the HTTP client on the event loop, and bytes received rather than read from the page "
+           f"cache), the emulator's {f[zo + 'emulator_cpu_ms_per_batch']:.3f} ms and the proxy's "
+           f"{f[zo + 'proxy_cpu_ms_per_batch']:.3f} ms, on the same two cores, and each request waits its turn at "
+           "the emulator (one at a time)." if zo + "proxy_cpu_ms_per_batch" in f else "")
+    out += ["", "The emulator's own cost, measured apart: a plain client (`http.client`, a connection per request) asks "
+            f"for each of the cache's {f['latency_row_group_requests']} row groups in turn: "
+            f"{f[d + 'ms_per_request']:.2f} ms per request ({f[d + 'emulator_cpu_ms_per_request']:.2f} ms of the "
+            f"emulator's CPU; {f[d + 'mb_per_s']:.0f} MB/s), through the proxy at 0 ms {f[px + 'ms_per_request']:.2f} ms. "
+            "gs:// at 0 ms against local disk (the `/ 0 ms` column of the local rows is local / 0 ms): the reader "
+            "itself spends the CPU per batch in the last column on both; the rest of the gap is the emulator and "
+            "the proxy, Python servers on the same two cores, serving requests one at a time." + gap,
+            f"Peak RSS of the bench process during the 50 ms reads: {f['latency_reader_peak_rss_mb']:.0f} MB, "
+            f"{f['latency_rss_before_mb']:.0f} MB before the first read (the interpreter, numpy, pyarrow, gcsfs and "
+            f"the emulator's client), against a budget of {f['latency_memory_budget_mb']:.0f} MB."]
     return out
 
 

@@ -21,6 +21,9 @@ PEER_MAIN_ROWS = [
 
 # the corpus of every main-table figure measured on the distinct corpus; the others are on today's
 CORPUS_OF = {key: DISTINCT for key, _, _ in PEER_MAIN_ROWS}
+CORPUS_OF.update({key: DISTINCT for key in ("dedup_exact_mb_per_cpu_s", "dedup_near_mb_per_cpu_s",  # dedup_bench.py
+                                            "dedup_signature_tokens_per_cpu_s", "dedup_planted_recall",
+                                            "dedup_marked_false_share")})
 
 COLD_ROWS = [
     ("tiktoken", "orjson + tiktoken `encode_ordinary` (the reference)"),

@@ -78,11 +78,20 @@ TARGETS = {
     "pipeline_peak_rss_ratio_4x_shards": (1.25, "<="),
     "reader_rss_growth_vs_budget": (1.0, "<="),
     "best_fit_padding_L2048": (0.02, "<="),
+    "long_docs_best_fit_padding_L256": (0.01, "<="),
+    "long_docs_best_fit_padding_over_plain_bfd_L256": (0.01, "<="),
     "best_fit_short_documents_cut_L2048": (0, "<="),
     "best_fit_short_documents_cut_L8192": (0, "<="),
     "best_fit_vs_concat_L2048": (0.8, ">="),
     "best_fit_vs_concat_L8192": (0.8, ">="),
     "mask_train_ratio": (0.9, ">="),
+    "latency_50ms_vs_0ms_min": (0.7, ">="),
+    "latency_first_batch_s_50ms_max": (1.0, "<="),
+    "latency_rss_growth_vs_budget": (1.0, "<="),
+    "dedup_exact_mb_per_cpu_s": (20.0, ">="),
+    "dedup_signature_tokens_per_cpu_s": (5e6, ">="),
+    "dedup_planted_recall": (0.9, ">="),
+    "dedup_marked_false_share": (0.05, "<="),
 }
 
 
@@ -380,6 +389,12 @@ def main(argv=None) -> int:
     details.update(details_d)
     details["commands"] = build_commands(inputs, cache_tt, tokenizer_json, corpus, P, work / f"corpus-distinct-{profile}")
 
+    # -- duplicate marks on the distinct corpus's cache (benchmarks/dedup_bench.py) ------------------------------
+    m = run_monitored([_py(), "-m", "benchmarks.dedup_bench", "--cache", str(work / f"cache-{profile}-distinct"),
+                       "--corpus", str(work / f"corpus-distinct-{profile}"), "--work", str(work / f"dedup-{profile}")]
+                      + (["--quick"] if a.quick else []))
+    fig.update(m.result)
+
     # -- reader -----------------------------------------------------------------------------------------------------
     m = run_monitored([_py(), "-m", "benchmarks.reader_bench", "--cache", str(cache_tt), "--work",
                        str(work / f"reader-{profile}"), "--batches", str(P["reader_batches"]), "--rounds",
@@ -413,6 +428,14 @@ def main(argv=None) -> int:
     log(f"loss masks: reads at {fig['mask_train_ratio']:.3f} of the same cache without (2 workers), "
         f"{fig['mask_train_1p_ratio']:.3f} in one process, {fig['mask_best_fit_1p_ratio']:.3f} best fit")
 
+    # -- reading gs:// when every request takes 0-100 ms: a latency proxy before the GCS emulator -----------------
+    m = run_monitored([_py(), "-m", "benchmarks.latency_bench", "--work", str(work / f"latency-{profile}")]
+                      + (["--quick"] if a.quick else []))
+    fig.update(m.result)
+    log(f"gs:// at 50 ms per request / at 0 ms, steady: packed {fig['latency_packed_50ms_vs_0ms']:.2f}, shuffled "
+        f"{fig['latency_shuffled_50ms_vs_0ms']:.2f}, mixture {fig['latency_mixture_50ms_vs_0ms']:.2f}; first batch at "
+        f"50 ms at most {fig['latency_first_batch_s_50ms_max']:.2f} s")
+
     # -- supervised records: the loss mask's bytes per token, encoding rates (benchmarks/sft_bench.py) ------------
     fig.update(sft_bench.figures(a.quick))
 
@@ -437,7 +460,8 @@ def main(argv=None) -> int:
     report.write(fig, details, doc, plots, quick=a.quick)
     if not a.keep:
         for d in (cache_hf, work / f"cache-{profile}-tiktoken-1w", work / f"cache-{profile}-small-shards", work / f"reader-{profile}",
-                  work / f"cache-{profile}-distinct", work / f"mask-{profile}"):
+                  work / f"cache-{profile}-distinct", work / f"mask-{profile}", work / f"latency-{profile}",
+                  work / f"dedup-{profile}"):
             shutil.rmtree(d, ignore_errors=True)
     log(f"done in {fig['bench_total_s']:.0f} s: {out} and {doc}")
     return 0

@@ -4,7 +4,7 @@ corpus at 64 MiB chunks makes about 10^6), opened, read and finalized as a real 
     make bench-scale    # = python -m benchmarks.scale_bench -> benchmarks/scale.json, docs/BENCHMARKS.md "Scale"
 
 Every cache is written by the project's own writer code: the table by ``reader.format.table.TableWriter``, the
-finished ledger by ``pipelines.chunking.finalize.finished_ledger``; its rows are synthetic counts like real 64 MiB chunks'
+finished ledger by ``reader.storage.finish.finished_ledger``; its rows are synthetic counts like real 64 MiB chunks'
 (8,000 to 24,000 documents, 700 to 1,300 tokens each), and chunk files and sidecars exist only for the chunks a
 measured read touches (one real chunk, written by ``reader.format.chunk_file``, hard-linked under each of their
 paths; the table records its bytes and checksums there). A valid cache of 10^7 chunks would need 2 * 10^7 files,
@@ -43,9 +43,13 @@ from benchmarks.common import REPO, log
 SHARDS = 25_000
 CHUNK_BYTES = 64 << 20
 SIZES = {"1e5": 100_000, "1e6": 1_000_000, "1e7": 10_000_000}
-# the chunks a measured read touches: host 4095 of 4096 reads stream 4095 (chunk 4095, then 4095 + 4096, ...);
-# the first and last chunks too (`inspect --max_chunks 2` reads them: see the module doc)
+# the chunks a measured read touches: chunk 4095 (the index files' cost), the chunks a "streams" read of host
+# 4095 of 4096 starts with (stream 4095: chunk 4095, then 4095 + 4096, ...), the first and last chunks
+# (`inspect --max_chunks 2` reads them: see the module doc); and those a "spans" read starts with
+# (:func:`spans_touched`)
 TOUCHED = (3, 4095, 4095 + 4096, 0, -1)
+# the first batch measured (packed concat; the pass rule: the cache's default, "spans" for version 4)
+FIRST_BATCH = {"seq_len": 2048, "batch_size": 4096, "ideal_readers": 4096}
 TARGETS = {"open_s_1e6": (1.0, "<="), "open_rss_mb_1e6": (300, "<="), "open_fetched_mb_1e6": (64, "<="),
            "open_s_1e7": (10.0, "<="), "open_rss_mb_1e7": (2000, "<="), "finalize_rss_mb_1e6": (1000, "<="),
            "pipeline_mb_1e6": (5.0, "<="), "first_batch_s_r4096_1e6": (2.0, "<=")}
@@ -89,12 +93,36 @@ def real_chunk(config) -> tuple[bytes, int, int]:
     return data, docs, tokens
 
 
+def spans_touched(docs: np.ndarray, tokens: np.ndarray, real_docs: int, real_tokens: int) -> list[int]:
+    """The chunks a measured read touches (:data:`TOUCHED`, and the rows host 4095 of 4096 reads first under
+    the "spans" rule, the default of a version 4 cache: the first row of span 4095, near the end of the data),
+    their ``docs`` and ``tokens`` set to the real chunk's in place (which moves the rows: repeated until no new
+    chunk is touched)."""
+    from reader.order.passes import Spans
+
+    n = len(docs)
+    touched = {c % n for c in TOUCHED}
+    while True:
+        for c in touched:
+            docs[c], tokens[c] = real_docs, real_tokens
+        ends = np.cumsum(tokens)
+        rows = int(ends[-1]) // FIRST_BATCH["seq_len"]  # E: the eval pass's whole rows of L tokens
+        start = Spans(rows, FIRST_BATCH["ideal_readers"]).span_start(FIRST_BATCH["ideal_readers"] - 1)
+        # (a row either side: the eval pass's last row and a row's shifted targets are not modelled here)
+        lo, hi = (start - 1) * FIRST_BATCH["seq_len"], (start + 2) * FIRST_BATCH["seq_len"] + 1
+        need = set(range(int(np.searchsorted(ends, lo, "right")), int(np.searchsorted(ends, hi - 1, "right")) + 1))
+        if need <= touched:
+            return sorted(touched)
+        touched |= need
+
+
 def write_cache(root: Path, n: int, tok, config) -> dict:
     """The finished cache of :func:`synthetic_plan`'s ``n`` chunks at ``root`` (see the module doc)."""
     from pipelines import status
-    from pipelines.chunking import finalize
-    from reader.format import blocks, chunk_file, table as chunk_table
+    from reader.format import blocks, table as chunk_table
     from reader.format import spec as fmt
+    from reader.format.sidecar import ledger_entry, make_sidecar, row_group_index, sidecar_bytes
+    from reader.storage import finish
     from reader.order.streams import round_robin_order
 
     if root.exists():
@@ -105,46 +133,46 @@ def write_cache(root: Path, n: int, tok, config) -> dict:
     inputs = [dict(i.to_json(), uncompressed_bytes=i.size) for i in plan.inputs]
     order = round_robin_order([i["chunks"] for i in inputs])
     data, real_docs, real_tokens = real_chunk(config)
-    rg_index, footer = fmt.row_group_index(data)
+    rg_index, footer = row_group_index(data)
+    rng = np.random.default_rng(1)
+    docs = rng.integers(8_000, 24_000, n)
+    tokens = docs * rng.integers(700, 1300, n)
+    touched = spans_touched(docs, tokens, real_docs, real_tokens)
     real = root / "real-chunk.parquet"
     real.write_bytes(data)
-    touched = {}
-    for c in (c % n for c in TOUCHED):
+    entries = {}
+    for c in touched:
         s, k = map(int, order[c])
         (root / fmt.shard_dir(s)).mkdir(parents=True, exist_ok=True)
         os.link(real, root / fmt.chunk_path(s, k))
-        sidecar = chunk_file.make_sidecar(shard=s, index_in_shard=k, byte_range=[k * CHUNK_BYTES, (k + 1) * CHUNK_BYTES],
-                                          data=data, row_group_index=rg_index, footer=footer, docs=real_docs,
-                                          tokens=real_tokens)
-        (root / fmt.sidecar_path(s, k)).write_bytes(fmt.sidecar_bytes(sidecar))
-        touched[c] = fmt.ledger_entry(sidecar)
+        sidecar = make_sidecar(shard=s, index_in_shard=k, byte_range=[k * CHUNK_BYTES, (k + 1) * CHUNK_BYTES],
+                               data=data, row_group_index=rg_index, footer=footer, docs=real_docs, tokens=real_tokens)
+        (root / fmt.sidecar_path(s, k)).write_bytes(sidecar_bytes(sidecar))
+        entries[c] = ledger_entry(sidecar)
     real.unlink()
-    rng = np.random.default_rng(1)
-    sums = finalize.Sums(shards=SHARDS)
+    sums = finish.Sums(shards=SHARDS)
     tmp = root / ".tmp-table.bin"
     t0 = time.perf_counter()
     with open(tmp, "wb") as f:
         w = chunk_table.TableWriter(f, n, masked=False)
         for lo in range(0, n, chunk_table.BLOCK_ROWS):
             m = min(chunk_table.BLOCK_ROWS, n - lo)
-            docs = rng.integers(8_000, 24_000, m)
-            tokens = docs * rng.integers(700, 1300, m)
-            cols = {"docs": docs, "tokens": tokens, "bytes": tokens * 13 // 10, "bad_records": np.zeros(m, np.int64),
+            d, t = docs[lo:lo + m], tokens[lo:lo + m]
+            cols = {"docs": d, "tokens": t, "bytes": t * 13 // 10, "bad_records": np.zeros(m, np.int64),
                     "checksum": rng.integers(0, 256, (m, 32), dtype=np.uint8),
                     "sidecar_checksum": rng.integers(0, 256, (m, 32), dtype=np.uint8)}
-            for c, e in touched.items():
+            for c, e in entries.items():
                 if lo <= c < lo + m:
-                    for key in ("docs", "tokens", "bytes", "bad_records"):
-                        cols[key][c - lo] = e[key]
+                    cols["bytes"][c - lo] = e["bytes"]
                     for key in ("checksum", "sidecar_checksum"):
                         cols[key][c - lo] = blocks.digests_of([e[key]])[0]
             w.add(cols)
             sums.docs += int(cols["docs"].sum())
             sums.tokens += int(cols["tokens"].sum())
             sums.bytes += int(cols["bytes"].sum())
-        desc = w.finish()
+    desc = w.finish()
     os.replace(tmp, root / desc["path"])
-    ledger = finalize.finished_ledger(raw_plan, inputs, finalize.Draft(root=str(root), tmp="", desc=desc, sums=sums))
+    ledger = finish.finished_ledger(raw_plan, inputs, sums, table=desc)
     status.write_ledger(str(root), ledger)
     return {"write_s": time.perf_counter() - t0, "ledger_mb": (root / fmt.LEDGER_NAME).stat().st_size / 1e6,
             "table_mb": desc["bytes"] / 1e6}
@@ -169,12 +197,12 @@ if mode == "open":
     dt = time.perf_counter() - t0
     out = {"s": dt, "read_mb": (rchar() - r0) / 1e6, "chunks": len(r.cache.table)}
 else:
-    r = Reader(root, ReadOptions(seq_len=2048, batch_size=4096, ideal_readers=4096, prefetch_threads=0),
-               num_readers=4096, reader_index=4095)
+    r = Reader(root, ReadOptions(**json.loads(sys.argv[3]), prefetch_threads=0), num_readers=4096, reader_index=4095)
     r.stream_index()
     t1 = time.perf_counter()
     b = r.batch(0)
-    out = {"s": time.perf_counter() - t1, "open_s": t1 - t0, "rows": int(b["targets"].shape[0])}
+    out = {"s": time.perf_counter() - t1, "open_s": t1 - t0, "rows": int(b["targets"].shape[0]),
+           "pass_rule": r.order.pass_rule}
 r.close()
 out["rss_mb"] = peak_rss_mb()
 print(json.dumps(out))
@@ -185,7 +213,7 @@ def measure(root: Path, mode: str, reps: int) -> dict:
     """The best of ``reps`` fresh processes (the machine is shared)."""
     best = None
     for _ in range(reps):
-        got = subprocess.run([sys.executable, "-c", OPEN, str(root), mode], cwd=REPO, capture_output=True, text=True,
+        got = subprocess.run([sys.executable, "-c", OPEN, str(root), mode, json.dumps(FIRST_BATCH)], cwd=REPO, capture_output=True, text=True,
                              env=dict(os.environ, PYTHONPATH=str(REPO)), check=False)
         if got.returncode:
             raise RuntimeError(f"{mode} of {root} failed: {got.stderr[-3000:]}")
@@ -240,7 +268,7 @@ import json, sys, time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.chunking.transforms import FinalizeLedgerFn
-from pipelines.chunking.plan_ledger import PlanRef, plan_checksum
+from pipelines.plan_ledger import PlanRef, plan_checksum
 out, units = sys.argv[1], int(sys.argv[2])
 ref = PlanRef(output=out, checksums=((None, plan_checksum(out)),))
 t0 = time.perf_counter()

@@ -35,7 +35,7 @@ def measure(corpus: Path, shards: int = 1, repeats: int = 2) -> dict:
     from gigatoken import JsonlFileSource
 
     from benchmarks.megatron_peer import load_gigatoken
-    from pipelines.inputs import fsutil
+    from pipelines.inputs.lines import RangeLines, SpanHasher
     from pipelines.chunking.chunk_writer import ENCODE_BATCH_DOCS, ChunkBuilder, parse_line
     from pipelines.tokenize.fast_tokenizer import load_encoder
     from pipelines.options import (DEFAULT_CHUNK_BYTES, DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL,
@@ -53,7 +53,7 @@ def measure(corpus: Path, shards: int = 1, repeats: int = 2) -> dict:
               "token_encoding": TOKEN_ENCODING}
     lines, texts, offsets = [], [], []
     for path in files:
-        for off, raw in fsutil.RangeLines(path, 0, os.path.getsize(path)):
+        for off, raw in RangeLines(path, 0, os.path.getsize(path)):
             lines.append(raw)
             offsets.append(off)
     for raw in lines:
@@ -66,8 +66,8 @@ def measure(corpus: Path, shards: int = 1, repeats: int = 2) -> dict:
 
     def read_and_hash():
         for path in files:
-            hasher = fsutil.SpanHasher()
-            rl = fsutil.RangeLines(path, 0, os.path.getsize(path))
+            hasher = SpanHasher()
+            rl = RangeLines(path, 0, os.path.getsize(path))
             for off, raw in rl:
                 hasher.add(off, raw)
             hasher.finish(rl.end)
@@ -108,7 +108,7 @@ def measure(corpus: Path, shards: int = 1, repeats: int = 2) -> dict:
                     hi = min(lo + DEFAULT_CHUNK_BYTES, size)
                     b = ChunkBuilder(root=d, input_path=path, shard=shard, index=k, lo=lo, encoder=enc,
                                      config=config, eos_id=spec.eos_id)
-                    rl = fsutil.RangeLines(path, lo, hi)
+                    rl = RangeLines(path, lo, hi)
                     for off, raw in rl:
                         b.add(off, raw)
                     b.finish(hi, rl.end)

@@ -21,7 +21,7 @@ Steps:
    ``_FAILED.json``. :func:`run` reads that verdict once the runner returns or raises.
 
 With ``--validation_fraction F`` the same steps write two caches from one pass over the input,
-``OUTPUT/train`` and ``OUTPUT/validation`` (``pipelines/chunking/splits.py``), each with its own ledger.
+``OUTPUT/train`` and ``OUTPUT/validation`` (``reader/format/splits.py``), each with its own ledger.
 
 Options not listed by ``--help`` are passed to Beam (``--runner``, ``--project``, ...); an option that
 is neither ours nor Beam's is an error. Without ``--runner`` the local DirectRunner runs with one worker
@@ -83,6 +83,8 @@ if __name__ == "__main__":
 
 import apache_beam as beam  # noqa: E402
 
+from reader.format.splits import cache_names, cache_root  # noqa: E402
+
 from pipelines import lock, status  # noqa: E402
 from pipelines.runners import progress  # noqa: E402
 from pipelines.runners import choice as runners  # noqa: E402
@@ -91,7 +93,6 @@ from pipelines.errors import BuildError, EnvironmentFault  # noqa: E402
 from pipelines.tokenize.fast_tokenizer import backend_note  # noqa: E402
 from pipelines.launcher import Prepared, plan_build, reconcile_output  # noqa: E402
 from pipelines.options import Arguments, build_arg_parser, parse_args, pipeline_options  # noqa: E402
-from pipelines.chunking.splits import cache_names, cache_root  # noqa: E402
 from pipelines.chunking.transforms import METRICS_NAMESPACE, BuildCache  # noqa: E402
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
           "compress less well than 64 MiB ones), "
           f"{t['bad_records']} bad records")
     from reader.storage.cache import Cache
-    from reader.format import tokenizer_lib
+    from reader.tokenizers import tokenizer_lib
 
     cache = Cache(root)  # its chunks in global order (the ledger's table), as any reader opens them
     chunks = cache.table

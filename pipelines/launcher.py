@@ -18,19 +18,21 @@ import os
 import re
 from typing import Any, Sequence
 
+from reader.format import checks
 from reader.format import spec as fmt
+from reader.format.splits import SPLIT_NAMES, SPLITS_MANIFEST_NAME, SplitSpec, cache_root
 
 from pipelines import faults, status
-from pipelines.lock import LOCK_NAME
-from pipelines.inputs import fsutil, keys
+from pipelines import filesystem
+from pipelines.inputs import keys
 from pipelines.inputs import remote
 from pipelines.inputs.matching import match_inputs, plan_inputs
 from pipelines.errors import BuildError, EnvironmentFault
 from pipelines.ledger import EmptyInput
-from pipelines.options import Arguments, absolute, chunk_config, is_remote, split_spec
+from pipelines.filesystem import absolute, is_remote
+from pipelines.options import Arguments, chunk_config, split_spec
 from pipelines.plan import BuildPlan, check_ledger, make_plan, reconcile, shape_change
 from pipelines.tokenize.fast_tokenizer import preflight
-from pipelines.chunking.splits import SplitSpec, cache_root
 from pipelines.tokenize import chat_template
 from pipelines.tokenize.tokenizer import TokenizerError, TokenizerSpec, resolve, warn_if_guessed
 
@@ -40,7 +42,7 @@ TOKENIZER_FILE = "tokenizer.json"  # Hugging Face builds: the tokenizer's JSON, 
 INDEX_DIR = "index"  # reader.storage.index.INDEX_DIR, the reader's files in a cache (not imported: a light launcher)
 # Finished caches a rerun checks against their inputs: sidecars record what they were built from from
 # version 2 on (a version 1 cache is left as it is).
-CHECKABLE = tuple(range(fmt.BASE_FORMAT_VERSION, fmt.FORMAT_VERSION + 1))
+CHECKABLE = tuple(v for v in fmt.READABLE_FORMAT_VERSIONS if v >= fmt.BASE_FORMAT_VERSION)
 
 
 def check_output(output: str) -> None:
@@ -64,14 +66,14 @@ def check_output(output: str) -> None:
 # True for a regular file, a dict for a directory. Any name under ``index/`` is the reader's.
 _SHARD = re.compile(r"shard-\d{5,}")
 _CACHE: dict[Any, Any] = {
-    fmt.LEDGER_NAME: True, TOKENIZER_FILE: True, status.FAILED_NAME: True,
+    fmt.LEDGER_NAME: True, TOKENIZER_FILE: True, fmt.FAILED_NAME: True,
     re.compile(r"table-[0-9a-f]{16}\.bin"): True,
     fmt.CHUNKS_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.(parquet|json|entry)"): True, fmt.SHARD_DONE_NAME: True}},
     fmt.BAD_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.jsonl"): True}},
     INDEX_DIR: None,  # the reader's
 }
-_OUTPUT = {**_CACHE, fmt.SPLITS_MANIFEST_NAME: True, **{name: _CACHE for name in fmt.SPLIT_NAMES},
-           re.compile(re.escape(LOCK_NAME) + r".*"): True}
+_OUTPUT = {**_CACHE, SPLITS_MANIFEST_NAME: True, **{name: _CACHE for name in SPLIT_NAMES},
+           re.compile(re.escape(fmt.LOCK_NAME) + r".*"): True}
 
 
 def check_output_tree(output: str) -> None:
@@ -96,7 +98,7 @@ def check_output_tree(output: str) -> None:
 
 def _rule(rules: dict[Any, Any], name: str) -> Any:
     """What ``name`` may be in a directory with ``rules``: True a file, a dict or None a directory, False nothing."""
-    if name.startswith(fsutil.TMP_PREFIX):
+    if name.startswith(fmt.TMP_PREFIX):
         return True
     if name in rules:
         return rules[name]
@@ -109,8 +111,8 @@ def ship_tokenizer(roots: Sequence[str], tok: TokenizerSpec) -> TokenizerSpec:
         return tok
     paths = [fmt.join(root, TOKENIZER_FILE) for root in roots]
     for path in paths:
-        if fsutil.read_bytes_or_none(path) != tok.payload.encode("utf-8"):
-            fsutil.write_atomic(path, tok.payload.encode("utf-8"))
+        if filesystem.read_or_none(path) != tok.payload.encode("utf-8"):
+            filesystem.write_atomic(path, tok.payload.encode("utf-8"))
     return tok.shipped_as(paths[0])
 
 
@@ -121,12 +123,12 @@ def _split_text(fraction: float, seed: int) -> str:
 def check_layout(output: str, split: SplitSpec | None) -> bool:
     """Refuse (BuildError) unless ``output`` is empty or holds this kind of build: a plain cache, or a split
     build with the same fraction and seed. True if ``output`` holds this split build's manifest already."""
-    path = fmt.join(output, fmt.SPLITS_MANIFEST_NAME)
-    raw = fsutil.read_bytes_or_none(path)
+    path = fmt.join(output, SPLITS_MANIFEST_NAME)
+    raw = filesystem.read_or_none(path)
     manifest = None
     if raw is not None:
         try:
-            manifest = fsutil.load_json(raw)
+            manifest = checks.load_json(raw, checks.STATUS_JSON_DEPTH)
             held = _split_text(float(manifest["validation_fraction"]), int(manifest["seed"]))
         except (ValueError, KeyError, TypeError) as e:
             raise BuildError(f"{path} is damaged ({type(e).__name__}: {e}); use another --output, or delete "
@@ -171,8 +173,8 @@ class Prepared:
 
 def _shards_with_files(output: str, shards: set[int]) -> set[int]:
     return {s for s in shards
-            if fsutil.list_sizes(fmt.join(output, f"{fmt.shard_dir(s)}/*"))
-            or fsutil.list_sizes(fmt.join(output, f"{fmt.BAD_DIR}/shard-{s:05d}/*"))}
+            if filesystem.list_sizes(fmt.join(output, f"{fmt.shard_dir(s)}/*"))
+            or filesystem.list_sizes(fmt.join(output, f"{fmt.BAD_DIR}/shard-{s:05d}/*"))}
 
 
 def _empty_files(plan: BuildPlan) -> EmptyInput | None:
@@ -189,7 +191,7 @@ def resolve_chat_template(path: str, tok: TokenizerSpec) -> tuple[str, dict[str,
     config = _tokenizer_config(tok)
     if path:
         where = absolute(path)
-        raw = fsutil.read_bytes_or_none(where)
+        raw = filesystem.read_or_none(where)
         if raw is None:
             raise BuildError(f"--chat_template {path}: no such file")
         try:
@@ -229,7 +231,7 @@ def _tokenizer_config(tok: TokenizerSpec) -> str | None:
     """The text of a Hugging Face tokenizer's tokenizer_config.json, None if it has none (or is tiktoken)."""
     if tok.kind != "huggingface":
         return None
-    from reader.format import tokenizer_files, tokenizer_lib
+    from reader.tokenizers import tokenizer_files, tokenizer_lib
 
     spec = tok.spec
     try:
@@ -237,7 +239,7 @@ def _tokenizer_config(tok: TokenizerSpec) -> str | None:
         if form == "hub":
             return tokenizer_files.hub_files(spec)[1]
         if form == "url":
-            return tokenizer_files.url_files(spec, fsutil.read_bytes_or_none)[1]
+            return tokenizer_files.url_files(spec, filesystem.read_or_none)[1]
         local = os.path.expanduser(spec)
         folder = local if os.path.isdir(local) else os.path.dirname(local)
         config = os.path.join(folder, TOKENIZER_CONFIG)
@@ -337,7 +339,9 @@ def _reconcile_and_write(plan: BuildPlan, tok: TokenizerSpec, output: str) -> Pr
     finished = {name: old for name, old in finished.items() if old.get("format_version") in CHECKABLE}
     if any(old is not None for old in olds.values()):
         existing = next(old for old in olds.values() if old is not None)
-        plan = dataclasses.replace(plan, config=plan.config.as_in(existing["config"]))  # an older cache's keys
+        # an older cache's keys, and its format version (a rerun writes the version the cache has)
+        plan = dataclasses.replace(plan, config=plan.config.as_in(existing["config"]),
+                                   resumes=existing.get("format_version"))
         caches = plan.caches()
         trusted = None
         for name, cache_plan in caches:
@@ -353,7 +357,7 @@ def _reconcile_and_write(plan: BuildPlan, tok: TokenizerSpec, output: str) -> Pr
             trusted = mine.trusted if trusted is None else trusted & mine.trusted
         plan = dataclasses.replace(plan, trusted=trusted)
     if plan.split is not None and not has_manifest:  # first: from now on OUTPUT is known as a split build
-        fsutil.write_atomic(fmt.join(output, fmt.SPLITS_MANIFEST_NAME), fmt.dumps(plan.split.manifest()).encode())
+        filesystem.write_atomic(fmt.join(output, SPLITS_MANIFEST_NAME), fmt.dumps(plan.split.manifest()).encode())
     tok = ship_tokenizer(list(roots.values()), tok)
     for name, cache_plan in plan.caches():
         old, ledger = olds[name], cache_plan.ledger()

@@ -1,5 +1,5 @@
 """The verdicts a build's finalize reaches (too many bad records, empty inputs): pure functions of what the
-chunks add up to (:mod:`pipelines.chunking.finalize` writes the finished ledgers)."""
+chunks add up to (:mod:`pipelines.finalize` writes the finished ledgers)."""
 
 from __future__ import annotations
 

@@ -33,16 +33,13 @@ import socket
 import time
 import uuid
 
-from apache_beam.io.filesystems import FileSystems
-
 from reader.format import spec as fmt
-from reader.storage.progress import holder_alive, start_ticks
+from reader.storage.progress import holder_alive, record, start_ticks
 
-from pipelines.inputs import fsutil
+from pipelines import filesystem
 from pipelines.errors import BuildError
-from pipelines.options import is_remote
+from pipelines.filesystem import is_remote
 
-LOCK_NAME = "_BUILDING.json"
 HALF_WRITTEN_SECONDS = 10  # gs://: an unreadable lock younger than this is being written by another launcher
 EXIT_GRACE_SECONDS = 10.0  # a dying holder's flock is released when the kernel closes its files: wait that long
 
@@ -79,7 +76,7 @@ class BuildLock:
 
     @property
     def path(self) -> str:
-        return fmt.join(self.output, LOCK_NAME)
+        return fmt.join(self.output, fmt.LOCK_NAME)
 
     def release(self) -> None:
         """Remove the lock if it is still ours (in the process that took it; a forked child does nothing)."""
@@ -97,9 +94,9 @@ class BuildLock:
                 os.close(fd)
             return
         try:
-            raw = fsutil.read_bytes_or_none(self.path)
+            raw = filesystem.read_or_none(self.path)
             if raw is not None and json.loads(raw).get("token") == self.token:
-                fsutil.delete_if_exists(self.path)
+                filesystem.BEAM.remove(self.path)
         except Exception:  # noqa: BLE001 - never mask the build's own outcome; a stale lock is taken over later
             pass
 
@@ -110,7 +107,7 @@ def _refuse(output: str, holder: dict, note: str = "") -> BuildError:
     return BuildError(
         f"another build ({who}) is writing into {output}{note}. Wait for it to finish, or stop it, then rerun "
         f"the same command. If no build is running there any more (its machine went down), delete "
-        f"{fmt.join(output, LOCK_NAME)} and rerun.")
+        f"{fmt.join(output, fmt.LOCK_NAME)} and rerun.")
 
 
 def _record(token: str, flock: bool) -> bytes:
@@ -132,16 +129,6 @@ def acquire(output: str) -> BuildLock:
 
 # --------------------------------------------------------------------------------------------------
 # Local outputs: an OS file lock
-
-
-def _parse(raw: bytes | None) -> dict | None:
-    if raw is None:
-        return None
-    try:
-        holder = json.loads(raw)
-    except ValueError:
-        return {}  # empty or half-written
-    return holder if isinstance(holder, dict) else {}
 
 
 def _read_fd(fd: int) -> bytes:
@@ -172,7 +159,7 @@ def _acquire_flock(output: str, token: str) -> BuildLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _parse(_read_fd(fd))
+            holder = record(_read_fd(fd))
             os.close(fd)
             if holder and holder_alive(holder) is False:
                 # The recorded holder is dying (or dead): the kernel drops its lock once its files are
@@ -194,7 +181,7 @@ def _acquire_flock(output: str, token: str) -> BuildLock:
             if not _same_file(fd, path):
                 os.close(fd)  # released and removed by its holder between our open and our lock: again
                 continue
-            holder = _parse(_read_fd(fd))
+            holder = record(_read_fd(fd))
             if holder and not holder.get("flock") and holder_alive(holder) is not False:
                 raise _refuse(output, holder)  # a launcher of an older version, which takes no flock
             if holder and holder.get("flock") and holder_alive(holder) is None:
@@ -230,26 +217,26 @@ def _acquire_by_record(output: str, token: str) -> BuildLock:
 
 
 def _read(path: str) -> dict | None:
-    return _parse(fsutil.read_bytes_or_none(path))
+    return record(filesystem.read_or_none(path))
 
 
 def _older_than(path: str, seconds: float) -> bool:
     try:
-        m = FileSystems.match([path])[0].metadata_list[0]
+        m = filesystem.BEAM.match(path)[0]
     except Exception:  # noqa: BLE001 - gone meanwhile
         return True
-    return not m.last_updated_in_seconds or time.time() - m.last_updated_in_seconds > seconds
+    return not m.mtime or time.time() - m.mtime > seconds
 
 
 def _remove_stale(path: str) -> None:
-    fsutil.delete_if_exists(path)
+    filesystem.BEAM.remove(path)
 
 
 def _create(path: str, body: bytes) -> bool:
     """Create the lock object unless it exists (False then)."""
-    if FileSystems.exists(path):
+    if filesystem.BEAM.exists(path):
         return False
-    f = FileSystems.create(path, mime_type="application/json")
+    f = filesystem.BEAM.create(path)
     try:
         f.write(body)
     finally:

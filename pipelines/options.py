@@ -11,11 +11,13 @@ from typing import Any, Mapping, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from reader.format.splits import MAX_SEED, SplitSpec
+
 from pipelines.errors import BuildError
+from pipelines.filesystem import absolute
 from pipelines.inputs import keys
 from pipelines.plan import DEFAULT_MAX_DOC_BYTES, MAX_JSON_DEPTH, ChunkConfig
 from pipelines.runners.choice import runner_args
-from pipelines.chunking.splits import MAX_SEED, SplitSpec
 from pipelines.tokenize.tokenizer import BACKENDS, DEFAULT_VERIFY_EVERY, MAX_PIECE_CHARS, PIECE_CHARS
 
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -257,15 +259,6 @@ class Arguments:
     options: argparse.Namespace
     pipeline_args: list[str]
     output: str  # --output as an absolute path (or a URL, unchanged)
-
-
-def is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def absolute(path: str) -> str:
-    """A local path made absolute (``~`` expanded); a URL such as ``gs://...`` unchanged."""
-    return path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
 
 
 def beam_parser(pipeline_args: Sequence[str] = ()) -> argparse.ArgumentParser:

@@ -16,9 +16,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from reader.format import spec as fmt
+from reader.format.splits import SPLIT_NAMES, SplitSpec
 
 from pipelines.errors import BuildError
-from pipelines.chunking.splits import SplitSpec
 
 # Uncompressed / compressed bytes of jsonl text: only orders work units by size, never changes a byte.
 COMPRESSION_RATIO_GUESS = 4
@@ -172,6 +172,7 @@ class BuildPlan:
     inputs: tuple[InputFile, ...]
     trusted: frozenset[int] = frozenset()  # shards whose stored bytes match the existing ledger's (CRC32C)
     split: SplitSpec | None = None  # a split build: two caches, train and validation
+    resumes: int | None = None  # the format version of the cache a rerun continues (None: a new cache)
 
     def caches(self) -> tuple[tuple[str | None, "BuildPlan"], ...]:
         """``(name, plan)`` of each cache the build writes: ``((None, self),)`` for a plain build, else train
@@ -179,12 +180,13 @@ class BuildPlan:
         if self.split is None:
             return ((None, self),)
         return tuple((name, dataclasses.replace(self, split=None, config=dataclasses.replace(
-            self.config, split=self.split.identity(name)))) for name in fmt.SPLIT_NAMES)
+            self.config, split=self.split.identity(name)))) for name in SPLIT_NAMES)
 
     @property
     def format_version(self) -> int:
-        """Every build writes the newest version (a finished older cache is verified and left in its own)."""
-        return fmt.FORMAT_VERSION
+        """The cache's format version (:func:`reader.format.spec.written_version`): the newest for a new
+        cache, the cache's own for a rerun of an older one."""
+        return fmt.written_version(self.resumes)
 
     def ledger(self) -> dict[str, Any]:
         """The plan ``ledger.json``: ``finished`` false, no chunks yet (see docs/FORMAT.md)."""

@@ -17,19 +17,16 @@ import json
 from typing import Any, Sequence
 
 from reader.format import spec as fmt
+from reader.format.splits import cache_root
 
-from pipelines.inputs import fsutil
+from pipelines import filesystem
 from pipelines.errors import BuildError
 from pipelines.ledger import EmptyInput, TooManyBadRecords
-from pipelines.chunking.splits import cache_root
-
-FAILED_NAME = "_FAILED.json"
-
 
 def read_ledger(root: str) -> dict[str, Any] | None:
     """The ledger in ``root`` (validated), None if there is none; a damaged one is a BuildError."""
     path = fmt.join(root, fmt.LEDGER_NAME)
-    raw = fsutil.read_bytes_or_none(path)
+    raw = filesystem.read_or_none(path)
     if raw is None:
         return None
     try:
@@ -39,7 +36,7 @@ def read_ledger(root: str) -> dict[str, Any] | None:
 
 
 def write_ledger(root: str, ledger: dict[str, Any]) -> None:
-    fsutil.write_atomic(fmt.join(root, fmt.LEDGER_NAME), fmt.dumps_ledger(ledger).encode())
+    filesystem.write_atomic(fmt.join(root, fmt.LEDGER_NAME), fmt.dumps_ledger(ledger).encode())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +60,7 @@ _KINDS = {cls.ERROR: cls for cls in (TooManyBadRecords, EmptyInput)}
 
 
 def write_failure(root: str, failure: Failure) -> None:
-    fsutil.write_atomic(fmt.join(root, FAILED_NAME), fmt.dumps(failure.to_json()).encode())
+    filesystem.write_atomic(fmt.join(root, fmt.FAILED_NAME), fmt.dumps(failure.to_json()).encode())
 
 
 def parse_failure(obj: dict[str, Any]) -> Failure:
@@ -74,7 +71,7 @@ def parse_failure(obj: dict[str, Any]) -> Failure:
 
 def clear_failure(root: str) -> None:
     """Forget the verdict of an earlier run (a rerun decides afresh)."""
-    fsutil.delete_if_exists(fmt.join(root, FAILED_NAME))
+    filesystem.BEAM.remove(fmt.join(root, fmt.FAILED_NAME))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +94,7 @@ class Outcome:
 def _read_json(path: str) -> Any:
     """The JSON in ``path``, None if absent (or half-readable, or the storage unreachable: no verdict)."""
     try:
-        raw = fsutil.read_bytes_or_none(path)
+        raw = filesystem.read_or_none(path)
         return json.loads(raw) if raw else None
     except Exception:  # noqa: BLE001
         return None
@@ -105,9 +102,9 @@ def _read_json(path: str) -> Any:
 
 def read_outcome(root: str, caches: Sequence[str | None] = (None,)) -> Outcome:
     """The ledgers and the failure verdict of the build into ``root`` whose caches are ``caches``
-    (:func:`pipelines.chunking.splits.cache_names`); a half-readable file counts as absent."""
+    (:func:`reader.format.splits.cache_names`); a half-readable file counts as absent."""
     ledgers = {name: _read_json(fmt.join(cache_root(root, name), fmt.LEDGER_NAME)) or {} for name in caches}
-    raw_failure = _read_json(fmt.join(root, FAILED_NAME))
+    raw_failure = _read_json(fmt.join(root, fmt.FAILED_NAME))
     try:
         failure = parse_failure(raw_failure) if raw_failure else None
     except Exception:  # noqa: BLE001

@@ -11,12 +11,14 @@ reader.torch).
 
 from reader.storage.cache import Cache, CacheNotReady
 from reader.format.spec import DamagedCache, FormatError
+from reader.mixture.mixture import MaxPassesReached
 from reader.mixture.spec import MixtureError
 from reader.options import ReadOptions
 from reader.reader import Reader
 from reader.storage.remote import StorageError
 from reader.batch.readahead import ReaderStalled
 from reader.batch.schema import BATCH_KEYS, FLAT_KEYS, expand_flat
+from reader.order.passes import RepeatedRowsWarning
 from reader.order.streams import EmptyStream, EndOfStream, NotYetAvailable
 from reader.storage.validate import ChunkError
 from reader.storage.whatis import NotACache
@@ -31,12 +33,14 @@ __all__ = [
     "EmptyStream",
     "EndOfStream",
     "FormatError",
+    "MaxPassesReached",
     "MixtureError",
     "NotACache",
     "NotYetAvailable",
     "ReadOptions",
     "Reader",
     "ReaderStalled",
+    "RepeatedRowsWarning",
     "StorageError",
     "expand_flat",
 ]

@@ -35,7 +35,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from reader.options import ReadOptions
 from reader.reader import Reader
 from reader.batch.readahead import read_ahead
-from reader.batch.schema import FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS, loss_mask
+from reader.batch.schema import CONTINUATION_FIELDS, FIELDS, FLAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS, VARLEN_FIELDS, \
+    continuations, loss_mask
 from reader.workers.pool import WorkerPool
 
 
@@ -92,20 +93,24 @@ def process_rows(sharding: jax.sharding.Sharding, batch_size: int, seq_len: int)
 
 def expand_flat(batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     """``reader.expand_flat`` in jax.numpy (jit-able): the five ``[B, L]`` token fields of a ``layout="flat"``
-    batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``; ``loss_mask`` if masked)."""
+    batch (``tokens`` uint32 ``[B, L+1]``, ``first_positions``, ``num_tokens``; ``loss_mask``, ``continuation_*``)."""
     import jax.numpy as jnp
 
     tok = jnp.asarray(batch["tokens"]).astype(jnp.uint32)
-    L = tok.shape[1] - 1
+    B, L = tok.shape[0], tok.shape[1] - 1
     start = (tok[:, 1:] & 1).astype(bool)
     t = jnp.arange(L, dtype=jnp.int32)[None, :]
     real = t < jnp.asarray(batch["num_tokens"]).astype(jnp.int32)[:, None]
     targets = (tok[:, 1:] >> 1).astype(jnp.int32)
     inputs = jnp.where(start, 0, (tok[:, :-1] >> 1).astype(jnp.int32))
-    segment_ids = jnp.cumsum(start.astype(jnp.int32), axis=1) + (~start[:, :1]).astype(jnp.int32)
-    last = jax.lax.cummax(jnp.where(start, t, -1), axis=1)
+    cont, cont_inputs, seg_first = continuations(t, *(jnp.asarray(batch.get(f"continuation_{k}", jnp.zeros(
+        (B, 0), jnp.int32))).astype(jnp.int32) for k in ("columns", "positions", "inputs")), jnp.int32)
+    inputs = jnp.where(cont, cont_inputs, inputs)
+    boundary = start | cont
+    segment_ids = jnp.cumsum(boundary.astype(jnp.int32), axis=1) + (~boundary[:, :1]).astype(jnp.int32)
+    last = jax.lax.cummax(jnp.where(boundary, t, -1), axis=1)
     first = jnp.asarray(batch["first_positions"]).astype(jnp.int32)[:, None]
-    positions = jnp.where(last >= 0, t - last, first + t)
+    positions = jnp.where(last >= 0, t - last + seg_first(last), first + t)
     zero = jnp.zeros_like(targets)
     stored = jnp.asarray(batch["loss_mask"]).astype(bool) if batch.get("loss_mask") is not None else None
     return {"inputs": jnp.where(real, inputs, zero), "targets": jnp.where(real, targets, zero),
@@ -122,10 +127,6 @@ LOADER_LAYOUT = "flat"
 
 # The fields (reader.batch.schema): TOKEN_FIELDS are [B, L] arrays, ROW_FIELDS [B] arrays. The int64 per-row
 # fields (example_ids, epochs) become int32 jax.Arrays unless jax_enable_x64 is on.
-
-
-def _expand_for_loader(tokens, first_positions, num_tokens, stored=None):
-    return expand_flat(dict(tokens=tokens, first_positions=first_positions, num_tokens=num_tokens, loss_mask=stored))
 
 
 class JaxLoader:
@@ -153,7 +154,8 @@ class JaxLoader:
         assembles every W-th of :attr:`rows` into shared memory, ``prefetch_batches`` ahead; see the
         module docstring), which needs a ``reader.Reader`` or a path as ``source``, and W must divide
         the number of :attr:`rows`. ``global_batch`` always reads in this process.
-      fields: fields to build (default: every field in :data:`TOKEN_FIELDS` and :data:`ROW_FIELDS`).
+      fields: fields to build (default: every field in :data:`TOKEN_FIELDS` and :data:`ROW_FIELDS`, and a
+        varlen read's ``cu_seqlens`` ``[B, max_segments + 1]`` and ``max_seqlen``, sharded like the rows).
       reader_kwargs: extra keyword arguments for ``Reader(...)`` when ``source`` is a path
         (e.g. ``wait_timeout_s``).
 
@@ -203,21 +205,27 @@ class JaxLoader:
             n_seq = int(np.prod([mesh.shape[a] for a in seq_axes], dtype=np.int64))
             if self.seq_len % n_seq:
                 raise ValueError(f"seq_len {self.seq_len} is not divisible by the {n_seq} sequence shards of {self.spec}")
+        # a varlen read's cu_seqlens and max_seqlen (reader.batch.schema), sharded like the rows
+        self._segments = getattr(self.opts, "varlen_segments", None)
+        known = TOKEN_FIELDS + VARLEN_FIELDS * (self._segments is not None) + ROW_FIELDS
         if fields is None:
-            fields = TOKEN_FIELDS + ROW_FIELDS
-        unknown = set(fields) - set(TOKEN_FIELDS) - set(ROW_FIELDS)
+            fields = known
+        unknown = set(fields) - set(known)
         if unknown:
-            raise ValueError(f"unknown fields {sorted(unknown)}; known: {TOKEN_FIELDS + ROW_FIELDS}")
+            raise ValueError(f"unknown fields {sorted(unknown)}; known: {known}")
         self.fields = tuple(fields)
+        # other [B, X] arrays (flat tokens, continuation slots, cu_seqlens): rows partitioned, columns whole
+        self._wide_sharding = NamedSharding(mesh, PartitionSpec(self.spec[0] if len(self.spec) else None, None))
         # layout="flat": ship tokens [B, L+1] (uint32, flat-tokens) and two ints per row, then expand them
         # on the devices (jit): about 4x fewer bytes from host to device than the five [B, L] arrays.
         self.flat = getattr(self.opts, "layout", ReadOptions.layout) == "flat"
+        # flat rows' loss_mask (a masked cache) and continuation slots (best fit) go to the devices too
+        self._slots = int(getattr(self.reader, "continuation_slots", 0))
+        self._flat_fields = list(FLAT_FIELDS) + ["loss_mask"] * (self.flat and bool(getattr(self.reader, "masked", 0))) \
+            + list(CONTINUATION_FIELDS) * bool(self.flat and self._slots)
         if self.flat:
-            self._flat_sharding = NamedSharding(mesh, PartitionSpec(self.spec[0] if len(self.spec) else None,
-                                                                    None))
-            self._expand = jax.jit(_expand_for_loader, out_shardings=self.token_sharding)
-        # a cache with loss masks: the flat rows' loss_mask goes to the devices too (reader.batch.schema)
-        self._flat_fields = list(FLAT_FIELDS) + ["loss_mask"] * (self.flat and bool(getattr(self.reader, "masked", 0)))
+            names = tuple(self._flat_fields)
+            self._expand = jax.jit(lambda *arrays: expand_flat(dict(zip(names, arrays))), out_shardings=self.token_sharding)
         self.rows = process_rows(self.token_sharding, self.batch_size, self.seq_len)
         self._row_pos = self._local_positions()
         if self.num_workers:
@@ -286,7 +294,7 @@ class JaxLoader:
         """Flat-tokens rows -> device arrays -> the five token fields, expanded on the devices."""
         want_tokens = [f for f in self.fields if f in TOKEN_FIELDS]
         flat = self._flat_fields
-        out = self._put(data, [f for f in self.fields if f in ROW_FIELDS] + (flat if want_tokens else []))
+        out = self._put(data, [f for f in self.fields if f not in TOKEN_FIELDS] + (flat if want_tokens else []))
         if want_tokens:
             expanded = self._expand(*(out.pop(f) for f in flat))
             out.update({f: expanded[f] for f in want_tokens})
@@ -296,26 +304,16 @@ class JaxLoader:
         n, L = int(self.rows.size), self.seq_len
         out = {}
         for name in fields:
+            field = FIELDS[name]
             if n == 0:  # no addressable shard: the callback is never called; the schema gives the type
-                arr = np.zeros(FIELDS[name].shape(0, L), FIELDS[name].dtype)
+                arr = np.zeros(field.shape(0, L, self._slots, self._segments), field.dtype)
             elif name not in data:
                 raise KeyError(f"the reader returned no field {name!r} (it returned {sorted(data)}); "
                                f"pass fields=... to JaxLoader to build fewer fields")
             else:
                 arr = np.asarray(data[name])
-            if name == "tokens":  # flat layout: [n, L+1], rows partitioned like the batch, columns whole
-                want = (n, L + 1)
-                if arr.shape != want:
-                    raise ValueError(f"reader field 'tokens' has shape {arr.shape}, expected {want}")
-
-                def cb_tokens(index, arr=arr):
-                    return arr[self._row_pos[(index[0].start, index[0].stop, index[0].step)]]
-
-                out[name] = jax.make_array_from_callback((self.batch_size, L + 1), self._flat_sharding,
-                                                         cb_tokens, dtype=arr.dtype)
-                continue
-            per_token = name in TOKEN_FIELDS
-            want = (n, L) if per_token else (n,)
+            per_token = field.columns == 0  # [n, L]; other [n, X] arrays: rows partitioned, columns whole
+            want = field.shape(n, L, self._slots, self._segments)
             if arr.shape != want:
                 raise ValueError(f"reader field {name!r} has shape {arr.shape}, expected {want}")
             if arr.dtype == np.int64 and not jax.config.jax_enable_x64:
@@ -325,8 +323,8 @@ class JaxLoader:
                         f"field {name!r} holds values beyond int32 and jax_enable_x64 is off; enable it "
                         f"(jax.config.update('jax_enable_x64', True)) or leave {name!r} out of fields=")
                 arr = arr.astype(np.int32)
-            shape = (self.batch_size, L) if per_token else (self.batch_size,)
-            sharding = self.token_sharding if per_token else self.row_sharding
+            shape = (self.batch_size,) + want[1:]
+            sharding = self.token_sharding if per_token else self._wide_sharding if len(want) > 1 else self.row_sharding
 
             def cb(index, arr=arr, per_token=per_token):
                 local = arr[self._row_pos[(index[0].start, index[0].stop, index[0].step)]]
@@ -421,12 +419,12 @@ class JaxLoader:
             pool.close()  # stops the workers: the iterator was exhausted, closed early or failed
             self._worker_pools.discard(pool)
 
-    def _lookahead(self) -> int:
-        """Batches ahead to hint with ``Reader.prefetch`` (0: the reader has no such hint, or no rows here)."""
+    def _lookahead(self):
+        """Batches ahead to hint with ``Reader.prefetch`` (0: none; the reader's, asked again as the read goes)."""
         if self.rows.size == 0 or not hasattr(self.reader, "prefetch"):
             return 0
         get = getattr(self.reader, "lookahead_batches", None)
-        return int(get()) if callable(get) else self.prefetch + 1
+        return (lambda: int(get())) if callable(get) else self.prefetch + 1
 
     def __iter__(self) -> Iterator[dict]:
         """Batches from :attr:`start` on (just the dicts; use :meth:`iter_batches` for step numbers)."""

@@ -5,11 +5,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from reader.format.spec import SPANS_FORMAT_VERSION
 from reader.order.packing import WINDOW_TOKENS
+from reader.order.passes import PASS_RULES
 from reader.order.shuffle import ShuffleConfig
 
 LAYOUTS = ("arrays", "flat")  # how a batch's tokens are laid out: reader.batch.schema defines each
 PACKINGS = ("concat", "best_fit")  # how packed rows are filled: windows of the stream, or best-fit rows
+# Continuation pieces a best-fit row may hold by default (ReadOptions.best_fit_continuations) in caches of
+# format version 4 and later: as little padding as plain best-fit decreasing, give or take a few hundredths
+# of a percent, on long documents (docs/FORMAT.md, "Best-fit packing"); older caches keep one per row.
+CONTINUATIONS = 4
+CONTINUATIONS_FROM_VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +79,25 @@ class ReadOptions:
         the storage client's retries, one listing of a running build, a worker's start-up: seconds to a
         minute or two) and still reports a hang in minutes. ``reader.torch.token_loader`` sets the
         DataLoader's ``timeout`` from it.
+      pass_rule: how a training read covers the data (docs/FORMAT.md, "Passes"). ``"spans"``: every pass
+        (the first ``E`` examples, then the next ``E``, ..., ``E`` the rows of an eval pass at these options)
+        serves every row of the eval pass exactly once, shuffled or not; a read of a cache whose build
+        is still running waits for it to finish. ``"streams"``: ``R*`` streams loop over the chunks
+        (``loop(all_chunks)[s::R*]``); it follows a running build, but repeats rows within a pass when
+        the cache has fewer chunks than ``R*`` or unequal streams. None (default): ``"spans"`` for caches of
+        format version 4 and later, ``"streams"`` for older ones, so their batches never change. Eval
+        reads are the same under both.
+      best_fit_continuations: best fit: the continuation pieces (tails of documents longer than
+        ``seq_len``) one row may hold. None (default): :data:`CONTINUATIONS` (4) for a cache of format
+        version 4 or later, 1 (the rule such caches were first read with) for older ones, so an older
+        cache keeps serving its rows. Part of the order, like ``seq_len``. More pack tighter on long
+        documents; the flat layout carries that many minus one per row (``continuation_*`` fields).
+      max_segments: at most this many document pieces (segments) per row; None: no cap. Best fit packs
+        within it, an unpacked row always holds one; concat windows cut the stream every ``seq_len``
+        tokens whatever they hold, so a concat read refuses it. Part of the order of a best-fit read.
+      varlen: add ``cu_seqlens`` ``[rows, max_segments + 1]`` and ``max_seqlen`` ``[rows]`` to every batch,
+        the rows' document pieces in the form varlen attention kernels take (``reader.batch.schema``);
+        needs ``max_segments`` (the static width).
     """
 
     seq_len: int = 2048
@@ -91,6 +117,10 @@ class ReadOptions:
     layout: str = "arrays"
     num_workers: int = 0
     worker_timeout_s: float = 600.0
+    pass_rule: str | None = None
+    best_fit_continuations: int | None = None
+    max_segments: int | None = None
+    varlen: bool = False
 
     def __post_init__(self):
         if self.packing not in PACKINGS:
@@ -108,6 +138,21 @@ class ReadOptions:
         if self.best_fit_window_tokens != WINDOW_TOKENS and self.kind != "best_fit":
             raise ValueError(f"best_fit_window_tokens={self.best_fit_window_tokens} applies to packing='best_fit' "
                              f"only (this read is {self.kind!r}). Drop it or set packing='best_fit'.")
+        for name in ("best_fit_continuations", "max_segments"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be None or an integer >= 1, got {v!r}")
+        if self.best_fit_continuations is not None and self.kind != "best_fit":
+            raise ValueError(f"best_fit_continuations={self.best_fit_continuations} applies to packing='best_fit' "
+                             f"only (this read is {self.kind!r}). Drop it or set packing='best_fit'.")
+        if self.max_segments is not None and self.kind == "concat":
+            raise ValueError(f"max_segments={self.max_segments}: concat rows cut the stream every seq_len tokens "
+                             "whatever documents they hold, so they cannot keep to a cap. Use packing='best_fit' "
+                             "(it packs within the cap) or packed=False (one piece per row), or drop max_segments.")
+        if self.varlen and self.max_segments is None:
+            raise ValueError("varlen=True writes cu_seqlens with max_segments + 1 entries per row (a static "
+                             "shape): set max_segments too, e.g. ReadOptions(packing='best_fit', "
+                             "max_segments=64, varlen=True)")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.layout == "flat" and not self.packed:
@@ -125,6 +170,9 @@ class ReadOptions:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.ideal_readers < 1:
             raise ValueError(f"ideal_readers must be >= 1, got {self.ideal_readers}")
+        if self.pass_rule is not None and self.pass_rule not in PASS_RULES:
+            raise ValueError(f"pass_rule must be one of {PASS_RULES} or None (by the cache's format version), "
+                             f"got {self.pass_rule!r}")
         if self.eval_mode and (self.shuffle_seed is not None or self.shuffle is not None):
             raise ValueError("eval_mode reads every document once in global order; it never shuffles. "
                              "Drop shuffle_seed/shuffle or eval_mode.")
@@ -134,6 +182,31 @@ class ReadOptions:
         """What an example is: ``"concat"`` (a window of a stream's tokens), ``"best_fit"`` (a best-fit row
         of a chunk) or ``"unpacked"`` (a piece of a document). The last two are counted per chunk."""
         return self.packing if self.packed else "unpacked"
+
+    def pass_rule_for(self, format_version: int) -> str:
+        """The pass rule of a read of a cache of ``format_version``: ``pass_rule``, or by the version."""
+        if self.pass_rule is not None:
+            return self.pass_rule
+        return "spans" if format_version >= SPANS_FORMAT_VERSION else "streams"
+    def continuations(self, format_version: int) -> int:
+        """Continuation pieces a best-fit row of a cache of ``format_version`` holds at most: the
+        ``best_fit_continuations`` option resolved (None: by the version), within ``max_segments``."""
+        c = self.best_fit_continuations
+        if c is None:
+            c = CONTINUATIONS if format_version >= CONTINUATIONS_FROM_VERSION else 1
+        return c if self.max_segments is None else min(c, self.max_segments)
+
+    def continuation_slots(self, format_versions) -> int:
+        """Columns of the flat layout's ``continuation_*`` fields for caches of ``format_versions`` (a
+        mixture's components): the continuation pieces a best-fit row may hold past column 0."""
+        if self.kind != "best_fit":
+            return 0
+        return max((self.continuations(v) for v in format_versions), default=1) - 1
+
+    @property
+    def varlen_segments(self) -> int | None:
+        """``max_segments`` when the batches carry varlen fields, else None."""
+        return self.max_segments if self.varlen else None
 
     @property
     def num_streams(self) -> int:

@@ -1,15 +1,17 @@
 """The Reader: deterministic, sharded, seekable batches of a chunkledger cache.
 
-Order (seed 000): with ``R*`` streams, stream ``s`` is ``loop(all_chunks)[s::R*]`` turned into
-examples; ``example[i] = stream_examples[i % R*][i // R*]``; global batch ``b`` is
-``example[b*B:(b+1)*B]``; reader ``r`` of ``R`` serves its rows ``k ≡ r (mod R)``.
+Order: global batch ``b`` is ``example[b*B:(b+1)*B]``; reader ``r`` of ``R`` serves its rows
+``k ≡ r (mod R)``. Which row of the data ``example[i]`` is, the pass rule says (:mod:`reader.order.passes`):
+``"spans"`` (format version 4 on) makes every pass of ``E`` examples a permutation of the eval pass's rows,
+read as ``R*`` contiguous spans; ``"streams"`` (older caches; seed 000) has stream ``s`` be
+``loop(all_chunks)[s::R*]`` and ``example[i] = stream_examples[i % R*][i // R*]``.
 
 Examples are built at read time:
 
-* **packed**: example ``j`` of a stream is its tokens ``[j*L, (j+1)*L)`` (documents concatenated across
-  chunk boundaries; nothing dropped). ``targets`` are those tokens; ``inputs[t]`` is the previous token of
-  the same document, or 0 at a document start (flat-tokens, seed 001); ``segment_ids``/``positions``
-  expose the documents.
+* **packed**: example ``j`` of a stream (the eval pass, under ``"spans"``) is its tokens ``[j*L, (j+1)*L)``
+  (documents concatenated across chunk boundaries). ``targets`` are those tokens; ``inputs[t]`` is the
+  previous token of the same document, or 0 at a document start (flat-tokens, seed 001);
+  ``segment_ids``/``positions`` expose the documents.
 * **unpacked**: one document piece per example (a document of ``n`` tokens gives ``ceil(n/L)`` pieces),
   padded with ``segment_ids == 0`` and ``loss_mask == False``.
 
@@ -42,6 +44,7 @@ from reader.batch.readahead import Progress, read_ahead
 from reader.batch.schema import batch_spec
 from reader.batch.release import ReleasePolicy
 from reader.storage.store import ChunkStore
+from reader.order.passes import RepeatedRowsWarning
 from reader.order.streams import StreamIndex, reader_rows
 from reader.workers.pool import WorkerPool
 
@@ -71,7 +74,8 @@ class Reader:
     Attributes: ``options``, ``cache``, ``store`` (I/O counters: ``bytes_fetched``, ``fetches``, ...),
     ``order`` (which tokens each example is), ``my_rows`` (the rows of each global batch served here),
     ``masked`` (the cache, or a component of the mixture, has loss masks: a flat batch then has
-    ``loss_mask``, see ``reader.batch.schema``).
+    ``loss_mask``, see ``reader.batch.schema``), ``continuation_slots`` (best fit: the columns of a flat
+    batch's ``continuation_*`` fields; 0: none).
     For a mixture, ``cache`` is the :class:`reader.mixture.mixture.Mixture` (its component caches in
     ``cache.caches``), ``store`` a :class:`reader.mixture.io.MixtureStore` (``store.stores``) and
     ``order`` a :class:`reader.mixture.mixture.MixtureOrder`.
@@ -101,7 +105,11 @@ class Reader:
         mixture = None if self.cache is not None else Mixture(source, storage_options=storage_options)
         # loss masks: a cache built from supervised records, or a mixture with one (its plain components'
         # rows then have the plain rule: every real token is a loss token)
-        self.masked = any(c.ledger.masked for c in (mixture.caches if mixture is not None else [self.cache]))
+        caches = mixture.caches if mixture is not None else [self.cache]
+        self.masked = any(c.ledger.masked for c in caches)
+        # best fit: a flat batch's slots for continuation pieces past column 0 (reader.batch.schema), by the
+        # rule each cache's format version gives
+        self.continuation_slots = opts.continuation_slots(int(c.ledger.raw["format_version"]) for c in caches)
         # the budget: batches assembled ahead by iter_batches (a quarter at most), decoded data (the rest)
         self.slab, self.ahead_bytes = self._read_ahead_size()
         data = dataclasses.replace(opts, memory_budget_bytes=opts.memory_budget_bytes - min(
@@ -118,7 +126,11 @@ class Reader:
                                          self.num_readers, self.reader_index)
         for store in getattr(self.store, "stores", [self.store]):  # (a mixture's: one per component)
             store.progress = self.progress.beat
-        self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read, masked=self.masked)
+        self._unwarned = serve_rows is None  # (a reader worker's parent warns, not the worker)
+        # a remote cache read asynchronously: a read asks for all it needs at once, before it waits for any
+        self._ask = any(s.asynchronous for s in getattr(self.store, "stores", [self.store]))
+        self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read, masked=self.masked,
+                                   continuations=self.continuation_slots)
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 
     def close(self) -> None:
@@ -132,13 +144,50 @@ class Reader:
     def __exit__(self, *exc):
         self.close()
 
+    def _pass_limit(self):
+        """A mixture's ``(first step refused, its error)`` by a component's ``max_passes``, or None."""
+        limit = getattr(self.order, "pass_limit", None)
+        return None if limit is None else limit()
+
+    def _warn_repeats(self) -> None:
+        """Warn, once, when this read serves rows twice within a pass: the ``"streams"`` rule (the default of
+        caches older than format version 4) on fewer chunks than ``R*`` or unequal streams. (At the first
+        read: it needs the per-chunk counts a read computes anyway.)"""
+        if not self._unwarned:
+            return
+        self._unwarned = False
+        for order in getattr(self.order, "orders", [self.order]):
+            repeated = order.repeated_rows()
+            if not repeated:
+                continue
+            E, n = order.pass_examples(), len(order.cache.table)
+            warnings.warn(
+                f"{order.cache.url}: pass_rule='streams' (the default for caches of format version "
+                f"{order.cache.ledger.format_version}) serves about {repeated / E:.0%} of the {E:,} rows of each "
+                f"pass twice within it ({n} chunks in ideal_readers={self.options.ideal_readers} streams: a "
+                "stream with fewer rows than its share of a pass loops over its chunks again). "
+                "ReadOptions(pass_rule='spans') serves every row once per pass (other batches than this run's so far)",
+                RepeatedRowsWarning, stacklevel=2)
+
+    @property
+    def examples_per_pass(self) -> int | tuple[int, ...]:
+        """``E``, the examples of one pass (training; the rows of an eval pass at these options, concat: its
+        whole rows), waiting for the build to finish; a mixture's, one per component. Step ``b`` is in pass
+        ``b * batch_size // E`` (docs/READING.md, "Passes")."""
+        self.cache.wait_complete(timeout_s=self.wait_timeout_s, poll_s=self.poll_interval_s,
+                                 what="the size of a pass")
+        if hasattr(self.order, "components"):
+            return tuple(order.pass_examples() for order in self.order.components)
+        return self.order.pass_examples()
+
     def _read_ahead_size(self) -> tuple[int, int]:
         """``(batches per slab, bytes)`` of what ``iter_batches`` may hold assembled ahead: the
         ``prefetch_batches`` and up to three slabs (queued, being filled, being served), within a quarter
         of ``memory_budget_bytes`` when a slab of one batch fits there."""
         opts = self.options
         batch = sum(d.itemsize * int(np.prod(shape)) for _, d, shape in
-                    batch_spec(opts.layout, opts.seq_len, len(self.my_rows), self.masked))
+                    batch_spec(opts.layout, opts.seq_len, len(self.my_rows), self.masked,
+                               self.continuation_slots, opts.varlen_segments))
         depth = max(1, opts.prefetch_batches)
         slab = max(1, min(SLAB_BATCHES, (opts.memory_budget_bytes // 4 // batch - depth) // 3))
         return slab, (depth + 3 * slab) * batch
@@ -206,8 +255,18 @@ class Reader:
     def _read(self, ex: np.ndarray, into: dict[str, np.ndarray] | None = None,
               src: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The examples ``ex`` as a batch (into ``into`` if given); ``src``: their source indices."""
+        limit = self._pass_limit()
+        if limit is not None and ex.size and int(ex.max()) >= limit[0] * self.options.batch_size:
+            raise limit[1]
+        if ex.size:  # where the reads are (what they release, how far a remote read looks ahead)
+            B = self.options.batch_size
+            self.prefetcher.pace.note(int(ex[0]) // B, int(ex[-1]) // B)
+            if self._ask:
+                self.prefetcher.ask(ex)
         out = self.assembler.assemble(self.order.locate(ex, src), into)
         self.release.examples_read(ex)
+        if self._unwarned:
+            self._warn_repeats()
         return out
 
     def rows(self, b: int, rows) -> dict[str, np.ndarray]:
@@ -243,11 +302,15 @@ class Reader:
         B, rows = self.options.batch_size, self.my_rows
         exs = [(b + i) * B + rows for i in range(count)]
         ex = np.concatenate(exs)
-        # shuffled: per batch, so the cipher's answers are cached and computed ahead per batch
-        src = ex if self.order.shuffle is None else np.concatenate(self.order.sources(exs))
-        out = self._wait(lambda: self._read(ex, out, src), f"batches {b}..{b + count - 1}")
+
+        def attempt():
+            # shuffled: per batch, so the cipher's answers are cached and computed ahead per batch
+            src = ex if self.order.shuffle is None else np.concatenate(self.order.sources(exs))
+            return self._read(ex, out, src)
+
+        got = self._wait(attempt, f"batches {b}..{b + count - 1}")
         n = rows.size
-        return [{k: v[i * n:(i + 1) * n] for k, v in out.items()} for i in range(count)]
+        return [{k: v[i * n:(i + 1) * n] for k, v in got.items()} for i in range(count)]
 
     def iter_batches(self, start: int = 0, count: int | None = None) -> Iterator[tuple[int, dict]]:
         """Yield ``(b, self.batch(b))`` for b = start, start+1, ... (``count`` batches, or until the end of
@@ -262,7 +325,17 @@ class Reader:
         unchanged, for as long as they are referenced. Either way, work held for
         ``worker_timeout_s`` without progress raises :class:`reader.ReaderStalled`.
         """
+        limit = self._pass_limit()
+        if limit is not None and (count is None or start + int(count) > limit[0]):
+            # a mixture component's max_passes: serve every step before the first one refused, then raise
+            if limit[0] > start:
+                yield from self._iter_batches(start, limit[0] - start)
+            raise limit[1]
+        yield from self._iter_batches(start, count)
+
+    def _iter_batches(self, start: int, count: int | None) -> Iterator[tuple[int, dict]]:
         if self.options.num_workers > 0:
+            self._warn_repeats()  # (the workers read, and do not warn)
             pool = WorkerPool(self, start, count)
             self._pools.add(pool)
             yield from pool
@@ -283,7 +356,7 @@ class Reader:
                 self.batches, start, stop=None if count is None else start + int(count),
                 available=self.has_batch, slab=self.slab, depth=max(1, opts.prefetch_batches),
                 executor=assembler, hint=lambda b, n: self.prefetch(b, None, n), submit_hint=self.store.submit,
-                lookahead=self.lookahead_batches() if opts.prefetch_threads > 0 else 0,
+                lookahead=self.lookahead_batches if opts.prefetch_threads > 0 else 0,
                 progress=self.progress, timeout_s=opts.worker_timeout_s,
                 describe=lambda b, n: f"batches {b}..{b + n - 1} in this process")
         finally:
@@ -291,7 +364,9 @@ class Reader:
 
     # -- prefetch hints for loaders ---------------------------------------------------------------------
     def lookahead_batches(self) -> int:
-        """How many batches ahead ``iter_batches`` decodes: about one row group per stream, within budget."""
+        """How many batches ahead ``iter_batches`` decodes: about one row group per stream, within budget; on a
+        remote cache more, with the latency and rate it sees (:meth:`reader.batch.prefetch.Prefetcher.lookahead`:
+        ask again as the read goes)."""
         return self.prefetcher.lookahead()
 
     def prefetch(self, b: int, rows=None, count: int = 1, every: int = 1) -> list[cf.Future]:

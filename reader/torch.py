@@ -48,7 +48,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from reader import ReadOptions, Reader
 from reader.batch.readahead import read_ahead
-from reader.batch.schema import FLAT_FIELDS, loss_mask
+from reader.batch.schema import CONTINUATION_FIELDS, FLAT_FIELDS, continuations, loss_mask
 from reader.loaders.torch_state import STATE_KEY, STATE_VERSION, resume_step
 from reader.loaders.torch_watch import WorkerTable, warn_without_timeout, watch_loader, watched_loader
 from reader.order.streams import reader_rows
@@ -123,8 +123,8 @@ def expand_flat(batch: Mapping[str, Any]) -> dict[str, Any]:
 
     Args:
       batch: ``tokens`` ``[B, L+1]`` (int32 bits as :class:`TokenBatches` yields them, uint32, or int64
-        values; numpy or torch, any device), ``first_positions`` and ``num_tokens`` ``[B]``, and
-        ``loss_mask`` ``[B, L]`` for a cache with loss masks.
+        values; numpy or torch, any device), ``first_positions`` and ``num_tokens`` ``[B]``, ``loss_mask``
+        ``[B, L]`` for a cache with loss masks, ``continuation_*`` for best-fit rows that have them.
 
     Returns ``inputs``, ``targets``, ``segment_ids``, ``positions`` (int32 ``[B, L]``) and ``loss_mask``
     (bool ``[B, L]``) on the device of ``tokens``, equal to ``reader.expand_flat`` of the same rows;
@@ -142,12 +142,17 @@ def expand_flat(batch: Mapping[str, Any]) -> dict[str, Any]:
     real = t[None, :] < num[:, None]
     targets = (body >> 1) & 0x7FFFFFFF  # a logical shift of the uint32 bits
     inputs = torch.where(start, 0, (tok[:, :-1] >> 1) & 0x7FFFFFFF)
-    segment_ids = torch.cumsum(start, dim=1, dtype=torch.int32) + (~start[:, :1]).to(torch.int32)
-    last = torch.cummax(torch.where(start, t, -1), dim=1).values  # the latest document start so far
+    none = torch.zeros((tok.shape[0], 0), dtype=torch.int32)
+    cont, cont_inputs, seg_first = continuations(t[None, :], *(torch.as_tensor(batch.get(f"continuation_{k}", none),
+                                                 device=dev).int() for k in ("columns", "positions", "inputs")), torch.int32)
+    inputs = torch.where(cont, cont_inputs, inputs)
+    boundary = start | cont
+    segment_ids = torch.cumsum(boundary, dim=1, dtype=torch.int32) + (~boundary[:, :1]).to(torch.int32)
+    last = torch.cummax(torch.where(boundary, t, -1), dim=1).values  # the latest segment start so far
     first = torch.as_tensor(batch["first_positions"], device=dev).to(torch.int32)[:, None]
-    positions = torch.where(last >= 0, t - last, first + t)
+    positions = torch.where(last >= 0, t - last + seg_first(last), first + t)
     out: dict[str, Any] = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v)
-                           for k, v in batch.items() if k not in FLAT_FIELDS}
+                           for k, v in batch.items() if k not in FLAT_FIELDS + CONTINUATION_FIELDS}
     out.update({k: torch.where(real, v, 0) for k, v in (("inputs", inputs), ("targets", targets),
                                                         ("segment_ids", segment_ids), ("positions", positions))})
     stored = torch.as_tensor(batch["loss_mask"], device=dev).bool() if "loss_mask" in batch else None
@@ -373,7 +378,7 @@ class TokenBatches(IterableDataset):
 
         it = read_ahead(produce, 0, stop=None if end is None else max(0, -(-(end - first) // k)), slab=_WORKER_GROUP,
                         depth=0, hint=lambda j, m: reader.prefetch(first + j * k, None, m, k),
-                        submit_hint=reader.store.submit, lookahead=max(1, -(-reader.lookahead_batches() // k)))
+                        submit_hint=reader.store.submit, lookahead=lambda: max(1, -(-reader.lookahead_batches() // k)))
         try:
             for j, data in it:
                 item = wrap(as_tensors(data))

@@ -2,7 +2,7 @@
 
     python -m tools.measure_input_checks [--mb 20] [--runner FnApiRunner]
 
-1. In one process, on the same lines: the builder's per-line sha256 (``pipelines.inputs.fsutil.SpanHasher``)
+1. In one process, on the same lines: the builder's per-line sha256 (``pipelines.inputs.lines.SpanHasher``)
    against tokenizing them (the builder's encoder), as MB/s and as a share of the tokenizing time.
 2. A whole build of a generated corpus (one plain shard and one zstd shard), then a rerun of the same
    command on the finished cache (it checks every chunk's files and input span, tokenizes nothing), as
@@ -47,7 +47,7 @@ def corpus(d: str, mb: float) -> list[str]:
 
 def in_process(path: str) -> dict:
     from pipelines.chunking.chunk_writer import parse_line
-    from pipelines.inputs.fsutil import SpanHasher
+    from pipelines.inputs.lines import SpanHasher
     from pipelines.tokenize.fast_tokenizer import load_cached
     from pipelines.tokenize.tokenizer import resolve
 

@@ -18,7 +18,7 @@ import pstats
 import tempfile
 import time
 
-from pipelines.inputs import fsutil
+from pipelines.inputs.lines import RangeLines
 from pipelines.chunking.chunk_writer import ENCODE_BATCH_DOCS, ChunkBuilder
 from pipelines.options import DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL, DEFAULT_ROW_GROUP_TOKENS, TOKEN_ENCODING
 from pipelines.tokenize.fast_tokenizer import load_encoder
@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     def build(root: str):
         b = ChunkBuilder(root=root, input_path=args.input, shard=0, index=0, lo=0, encoder=enc, config=config,
                          eos_id=spec.eos_id)
-        for off, raw in fsutil.iter_range_lines(args.input, 0, size):
+        for off, raw in RangeLines(args.input, 0, size):
             b.add(off, raw)
         return b.finish(size, size)
 

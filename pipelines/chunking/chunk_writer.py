@@ -17,26 +17,25 @@ import json
 import tempfile
 from typing import Any, Callable, Mapping, Sequence
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 
+from reader.format import checks
 from reader.format import spec as fmt
-from reader.format.chunk_file import loss_tokens, make_sidecar
+from reader.format.sidecar import (SIDECAR_KEYS, Disagreement, Layout, dead_letters_problem, file_loss_tokens,
+                                   make_sidecar, sidecar_bytes)
+from reader.format.splits import SplitSpec, cache_roots
+from reader.storage.files import write_stream
 
 from pipelines.chunking.records import (BAD_REASONS, dead_letter, has_lone_surrogate, parse_line,  # noqa: F401
                                      parse_line_json, parse_record)
-from pipelines.chunking.splits import SplitRouter, SplitSpec, cache_roots
-from pipelines.inputs import fsutil, rows
+from pipelines.chunking.split_router import SplitRouter
+from pipelines import filesystem
+from pipelines.inputs import rows
+from pipelines.inputs.lines import LONG_LINE_HEAD, LongLine, SpanHasher
 from pipelines.inputs.rows import Record, SupervisedRecord
 from pipelines.chunking.supervised import Supervised, canonical
 from pipelines.plan import MAX_JSON_DEPTH
 from pipelines.tokenize import sft
 
-# Every key a sidecar of this version holds; a sidecar missing one was written by older code (``row_range``:
-# columnar chunks only).
-SIDECAR_KEYS = ("path", "shard", "index_in_shard", "byte_range", "input_span", "input_checksum", "docs", "tokens",
-                "bytes", "checksum", "row_groups", "row_group_index", "footer", "bad_records", "bad_reasons",
-                "dead_letters", "dead_letters_checksum")
 ENCODE_BATCH_DOCS = 256
 ENCODE_BATCH_CHARS = 4 << 20
 BAD_BUFFER_RECORDS = 4096  # dead letters held in memory before they are sorted into the spool
@@ -54,14 +53,14 @@ class ChunkBuilder:
     """Accumulates the records of chunk ``index`` of a shard and writes it.
 
     Call :meth:`take` for each record in input order: a JSON record's bytes (a line, or an array element; a
-    :class:`~pipelines.inputs.fsutil.LongLine` or anything with ``head`` and ``len`` for one streamed past
+    :class:`~pipelines.inputs.LongLine` or anything with ``head`` and ``len`` for one streamed past
     as over-long) at its byte offset, or a columnar row's :class:`~pipelines.inputs.rows.Record` (its row
     number is its position); then :meth:`write` with what the record source read (the chunk's
     ``input_span`` and ``input_checksum``). It writes dead letters, the Parquet file and the sidecar (each
     atomically, in that order) and returns the sidecars, one per cache of the build. :meth:`add` and
     :meth:`finish` do the same for the lines of a byte range, hashing them here.
 
-    With ``split`` (a split build, :mod:`pipelines.chunking.splits`) each document is tokenized once and goes to the
+    With ``split`` (a split build, :mod:`reader.format.splits`) each document is tokenized once and goes to the
     chunk of its split under ``root/train`` or ``root/validation``; both chunks record the same input span
     and checksum (each cache can be checked against the input alone); dead letters go to train only.
 
@@ -87,7 +86,7 @@ class ChunkBuilder:
         self.eos_id = eos_id if config["append_eos"] else None
         self.counters = counters or Counters()
         self.expect = expect
-        self.span = fsutil.SpanHasher()  # add() / finish(): the lines of a byte range
+        self.span = SpanHasher()  # add() / finish(): the lines of a byte range
         self.bad_buffer: list[tuple[int, bytes]] = []  # (position, dead-letter JSON line), not yet spooled
         self.bad_spool = None  # SpooledTemporaryFile of sorted dead-letter lines (memory stays bounded)
         self.bad_reasons: collections.Counter = collections.Counter()
@@ -104,7 +103,7 @@ class ChunkBuilder:
         self.routed: dict[int, int] = {}  # position -> cache index of each pending document not in the first cache
 
     # -- records ----------------------------------------------------------------------------------
-    def add(self, offset: int, raw: bytes | fsutil.LongLine) -> None:
+    def add(self, offset: int, raw: bytes | LongLine) -> None:
         """Take the line at ``offset``, hashing it into :attr:`span` (a LongLine is hashed as it streams)."""
         self.span.add(offset, raw)
         self.take(offset, raw)
@@ -131,7 +130,7 @@ class ChunkBuilder:
                     self._bad(pos, dead_letter(self.input_path, self.shard, pos, reason, detail, record))
             else:  # streamed past by its reader: only its first bytes are here
                 text = None
-                head = record[:fsutil.LONG_LINE_HEAD] if type(record) is bytes else record.head
+                head = record[:LONG_LINE_HEAD] if type(record) is bytes else record.head
                 self._bad(pos, dead_letter(self.input_path, self.shard, pos, "too_long",
                                            f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size))
         if text is None:
@@ -175,7 +174,7 @@ class ChunkBuilder:
             form = canonical(item)
             size = len(form.encode("utf-8", "surrogatepass"))
             if self.max_bytes is not None and size > self.max_bytes:
-                head = form.encode("utf-8", "surrogatepass")[:fsutil.LONG_LINE_HEAD].decode("utf-8", "ignore")
+                head = form.encode("utf-8", "surrogatepass")[:LONG_LINE_HEAD].decode("utf-8", "ignore")
                 letter = rows.supervised_dead_letter(self.input_path, self.shard, record, "too_long",
                                                      f"{size} bytes, over max_doc_bytes {self.max_bytes}", head)
                 self._bad(pos, {**letter, "size": size})
@@ -188,7 +187,7 @@ class ChunkBuilder:
             if reason is not None:
                 self._bad(pos, dead_letter(self.input_path, self.shard, pos, reason, detail, record))
         else:  # streamed past by its reader: only its first bytes are here
-            head = record[:fsutil.LONG_LINE_HEAD] if type(record) is bytes else record.head
+            head = record[:LONG_LINE_HEAD] if type(record) is bytes else record.head
             self._bad(pos, dead_letter(self.input_path, self.shard, pos, "too_long",
                                        f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size))
         if item is None:
@@ -276,7 +275,7 @@ class ChunkBuilder:
               row_range: Sequence[int] | None = None) -> tuple[dict[str, Any], ...]:
         """Write the chunk (in each cache of the build). ``byte_range``: ``[lo, hi)`` of a byte-offset input
         (None for a columnar one, which has ``row_range``); ``input_span`` and ``input_checksum``: what the
-        chunk was built from. Returns its sidecars, in :func:`pipelines.chunking.splits.cache_names` order."""
+        chunk was built from. Returns its sidecars, in :func:`reader.format.splits.cache_names` order."""
         self._encode_pending()
         parquets = self.router.finish()
         self._spool_bad()
@@ -299,13 +298,13 @@ class ChunkBuilder:
             self.expect(tuple(sidecars))
         if self.bad_spool is not None:
             self.bad_spool.seek(0)
-            fsutil.write_atomic_stream(fmt.join(self.roots[0], dl_rel), self.bad_spool)
+            write_stream(filesystem.BEAM, fmt.join(self.roots[0], dl_rel), self.bad_spool)
             self.bad_spool.close()
             self.bad_spool = None
         rel = fmt.chunk_path(self.shard, self.index)
         for root, data, sidecar in zip(self.roots, files, sidecars):
-            fsutil.write_atomic(fmt.join(root, rel), data)
-            fsutil.write_atomic(fmt.join(root, fmt.sidecar_path(self.shard, self.index)), fmt.sidecar_bytes(sidecar))
+            filesystem.write_atomic(fmt.join(root, rel), data)
+            filesystem.write_atomic(fmt.join(root, fmt.sidecar_path(self.shard, self.index)), sidecar_bytes(sidecar))
         self._count(sidecars, files)
         return tuple(sidecars)
 
@@ -364,16 +363,16 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: Sequence[int] | 
     sha256 and line count; in a ``masked`` cache, the sidecar's ``loss_tokens`` and the loss spans. The input
     bytes are the caller's to check (the sidecar's ``input_span`` and ``input_checksum``).
     """
-    raw = fsutil.read_bytes_or_none(fmt.join(root, fmt.sidecar_path(shard, index)))
+    raw = filesystem.read_or_none(fmt.join(root, fmt.sidecar_path(shard, index)))
     if raw is None:
-        present = fsutil.exists(fmt.join(root, fmt.chunk_path(shard, index)))
+        present = filesystem.BEAM.exists(fmt.join(root, fmt.chunk_path(shard, index)))
         return ChunkCheck(None, None, "sidecar missing" if present else "absent")
 
     def bad(problem: str) -> ChunkCheck:
         return ChunkCheck(None, None, problem)
 
     try:
-        sidecar = fsutil.load_json(raw)
+        sidecar = checks.load_json(raw, checks.STATUS_JSON_DEPTH)
     except ValueError:
         return bad("sidecar is not valid JSON")
     if not isinstance(sidecar, dict) or sidecar.get("path") != fmt.chunk_path(shard, index):
@@ -386,41 +385,17 @@ def verify_chunk(root: str, shard: int, index: int, byte_range: Sequence[int] | 
         return bad("sidecar has another byte range")
     if row_range is not None and sidecar.get("row_range") != list(row_range):
         return bad("sidecar has another row range")
-    path = fmt.join(root, sidecar["path"])
-    data = fsutil.read_bytes_or_none(path)
+    data = filesystem.read_or_none(fmt.join(root, sidecar["path"]))
     if data is None:
         return bad("Parquet file missing")
-    if len(data) != sidecar["bytes"] or fmt.checksum(data) != sidecar["checksum"]:
-        return bad("Parquet file differs from its sidecar (size or sha256)")
     try:
-        rg_index, footer = fmt.row_group_index(data)
-    except Exception:  # noqa: BLE001 - not a chunkledger Parquet file
-        return bad("Parquet file has no readable row-group index")
-    if (rg_index != sidecar["row_group_index"] or footer != sidecar["footer"]
-            or sidecar["row_groups"] != len(rg_index) or sidecar["docs"] != sum(e[2] for e in rg_index)
-            or sidecar["tokens"] != sum(e[3] for e in rg_index)):
-        return bad("sidecar counts or row-group index disagree with the Parquet file")
-    if masked and sidecar.get("loss_tokens") != _loss_tokens(data):
+        lay = Layout.of(sidecar, sidecar["bytes"], sidecar["docs"], sidecar["tokens"])
+        lay.check_file(data, sidecar["checksum"])
+    except Disagreement as e:
+        return bad(f"{'sidecar' if e.sidecar else 'Parquet file'} disagrees: {e}")
+    if masked and sidecar.get("loss_tokens") != file_loss_tokens(data):
         return bad("sidecar loss_tokens disagree with the Parquet file's loss_spans")
-    if not _dead_letters_intact(root, sidecar):
-        return bad("dead-letter file missing or changed")
+    wrong = dead_letters_problem(sidecar, lambda rel: filesystem.read_or_none(fmt.join(root, rel)))
+    if wrong:
+        return bad(wrong)
     return ChunkCheck(sidecar, fmt.checksum(raw), None)
-
-
-def _loss_tokens(data: bytes) -> int | None:
-    """The loss tokens of a chunk file's ``loss_spans`` column, None without one."""
-    try:
-        return loss_tokens(pq.read_table(pa.BufferReader(data), columns=[fmt.LOSS_COLUMN]))
-    except (KeyError, ValueError, OSError, pa.ArrowException):
-        return None
-
-
-def _dead_letters_intact(root: str, sidecar: Mapping[str, Any]) -> bool:
-    rel, bad = sidecar["dead_letters"], sidecar["bad_records"]
-    if rel is None:
-        return bad == 0 and sidecar["dead_letters_checksum"] is None
-    if rel != fmt.dead_letter_path(sidecar["shard"], sidecar["index_in_shard"]):
-        return False
-    data = fsutil.read_bytes_or_none(fmt.join(root, rel))
-    return (data is not None and fmt.checksum(data) == sidecar["dead_letters_checksum"]
-            and data.count(b"\n") == bad)

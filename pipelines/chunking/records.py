@@ -14,7 +14,8 @@ import base64
 import json
 from typing import Any, Sequence
 
-from pipelines.inputs import fsutil
+from reader.format.checks import json_headroom, json_nesting
+
 from pipelines.inputs.keys import MISSING, json_lookup, keep_value
 from pipelines.plan import MAX_JSON_DEPTH
 
@@ -106,10 +107,10 @@ def parse_object_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> tuple[dict
         return None, "invalid_utf8", f"{e.reason} at byte {e.start}"
     if s.startswith("\ufeff"):  # a byte-order mark (files saved by some Windows tools)
         s = s[1:]
-    depth = fsutil.json_nesting(s, max_depth)
+    depth = json_nesting(s, max_depth)
     if depth is None:
         return None, "too_deep", f"arrays or objects nested more than {max_depth} deep"
-    fsutil.json_headroom(depth)
+    json_headroom(depth)
     try:
         obj = json.loads(s)
     except ValueError as e:

@@ -9,7 +9,7 @@ or, on the local multi-process runner, ``WorkerSlots`` (one element per worker) 
 worker then takes units from a shared queue until none is left (pipelines/chunking/unit_queue.py). Nothing that
 grows with the corpus passes through the job graph or gathers in one element: the plan travels as the path
 and checksum of its ledger, and the finalize streams the chunks' entries from the output
-(:mod:`pipelines.chunking.finalize`). Only transforms every runner supports: Create, ParDo, Reshuffle, a combiner.
+(:mod:`pipelines.finalize`). Only transforms every runner supports: Create, ParDo, Reshuffle, a combiner.
 
 Counters (namespace ``chunkledger``): ``documents``, ``tokens``, ``loss_tokens`` (supervised builds),
 ``input_bytes``, ``output_bytes``, ``bad_records`` and ``bad_<reason>`` (all of chunks written by this run),
@@ -32,20 +32,19 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from reader.format import spec as fmt
+from reader.format.splits import SplitSpec, cache_names, cache_root
 from reader.format.table import uses_table
+from reader.storage.finish import discard, publish
 
-from pipelines import status, trace
-from pipelines.inputs import fsutil
+from pipelines import filesystem, status, trace
 from pipelines.chunking.chunk_writer import Counters
 from pipelines.chunking.supervised import Supervised
 from pipelines.errors import BuildError
-from pipelines.chunking.finalize import (Recorded, discard, draft_table, final_inputs, finished_ledger, publish,
-                                remove_other_tables)
+from pipelines.finalize import Recorded, draft_table, final_inputs, remove_other_tables
 from pipelines.ledger import check_bad_fraction_of, empty_inputs, per_shard
 from pipelines.plan import BuildPlan, ChunkConfig, InputFile, UnitList, UnitResult, WorkUnit
-from pipelines.chunking.plan_ledger import PlanRef, inputs_from_ledger, plan_checksum, read_plan
+from pipelines.plan_ledger import PlanRef, inputs_from_ledger, plan_checksum, read_plan
 from pipelines.tokenize.fast_tokenizer import load_cached
-from pipelines.chunking.splits import SplitSpec, cache_names, cache_root
 from pipelines.tokenize.tokenizer import TokenizerSpec
 from pipelines.chunking.unit_queue import ClaimQueue
 from pipelines.chunking.units import UnitBuilder
@@ -96,7 +95,7 @@ def layout_planner(config: ChunkConfig) -> Callable[[InputFile], Any]:
 
 class PlannedStep(beam.DoFn):
     """A step that needs the plan: it reads the first cache's ledger from the output (checked against the
-    checksum the launcher recorded, :class:`pipelines.chunking.plan_ledger.PlanRef`) once per worker process, not from the
+    checksum the launcher recorded, :class:`pipelines.plan_ledger.PlanRef`) once per worker process, not from the
     job graph.
 
     Args:
@@ -148,7 +147,7 @@ class BuildChunksFn(beam.DoFn):
       config: the chunking configuration of the plan.
       finished: the caches (by name: None for a plain build, "train"/"validation") that were finished when
         this run was planned: rebuilt chunks must reproduce the sidecars their ledgers record (a worker
-        reads what its own units need: :class:`pipelines.chunking.finalize.Recorded`).
+        reads what its own units need: :class:`pipelines.finalize.Recorded`).
       split: the train/validation split of a split build, None for one cache.
     """
 
@@ -203,7 +202,7 @@ class BuildQueuedUnitsFn(BuildChunksFn):
     from the plan ledger, in the same order.
 
     Args:
-      ref: where the plan is (:class:`pipelines.chunking.plan_ledger.PlanRef`).
+      ref: where the plan is (:class:`pipelines.plan_ledger.PlanRef`).
       claims: the run's claims directory.
       Others: see :class:`BuildChunksFn`.
     """
@@ -222,7 +221,7 @@ class BuildQueuedUnitsFn(BuildChunksFn):
 
 class FinalizeLedgerFn(beam.DoFn):
     """The number of units built (every unit is done) -> the job's verdict in the output, then each cache's
-    totals (:mod:`pipelines.chunking.finalize`: each table streamed from the chunks' entries, never all at once).
+    totals (:mod:`pipelines.finalize`: each table streamed from the chunks' entries, never all at once).
 
     Writes each cache's table, then its finished ``ledger.json`` (train, then validation, in a split build),
     or, if too many lines are bad, ``_FAILED.json`` in the output (and fails the job, so the runner reports it
@@ -234,7 +233,7 @@ class FinalizeLedgerFn(beam.DoFn):
 
     Args:
       output: the build's output (the cache root, or the parent of a split build's caches).
-      ref: where the plan ledgers are (:class:`pipelines.chunking.plan_ledger.PlanRef`).
+      ref: where the plan ledgers are (:class:`pipelines.plan_ledger.PlanRef`).
       split: the train/validation split of a split build, None for one cache.
       max_bad_fraction: the largest share of bad input lines that still finishes the build.
       allow_empty: accept input files that yield no document.
@@ -256,13 +255,13 @@ class FinalizeLedgerFn(beam.DoFn):
         roots = {name: cache_root(self.output, name) for name in names}
         plans = {name: read_plan(roots[name], self.ref.checksum(name)) for name in names}
         for root in dict.fromkeys([self.output, *roots.values()]):
-            fsutil.remove_temp_files(root, older_than=self.started)
+            filesystem.remove_temp_files(root, older_than=self.started)
         inputs = final_inputs(plans[names[0]], roots[names[0]])  # (_DONE.json: the same in every cache)
         # a cache finished in an older version keeps its ledger (its readers' code may not read a newer one)
         kept = {name: plan for name, plan in plans.items() if plan.get("finished") and not uses_table(plan)}
         drafts = {name: draft_table(roots[name], plans[name], inputs) for name in names if name not in kept}
         try:
-            ledgers = {name: kept.get(name) or finished_ledger(plans[name], inputs, drafts[name]) for name in names}
+            ledgers = {name: kept.get(name) or drafts[name].ledger for name in names}
             shard_docs = sum(d.sums.shard_docs for d in drafts.values()) + sum(
                 per_shard(plan, "docs") for plan in kept.values())
             shard_bad = sum(d.sums.shard_bad for d in drafts.values()) + sum(
@@ -281,7 +280,7 @@ class FinalizeLedgerFn(beam.DoFn):
             raise
         for name in drafts:
             text = fmt.dumps_ledger(ledgers[name]).encode()
-            if fsutil.read_bytes_or_none(fmt.join(roots[name], fmt.LEDGER_NAME)) != text:
+            if filesystem.read_or_none(fmt.join(roots[name], fmt.LEDGER_NAME)) != text:
                 status.write_ledger(roots[name], ledgers[name])
         for name, root in roots.items():
             remove_other_tables(root, (ledgers[name].get("table") or {}).get("path"))
@@ -303,7 +302,7 @@ class BuildCache(beam.PTransform):
     """PBegin -> a PCollection of totals dicts (one per cache): every work unit built, then the ledgers finished.
 
     The job graph holds no list of units or inputs: it holds ranges of the unit order (each made into its units
-    on a worker from the plan ledger) and the plan ledgers' checksums (:class:`pipelines.chunking.plan_ledger.PlanRef`), so its
+    on a worker from the plan ledger) and the plan ledgers' checksums (:class:`pipelines.plan_ledger.PlanRef`), so its
     size does not grow with the corpus.
 
     Args:

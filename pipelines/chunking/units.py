@@ -30,14 +30,17 @@ import logging
 import re
 from typing import Any, Mapping, Sequence
 
+from reader.format import checks
 from reader.format import spec as fmt
 from reader.format import table as chunk_table
+from reader.format.sidecar import ledger_entry, sidecar_bytes
+from reader.format.splits import SplitSpec, cache_names, cache_roots
 
 from pipelines.chunking.chunk_writer import ChunkBuilder, Counters, verify_chunk
 from pipelines.chunking.sinks import Existing, Found, Sidecars, Trusted, Verifying
-from pipelines.chunking.splits import SplitSpec, cache_names, cache_roots
 from pipelines.errors import BuildError, DamagedInput
-from pipelines.inputs import fsutil
+from pipelines import filesystem
+from pipelines.inputs.lines import RangeLines, SpanHasher
 from pipelines.inputs.columnar import ChunkReader
 from pipelines.inputs.decompress import open_input
 from pipelines.inputs.formats import JSON_ARRAY
@@ -104,9 +107,9 @@ class UnitBuilder:
         for root, sidecar in zip(self.roots, sidecars):
             data = chunk_table.entry_bytes(sidecar)
             path = fmt.join(root, chunk_table.entry_path(sidecar["shard"], sidecar["index_in_shard"]))
-            if fsutil.read_bytes_or_none(path) != data:
-                fsutil.write_atomic(path, data)
-            out.append(fmt.ledger_entry(sidecar))
+            if filesystem.read_or_none(path) != data:
+                filesystem.write_atomic(path, data)
+            out.append(ledger_entry(sidecar))
         return tuple(out)
 
     # -- chunk outcomes (shared by every kind of unit) ---------------------------------------------
@@ -115,7 +118,7 @@ class UnitBuilder:
         if self.finished:
             def expect(sidecars: Sidecars) -> None:
                 for want, sidecar in zip(self.recorded, sidecars):
-                    if want is not None and fmt.checksum(fmt.sidecar_bytes(sidecar)) != want.get((unit.shard, index)):
+                    if want is not None and fmt.checksum(sidecar_bytes(sidecar)) != want.get((unit.shard, index)):
                         raise self._finished_input_changed(unit, index)
 
         return ChunkBuilder(root=self.output, input_path=unit.path, shard=unit.shard, index=index, lo=lo,
@@ -172,7 +175,7 @@ class UnitBuilder:
 
     @staticmethod
     def _check_unchanged(unit: WorkUnit) -> None:
-        size = fsutil.file_size(unit.path)
+        size = next((e.size for e in filesystem.BEAM.match(unit.path)), None)
         if size != unit.size:
             raise BuildError(f"input file {unit.path} changed during the build (planned size {unit.size}, "
                              f"now {size}); inputs must not change while a cache is built into the same --output")
@@ -185,15 +188,15 @@ class UnitBuilder:
         if check.complete:
             if unit.trusted:
                 return self.skipped(unit, k, check)
-            lines = fsutil.RangeLines(unit.path, unit.lo, unit.hi, max_line=self.max_line)
-            hasher = fsutil.SpanHasher()
+            lines = RangeLines(unit.path, unit.lo, unit.hi, max_line=self.max_line)
+            hasher = SpanHasher()
             for off, raw in lines:
                 hasher.add(off, raw)
             if check.input_matches(*hasher.finish(lines.end)):
                 return self.skipped(unit, k, check)
             self.input_changed(unit, k)
         builder = self.chunk_builder(unit, k, unit.lo)
-        lines = fsutil.RangeLines(unit.path, unit.lo, unit.hi, max_line=self.max_line)
+        lines = RangeLines(unit.path, unit.lo, unit.hi, max_line=self.max_line)
         for off, raw in lines:
             builder.add(off, raw)
         return builder.finish(unit.hi, lines.end)
@@ -223,7 +226,7 @@ class UnitBuilder:
         shard, cb = unit.shard, self.config["chunk_bytes"]
         plain = unit.compression == "none"
         done_paths = [] if plain else [fmt.join(root, fmt.shard_done_path(shard)) for root in self.roots]
-        raw_dones = [fsutil.read_bytes_or_none(p) for p in done_paths]
+        raw_dones = [filesystem.read_or_none(p) for p in done_paths]
         self._check_unchanged(unit)
         if plain:
             known = fmt.num_chunks(unit.size, cb)
@@ -248,7 +251,7 @@ class UnitBuilder:
         done_bytes = fmt.dumps(done).encode()
         for path, raw_done in zip(done_paths, raw_dones):
             if raw_done != done_bytes:
-                fsutil.write_atomic(path, done_bytes)
+                filesystem.write_atomic(path, done_bytes)
         return sidecars, done
 
     def _stream(self, unit: WorkUnit) -> tuple[list[Sidecars], int]:
@@ -302,7 +305,7 @@ class UnitBuilder:
         patterns = [fmt.join(root, rel) for root in self.roots
                     for rel in (f"{fmt.shard_dir(shard)}/chunk-*", f"{fmt.BAD_DIR}/shard-{shard:05d}/chunk-*")]
         for pattern in patterns:
-            for path in fsutil.list_sizes(pattern):
+            for path in filesystem.list_sizes(pattern):
                 m = _CHUNK_FILE.search(path)
                 if m:
                     out.append((path, int(m.group(1))))
@@ -312,15 +315,15 @@ class UnitBuilder:
         """Chunks numbered ``n`` and up belong to an earlier, longer content of the shard: remove them."""
         stale = sorted((p for p, k in self._shard_files(shard) if k >= n), key=_removal_order)
         for path in stale:  # entries and sidecars first: a crash in between leaves incomplete chunks, never complete ones
-            fsutil.delete_if_exists(path)
+            filesystem.BEAM.remove(path)
 
     def _forget_shard(self, shard: int) -> None:
         """Remove ``_DONE.json`` and every chunk of a shard (sidecars first), in every cache."""
         for root in self.roots:
-            fsutil.delete_if_exists(fmt.join(root, fmt.shard_done_path(shard)))
+            filesystem.BEAM.remove(fmt.join(root, fmt.shard_done_path(shard)))
         files = sorted(self._shard_files(shard), key=lambda pk: _removal_order(pk[0]))
         for path, _ in files:
-            fsutil.delete_if_exists(path)
+            filesystem.BEAM.remove(path)
 
 
 def _removal_order(path: str) -> tuple[bool, bool]:
@@ -334,7 +337,7 @@ def _done_record(raw: bytes | None, chunk_bytes: int) -> dict[str, int] | None:
     if raw is None:
         return None
     try:
-        done = fsutil.load_json(raw)
+        done = checks.load_json(raw, checks.STATUS_JSON_DEPTH)
     except ValueError:
         return None
     if not isinstance(done, dict) or set(done) != {"chunks", "uncompressed_bytes"}:

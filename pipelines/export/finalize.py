@@ -28,29 +28,20 @@ import numpy as np
 from reader.format import spec as fmt
 from reader.interop.export import remove_quietly, rename
 from reader.interop.megatron import write_index
+from reader.storage.files import is_gcs, is_local
 
 from pipelines.export.parts import READ_BLOCK, PartResult, part_path
 from pipelines.export.layout import ExportPlan
 
 COMPOSE_LIMIT = 32  # Cloud Storage: source objects per compose request
-GCS_PROTOCOLS = ("gs", "gcs")
 OUT_BIN, OUT_IDX = "out.bin", "out.idx"  # the outputs' names inside the parts directory
-
-
-def protocols(fs) -> tuple[str, ...]:
-    p = fs.protocol
-    return p if isinstance(p, tuple) else (p,)
-
-
-def is_local(fs) -> bool:
-    return "file" in protocols(fs)
 
 
 def join_method(fs) -> str:
     """How :func:`finalize` joins the parts on ``fs``: ``copy_file_range``, ``compose`` or ``streamed``."""
     if is_local(fs):
         return "copy_file_range"
-    if set(protocols(fs)) & set(GCS_PROTOCOLS) and hasattr(fs, "merge"):
+    if is_gcs(fs) and hasattr(fs, "merge"):
         return "compose"
     return "streamed"
 

@@ -41,7 +41,7 @@ from apache_beam.metrics import Metrics
 from reader.cli import support as cli_support
 from reader.format import spec as fmt
 from reader.interop.export import ExportError, output_fs, output_location, remove_quietly
-from reader.storage import atomic
+from reader.storage import files
 from reader.interop.megatron import open_source
 
 from pipelines import faults, lock
@@ -49,7 +49,8 @@ from pipelines.errors import BuildError, EnvironmentFault
 from pipelines.export.finalize import finalize, join_method
 from pipelines.export.parts import FAILED_NAME, PLAN_NAME, PartResult, PartWriter, parts_dir, read_json
 from pipelines.export.layout import ExportPlan, PartSpec, make_plan
-from pipelines.options import absolute, beam_parser, parse_size, pipeline_options
+from pipelines.filesystem import absolute
+from pipelines.options import beam_parser, parse_size, pipeline_options
 
 METRICS_NAMESPACE = "chunkledger"
 DEFAULT_PART_BYTES = 256 << 20
@@ -71,7 +72,7 @@ def record_failure(directory: str, e: BaseException) -> None:
         return  # a bug: the runner's traceback is what helps
     try:
         fs, path = output_location(directory)
-        atomic.write(fs, f"{path}/{FAILED_NAME}",
+        files.write(fs, f"{path}/{FAILED_NAME}",
                      fmt.dumps({"message": cli_support.message(e), "exit_code": code}).encode())
     except Exception:  # noqa: BLE001 - e.g. a full disk: the runner's error still carries the message
         pass
@@ -248,9 +249,9 @@ def _prepare(fs, plan: ExportPlan, directory: str, state: str) -> None:
     """The parts directory of this plan: another export's leftovers removed, the plan recorded."""
     if state == "fresh":
         for p in fs.ls(directory, detail=False) if fs.exists(directory) else []:
-            if not p.rstrip("/").endswith("/" + lock.LOCK_NAME):
+            if not p.rstrip("/").endswith("/" + fmt.LOCK_NAME):
                 remove_quietly(fs, p)
-        atomic.write(fs, f"{directory}/{PLAN_NAME}", fmt.dumps(plan.to_json()).encode())
+        files.write(fs, f"{directory}/{PLAN_NAME}", fmt.dumps(plan.to_json()).encode())
     remove_quietly(fs, f"{directory}/{FAILED_NAME}")
 
 
@@ -332,6 +333,12 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The command line: one line on stderr and the exit code for a refused, damaged or failed export."""
+    run_command(run, argv, "completed parts are kept")
+
+
+def run_command(run_fn, argv: Sequence[str] | None, resumes: str) -> None:
+    """Run a Beam command's ``run_fn(argv)`` for the command line (this export's, the dedup job's): one line
+    on stderr and the exit code for a refused, damaged or failed run; ``resumes``: what a rerun keeps."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -342,9 +349,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             h.addFilter(quiet)
         logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     try:
-        run(argv)
+        run_fn(argv)
     except KeyboardInterrupt:
-        print("interrupted. Rerunning the same command resumes: completed parts are kept.", file=sys.stderr)
+        print(f"interrupted. Rerunning the same command resumes: {resumes}.", file=sys.stderr)
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - classified below
         code = e.exit_code if isinstance(e, BuildError) else cli_support.exit_code(e)

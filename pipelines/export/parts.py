@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from reader.format import spec as fmt
-from reader.storage import atomic
-from reader.storage.atomic import TMP_PREFIX, remove_quietly
+from reader.storage import files
+from reader.storage.files import TMP_PREFIX, remove_quietly
 from reader.storage.cache import Cache
 from reader.interop.export import check_token_range, iter_blocks
 from reader.interop.megatron import bin_bytes
@@ -144,9 +144,9 @@ class PartWriter:
                 raise fmt.FormatError(f"{self.cache.display(fmt.LEDGER_NAME)}: chunks {spec.chunk_lo}..{spec.chunk_hi - 1} "
                                       f"hold {docs} documents / {tokens} tokens, the ledger {spec.docs} / {spec.tokens}")
 
-        atomic.write(fs, bin_path, fill)
+        files.write(fs, bin_path, fill)
         len_bytes = np.concatenate(lengths).tobytes() if lengths else b""
-        atomic.write(fs, len_path, len_bytes)
+        files.write(fs, len_path, len_bytes)
         record.update(bin_sha256=h.hexdigest(), len_sha256=hashlib.sha256(len_bytes).hexdigest())
-        atomic.write(fs, part_path(d, spec.index, "json"), fmt.dumps(record).encode())
+        files.write(fs, part_path(d, spec.index, "json"), fmt.dumps(record).encode())
         return PartResult(spec.index, docs, tokens, spec.nbytes, kept=False)

@@ -32,9 +32,11 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reader.storage.files import RangeFile
+
 from pipelines.errors import BuildError, DamagedFile
 from pipelines.inputs import arrow_ipc, keys
-from pipelines.inputs.ranges import ByteSource, RangeFile
+from pipelines.inputs.ranges import ByteSource
 from pipelines.inputs.keys import RecordShape
 from pipelines.inputs.rows import Record, binary_view, dead_letter, records, supervised_records  # noqa: F401
 
@@ -201,7 +203,7 @@ class _Parquet:
         self.group_rows = tuple(self.meta.row_group(g).num_rows for g in range(self.meta.num_row_groups))
         self.group_bytes = tuple(sum(self.meta.row_group(g).column(i).total_uncompressed_size for i in self.leaves)
                                  for g in range(self.meta.num_row_groups))
-        self._file = RangeFile(self.path, src.size)
+        self._file = RangeFile(src.size, name=self.path)
         self._pf = None
 
     def descriptor(self) -> bytes:

@@ -24,10 +24,8 @@ import io
 import zlib
 from typing import BinaryIO
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
 from pipelines.errors import DamagedInput
+from pipelines.filesystem import BEAM
 
 ZSTD_MAGIC = 0xFD2FB528
 ZSTD_SKIPPABLE_MASK, ZSTD_SKIPPABLE_MAGIC = 0xFFFFFFF0, 0x184D2A50
@@ -198,7 +196,7 @@ def open_input(path: str, compression: str) -> CheckedInput:
       path: the input file.
       compression: "none", "gzip" or "zstd" (``reader.format.spec.compression_of``).
     """
-    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    raw = BEAM.open(path)
     try:
         if compression == "none":
             return CheckedInput(path, raw, raw)
@@ -220,4 +218,4 @@ def open_input(path: str, compression: str) -> CheckedInput:
 
 def open_raw(path: str) -> BinaryIO:
     """``path`` as stored (no decompression): the first bytes of a compressed shard, for its ratio."""
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    return BEAM.open(path)

@@ -26,7 +26,7 @@ import posixpath
 import zlib
 from typing import Any
 
-import fsspec
+from reader.storage import files
 
 from pipelines.errors import BuildError, DamagedFile
 from pipelines.inputs import arrow_ipc
@@ -171,10 +171,10 @@ def detect(path: str, storage_options: dict[str, Any] | None = None) -> InputFor
     """The format of the input file ``path`` (local or any fsspec URL), checked against its bytes (see
     :func:`sniff`): one read of its start and, for Parquet and Arrow, one of its end."""
     suffix, compression = by_name(path)
-    fs, p = fsspec.core.url_to_fs(path, **(storage_options or {}))
-    size = int(fs.size(p))
+    storage, p = files.url_storage(path, storage_options)
+    size = storage.size(p)
     want = SNIFF_BYTES if compression == "none" else COMPRESSED_SNIFF
-    with fs.open(p, "rb", cache_type="none") as f:
+    with storage.open(p, read_ahead=False) as f:
         head = f.read(min(want, size))
         tail = b""
         if suffix in (".parquet", ".arrow") and size >= 8:
@@ -191,24 +191,22 @@ def saved_dataset_files(directory: str, storage_options: dict[str, Any] | None =
     """The ``.arrow`` files of a ``datasets.Dataset.save_to_disk`` directory, in ``state.json`` order; None if
     ``directory`` is not one. UnsupportedInput for a ``DatasetDict`` (one directory per split) or a damaged
     ``state.json``."""
-    fs, p = fsspec.core.url_to_fs(directory, **(storage_options or {}))
-    if fs.exists(_join(p, SAVED_DICT)):
-        with fs.open(_join(p, SAVED_DICT), "rb") as f:
-            splits = json.loads(f.read()).get("splits", [])
+    storage, p = files.url_storage(directory, storage_options)
+    if storage.exists(_join(p, SAVED_DICT)):
+        splits = json.loads(storage.read(_join(p, SAVED_DICT))).get("splits", [])
         first = _join(directory, splits[0] if splits else "train")
         raise UnsupportedInput(f"--input {directory} is a datasets DatasetDict (splits: {', '.join(splits)}); pass "
                                f"one split's directory, e.g. --input {first}")
-    if not (fs.exists(_join(p, SAVED_STATE)) and fs.exists(_join(p, SAVED_INFO))):
+    if not (storage.exists(_join(p, SAVED_STATE)) and storage.exists(_join(p, SAVED_INFO))):
         return None
     try:
-        with fs.open(_join(p, SAVED_STATE), "rb") as f:
-            state = json.loads(f.read())
+        state = json.loads(storage.read(_join(p, SAVED_STATE)))
         names = [d["filename"] for d in state["_data_files"]]
     except (ValueError, KeyError, TypeError) as e:
         raise UnsupportedInput(f"{_join(directory, SAVED_STATE)} is not a datasets state file ({type(e).__name__}: "
                                f"{e}); pass the directory's .arrow files instead") from e
     paths = [_join(directory, n) for n in names]
-    missing = [q for q, n in zip(paths, names) if "/" in n or not fs.exists(_join(p, n))]
+    missing = [q for q, n in zip(paths, names) if "/" in n or not storage.exists(_join(p, n))]
     if missing:
         raise UnsupportedInput(f"--input {directory}: state.json names {missing[0]}, which is not a file of the "
                                "directory; save the dataset again")

@@ -36,7 +36,7 @@ _NESTED = re.compile(rb'["\\{}\[\]]')
 _TOP = re.compile(rb'["{}\[\],\s]')
 _CLOSE = {ord("}"): ord("{"), ord("]"): ord("[")}
 BOM = b"\xef\xbb\xbf"
-LONG_HEAD = 4 << 10  # bytes of an over-long element kept for its dead letter (fsutil.LONG_LINE_HEAD)
+LONG_HEAD = 4 << 10  # bytes of an over-long element kept for its dead letter (lines.LONG_LINE_HEAD)
 
 
 class LongElement:

@@ -20,14 +20,13 @@ import stat
 from typing import Sequence
 
 from apache_beam.io.filesystem import FileSystem
-from apache_beam.io.filesystems import FileSystems
 
 from reader.format import spec as fmt
 
 from pipelines.errors import BuildError
+from pipelines.filesystem import BEAM, absolute, is_remote
 from pipelines.inputs import columnar, formats, keys, remote
 from pipelines.inputs.decompress import open_input
-from pipelines.options import absolute, is_remote
 from pipelines.plan import ChunkConfig, MatchedFile
 
 LOG = logging.getLogger("chunkledger.build")
@@ -111,7 +110,7 @@ def _saved_dataset(pattern: str, given: str) -> list[tuple[str, int]] | None:
         raise BuildError(f"--input {given!r}: its state.json lists its .arrow files out of name order, and "
                          "shards follow the order of their names; pass the files as --input in the order wanted")
     if is_remote(pattern):
-        sizes = {m.path: m.size_in_bytes for r in FileSystems.match(paths) for m in r.metadata_list}
+        sizes = {e.path: e.size for p in paths for e in BEAM.match(p)}
         return [(p, sizes[p]) for p in paths]
     return [(p, os.path.getsize(p)) for p in paths]
 
@@ -133,7 +132,7 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
             res = saved
         elif is_remote(full):
             try:
-                res = [(m.path, m.size_in_bytes) for m in FileSystems.match([full])[0].metadata_list]
+                res = [(e.path, e.size) for e in BEAM.match(full)]
             except Exception as e:  # BeamIOError for unreadable buckets, bad patterns
                 raise BuildError(f"--input {pat!r}: cannot list files ({e})") from e
         else:

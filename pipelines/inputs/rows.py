@@ -17,7 +17,7 @@ import pyarrow as pa
 from pipelines.inputs import keys
 
 SLICE_ROWS = 1024  # rows turned into Python values at a time
-LONG_HEAD = 4 << 10  # bytes of an over-long text kept in its dead letter (fsutil.LONG_LINE_HEAD)
+LONG_HEAD = 4 << 10  # bytes of an over-long text kept in its dead letter (lines.LONG_LINE_HEAD)
 
 
 class Record(NamedTuple):

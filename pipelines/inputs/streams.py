@@ -12,25 +12,25 @@ from __future__ import annotations
 
 from typing import BinaryIO, Iterator
 
-from pipelines.inputs import fsutil
+from pipelines.inputs.lines import LineReader, LongLine, SpanHasher
 from pipelines.inputs.json_array import ArrayRecords, LongElement, Spans
 
 
 class LineStream:
-    """The lines of a JSON Lines stream (a :class:`~pipelines.inputs.fsutil.LongLine` for one over
-    ``max_line``), each chunk's span hashed by :class:`~pipelines.inputs.fsutil.SpanHasher`."""
+    """The lines of a JSON Lines stream (a :class:`~pipelines.inputs.LongLine` for one over
+    ``max_line``), each chunk's span hashed by :class:`~pipelines.inputs.SpanHasher`."""
 
     def __init__(self, stream: BinaryIO, chunk_bytes: int, max_line: int | None = None):
-        self.reader = fsutil.LineReader(stream, max_line=max_line)
+        self.reader = LineReader(stream, max_line=max_line)
         self.chunk_bytes = chunk_bytes
-        self.hashers: dict[int, fsutil.SpanHasher] = {}
+        self.hashers: dict[int, SpanHasher] = {}
 
-    def __iter__(self) -> Iterator[tuple[int, bytes | fsutil.LongLine]]:
+    def __iter__(self) -> Iterator[tuple[int, bytes | LongLine]]:
         cb, hashers = self.chunk_bytes, self.hashers
         for off, raw in self.reader:
             h = hashers.get(off // cb)
             if h is None:
-                h = hashers[off // cb] = fsutil.SpanHasher()
+                h = hashers[off // cb] = SpanHasher()
             h.add(off, raw)  # first: a long line's bytes stream into the hash, then its head and size are known
             yield off, raw
 
@@ -39,7 +39,7 @@ class LineStream:
         return self.reader.pos
 
     def result(self, k: int, end: int) -> tuple[list[int], str]:
-        return (self.hashers.pop(k, None) or fsutil.SpanHasher()).finish(end)
+        return (self.hashers.pop(k, None) or SpanHasher()).finish(end)
 
 
 class ArrayStream:

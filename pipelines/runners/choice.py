@@ -7,7 +7,6 @@ runner on a Dask cluster, whose scheduler is checked before anything is written 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -24,6 +23,8 @@ DASK_CONNECT_SECONDS = 10
 
 async def dask_identity(address: str) -> dict[str, Any]:
     """What the Dask server at ``address`` says it is (one request; no Client, no threads left behind)."""
+    import asyncio
+
     from distributed.core import rpc
 
     async with rpc(address, timeout=DASK_CONNECT_SECONDS) as server:
@@ -77,6 +78,8 @@ def runner_args(pipeline_args: list[str]) -> list[str]:
     unreachable = (f"{where}: no Dask scheduler answers there ({{}}). Start one (`dask scheduler`, then "
                    "`dask worker tcp://HOST:PORT` on each machine) or fix the address; nothing was written")
     host, _, port = address.split("://", 1)[-1].rpartition(":")
+    import asyncio  # here: the launcher imports this module before Beam, to decide on local workers
+
     try:  # a refused port or unknown host fails at once, without Dask's connection retries
         socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=DASK_CONNECT_SECONDS).close()
         info = asyncio.run(dask_identity(address))
@@ -98,15 +101,22 @@ def runner_args(pipeline_args: list[str]) -> list[str]:
     return pipeline_args + extra
 
 
+def is_local_multiprocess(runner: str | None, mode: str | None) -> bool:
+    """Whether ``--runner`` and ``--direct_running_mode`` (None: not given) run Beam's multi-process
+    DirectRunner, the local default: the one rule, for a command line before Beam is imported
+    (``pipelines/runners/local_workers.py``) and for resolved options (:func:`local_process_workers`)."""
+    if runner is None:
+        return mode in (None, "multi_processing")
+    return runner.lower() in ("directrunner", "direct") and mode == "multi_processing"
+
+
 def local_process_workers(options) -> int:
     """The number of worker processes of Beam's multi-process DirectRunner for these (resolved) pipeline
     options, or 0 for any other runner."""
     from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
-    if options.view_as(StandardOptions).runner not in (None, "DirectRunner", "direct"):
-        return 0
     direct = options.view_as(DirectOptions)
-    if direct.direct_running_mode != "multi_processing":
+    if not is_local_multiprocess(options.view_as(StandardOptions).runner, direct.direct_running_mode or "in_memory"):
         return 0
     return direct.direct_num_workers or os.cpu_count() or 1
 

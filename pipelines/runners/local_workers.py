@@ -42,6 +42,8 @@ import tempfile
 import threading
 import time
 
+from pipelines.runners.choice import is_local_multiprocess
+
 ENV_SWITCH = "CHUNKLEDGER_FORK_WORKERS"
 FORKED_MARK = "CHUNKLEDGER_FORKED_WORKER"  # set in the environment of a forked worker
 _HEADER = struct.Struct("<Q")
@@ -59,9 +61,7 @@ def wants_local_workers(argv: list[str]) -> bool:
     p.add_argument("--runner")
     p.add_argument("--direct_running_mode")
     a, _ = p.parse_known_args(argv)
-    if a.runner is None:
-        return a.direct_running_mode in (None, "multi_processing")
-    return a.runner.lower() in ("directrunner", "direct") and a.direct_running_mode == "multi_processing"
+    return is_local_multiprocess(a.runner, a.direct_running_mode)
 
 
 def preload_hint(argv: list[str]) -> dict:

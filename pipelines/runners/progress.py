@@ -3,9 +3,9 @@
 The launcher learns progress from the output, as a reader following the build would, with no channel
 from the workers: a worker writes each finished chunk's sidecar last (atomically, after the Parquet file
 and the dead letters), and a sidecar says the chunk's documents, tokens, bad records and byte range of
-uncompressed input; a compressed shard's ``_DONE.json`` says its uncompressed size. :class:`Scanner` lists
-the sidecars and reads each new or changed one once. Input done = the sum of the finished chunks' byte
-ranges (uncompressed bytes).
+uncompressed input; a compressed shard's ``_DONE.json`` says its uncompressed size. :class:`Scanner` sums
+what the reader's scan (:class:`reader.storage.progress.Scan`, over the builder's file system) finds in
+each cache of the build. Input done = the sum of the finished chunks' byte ranges (uncompressed bytes).
 
 The total: an uncompressed shard's size; a compressed shard's exact uncompressed size once its
 ``_DONE.json`` exists, and until then its size as stored times a compression ratio: that of the finished
@@ -25,23 +25,20 @@ from __future__ import annotations
 import collections
 import dataclasses
 import gzip
-import json
 import logging
 import os
-import re
 import threading
 import time
-from typing import Any, Iterator, Mapping, TextIO
-
-from apache_beam.io.filesystems import FileSystems
+from typing import Any, Mapping, TextIO
 
 from reader.format import spec as fmt
+from reader.format.splits import cache_roots
+from reader.format.table import TABLE_VERSION
+from reader.storage.progress import Scan, format_seconds
 
-from pipelines.inputs import fsutil
+from pipelines.filesystem import BEAM, is_remote
 from pipelines.inputs.decompress import open_raw
-from pipelines.options import is_remote
 from pipelines.plan import COMPRESSION_RATIO_GUESS, BuildPlan, InputFile
-from pipelines.chunking.splits import cache_roots
 
 LOG = logging.getLogger("chunkledger.build")
 
@@ -52,7 +49,6 @@ LOCAL_POLL = 1.0  # seconds between scans of a local output (a terminal's line)
 REMOTE_POLL = 15.0  # ... of a gs:// output (listings are round trips)
 SCAN_SHARE = 50  # wait at least this many times as long as the last scan took: it costs at most ~2% of a core
 SAMPLE_BYTES = 4 << 20  # uncompressed bytes decoded to estimate a compression ratio
-_FILE = re.compile(r"chunk-\d{6,}\.json|" + re.escape(fmt.SHARD_DONE_NAME))
 
 
 def enabled() -> bool:
@@ -97,43 +93,28 @@ class Scanner:
     """
 
     def __init__(self, output: str, plan: BuildPlan):
-        self.roots = cache_roots(output, plan.split)
         self.inputs: tuple[InputFile, ...] = plan.inputs
         self.remote = is_remote(output)
-        # path -> (version, is in the first cache, shard, what it says: see _parse)
-        self._seen: dict[str, tuple[Any, bool, int, tuple[int, ...]]] = {}
+        entries = plan.format_version >= TABLE_VERSION  # (an older cache's rerun: its earlier chunks have no entry)
+        self.scans = [Scan(BEAM, root, len(plan.inputs), entries=entries) for root in cache_roots(output, plan.split)]
         self._sampled: dict[str, float | None] = {}
 
     def scan(self) -> Snapshot:
-        present = set()
-        for i, root in enumerate(self.roots):
-            for path, shard, version in self._list(root):
-                present.add(path)
-                old = self._seen.get(path)
-                if old is not None and old[0] == version:
-                    continue
-                said = _parse(path, self._read(path))
-                if said is None:  # removed since listed (a rerun replacing a stale chunk), or damaged
-                    self._seen.pop(path, None)
-                else:
-                    self._seen[path] = (version, i == 0, shard, said)
-        for path in [p for p in self._seen if p not in present]:
-            del self._seen[path]
         docs = tokens = bad = 0
         done_by_shard: dict[int, int] = collections.Counter()
         finished: dict[int, int] = {}  # compressed shard -> uncompressed size (its _DONE.json)
-        for path, (_, first, shard, said) in self._seen.items():
-            if len(said) == 1:  # a _DONE.json
-                if first:
-                    finished[shard] = said[0]
-                continue
-            docs += said[0]
-            tokens += said[1]
-            bad += said[2]
-            if first:
-                inp = self.inputs[shard]
-                entry = {"byte_range": said[3], "row_range": said[4]}
-                done_by_shard[shard] += fmt.chunk_input_bytes(entry, inp.size, inp.rows)
+        for i, scan in enumerate(self.scans):  # the first cache has every input byte; all have documents
+            for w in scan.scan():
+                if w.done is not None:
+                    if i == 0 and isinstance(w.done.get("uncompressed_bytes"), int):
+                        finished[w.shard] = w.done["uncompressed_bytes"]
+                    continue
+                docs += w.entry["docs"]
+                tokens += w.entry["tokens"]
+                bad += int(w.entry.get("bad_records", 0))
+                if i == 0:
+                    inp = self.inputs[w.shard]
+                    done_by_shard[w.shard] += fmt.chunk_input_bytes(w.entry, inp.size, inp.rows)
         total, estimated = 0, False
         for inp in self.inputs:
             if inp.compression == "none":
@@ -160,59 +141,6 @@ class Scanner:
             except Exception:  # noqa: BLE001 - unreadable now: the workers report it; guess meanwhile
                 self._sampled[compression] = None
         return self._sampled[compression] or COMPRESSION_RATIO_GUESS
-
-    def _list(self, root: str) -> Iterator[tuple[str, int, Any]]:
-        """``(path, shard, version)`` of every sidecar and ``_DONE.json`` in cache ``root``."""
-        chunks = fmt.join(root, fmt.CHUNKS_DIR)
-        if self.remote:
-            try:
-                found = FileSystems.match([fmt.join(chunks, "*/*.json")])[0].metadata_list
-            except Exception:  # noqa: BLE001 - nothing written yet (some filesystems raise on no match)
-                return
-            for m in found:
-                parts = m.path.rsplit("/", 2)
-                if len(parts) == 3 and parts[1].startswith("shard-") and _FILE.fullmatch(parts[2]):
-                    yield m.path, int(parts[1][6:]), (m.size_in_bytes, m.last_updated_in_seconds)
-            return
-        try:
-            shards = [e for e in os.scandir(chunks) if e.name.startswith("shard-") and e.is_dir()]
-        except FileNotFoundError:
-            return
-        for d in shards:
-            try:
-                entries = list(os.scandir(d.path))
-            except FileNotFoundError:
-                continue
-            for e in entries:
-                if _FILE.fullmatch(e.name):
-                    try:
-                        st = e.stat()
-                    except FileNotFoundError:
-                        continue
-                    yield e.path, int(d.name[6:]), (st.st_mtime_ns, st.st_size, st.st_ino)
-
-    def _read(self, path: str) -> bytes | None:
-        if self.remote:
-            return fsutil.read_bytes_or_none(path)
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-
-
-def _parse(path: str, raw: bytes | None) -> tuple[int, ...] | None:
-    """``(uncompressed bytes,)`` of a ``_DONE.json``; ``(docs, tokens, bad records, byte range, row range)`` of
-    a sidecar; None if absent or not readable as one."""
-    if raw is None:
-        return None
-    try:
-        obj = json.loads(raw)
-        if path.endswith(fmt.SHARD_DONE_NAME):
-            return (int(obj["uncompressed_bytes"]),)
-        return int(obj["docs"]), int(obj["tokens"]), int(obj["bad_records"]), obj["byte_range"], obj.get("row_range")
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def sample_ratio(path: str, compression: str, want: int = SAMPLE_BYTES) -> float | None:
@@ -372,19 +300,10 @@ def render(snap: Snapshot, rate: float | None) -> str:
     if rate is not None and rate > 0:
         text += f", {rate / 1e6:,.1f} MB/s"
         if not snap.complete:
-            text += f", ETA {_duration(max(0, snap.total_bytes - snap.done_bytes) / rate)}"
+            text += f", ETA {format_seconds(max(0, snap.total_bytes - snap.done_bytes) / rate)}"
     elif not snap.complete:
         text += ", ETA unknown"
     return text
-
-
-def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
 
 
 def watch(console: Console | None, output: str, plan: BuildPlan) -> Watcher | None:

@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from reader.format import tokenizer_lib
+from reader.tokenizers import tokenizer_lib
 
 from pipelines.tokenize import conformance
 from pipelines.tokenize import gigatoken_backend

@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from reader.format import tokenizer_lib
+from reader.tokenizers import tokenizer_lib
 
 from pipelines.tokenize.guarded_encoder import (CL100K_ORIGINAL_PATTERN, CL100K_PATTERN, GuardedEncoder,
                                                 ranks_file, ranks_file_bytes)

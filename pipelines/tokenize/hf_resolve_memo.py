@@ -24,7 +24,7 @@ import os
 import sys
 
 from reader.format.tokenizer_id import hash_hf_json
-from reader.storage import atomic
+from reader.storage import files
 
 ENV_DIR = "CHUNKLEDGER_CACHE_DIR"
 ENV_SWITCH = "CHUNKLEDGER_RESOLVE_CACHE"
@@ -49,9 +49,9 @@ def package_digest(module) -> str:
 @functools.lru_cache(maxsize=None)
 def _tree_digest(root: str) -> str:
     h = hashlib.sha256()
-    for d, dirs, files in os.walk(root):
+    for d, dirs, names in os.walk(root):
         dirs[:] = sorted(x for x in dirs if x != "__pycache__")
-        for name in sorted(files):
+        for name in sorted(names):
             if not name.endswith((".pyc", ".pyo")):
                 path = os.path.join(d, name)
                 with open(path, "rb") as f:
@@ -100,6 +100,6 @@ def record(k: str, vocab_size: int, eos_id: int | None, hash_: str, payload: str
                         "eos_how": eos_how, "hash": hash_}, sort_keys=True)
     try:
         for suffix, text in ((".payload", payload), (".json", entry)):
-            atomic.write(atomic.local(), base + suffix, text.encode("utf-8"))
+            files.write(files.local(), base + suffix, text.encode("utf-8"))
     except OSError:
         pass

@@ -1,6 +1,6 @@
 """The builder's tokenizers: a spec resolved for the launcher and loaded in workers, and long documents cut.
 
-A spec (``--tokenizer``) is resolved by :mod:`reader.format.tokenizer_lib`, the one resolver (``tiktoken:NAME``,
+A spec (``--tokenizer``) is resolved by :mod:`reader.tokenizers.tokenizer_lib`, the one resolver (``tiktoken:NAME``,
 a ``tokenizer.json`` file or a directory holding one, local or remote; the reader decodes with the same
 module). This module adds what only a build needs:
 
@@ -45,9 +45,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from reader.format import tokenizer_lib
+from reader.tokenizers import tokenizer_lib
 from reader.format.tokenizer_id import hash_hf_json
-from reader.format.tokenizer_lib import EOS_CANDIDATES, Eos, TokenizerError  # noqa: F401
+from reader.tokenizers.tokenizer_lib import EOS_CANDIDATES, Eos, TokenizerError  # noqa: F401
 
 from pipelines.tokenize import hf_resolve_memo
 
@@ -154,10 +154,9 @@ class TokenizerSpec:
         """HF: the tokenizer's JSON, from the spec or from :attr:`payload_path` (checked against the hash)."""
         payload = self.payload
         if not payload and self.payload_path:
-            from apache_beam.io.filesystems import FileSystems
+            from pipelines.filesystem import BEAM
 
-            with FileSystems.open(self.payload_path) as f:
-                payload = f.read().decode("utf-8")
+            payload = BEAM.read(self.payload_path).decode("utf-8")
             if hash_hf_json(payload) != self.hash:
                 raise TokenizerError(f"{self.payload_path}: tokenizer JSON does not match hash {self.hash}")
         return payload
@@ -248,12 +247,9 @@ def warn_if_guessed(tok: TokenizerSpec) -> None:
 
 def _read_remote(path: str) -> bytes | None:
     """The bytes of a file on any Beam filesystem (a Dataflow launch reads gs:// as the build does), or None."""
-    from apache_beam.io.filesystems import FileSystems
+    from pipelines.filesystem import read_or_none
 
-    if not FileSystems.exists(path):
-        return None
-    with FileSystems.open(path, compression_type="uncompressed") as f:
-        return f.read()
+    return read_or_none(path)
 
 
 def _auto_tokenizer(spec: str, eos: str | int | None, hub: bool) -> TokenizerSpec:

@@ -12,7 +12,9 @@ rows fall in three kinds, sorted in one pass over the rows:
 
 Unpacked rows are gathered per row group of each chunk. Best-fit rows (several pieces of one chunk
 each, every piece inside one row group) are written for the whole read at once by the layout's
-``write_packed``.
+``write_packed``. A varlen read's ``cu_seqlens`` and ``max_seqlen`` (:mod:`reader.batch.schema`) come from
+the placement's pieces alone, for either layout (best-fit and unpacked rows: concat reads cannot keep to
+``max_segments``).
 """
 
 from __future__ import annotations
@@ -100,15 +102,19 @@ class Assembler:
         the release policy's hook.
       masked: the cache (or a component of the mixture) has loss masks: rows carry their tokens' loss
         flags (:mod:`reader.batch.layouts`).
+      continuations: the flat layout's slots for best-fit continuation pieces past column 0
+        (``ReadOptions.continuation_slots``).
     """
 
     def __init__(self, store: ChunkStore, options: ReadOptions,
-                 on_windows: Callable[[list, list], None] | None = None, masked: bool = False):
+                 on_windows: Callable[[list, list], None] | None = None, masked: bool = False,
+                 continuations: int = 0):
         self.store = store
         self.L = options.seq_len
         self.packed = options.packed
         self.masked = masked
-        self.writer = writer(options.layout, options.seq_len, masked)
+        self.segments = options.varlen_segments
+        self.writer = writer(options.layout, options.seq_len, masked, continuations, self.segments)
         self.on_windows = on_windows
         self._rg_starts: dict[int, list[int]] = {}  # chunk -> its row groups' first tokens (kept across reads)
 
@@ -140,7 +146,31 @@ class Assembler:
             pad = np.flatnonzero(~pl.valid)
             w.pad(out, pad)
             out["components"][pad] = -1
+        if self.segments is not None:
+            self._varlen(pl, out)
         return out
+
+    def _varlen(self, pl: Placement, out) -> None:
+        """``cu_seqlens`` and ``max_seqlen`` of every row (reader.batch.schema): each valid row's pieces'
+        ends, then its real tokens repeated; zeros for padding rows."""
+        M = self.segments
+        if pl.pieces is not None:
+            counts, lengths = np.diff(pl.pieces.ptr), pl.pieces.lengths.astype(np.int64)
+        else:  # unpacked: one piece per row
+            counts, lengths = np.ones(pl.rows.size, np.int64), pl.lengths.astype(np.int64)
+        if counts.size and int(counts.max()) > M:
+            raise ValueError(f"a row of {int(counts.max())} pieces in a read of max_segments={M}")
+        cu = np.zeros((pl.examples.size, M + 1), np.int64)
+        top = np.zeros(pl.examples.size, np.int64)
+        if lengths.size:
+            head = np.cumsum(counts) - counts
+            ends = np.cumsum(lengths)
+            within = ends - np.repeat(ends[head] - lengths[head], counts)  # each piece's end in its row
+            cu[np.repeat(pl.rows, counts), np.arange(lengths.size) - np.repeat(head, counts) + 1] = within
+            np.maximum.accumulate(cu, axis=1, out=cu)
+            top[pl.rows] = np.maximum.reduceat(lengths, head)
+        out["cu_seqlens"][:] = cu
+        out["max_seqlen"][:] = top
 
     def _packed(self, pl: Placement, out) -> None:
         L, w, store = self.L, self.writer, self.store

@@ -1,7 +1,8 @@
 """The example order: which tokens example ``i`` is, apart from fetching them.
 
-:class:`ExampleOrder` combines the stream index (:mod:`reader.order.streams`), the shuffle
-(:mod:`reader.order.shuffle`), the end of an eval pass and, for unpacked examples and best-fit rows, the
+:class:`ExampleOrder` combines the pass rule (:mod:`reader.order.passes`: spans over the eval pass's rows,
+or the streams of :mod:`reader.order.streams`), the shuffle (:mod:`reader.order.shuffle`), the end of an
+eval pass and, for unpacked examples and best-fit rows, the
 per-chunk example counts (:mod:`reader.storage.index`). Given global example indices it answers with a
 :class:`Placement`: for every row, the chunk and token range (best fit: token ranges) it holds. The
 assembler (:mod:`reader.batch.assemble`) only gathers those tokens; the prefetcher asks :meth:`ExampleOrder.plan` what upcoming batches touch.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import threading
 from typing import Any
 
@@ -22,10 +24,15 @@ import numpy as np
 
 from reader.storage.cache import Cache
 from reader.options import ReadOptions
+from reader.order.passes import Spans, StreamLanes, stream_repeats
 from reader.order.shuffle import shuffle_example_indices
 from reader.storage.store import ChunkStore
-from reader.order.streams import NotYetAvailable, StreamIndex, stream_position
+from reader.order.streams import EmptyStream, NotYetAvailable, StreamIndex, stream_position
 from reader.storage.index import ExampleIndex
+
+LOG = logging.getLogger("chunkledger.reader")
+_WAIT = ("pass_rule='spans' serves each pass as a permutation of every row of the cache, so a training read "
+         "waits for the build to finish")
 
 # cipher answers computed at once for the batches after a regular one (the cipher's cost is mostly
 # per call: a few hundred small numpy operations whatever the size)
@@ -97,7 +104,7 @@ class Placement:
       examples: int64 [n]: each row's global example index, -1 for padding rows.
       valid: bool [n]: rows that hold an example (False: past the end of an eval pass).
       rows: int64 [k]: the valid rows, ascending. The arrays below have one entry per valid row.
-      streams, positions: int64 [k]: the stream and position in it of the row's example.
+      streams, positions: int64 [k]: its stream and position in the stream index ("spans": 0, the eval row).
       epochs: int64 [k]: the epoch of the row's first token.
       chunks, starts: int64 [k]: the chunk holding the row's first token and that token's offset in it.
       lengths: int64 [k]: tokens of the row that lie in that chunk from ``starts`` (at most L). Packed
@@ -156,10 +163,18 @@ class ExampleOrder:
         self._windows: list[tuple[int, np.ndarray]] = []
         self.shuffle = options.shuffle_config()
         self.kind = options.kind
+        # the pass rule (docs/FORMAT.md, "Passes"): eval reads are one stream under either
+        self.pass_rule = options.pass_rule_for(cache.ledger.format_version)
+        self.spans_rule = self.pass_rule == "spans" and not options.eval_mode
+        self._spans: Spans | None = None
+        self._said_wait = False
+        # best fit: the continuation pieces per row, resolved by the cache's format version
+        self.continuations = options.continuations(int(cache.ledger.raw["format_version"]))
         # per-chunk example counts (None: a concat stream's units are its tokens)
         self.chunk_index = None if self.kind == "concat" else ExampleIndex(
             cache, options.seq_len, self.kind, index_cache=options.index_cache,
-            window_tokens=options.best_fit_window_tokens, drop_long=options.drop_long)
+            window_tokens=options.best_fit_window_tokens, drop_long=options.drop_long,
+            continuations=self.continuations, max_segments=options.max_segments)
         self._lock = threading.Lock()
         self._index: StreamIndex | None = None
         self._index_key: tuple[int, bool] | None = None
@@ -167,16 +182,64 @@ class ExampleOrder:
 
     # -- the stream index ---------------------------------------------------------------------------
     def stream_index(self) -> StreamIndex:
-        """The :class:`StreamIndex` over the chunks known now (all chunks once the build is done)."""
+        """The :class:`StreamIndex` over the chunks known now (all once the build is done): the streams of
+        ``"streams"``, or the eval pass (one stream, no loop), whose rows the spans of ``"spans"`` cut."""
         with self._lock:
             table = self.cache.table
             key = (len(table), self.cache.complete)
             if self._index is None or self._index_key != key:
                 counts = table.tokens if self.chunk_index is None else self.chunk_index.counts(table)
-                self._index = StreamIndex(counts, self.options.num_streams, loop=not self.options.eval_mode,
+                loop = not (self.options.eval_mode or self.spans_rule)
+                self._index = StreamIndex(counts, self.options.num_streams if loop else 1, loop=loop,
                                           complete=self.cache.complete)
                 self._index_key = key
             return self._index
+
+    def pass_examples(self) -> int:
+        """``E``, the examples of one pass: the rows of an eval pass at these options (concat: its whole
+        rows, ``floor(T / L)``) in the chunks known now (all once the build is done)."""
+        units = int(self.stream_index().counts.sum())
+        return units // self.options.seq_len if self.kind == "concat" else units
+
+    def repeated_rows(self) -> int:
+        """:func:`reader.order.passes.stream_repeats` of this read: 0 under ``"spans"``, in eval mode and while
+        the build runs."""
+        if self.spans_rule or self.options.eval_mode or not self.cache.complete:
+            return 0
+        idx = self.stream_index()
+        per_row = self.options.seq_len if self.kind == "concat" else 1
+        return stream_repeats(self.pass_examples(), idx.pass_units(np.arange(idx.r)) // per_row)
+
+    def spans(self) -> Spans:
+        """The spans rule of the finished cache (:class:`reader.order.passes.Spans`). While the build runs:
+        :class:`NotYetAvailable` (a pass needs every row), said once in the log; no row: :class:`EmptyStream`."""
+        if self._spans is None:
+            if not self.cache.complete:
+                if not self._said_wait:
+                    self._said_wait = True
+                    LOG.warning("%s: the build is still running: %s (up to the reader's wait_timeout_s); "
+                                "ReadOptions(pass_rule='streams') reads while it builds", self.cache.url, _WAIT)
+                raise NotYetAvailable(_WAIT)
+            rows = self.pass_examples()
+            if rows == 0:
+                what = (f"its {int(self.stream_index().counts.sum())} tokens make no whole row of seq_len "
+                        f"{self.options.seq_len}" if self.kind == "concat" else "no document gives an example")
+                raise EmptyStream(f"{self.cache.url}: nothing to read: {what}")
+            self._spans = Spans(rows, self.options.num_streams, self.shuffle)
+        return self._spans
+
+    def lanes(self) -> Spans | StreamLanes | None:
+        """A shuffled read's lanes (:mod:`reader.order.passes`), which the release policy and the prefetcher
+        follow; None unshuffled."""
+        if self.shuffle is None:
+            return None
+        return self.spans() if self.spans_rule else StreamLanes(self.shuffle)
+
+    def lane_pieces(self, lane: int, lo: int, hi: int):
+        """The pieces ``(epoch, chunk, lo, hi)`` of the tokens of lane rows ``[lo, hi)`` of lane ``lane``
+        (concat reads: a row is ``seq_len`` tokens)."""
+        s, a, b = self.lanes().stream_rows(lane, lo, hi)
+        return self.stream_index().pieces(s, a * self.options.seq_len, b * self.options.seq_len)
 
     def dropped_long(self) -> tuple[int, int]:
         """``drop_long``: ``(documents, tokens)`` longer than ``seq_len`` in the chunks known now, which
@@ -242,7 +305,7 @@ class ExampleOrder:
                     if k not in self._sources:
                         arrs.append(ex)
                         akeys.append(k)
-        allsrc = np.asarray(shuffle_example_indices(np.concatenate(arrs), self.shuffle), dtype=np.int64)
+        allsrc = self._permute(np.concatenate(arrs))
         parts = np.split(allsrc, np.cumsum([a.size for a in arrs])[:-1])
         with self._lock:
             for k, src in zip(akeys, parts):
@@ -268,14 +331,21 @@ class ExampleOrder:
             if int(d.min()) >= 0 and int(d.max()) // g < arr.size and not (d % g).any():
                 return arr[d // g]
         if ((ex - self._residue) % g).any():  # not this reader's progression (rows a loader names)
-            return np.asarray(shuffle_example_indices(ex, self.shuffle), dtype=np.int64)
+            return self._permute(ex)
         k0 = int(ex.min())
         m = (int(ex.max()) - k0 + self.ahead) // g + 1
-        arr = np.asarray(shuffle_example_indices(k0 + g * np.arange(m, dtype=np.int64), self.shuffle), dtype=np.int64)
+        arr = self._permute(k0 + g * np.arange(m, dtype=np.int64))
         arr.setflags(write=False)
         with self._lock:
             self._windows = ([(k0, arr)] + self._windows)[:_SOURCE_WINDOWS]
         return arr[(ex - k0) // g]
+
+    def _permute(self, ex: np.ndarray) -> np.ndarray:
+        """The shuffle's source index of each example (under the spans rule: ``p * E`` plus its place in
+        pass ``p``)."""
+        if self.spans_rule:
+            return self.spans().sources(ex)
+        return np.asarray(shuffle_example_indices(ex, self.shuffle), dtype=np.int64)
 
     def _regular_batch(self, ex: np.ndarray) -> int | None:
         """``b`` if ``ex`` is ``b * B + rows``, else None."""
@@ -300,8 +370,8 @@ class ExampleOrder:
         idx = self.stream_index()
         if src is None:
             src = self.sources([ex])[0]
-        s, j = stream_position(src, opts.num_streams)
         examples = ex.astype(np.int64, copy=True)
+        s, j, passes = self._positions(src)
         if opts.eval_mode:
             valid = j < self.eval_limit(idx, j)
             examples[~valid] = -1
@@ -328,7 +398,18 @@ class ExampleOrder:
         else:
             epochs, chunks, offsets = idx.locate_streams(s, j)
             starts, first, lengths, pieces = self._best_fit_rows(chunks, offsets)
+        if passes is not None:  # a row's epoch is its pass
+            epochs = passes
+            spill = {k: [(int(passes[k]), c, a, b) for _, c, a, b in got] for k, got in spill.items()}
         return Placement(examples, valid, rows, s, j, epochs, chunks, starts, lengths, first, spill, pieces=pieces)
+
+    def _positions(self, src: np.ndarray):
+        """``(streams, positions, passes)`` of sources ``src`` in :meth:`stream_index`: under ``"spans"`` stream
+        0 (the eval pass) at the example's eval row, and its pass; else its stream and position, None."""
+        if self.spans_rule:
+            p, _, _, row = self.spans().place(src)
+            return np.zeros_like(row), row, p
+        return (*stream_position(src, self.options.num_streams), None)
 
     def _best_fit_rows(self, chunks: np.ndarray, offsets: np.ndarray):
         """``(starts, first_positions, lengths, pieces)`` of best-fit rows ``offsets`` of ``chunks``."""
@@ -349,8 +430,7 @@ class ExampleOrder:
         opts = self.options
         L = opts.seq_len
         idx = self.stream_index()
-        src = np.concatenate(self.sources(exs))
-        s, j = stream_position(src, opts.num_streams)
+        s, j, _ = self._positions(np.concatenate(self.sources(exs)))
         if self.kind == "concat":
             pos = np.concatenate([j * L, j * L + L - 1])
             s = np.concatenate([s, s])

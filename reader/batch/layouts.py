@@ -17,7 +17,9 @@ walk writes afterwards): the walk writes crossing and piecewise rows after the w
 A writer made with ``masked=True`` (a cache, or a mixture with a component, with loss masks) copies each
 token's loss flag beside it from the decoded row groups' ``loss`` (:class:`reader.storage.chunk.RowGroup`;
 a row group without one, of a plain component, is loss throughout): ``loss_mask`` is the flag on real
-tokens (:func:`reader.batch.schema.loss_mask`), in either layout.
+tokens (:func:`reader.batch.schema.loss_mask`), in either layout. ``continuations`` (flat layout): the
+slots for best-fit continuation pieces past column 0; ``segments``: a varlen read's ``max_segments``
+(its fields are written by the assembler, for either layout).
 """
 
 from __future__ import annotations
@@ -100,12 +102,13 @@ class ArraysWriter:
     layout = "arrays"
     strided = False  # writes through flat views of whole arrays: rows must be contiguous
 
-    def __init__(self, seq_len: int, masked: bool = False):
+    def __init__(self, seq_len: int, masked: bool = False, continuations: int = 0, segments: int | None = None):
         self.L = seq_len
         self.masked = masked
+        self.segments = segments
 
     def new(self, n: int) -> dict[str, np.ndarray]:
-        return empty_batch(self.layout, self.L, n)
+        return empty_batch(self.layout, self.L, n, segments=self.segments)
 
     def reset(self, out: dict[str, np.ndarray]) -> None:
         """Every token array is written whole by the walk."""
@@ -259,16 +262,26 @@ class FlatWriter:
     layout = "flat"
     strided = True  # indexes [row, column] only: rows may be strided (a reader worker's rows of a slot)
 
-    def __init__(self, seq_len: int, masked: bool = False):
+    def __init__(self, seq_len: int, masked: bool = False, continuations: int = 0, segments: int | None = None):
         self.L = seq_len
         self.masked = masked  # a loss_mask array beside the tokens
+        self.continuations = continuations  # slots for continuation pieces past column 0 (best fit)
+        self.segments = segments
 
     def new(self, n: int) -> dict[str, np.ndarray]:
-        return empty_batch(self.layout, self.L, n, masked=self.masked)
+        return empty_batch(self.layout, self.L, n, masked=self.masked, continuations=self.continuations,
+                           segments=self.segments)
+
+    def _no_continuations(self, out, rows) -> None:
+        if self.continuations:
+            out["continuation_columns"][rows] = self.L
+            out["continuation_positions"][rows] = 0
+            out["continuation_inputs"][rows] = 0
 
     def reset(self, out: dict[str, np.ndarray]) -> None:
         out["first_positions"][:] = 0
         out["num_tokens"][:] = self.L
+        self._no_continuations(out, slice(None))
 
     def copy_windows(self, out, runs, groups) -> None:
         """``tokens[r] = 2 * padded[a : a+L+1]`` (the previous token, then the window) for each run; the
@@ -322,7 +335,8 @@ class FlatWriter:
                      losses=None) -> None:
         """Best-fit rows, for the whole read: see :meth:`ArraysWriter.write_packed`. Column 0 is the token
         before a row's first piece (0 when it starts a document), each piece's tokens follow from column
-        ``1 + columns[k]``, and a piece at position 0 sets its first token's start bit."""
+        ``1 + columns[k]``, and a piece at position 0 sets its first token's start bit; a piece past the
+        row's first that continues a document goes in the row's next ``continuation_*`` slot."""
         L1 = self.L + 1
         tok = out["tokens"]
         direct = tok.flags.c_contiguous
@@ -366,6 +380,19 @@ class FlatWriter:
             np.copyto(tok, W.view(np.uint32))
         out["first_positions"][rows] = head_first
         out["num_tokens"][rows] = totals
+        later = np.ones(first.size, bool)
+        later[head] = False
+        late = np.flatnonzero(later & (first > 0))
+        if late.size:  # continuation pieces past column 0, in the slots of their rows in column order
+            r = pieces_row[late]
+            slot = np.arange(late.size) - np.searchsorted(r, r)
+            if int(slot.max()) >= self.continuations:
+                raise ValueError(f"a best-fit row holds {int(slot.max()) + 2} continuation pieces; this flat "
+                                 f"layout has room for {self.continuations + 1}")
+            out["continuation_columns"][r, slot] = columns[late]
+            out["continuation_positions"][r, slot] = first[late]
+            out["continuation_inputs"][r, slot] = [padded[g][a] for g, a in zip(group[late].tolist(),
+                                                                                local[late].tolist())]
         if mparts is not None:
             lm = out["loss_mask"]
             mparts += [no[:L1 - used]] + [no] * (tok.shape[0] - r0 - 1)
@@ -378,10 +405,12 @@ class FlatWriter:
         out["tokens"][rows] = 0
         out["num_tokens"][rows] = 0
         out["first_positions"][rows] = 0
+        self._no_continuations(out, rows)
         if self.masked:
             out["loss_mask"][rows] = False
 
 
-def writer(layout: str, seq_len: int, masked: bool = False):
-    """The writer of ``layout`` (``masked``: with the loss flags of a cache with loss masks)."""
-    return {"arrays": ArraysWriter, "flat": FlatWriter}[layout](seq_len, masked)
+def writer(layout: str, seq_len: int, masked: bool = False, continuations: int = 0, segments: int | None = None):
+    """The writer of ``layout`` (``masked``: with the loss flags of a cache with loss masks; ``continuations``,
+    ``segments``: see the module docstring)."""
+    return {"arrays": ArraysWriter, "flat": FlatWriter}[layout](seq_len, masked, continuations, segments)

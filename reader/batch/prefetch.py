@@ -10,6 +10,14 @@ batch load in parallel.
 Shuffled packed reads of whole lanes load whole mixes instead, as each comes into view: a batch of a
 mix touches rows all over the mix's blocks, and the mix needs all of them within its first batches
 anyway. Errors are left for the real read to report: a prefetch never fails a run.
+
+**Remote caches.** A range request to a bucket takes tens of milliseconds, during which the read goes
+on: the batches planned ahead must cover what is read while the requests of the next ones are out (a
+chunk's sidecar, then its footer, then its row groups: up to three round trips). There the lookahead is
+``LATENCIES_AHEAD`` times the store's observed request latency times the observed read rate (batches per
+second, :class:`Pace`), never less than the local rule above and never more than it allows in memory;
+the store keeps that many requests in flight without a thread per request
+(:mod:`reader.storage.store`).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import collections
 import concurrent.futures as cf
 import math
 import threading
+import time
 
 import numpy as np
 
@@ -26,11 +35,45 @@ from reader.storage.cache import Cache
 from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder
 from reader.batch.release import ReleasePolicy
-from reader.order.shuffle import mix_of_rows, mix_sources_of_lanes
 from reader.storage.store import ChunkStore
 from reader.order.streams import streams_of_reader
 
 _TRACKED_MIXES = 64
+LATENCIES_AHEAD = 8  # remote caches: batches planned ahead cover this many request latencies of reading
+_PACE_S = 0.5  # the read rate is measured over about this many seconds
+_PACE_REWIND = 256  # a read this many batches before the latest one starts the rate again
+
+
+class Pace:
+    """Where a reader's reads are and how fast they advance, in global batches per second over the last
+    ``_PACE_S`` seconds (:meth:`note` is told the batches of every read as it starts)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._marks: collections.deque[tuple[float, int]] = collections.deque()
+        self.first = self.last = -1  # the first and last batch of the latest read
+
+    def note(self, first: int, last: int) -> None:
+        now = time.monotonic()
+        self.first, self.last = first, last
+        with self._lock:
+            marks = self._marks
+            if marks and last < marks[-1][1]:
+                if last > marks[-1][1] - _PACE_REWIND:  # reads out of order (a loader's threads): the rate stands
+                    return
+                marks.clear()  # a jump back (a new read): start again
+            marks.append((now, last))
+            while len(marks) > 2 and now - marks[1][0] > _PACE_S:
+                marks.popleft()
+
+    def rate(self) -> float:
+        """Batches per second (0 until the reads span a tenth of ``_PACE_S``: a rate from two reads close
+        together would be noise)."""
+        with self._lock:
+            if len(self._marks) < 2:
+                return 0.0
+            (t0, b0), (t1, b1) = self._marks[0], self._marks[-1]
+        return (b1 - b0) / (t1 - t0) if t1 - t0 >= _PACE_S / 10 else 0.0
 
 
 class Prefetcher:
@@ -52,13 +95,15 @@ class Prefetcher:
         self._mix_span: tuple[int, int] = (0, 0)
         self._rewinds = 0
         self.whole_mixes = self._whole_mixes()
+        self.pace = release.pace = Pace()  # told of every read (Reader._read); a mixture's components share one
 
     def _row_group_tokens(self) -> int:
         return int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
 
     def lookahead(self) -> int:
         """How many batches ahead to load: about one row group per stream (best fit: one window, which a
-        stream's next rows need whole), within the budget."""
+        stream's next rows need whole), within the budget; on a remote cache at least what is read during
+        ``LATENCIES_AHEAD`` request latencies (see the module docstring)."""
         opts = self.options
         streams = streams_of_reader(opts.num_streams, self.num_readers, self.reader_index)
         local = len(streams) if streams is not None else opts.num_streams
@@ -66,7 +111,11 @@ class Prefetcher:
         per_batch = max(1.0, opts.batch_size * opts.seq_len / opts.num_streams)
         cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))  # a quarter of the budget ahead
         unit = opts.best_fit_window_tokens if opts.kind == "best_fit" else self._row_group_tokens()
-        return int(max(1, min(4096, math.ceil(min(unit, cap_tokens) / per_batch))))
+        ahead = math.ceil(min(unit, cap_tokens) / per_batch)
+        latency = self.store.latency_s
+        if latency is not None:
+            ahead = max(ahead, min(math.ceil(LATENCIES_AHEAD * latency * self.pace.rate()), cap_tokens // per_batch))
+        return int(max(1, min(4096, ahead)))
 
     def _whole_mixes(self) -> bool:
         """Whether to load whole mixes: shuffled concat reads where this reader reads whole lanes (``R``
@@ -88,12 +137,18 @@ class Prefetcher:
         B = self.options.batch_size
         mine = rows is None
         rows = self.rows if mine else np.asarray(rows, dtype=np.int64).reshape(-1)
-        return self.prefetch_examples([(b + i) * B + rows for i in range(count)], whole=mine)
+        return self.prefetch_examples([(b + i) * B + rows for i in range(count)], whole=mine, batch=b)
 
-    def prefetch_examples(self, exs: list[np.ndarray], whole: bool = True) -> list[cf.Future]:
+    def ask(self, ex: np.ndarray) -> None:
+        """Start loading what a read of examples ``ex`` needs, all at once (a remote cache: before the read
+        waits for any of it)."""
+        self.prefetch_examples([ex], whole=False)
+
+    def prefetch_examples(self, exs: list[np.ndarray], whole: bool = True, batch: int = -1) -> list[cf.Future]:
         """Start loading what examples ``exs`` (arrays, in reading order) need; ``whole``: they are this
         reader's rows of some batches (or a mixture's items of one component in them), so whole mixes
-        may be loaded. Returns the background tasks' futures at once."""
+        may be loaded; ``batch``: the first global batch they are in (-1: unknown). Returns the background
+        tasks' futures at once."""
         exs = [e for e in exs if e.size]
         if not exs:
             return []
@@ -105,40 +160,49 @@ class Prefetcher:
             return []
         last_row = -1
         if self.release.by_mix:
-            last_row = max(int(e.max()) for e in exs) // self.order.shuffle.lanes
-        return self.prefetch_chunks(plan, last_row)
+            last_row = int(self.order.lanes().lane_rows(np.concatenate(exs))[0].max())
+        return self.prefetch_chunks(plan, last_row, batch)
 
-    def prefetch_chunks(self, plan: list[tuple[int, np.ndarray]], last_row: int = -1) -> list[cf.Future]:
+    def prefetch_chunks(self, plan: list[tuple[int, np.ndarray]], last_row: int = -1, batch: int = -1
+                        ) -> list[cf.Future]:
         """Start loading the row groups a plan (:meth:`reader.batch.examples.ExampleOrder.plan`) names that are
-        neither cached nor loading; ``last_row``: the last shuffle row it serves (-1: unshuffled)."""
+        neither cached nor loading; ``last_row``: the last shuffle row it serves (-1: unshuffled); ``batch``:
+        the first global batch it serves (-1: unknown)."""
         futs = []
+        ahead = batch if batch > self.pace.last else 0  # a plan ahead of the reads: a chunk they released is read again
         for c, offs in plan:
             if self.order.chunk_index is None:  # concat: skip a chunk whose row groups are all there (or loading)
                 meta = self.store.cached_meta(c)
-                if meta is not None and not self._missing(c, meta.rg_token_starts_list, offs):
+                if meta is not None and not self._missing(c, meta.rg_token_starts_list, offs, ahead):
                     continue
-            futs.append(self.store.submit(self._load_chunk_part, c, offs, last_row))
+            futs.append(self.store.submit(self._load_chunk_part, c, offs, last_row, ahead))
         return futs
 
-    def _missing(self, c: int, starts: list[int], tokens: np.ndarray) -> list[int]:
+    def _missing(self, c: int, starts: list[int], tokens: np.ndarray, ahead: int = 0) -> list[int]:
         """Row groups holding ``tokens`` of chunk ``c`` that are neither cached nor loading (the cached ones
-        are marked used), past those the reads have released. (A plan names a few tokens per chunk:
-        bisect over the row-group starts costs less than numpy's per-call overhead.)"""
-        done = self.release.released_before(c)  # a plan the reads have overtaken: already used
+        are marked used), past those the reads have released unless the plan is ahead of the reads (a
+        stream's next pass reads the chunk again; ``ahead``: the plan's first batch, 0: not ahead), which the
+        reads then keep until that batch (:meth:`reader.batch.release.ReleasePolicy.want`).
+        (A plan names a few tokens per chunk: bisect over the row-group starts costs less than numpy's
+        per-call overhead.)"""
+        done = 0 if ahead else self.release.released_before(c)  # a plan the reads have overtaken: already used
         toks = tokens.tolist()
         lo, hi = bisect.bisect_right(starts, min(toks)) - 1, bisect.bisect_right(starts, max(toks)) - 1
         if hi - lo <= 1:  # the usual case (a stream's next windows): every group from lo to hi is touched
             groups = [g for g in range(lo, hi + 1) if g >= done]
         else:
             groups = sorted({g for g in (bisect.bisect_right(starts, t) - 1 for t in toks) if g >= done})
+        if ahead:  # cached or on their way now: the reads may be about to release them
+            self.release.want(c, groups, ahead)
         return self.store.touch_row_groups(c, groups)
 
     def _prefetch_mixes(self, exs: list[np.ndarray]) -> list[cf.Future]:
         """Load the row groups of every mix that examples ``exs`` reach and that is not loaded yet: one
         background task per chunk."""
-        cfg = self.order.shuffle
-        t = min(int(e.min()) for e in exs) // cfg.lanes
-        t_end = max(int(e.max()) for e in exs) // cfg.lanes
+        lanes = self.order.lanes()
+        rows = [lanes.lane_rows(e)[0] for e in exs]
+        t = min(int(r.min()) for r in rows)
+        t_end = max(int(r.max()) for r in rows)
         futs: list[cf.Future] = []
         while t <= t_end:
             with self._lock:
@@ -148,7 +212,7 @@ class Prefetcher:
                     self._mix_span = (0, 0)
                 lo, hi = self._mix_span
             if not lo <= t < hi:
-                _, mlo, mhi = mix_of_rows(np.asarray([t]), cfg)
+                _, mlo, mhi = lanes.mixes(np.asarray([t]))
                 lo, hi = int(mlo[0]), int(mhi[0])
                 with self._lock:
                     new = lo not in self._mixes
@@ -160,7 +224,7 @@ class Prefetcher:
                     try:
                         # first what the planned examples in the mix need (the pool runs tasks in
                         # order), then the rest of the mix
-                        inside = [e for e in exs if int(e.min()) // cfg.lanes < hi and int(e.max()) // cfg.lanes >= lo]
+                        inside = [e for e, r in zip(exs, rows) if int(r.min()) < hi and int(r.max()) >= lo]
                         if inside:
                             futs.extend(self.store.submit(self._load_chunk_part, c, offs, hi - 1)
                                         for c, offs in self.order.touched(inside))
@@ -175,36 +239,42 @@ class Prefetcher:
         return futs
 
     def _prefetch_mix(self, lo: int, hi: int) -> list[cf.Future]:
-        cfg, L = self.order.shuffle, self.options.seq_len
-        lanes = list(range(self.reader_index % self.num_readers, cfg.lanes, self.num_readers))
-        idx = self.order.stream_index()
+        lanes = self.order.lanes()
+        mine = lanes.reader_lanes(lo, self.num_readers, self.reader_index)
         per_chunk: dict[int, list[tuple[int, int]]] = {}
-        for lane, ranges in zip(lanes, mix_sources_of_lanes(lo, lanes, cfg)):
+        for lane, ranges in zip(mine, lanes.mix_sources(lo, mine)):
             for r0, r1 in ranges.tolist():
-                for _, c, a, z in idx.pieces(lane, r0 * L, r1 * L):
+                for _, c, a, z in self.order.lane_pieces(lane, r0, r1):
                     per_chunk.setdefault(c, []).append((a, z))
-        return [self.store.submit(self._load_chunk_ranges, c, ranges, hi - 1) for c, ranges in per_chunk.items()]
+        batch = lanes.last_example(hi - 1) // self.options.batch_size  # the mix's last batch
+        return [self.store.submit(self._load_chunk_ranges, c, ranges, hi - 1, batch) for c, ranges in per_chunk.items()]
 
-    def _load_chunk_ranges(self, c: int, ranges: list[tuple[int, int]], last_row: int) -> None:
-        """Load the row groups of chunk ``c`` that hold tokens ``[a, z)`` for each range."""
+    def _load_chunk_ranges(self, c: int, ranges: list[tuple[int, int]], last_row: int, batch: int = -1) -> None:
+        """Load the row groups of chunk ``c`` that hold tokens ``[a, z)`` for each range (for a mix read until
+        batch ``batch``: the reads keep them until then, :meth:`reader.batch.release.ReleasePolicy.want`)."""
         if last_row < self.release.passed_row:  # the reads have passed the mix: already served
             return
-        try:
-            starts = self.store.meta(c).rg_token_starts
+
+        def load(meta) -> None:
+            starts = meta.rg_token_starts
             groups: set[int] = set()
             for a, z in ranges:
                 g0 = int(np.searchsorted(starts, a, side="right")) - 1
                 g1 = int(np.searchsorted(starts, z - 1, side="right")) - 1
                 groups.update(range(g0, g1 + 1))
-            self.store.warm_row_groups(c, sorted(groups))
-        except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
-            pass
+            groups = sorted(groups)
+            if batch > self.pace.last:  # (the mix before may hold some of them: its release keeps them)
+                self.release.want(c, groups, batch)
+            self.store.warm_row_groups(c, groups)
 
-    def _load_chunk_part(self, c: int, offs: np.ndarray, last_row: int = -1) -> None:
+        self.store.when_open(c, load)  # (a prefetch never fails the run; the real read reports an error)
+
+    def _load_chunk_part(self, c: int, offs: np.ndarray, last_row: int = -1, ahead: int = 0) -> None:
         if 0 <= last_row < self.release.passed_row:  # a shuffled plan the reads have overtaken
             return
         try:
             tokens = self.order.token_offsets(c, offs)
-            self.store.warm_row_groups(c, self._missing(c, self.store.meta(c).rg_token_starts_list, tokens))
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
-            pass
+            return
+        self.store.when_open(c, lambda meta: self.store.warm_row_groups(
+            c, self._missing(c, meta.rg_token_starts_list, tokens, ahead)))

@@ -81,7 +81,7 @@ def wait_result(fut: cf.Future, progress: Progress | None, timeout_s: float | No
 def read_ahead(produce: Callable[[int, int], list], first: int, *, stop: int | None = None,
                available: Callable[[int], bool] | None = None, slab: int = 1, depth: int = 1,
                executor: cf.Executor | None = None, hint: Callable[[int, int], Any] | None = None,
-               submit_hint: Callable[..., cf.Future] | None = None, lookahead: int = 0,
+               submit_hint: Callable[..., cf.Future] | None = None, lookahead: int | Callable[[], int] = 0,
                progress: Progress | None = None, timeout_s: float | None = None,
                describe: Callable[[int, int], str] = lambda i, n: f"units {i}..{i + n - 1}",
                ) -> Iterator[tuple[int, Any]]:
@@ -100,7 +100,8 @@ def read_ahead(produce: Callable[[int, int], list], first: int, *, stop: int | N
         unit's hint runs in this thread (its chunks load in parallel at once); later ones are handed to
         ``submit_hint(hint, i, n)`` (which returns a future), ``lookahead`` units ahead of the unit
         being queued, ``min(8, lookahead // 2)`` units per task; at most :data:`MAX_HINTS` tasks in flight.
-      lookahead: 0: no hints.
+      lookahead: 0: no hints; a callable: asked again at every unit queued (a remote read's lookahead
+        grows with the latency and the rate it sees).
       progress, timeout_s: see :func:`wait_result`; ``describe(i, n)`` names a slab in its error.
     """
     pending: collections.deque[tuple[int, int, cf.Future | None]] = collections.deque()
@@ -108,14 +109,15 @@ def read_ahead(produce: Callable[[int, int], list], first: int, *, stop: int | N
     queued = 0  # units in `pending`
     nxt = first
     planned = first + 1  # the first unit not hinted yet
-    stride = max(1, min(8, lookahead // 2))  # several units per hint task: one vectorized plan
+    ahead = lookahead if callable(lookahead) else (lambda: lookahead)
+    stride = max(1, min(8, ahead() // 2))  # several units per hint task: one vectorized plan
 
     def more(i: int) -> bool:
         return (stop is None or i < stop) and (available is None or available(i))
 
     def hint_ahead(i: int) -> None:  # unit i is queued: hint what `lookahead` units later will need
         nonlocal planned
-        if lookahead and planned <= i + lookahead and (stop is None or planned < stop):
+        if lookahead and planned <= i + ahead() and (stop is None or planned < stop):
             while hints and hints[0].done():
                 hints.popleft()
             k = stride if stop is None else min(stride, stop - planned)

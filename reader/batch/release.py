@@ -11,7 +11,9 @@ decodes again.
   (:func:`reader.order.shuffle.mix_of_rows`): once the reads have passed a mix, the row groups wholly inside
   its source blocks (:func:`reader.order.shuffle.mix_sources_of_lanes`) are passed, and after the last mix
   of a window, those wholly inside the window (and the one before it: the row group over their
-  boundary). Row groups at block ends may serve another mix: the LRU keeps those.
+  boundary). Row groups at block ends may serve another mix: the LRU keeps those. Mixes, windows and their
+  sources are counted in *lane rows*, which the read's pass rule maps to tokens
+  (:mod:`reader.order.passes`, :meth:`reader.batch.examples.ExampleOrder.lanes`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,7 @@ import numpy as np
 
 from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder
-from reader.order.shuffle import mix_of_rows, mix_sources_of_lanes, shuffle_window_of
 from reader.storage.store import ChunkStore
-from reader.order.streams import StreamIndex
 
 _TRACKED_CHUNKS = 4096
 _TRACKED_MIXES = 64
@@ -35,7 +35,7 @@ class ReleasePolicy:
     """Tells the store which row groups the reads have passed (see the module docstring).
 
     Attributes:
-      passed_row: shuffled reads: the first shuffle row (position of every stream) of the latest read;
+      passed_row: shuffled reads: the first lane row (position of every lane) of the latest read;
         the prefetcher skips work for mixes below it.
       rewinds: how many times a shuffled read jumped back (the prefetcher then forgets what it loaded).
     """
@@ -55,12 +55,26 @@ class ReleasePolicy:
         self._mixes: dict[int, list] = {}  # mixes being read: first output row -> [end row, lanes read]
         self._mix_span: tuple[int, int] = (0, 0)
         self._lane_sets: dict[bytes, frozenset] = {}
+        self._wanted: dict[tuple[int, int], int] = {}  # (chunk, row group) -> a later batch that needs it
+        self.pace = None  # the reads' reader.batch.prefetch.Pace (where they are), set by the prefetcher
         self.passed_row = 0
         self.rewinds = 0
 
     def released_before(self, c: int) -> int:
         """Row groups of chunk ``c`` before this one were released (unshuffled reads; 0: none)."""
         return self._released.get(c, 0)
+
+    def want(self, c: int, groups: list[int], batch: int) -> None:
+        """The prefetch planned row groups ``groups`` of chunk ``c`` for reads until batch ``batch``: the reads
+        keep them when they pass them before that batch (a stream's next pass, planned while the current one
+        still reads the chunk; the next mix, loaded while this one is read, which shares row groups with it
+        at its blocks' ends; the latest batch wanted counts), and release them when they pass them after it."""
+        with self._lock:
+            for g in groups:
+                if self._wanted.get((c, g), -1) < batch:
+                    self._wanted[(c, g)] = batch
+            while len(self._wanted) > _TRACKED_CHUNKS:
+                self._wanted.pop(next(iter(self._wanted)))
 
     # -- unshuffled: per chunk --------------------------------------------------------------------------
     def windows_read(self, recs, cross) -> None:
@@ -84,6 +98,11 @@ class ReleasePolicy:
                     self._released[c] = g
             while len(self._released) > _TRACKED_CHUNKS:
                 self._released.pop(next(iter(self._released)))
+            if self._wanted:  # kept for a later batch (see want)
+                now = self.pace.first if self.pace is not None else -1
+                todo = [k for k in todo if self._wanted.get(k, -1) <= now]
+                for k in todo:
+                    self._wanted.pop(k, None)
         for c, g in todo:
             self.store.release(c, g)
 
@@ -92,11 +111,9 @@ class ReleasePolicy:
         """After a read of examples ``ex``: release the mixes every lane it reads has passed."""
         if not self.by_mix or not ex.size:
             return
-        cfg = self.order.shuffle
-        lanes = cfg.lanes
-        rows = ex // lanes
+        lanes = self.order.lanes()
+        rows, by_lane = lanes.lane_rows(ex)
         t_min, t_max = int(rows.min()), int(rows.max())
-        by_lane = ex % lanes
         key = by_lane.tobytes()
         lane_set = self._lane_sets.get(key)
         if lane_set is None:  # (a reader's batches have one or a few lane patterns)
@@ -109,7 +126,7 @@ class ReleasePolicy:
         if fast:
             spans = [(lo, hi)]
         else:
-            _, mlo, mhi = mix_of_rows(np.unique(rows), cfg)
+            _, mlo, mhi = lanes.mixes(np.unique(rows))
             spans = sorted(set(zip(mlo.tolist(), mhi.tolist())))
         finished = []
         with self._lock:
@@ -128,34 +145,26 @@ class ReleasePolicy:
             while len(self._mixes) > _TRACKED_MIXES:  # reads far apart (random access): forget the oldest
                 self._mixes.pop(next(iter(self._mixes)))
         if finished:
-            idx = self.order.stream_index()
             for m_lo, m_hi, m_lanes in finished:
                 try:
-                    self._release_mix(idx, m_lo, m_hi, sorted(m_lanes))
+                    self._release_mix(lanes, m_lo, m_hi, sorted(m_lanes))
                 except Exception:  # noqa: BLE001 - a cache decision never fails a read
                     pass
 
-    def _release_mix(self, idx: StreamIndex, m_lo: int, m_hi: int, lanes: list[int]) -> None:
-        cfg, L = self.order.shuffle, self.L
-        _, w_lo, w_hi = (int(x[0]) for x in shuffle_window_of(np.asarray([m_lo * cfg.lanes]), cfg))
-        w_lo //= cfg.lanes
-        w_hi //= cfg.lanes
-        sources = mix_sources_of_lanes(m_lo, lanes, cfg)
-        ranges = {lane: rr.tolist() for lane, rr in zip(lanes, sources)}
-        if m_hi >= w_hi:  # the window's last mix: the whole window, and the previous one
-            prev = w_lo
-            if w_lo > 0:
-                prev = int(shuffle_window_of(np.asarray([(w_lo - 1) * cfg.lanes]), cfg)[1][0]) // cfg.lanes
-            for lane in lanes:
+    def _release_mix(self, lanes, m_lo: int, m_hi: int, which: list[int]) -> None:
+        w_lo, w_hi = lanes.window(m_lo)
+        ranges = {lane: rr.tolist() for lane, rr in zip(which, lanes.mix_sources(m_lo, which))}
+        if m_hi >= w_hi:  # the window's last mix: the whole window, and the previous one (of the same pass)
+            prev = lanes.window_before(w_lo)
+            for lane in which:
                 ranges[lane].append([prev, w_hi])
         for lane, rr in ranges.items():
-            s = lane % idx.r
             for r0, r1 in rr:
-                self._release_stream_range(idx, s, r0 * L, r1 * L)
+                self._release_lane_range(lane, r0, r1)
 
-    def _release_stream_range(self, idx: StreamIndex, s: int, lo: int, hi: int) -> None:
-        """Release the cached row groups that lie wholly inside tokens ``[lo, hi)`` of stream ``s``."""
-        for _, c, a, b in idx.pieces(s, lo, hi):
+    def _release_lane_range(self, lane: int, lo: int, hi: int) -> None:
+        """Release the cached row groups that lie wholly inside the tokens of lane rows ``[lo, hi)``."""
+        for _, c, a, b in self.order.lane_pieces(lane, lo, hi):
             meta = self.store.cached_meta(c)
             if meta is None:  # not in the cache: neither are its row groups, most likely
                 continue
@@ -163,4 +172,21 @@ class ReleasePolicy:
             g0 = int(np.searchsorted(starts, a, side="left"))  # first row group starting at or after a
             g1 = int(np.searchsorted(starts, b, side="right")) - 1  # row groups ending at or before b
             if g1 > g0:
-                self.store.release_range(c, g0, g1)
+                keep = self._kept(c, g0, g1)
+                if not keep:
+                    self.store.release_range(c, g0, g1)
+                for g in range(g0, g1) if keep else ():
+                    if g not in keep:
+                        self.store.release(c, g)
+
+    def _kept(self, c: int, g0: int, g1: int) -> set[int]:
+        """Of row groups ``g0 .. g1-1`` of chunk ``c``, those a later batch wants (see :meth:`want`)."""
+        if not self._wanted:
+            return set()
+        now = self.pace.first if self.pace is not None else -1
+        with self._lock:
+            keep = {g for g in range(g0, g1) if self._wanted.get((c, g), -1) > now}
+            for g in range(g0, g1):
+                if g not in keep:
+                    self._wanted.pop((c, g), None)
+        return keep

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import json
 import sys
 
@@ -34,19 +35,49 @@ from reader.storage import fields
 from reader.storage.cache import Cache
 from reader.interop.export import write_file
 from reader.mixture.spec import is_mixture_path
-from reader.options import PACKINGS, ReadOptions
+from reader.options import ReadOptions
 from reader.reader import Reader
-from reader.batch.schema import BATCH_KEYS
+from reader.batch.schema import BATCH_KEYS, VARLEN_FIELDS
 from reader.report import summary
+from reader.report.figures import RowPacking, row_packing
 from reader.storage.progress import describe as describe_progress, read_progress
 from reader.storage.validate import validate_chunk, validate_ledger, validate_shards
+
+
+def _read_options(args, **kw) -> ReadOptions:
+    """The read options of ``inspect`` and ``report``: what decides the rows of a pass."""
+    if args.unpacked and args.packing != "concat":
+        raise ValueError(f"--packing {args.packing} packs rows; --unpacked reads one document piece per row. Drop "
+                         "one of them.")
+    return ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, ideal_readers=args.ideal_readers,
+                       pass_rule=args.pass_rule, **report_cli.packing_options(args), **kw)
+
+
+def _passes_lines(p: dict) -> list[str]:
+    """``inspect``'s lines about passes (:func:`reader.report.summary.cache_passes`)."""
+    kind = {"concat": f"whole rows of {p['seq_len']:,} tokens", "unpacked": f"document pieces of <= {p['seq_len']:,} "
+            "tokens", "best_fit": f"best-fit rows of {p['seq_len']:,} tokens"}[p["kind"]]
+    E = p["examples_per_pass"]
+    rule = p["pass_rule"] + (f" (the default for format version {p['format_version']})" if p["rule_by_version"] else "")
+    lines = [f"passes      a pass is {E:,} examples ({kind}); pass rule {rule}: "
+             + ("every pass serves each of them once" if p["pass_rule"] == "spans" else
+                f"{p['ideal_readers']} streams loop over the chunks")]
+    if p["repeated_rows"]:
+        share = p["repeated_rows"] / E
+        lines.append(f"WARNING     about {share:.0%} of the rows of each pass are served twice within it "
+                     f"(ideal_readers {p['ideal_readers']}); --pass_rule spans serves every row once per pass")
+    if "steps" in p:
+        passes = "-" if p["passes"] is None else f"{p['passes']:.3f}"
+        lines.append(f"steps       {p['steps']:,} steps x batch_size {p['batch_size']} = {p['examples']:,} examples: "
+                     f"{passes} passes")
+    return lines
 
 
 def cmd_inspect_mixture(args) -> int:
     if args.steps is not None and args.steps < 0:
         print("error: --steps must be >= 0", file=sys.stderr)
         return 2
-    opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, ideal_readers=args.ideal_readers)
+    opts = _read_options(args)
     info = summary.mixture_summary(args.path, opts, args.steps)
     if args.json:
         print(fmt.dumps(info), end="")
@@ -68,6 +99,13 @@ def cmd_inspect_mixture(args) -> int:
     print(f"{'weights':<{w}}  " + "  ".join(heads))
     for n in names:
         print(f"{n:<{w}}  " + "  ".join(f"{g['weights'][n]:>18.4f}" for g in info["segments"]))
+    print()
+    print(f"{'passes':<{w}}  {'examples/pass':>16}  rule     max_passes")
+    for c in comps:
+        limit = "-" if c["max_passes"] is None else f"{c['max_passes']:g}"
+        warn = f"  WARNING: about {c['repeated_rows'] / c['examples_per_pass']:.0%} of a pass served twice within it" \
+            if c["repeated_rows"] else ""
+        print(f"{c['name']:<{w}}  {c['examples_per_pass']:>16,}  {c['pass_rule']:<7}  {limit:<10}{warn}")
     st = info.get("steps")
     if st is not None:
         print()
@@ -76,24 +114,32 @@ def cmd_inspect_mixture(args) -> int:
         print(f"{'component':<{w}}  {'examples':>16}  {'tokens':>18}  passes")
         for c in comps:
             passes = "-" if c["passes"] is None else f"{c['passes']:.3f}"
-            note = "" if c["finished"] else "  (of the tokens written so far: the build is running)"
+            note = "" if c["finished"] else "  (of the examples written so far: the build is running)"
             print(f"{c['name']:<{w}}  {c['examples_drawn']:>16,}  {c['tokens_drawn']:>18,}  {passes}{note}")
+        if "refused_from" in st:
+            print(f"WARNING: max_passes refuses step {st['refused_from']['step']:,}: {st['refused_from']['error']}")
     return 0
 
 
 def cmd_inspect(args) -> int:
     if is_mixture_path(args.path):
         return cmd_inspect_mixture(args)
-    memory = _reader_memory(args) if args.read_batches else None  # first: what inspect reads adds to the RSS
+    if args.steps is not None and args.steps < 0:
+        print("error: --steps must be >= 0", file=sys.stderr)
+        return 2
+    opts = _read_options(args)
+    memory, rows = _reader_memory(args) if args.read_batches else (None, None)  # first: inspect's reads add to the RSS
     cache = Cache(args.path)
     info, _ = summary.cache_summary(cache, args.path, max_chunks=args.max_chunks, threads=args.threads,
                                     seq_len=args.seq_len)
+    info["passes"] = summary.cache_passes(cache, opts, args.steps)
     n = info["chunks"]
     progress = None if cache.complete else read_progress(cache)
     if progress is not None:
         info["progress"] = progress.as_dict()
     if memory is not None:
         info["memory"] = memory
+        info["rows"] = dataclasses.asdict(rows)
     if args.by:  # documents and tokens per value of a kept field
         info["by"] = {args.by: [{"value": v, "documents": d, "tokens": n} for v, (d, n) in
                                 fields.tally(cache, args.by).items()]}
@@ -122,6 +168,8 @@ def cmd_inspect(args) -> int:
     long = info["longer_than_seq_len"]
     print(f"long docs   {long['documents']:,} longer than --seq_len {long['seq_len']} ({long['tokens']:,} tokens; "
           f"{info['length_sample']}): what ReadOptions(drop_long=True) skips")
+    for line in _passes_lines(info["passes"]):
+        print(line)
     if progress is not None:  # a running build: how far it is, from every chunk written (not only the prefix)
         print("progress    " + "\n            ".join(describe_progress(progress, readable=n)))
     if args.read_batches:
@@ -130,6 +178,7 @@ def cmd_inspect(args) -> int:
               f"{m['decoded']:.1f} MiB, batches read ahead up to "
               f"{m['ahead_limit']:.1f} MiB; process RSS {m['rss']:.0f} MiB (the interpreter, numpy and pyarrow "
               "alone: about 70 MiB)")
+        print(f"rows        {rows.describe()} ({'unpacked' if args.unpacked else args.packing})")
     for name, rows in info.get("by", {}).items():
         w = max([len(name) + 3] + [len(str(r["value"])) for r in rows])
         print(f"\n{'by ' + name:<{w}}  {'documents':>14}  {'tokens':>18}")
@@ -138,18 +187,20 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def _reader_memory(args) -> dict[str, int]:
-    """A reader's memory at its peak over ``--read_batches`` batches read as a training run would."""
-    opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, ideal_readers=args.ideal_readers,
-                       shuffle_seed=args.shuffle_seed, memory_budget_bytes=args.memory_budget_bytes)
+def _reader_memory(args) -> tuple[dict[str, int], RowPacking]:
+    """A reader's memory at its peak over ``--read_batches`` batches read as a training run would, and how
+    full their rows are."""
+    opts = _read_options(args, shuffle_seed=args.shuffle_seed, memory_budget_bytes=args.memory_budget_bytes)
     peak: dict[str, int] = {}  # the moment the reader held the most, and the process's largest RSS
+    seen = []  # each batch's segment_ids and valid rows
     with Reader(args.path, opts) as r:
-        for _, _ in r.iter_batches(0, args.read_batches):
+        for _, x in r.iter_batches(0, args.read_batches):
+            seen.append({k: x[k].copy() for k in ("segment_ids", "valid")})
             got = r.memory()
             if got["decoded"] >= peak.get("decoded", 0):
                 peak = dict(got, rss=max(got["rss"], peak.get("rss", 0)))
             peak["rss"] = max(got["rss"], peak["rss"])
-    return peak
+    return peak, row_packing(seen)
 
 
 def _sample(n: int, sample: float | None, seed: int) -> np.ndarray:
@@ -199,14 +250,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_batches(args) -> int:
-    if args.unpacked and args.packing != "concat":
-        print(f"error: --packing {args.packing} packs rows; --unpacked reads one document piece per row. Drop "
-              "one of them.", file=sys.stderr)
-        return 2
-    opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, packed=not args.unpacked,
-                       packing=args.packing, best_fit_window_tokens=args.best_fit_window_tokens,
-                       ideal_readers=args.ideal_readers, eval_mode=args.eval, shuffle_seed=args.shuffle_seed,
-                       drop_long=args.drop_long)
+    opts = _read_options(args, eval_mode=args.eval, shuffle_seed=args.shuffle_seed)
     if args.count < 0 or (args.count == 0 and not args.eval):
         print("error: --count must be positive (0 = to the end, only with --eval)", file=sys.stderr)
         return 2
@@ -223,14 +267,16 @@ def cmd_batches(args) -> int:
         report_cli.show_rows(r, got, args.tokenizer)
     if not args.out:
         return 0
-    arrays = {k: np.stack([b[k] for _, b in got]) for k in BATCH_KEYS}
+    arrays = {k: np.stack([b[k] for _, b in got]) for k in BATCH_KEYS + VARLEN_FIELDS * args.varlen}
     arrays["batch_index"] = np.asarray([b for b, _ in got], dtype=np.int64)
     arrays["rows"] = r.my_rows
     arrays["options"] = np.asarray(json.dumps({
         "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size, "packed": not args.unpacked,
         "packing": args.packing, "best_fit_window_tokens": args.best_fit_window_tokens, "drop_long": args.drop_long,
+        "best_fit_continuations": args.best_fit_continuations, "max_segments": args.max_segments, "varlen": args.varlen,
         "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
-        "num_readers": args.num_readers, "reader_index": args.reader_index}, sort_keys=True))
+        "num_readers": args.num_readers, "reader_index": args.reader_index, "pass_rule": args.pass_rule},
+        sort_keys=True))
     write_file(args.out, lambda f: np.savez_compressed(f, **arrays))  # exactly --out (numpy would add .npz)
     print(f"wrote {args.out}: batches {arrays['batch_index'][0]}..{arrays['batch_index'][-1]}, "
           f"{len(r.my_rows)} rows each, keys {', '.join(sorted(arrays))}")
@@ -245,14 +291,17 @@ def cmd_index(args) -> int:
 
     kind = "best_fit" if args.packing == "best_fit" else "unpacked"
     opts = (ReadOptions(seq_len=args.seq_len, packing="best_fit", best_fit_window_tokens=args.best_fit_window_tokens,
-                        drop_long=args.drop_long) if kind == "best_fit" else
+                        drop_long=args.drop_long, best_fit_continuations=args.best_fit_continuations,
+                        max_segments=args.max_segments) if kind == "best_fit" else
             ReadOptions(seq_len=args.seq_len, packed=False, drop_long=args.drop_long))
     cache = Cache(args.path)
     if not cache.complete:
         print(f"error: {args.path}: the build is still running; an index file is of a finished cache", file=sys.stderr)
         return 1
+    caps = {"continuations": opts.continuations(int(cache.ledger.raw["format_version"])),
+            "max_segments": opts.max_segments} if kind == "best_fit" else {}
     index = ExampleIndex(cache, opts.seq_len, kind, window_tokens=opts.best_fit_window_tokens, drop_long=opts.drop_long,
-                         threads=args.threads)
+                         threads=args.threads, **caps)
     t0 = time.perf_counter()
     counts = index.counts(cache.table)
     dt = time.perf_counter() - t0
@@ -270,21 +319,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("inspect", help="documents, tokens, chunks, tokenizer and length percentiles; for a "
                                        "mixture file, each component's weights and passes",
-                       description="A cache: documents, tokens, chunks, tokenizer and length percentiles. A mixture "
-                                   "file (*.json): each component's tokens and weight per schedule segment, and "
-                                   "with --steps N how many examples, tokens and passes (epochs) over each "
-                                   "component N training steps draw (packed examples of --seq_len tokens).")
+                       description="A cache: documents, tokens, chunks, tokenizer and length percentiles, and what a "
+                                   "pass of a training read is (its examples at --seq_len and --packing, the pass "
+                                   "rule, a warning when the rule serves rows twice within a pass); with --steps N "
+                                   "how many passes N training steps make. A mixture file (*.json): each "
+                                   "component's tokens, weight per schedule segment and pass, and with --steps N "
+                                   "how many examples, tokens and passes over each component N training steps "
+                                   "draw, and the step a component's max_passes refuses.")
     q.add_argument("path", help="cache root (local path or gs://bucket/cache), or a mixture file (*.json)")
     q.add_argument("--steps", type=int, default=None,
-                   help="mixture: show what N global batches draw from each component")
+                   help="show how many passes N global batches make (a mixture: over each component)")
     q.add_argument("--seq_len", type=int, default=ReadOptions.seq_len,
-                   help=f"mixture with --steps: tokens per example; a cache: count the documents longer than "
+                   help=f"tokens per example, for passes; a cache: also count the documents longer than "
                         f"this, which ReadOptions(drop_long=True) skips (default {ReadOptions.seq_len})")
     q.add_argument("--batch_size", type=int, default=ReadOptions.batch_size,
-                   help=f"mixture with --steps: GLOBAL batch size, also where schedule segments start "
+                   help=f"with --steps: GLOBAL batch size, also where schedule segments start "
                         f"(default {ReadOptions.batch_size})")
     q.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
-                   help=f"mixture with --steps: R* of the run (default {ReadOptions.ideal_readers})")
+                   help=f"R* of the run (default {ReadOptions.ideal_readers})")
+    cli_support.add_pass_rule(q)
     q.add_argument("--max_chunks", type=int, default=1000,
                    help="read document lengths (for the percentiles) from at most this many chunks, spread "
                         "evenly over the cache (default 1000; 0 = all). Counts always cover every chunk.")
@@ -292,8 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--threads", type=int, default=8, help="parallel chunk reads")
     q.add_argument("--read_batches", type=int, default=0, metavar="N",
                    help="cache: read N batches (--seq_len, --batch_size, --ideal_readers, --shuffle_seed, "
-                        "--memory_budget_bytes) and show the reader's memory against its budget")
+                        "--memory_budget_bytes, and how rows are made: --packing ...) and show the reader's "
+                        "memory against its budget, and the rows' padding and document pieces per row; "
+                        "--packing also decides what a pass is, for --steps")
     q.add_argument("--shuffle_seed", type=int, default=None, help="with --read_batches: shuffle")
+    report_cli.add_packing_arguments(q)  # (with --read_batches: how the rows are made)
     q.add_argument("--memory_budget_bytes", type=int, default=ReadOptions.memory_budget_bytes,
                    help=f"with --read_batches: the reader's budget (default {ReadOptions.memory_budget_bytes})")
     q.add_argument("--by", metavar="FIELD", help="documents and tokens per value of FIELD, a field the build kept "
@@ -318,17 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("path", help="cache root (local path or gs://bucket/cache), or a mixture file (*.json)")
     b.add_argument("--seq_len", type=int, required=True, help="tokens per example (L)")
     b.add_argument("--batch_size", type=int, required=True, help="GLOBAL batch size (B)")
-    b.add_argument("--unpacked", action="store_true", help="one document piece per row instead of packing")
-    b.add_argument("--packing", choices=PACKINGS, default="concat",
-                   help="packed rows: concat (documents concatenated, cut every seq_len tokens; default) or "
-                        "best_fit (each chunk's documents packed by best-fit decreasing: no document of at most "
-                        "seq_len tokens is cut)")
-    b.add_argument("--drop_long", action="store_true",
-                   help="with --unpacked or --packing best_fit: skip documents longer than --seq_len instead of "
-                        "cutting them")
-    b.add_argument("--best_fit_window_tokens", type=int, default=ReadOptions.best_fit_window_tokens,
-                   help="best_fit: pack each chunk per window of whole row groups of about this many tokens "
-                        f"(default {ReadOptions.best_fit_window_tokens}); must match the run")
+    report_cli.add_packing_arguments(b)
     b.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
                    help=f"R*, number of streams (default {ReadOptions.ideal_readers}); must match the run")
     b.add_argument("--num_readers", type=int, default=1, help="R, reader hosts (must divide batch_size)")
@@ -337,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--count", type=int, default=1, help="number of batches (0 with --eval: to the end of the pass)")
     b.add_argument("--eval", action="store_true", help="single pass in global order, last batch padded")
     b.add_argument("--shuffle_seed", type=int, default=None, help="growing-window shuffle seed (training)")
+    cli_support.add_pass_rule(b)
     b.add_argument("--wait_timeout_s", type=float, default=600.0,
                    help="while a build runs: seconds to wait for chunks not yet written")
     b.add_argument("--out", default=None, help="output .npz file")
@@ -356,6 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--drop_long", action="store_true", help="count as ReadOptions(drop_long=True) reads")
     x.add_argument("--best_fit_window_tokens", type=int, default=ReadOptions.best_fit_window_tokens,
                    help="best_fit: the window target of the run")
+    x.add_argument("--best_fit_continuations", type=int, default=None,
+                   help="best_fit: continuation pieces per row, at most (default: as the cache's format version "
+                        "says); must match the run")
+    x.add_argument("--max_segments", type=int, default=None,
+                   help="best_fit: at most this many document pieces per row; must match the run")
     x.add_argument("--threads", type=int, default=32, help="chunks counted at once (each a footer and a column read)")
     x.set_defaults(fn=cmd_index)
 

@@ -9,10 +9,11 @@ import shlex
 import sys
 from typing import Iterable
 
-from reader.format import tokenizer_lib
+from reader.cli import support as cli_support
+from reader.tokenizers import tokenizer_lib
 from reader.format.spec import FormatError
 from reader.interop.export import write_file
-from reader.options import ReadOptions
+from reader.options import PACKINGS, ReadOptions
 from reader.report import rows as rowlib
 from reader.report.collect import collect
 
@@ -37,8 +38,9 @@ def add_parser(sub) -> None:
     p.add_argument("--batch_size", type=int, default=64, help="GLOBAL batch size (default 64)")
     p.add_argument("--ideal_readers", type=int, default=ReadOptions.ideal_readers,
                    help=f"R*, number of streams (default {ReadOptions.ideal_readers})")
-    p.add_argument("--unpacked", action="store_true", help="one document piece per row instead of packing")
+    add_packing_arguments(p)
     p.add_argument("--shuffle_seed", type=int, default=None, help="growing-window shuffle seed")
+    cli_support.add_pass_rule(p)
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"N: show batch N besides batch 0; mixture shares and shuffle locality over steps 0..N "
                         f"(default {DEFAULT_STEPS})")
@@ -55,8 +57,9 @@ def regenerate_command(args: argparse.Namespace) -> str:
     """The command line that writes the same page, every read option spelled out."""
     argv = ["python", "-m", "reader", "report", args.path, "--out", args.out, "--seq_len", str(args.seq_len),
             "--batch_size", str(args.batch_size), "--ideal_readers", str(args.ideal_readers)]
-    argv += ["--unpacked"] if args.unpacked else []
+    argv += packing_argv(args)
     argv += ["--shuffle_seed", str(args.shuffle_seed)] if args.shuffle_seed is not None else []
+    argv += ["--pass_rule", args.pass_rule] if args.pass_rule is not None else []
     argv += ["--steps", str(args.steps), "--rows", str(args.rows), "--max_chunks", str(args.max_chunks)]
     argv += ["--tokenizer", args.tokenizer] if args.tokenizer is not None else []
     return shlex.join(argv)
@@ -69,8 +72,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"error: python -m reader report draws with matplotlib ({e}): pip install 'chunkledger[report]'",
               file=sys.stderr)
         return 2
-    opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, packed=not args.unpacked,
-                       ideal_readers=args.ideal_readers, shuffle_seed=args.shuffle_seed)
+    opts = ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, ideal_readers=args.ideal_readers,
+                       shuffle_seed=args.shuffle_seed, pass_rule=args.pass_rule, **packing_options(args))
     data = collect(args.path, opts, args.steps, command=regenerate_command(args), tokenizer=args.tokenizer,
                    rows=args.rows, max_chunks=args.max_chunks, threads=args.threads)
     text = page.render(data).encode("utf-8")
@@ -78,6 +81,51 @@ def cmd_report(args: argparse.Namespace) -> int:
     write_file(out, lambda f: f.write(text))
     print(f"wrote {out} ({len(text):,} bytes; {data.chunks_read:,} chunk files read)")
     return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# How rows are made: the read options batches, report and inspect --read_batches share
+
+
+def add_packing_arguments(p: argparse.ArgumentParser) -> None:
+    """``--unpacked``, ``--packing``, ``--drop_long``, ``--best_fit_window_tokens``, ``--best_fit_continuations``,
+    ``--max_segments`` and ``--varlen`` (the ``ReadOptions`` of the same names; :func:`packing_options`)."""
+    p.add_argument("--unpacked", action="store_true", help="one document piece per row instead of packing")
+    p.add_argument("--packing", choices=PACKINGS, default="concat",
+                   help="packed rows: concat (documents concatenated, cut every seq_len tokens; default) or "
+                        "best_fit (each chunk's documents packed by best-fit decreasing: no document of at most "
+                        "seq_len tokens is cut)")
+    p.add_argument("--drop_long", action="store_true",
+                   help="with --unpacked or --packing best_fit: skip documents longer than --seq_len instead of "
+                        "cutting them")
+    p.add_argument("--best_fit_window_tokens", type=int, default=ReadOptions.best_fit_window_tokens,
+                   help="best_fit: pack each chunk per window of whole row groups of about this many tokens "
+                        f"(default {ReadOptions.best_fit_window_tokens}); must match the run")
+    p.add_argument("--best_fit_continuations", type=int, default=None,
+                   help="best_fit: continuation pieces (tails of documents longer than --seq_len) per row, at most "
+                        "(default: 4 for a cache of format version 4 or later, 1 for older ones); must match the run")
+    p.add_argument("--max_segments", type=int, default=None,
+                   help="at most this many document pieces per row (best_fit or --unpacked); must match the run")
+    p.add_argument("--varlen", action="store_true",
+                   help="add cu_seqlens and max_seqlen (varlen attention's form of the rows; needs --max_segments)")
+
+
+def packing_options(args: argparse.Namespace) -> dict:
+    """``ReadOptions`` keywords of :func:`add_packing_arguments`' options."""
+    return {"packed": not args.unpacked, "packing": args.packing, "drop_long": args.drop_long,
+            "best_fit_window_tokens": args.best_fit_window_tokens, "best_fit_continuations": args.best_fit_continuations,
+            "max_segments": args.max_segments, "varlen": args.varlen}
+
+
+def packing_argv(args: argparse.Namespace) -> list[str]:
+    """:func:`add_packing_arguments`' options as given, spelled out (those not at their defaults)."""
+    out = ["--unpacked"] * args.unpacked + ["--packing", args.packing] * (args.packing != "concat")
+    out += ["--drop_long"] * args.drop_long
+    if args.best_fit_window_tokens != ReadOptions.best_fit_window_tokens:
+        out += ["--best_fit_window_tokens", str(args.best_fit_window_tokens)]
+    for name in ("best_fit_continuations", "max_segments"):
+        out += [f"--{name}", str(getattr(args, name))] if getattr(args, name) is not None else []
+    return out + ["--varlen"] * args.varlen
 
 
 # --------------------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ import traceback
 from typing import Callable
 
 from reader.format import spec as fmt
+from reader.mixture.mixture import MaxPassesReached
+from reader.order.passes import PASS_RULES
 from reader.storage import remote
 
 EXIT_DAMAGED = 1
@@ -64,6 +66,14 @@ _AT_LEAST = {"threads": 1, "seq_len": 1, "batch_size": 1, "ideal_readers": 1, "n
              "row_group_tokens": 1, "tokens_chunk_size": 1, "seq_starts_chunk_size": 1, "max_chunks": 0,
              "reader_index": 0, "start": 0, "count": 0, "wait_timeout_s": 0, "steps": 0, "rows": 0}
 _QUIET_LOGGERS = ("gcsfs", "fsspec", "google", "urllib3", "aiohttp")
+
+
+def add_pass_rule(p: argparse.ArgumentParser) -> None:
+    """``--pass_rule``, wherever read options come from the command line."""
+    p.add_argument("--pass_rule", choices=PASS_RULES, default=None,
+                   help="how a training read covers the data: spans (every pass serves each row once) or streams "
+                        "(loops per stream; follows a running build). Default: spans for caches of format version "
+                        "4 on, streams for older ones (ReadOptions.pass_rule); must match the run")
 
 
 def finish_parsers(parser: argparse.ArgumentParser, sub, examples: dict[str, list[str]] | None = None) -> None:
@@ -117,7 +127,8 @@ def exit_code(e: BaseException) -> int | None:
     """The exit status for ``e``, or None for an unexpected exception (a bug: keep the traceback)."""
     if isinstance(e, fmt.DamagedCache):
         return EXIT_DAMAGED
-    if isinstance(e, (fmt.FormatError, OSError, TimeoutError, ValueError)) or remote.is_storage_error(e):
+    if isinstance(e, (fmt.FormatError, OSError, TimeoutError, ValueError, MaxPassesReached)) \
+            or remote.is_storage_error(e):
         return EXIT_ERROR
     return None
 

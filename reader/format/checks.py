@@ -8,6 +8,8 @@ library and numpy only.
 from __future__ import annotations
 
 import json
+import re
+import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -17,15 +19,59 @@ import numpy as np
 MAX_INDEX = (1 << 31) - 1  # shard and chunk numbers, chunks per shard, token ids (int32 in the chunk table)
 MAX_COUNT = 1 << 48  # documents, tokens or bytes of one chunk or input file
 MAX_TOTAL = 1 << 62  # sums over a cache (int64 offsets)
+STATUS_JSON_DEPTH = 32  # the project's own small JSON files (sidecars, _DONE.json, splits.json) nest a few levels
+# A JSON string, or an unterminated one up to the end: always matches, so the text is scanned once.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
-def load_json(text: str | bytes, **kw: Any) -> Any:
+def load_json(text: str | bytes, limit: int | None = None, **kw: Any) -> Any:
     """``json.loads`` for a file a user gives us: JSON nested too deep is a ``ValueError`` like any other
-    malformed JSON (json raises ``RecursionError``, at a depth that depends on the caller's stack)."""
+    malformed JSON (json raises ``RecursionError``, at a depth that depends on the caller's stack). With
+    ``limit``, JSON nested deeper is refused from its text, before it is parsed."""
+    if limit is not None:
+        bound = json_nesting(text.decode("utf-8") if isinstance(text, bytes) else text, limit)
+        if bound is None:
+            raise ValueError(f"JSON nested more than {limit} deep")
+        json_headroom(bound)
     try:
         return json.loads(text, **kw)
     except RecursionError:
         raise ValueError("nested too deep") from None
+
+
+def json_nesting(text: str, limit: int) -> int | None:
+    """A bound (at most ``limit``) on how deep ``text`` nests JSON arrays and objects, or None if deeper.
+
+    Counted on the text, valid JSON or not, without recursion: brackets outside strings, exact on every
+    prefix that is valid JSON (all a parser recurses into), so the verdict never depends on the stack.
+    """
+    bound = text.count("[") + text.count("{")
+    if bound <= limit:
+        return bound
+    depth = top = 0
+    for c in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        if c == "[" or c == "{":
+            depth += 1
+            if depth > top:
+                if depth > limit:
+                    return None
+                top = depth
+        else:
+            depth -= 1
+    return top
+
+
+def json_headroom(depth: int) -> None:
+    """Let ``json.loads`` parse ``depth`` levels from here: it recurses once per level, and the interpreter's
+    recursion limit counts the caller's frames too (a deep Beam stack). Only ever raised, process-wide."""
+    frames, f = 0, sys._getframe()
+    while f is not None:
+        frames += 1
+        f = f.f_back
+    need = frames + depth + 50
+    if sys.getrecursionlimit() < need:
+        sys.setrecursionlimit(need)
 
 
 def is_int(value: Any, lo: int, hi: int) -> bool:

@@ -1,4 +1,4 @@
-"""Writing chunks: the Parquet bytes of one chunk, its sidecar, and the finished ledger's chunk list.
+"""Writing chunks: the Parquet bytes of one chunk, its row-group index (its sidecar: :mod:`reader.format.sidecar`).
 
 The format-level half of every chunkledger writer. The Beam builder (``pipelines/chunking/chunk_writer.py``) and the
 Megatron import (``reader/interop/import_megatron.py``) both use it, so a chunk written by either has the same
@@ -12,13 +12,14 @@ A chunk is held in memory while it is written: its size is bounded by the chunk 
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.format.sidecar import loss_tokens, row_group_index
 
 TOKEN_LEAF = f"{fmt.TOKEN_COLUMN}.list.element"
 LOSS_LEAF = f"{fmt.LOSS_COLUMN}.list.element"
@@ -104,12 +105,6 @@ def flat_row_group_table(values: np.ndarray, lengths: np.ndarray, shard: int, of
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def loss_tokens(table: pa.Table) -> int:
-    """Loss tokens of a row group table of a masked cache: the lengths of its spans summed."""
-    v = table.column(fmt.LOSS_COLUMN).combine_chunks().flatten().to_numpy().astype(np.int64)
-    return int(v[1::2].sum() - v[0::2].sum())
-
-
 class ChunkParquet:
     """Row groups in, a chunk file's bytes and its row-group index out.
 
@@ -141,7 +136,7 @@ class ChunkParquet:
         self.row_group_tokens.append(int(tokens))
         self.docs += len(table)
         if self.masked:
-            self.loss_tokens += loss_tokens(table)
+            self.loss_tokens += loss_tokens(table.column(fmt.LOSS_COLUMN))
 
     def finish(self) -> tuple[bytes, list[list[Any]], list[Any]]:
         """``(file bytes, row_group_index, footer)``; the writer cannot be used afterwards."""
@@ -150,73 +145,6 @@ class ChunkParquet:
         data = self.sink.getvalue().to_pybytes()
         self.sink = None
         # byte range + sha256 of each row group and of the footer: readers fetch and verify row groups alone
-        rg_index, footer = fmt.row_group_index(data)
+        rg_index, footer = row_group_index(data)
         assert [e[3] for e in rg_index] == self.row_group_tokens, "row-group index disagrees with writer"
         return data, rg_index, footer
-
-
-def make_sidecar(*, shard: int, index_in_shard: int, byte_range: Sequence[int] | None, data: bytes,
-                 row_group_index: list, footer: list, docs: int, tokens: int,
-                 bad_reasons: Mapping[str, int] | None = None, dead_letters: str | None = None,
-                 dead_letters_checksum: str | None = None, input_span: Sequence[int] | None = None,
-                 input_checksum: str | None = None, row_range: Sequence[int] | None = None,
-                 loss_tokens: int | None = None) -> dict[str, Any]:
-    """The sidecar of a chunk (docs/FORMAT.md): write it with ``fmt.sidecar_bytes`` after the Parquet file.
-
-    Args:
-      shard, index_in_shard: the chunk's place (its path follows from them).
-      byte_range: ``[lo, hi)`` of the uncompressed input shard the chunk covers (None for a columnar input).
-      data: the chunk file's bytes (size and checksum).
-      row_group_index, footer: from :meth:`ChunkParquet.finish`.
-      docs, tokens: counts in the chunk.
-      bad_reasons: reason -> count of the dead-lettered lines of the range.
-      dead_letters, dead_letters_checksum: relative path and checksum of the dead-letter file, if any.
-      input_span, input_checksum: ``[start, end)`` of the input bytes the chunk was built from (its lines)
-        and their checksum, which a rerun compares with the input to find chunks whose input changed
-        (None for imported caches, which are not rebuilt from an input).
-      row_range: ``[r0, r1)``, the rows of a columnar input the chunk covers (a ``row_range`` key; none
-        for other inputs, whose sidecars stay as they were).
-      loss_tokens: a masked cache's loss tokens in the chunk (:attr:`ChunkParquet.loss_tokens`); None
-        for a plain cache (no key).
-    """
-    bad = dict(sorted((bad_reasons or {}).items()))
-    extra = {} if row_range is None else {"row_range": [int(row_range[0]), int(row_range[1])]}
-    if loss_tokens is not None:
-        extra["loss_tokens"] = int(loss_tokens)
-    return {
-        "path": fmt.chunk_path(shard, index_in_shard),
-        "shard": shard,
-        "index_in_shard": index_in_shard,
-        "byte_range": None if byte_range is None else [int(byte_range[0]), int(byte_range[1])],
-        "docs": int(docs),
-        "tokens": int(tokens),
-        "bytes": len(data),
-        "checksum": fmt.checksum(data),
-        "row_groups": len(row_group_index),
-        "row_group_index": row_group_index,
-        "footer": footer,
-        "bad_records": sum(bad.values()),
-        "bad_reasons": bad,
-        "dead_letters": dead_letters,
-        "dead_letters_checksum": dead_letters_checksum,
-        "input_span": None if input_span is None else [int(input_span[0]), int(input_span[1])],
-        "input_checksum": input_checksum,
-        **extra,
-    }
-
-
-def ledger_chunks(sidecars: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The finished ledger's ``chunks`` (with ``doc_offset``/``token_offset``) from the sidecars in global
-    order, and the bad-record counts by reason over all of them."""
-    chunks, docs, tokens = [], 0, 0
-    bad: dict[str, int] = {}
-    for sc in sidecars:
-        entry = fmt.ledger_entry(sc)  # without the row-group index; with the sidecar's checksum
-        entry["doc_offset"] = docs
-        entry["token_offset"] = tokens
-        docs += sc["docs"]
-        tokens += sc["tokens"]
-        for reason, n in sc["bad_reasons"].items():
-            bad[reason] = bad.get(reason, 0) + n
-        chunks.append(entry)
-    return chunks, dict(sorted(bad.items()))

@@ -12,19 +12,7 @@ Layout of a cache rooted at ``ROOT``::
     ROOT/chunks/shard-SSSSS/_DONE.json                compressed shards only: {"chunks": n, ...}
     ROOT/bad/shard-SSSSS/chunk-KKKKKK.jsonl           dead-lettered records of that chunk's byte range
 
-Sidecar ``chunk-KKKKKK.json`` (deterministic JSON, ``dumps``): the chunk's ledger entry without
-``doc_offset``/``token_offset``/``sidecar_checksum``, plus two keys that let a reader fetch row groups by
-byte range and verify each one before decoding it (see :func:`row_group_index`):
-
-* ``row_group_index``: ``[[offset, length, docs, tokens, "sha256:<hex>"], ...]``, one entry per Parquet
-  row group: the byte range covering all its column chunks (contiguous, in order, starting at 4), its
-  document and token counts, and the sha256 of those bytes;
-* ``footer``: ``[offset, length, "sha256:<hex>"]``: the bytes from the end of the last row group to EOF
-  (thrift FileMetaData + 4-byte length + ``PAR1``).
-
-The finished ledger's chunk entry = sidecar minus ``row_group_index``/``footer`` (the ledger stays small)
-plus ``doc_offset``, ``token_offset`` and ``sidecar_checksum`` (sha256 of the sidecar file's bytes), so
-that ledger -> sidecar -> footer and row groups is a chain of checksums.
+A chunk's sidecar, its keys and the checks that a chunk's files agree with it: :mod:`reader.format.sidecar`.
 
 Chunk K of shard S holds, in file order, every line of S whose first byte lies in the *uncompressed*
 byte range ``[K * chunk_bytes, (K + 1) * chunk_bytes)``. A shard of U uncompressed bytes therefore has
@@ -41,31 +29,38 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from reader.format import checks
 from reader.format.checks import MAX_COUNT, MAX_INDEX, MAX_TOTAL, is_int, load_json  # noqa: F401 - re-exported
 
 FORMAT_NAME = "chunkledger"
-FORMAT_VERSION = 4  # the version every build of this code writes
+FORMAT_VERSION = 4  # the version every new build writes (docs/FORMAT.md, "Versions")
 # What builders before version 4 wrote for a cache that used nothing version 3 added (inputs other than JSON
-# Lines, kept fields, loss masks).
+# Lines, kept fields, loss masks); a rerun of such a cache keeps writing it.
 BASE_FORMAT_VERSION = 2
-# Versions this code reads; a reader needs nothing of the differences but the optional columns (fields,
-# loss_spans) and, from version 4, the chunk table (reader/format/table.py; docs/FORMAT.md, "Versions").
+# Versions this code reads: they differ for a reader only in optional columns (fields, loss_spans) and, from
+# SPANS_FORMAT_VERSION on, the default pass rule ("spans"; older caches keep "streams") and the chunk table
+# (reader/format/table.py; docs/FORMAT.md, "Versions").
 READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
+SPANS_FORMAT_VERSION = 4
+
+
+def written_version(resumed: int | None) -> int:
+    """The format version a build writes: :data:`FORMAT_VERSION` for a new cache (``resumed`` None); a rerun
+    of a cache of an older version keeps that version (its bytes, and so its batches, stay what they were),
+    an unfinished version 1 build becoming version 2 as before (it is rebuilt whole)."""
+    if resumed is None or resumed >= FORMAT_VERSION:
+        return FORMAT_VERSION
+    return max(int(resumed), BASE_FORMAT_VERSION)
+
 
 LEDGER_NAME = "ledger.json"
 CHUNKS_DIR = "chunks"
 BAD_DIR = "bad"
 SHARD_DONE_NAME = "_DONE.json"
-
-# A split build (``--validation_fraction``): ``OUTPUT/splits.json`` names the two caches, each a complete
-# cache in its own directory (docs/FORMAT.md, "Split builds"). The manifest has its own format version.
-SPLITS_MANIFEST_NAME = "splits.json"
-SPLITS_FORMAT_NAME = "chunkledger-splits"
-SPLITS_FORMAT_VERSION = 1
-SPLIT_NAMES = ("train", "validation")
+TMP_PREFIX = ".tmp-"  # a file being written, or a crashed writer's leftover: readers ignore it
+LOCK_NAME = "_BUILDING.json"  # the builder's lock, held while a launcher runs
+FAILED_NAME = "_FAILED.json"  # why a build stopped (its verdict), if it did
 
 # Parquet columns of a chunk. One row per document, in file order.
 TOKEN_COLUMN = "token_ids"  # list<int32>: the document's token ids (EOS appended if configured)
@@ -156,6 +151,11 @@ def join(root: str, rel: str) -> str:
     return root.rstrip("/") + "/" + rel
 
 
+def temp_patterns(root: str) -> tuple[str, ...]:
+    """Glob patterns of every place in the cache at ``root`` where a writer leaves temporary files."""
+    return tuple(join(root, f"{d}{TMP_PREFIX}*") for d in ("", f"{CHUNKS_DIR}/*/", f"{BAD_DIR}/*/"))
+
+
 def compression_of(path: str) -> str:
     """The compression implied by an input file name."""
     if path.endswith(".gz"):
@@ -201,75 +201,6 @@ def dumps_ledger(ledger: Mapping[str, Any]) -> str:
             body = enc(value)
         parts.append(f" {enc(key)}: {body}")
     return "{\n" + ",\n".join(parts) + "\n}\n"
-
-
-# --------------------------------------------------------------------------------------------------
-# Row-group byte ranges (sidecar keys "row_group_index" and "footer")
-
-# Sidecar keys that the ledger does not copy (the ledger's sidecar_checksum covers them).
-SIDECAR_ONLY_KEYS = ("row_group_index", "footer", "input_span", "input_checksum", "dead_letters_checksum")
-
-
-def _column_span(col) -> tuple[int, int]:
-    """``(first byte, end)`` of a column chunk (its dictionary page, if any, comes first)."""
-    start = col.data_page_offset
-    if col.has_dictionary_page:
-        d = col.dictionary_page_offset
-        if d is not None and d < start:
-            start = d
-    return start, start + col.total_compressed_size
-
-
-def row_group_ranges(meta) -> list[tuple[int, int]]:
-    """``(offset, length)`` of each row group of a Parquet ``FileMetaData``: the span of its column chunks.
-    (Every chunk is opened through this: each column's metadata is read once.)"""
-    out = []
-    for g in range(meta.num_row_groups):
-        rg = meta.row_group(g)
-        spans = [_column_span(rg.column(c)) for c in range(rg.num_columns)]
-        lo = min(a for a, _ in spans)
-        out.append((lo, max(b for _, b in spans) - lo))
-    return out
-
-
-def row_group_index(data: bytes | memoryview) -> tuple[list[list[Any]], list[Any]]:
-    """``(row_group_index, footer)`` sidecar values of a chunk file's bytes (see the module docstring).
-
-    Raises ``FormatError`` if the row groups are not contiguous and in order from byte 4 (what every
-    chunkledger writer produces), or the ``ROW_GROUP_TOKENS_KEY`` metadata is missing or inconsistent.
-    """
-    view = memoryview(data)
-    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
-    kv = meta.metadata or {}
-    if ROW_GROUP_TOKENS_KEY not in kv:
-        raise FormatError(f"no {ROW_GROUP_TOKENS_KEY.decode()} key in the Parquet metadata")
-    tokens = load_json(kv[ROW_GROUP_TOKENS_KEY])
-    ranges = row_group_ranges(meta)
-    if len(tokens) != len(ranges):
-        raise FormatError(f"{len(ranges)} row groups but {len(tokens)} row-group token counts")
-    index, pos = [], 4
-    for g, (off, length) in enumerate(ranges):
-        if off != pos:
-            raise FormatError(f"row group {g} starts at byte {off}, expected {pos} (row groups must be "
-                              "contiguous and in order)")
-        index.append([off, length, int(meta.row_group(g).num_rows), int(tokens[g]),
-                      checksum(view[off:off + length])])
-        pos = off + length
-    footer = [pos, len(view) - pos, checksum(view[pos:])]
-    return index, footer
-
-
-def sidecar_bytes(sidecar: Mapping[str, Any]) -> bytes:
-    """The bytes of a sidecar file (deterministic JSON)."""
-    return dumps(sidecar).encode()
-
-
-def ledger_entry(sidecar: Mapping[str, Any]) -> dict[str, Any]:
-    """A finished ledger's chunk entry from its sidecar, before ``doc_offset``/``token_offset`` are added:
-    the sidecar minus ``SIDECAR_ONLY_KEYS``, plus ``sidecar_checksum``."""
-    entry = {k: v for k, v in sidecar.items() if k not in SIDECAR_ONLY_KEYS}
-    entry["sidecar_checksum"] = checksum(sidecar_bytes(sidecar))
-    return entry
 
 
 # --------------------------------------------------------------------------------------------------
@@ -366,6 +297,10 @@ class Ledger:
     @property
     def finished(self) -> bool:
         return bool(self.raw.get("finished", False))
+
+    @property
+    def format_version(self) -> int:
+        return int(self.raw["format_version"])
 
     @property
     def tokenizer(self) -> Mapping[str, Any]:

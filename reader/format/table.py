@@ -23,6 +23,7 @@ import numpy as np
 from reader.format import spec as fmt
 from reader.format.blocks import (CODECS, DIGEST_PREFIX, INT64, SHA256, BlockFile, BlockWriter, Digests, Fetch,
                                   digests_of, rows_of)
+from reader.format.sidecar import ledger_entry
 from reader.format.checks import MAX_COUNT, MAX_INDEX, MAX_TOTAL, is_int, short
 from reader.order.streams import round_robin_order
 
@@ -41,6 +42,12 @@ def uses_table(raw: Mapping[str, Any]) -> bool:
     """Whether a ledger (parsed JSON) keeps its chunks in a table: a finished ledger of version 4 or later."""
     return bool(raw.get("finished")) and isinstance(raw.get("format_version"), int) \
         and raw["format_version"] >= TABLE_VERSION
+
+
+def writes_entries(raw: Mapping[str, Any]) -> bool:
+    """Whether the build of a ledger (a plan or finished) has its workers' chunk entries to follow: version 4 and
+    later (a rerun of an older cache may write some, but its chunks written before have only sidecars)."""
+    return isinstance(raw.get("format_version"), int) and raw["format_version"] >= TABLE_VERSION
 
 
 def columns(masked: bool) -> list[tuple[str, str]]:
@@ -65,9 +72,9 @@ def entry_path(shard: int, index_in_shard: int) -> str:
 
 
 def entry_bytes(sidecar: Mapping[str, Any]) -> bytes:
-    """A chunk's entry file: its version 3 ledger entry without offsets (:func:`reader.format.spec.ledger_entry`),
+    """A chunk's entry file: its version 3 ledger entry without offsets (:func:`reader.format.sidecar.ledger_entry`),
     one line of JSON with sorted keys."""
-    return (json.dumps(fmt.ledger_entry(sidecar), sort_keys=True, separators=(",", ":"), allow_nan=False,
+    return (json.dumps(ledger_entry(sidecar), sort_keys=True, separators=(",", ":"), allow_nan=False,
                        ensure_ascii=False) + "\n").encode()
 
 

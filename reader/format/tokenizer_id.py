@@ -6,7 +6,7 @@ An identity is a JSON object with exactly the keys :data:`KEYS`, e.g.::
      "vocab_size": 100277, "eos_id": 100257, "hash": "sha256:..."}
 
 The hash is defined from public data only, so that no library upgrade changes it without a test saying so
-(tests/reader/format/test_reader_tokenizer_lib.py pins cl100k's and a small Hugging Face tokenizer's):
+(tests/reader/tokenizers/test_reader_tokenizer_lib.py pins cl100k's and a small Hugging Face tokenizer's):
 
 * tiktoken (:func:`hash_tiktoken`): the encoding's pattern, special tokens and mergeable ranks, as its
   definition gives them (the ``ENCODING_CONSTRUCTORS`` of its ``tiktoken_ext`` plugin).
@@ -19,7 +19,7 @@ resuming). A new definition must take a new prefix (:data:`HASH_VERSIONS`), and 
 of the existing cache's version.
 
 Computing an identity for a spec needs the tokenizer's library, which only
-:mod:`reader.format.tokenizer_lib` loads (lazily): the builder computes it there
+:mod:`reader.tokenizers.tokenizer_lib` loads (lazily): the builder computes it there
 (``pipelines.tokenize.tokenizer.resolve(spec).identity()``), and ``python -m pipelines.interop
 tokenizer-identity SPEC --out FILE.json`` writes it to a file. The reader's imports (``python -m reader
 import-megatron|import-flat-tokens --tokenizer_from CACHE_OR_JSON``) take it from a cache built with that

@@ -24,14 +24,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
-from reader.storage import atomic, remote
-from reader.storage.atomic import TMP_PREFIX, remove_quietly, temp_name  # noqa: F401 - the exports' names for them
+from reader.format.splits import SPLIT_NAMES
+from reader.storage import files, remote
+from reader.storage.files import TMP_PREFIX, remove_quietly, temp_name  # noqa: F401 - the exports' names for them
 from reader.storage.cache import Cache
 from reader.storage.remote import protocol_of
-from reader.storage.validate import chunk_error, file_mismatch
+from reader.format.sidecar import file_mismatch
+from reader.storage.validate import chunk_error
 from reader.storage.whatis import not_a_cache
 
-SPLITS = fmt.SPLIT_NAMES
+SPLITS = SPLIT_NAMES
 
 
 class ExportError(fmt.FormatError):
@@ -189,7 +191,7 @@ def output_fs(path: str):
 
 def rename(fs, src: str, dst: str) -> None:
     """Move ``src`` onto ``dst`` (atomic on a local filesystem; on Cloud Storage ``dst`` appears whole)."""
-    atomic.storage(fs).rename(src, dst)
+    files.storage(fs).rename(src, dst)
 
 
 def write_file(path: str, write: Callable[[Any], None]) -> None:
@@ -198,7 +200,7 @@ def write_file(path: str, write: Callable[[Any], None]) -> None:
     fs, p = output_fs(path)
     if fs.isdir(p):
         raise IsADirectoryError(f"{path}: is a directory; give a file name, e.g. {path.rstrip('/')}/batches.npz")
-    atomic.write(fs, p, write)
+    files.write(fs, p, write)
 
 
 # --------------------------------------------------------------------------------------------------

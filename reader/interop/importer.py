@@ -28,9 +28,11 @@ import numpy as np
 from reader.format import spec as fmt
 from reader.format import tokenizer_id
 from reader.interop import tokenizer_from
-from reader.format.chunk_file import ChunkParquet, flat_row_group_table, ledger_chunks, make_sidecar
-from reader.storage import atomic
-from reader.storage.atomic import TMP_PREFIX, remove_quietly
+from reader.format.chunk_file import ChunkParquet, flat_row_group_table
+from reader.format.sidecar import ledger_entry, make_sidecar, sidecar_bytes
+from reader.format.table import entry_bytes, entry_path
+from reader.storage import files
+from reader.storage.finish import finish_cache
 from reader.interop.export import output_fs, output_location
 from reader.order.streams import round_robin_order
 
@@ -185,9 +187,9 @@ def _check_tokens(src: Source, lo: int, lengths: np.ndarray, raw: np.ndarray, to
                                "leave out --append_eos (it records that every document ends with EOS)")
 
 
-def write_chunk(fs, root: str, src: Source, shard: int, k: int, docs: tuple[int, int], tokenizer: dict[str, Any],
+def write_chunk(st: files.Storage, root: str, src: Source, shard: int, k: int, docs: tuple[int, int], tokenizer: dict[str, Any],
                 config: dict[str, Any]) -> dict[str, Any]:
-    """Write chunk ``k`` of ``shard`` (documents ``docs``) and its sidecar; returns the sidecar."""
+    """Write chunk ``k`` of ``shard`` (documents ``docs``), its sidecar and its entry; returns the sidecar."""
     a, b = docs
     lengths, raw = src.read(a, b)
     lengths = np.asarray(lengths, np.int64)
@@ -210,8 +212,9 @@ def write_chunk(fs, root: str, src: Source, shard: int, k: int, docs: tuple[int,
     cb = int(config["chunk_bytes"])
     sidecar = make_sidecar(shard=shard, index_in_shard=k, byte_range=[k * cb, min((k + 1) * cb, src.size)],
                            data=data, row_group_index=rg_index, footer=footer, docs=b - a, tokens=int(values.size))
-    atomic.write(fs, fmt.join(root, fmt.chunk_path(shard, k)), data)
-    atomic.write(fs, fmt.join(root, fmt.sidecar_path(shard, k)), fmt.sidecar_bytes(sidecar))
+    files.write(st, fmt.join(root, fmt.chunk_path(shard, k)), data)
+    files.write(st, fmt.join(root, fmt.sidecar_path(shard, k)), sidecar_bytes(sidecar))
+    files.write(st, fmt.join(root, entry_path(shard, k)), entry_bytes(sidecar))  # what a follower reads
     return sidecar
 
 
@@ -219,7 +222,7 @@ def is_finished(out: str) -> bool:
     """True if ``out`` holds a finished ledger (a rerun of the import then has nothing to do)."""
     fs, path = output_location(out.rstrip("/") + "/" + fmt.LEDGER_NAME)
     try:
-        return bool(fmt.Ledger.parse(fs.cat_file(path)).finished)
+        return bool(fmt.Ledger.parse(files.storage(fs).read(path)).finished)
     except (FileNotFoundError, fmt.FormatError):
         return False
 
@@ -230,7 +233,7 @@ def plan_ledger(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
     inputs = [dict({"shard": i, "path": s.path, "size": s.size, "compression": "none",
                     "chunks": num_chunks(s, config["chunk_bytes"])}, **s.input_entry())
               for i, s in enumerate(sources)]
-    return {"format": fmt.FORMAT_NAME, "format_version": fmt.BASE_FORMAT_VERSION, "finished": False,
+    return {"format": fmt.FORMAT_NAME, "format_version": fmt.written_version(None), "finished": False,
             "tokenizer": tokenizer, "config": config, "inputs": inputs, "chunks": [], "totals": {},
             "bad_records": {}}
 
@@ -253,10 +256,11 @@ def write_cache(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
     """
     ledger = plan_ledger(sources, tokenizer, config)
     fs, ledger_path = output_fs(out.rstrip("/") + "/" + fmt.LEDGER_NAME)
+    st = files.storage(fs)
     root = ledger_path.rsplit("/", 1)[0]
-    if fs.exists(ledger_path):
+    if st.exists(ledger_path):
         try:
-            old = fmt.Ledger.parse(fs.cat_file(ledger_path), where=ledger_path).raw
+            old = fmt.Ledger.parse(st.read(ledger_path), where=ledger_path).raw
         except fmt.FormatError as e:
             raise ImportFailed(f"{e}. Use another --out or delete {out}") from e
         if not _same_plan(old, ledger):
@@ -264,26 +268,20 @@ def write_cache(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
                                f"another --out, or delete {out} to import again.")
         if old.get("finished"):
             return old
-    elif fs.exists(root) and fs.ls(root):
+        ledger["format_version"] = fmt.written_version(old["format_version"])  # (a rerun keeps its version)
+    elif st.list(root):
         raise ImportFailed(f"{out} exists, is not empty and holds no ledger.json; choose an empty or new --out")
-    atomic.write(fs, ledger_path, fmt.dumps_ledger(ledger).encode())
+    files.write(st, ledger_path, fmt.dumps_ledger(ledger).encode())
     jobs = []
     for shard, src in enumerate(sources):
         bounds = chunk_doc_bounds(src, config["chunk_bytes"])
         jobs += [(shard, k, (int(bounds[k]), int(bounds[k + 1]))) for k in range(len(bounds) - 1)]
     with cf.ThreadPoolExecutor(max(1, threads)) as pool:
-        futures = {(s, k): pool.submit(write_chunk, fs, root, sources[s], s, k, docs, tokenizer, config)
+        futures = {(s, k): pool.submit(write_chunk, st, root, sources[s], s, k, docs, tokenizer, config)
                    for s, k, docs in jobs}
         sidecars = {key: f.result() for key, f in futures.items()}
-    stale = fs.glob(fmt.join(root, f"{fmt.CHUNKS_DIR}/*/{TMP_PREFIX}*")) + fs.glob(fmt.join(root, TMP_PREFIX + "*"))
-    for tmp in stale:  # left by an interrupted run
-        remove_quietly(fs, tmp)
+    for tmp in [e.path for pattern in fmt.temp_patterns(root) for e in st.match(pattern)]:
+        st.remove(tmp)  # left by an interrupted run
     order = round_robin_order([inp["chunks"] for inp in ledger["inputs"]])
-    chunks, bad = ledger_chunks(sidecars[(int(s), int(k))] for s, k in order)
     inputs = [dict(inp, uncompressed_bytes=inp["size"]) for inp in ledger["inputs"]]
-    ledger.update(finished=True, inputs=inputs, chunks=chunks, bad_records=bad, totals={
-        "docs": sum(c["docs"] for c in chunks), "tokens": sum(c["tokens"] for c in chunks), "chunks": len(chunks),
-        "bytes": sum(c["bytes"] for c in chunks), "input_bytes": sum(i["size"] for i in inputs),
-        "uncompressed_bytes": sum(i["size"] for i in inputs), "bad_records": 0})
-    atomic.write(fs, ledger_path, fmt.dumps_ledger(ledger).encode())
-    return ledger
+    return finish_cache(st, root, ledger, inputs, (ledger_entry(sidecars[(int(s), int(k))]) for s, k in order))

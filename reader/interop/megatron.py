@@ -30,6 +30,7 @@ import numpy as np
 
 from reader.format import spec as fmt
 from reader.storage.cache import Cache
+from reader.storage.files import is_local
 from reader.interop.export import (ExportError, check_token_range, iter_blocks, open_finished, output_fs, remove_quietly, rename,
                      split_caches, temp_name, vocab_size_of)
 
@@ -272,7 +273,7 @@ def export_megatron(url: str, prefix: str, *, overwrite: bool = False, dtype: st
                 raise ExportError(f"{p} exists; pass --overwrite to replace it, or choose another --out")
     n_docs = int(cache.table.docs.sum())
     bin_tmp, idx_tmp = temp_name(bin_path), temp_name(idx_path)
-    local_dir = os.path.dirname(os.path.abspath(out)) if "file" in _protocols(fs) else None
+    local_dir = os.path.dirname(os.path.abspath(out)) if is_local(fs) else None
     try:
         with fs.open(bin_tmp, "wb") as fb, tempfile.TemporaryFile(dir=local_dir) as lens_f:
             docs, tokens = 0, 0
@@ -302,11 +303,6 @@ def export_megatron(url: str, prefix: str, *, overwrite: bool = False, dtype: st
         remove_quietly(fs, idx_tmp)
     return (f"wrote {prefix}.bin and {prefix}.idx: {docs:,} documents, {tokens:,} tokens, dtype {dt.name} "
             f"(vocab_size {vocab})")
-
-
-def _protocols(fs) -> tuple[str, ...]:
-    p = fs.protocol
-    return p if isinstance(p, tuple) else (p,)
 
 
 def read_span(index: MegatronIndex, seq_bounds: np.ndarray, f) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,7 @@ import numpy as np
 
 from reader.mixture.mixture import Mixture, MixtureOrder
 from reader.options import ReadOptions
-from reader.batch.prefetch import Prefetcher
+from reader.batch.prefetch import Pace, Prefetcher
 from reader.batch.release import ReleasePolicy
 from reader.storage.store import ChunkStore
 
@@ -187,10 +187,24 @@ class MixturePrefetcher:
 
     def __init__(self, order: MixtureOrder, prefetchers: list[Prefetcher], options: ReadOptions, rows: np.ndarray):
         self.order, self.prefetchers, self.options, self.rows = order, prefetchers, options, rows
+        self.pace = Pace()  # the mixture's reads advance every component's batches alike
+        for p in prefetchers:
+            p.pace = p.release.pace = self.pace
 
     def lookahead(self) -> int:
         """Batches ahead to load: the smallest of the components' (each sized by its share of the budget)."""
         return min(p.lookahead() for p in self.prefetchers)
+
+    def ask(self, ex: np.ndarray) -> None:
+        """Start loading what a read of global examples ``ex`` needs, all at once (remote caches)."""
+        try:
+            comp, k = self.order.assign(ex)
+        except Exception:  # noqa: BLE001 - the read itself reports
+            return
+        dist = np.where(comp >= 0, self.order.which[np.maximum(comp, 0)], -1)
+        for d in np.flatnonzero(np.bincount(dist[dist >= 0], minlength=len(self.prefetchers))).tolist():
+            if self.prefetchers[d].store.asynchronous:
+                self.prefetchers[d].ask(k[dist == d])
 
     def prefetch(self, b: int, rows=None, count: int = 1) -> list[cf.Future]:
         """Start loading what rows ``rows`` (default: this reader's) of batches ``b .. b+count-1`` need."""
@@ -205,11 +219,11 @@ class MixturePrefetcher:
         futs: list[cf.Future] = []
         if plans is not None:  # every cache planned in one call
             for d, plan in enumerate(plans):
-                futs += self.prefetchers[d].prefetch_chunks(plan)
+                futs += self.prefetchers[d].prefetch_chunks(plan, batch=b)
             return futs
         dist = np.where(comp >= 0, self.order.which[np.maximum(comp, 0)], -1)
         for d in np.flatnonzero(np.bincount(dist[dist >= 0], minlength=len(self.prefetchers))).tolist():
-            futs += self.prefetchers[d].prefetch_examples([k[dist == d]], whole=mine)
+            futs += self.prefetchers[d].prefetch_examples([k[dist == d]], whole=mine, batch=b)
         return futs
 
 

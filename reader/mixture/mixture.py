@@ -33,6 +33,10 @@ T = TypeVar("T")
 _SOURCES_AHEAD = 32  # batches of a shuffled component's cipher answers computed at once
 
 
+class MaxPassesReached(RuntimeError):
+    """A step would draw more passes over a mixture component than its ``max_passes`` allows."""
+
+
 def tokenizer_identity(tok: Mapping[str, Any]) -> tuple:
     """What must match for two caches' token ids to mean the same: the tokenizer's kind and hash (its
     spec when a ledger has no hash)."""
@@ -170,6 +174,39 @@ class MixtureOrder:
         self.num_components = len(self.components)
         self.index = None if options.eval_mode else QuotaIndex(mixture.spec.quotas(options.num_streams, options.batch_size))
         self._stack: tuple[tuple, StackedStreams | None] | None = None
+        self._limited = [c for c, comp in enumerate(mixture.spec.components) if comp.max_passes is not None]
+        self._limit: tuple[int, MaxPassesReached] | None = None  # (first step refused, its error)
+
+    def pass_limit(self) -> tuple[int, MaxPassesReached] | None:
+        """``(step, error)``: the first step that would draw an example of a component past its
+        ``max_passes`` (passes of ``E`` examples, its rows of an eval pass at these options), and the error
+        that step raises; None when no component has a limit, in eval mode, or while a limited component's
+        build runs (its passes are not known yet; a ``"spans"`` read waits for it anyway)."""
+        if self.index is None or not self._limited or self._limit is not None:
+            return self._limit
+        if not all(self.components[c].cache.complete for c in self._limited):
+            return None
+        spec, B = self.mixture.spec, self.options.batch_size
+        per_pass = {c: self.components[c].pass_examples() for c in self._limited}
+        limits = np.full(self.num_components, -1, np.int64)
+        for c, E in per_pass.items():
+            limits[c] = int(spec.components[c].max_passes * E)  # (exact: a Fraction times an int, floored)
+        step = self.index.first_step_reaching(limits, B)
+        if step is None:
+            self._limit = None
+            self._limited = []
+            return None
+        last = self.index.last_items((step + 1) * B)
+        c = next(c for c in self._limited if last[c] >= limits[c])
+        comp, E, k = spec.components[c], per_pass[c], int(last[c])
+        passes = f"{float(comp.max_passes):g}"
+        error = MaxPassesReached(
+            f"{self.mixture.url}: component {comp.name!r} has max_passes {passes} ({int(limits[c]):,} of its examples, "
+            f"{E:,} per pass at seq_len {self.options.seq_len}); step {step} would draw its example {k:,}, in pass "
+            f"{k // E + 1}. Raise its max_passes, lower its weight before step {step} (a schedule entry), or end "
+            f"the run before step {step}")
+        self._limit = (step, error)
+        return self._limit
 
     def stream_index(self):
         raise TypeError("a mixture has no single stream index: each component has its own "

@@ -315,12 +315,50 @@ class QuotaIndex:
         return comp.reshape(ex.shape), items.reshape(ex.shape)
 
     # -- totals -----------------------------------------------------------------------------------------
-    def consumed(self, end: int) -> np.ndarray:
-        """Items of each component among global examples ``[0, end)`` (int64 [C]); O(R* (S + b))."""
+    def lane_counts(self, end: int) -> np.ndarray:
+        """Items of each component in each lane among global examples ``[0, end)`` (int64 [R*, C]);
+        O(R* (S + b))."""
         R = self.plan.lanes
         lanes = np.arange(R, dtype=np.int64)
         t = np.maximum(0, -((lanes - int(end)) // R))  # positions of each lane below `end`
         s = np.searchsorted(self._starts, t * R + lanes, side="right") - 1  # the segment of position t
         u = t + (lanes - self._starts[s]) // R
         before = np.stack([self.bases(int(x))[y] for y, x in enumerate(s.tolist())])
-        return (before + self._prefix_counts(s, lanes, u)).sum(axis=0)
+        return before + self._prefix_counts(s, lanes, u)
+
+    def consumed(self, end: int) -> np.ndarray:
+        """Items of each component among global examples ``[0, end)`` (int64 [C]); O(R* (S + b))."""
+        return self.lane_counts(end).sum(axis=0)
+
+    def last_items(self, end: int) -> np.ndarray:
+        """The largest example ``k`` of each component among global examples ``[0, end)`` (int64 [C]; -1:
+        none): lane ``l``'s ``j``-th item is example ``j R* + l``, and a lane's items only grow."""
+        n = self.lane_counts(end)
+        k = (n - 1) * self.plan.lanes + np.arange(self.plan.lanes, dtype=np.int64)[:, None]
+        return np.where(n > 0, k, -1).max(axis=0)
+
+    def first_step_reaching(self, limits: np.ndarray, batch_size: int, max_step: int = 1 << 42) -> int | None:
+        """The first step ``b`` whose batch draws an example ``k >= limits[c]`` of some component ``c``
+        (``limits``: int64 [C], -1 for none), or None before ``max_step``: a binary search over steps, as
+        what steps ``0..b`` draw only grows."""
+        limits = np.asarray(limits, dtype=np.int64)
+        watched = limits >= 0
+        if not watched.any():
+            return None
+
+        def reached(b: int) -> bool:
+            return bool((self.last_items((b + 1) * batch_size)[watched] >= limits[watched]).any())
+
+        hi = 1
+        while not reached(hi):
+            if hi >= max_step:
+                return None
+            hi *= 2
+        lo = -1  # reached(lo) is False (no step before 0)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if reached(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi

@@ -32,7 +32,8 @@ from reader.storage.whatis import not_a_cache
 
 FORMAT_VERSION = 1
 TOP_KEYS = ("mixture", "components", "schedule", "seed", "block")
-COMPONENT_KEYS = ("name", "path", "weight")
+COMPONENT_KEYS = ("name", "path", "weight", "max_passes")
+MAX_PASSES = 1 << 40  # passes over one component a run can be limited to, at most
 SCHEDULE_KEYS = ("start_batch", "weights")
 MAX_BLOCK = 1 << 20
 MAX_WEIGHT = 1 << 53  # weights are relative: no mixture needs a larger one, and a float holds these exactly
@@ -45,12 +46,14 @@ class MixtureError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Component:
-    """One component: its name, its cache (``path`` as written, ``url`` resolved) and base weight."""
+    """One component: its name, its cache (``path`` as written, ``url`` resolved), base weight and the
+    passes over it a run may draw (``max_passes``, None: any)."""
 
     name: str
     path: str
     url: str
     weight: Fraction
+    max_passes: Fraction | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +168,7 @@ def parse_mixture(text: str | bytes, source: str) -> MixtureSpec:
     resolved: dict[str, str] = {}  # path as written -> URL (many components may name one cache)
     for i, c in enumerate(comps):
         key = f"components[{i}]"
-        _keys(where, key, c, COMPONENT_KEYS, COMPONENT_KEYS)
+        _keys(where, key, c, COMPONENT_KEYS, ("name", "path", "weight"))
         name, path = c["name"], c["path"]
         if not isinstance(name, str) or not name:
             raise MixtureError(f"{where}: {key}.name must be a non-empty string, got {name!r}")
@@ -177,7 +180,15 @@ def parse_mixture(text: str | bytes, source: str) -> MixtureSpec:
             raise MixtureError(f"{where}: {key}.path must be a non-empty string, got {path!r}")
         if path not in resolved:
             resolved[path] = _resolve(source, path)
-        components.append(Component(name, path, resolved[path], _weight(where, f"{key}.weight", c["weight"])))
+        limit = c.get("max_passes")
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, (int, float)) \
+                    or not (math.isfinite(limit) and 0 < limit <= MAX_PASSES):
+                raise MixtureError(f"{where}: {key}.max_passes must be a number in (0, 2**40] (the passes over "
+                                   f"this component a run may draw), got {short(limit)}")
+            limit = Fraction(limit)
+        components.append(Component(name, path, resolved[path], _weight(where, f"{key}.weight", c["weight"]),
+                                    limit))
     names = [c.name for c in components]
     segments = [(0, tuple(c.weight for c in components))]
     sched = top.get("schedule", [])

@@ -2,8 +2,9 @@
 
 ``best_fit_rows`` never cuts a document shorter than L: each document is split only into full L-token
 pieces plus one remainder, full pieces are rows by themselves, and the remainders are placed by best-fit
-decreasing (Ding et al. 2024, "Fewer Truncations Improve Language Modeling"), at most one continuation
-piece (a long document's tail) per row, first in it. ``concat_rows`` describes
+decreasing (Ding et al. 2024, "Fewer Truncations Improve Language Modeling"), at most ``continuations``
+continuation pieces (long documents' tails) per row, first in it, and at most ``max_segments`` pieces in
+all (one and no cap by default: the rule of caches before format version 4). ``concat_rows`` describes
 plain concatenation cut into windows of L in the same form, and ``packing_figures`` measures either.
 The exact rule is in docs/FORMAT.md ("Best-fit packing"); ``count_best_fit_rows`` is the row count alone.
 
@@ -66,17 +67,20 @@ def _check(lengths, seq_len: int) -> np.ndarray:
     return arr
 
 
-def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[np.ndarray, int]:
+def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int, continuations: int | None = 1,
+              max_segments: int | None = None) -> tuple[np.ndarray, int]:
     """Best-fit decreasing of the remainder pieces ``rem`` (each in 1..L-1, in document order; ``cont``:
     the piece continues its document, i.e. starts past token 0): the row of each piece (rows numbered in
-    creation order), and the number of rows.
+    creation order), and the number of rows. A row holds at most ``continuations`` continuation pieces
+    and at most ``max_segments`` pieces (None: no cap).
 
-    Open rows are kept in two sets, rows without a continuation piece (set 0: any piece may go there)
-    and rows with one (set 1: only pieces that start their document). In each set, rows live in
+    Open rows are kept in two sets, rows that may still take a continuation piece (set 0: any piece may
+    go there) and rows that hold ``continuations`` of them (set 1: only pieces that start their
+    document); a row with ``max_segments`` pieces is closed (in neither). In each set, rows live in
     per-capacity min-heaps of row numbers: the rule takes the smallest capacity that fits, then the
     oldest row in it. A FIFO per capacity would not do, as rows do not reach a capacity in creation
-    order: with L = 10 and pieces 7 5 4 2 1, row 0 takes 7, row 1 takes 5 then 4 (capacity 1), row 0
-    then takes 2 (capacity 1), and the 1 must go to row 0.
+    order: with L = 10 and pieces 7 5 4 2 1, row 0 takes 7, row 1 takes 5 then 4 (capacity 1), row 0 then
+    takes 2 (capacity 1), and the 1 must go to row 0.
 
     The capacities that have rows are bits of a two-level bitmap of Python ints per set (words of about
     sqrt(L) bits and a summary of non-empty words), so "smallest capacity >= p" is a shift and a
@@ -85,6 +89,8 @@ def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[np.ndarr
     holds a longer piece, so has less room than they need): those rows are made at once.
     """
     n = len(rem)
+    C = n + 1 if continuations is None else int(continuations)
+    M = n + 1 if max_segments is None else int(max_segments)
     order = np.argsort(-rem, kind="stable")  # length descending; stable keeps document order on ties
     sizes, conts = rem[order], cont[order]
     big = int(np.searchsorted(-sizes, -(seq_len // 2), side="left"))  # pieces > L/2 (sizes descend)
@@ -93,19 +99,23 @@ def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[np.ndarr
     words = ([0] * ((seq_len >> shift) + 1), [0] * ((seq_len >> shift) + 1))
     summary = [0, 0]
     heaps: tuple[list, list] = ([None] * seq_len, [None] * seq_len)  # per set: capacity -> heap of rows
-    # the big pieces' rows: row i has capacity L - size, in set 1 if its piece continues a document; rows
-    # of one (set, capacity) in ascending order, a valid heap
-    key = conts[:big].astype(np.int64) * seq_len + (seq_len - sizes[:big])
+    # the big pieces' rows: row i has capacity L - size, in set 1 if its piece is all the continuation
+    # pieces it may hold; rows of one (set, capacity) in ascending order, a valid heap (none if a row
+    # holds one piece only)
+    key = (conts[:big] >= C).astype(np.int64) * seq_len + (seq_len - sizes[:big])
     by = np.argsort(key, kind="stable")
     cuts = np.flatnonzero(np.diff(key[by])) + 1
     bounds = [0, *cuts.tolist(), big]
     # (slices of one list: np.split makes an array per group, a third of this function's time)
-    members, group_keys = by.tolist(), key[by][bounds[:-1]].tolist() if big else []
+    members, group_keys = by.tolist(), key[by][bounds[:-1]].tolist() if big and M > 1 else []
     for a, b, kc in zip(bounds[:-1], bounds[1:], group_keys):
         k, c = divmod(kc, seq_len)
         heaps[k][c] = members[a:b]
         words[k][c >> shift] |= 1 << (c & low)
         summary[k] |= 1 << (c >> shift)
+    # per-row counts, kept only for a cap that needs them (C = 1 is the move to set 1 alone)
+    ncont = conts[:big].astype(np.int64).tolist() + [0] * (n - big) if C > 1 and C <= n else None
+    npieces = [1] * big + [0] * (n - big) if M <= n else None
     words0, words1 = words
     heaps0, heaps1 = heaps
     rest = []
@@ -154,9 +164,17 @@ def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[np.ndarr
             row = rows
             rows += 1
             c = seq_len - p
-        if is_cont:
-            k = 1
         rest.append(row)
+        if is_cont and C <= n:
+            if ncont is None:
+                k = 1
+            else:
+                ncont[row] += 1
+                k = int(ncont[row] >= C)
+        if npieces is not None:
+            npieces[row] += 1
+            if npieces[row] >= M:  # closed: no piece joins it any more
+                c = 0
         if c:
             h = heaps[k][c]
             if h:
@@ -172,25 +190,36 @@ def _best_fit(rem: np.ndarray, cont: np.ndarray, seq_len: int) -> tuple[np.ndarr
     return row_of, rows
 
 
-def count_best_fit_rows(lengths, seq_len: int) -> int:
+def _caps(continuations, max_segments) -> None:
+    for name, v in (("continuations", continuations), ("max_segments", max_segments)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+            raise ValueError(f"{name} must be None or an integer >= 1, got {v!r}")
+
+
+def count_best_fit_rows(lengths, seq_len: int, *, continuations: int | None = 1,
+                        max_segments: int | None = None) -> int:
     """Rows ``best_fit_rows`` gives, without building them. It still runs the placement (the count is not
     known otherwise), so it saves only the final layout: 10-30% of the time (benchmarks/packing_cost.py)."""
     n = _check(lengths, seq_len)
+    _caps(continuations, max_segments)
     rem = n % seq_len
     has = rem > 0
-    return int((n // seq_len).sum()) + _best_fit(rem[has], n[has] > seq_len, seq_len)[1]
+    return int((n // seq_len).sum()) + _best_fit(rem[has], n[has] > seq_len, seq_len, continuations, max_segments)[1]
 
 
-def best_fit_rows(lengths, seq_len: int) -> PackedRows:
+def best_fit_rows(lengths, seq_len: int, *, continuations: int | None = 1,
+                  max_segments: int | None = None) -> PackedRows:
     """Pack one chunk's documents (token counts ``lengths``, in file order) into rows of ``seq_len``.
 
     A document of n tokens gives ``n // L`` full pieces (each a row of its own) and a remainder of
     ``n % L`` tokens if non-zero, a *continuation* piece when the document is longer than L; remainders
-    are placed by best-fit decreasing, at most one continuation piece per row; rows are ordered by their
-    earliest piece in (document, start) order, and pieces within a row are the continuation piece (if
-    any), then the others in document order. See docs/FORMAT.md ("Best-fit packing") for the rule.
+    are placed by best-fit decreasing, at most ``continuations`` continuation pieces (None: any number)
+    and at most ``max_segments`` pieces (None: any number) per row; rows are ordered by their earliest
+    piece in (document, start) order, and pieces within a row are its continuation pieces, then the others,
+    each in document order. See docs/FORMAT.md ("Best-fit packing") for the rule.
     """
     n = _check(lengths, seq_len)
+    _caps(continuations, max_segments)
     L = int(seq_len)
     full = n // L
     rem = n % L
@@ -204,7 +233,7 @@ def best_fit_rows(lengths, seq_len: int) -> PackedRows:
     length = np.minimum(n[doc] - start, L).astype(np.int32)
     is_rem = length < L
     has = rem > 0
-    rem_rows, _ = _best_fit(rem[has], n[has] > L, L)
+    rem_rows, _ = _best_fit(rem[has], n[has] > L, L, continuations, max_segments)
     # Row of each piece, as the index of its earliest piece (rows' earliest pieces are distinct): a full
     # piece is its own, a remainder's row has the smallest piece index among its members.
     piece = np.arange(total, dtype=np.int64)
@@ -213,7 +242,7 @@ def best_fit_rows(lengths, seq_len: int) -> PackedRows:
     _, first_member = np.unique(rem_row, return_index=True)  # rem_piece ascends: first seen = smallest
     row_key = piece.copy()
     row_key[is_rem] = rem_piece[first_member][rem_row]
-    order = np.lexsort((piece, start == 0, row_key))  # by row, its continuation piece first, then document order
+    order = np.lexsort((piece, start == 0, row_key))  # by row, its continuation pieces first, then the others
     row_ptr = np.append(np.flatnonzero(np.diff(row_key[order], prepend=-1)), total).astype(np.int64)
     return PackedRows(row_ptr, doc[order], start[order], length[order])
 
@@ -258,14 +287,14 @@ def window_docs(lengths, row_group_docs, window_tokens: int) -> np.ndarray:
     return doc_bounds[window_bounds(np.diff(tok[doc_bounds]), window_tokens)]
 
 
-def best_fit_chunk_rows(lengths, row_group_docs, seq_len: int, window_tokens: int) -> PackedRows:
-    """A chunk's best-fit rows: each window's (:func:`window_docs`) ``best_fit_rows``, in window order,
-    documents numbered in the chunk."""
+def best_fit_chunk_rows(lengths, row_group_docs, seq_len: int, window_tokens: int, **caps) -> PackedRows:
+    """A chunk's best-fit rows: each window's (:func:`window_docs`) ``best_fit_rows`` (``caps``: its
+    ``continuations`` and ``max_segments``), in window order, documents numbered in the chunk."""
     bounds = window_docs(lengths, row_group_docs, window_tokens)
     n = np.asarray(lengths, dtype=np.int64)
-    parts = [best_fit_rows(n[a:b], seq_len) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+    parts = [best_fit_rows(n[a:b], seq_len, **caps) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
     if not parts:
-        return best_fit_rows(n, seq_len)
+        return best_fit_rows(n, seq_len, **caps)
     ptr_base = np.cumsum([0] + [len(p.doc) for p in parts[:-1]])
     row_ptr = np.concatenate([[0]] + [p.row_ptr[1:] + o for p, o in zip(parts, ptr_base)])
     doc = np.concatenate([p.doc + np.int32(a) for p, a in zip(parts, bounds[:-1].tolist())])
@@ -273,12 +302,12 @@ def best_fit_chunk_rows(lengths, row_group_docs, seq_len: int, window_tokens: in
                       np.concatenate([p.length for p in parts]))
 
 
-def count_best_fit_windows(lengths, row_group_docs, seq_len: int, window_tokens: int) -> np.ndarray:
+def count_best_fit_windows(lengths, row_group_docs, seq_len: int, window_tokens: int, **caps) -> np.ndarray:
     """Rows of each window of :func:`best_fit_chunk_rows` (int64, one per window), without building them."""
     bounds = window_docs(lengths, row_group_docs, window_tokens)
     n = np.asarray(lengths, dtype=np.int64)
-    return np.asarray([count_best_fit_rows(n[a:b], seq_len) for a, b in zip(bounds[:-1].tolist(),
-                                                                              bounds[1:].tolist())], np.int64)
+    return np.asarray([count_best_fit_rows(n[a:b], seq_len, **caps) for a, b in zip(bounds[:-1].tolist(),
+                                                                                      bounds[1:].tolist())], np.int64)
 
 
 def concat_rows(lengths, seq_len: int) -> PackedRows:

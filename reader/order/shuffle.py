@@ -213,12 +213,20 @@ def _row_windows(rows: np.ndarray, cfg: ShuffleConfig):
     return win, lo, hi
 
 
+def _window_keys(win, lane, cfg: ShuffleConfig, passes):
+    """The key of each window: its index with one lane; ``(window, lane)`` hashed with more; and with
+    ``passes`` (a read whose passes are shuffled one by one), ``(window, lane, pass)`` hashed."""
+    if passes is not None:
+        return hash_key(win, lane, passes).astype(np.int64)
+    return hash_key(win, lane).astype(np.int64) if cfg.lanes > 1 else win
+
+
 def _permute_rows(rows: np.ndarray, lane: np.ndarray, cfg: ShuffleConfig, row_limit: np.ndarray | None, *,
-                  inverse: bool = False) -> np.ndarray:
+                  inverse: bool = False, passes: np.ndarray | None = None) -> np.ndarray:
     """The within-window permutation of the rows of one lane (``row_limit``: rows in that lane, or None
     = infinite). Every lane has its own keys, so streams do not move in lockstep."""
     win, lo, hi = _row_windows(rows, cfg)
-    win = hash_key(win, lane).astype(np.int64) if cfg.lanes > 1 else win  # window key: (window, lane)
+    win = _window_keys(win, lane, cfg, passes)
     if row_limit is not None:
         hi = np.minimum(hi, row_limit)
     n = hi - lo
@@ -275,10 +283,14 @@ def _permute_rows(rows: np.ndarray, lane: np.ndarray, cfg: ShuffleConfig, row_li
     return lo + out
 
 
-def _apply(indices, cfg: ShuffleConfig, epoch_length: int | None, inverse: bool) -> np.ndarray:
+def _apply(indices, cfg: ShuffleConfig, epoch_length: int | None, inverse: bool, passes=None) -> np.ndarray:
     i = np.asarray(indices, dtype=np.int64)
     if i.size and int(i.min()) < 0:
         raise ValueError("example indices must be non-negative")
+    if passes is not None:
+        if epoch_length is None:
+            raise ValueError("passes are shuffled one by one over [0, epoch_length): give epoch_length")
+        passes = np.broadcast_to(np.asarray(passes, dtype=np.int64), i.shape).reshape(-1)
     if epoch_length is not None:
         if epoch_length < 0:
             raise ValueError(f"epoch_length must be >= 0, got {epoch_length}")
@@ -289,47 +301,68 @@ def _apply(indices, cfg: ShuffleConfig, epoch_length: int | None, inverse: bool)
     limit = None
     if epoch_length is not None:  # lane l holds ceil((epoch_length - l) / lanes) rows
         limit = (epoch_length - lane + cfg.lanes - 1) // cfg.lanes
-    out = _permute_rows(rows, lane, cfg, limit, inverse=inverse) * cfg.lanes + lane
+    out = _permute_rows(rows, lane, cfg, limit, inverse=inverse, passes=passes) * cfg.lanes + lane
     return out.reshape(i.shape)
 
 
-def shuffle_example_indices(indices: np.ndarray, cfg: ShuffleConfig, *,
-                            epoch_length: int | None = None) -> np.ndarray:
+def shuffle_example_indices(indices: np.ndarray, cfg: ShuffleConfig, *, epoch_length: int | None = None,
+                            passes: np.ndarray | None = None) -> np.ndarray:
     """``pi(i)`` for every ``i`` in ``indices`` (int64 array of any shape): ``shuffled[i] = example[pi(i)]``.
 
     ``pi`` is a bijection of ``[0, inf)`` (or of ``[0, epoch_length)`` when given: the last window is
     then partial) that maps every window onto itself and preserves ``i mod cfg.lanes``. Pure function
-    of ``(indices, cfg, epoch_length)``: identical in every process, on every host, at every resume.
-    Windows tile the whole (looping) index range and every window is keyed by its own index, so every
-    pass over the data is ordered differently.
+    of ``(indices, cfg, epoch_length, passes)``: identical in every process, on every host, at every
+    resume. Windows tile the whole (looping) index range and every window is keyed by its own index, so
+    every pass over the data is ordered differently. ``passes`` (with ``epoch_length``; an int or one per
+    index): the pass each index is in, a bijection of ``[0, epoch_length)`` per pass, each pass keyed by
+    its number (:mod:`reader.order.passes`).
     """
-    return _apply(indices, cfg, epoch_length, inverse=False)
+    return _apply(indices, cfg, epoch_length, inverse=False, passes=passes)
 
 
-def unshuffle_example_indices(indices: np.ndarray, cfg: ShuffleConfig, *,
-                              epoch_length: int | None = None) -> np.ndarray:
+def unshuffle_example_indices(indices: np.ndarray, cfg: ShuffleConfig, *, epoch_length: int | None = None,
+                              passes: np.ndarray | None = None) -> np.ndarray:
     """``pi^{-1}``: the shuffled position at which each original example index is served."""
-    return _apply(indices, cfg, epoch_length, inverse=True)
+    return _apply(indices, cfg, epoch_length, inverse=True, passes=passes)
 
 
-def mix_of_rows(rows: np.ndarray, cfg: ShuffleConfig):
-    """The mix of each output row (a row ``t`` is examples ``[t*lanes, (t+1)*lanes)``), without an epoch
-    length: arrays ``(window, lo, hi)``, the mix's output rows being ``[lo, hi)`` (the same rows in every
-    lane). A window smaller than one mix of full blocks, or of fewer than ``2`` rows per block, is one
-    mix. ``pi`` maps a mix's rows onto source rows that no other mix uses (see :func:`mix_sources`),
-    so once a read has passed row ``hi - 1`` of every lane it reads, that mix's sources are not needed
-    again (the reader releases their row groups then).
-    """
-    rows = np.asarray(rows, dtype=np.int64)
+def _mixes(rows: np.ndarray, cfg: ShuffleConfig, epoch_length: int | None):
+    """``(window, lo, hi, b, whole, mlo, mhi)`` of each output row: its window's rows ``[lo, hi)``, cut at the
+    longest lane's end with ``epoch_length``; ``b`` rows per block; ``whole``: the window is one mix
+    ``[mlo, mhi)``."""
     win, lo, hi = _row_windows(rows, cfg)
-    n = hi - lo
     m_blocks = cfg.mix_blocks
-    b = np.where(n >= cfg.block_rows * m_blocks, cfg.block_rows, n // m_blocks)
-    msize = np.maximum(b, 1) * m_blocks
+    big = cfg.block_rows * m_blocks
+    n = hi - lo
+    b = np.where(n >= big, cfg.block_rows, n // m_blocks)
     whole = b < 2
+    if epoch_length is not None:
+        # lanes hold ceil(E / lanes) or one row fewer: the window reaching the end holds n or n - 1 rows
+        # in a lane. Unless both have full blocks their mixes may differ, so it is one mix then (the union
+        # of every lane's mixes; no larger than one mix of full blocks)
+        end = -(-int(epoch_length) // cfg.lanes)
+        reach = hi >= end
+        hi = np.minimum(hi, end)
+        n = hi - lo
+        b = np.where(n >= big, cfg.block_rows, n // m_blocks)
+        whole = (b < 2) | (reach & (n - 1 < big))
+    msize = np.maximum(b, 1) * m_blocks
     mix = np.where(whole, 0, (rows - lo) // msize)
     mlo = np.where(whole, lo, lo + mix * msize)
     mhi = np.where(whole, hi, np.minimum(mlo + msize, hi))
+    return win, lo, hi, b, whole, mlo, mhi
+
+
+def mix_of_rows(rows: np.ndarray, cfg: ShuffleConfig, epoch_length: int | None = None):
+    """The mix of each output row (a row ``t`` is examples ``[t*lanes, (t+1)*lanes)``): arrays ``(window, lo,
+    hi)``, the mix's output rows being ``[lo, hi)`` (the same rows in every lane; with ``epoch_length``, the
+    last mix ends at the longest lane's end). A window smaller than one mix of full blocks, or of fewer
+    than ``2`` rows per block, is one mix, and so is a window cut by ``epoch_length`` unless every lane has
+    a mix of full blocks in it. ``pi`` maps a mix's rows onto source rows that no other mix uses (see
+    :func:`mix_sources`), so once a read has passed row ``hi - 1`` of every lane it reads, that mix's
+    sources are not needed again (the reader releases their row groups then).
+    """
+    win, _, _, _, _, mlo, mhi = _mixes(np.asarray(rows, dtype=np.int64), cfg, epoch_length)
     return win, mlo, mhi
 
 
@@ -342,32 +375,36 @@ def mix_sources(row: int, lane: int, cfg: ShuffleConfig) -> np.ndarray:
     return mix_sources_of_lanes(row, [lane], cfg)[0]
 
 
-def mix_sources_of_lanes(row: int, lanes, cfg: ShuffleConfig) -> list[np.ndarray]:
-    """:func:`mix_sources` for each lane of ``lanes`` (one vectorized cipher call)."""
+def mix_sources_of_lanes(row: int, lanes, cfg: ShuffleConfig, *, epoch_length: int | None = None,
+                         passes: int | None = None) -> list[np.ndarray]:
+    """:func:`mix_sources` for each lane of ``lanes`` (one vectorized cipher call); with ``epoch_length``
+    and ``passes`` (one int), of the shuffle :func:`shuffle_example_indices` computes with them."""
     lanes = [int(x) for x in lanes]
     r = np.asarray([int(row)], dtype=np.int64)
-    win, lo, hi = (int(x[0]) for x in _row_windows(r, cfg))
-    _, mlo, mhi = (int(x[0]) for x in mix_of_rows(r, cfg))
-    n = hi - lo
-    m_blocks = cfg.mix_blocks
-    b = cfg.block_rows if n >= cfg.block_rows * m_blocks else n // m_blocks
-    if b < 2:  # one Feistel permutation of the whole window
-        return [np.asarray([[lo, hi]], dtype=np.int64) for _ in lanes]
+    win, lo, hi, b, whole, mlo, mhi = (int(x[0]) for x in _mixes(r, cfg, epoch_length))
+    lane_arr = np.asarray(lanes, dtype=np.int64)
+    ends = np.full(lane_arr.size, hi, np.int64)
+    if epoch_length is not None:  # each lane's own rows: ceil((E - lane) / lanes)
+        ends = np.minimum(ends, (int(epoch_length) - lane_arr + cfg.lanes - 1) // cfg.lanes)
+    n = np.maximum(ends - lo, 0)
+    if whole:  # one Feistel permutation of the whole window, or a cut window taken as one mix
+        return [np.asarray([[lo, lo + m]] if m else [], dtype=np.int64).reshape(-1, 2) for m in n.tolist()]
     nfull = n // b
     slots = np.arange((mlo - lo) // b, -(-(mhi - lo) // b), dtype=np.int64)
-    full = slots[slots < nfull]
-    tail = [(lo + nfull * b, hi)] if slots.size > full.size else []  # a partial tail block stays in place
-    if full.size and lanes:
-        lane_arr = np.asarray(lanes, dtype=np.int64)[:, None]
-        wkey = hash_key(win, lane_arr).astype(np.int64) if cfg.lanes > 1 else np.full_like(lane_arr, win)
-        blocks = feistel(np.broadcast_to(full, (len(lanes), full.size)), np.int64(nfull),
-                         hash_key(cfg.seed, _TAG_BLOCKS, wkey))
-        blocks.sort(axis=1)
+    full = slots[None, :] < nfull[:, None]  # [lanes, slots]: full blocks of each lane
+    if full.any():
+        wkey = _window_keys(win, lane_arr[:, None], cfg, passes)
+        if np.ndim(wkey) == 0 or np.size(wkey) == 1:
+            wkey = np.full((lane_arr.size, 1), int(np.asarray(wkey).reshape(-1)[0]), np.int64)
+        x = np.where(full, slots[None, :], 0)
+        blocks = feistel(x, np.maximum(nfull, 1)[:, None], hash_key(cfg.seed, _TAG_BLOCKS, wkey))
     else:
-        blocks = np.zeros((len(lanes), 0), dtype=np.int64)
+        blocks = np.zeros((lane_arr.size, slots.size), dtype=np.int64)
     out = []
-    for row_blocks in blocks.tolist():
-        ranges = sorted([(lo + x * b, lo + (x + 1) * b) for x in row_blocks] + tail)
+    for row_blocks, is_full, m, nf in zip(blocks.tolist(), full.tolist(), n.tolist(), nfull.tolist()):
+        # a partial tail block stays in place
+        tail = [(lo + nf * b, lo + m)] if not all(is_full) and m > nf * b else []
+        ranges = sorted([(lo + x * b, lo + (x + 1) * b) for x, f in zip(row_blocks, is_full) if f] + tail)
         merged: list[list[int]] = []
         for a, z in ranges:
             if merged and merged[-1][1] == a:

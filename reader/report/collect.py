@@ -18,7 +18,7 @@ import numpy as np
 
 from reader.format import spec as fmt
 from reader.format import table as chunk_table
-from reader.format import tokenizer_lib
+from reader.tokenizers import tokenizer_lib
 from reader.mixture.quotas import QuotaIndex
 from reader.mixture.mixture import Mixture
 from reader.mixture.spec import is_mixture_path
@@ -47,6 +47,7 @@ class BatchView:
     batch: int
     rows: list[RowView]
     note: str = ""  # why rows are missing (a running build has not written them yet)
+    packing: figures.RowPacking | None = None  # how full the whole batch's rows are
 
 
 @dataclasses.dataclass
@@ -114,6 +115,7 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
         cache = caches[0]
         info, lengths = summary.cache_summary(cache, path, max_chunks=max_chunks, threads=threads, seq_len=opts.seq_len,
                                               read=counted)
+        info["passes"] = summary.cache_passes(cache, opts, steps)
         sampled, known = len(counted.got), len(cache.table)
         progress = read_progress(cache)
         shard, tokens, entries = _chunks(cache, progress)
@@ -137,7 +139,9 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
     cfg = opts.shuffle_config()
     if cfg is not None:
         assign = QuotaIndex(mix.spec.quotas(opts.num_streams, opts.batch_size)).assign if mix is not None else None
-        locality = figures.shuffle_locality(cfg, opts.batch_size, max(steps, 1), assign=assign)
+        per = info["components"] if mix is not None else [info["passes"]]
+        passes = [p["examples_per_pass"] if p["pass_rule"] == "spans" else None for p in per]
+        locality = figures.shuffle_locality(cfg, opts.batch_size, max(steps, 1), assign=assign, passes=passes)
     return ReportData(
         path=path, command=command, options=opts, steps=steps, summary=info, is_mixture=mix is not None,
         progress=progress, tokenizer=tok_text, lengths=figures.log_histogram(lengths), length_note=note,
@@ -208,15 +212,16 @@ def kept_field_tokens(cache: Cache, sampled: dict[int, np.ndarray]) -> dict[str,
 
 
 def _batches(path: str, opts: ReadOptions, which: list[int], rows: int, decode, names) -> tuple[list[BatchView], int]:
-    """The first ``rows`` rows of each batch in ``which``, decoded, and how many chunks were opened for them.
-    A running build's batch that is not written yet is shown as a note (the report does not wait)."""
-    opts = dataclasses.replace(opts, prefetch_batches=0, prefetch_threads=0)
+    """The first ``rows`` rows of each batch in ``which``, decoded, the padding and pieces per row of the
+    whole batch, and how many chunks were opened for them. A running build's batch that is not written yet
+    is shown as a note (the report does not wait)."""
+    opts = dataclasses.replace(opts, prefetch_batches=0, prefetch_threads=0, layout="arrays")
     out = []
     with Reader(path, opts, wait_timeout_s=0.0) as r:
         want = np.arange(min(rows, opts.batch_size))
         for b in which:
             try:
-                got = r.rows(b, want)
+                got = r.rows(b, np.arange(opts.batch_size))
             except (CacheNotReady, NotYetAvailable) as e:
                 out.append(BatchView(b, [], f"not readable yet: {e}"))
                 continue
@@ -228,6 +233,6 @@ def _batches(path: str, opts: ReadOptions, which: list[int], rows: int, decode, 
                 views.append(RowView(row, int(got["example_ids"][i]), int(got["epochs"][i]),
                                      names[comp] if names is not None and comp >= 0 else None,
                                      rowlib.batch_row_pieces(got, i, decode)))
-            out.append(BatchView(b, views, "" if views else "past the end of the eval pass"))
+            out.append(BatchView(b, views, "" if views else "past the end of the eval pass", figures.row_packing([got])))
         opened = len(r.store.opened)
     return out, opened

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from reader.order.passes import Spans
 from reader.order.shuffle import ShuffleConfig, shuffle_example_indices
 
 
@@ -83,6 +84,31 @@ def bad_record_rows(reasons: Mapping[str, int]) -> list[tuple[str, int, float]]:
             for r, n in sorted(reasons.items(), key=lambda x: (-int(x[1]), x[0])) if int(n)]
 
 
+@dataclasses.dataclass(frozen=True)
+class RowPacking:
+    """How full the rows of some batches are: ``rows`` real rows (not eval padding), ``padding`` the share of
+    their tokens that are padding, and the document pieces (segments) per row, on average and at most."""
+
+    rows: int
+    padding: float
+    pieces_mean: float
+    pieces_max: int
+
+    def describe(self) -> str:
+        return (f"{self.rows:,} rows: padding {self.padding:.2%}, document pieces per row {self.pieces_mean:.2f} on "
+                f"average, at most {self.pieces_max}")
+
+
+def row_packing(batches: Iterable[Mapping[str, np.ndarray]]) -> RowPacking:
+    """:class:`RowPacking` of batches in the arrays layout (``segment_ids``, ``valid``)."""
+    seg = [np.asarray(b["segment_ids"])[np.asarray(b["valid"], bool)] for b in batches]
+    seg = np.concatenate(seg) if seg else np.zeros((0, 1), np.int32)
+    pieces = seg.max(axis=1) if seg.size else np.zeros(0, np.int64)
+    return RowPacking(rows=int(seg.shape[0]), padding=float((seg == 0).mean()) if seg.size else 0.0,
+                      pieces_mean=float(pieces.mean()) if pieces.size else 0.0,
+                      pieces_max=int(pieces.max()) if pieces.size else 0)
+
+
 def truncate(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, marked with an ellipsis and the full length when cut."""
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
@@ -149,15 +175,22 @@ class Locality:
 
 
 def shuffle_locality(cfg: ShuffleConfig, batch_size: int, steps: int, *, max_points: int = 4000,
-                     assign: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None) -> Locality:
+                     assign: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
+                     passes: Sequence[int | None] = ()) -> Locality:
     """Source positions of the rows of steps ``[0, steps]`` under the shuffle ``cfg``, at most about
     ``max_points`` of them (evenly spread steps, evenly spread rows). ``assign``: a mixture's
-    ``QuotaIndex.assign`` (global example -> component, component example); each component shuffles its own."""
+    ``QuotaIndex.assign`` (global example -> component, component example); each component shuffles its own.
+    ``passes``: per component, the examples of a pass of a ``"spans"`` read, which shuffles each pass on its
+    own (:class:`reader.order.passes.Spans`), or None (``"streams"``)."""
     n_steps = steps + 1
     rows_per = max(1, min(batch_size, max_points // n_steps))
     step_ids = np.unique(np.linspace(0, steps, min(n_steps, max_points)).round().astype(np.int64))
     row_ids = np.unique(np.linspace(0, batch_size - 1, rows_per).round().astype(np.int64))
     ex = (step_ids[:, None] * batch_size + row_ids[None, :]).reshape(-1)
     comp, k = assign(ex) if assign is not None else (np.zeros(ex.size, np.int64), ex)
-    src = np.asarray(shuffle_example_indices(np.asarray(k, dtype=np.int64), cfg), dtype=np.int64)
+    k = np.asarray(k, dtype=np.int64)
+    src = np.asarray(shuffle_example_indices(k, cfg), dtype=np.int64)
+    for c, E in enumerate(passes):
+        if E:
+            src[comp == c] = Spans(E, cfg.lanes, cfg).sources(k[comp == c])
     return Locality(steps=ex // batch_size, sources=src, components=np.asarray(comp, dtype=np.int64))

@@ -127,20 +127,26 @@ def _summary(d: ReportData) -> str:
     if d.is_mixture:
         head = "<tr><th>component</th><th>path</th><th>state</th><th>documents</th><th>tokens</th><th>chunks</th>"
         head += "".join(f"<th>weight from batch {g['start_batch']:,}</th>" for g in s["segments"])
-        head += "<th>examples drawn</th><th>passes</th></tr>"
+        head += ("<th>examples per pass</th><th>pass rule</th><th>max_passes</th><th>examples drawn</th>"
+                 "<th>passes</th></tr>")
         body = []
         for c in s["components"]:
             passes = "-" if c.get("passes") is None else f"{c['passes']:.3f}"
+            limit = "-" if c.get("max_passes") is None else f"{c['max_passes']:g}"
             w = "".join(f'<td class="n">{g["weights"][c["name"]]:.4f}</td>' for g in s["segments"])
             body.append(f"<tr><td>{html.escape(c['name'])}</td><td>{html.escape(c['path'])}</td>"
                         f"<td>{'finished' if c['finished'] else 'BUILDING'}</td><td class='n'>{c['documents']:,}</td>"
                         f"<td class='n'>{c['tokens']:,}</td><td class='n'>{c['chunks']:,}</td>{w}"
+                        f"<td class='n'>{c['examples_per_pass']:,}</td><td>{_rule(c)}</td><td class='n'>{limit}</td>"
                         f"<td class='n'>{c.get('examples_drawn', 0):,}</td><td class='n'>{passes}</td></tr>")
         docs = sum(c["documents"] for c in s["components"])
+        refused = s.get("steps", {}).get("refused_from")
+        note = "" if refused is None else f"<p><b>{html.escape(refused['error'])}</b></p>"
         return (_rows_table([("documents", docs), ("tokens", sum(c["tokens"] for c in s["components"])),
                              ("tokenizer", d.tokenizer), ("seed", s["seed"]), ("block", s["block"])])
-                + f"<h2>Components</h2><p>Passes: epochs over each component that steps 0 to {d.steps:,} draw.</p>"
-                + "<table>" + head + "".join(body) + "</table>")
+                + f"<h2>Components</h2><p>Passes over each component that steps 0 to {d.steps:,} draw: a pass is the "
+                  "component's examples per pass, under the pass rule \"spans\" each served once per pass.</p>"
+                + note + "<table>" + head + "".join(body) + "</table>")
     tokens, docs = s["tokens"], s["documents"]
     rows = [("documents", docs), ("tokens", tokens), ("chunks", s["chunks"]),
             ("empty chunks", s["empty_chunks"]), ("Parquet bytes", s["bytes"]), ("input shards", s["inputs"]),
@@ -151,7 +157,22 @@ def _summary(d: ReportData) -> str:
                                                               d.progress.finished else "")))
     rows += [("tokenizer", d.tokenizer), ("doc length", "  ".join(f"{k}={v}" for k, v in
                                                                   s["doc_length_percentiles"].items()))]
+    p = s.get("passes")
+    if p is not None:
+        rows.append(("examples per pass", p["examples_per_pass"]))
+        rows.append(("pass rule", _rule(p)))
+        if p.get("passes") is not None:
+            rows.append(("passes", f"{p['passes']:.3f} in steps 0 to {p['steps'] - 1:,}"))
     return _rows_table(rows)
+
+
+def _rule(p: dict) -> str:
+    """A pass rule as the page says it (:func:`reader.report.summary.passes`)."""
+    text = p["pass_rule"] + (f" (the default for format version {p['format_version']})" if p["rule_by_version"] else "")
+    if p["repeated_rows"]:
+        text += (f"; about {p['repeated_rows'] / p['examples_per_pass']:.0%} of each pass's rows are served twice "
+                 "within it (pass_rule 'spans' serves each once)")
+    return html.escape(text)
 
 
 def _state(d: ReportData) -> str:
@@ -188,8 +209,9 @@ def _bad(d: ReportData) -> str:
 
 def _batches(d: ReportData) -> str:
     o = d.options
-    how = (f"seq_len {o.seq_len}, batch_size {o.batch_size}, {'packed' if o.packed else 'unpacked'}, ideal_readers "
-           f"{o.ideal_readers}" + (f", shuffle_seed {o.shuffle_seed}" if o.shuffle_seed is not None else ""))
+    how = (f"seq_len {o.seq_len}, batch_size {o.batch_size}, {'packed, ' + o.packing if o.packed else 'unpacked'}, "
+           f"ideal_readers {o.ideal_readers}" + (f", shuffle_seed {o.shuffle_seed}" if o.shuffle_seed is not None else "")
+           + (f", max_segments {o.max_segments}" if o.max_segments is not None else ""))
     out = [f"<h2>Batches</h2><p>Read with {html.escape(how)}. Colours: one per document piece; "
            '<span class="doc">|</span> a document start; <span class="masked seg0">dimmed</span>: masked out of the '
            'loss; <span class="pad">···</span> padding.</p>']
@@ -197,6 +219,8 @@ def _batches(d: ReportData) -> str:
         out.append(f"<h3>Batch {b.batch:,}</h3>")
         if b.note:
             out.append(f"<p class='note'>{html.escape(b.note)}</p>")
+        if b.packing is not None and b.packing.rows:
+            out.append(f"<p class='packing'>The batch's {html.escape(b.packing.describe())}.</p>")
         for r in b.rows:
             comp = f", component {html.escape(r.component)}" if r.component is not None else ""
             out.append(f"<div class='rowhead'>row {r.row} (example {r.example:,}, epoch {r.epoch}{comp})</div>"

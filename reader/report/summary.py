@@ -12,8 +12,9 @@ from typing import Callable
 
 import numpy as np
 
+from reader.batch.examples import ExampleOrder
 from reader.mixture.quotas import QuotaIndex
-from reader.mixture.mixture import Mixture
+from reader.mixture.mixture import Mixture, MixtureOrder
 from reader.options import ReadOptions
 from reader.storage.cache import Cache
 from reader.storage.validate import chunk_doc_lengths
@@ -75,18 +76,42 @@ def cache_summary(cache: Cache, path: str, *, max_chunks: int, threads: int, seq
     return info, lengths
 
 
+def passes(order: ExampleOrder) -> dict:
+    """How a training read covers a cache (docs/READING.md, "Passes"): its pass rule, ``E`` (the examples of a
+    pass, in the chunks known so far on a running build) and, under ``"streams"``, about how many of a
+    pass's rows repeat rows of the same pass."""
+    return {"pass_rule": order.pass_rule, "rule_by_version": order.options.pass_rule is None,
+            "format_version": order.cache.ledger.format_version, "examples_per_pass": order.pass_examples(),
+            "repeated_rows": order.repeated_rows()}
+
+
+def cache_passes(cache: Cache, opts: ReadOptions, steps: int | None) -> dict:
+    """:func:`passes` of ``cache`` read with ``opts`` and, for ``steps`` global batches, the examples and
+    passes they make."""
+    info = passes(ExampleOrder(cache, opts, None, np.zeros(0, np.int64)))
+    info.update(seq_len=opts.seq_len, kind=opts.kind, ideal_readers=opts.ideal_readers, batch_size=opts.batch_size)
+    if steps is not None:
+        E = info["examples_per_pass"]
+        info.update(steps=steps, examples=steps * opts.batch_size, passes=steps * opts.batch_size / E if E else None)
+    return info
+
+
 def mixture_summary(path: str, opts: ReadOptions, steps: int | None, mix: Mixture | None = None) -> dict:
     """What ``inspect`` prints for a mixture file: each component's size, its weight per schedule
-    segment and, for ``steps`` global batches of ``opts``, the examples, tokens and passes drawn from it
-    (packed: ``seq_len`` tokens per example)."""
+    segment, its pass rule and examples per pass and, for ``steps`` global batches of ``opts``, the
+    examples, tokens and passes drawn from it (packed: ``seq_len`` tokens per example), and the first
+    step a component's ``max_passes`` refuses, if any before ``steps``."""
     mix = Mixture(path) if mix is None else mix
     spec = mix.spec
     sizes = [(len(c.table), int(c.table.docs.sum()), int(c.table.tokens.sum())) for c in mix.distinct]
+    order = MixtureOrder(mix, opts, [None] * len(mix.distinct), np.zeros(0, np.int64))
+    per_cache = [passes(o) for o in order.orders]
     comps = []
     for c, cache, d in zip(spec.components, mix.caches, mix.which):
         chunks, docs, tokens = sizes[d]  # (once per distinct cache: components may share one)
         comps.append({"name": c.name, "path": c.url, "finished": cache.complete, "chunks": chunks,
-                      "documents": docs, "tokens": tokens})
+                      "documents": docs, "tokens": tokens, **per_cache[d],
+                      "max_passes": None if c.max_passes is None else float(c.max_passes)})
     segs = [{"start_batch": start, "weights": dict(zip(spec.names, spec.normalised(s)))}
             for s, (start, _) in enumerate(spec.segments)]
     info = {"path": path, "seed": spec.seed, "block": spec.block,
@@ -98,5 +123,8 @@ def mixture_summary(path: str, opts: ReadOptions, steps: int | None, mix: Mixtur
         for comp, n in zip(comps, drawn.tolist()):
             comp["examples_drawn"] = n
             comp["tokens_drawn"] = n * opts.seq_len
-            comp["passes"] = n * opts.seq_len / comp["tokens"] if comp["tokens"] else None
+            comp["passes"] = n / comp["examples_per_pass"] if comp["examples_per_pass"] else None
+        limit = None if opts.eval_mode else order.pass_limit()
+        if limit is not None and limit[0] < steps:
+            info["steps"]["refused_from"] = {"step": limit[0], "error": str(limit[1])}
     return info

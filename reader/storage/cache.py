@@ -23,6 +23,7 @@ from reader.format import table as chunk_table
 from reader.storage import remote
 from reader.order import streams
 from reader.storage import fields as kept
+from reader.storage import files
 from reader.storage import whatis
 
 T = TypeVar("T")
@@ -33,13 +34,6 @@ _ENTRY_RE = re.compile(r"shard-(\d{5})/chunk-(\d{6})" + re.escape(chunk_table.EN
 _TABLE_KEYS = ("path", "checksum", "shard", "index_in_shard", "docs", "tokens", "bytes", "sidecar_checksum",
                "loss_tokens", "dead_letters")
 _DONE_RE = re.compile(r"shard-(\d{5})/" + re.escape(fmt.SHARD_DONE_NAME) + "$")
-
-
-def _cat_one(fs, path: str) -> dict:
-    try:
-        return {path: fs.cat_file(path)}
-    except FileNotFoundError:
-        return {}
 
 
 class CacheNotReady(TimeoutError):
@@ -62,6 +56,7 @@ class Cache:
         self.storage_options = dict(storage_options or {})
         self.fs, root, self.anonymous = remote.filesystem(url, self.storage_options)
         self.root = root.rstrip("/")
+        self.storage = files.FsspecStorage(self.fs)  # every file of the cache is read through it
         if not self.is_local:  # bounded first contact: a dead network or missing credentials fail in seconds
             remote.check_open(self.fs, url, self.path(fmt.LEDGER_NAME), self.display(fmt.LEDGER_NAME),
                               anonymous=self.anonymous)
@@ -78,8 +73,7 @@ class Cache:
     @property
     def is_local(self) -> bool:
         """True for a cache on the local filesystem (plain paths, os-level file calls work)."""
-        p = getattr(self.fs, "protocol", ())
-        return "file" in (p if isinstance(p, tuple) else (p,))
+        return self.storage.local
 
     def path(self, rel: str) -> str:
         """Filesystem path (for ``self.fs``) of a path relative to the root."""
@@ -93,13 +87,22 @@ class Cache:
         """Bytes of a file of the cache (``[start, end)`` of them). A missing file raises
         ``FileNotFoundError``; a storage failure, a :class:`reader.storage.remote.StorageError` naming the file."""
         try:
-            return self.fs.cat_file(self.path(rel), start=start, end=end)
-        except FileNotFoundError:
-            raise
+            if start is None and end is None:
+                return self.storage.read(self.path(rel))
+            return self.storage.read_range(self.path(rel), start or 0, end)
         except Exception as e:
-            if remote.is_storage_error(e):
-                raise remote.storage_error(self.display(rel), e, anonymous=self.anonymous) from e
-            raise
+            failure = self.failure(rel, e)
+            if failure is e:
+                raise
+            raise failure from e
+
+    def failure(self, rel: str, e: BaseException) -> BaseException:
+        """What a failed read of file ``rel`` raises: a storage failure as a
+        :class:`reader.storage.remote.StorageError` naming the file; anything else (a missing file's
+        ``FileNotFoundError`` too) as it is."""
+        if not isinstance(e, FileNotFoundError) and remote.is_storage_error(e):
+            return remote.storage_error(self.display(rel), e, anonymous=self.anonymous)
+        return e
 
     def fields(self, start: int, stop: int, names=None) -> dict[str, list]:
         """Kept fields (``--keep_fields``) of documents ``[start, stop)`` in global order: ``name -> values``
@@ -110,7 +113,7 @@ class Cache:
     def _read_ledger(self) -> fmt.Ledger:
         where = self.display(fmt.LEDGER_NAME)
         try:
-            text = self.fs.cat_file(self.path(fmt.LEDGER_NAME))
+            text = self.storage.read(self.path(fmt.LEDGER_NAME))
         except (FileNotFoundError, NotADirectoryError):
             raise whatis.not_a_cache(self.fs, self.root, self.url) from None
         ledger = fmt.Ledger.parse(text, where=where)
@@ -120,19 +123,8 @@ class Cache:
         return ledger
 
     def cat_ranges(self, rel: str, ranges) -> list[bytes]:
-        """The bytes of each ``(start, end)`` range of a file of the cache, in one request where the
-        filesystem can (fewer bytes past the end of the file)."""
-        path = self.path(rel)
-        if self.is_local:  # one open for every range
-            with self.fs.open(path, "rb") as f:
-                out = []
-                for start, end in ranges:
-                    f.seek(start)
-                    out.append(f.read(end - start))
-                return out
-        got = self.fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges], [b for _, b in ranges],
-                                 on_error="raise")
-        return [bytes(g) for g in got]
+        """The bytes of each ``(start, end)`` range of a file of the cache (:meth:`reader.storage.files.Storage.read_ranges`)."""
+        return self.storage.read_ranges(self.path(rel), ranges)
 
     def refresh(self) -> bool:
         """Re-read the ledger (and, while the build runs, sidecars). Returns True if more chunks are known."""
@@ -266,7 +258,7 @@ class Cache:
         listed; then the entries that extend the known prefix are fetched in order, a batch of paths at
         a time, up to the first one that does not exist yet. Each is fetched once.
         """
-        entries = plan.raw.get("format_version", 0) >= chunk_table.TABLE_VERSION  # else sidecars
+        entries = chunk_table.writes_entries(plan.raw)  # else sidecars
         name_of = chunk_table.entry_path if entries else fmt.sidecar_path
         what = "entry" if entries else "sidecar"
         inputs = plan.inputs
@@ -279,11 +271,7 @@ class Cache:
             elif i in self._done_shards:
                 lower[i], final[i] = self._done_shards[i], True
         for i in np.flatnonzero(~final).tolist():  # a compressed shard still being streamed
-            try:
-                listing = self.fs.ls(self.path(fmt.shard_dir(i)), detail=False)
-            except FileNotFoundError:
-                listing = []
-            for p in listing:
+            for p in (e.path for e in self.storage.list(self.path(fmt.shard_dir(i)))):
                 m = _DONE_RE.search(p)
                 if m and int(m.group(1)) == i:
                     n_done = self._done_chunks(i, self.display(fmt.LEDGER_NAME), missing_ok=True)
@@ -304,12 +292,10 @@ class Cache:
         while upto < len(keys):  # extend the prefix: entries are published after their chunk is in place
             want = keys[upto:upto + batch]
             paths = [self.path(name_of(s, k)) for s, k in want]
-            got = self.fs.cat(paths, on_error="omit") if len(paths) > 1 else _cat_one(self.fs, paths[0])
+            got = self.storage.read_many(paths)
             for (s, k), p in zip(want, paths):
                 data = got.get(p)
                 if data is None:
-                    data = next((v for q, v in got.items() if q.endswith(p.lstrip("/"))), None)
-                if data is None or isinstance(data, Exception):
                     break
                 where = self.display(name_of(s, k))
                 try:

@@ -14,12 +14,11 @@ import dataclasses
 from typing import Any, Callable
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.format.sidecar import Disagreement, Layout, row_group_index, size_mismatch
 from reader.storage.cache import Cache
-from reader.storage.validate import arrow_message, chunk_error, parse_chunk, size_mismatch
+from reader.storage.validate import chunk_error, parse_chunk
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,13 +109,37 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
     """Chunk ``index``'s verified :class:`ChunkMeta` and its size in memory, from its sidecar and footer.
 
     ``fetch(rel, start=None, end=None)`` returns a file's bytes (a range of them); ``tally(index, nbytes,
-    data=...)`` counts each fetch (see ``ChunkStore``).
+    data=...)`` counts each fetch (see ``ChunkStore``). The sidecar is read with ``cache.cat``.
     """
+    steps = open_chunk_steps(cache, index, tally)
+    want = next(steps)
+    while True:
+        try:
+            got = cache.cat(want[1]) if want[0] == SIDECAR else fetch(*want[1:])
+        except Exception as e:  # noqa: BLE001 - the steps decide what a failed read means
+            want = steps.throw(e)
+        else:
+            try:
+                want = steps.send(got)
+            except StopIteration as done:
+                return done.value
+
+
+SIDECAR = "sidecar"  # what open_chunk_steps asks for: (SIDECAR, rel), or (RANGE, rel, start, end) / (RANGE, rel)
+RANGE = "range"
+
+
+def open_chunk_steps(cache: Cache, index: int, tally: Callable[..., None]):
+    """:func:`open_chunk` as a generator that does no I/O itself: it yields what it needs read, ``(SIDECAR,
+    rel)`` (a whole sidecar; a missing one is thrown in as ``FileNotFoundError``) or ``(RANGE, rel, start,
+    end)`` (bytes of a chunk file, as ``fetch`` reads them; ``(RANGE, rel)``: the whole file), is sent the
+    bytes (or thrown the read's error), and returns ``(ChunkMeta, size in memory)``. A blocking caller
+    (:func:`open_chunk`) and an asynchronous one (``ChunkStore``, many chunks opened at once) drive it."""
     t = cache.table
     rel = t.paths[index]
     side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
     try:
-        raw = cache.cat(side_rel)
+        raw = yield SIDECAR, side_rel
     except FileNotFoundError:
         raise chunk_error(cache, side_rel, "sidecar missing") from None
     tally(index, len(raw), data=False)
@@ -137,54 +160,32 @@ def open_chunk(cache: Cache, index: int, fetch: Callable[..., bytes], tally: Cal
         if got != exp:
             raise chunk_error(cache, side_rel, f"sidecar {key} is {got!r}, {fmt.LEDGER_NAME} says {exp!r} (one of the "
                               "two was changed after the build; `python -m reader validate` tells which)")
-    if "row_group_index" not in side or "footer" not in side:
-        return _open_whole(cache, index, fetch, tally)
     size = int(t.nbytes[index])
     try:
-        index_rows = side["row_group_index"]
-        f_off, f_len, f_sum = side["footer"]
-        rg_ranges = np.asarray([[int(e[0]), int(e[1])] for e in index_rows], dtype=np.int64).reshape(-1, 2)
-        rg_docs = np.asarray([int(e[2]) for e in index_rows], dtype=np.int64)
-        rg_tokens = np.asarray([int(e[3]) for e in index_rows], dtype=np.int64)
-        rg_sums = [str(e[4]) for e in index_rows]
-        if not (fmt.is_int(f_off, 0, size) and fmt.is_int(f_len, 0, size)) or bool((rg_ranges < 0).any()
-                | (rg_ranges > size).any() | (rg_docs < 0).any() | (rg_tokens < 0).any()
-                | (rg_docs > fmt.MAX_COUNT).any() | (rg_tokens > fmt.MAX_COUNT).any()):
-            raise ValueError(f"numbers outside the {size}-byte file or the counts a chunk can hold")
-    except (TypeError, ValueError, IndexError, KeyError, OverflowError) as e:
-        raise chunk_error(cache, side_rel, f"malformed row_group_index/footer ({e})") from None
-    ends = np.concatenate([[4], rg_ranges[:, 0] + rg_ranges[:, 1]])
-    if (not np.array_equal(rg_ranges[:, 0], ends[:-1]) or int(ends[-1]) != f_off or f_off + f_len != size
-            or int(rg_docs.sum()) != int(t.docs[index]) or int(rg_tokens.sum()) != int(t.tokens[index])):
-        raise chunk_error(cache, side_rel, "row_group_index/footer inconsistent with the chunk's size, documents "
-                          "or tokens")
+        lay = Layout.of(side, size, int(t.docs[index]), int(t.tokens[index]))
+    except Disagreement as e:
+        raise chunk_error(cache, side_rel if e.sidecar else rel, str(e)) from None
+    if lay is None:
+        return (yield from _open_whole(cache, index, tally))
+    f_off, f_len, _ = lay.footer
     # one byte past the recorded end: a file longer than recorded shows up here, at no extra request
-    footer = fetch(rel, f_off, f_off + f_len + 1)
+    footer = yield RANGE, rel, f_off, f_off + f_len + 1
     tally(index, len(footer), data=None)
     if len(footer) != f_len:
         raise chunk_error(cache, rel, _size_problem(cache, rel, size, f_off, f_len, len(footer)))
-    if fmt.checksum(footer) != f_sum:
-        raise chunk_error(cache, rel, f"footer checksum mismatch (bytes [{f_off}, {size}))")
     try:
-        fm = pq.read_metadata(pa.BufferReader(footer))
-        kv = fm.metadata or {}
-        kv_tokens = fmt.load_json(kv[fmt.ROW_GROUP_TOKENS_KEY])
-        ok = (fm.num_row_groups == len(rg_sums) and kv_tokens == rg_tokens.tolist()
-              and [fm.row_group(g).num_rows for g in range(fm.num_row_groups)] == rg_docs.tolist()
-              and [list(r) for r in fmt.row_group_ranges(fm)] == rg_ranges.tolist())
-    except Exception as e:  # noqa: BLE001 - damaged metadata
-        raise chunk_error(cache, rel, f"unreadable Parquet footer ({arrow_message(e)})") from e
-    if not ok:
-        raise chunk_error(cache, rel, "the Parquet footer disagrees with the sidecar's row_group_index")
-    m = ChunkMeta(index, rel, rg_ranges, rg_sums, np.concatenate([[0], np.cumsum(rg_tokens)]),
-                  np.concatenate([[0], np.cumsum(rg_docs)]), fm, (f_off, footer), size)
+        fm = lay.footer_meta(footer)
+    except Disagreement as e:
+        raise chunk_error(cache, side_rel if e.sidecar else rel, str(e)) from None
+    m = ChunkMeta(index, rel, lay.ranges, lay.checksums, np.concatenate([[0], np.cumsum(lay.tokens)]),
+                  np.concatenate([[0], np.cumsum(lay.docs)]), fm, (f_off, footer), size)
     return m, m.nbytes
 
 
 def _size_problem(cache: Cache, rel: str, size: int, f_off: int, f_len: int, got: int) -> str:
     """A short or long read of the footer: the file's real size (one more request, on this error path only)."""
     try:
-        actual = int(cache.fs.size(cache.path(rel)))
+        actual = cache.storage.size(cache.path(rel))
     except Exception:  # noqa: BLE001 - the size is a detail of the message
         actual = f_off + got if 0 < got < f_len else None
     if actual is not None and actual != size:
@@ -193,13 +194,13 @@ def _size_problem(cache: Cache, rel: str, size: int, f_off: int, f_len: int, got
     return f"{kind}: the footer at bytes [{f_off}, {f_off + f_len}) of a {size}-byte file read {got} bytes"
 
 
-def _open_whole(cache: Cache, index: int, fetch, tally):
+def _open_whole(cache: Cache, index: int, tally):
     """A chunk whose sidecar predates the row-group index: fetch it whole, verify, index it here."""
     rel = cache.table.paths[index]
-    data = fetch(rel)
+    data = yield RANGE, rel
     tally(index, len(data), data=True)
     w = parse_chunk(cache, index, data)
-    rg_index, footer = fmt.row_group_index(data)
+    rg_index, footer = row_group_index(data)
     rg_ranges = np.asarray([e[:2] for e in rg_index], dtype=np.int64).reshape(-1, 2)
     m = ChunkMeta(index, rel, rg_ranges, [e[4] for e in rg_index], w.rg_token_starts, w.rg_doc_starts,
                   w.file_meta, (footer[0], data[footer[0]:]), len(data), data)

@@ -40,7 +40,7 @@ def _check(cache: Any, names: Sequence[str] | None) -> tuple[str, ...]:
 
 def _chunk_rows(cache: Any, c: int, lo: int, hi: int, columns: list[str]) -> Iterator[dict[str, list]]:
     """Columns ``columns`` of rows ``[lo, hi)`` of chunk ``c``, one dict of Python lists per row group read."""
-    with cache.fs.open(cache.path(cache.table.paths[c]), "rb") as f:
+    with cache.storage.open(cache.path(cache.table.paths[c])) as f:
         pf = pq.ParquetFile(f)
         start = 0
         for g in range(pf.metadata.num_row_groups):

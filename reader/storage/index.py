@@ -22,6 +22,7 @@ import collections
 import concurrent.futures as cf
 import hashlib
 import threading
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -29,11 +30,12 @@ import pyarrow.parquet as pq
 from reader.format import spec as fmt
 from reader.format import blocks
 from reader.format import table as chunk_table
-from reader.storage import atomic, remote
+from reader.storage import files, remote
 from reader.storage.cache import Cache
 from reader.storage.chunk import DocIndex
 from reader.storage.pages import int_values
-from reader.storage.validate import ChunkError, arrow_message, size_mismatch
+from reader.format.sidecar import arrow_message, size_mismatch
+from reader.storage.validate import ChunkError
 from reader.order.packing import WINDOW_TOKENS, best_fit_rows, count_best_fit_rows, window_bounds, window_docs
 from reader.order.pieces import pieces_per_doc, unpacked_examples_per_chunk
 
@@ -50,8 +52,8 @@ class WindowRows:
 
     __slots__ = ("ptr", "token", "first", "length", "column", "nbytes", "rows")
 
-    def __init__(self, lengths: np.ndarray, doc_starts: np.ndarray, seq_len: int):
-        rows = best_fit_rows(lengths, seq_len)
+    def __init__(self, lengths: np.ndarray, doc_starts: np.ndarray, seq_len: int, **caps):
+        rows = best_fit_rows(lengths, seq_len, **caps)
         self.ptr = rows.row_ptr
         self.rows = rows.num_rows
         self.token = doc_starts[rows.doc] + rows.start
@@ -77,11 +79,14 @@ class ExampleIndex:
       index_cache: load and store the counts in ``ROOT/index/`` (when the cache is finished and writable).
       window_tokens: best fit: the window target (``ReadOptions.best_fit_window_tokens``).
       drop_long: documents longer than ``seq_len`` yield no example (see the module docstring).
+      continuations, max_segments: best fit: the continuation pieces and the pieces a row holds at most
+        (:func:`reader.order.packing.best_fit_rows`; None: no cap).
       threads: chunks counted at once.
     """
 
     def __init__(self, cache: Cache, seq_len: int, kind: str = "unpacked", *, index_cache: bool = True,
-                 window_tokens: int = WINDOW_TOKENS, drop_long: bool = False, threads: int = 8):
+                 window_tokens: int = WINDOW_TOKENS, drop_long: bool = False, continuations: int = 1,
+                 max_segments: int | None = None, threads: int = 8):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.cache = cache
@@ -90,6 +95,7 @@ class ExampleIndex:
         self.window_tokens = int(window_tokens)
         self.index_cache = index_cache
         self.drop_long = bool(drop_long)
+        self.caps = {"continuations": continuations, "max_segments": max_segments} if kind == "best_fit" else {}
         self.threads = int(threads)
         self.counted = 0  # chunks the last counts() counted (not loaded)
         self._lock = threading.Lock()
@@ -107,12 +113,17 @@ class ExampleIndex:
 
     @property
     def index_file(self) -> str:
-        """The file of these counts: JSON for a cache of format version 1 to 3 (as before), the block format of
-        the chunk table for version 4 (:func:`write_index_file`)."""
-        window = f"-W{self.window_tokens}" if self.kind == "best_fit" else ""
+        """``index/{kind}-L{L}[-W{W}][-C{continuations}][-S{max_segments}][-drop_long].json``: what the
+        counts depend on besides the chunks (best fit: the window, and caps other than one continuation
+        piece and no segment cap); ``.bin`` in the chunk table's block format for a cache of format version 4
+        (:func:`write_index_file`), JSON for older ones."""
+        name = f"{self.kind}-L{self.seq_len}"
+        if self.kind == "best_fit":
+            name += f"-W{self.window_tokens}"
+            c, m = self.caps["continuations"], self.caps["max_segments"]
+            name += f"-C{c}" * (c != 1) + f"-S{m}" * (m is not None)
         table = chunk_table.table_of(self.cache.table) is not None
-        return f"{INDEX_DIR}/{self.kind}-L{self.seq_len}{window}{'-drop_long' * self.drop_long}" + (
-            ".bin" if table else ".json")
+        return f"{INDEX_DIR}/{name}{'-drop_long' * self.drop_long}" + (".bin" if table else ".json")
 
     def lengths(self, doc_lengths: np.ndarray) -> np.ndarray:
         """Document lengths as this read sees them: with ``drop_long``, a long document as empty."""
@@ -177,7 +188,7 @@ class ExampleIndex:
         """The index file's counts, if it is there and ours (else count again)."""
         cache = self.cache
         try:
-            raw = cache.fs.cat_file(cache.path(self.index_file))
+            raw = cache.storage.read(cache.path(self.index_file))
             if chunk_table.table_of(table) is not None:
                 return self._load_blocks(raw, table, fingerprint)
             got = fmt.load_json(raw)
@@ -195,8 +206,8 @@ class ExampleIndex:
     def _load_blocks(self, raw: bytes, table: fmt.ChunkTable, fingerprint: str) -> bool:
         head, data = blocks.read_parts(raw, self.cache.display(self.index_file))
         if (head.get("fingerprint"), head.get("seq_len"), head.get("kind")) != (fingerprint, self.seq_len, self.kind) \
-                or head.get("drop_long") != self.drop_long or (self.kind == "best_fit" and
-                                                               head.get("window_tokens") != self.window_tokens):
+                or head.get("drop_long") != self.drop_long or (self.kind == "best_fit" and (
+                    head.get("window_tokens"), head.get("caps")) != (self.window_tokens, self.caps)):
             return False
         cols = data["chunks"]
         got = {"counts": cols["examples"], "window_tokens": head.get("window_tokens")}
@@ -235,7 +246,7 @@ class ExampleIndex:
             body = write_index_file(self.kind, self.seq_len, fingerprint, self._examples[:n],
                                     window_tokens=self.window_tokens if self.kind == "best_fit" else None,
                                     windows=(self._wptr[:n + 1], self._wrows) if self.kind == "best_fit" else None,
-                                    dropped=self._drop[:n] if self.drop_long else None)
+                                    dropped=self._drop[:n] if self.drop_long else None, caps=self.caps)
         else:
             doc = {"format": f"chunkledger-{self.kind}-index", "seq_len": self.seq_len,
                    "fingerprint": fingerprint, "counts": self._examples[:n].tolist()}
@@ -245,7 +256,7 @@ class ExampleIndex:
             if self.drop_long:  # per chunk: [documents, tokens] dropped
                 doc["dropped"] = self._drop[:n].tolist()
             body = fmt.dumps(doc).encode()
-        atomic.write(cache.fs, cache.path(self.index_file), body)
+        files.write(cache.storage, cache.path(self.index_file), body)
 
     def _count(self, table: fmt.ChunkTable, c: int) -> tuple[np.ndarray, tuple[int, int]]:
         """Chunk ``c``'s examples: ``[n]`` (unpacked), or its windows' rows (best fit); and the documents and
@@ -254,8 +265,8 @@ class ExampleIndex:
         if int(table.docs[c]) == 0:
             return np.zeros(1 if self.kind == "unpacked" else 0, np.int64), (0, 0)
         try:
-            with cache.fs.open(cache.path(rel), "rb") as f:
-                size = f.size if getattr(f, "size", None) is not None else cache.fs.size(cache.path(rel))
+            with cache.storage.open(cache.path(rel)) as f:
+                size = f.size if getattr(f, "size", None) is not None else cache.storage.size(cache.path(rel))
                 if int(size) != int(table.nbytes[c]):
                     raise ChunkError(f"{cache.display(rel)}: {size_mismatch(int(size), int(table.nbytes[c]))}. "
                                      "Rerun the build (delete this chunk and its .json sidecar first) or run "
@@ -283,7 +294,7 @@ class ExampleIndex:
             dropped = (int(long.sum()), int(lengths[long].sum()))
             lengths = self.lengths(lengths)
         if bounds is not None:
-            return np.asarray([count_best_fit_rows(lengths[a:b], self.seq_len)
+            return np.asarray([count_best_fit_rows(lengths[a:b], self.seq_len, **self.caps)
                                for a, b in zip(bounds[:-1], bounds[1:])], np.int64), dropped
         return np.asarray([unpacked_examples_per_chunk(lengths, self.seq_len)], np.int64), dropped
 
@@ -357,7 +368,7 @@ class ExampleIndex:
         try:
             bounds, first = self.windows(c, store)
             docs = store.window_docs(c, int(bounds[w]), int(bounds[w + 1]))
-            got = WindowRows(self.lengths(docs.doc_lengths), docs.doc_starts, self.seq_len)
+            got = WindowRows(self.lengths(docs.doc_lengths), docs.doc_starts, self.seq_len, **self.caps)
             want = int(first[w + 1] - first[w])
             if got.rows != want:  # the counts came from the num_tokens column, or an index file
                 raise self._mismatch(c, f"the documents of its packing window {w} pack into {got.rows} rows of "
@@ -416,9 +427,10 @@ class ExampleIndex:
 
 def write_index_file(kind: str, seq_len: int, fingerprint: str, examples: np.ndarray, *,
                      window_tokens: int | None = None, windows: tuple[np.ndarray, np.ndarray] | None = None,
-                     dropped: np.ndarray | None = None) -> bytes:
+                     dropped: np.ndarray | None = None, caps: Mapping[str, Any] | None = None) -> bytes:
     """The bytes of a version 4 cache's index file (:func:`reader.format.blocks.write_parts`): a header saying what
-    the counts are of (``kind``, ``seq_len``, ``window_tokens``, ``drop_long``, the table's ``fingerprint``), then
+    the counts are of (``kind``, ``seq_len``, ``window_tokens``, best fit's ``caps``, ``drop_long``, the table's
+    ``fingerprint``; the file's name says all but the fingerprint: :attr:`ExampleIndex.index_file`), then
     per chunk ``examples`` (best fit also ``windows``, drop_long ``dropped_docs`` and ``dropped_tokens``), and for
     best fit the ``rows`` of every window, chunk after chunk (``windows``: ``(ptr, rows)``)."""
     i64 = blocks.INT64
@@ -430,5 +442,5 @@ def write_index_file(kind: str, seq_len: int, fingerprint: str, examples: np.nda
     if dropped is not None:
         parts["chunks"] += [("dropped_docs", i64, dropped[:, 0]), ("dropped_tokens", i64, dropped[:, 1])]
     head = {"format": f"chunkledger-{kind}-index", "kind": kind, "seq_len": seq_len, "window_tokens": window_tokens,
-            "drop_long": dropped is not None, "fingerprint": fingerprint}
+            "caps": dict(caps) if caps else None, "drop_long": dropped is not None, "fingerprint": fingerprint}
     return blocks.write_parts(head, parts, chunk_table.BLOCK_ROWS)

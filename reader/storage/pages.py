@@ -14,7 +14,6 @@ spans begin (:func:`fast_list_values`); :func:`loss_flags` turns the spans into 
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.storage.files import RangeFile
 
 
 def int_values(column, dtype=np.int32) -> np.ndarray:
@@ -57,7 +57,7 @@ def decode_row_group(buf: bytes, *, base: int, group: int, file_meta: Any, file_
             padded = fast_plain_values(buf, rgm.column(0), tokens, lead=1, base=base)
             if padded is not None:
                 return padded, lengths
-    f = _RangeFile(file_size, [(base, buf), footer])
+    f = RangeFile(file_size, [(base, buf), footer])
     pf = pq.ParquetFile(pa.PythonFile(f, mode="r"), metadata=file_meta)
     tab = pf.read_row_group(group, columns=[fmt.TOKEN_COLUMN, fmt.LENGTH_COLUMN], use_threads=False)
     values = int_values(tab.column(0).combine_chunks().flatten())
@@ -85,7 +85,7 @@ def decode_loss_spans(buf: bytes, *, base: int, group: int, file_meta: Any, file
         got = fast_list_values(buf, rgm.column(c), docs, base=base)
         if got is not None:
             return got
-    f = _RangeFile(file_size, [(base, buf), footer])
+    f = RangeFile(file_size, [(base, buf), footer])
     pf = pq.ParquetFile(pa.PythonFile(f, mode="r"), metadata=file_meta)
     col = pf.read_row_group(group, columns=[fmt.LOSS_COLUMN], use_threads=False).column(0).combine_chunks()
     if col.null_count:
@@ -143,43 +143,6 @@ def loss_flags(values: np.ndarray, counts: np.ndarray, lengths: np.ndarray, *, s
         raise ValueError(f"{fmt.LOSS_COLUMN} out of order or past the end of their documents (python -m reader "
                          "validate names the document)")
     return flags
-
-
-class _RangeFile(io.RawIOBase):
-    """A read-only file of ``size`` bytes of which only some verified ranges are held, for pyarrow's
-    reader (the fallback decoder); reading anywhere else is an error, never zeros."""
-
-    def __init__(self, size: int, pieces: list[tuple[int, bytes]]):
-        super().__init__()
-        self._size, self._pieces, self._pos = size, pieces, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self._pos = offset if whence == 0 else (self._pos + offset if whence == 1 else self._size + offset)
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = self._size - self._pos
-        for off, buf in self._pieces:
-            if off <= self._pos and self._pos + n <= off + len(buf):
-                out = buf[self._pos - off:self._pos - off + n]
-                self._pos += n
-                return bytes(out)
-        raise OSError(f"read of bytes [{self._pos}, {self._pos + n}) outside the verified ranges")
-
-    def readinto(self, b) -> int:
-        data = self.read(len(b))
-        b[:len(data)] = data
-        return len(data)
 
 
 _CODECS = {"ZSTD": "zstd", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "UNCOMPRESSED": None}

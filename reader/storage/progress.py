@@ -1,9 +1,14 @@
 """How far a build has got: input bytes done of the total, chunks, documents and tokens written, the rate
-and an ETA (``python -m reader inspect`` and ``report`` on a running build).
+and an ETA (``python -m reader inspect`` and ``report`` on a running build, and the builder's progress line:
+``pipelines/runners/progress.py``), and whether the build lock's holder still runs (:func:`holder_alive`).
+
+:class:`Scan` is the one scan of what a build has written, through the storage port (fsspec for the reader,
+Beam's FileSystems for the builder): the chunks' entries (a version 4 build; an older one's sidecars) and
+``_DONE.json`` files under ``chunks/``, each read once while it stays the same.
 
 While a build runs, ``ledger.json`` is the plan: each input's file size, and the chunk count of each
 uncompressed shard (a compressed shard's is known only once it has been read). A chunk is done when its
-sidecar exists (the sidecar is written last). A chunk of an uncompressed shard completes its byte range of
+entry exists (written after its sidecar; in an older build, its sidecar, written last). A chunk of an uncompressed shard completes its byte range of
 the file; a compressed shard's chunks are counted in uncompressed bytes, whose total is unknown until the
 shard's ``_DONE.json`` exists, so its file bytes count as done only then.
 
@@ -11,14 +16,13 @@ The rate comes from the files' modification times: the work finished since this 
 lock (``_BUILDING.json``, created when the launcher starts), divided by the time from then to the last
 file. Chunks an earlier, interrupted run wrote count as done, not toward the rate. Without a lock (the
 builder stopped, or the job runs without its launcher, as a Dataflow template does) the rate is taken
-between the first and the last file. :func:`rate`, :func:`summarize` and :func:`eta` are pure; only
-:func:`read_progress` reads files.
+between the first and the last file. :func:`rate`, :func:`summarize` and :func:`eta` are pure; :class:`Scan`
+and :func:`read_progress` read files.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import os
 import re
@@ -31,12 +35,11 @@ import numpy as np
 from reader.format import spec as fmt
 from reader.format import table as chunk_table
 from reader.storage.cache import Cache
+from reader.storage.files import Storage
 
-# the builder's lock and its verdict when it stopped (docs/FORMAT.md, "Layout")
-LOCK_NAME = "_BUILDING.json"
-FAILED_NAME = "_FAILED.json"
-_SIDECAR = re.compile(r"chunk-(\d{6})\.json$")
-_ENTRY = re.compile(r"chunk-(\d{6})" + re.escape(chunk_table.ENTRY_SUFFIX))
+# what completes work: a chunk's entry (a version 4 build) or sidecar (older builds), a shard's _DONE.json
+_WRITTEN = {entries: re.compile(r"shard-(\d{5,})/(chunk-\d{6,}" + re.escape(chunk_table.ENTRY_SUFFIX if entries else ".json")
+                                + "|" + re.escape(fmt.SHARD_DONE_NAME) + ")$") for entries in (False, True)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +48,58 @@ class Written:
     ``_DONE.json`` (``entry`` None)."""
 
     shard: int
-    time: float  # its modification time (seconds since the epoch)
+    time: float | None  # its modification time (seconds since the epoch), None where the store does not say
     entry: Mapping[str, Any] | None = None  # the sidecar
     done: Mapping[str, Any] | None = None  # the _DONE.json
+
+
+class Scan:
+    """What a build has written into the cache at ``root`` so far, kept between calls of :meth:`scan`: one
+    listing of ``chunks/`` a scan, and each chunk's entry (``entries``: a version 4 build, about 0.4 KB each) or
+    sidecar (an older build, about 12 KB for a 64 MiB chunk) and ``_DONE.json`` read again only when it changed
+    (size or time). ``shards``: the build's input shards (a directory of another is not the build's)."""
+
+    def __init__(self, storage: Storage, root: str, shards: int, entries: bool = True):
+        self.storage, self.root, self.shards = storage, root, shards
+        self._written = _WRITTEN[bool(entries)]
+        self._seen: dict[str, tuple[tuple, Written | None]] = {}  # path -> (version, what it says, if readable)
+
+    def scan(self) -> list[Written]:
+        """Every entry (or sidecar) and ``_DONE.json`` there now; one not readable as such is left out (an entry
+        or sidecar of them is in :attr:`damaged`: they are written atomically, so that is damage, never a
+        half-written file)."""
+        found = {}
+        for e in self.storage.match(fmt.join(self.root, f"{fmt.CHUNKS_DIR}/*/*")):
+            m = self._written.search(e.path)
+            if m and int(m.group(1)) < self.shards:
+                found[e.path] = (int(m.group(1)), m.group(2), e)
+        new = [p for p, (_, _, e) in found.items() if p not in self._seen or self._seen[p][0] != (e.size, e.mtime)]
+        got = self.storage.read_many(new)
+        for p in new:
+            shard, name, e = found[p]
+            if p in got:
+                self._seen[p] = ((e.size, e.mtime), _parse(shard, name, e.mtime, got[p]))
+        for p in [p for p in self._seen if p not in found or (p in new and p not in got)]:
+            del self._seen[p]  # removed meanwhile (a rerun replacing a damaged chunk)
+        return [w for _, w in self._seen.values() if w is not None]
+
+    @property
+    def damaged(self) -> list[str]:
+        return sorted(p for p, (_, w) in self._seen.items() if w is None and not p.endswith(fmt.SHARD_DONE_NAME))
+
+
+def _parse(shard: int, name: str, t: float | None, raw: bytes) -> Written | None:
+    """What an entry, a sidecar or ``_DONE.json`` says (None if it is not readable as one)."""
+    try:
+        got = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(got, dict):
+        return None
+    if name == fmt.SHARD_DONE_NAME:
+        return Written(shard=shard, time=t, done=got) if isinstance(got.get("chunks"), int) else None
+    ints = all(type(got.get(k)) is int for k in ("docs", "tokens", "index_in_shard"))
+    return Written(shard=shard, time=t, entry=got) if ints else None
 
 
 @dataclasses.dataclass
@@ -184,85 +236,43 @@ def finished_progress(cache: Cache) -> Progress:
                     last_write_age_s=None, rate_chunks=0)
 
 
-def mtime(info: Mapping[str, Any]) -> float | None:
-    """A listing entry's modification time in seconds since the epoch (local files, Cloud Storage, S3)."""
-    for key in ("mtime", "updated", "LastModified", "last_modified", "created"):
-        v = info.get(key)
-        if v is None:
-            continue
-        if isinstance(v, (int, float)):
-            return float(v)
-        if isinstance(v, str):
-            try:
-                v = datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
-            except ValueError:
-                continue
-        if isinstance(v, datetime.datetime):
-            return (v if v.tzinfo else v.replace(tzinfo=datetime.timezone.utc)).timestamp()
-    return None
-
-
-def _json_or_none(cache: Cache, rel: str) -> dict | None:
-    try:
-        raw = cache.cat(rel)
-    except FileNotFoundError:
+def record(raw: bytes | None) -> dict | None:
+    """A status file's JSON object (the lock's holder, ``_FAILED.json``): None if there is no file, ``{}`` if
+    it is not one (being written by its owner right now, or damaged: present, unreadable)."""
+    if raw is None:
         return None
     try:
         got = json.loads(raw)
     except ValueError:
-        return {}  # being written by its owner right now (the lock) or damaged: present, unreadable
+        return {}
     return got if isinstance(got, dict) else {}
 
 
+def _json_or_none(cache: Cache, rel: str) -> dict | None:
+    try:
+        return record(cache.cat(rel))
+    except FileNotFoundError:
+        return None
+
+
 def read_progress(cache: Cache, *, now: float | None = None) -> Progress:
-    """The progress of ``cache``'s build: from the ledger when finished, else from every shard directory's
-    listing (entries or sidecars, ``_DONE.json`` and their times), their contents, the lock and ``_FAILED.json``.
-    Reads every chunk's entry (about 0.4 KB; an older build's sidecar, 12 KB for a 64 MiB chunk) written so
-    far: a running build's figures cover all of them, not only the prefix of the global order a reader can use."""
+    """The progress of ``cache``'s build: from the ledger when finished, else from what :class:`Scan` finds
+    (entries or sidecars, ``_DONE.json`` and their times), the lock and ``_FAILED.json``. Reads every entry
+    written so far (an older build's sidecar): a running build's figures cover all of them, not only the prefix
+    of the global order a reader can use."""
     if cache.complete:
         return finished_progress(cache)
     now = time.time() if now is None else now
-    fs = cache.fs
-    entries = cache.ledger.raw.get("format_version", 0) >= chunk_table.TABLE_VERSION
-    written_re = _ENTRY if entries else _SIDECAR
-    written: list[Written] = []
-    sidecars: list[tuple[int, str, float]] = []
-    for i in range(len(cache.ledger.inputs)):
-        try:
-            listing = fs.ls(cache.path(fmt.shard_dir(i)), detail=True)
-        except FileNotFoundError:
-            continue
-        for info in listing:
-            name = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
-            t = mtime(info)
-            if t is None:
-                continue
-            if name == fmt.SHARD_DONE_NAME:
-                got = _json_or_none(cache, fmt.shard_done_path(i))
-                if got and "chunks" in got:
-                    written.append(Written(shard=i, time=t, done=got))
-            elif written_re.fullmatch(name):
-                sidecars.append((i, fmt.shard_dir(i) + "/" + name, t))
-    if sidecars:
-        paths = [cache.path(rel) for _, rel, _ in sidecars]
-        got = fs.cat(paths, on_error="omit")
-        for (i, rel, t), p in zip(sidecars, paths):
-            data = got.get(p)
-            if data is None:
-                data = next((v for q, v in got.items() if q.endswith(p.lstrip("/"))), None)
-            if data is None or isinstance(data, Exception):
-                continue  # removed meanwhile (a rerun replacing a damaged chunk)
-            try:
-                entry = json.loads(data)
-            except ValueError as e:
-                raise fmt.DamagedCache(f"{cache.display(rel)}: not valid JSON ({e})") from e
-            written.append(Written(shard=i, time=t, entry=entry))
+    scan = Scan(cache.storage, cache.root, len(cache.ledger.inputs), entries=chunk_table.writes_entries(cache.ledger.raw))
+    written = [w for w in scan.scan() if w.time is not None]
+    if scan.damaged:
+        rel = scan.damaged[0][len(cache.root) + 1:]
+        raise fmt.DamagedCache(f"{cache.display(rel)}: not valid JSON, or not a chunk's entry or sidecar")
     lock = holder = None
-    try:
-        lock = mtime(fs.info(cache.path(LOCK_NAME)))
-        holder = _json_or_none(cache, LOCK_NAME)
-    except FileNotFoundError:
-        pass
+    found = cache.storage.match(cache.path(fmt.LOCK_NAME))
+    if found:
+        lock = found[0].mtime
+        holder = _json_or_none(cache, fmt.LOCK_NAME)
     alive = holder_alive(holder) if holder else None
     out = summarize(cache.ledger.inputs, written, start=lock, now=now, running=lock is not None and alive is not False)
     if lock is None:
@@ -270,7 +280,7 @@ def read_progress(cache: Cache, *, now: float | None = None) -> Progress:
     elif alive is False:
         out.stopped = (f"the builder holding the lock, process {holder.get('pid')} on {holder.get('host')}, is gone: "
                        "rerun the build command to resume")
-    out.failed = _json_or_none(cache, FAILED_NAME)
+    out.failed = _json_or_none(cache, fmt.FAILED_NAME)
     return out
 
 
@@ -355,7 +365,7 @@ def describe(p: Progress, readable: int | None = None) -> list[str]:
     lines.append(speed)
     if p.failed is not None:
         what = p.failed.get("message") or p.failed.get("error") or "see _FAILED.json"
-        lines.append(f"STOPPED: {what} ({FAILED_NAME})")
+        lines.append(f"STOPPED: {what} ({fmt.FAILED_NAME})")
     return lines
 
 

@@ -28,10 +28,11 @@ from typing import Any, Mapping
 
 import fsspec
 
+from reader.storage.files import GCS_PROTOCOLS
+
 CONNECT_TIMEOUT_S = 3.0  # resolving and connecting to the storage endpoint
 OPEN_TIMEOUT_S = 10.0  # the first request (the ledger's metadata), retries included
 METADATA_TIMEOUT_S = 1.0  # asking the GCE metadata server whether this is a Google Cloud machine
-GCS_PROTOCOLS = ("gs", "gcs")
 _FIX_CREDENTIALS = ("run `gcloud auth application-default login`, set GOOGLE_APPLICATION_CREDENTIALS to a "
                     "service-account key file, or pass storage_options={'token': ...}")
 

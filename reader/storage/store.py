@@ -7,6 +7,10 @@ naming the file and the row group, and no wrong token is ever returned. Decoded 
 ``int32`` token arrays plus document starts (4 bytes per token; 5 with a masked cache's loss flags); they, and the small per-chunk
 metadata, count against ``memory_budget_bytes`` (fetched bytes are not kept). Concurrent requests
 for the same item (the prefetch threads and the caller) share one load.
+
+A remote cache on an asynchronous filesystem (gcsfs for ``gs://``) is read ahead with many requests in
+flight and no thread waiting on them (:mod:`reader.storage.requests`); a local one with ``os.pread`` on
+the threads.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from reader.format import spec as fmt
 from reader.storage.cache import Cache
 from reader.storage.chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
 from reader.storage.pages import decode_loss_spans, decode_row_group, loss_flags
-from reader.storage.validate import arrow_message, chunk_error
+from reader.format.sidecar import arrow_message
+from reader.storage.requests import ReadAhead, Requests
+from reader.storage.validate import chunk_error
 
 
 _MAX_OPEN_FILES = 64
@@ -35,13 +41,16 @@ def _nothing() -> None:
     pass
 
 
-def _shutdown(pool: cf.ThreadPoolExecutor | None, files: dict, lock: threading.Lock) -> None:
+def _shutdown(pool: cf.ThreadPoolExecutor | None, files: dict, lock: threading.Lock,
+              requests: Requests | None) -> None:
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
     with lock:
         for f in files.values():
             f.close()
         files.clear()
+    if requests is not None:
+        requests.close()
 
 
 class ChunkStore:
@@ -77,8 +86,12 @@ class ChunkStore:
         # for every range, which costs as much as reading a row group). Other filesystems use fsspec.
         self._files: collections.OrderedDict[str, io.FileIO] = collections.OrderedDict()
         self._local = cache.is_local
-        # a store dropped without close() still stops its threads and closes its files
-        self._closer = weakref.finalize(self, _shutdown, self._pool if own else None, self._files, self._lock)
+        # a remote cache on an asynchronous filesystem: requests on its event loop (reader.storage.requests)
+        self.asynchronous: bool = not self._local and bool(getattr(cache.fs, "async_impl", False))
+        self.remote = ReadAhead(self) if self.asynchronous else None
+        # a store dropped without close() still stops its threads, closes its files and cancels its requests
+        self._closer = weakref.finalize(self, _shutdown, self._pool if own else None, self._files, self._lock,
+                                        None if self.remote is None else self.remote.requests)
 
     def close(self) -> None:
         self._closer()
@@ -87,34 +100,58 @@ class ChunkStore:
     def _get(self, key: Any, load: Callable[[], tuple[Any, int]], wait: bool = True) -> Any:
         """The cached value of ``key``, else ``load()`` it (once, whoever asks meanwhile waits for it);
         ``wait=False``: return None instead of waiting for a load another thread runs."""
-        with self._lock:
-            hit = self._lru.get(key)
-            if hit is not None:
-                self._lru.move_to_end(key)
-                return hit[0]
-            fut = self._inflight.get(key)
-            owner = fut is None
-            if owner:
-                fut = cf.Future()
-                self._inflight[key] = fut
+        hit, fut, owner = self._begin(key)
+        if fut is None:
+            return hit
         if not owner:
             return fut.result() if wait else None
         try:
             value, nbytes = load()
         except BaseException as e:
-            with self._lock:
-                del self._inflight[key]
-            fut.set_exception(e)
+            self._end(key, fut, error=e)
             raise
+        self._end(key, fut, value, nbytes)
+        return value
+
+    def _begin(self, key: Any) -> tuple[Any, cf.Future | None, bool]:
+        """``(value, None, False)`` if ``key`` is cached; else ``(None, future, owner)``: the load under way,
+        or a new one this caller owns (it must :meth:`_end` it)."""
+        with self._lock:
+            hit = self._lru.get(key)
+            if hit is not None:
+                self._lru.move_to_end(key)
+                return hit[0], None, False
+            fut = self._inflight.get(key)
+            if fut is not None:
+                return None, fut, False
+            fut = self._inflight[key] = cf.Future()
+            return None, fut, True
+
+    def _end(self, key: Any, fut: cf.Future, value: Any = None, nbytes: int = 0, error: BaseException | None = None):
+        """Finish the load of ``key`` that :meth:`_begin` started: cache ``value`` (or fail with ``error``);
+        an opened chunk's :meth:`when_open` work runs before anyone waiting for it wakes."""
         with self._lock:
             del self._inflight[key]
-            self._lru[key] = (value, nbytes)
-            self._used += nbytes
-            while self._used > self.budget and len(self._lru) > 1:
-                _, (_, n) = self._lru.popitem(last=False)
-                self._used -= n
-        fut.set_result(value)
-        return value
+            if error is None:
+                self._lru[key] = (value, nbytes)
+                self._used += nbytes
+                while self._used > self.budget and len(self._lru) > 1:
+                    _, (_, n) = self._lru.popitem(last=False)
+                    self._used -= n
+            then = self.remote.opened(key[1]) if key[0] == "chunk" and self.remote is not None else ()
+        for fn in then if error is None else ():
+            self._quietly(fn, value)
+        if error is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(error)
+
+    @staticmethod
+    def _quietly(fn: Callable[..., Any], *args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - read-ahead work never fails a read; the read itself reports
+            pass
 
     @property
     def used_bytes(self) -> int:
@@ -158,9 +195,31 @@ class ChunkStore:
         try:
             if start is not None and self._local:
                 return self._pread(rel, start, end)
+            if self.remote is not None:  # (a read waits for it: ahead of the read-ahead's requests waiting their turn)
+                return self.remote.requests.request(rel, start, end, urgent=True).result()
             return self.cache.cat(rel, start, end)
         except FileNotFoundError:
             raise chunk_error(self.cache, rel, "missing") from None
+
+    @property
+    def latency_s(self) -> float | None:
+        """Seconds a range request of this store takes, averaged over the latest (None: not a remote cache
+        read asynchronously, or no request yet)."""
+        return None if self.remote is None else self.remote.requests.latency_s
+
+    def when_open(self, index: int, fn: Callable[[ChunkMeta], None]) -> None:
+        """Run ``fn(meta)`` once chunk ``index`` is open: now if it is; on a remote cache read
+        asynchronously, when its sidecar and footer have come back (opening it without waiting, if nobody
+        is), before anyone waiting for it wakes; otherwise after opening it in this thread. Read-ahead
+        work: an error (of ``fn`` or of the opening) is dropped, the read itself reports it."""
+        if self.remote is not None:
+            self.remote.when_open(index, fn)
+            return
+        try:
+            m = self.meta(index)
+        except Exception:  # noqa: BLE001 - see above
+            return
+        self._quietly(fn, m)
 
     def _pread(self, rel: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a local file (fewer at its end), through a kept-open file. An evicted
@@ -181,6 +240,8 @@ class ChunkStore:
     # -- loading ----------------------------------------------------------------------------------------
     def meta(self, index: int) -> ChunkMeta:
         """Chunk ``index``'s verified layout (sidecar + footer, fetched on first use)."""
+        if self.remote is not None:  # (every request of a remote store is one of its Requests)
+            return self.remote.meta(index)
         return self._get(("chunk", index), lambda: open_chunk(self.cache, index, self._cat, self._count))
 
     def doc_index(self, index: int) -> DocIndex:
@@ -196,8 +257,10 @@ class ChunkStore:
     def _load_docs(self, key, index: int, lo: int, hi: int | None):
         m = self.meta(index)
         hi = m.num_row_groups if hi is None else hi
-        if hi - lo > 2:  # the background threads decode the second half meanwhile (the read needs it all soon)
+        if hi - lo > 2 and not self.asynchronous:  # the background threads decode the second half meanwhile
             self.submit(self._warm_for_docs, key, index, list(range((lo + hi) // 2, hi)))
+        if self.asynchronous:  # every row group requested at once (decoded as they come)
+            self.warm_row_groups(index, range(lo, hi))
         parts = [np.diff(self.row_group(index, g).doc_starts) for g in range(lo, hi)]
         lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         d = DocIndex(lengths, int(m.rg_token_starts[lo]) + np.concatenate([[0], np.cumsum(lengths)]))
@@ -231,7 +294,11 @@ class ChunkStore:
 
     def warm_row_groups(self, index: int, groups) -> None:
         """Prefetch: load row groups ``groups`` of chunk ``index``, skipping those cached (they count as
-        used) and those another thread is loading (so the prefetch threads decode different row groups)."""
+        used) and those another thread is loading (so the prefetch threads decode different row groups).
+        On a remote cache read asynchronously this only starts their requests (:meth:`when_open`)."""
+        if self.remote is not None:
+            self.remote.warm(index, groups)
+            return
         for group in self.touch_row_groups(index, groups):
             self._get(("rg", index, group), lambda: self._load_row_group(index, group), wait=False)
 
@@ -250,14 +317,23 @@ class ChunkStore:
                 else:
                     lru.move_to_end(k)
                     out[key] = hit[0]
+        if self.asynchronous and len(miss) > 1:  # (a read whose rows the read-ahead did not reach: one round trip)
+            by_chunk: dict[int, list[int]] = {}
+            for c, g in miss:
+                by_chunk.setdefault(c, []).append(g)
+            for c, gs in by_chunk.items():
+                self.warm_row_groups(c, gs)
         for c, g in miss:
             out[(c, g)] = self.row_group(c, g)
         return out
 
     def _fetch_row_group(self, m: ChunkMeta, group: int) -> bytes:
         off, length = (int(x) for x in m.rg_ranges[group])
+        ahead = None if self.remote is None or m.data is not None else self.remote.bytes_of(m, group)
         if m.data is not None:
             buf = m.data[off:off + length]  # verified with the whole file
+        elif ahead is not None:  # requested ahead (waited for if it was on its way)
+            buf = ahead
         else:
             buf = self._cat(m.path, off, off + length)
             self._count(m.index, len(buf), data=True)
@@ -326,6 +402,8 @@ class ChunkStore:
         m = self.meta(index)
         g0 = int(np.searchsorted(m.rg_token_starts, lo, side="right")) - 1
         g1 = int(np.searchsorted(m.rg_token_starts, hi - 1, side="right")) - 1 if hi > lo else g0
+        if self.asynchronous and g1 > g0:
+            self.warm_row_groups(index, range(g0, g1 + 1))
         toks, poss = [], []
         for g in range(g0, g1 + 1):
             base = int(m.rg_token_starts[g])

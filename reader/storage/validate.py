@@ -26,13 +26,11 @@ import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
 from reader.format import table as chunk_table
+from reader.format.sidecar import (Disagreement, Layout, arrow_message, entry_fields, file_mismatch, loss_tokens,
+                                   sidecar_bytes, size_mismatch)
 from reader.storage import remote
 from reader.storage.cache import Cache
 from reader.storage.pages import int_values, loss_flags
-
-# ledger chunk-entry keys that the sidecar does not carry
-_LEDGER_ONLY_KEYS = ("doc_offset", "token_offset", "sidecar_checksum")
-
 
 class ChunkError(fmt.DamagedCache):
     """A chunk file is missing, truncated, corrupted, or does not match its ledger entry."""
@@ -44,58 +42,6 @@ def chunk_error(cache: Cache, rel: str, what: str) -> ChunkError:
         "it. Rerun the build command that made this cache (it rewrites missing chunks; delete a damaged "
         "chunk and its .json sidecar first), or run `python -m reader validate` to list every problem."
     )
-
-
-def arrow_message(e: BaseException) -> str:
-    """pyarrow's message without its placeholder for in-memory sources (``'<Buffer>'``), which names no
-    file: callers put the file's name in front."""
-    msg = str(e).replace("Could not open Parquet input source '<Buffer>': ", "")
-    return msg.replace(" '<Buffer>'", "").strip() or type(e).__name__
-
-
-def size_mismatch(size: int, want_bytes: int) -> str | None:
-    """What a file of ``size`` bytes is, when ``want_bytes`` were recorded (None if they agree)."""
-    if size < want_bytes:
-        return f"truncated at {size:,} of {want_bytes:,} bytes"
-    if size > want_bytes:
-        return f"longer than recorded: {size:,} bytes, {want_bytes:,} recorded (appended to or replaced)"
-    return None
-
-
-def file_mismatch(data: bytes, want_bytes: int, want_checksum: str, index: list | None = None,
-                  footer: list | None = None) -> str | None:
-    """What is wrong with a chunk file's bytes, precisely, or None if size and sha256 match.
-
-    Args:
-      data: the file's bytes.
-      want_bytes, want_checksum: its recorded size and sha256.
-      index, footer: the sidecar's ``row_group_index`` and ``footer`` (trusted), to say which row group
-        or whether the footer holds the damage; None to report only the whole-file mismatch.
-    """
-    n = len(data)
-    if n != want_bytes:
-        return size_mismatch(n, want_bytes)
-    got = fmt.checksum(data)
-    if got == want_checksum:
-        return None
-    where = []
-    try:
-        view = memoryview(data)
-        for g, e in enumerate(index or []):
-            off, length, want = int(e[0]), int(e[1]), str(e[4])
-            if fmt.checksum(view[off:off + length]) != want:
-                where.append(f"row group {g} of {len(index)} (bytes [{off:,}, {off + length:,}))")
-        if footer:
-            off = int(footer[0])
-            if fmt.checksum(view[off:]) != str(footer[2]):
-                where.append(f"the Parquet footer (bytes [{off:,}, {n:,}))")
-        if index and int(index[0][0]) > 0 and bytes(view[:4]) != b"PAR1":
-            where.append("the leading PAR1 magic (bytes [0, 4))")
-    except (TypeError, ValueError, IndexError):
-        where = []
-    if where:
-        return f"checksum mismatch in {' and '.join(where)}: the bytes there changed (bit flip or overwrite)"
-    return f"checksum mismatch: the file's sha256 is {got}, the recorded one is {want_checksum}"
 
 
 def parse_chunk(cache: Cache, index: int, data: bytes, entry: dict[str, Any] | None = None) -> WholeChunk:
@@ -157,7 +103,7 @@ def chunk_doc_lengths(cache: Cache, index: int) -> np.ndarray:
     if int(t.docs[index]) == 0:
         return np.zeros(0, np.int64)
     try:
-        with cache.fs.open(cache.path(rel), "rb") as f:
+        with cache.storage.open(cache.path(rel)) as f:
             col = pq.read_table(f, columns=[fmt.LENGTH_COLUMN]).column(0)
         lengths = int_values(col).astype(np.int64)
     except FileNotFoundError:
@@ -166,7 +112,7 @@ def chunk_doc_lengths(cache: Cache, index: int) -> np.ndarray:
         if remote.is_storage_error(e):
             raise remote.storage_error(cache.display(rel), e, anonymous=cache.anonymous) from e
         try:  # the usual cause, said precisely (the size costs one more request, on this error path only)
-            wrong = size_mismatch(int(cache.fs.size(cache.path(rel))), int(t.nbytes[index]))
+            wrong = size_mismatch(cache.storage.size(cache.path(rel)), int(t.nbytes[index]))
         except Exception:  # noqa: BLE001 - fall back to pyarrow's words
             wrong = None
         raise chunk_error(cache, rel, wrong or f"not a readable Parquet chunk ({arrow_message(e)})") from e
@@ -215,10 +161,7 @@ _SHARD_DIR = re.compile(r"shard-(\d{5,})")
 
 
 def _names(cache: Cache, rel: str) -> list[str]:
-    try:
-        return [p.rstrip("/").rsplit("/", 1)[-1] for p in cache.fs.ls(cache.path(rel), detail=False)]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    return [e.path.rstrip("/").rsplit("/", 1)[-1] for e in cache.storage.list(cache.path(rel))]
 
 
 def validate_shards(cache: Cache, shards: Sequence[int] | None = None) -> list[str]:
@@ -276,10 +219,6 @@ def _read(cache: Cache, rel: str) -> bytes | None:
         return None
 
 
-def _fields(d: dict) -> dict:
-    return {k: v for k, v in d.items() if k not in fmt.SIDECAR_ONLY_KEYS and k not in _LEDGER_ONLY_KEYS}
-
-
 def _show(v: Any) -> str:
     s = json.dumps(v)
     return s if len(s) <= 40 else s[:18] + "..." + s[-18:]
@@ -319,7 +258,7 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True, entry: dict
         recorded = entry.get("sidecar_checksum")  # None in ledgers written before sidecars were checksummed
         side_vouched = recorded is not None and recorded == fmt.checksum(raw)
         side_sum_ok = recorded is None or side_vouched
-        got, want = _fields(side), _fields(entry)
+        got, want = entry_fields(side), entry_fields(entry)
         keys = set(want) if table is not None else set(got) | set(want)  # (a table records some of the keys)
         differ = sorted(k for k in keys if got.get(k) != want.get(k))
         file_backs_side = (data is not None and len(data) == side.get("bytes")
@@ -339,13 +278,12 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True, entry: dict
                             + (" (and its sha256 from the ledger's sidecar_checksum)" if recorded else ""))
         elif not side_sum_ok:
             # same entry fields: the damage is in the row-group index, the footer entry or the layout
-            canonical = raw == fmt.sidecar_bytes(side)
-            index_ok = False
-            if data is not None and file_mismatch(data, want_bytes, want_sum) is None:
-                try:
-                    index_ok = [side.get("row_group_index"), side.get("footer")] == list(fmt.row_group_index(data))
-                except Exception:  # noqa: BLE001 - the file's own problem is reported below
-                    index_ok = False
+            canonical = raw == sidecar_bytes(side)
+            try:  # the file is the recorded one and the sidecar's row-group index agrees with it
+                lay = Layout.of(side, want_bytes, int(t.docs[index]), int(t.tokens[index]))
+                index_ok = data is not None and lay is not None and lay.check_file(data, want_sum) is not None
+            except Disagreement:
+                index_ok = False
             if canonical and index_ok:
                 problems.append(f"{shown(ledger_rel)}: the entry of chunk {index} ({rel}) says sidecar_checksum "
                                 f"{entry.get('sidecar_checksum')}, its sidecar (which matches the chunk file) has "
@@ -390,10 +328,10 @@ def _loss_tokens(cache: Cache, rel: str, g: int, col, lengths: np.ndarray) -> in
     try:
         if col.null_count:
             raise ValueError(f"null {fmt.LOSS_COLUMN} lists")
-        flags = loss_flags(int_values(col.flatten()), np.diff(int_values(col.offsets)), lengths, strict=True)
+        loss_flags(int_values(col.flatten()), np.diff(int_values(col.offsets)), lengths, strict=True)
     except ValueError as e:
         raise chunk_error(cache, rel, f"row group {g}: {e}") from None
-    return int(flags.sum())
+    return loss_tokens(col)
 
 
 def _check_layout(cache: Cache, index: int, data: bytes, decode: bool, side: dict | None,
@@ -437,13 +375,13 @@ def _check_layout(cache: Cache, index: int, data: bytes, decode: bool, side: dic
         return [f"{cache.display(rel)}: cannot be decoded ({type(e).__name__}: {arrow_message(e)})"]
     if side is None:
         return []
-    if "row_group_index" not in side or "footer" not in side:
+    try:  # the file is the recorded one (checked by the caller): the rest of the sidecar must agree with it
+        lay = Layout.of(side, len(data), len(m.doc_lengths), int(m.doc_starts[-1]))
+        if lay is not None:
+            lay.check_file(data, None)
+    except Disagreement:
+        return [f"{cache.display(side_rel)}: damaged sidecar: its row_group_index/footer do not match the chunk file"]
+    if lay is None:
         return [f"{cache.display(side_rel)}: no row_group_index/footer (sidecar written by an older chunkledger; "
                 "readers fetch this chunk whole: rebuild to index it)"]
-    try:
-        want = list(fmt.row_group_index(data))
-    except fmt.FormatError as e:
-        return [f"{cache.display(rel)}: {e}"]
-    if [side["row_group_index"], side["footer"]] != want:
-        return [f"{cache.display(side_rel)}: damaged sidecar: its row_group_index/footer do not match the chunk file"]
     return []

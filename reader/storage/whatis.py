@@ -16,8 +16,9 @@ from typing import Any
 import fsspec
 
 from reader.format import spec as fmt
+from reader.format.splits import SPLIT_NAMES, SPLITS_MANIFEST_NAME
 
-SPLITS = fmt.SPLIT_NAMES
+SPLITS = SPLIT_NAMES
 BUILD = "python -m pipelines.build_cache --input 'SHARDS' --output CACHE --tokenizer SPEC"
 IMPORT = ("python -m reader {0} --tokenizer_from CACHE_OR_JSON --out CACHE, or python -m pipelines.interop {0} "
           "--tokenizer SPEC --out CACHE")
@@ -118,7 +119,7 @@ def _file(fs, root: str, url: str) -> str:
     name = _name(root)
     if name == fmt.LEDGER_NAME:
         return f"this is the ledger file itself; pass its directory {_parent(url.rstrip('/'))}"
-    if name == fmt.SPLITS_MANIFEST_NAME:
+    if name == SPLITS_MANIFEST_NAME:
         return f"this is the manifest of a split build; {_use_splits(_parent(url.rstrip('/')))}"
     inside = _up_to_cache(fs, root, url)
     if inside:
@@ -149,8 +150,8 @@ def _directory(fs, root: str, url: str) -> str:
     if not names:
         return (f"the directory is empty. Pass the --output directory of a build ({BUILD}); it holds "
                 f"{fmt.LEDGER_NAME}")
-    if fmt.SPLITS_MANIFEST_NAME in names:
-        return f"it is a split build (its {fmt.SPLITS_MANIFEST_NAME} names two caches); {_use_splits(url)}"
+    if SPLITS_MANIFEST_NAME in names:
+        return f"it is a split build (its {SPLITS_MANIFEST_NAME} names two caches); {_use_splits(url)}"
     splits = [s for s in SPLITS if s in dirs and _is_cache(fs, _join(root, s))]
     if splits:
         return (f"it holds the {' and '.join(splits)} caches of a split build; pass "

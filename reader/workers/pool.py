@@ -172,11 +172,13 @@ class WorkerPool:
         self.start = int(start)
         self.stop = None if count is None else self.start + int(count)
         self.rows = len(rows)  # per batch
-        masked = bool(getattr(reader, "masked", False))  # a flat batch's loss_mask (reader.batch.schema)
-        batch_bytes = _slot_layout(batch_spec(opts.layout, opts.seq_len, self.rows, masked))[1]
+        # a flat batch's loss_mask and continuation slots, the varlen fields (reader.batch.schema)
+        shape = (bool(getattr(reader, "masked", False)), int(getattr(reader, "continuation_slots", 0)),
+                 opts.varlen_segments)
+        batch_bytes = _slot_layout(batch_spec(opts.layout, opts.seq_len, self.rows, *shape))[1]
         # batches per slot: a worker's pass, at most _SLOT_BYTES a slot (Docker's /dev/shm is 64 MB)
         self.slab = max(1, min(SLAB_BATCHES, _SLOT_BYTES // batch_bytes))
-        self.spec = batch_spec(opts.layout, opts.seq_len, self.slab * self.rows, masked)
+        self.spec = batch_spec(opts.layout, opts.seq_len, self.slab * self.rows, *shape)
         self.num_workers = W
         self.depth = max(2, -(-max(1, opts.prefetch_batches) // self.slab)) + 1  # slots
         self._tag = f"chunkledger-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -185,6 +185,34 @@ def test_finished_format_1_cache_is_left_as_it_is(tmp_path):
         fmt.Ledger.parse(json.dumps(dict(ledger, format_version=5)))
 
 
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_cache_of_an_older_version_is_rerun_and_resumed_as_that_version(tmp_path, version):
+    """A cache an earlier chunkledger built (version 2: JSON Lines text; 3: what version 3 added) keeps its
+    version when rerun, finished or not: its bytes, and so its batches (the pass rule follows the
+    version), stay what they were."""
+    d = tmp_path / "in"
+    make_corpus(d)
+    out, _ = build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK, max_bad_fraction=1.0)
+    old = load_ledger(out)
+    assert old["format_version"] == fmt.FORMAT_VERSION == 4
+    old["format_version"] = version
+    del old["table"]  # (load_ledger gave it the chunk list an older version's ledger holds instead)
+    if version == 2:  # what version 2 wrote: no input formats
+        for inp in old["inputs"]:
+            del inp["format"]
+    old_text = fmt.dumps_ledger(old)
+    path = os.path.join(out, fmt.LEDGER_NAME)
+    with open(path, "w") as f:
+        f.write(old_text)
+    _, res = build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK, max_bad_fraction=1.0)
+    assert res["already_complete"] and open(path).read() == old_text
+    unfinish(out)
+    assert load_ledger(out)["format_version"] == version
+    os.remove(os.path.join(out, old["chunks"][1]["path"]))
+    _, res = build(tmp_path, [str(d / "*")], chunk_bytes=CHUNK, max_bad_fraction=1.0)
+    assert not res["already_complete"] and open(path).read() == old_text
+
+
 def test_dead_letters_survive_a_repair(tmp_path):
     d = tmp_path / "in"
     a, _ = make_corpus(d)

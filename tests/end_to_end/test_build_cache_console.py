@@ -35,7 +35,7 @@ RUNNERS = {"default": [], "fnapi": ["--runner=FnApiRunner"],
            "portable": ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]}
 MB = r"[\d,]+\.\d"
 BUILDING = re.compile(rf"building: ({MB}) of (~?)({MB}) MB \((\d+\.\d)%\), ([\d,]+) documents, ([\d,]+) tokens, "
-                      r"([\d,]+) bad records(?:, ETA unknown|, [\d,]+\.\d MB/s, ETA (?:\d+h\d\dm|\d+m\d\ds|\d+s))")
+                      r"([\d,]+) bad records(?:, ETA unknown|, [\d,]+\.\d MB/s, ETA (?:\d+ h \d+ min|\d+ min \d+ s|\d+ s))")
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 from build_helpers import build, load_ledger, read_dead_letters, tree_bytes, write_shard
 from columnar_files import every_format, write_parquet
 from pipelines.build_cache import BuildError
-from pipelines.chunking.splits import SplitSpec
+from reader.format.splits import SplitSpec
 from pipelines.chunking.supervised import canonical, spans_of
 from pipelines.tokenize import sft
 from pipelines.tokenize.tokenizer import resolve

@@ -17,6 +17,7 @@ import pytest
 
 from build_helpers import build, load_ledger, write_shard
 from columnar_files import write_parquet
+from passcheck import mixture_problems, pass_problems
 from reader import ReadOptions, Reader, expand_flat
 from reader.batch.schema import TOKEN_FIELDS
 from reader.cli.main import main as cli
@@ -135,3 +136,42 @@ def test_validate_inspect_and_export_on_a_built_supervised_cache(caches, name, t
     assert 0 < info["loss_token_share"] < 1
     assert cli(["export", root, "--format", "megatron", "--out", str(tmp_path / "out")]) == 2
     assert "a cache with loss masks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["prompt_completion", "chat"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("r_star", [1, 4, 16, 64])
+def test_every_pass_of_a_built_supervised_cache_covers_it_once(caches, name, kind, r_star):
+    """The builds' caches are format version 4: a training read's first pass is its eval pass's rows, loss
+    masks included, shuffled or not (tests/support/passcheck.py)."""
+    for shuffle_seed in (None, 3):
+        opts = ReadOptions(seq_len=64, batch_size=8, ideal_readers=r_star, shuffle_seed=shuffle_seed, **KINDS[kind])
+        assert pass_problems(caches[name], opts) == [], (shuffle_seed,)
+
+
+def test_a_1mb_chat_file_builds_reads_and_mixes_with_the_defaults(caches, tmp_path):
+    """A 1 MB chat file with every default: one chunk (64 MiB chunks), read with ReadOptions() (R* = 16,
+    batch 64, seq_len 2048: a pass of fewer rows than streams once repeated most of them), unpacked and
+    shuffled as a fine-tuning run reads it, and mixed with another chat cache: no row twice within a pass."""
+    rng = random.Random(5)
+    lines, size = [], 0
+    while size < 1 << 20:
+        msgs = conversations(1, rng.randrange(1 << 30))[0]
+        if any(m["role"] == "assistant" and m["content"] for m in msgs):
+            lines.append(json.dumps({"messages": msgs}, ensure_ascii=False).encode())
+            size += len(lines[-1]) + 1
+    template = tmp_path / "chat.jinja"
+    template.write_text(TEMPLATE)
+    root, _ = build(tmp_path, [write_shard(str(tmp_path / "in" / "chat.jsonl"), lines)], name="mb",
+                    record_format="chat", chat_template=str(template))
+    ledger = load_ledger(root)
+    assert ledger["format_version"] == 4 and len(ledger["chunks"]) == 1
+    for opts in (ReadOptions(), ReadOptions(packed=False), ReadOptions(packed=False, shuffle_seed=0)):
+        assert pass_problems(root, opts) == [], opts
+    with Reader(root, ReadOptions(packed=False)) as r:
+        assert r.examples_per_pass == len(lines)  # every conversation, once a pass
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps({"mixture": 1, "components": [{"name": "mb", "path": root, "weight": 3},
+                                                            {"name": "chat", "path": caches["chat"], "weight": 1}]}))
+    for opts in (ReadOptions(packed=False), ReadOptions(packed=False, shuffle_seed=0)):
+        assert mixture_problems(str(mix), opts) == [], opts

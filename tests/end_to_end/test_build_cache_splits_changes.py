@@ -19,7 +19,7 @@ import pytest
 
 from build_helpers import load_ledger, read_dead_letters, sample_texts, tree_bytes, write_shard
 from pipelines import lock
-from pipelines.inputs import fsutil
+from pipelines.inputs.lines import READ_BLOCK
 from pipelines.build_cache import BuildError
 from reader.format import spec as fmt
 from build_helpers import build
@@ -176,7 +176,7 @@ def test_damaged_compressed_input_leaves_no_chunk_of_it_in_either_cache(tmp_path
     src = write_shard(str(tmp_path / "src" / "d.jsonl.gz"), [{"text": t} for t in sample_texts(1500, seed=34)])
     intact = open(src, "rb").read()
     clean, _ = build(tmp_path, [src], name="clean", chunk_bytes=65536, validation_fraction=0.3)
-    assert load_ledger(os.path.join(clean, "train"))["inputs"][0]["uncompressed_bytes"] > 3 * fsutil.READ_BLOCK // 2
+    assert load_ledger(os.path.join(clean, "train"))["inputs"][0]["uncompressed_bytes"] > 3 * READ_BLOCK // 2
     os.makedirs(tmp_path / "in")
     path = str(tmp_path / "in" / "d.jsonl.gz")
     with open(path, "wb") as f:  # truncated after more than one read block: chunks are written before the end
@@ -213,9 +213,9 @@ def test_split_build_waits_for_no_one_but_refuses_while_another_holds_the_lock(t
     try:
         with pytest.raises(BuildError, match=f"another build .* is writing into {out}"):
             build(tmp_path, [str(d / "*")], **OPTS)
-        assert os.listdir(out) == [lock.LOCK_NAME]  # refused before anything was written
+        assert os.listdir(out) == [fmt.LOCK_NAME]  # refused before anything was written
     finally:
         held.release()
     build(tmp_path, [str(d / "*")], **OPTS)
-    assert not os.path.exists(os.path.join(out, lock.LOCK_NAME))
+    assert not os.path.exists(os.path.join(out, fmt.LOCK_NAME))
     assert sorted(os.listdir(out)) == ["splits.json", "train", "validation"]

@@ -14,6 +14,7 @@ from pipelines import build_cache
 from pipelines.interop import main as interop
 from pipelines.tokenize.tokenizer import resolve
 from reader.format import spec as fmt
+from reader.format.splits import SPLIT_NAMES
 from reader.cli.main import main as reader
 
 
@@ -93,7 +94,7 @@ def test_megatron_import_same_bytes_from_spec_cache_and_identity_file(tmp_path, 
         vocab = resolve(spec).vocab_size
         prefix, docs = _megatron_data(tmp_path, vocab)
         opts = ["--chunk_tokens", "300", "--row_group_tokens", "100"]
-        caches = [root] if spec.startswith("tiktoken:") else [os.path.join(root, s) for s in fmt.SPLIT_NAMES]
+        caches = [root] if spec.startswith("tiktoken:") else [os.path.join(root, s) for s in SPLIT_NAMES]
         outs = [str(tmp_path / f"spec-{n}")]
         assert interop(["import-megatron", prefix, "--tokenizer", spec, "--out", outs[0], *opts]) == 0
         for k, cache in enumerate(caches):

@@ -13,6 +13,7 @@ from pipelines.errors import BuildError
 from pipelines.launcher import check_output, match_inputs, prepare
 from pipelines.options import parse_args
 from pipelines.plan import MatchedFile
+from reader.format import spec as fmt
 from build_helpers import build
 from build_helpers import mixed_lines
 
@@ -62,12 +63,12 @@ def test_prepare_forgets_an_earlier_verdict_before_a_rerun(tmp_path):
     with pytest.raises(BuildError, match="too many bad records"):
         build(tmp_path, [a], chunk_bytes=2000, max_bad_fraction=0.01)
     out = str(tmp_path / "cache")
-    assert os.path.exists(os.path.join(out, status.FAILED_NAME))
+    assert os.path.exists(os.path.join(out, fmt.FAILED_NAME))
     prepared = prepare(parse_args(["--input", a, "--output", out, "--tokenizer", "tiktoken:cl100k_base",
                                    "--chunk_bytes", "2000", "--max_bad_fraction", "0.5"]))
     assert prepared.resumed and prepared.finished is None
     # The rerun's job decides afresh: an old _FAILED.json must not stand in for its outcome.
-    assert not os.path.exists(os.path.join(out, status.FAILED_NAME))
+    assert not os.path.exists(os.path.join(out, fmt.FAILED_NAME))
     assert status.read_outcome(out).failure is None and not status.read_outcome(out).finished
     assert load_ledger(out) == json.loads(json.dumps(prepared.plan.ledger()))
 
@@ -80,7 +81,7 @@ def test_the_output_tree_rules_name_the_readers_index_directory():
 
 
 def test_a_splits_manifest_nested_deep_is_a_one_line_error(tmp_path):
-    from pipelines.chunking.splits import SplitSpec
+    from reader.format.splits import SplitSpec
     from pipelines.launcher import check_layout
 
     (tmp_path / "splits.json").write_text("[" * 100_000 + "]" * 100_000)

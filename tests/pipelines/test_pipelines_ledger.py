@@ -11,12 +11,14 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_pipeline
 
 from build_helpers import FNAPI, small_plan, write_plan
-from pipelines.chunking import finalize
+from pipelines import finalize
 from pipelines.errors import BuildError
 from pipelines.ledger import TooManyBadRecords, check_bad_fraction
 from pipelines.chunking.transforms import BuildCache
 from reader.format import spec as fmt
 from reader.format import table as chunk_table
+from reader.format.sidecar import ledger_chunks, ledger_entry
+from reader.storage import finish
 from reader.order.streams import round_robin_order
 from reader.storage.cache import Cache
 
@@ -36,13 +38,13 @@ def test_finished_ledger_is_a_pure_function_of_the_entries_in_order(tmp_path):
     inputs = finalize.final_inputs(raw_plan, out)
     order = round_robin_order([i["chunks"] for i in inputs])
     sidecars = [json.load(open(f"{out}/{fmt.sidecar_path(s, k)}")) for s, k in order.tolist()]
-    entries = [fmt.ledger_entry(sc) for sc in sidecars]
+    entries = [ledger_entry(sc) for sc in sidecars]
     for block_rows in (chunk_table.BLOCK_ROWS, 3):  # (any block size: the same rows)
         draft = finalize.draft_table(out, raw_plan, inputs, [entries[i:i + block_rows]
                                                              for i in range(0, len(entries), block_rows)],
                                      block_rows=block_rows)
-        again = finalize.finished_ledger(raw_plan, inputs, draft)
-        finalize.discard(draft)
+        again = draft.ledger
+        finish.discard(draft)
         if block_rows == chunk_table.BLOCK_ROWS:
             assert fmt.dumps_ledger(again) == text
     t = Cache(out).table
@@ -52,10 +54,18 @@ def test_finished_ledger_is_a_pure_function_of_the_entries_in_order(tmp_path):
     # the entry files (kept) say the same
     assert [json.load(open(p)) for p in sorted(glob.glob(f"{out}/chunks/*/*.entry"))] == \
         sorted(entries, key=lambda e: (e["shard"], e["index_in_shard"]))
-    finalize.discard(finalize.draft_table(out, raw_plan, inputs))
+    finish.discard(finalize.draft_table(out, raw_plan, inputs))
     os.remove(f"{out}/{chunk_table.entry_path(0, 1)}")
     with pytest.raises(BuildError, match=r"chunk .*chunk-000001.parquet is missing after the build"):
         finalize.draft_table(out, raw_plan, inputs)
+    # a rerun of an unfinished cache of an older version finishes it in that version: its chunk list made from
+    # the same entries, as a finalize of that version made it from the sidecars; no table
+    for version in (2, 3):
+        old = finalize.draft_table(out, dict(raw_plan, format_version=version), inputs, [entries[:3], entries[3:]],
+                                   block_rows=3)
+        assert old.tmp is None and "table" not in old.ledger and old.ledger["format_version"] == version
+        assert (old.ledger["chunks"], old.ledger["bad_records"]) == ledger_chunks(sidecars)
+        assert old.ledger["totals"] == ledger["totals"]
     os.remove(f"{out}/{fmt.shard_done_path(1)}")
     with pytest.raises(BuildError, match="b.jsonl.gz was not completed"):
         finalize.final_inputs(raw_plan, out)

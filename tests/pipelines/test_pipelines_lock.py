@@ -21,7 +21,8 @@ import pytest
 from build_helpers import REPO
 from pipelines import lock
 from pipelines.errors import BuildError
-from pipelines.lock import LOCK_NAME, acquire
+from pipelines.lock import acquire
+from reader.format import spec as fmt
 
 pytestmark = pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/stat"), reason="holders are read in /proc")
 
@@ -80,12 +81,12 @@ def stop(proc: subprocess.Popen) -> None:
 def test_a_live_holder_is_refused_by_name_and_release_frees_the_output(tmp_path):
     out = str(tmp_path / "cache")
     held = acquire(out)
-    holder_ = json.load(open(os.path.join(out, LOCK_NAME)))
+    holder_ = json.load(open(os.path.join(out, fmt.LOCK_NAME)))
     assert holder_["pid"] == os.getpid() and holder_["host"] == socket.gethostname()
     with pytest.raises(BuildError, match=f"another build \\(process {os.getpid()} on .*\\) is writing into {out}"):
         acquire(out)  # the same process, another descriptor: flock excludes it too
     held.release()
-    assert not os.path.exists(os.path.join(out, LOCK_NAME))
+    assert not os.path.exists(os.path.join(out, fmt.LOCK_NAME))
     acquire(out).release()
 
 
@@ -113,10 +114,10 @@ def test_a_killed_holder_still_in_the_process_table_is_taken_over_at_once(tmp_pa
         os.kill(proc.pid, signal.SIGKILL)
         wait_exited(proc.pid)
         assert state(proc.pid) == "Z"
-        record = json.load(open(os.path.join(out, LOCK_NAME)))
+        record = json.load(open(os.path.join(out, fmt.LOCK_NAME)))
         assert record["pid"] == proc.pid and record["start_ticks"] == lock.start_ticks(proc.pid)
         held = acquire(out)
-        assert json.load(open(os.path.join(out, LOCK_NAME)))["token"] == held.token
+        assert json.load(open(os.path.join(out, fmt.LOCK_NAME)))["token"] == held.token
         held.release()
     finally:
         stop(proc)
@@ -165,7 +166,7 @@ def test_launchers_starting_at_once_exclude_each_other(tmp_path):
 
 def _write_record(out: str, **record) -> str:
     os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, LOCK_NAME)
+    path = os.path.join(out, fmt.LOCK_NAME)
     with open(path, "w") as f:
         json.dump(record, f)
     return path
@@ -177,9 +178,9 @@ def test_a_lock_file_whose_flock_is_free_is_taken_over(tmp_path):
     me = os.getpid()
     _write_record(out, host=socket.gethostname(), pid=me, start_ticks=lock.start_ticks(me), token="old", flock=True)
     held = acquire(out)
-    assert json.load(open(os.path.join(out, LOCK_NAME)))["token"] == held.token
+    assert json.load(open(os.path.join(out, fmt.LOCK_NAME)))["token"] == held.token
     held.release()
-    open(os.path.join(out, LOCK_NAME), "w").close()  # empty: a launcher killed while writing its record
+    open(os.path.join(out, fmt.LOCK_NAME), "w").close()  # empty: a launcher killed while writing its record
     acquire(out).release()
 
 
@@ -200,7 +201,7 @@ def test_records_without_a_flock_and_other_hosts_records_are_respected(tmp_path)
 def test_a_lock_being_written_is_respected(tmp_path):
     """The flock is held and the record still empty: another launcher is writing it right now."""
     out = str(tmp_path / "cache")
-    path = os.path.join(out, LOCK_NAME)
+    path = os.path.join(out, fmt.LOCK_NAME)
     os.makedirs(out)
     code = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
             "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); sys.stdin.read()")
@@ -217,8 +218,8 @@ def test_a_lock_being_written_is_respected(tmp_path):
 def test_a_symlink_in_place_of_the_lock_is_refused(tmp_path):
     out = tmp_path / "cache"
     out.mkdir()
-    (out / LOCK_NAME).symlink_to(tmp_path / "elsewhere.json")
-    with pytest.raises(BuildError, match=f"{out / LOCK_NAME} is a symbolic link"):
+    (out / fmt.LOCK_NAME).symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(BuildError, match=f"{out / fmt.LOCK_NAME} is a symbolic link"):
         acquire(str(out))
     assert not (tmp_path / "elsewhere.json").exists()
 
@@ -241,11 +242,11 @@ def test_record_scheme_a_zombie_holder_is_dead_a_live_one_is_not(tmp_path):
         _write_record(out, host=socket.gethostname(), pid=proc.pid, start_ticks=lock.start_ticks(proc.pid),
                       token="old")
         held = lock._acquire_by_record(out, "new")
-        assert json.load(open(os.path.join(out, LOCK_NAME)))["token"] == "new"
+        assert json.load(open(os.path.join(out, fmt.LOCK_NAME)))["token"] == "new"
         with pytest.raises(BuildError, match=f"process {os.getpid()} on "):
             lock._acquire_by_record(out, "third")
         held.release()
-        assert not os.path.exists(os.path.join(out, LOCK_NAME))
+        assert not os.path.exists(os.path.join(out, fmt.LOCK_NAME))
     finally:
         proc.wait()
 

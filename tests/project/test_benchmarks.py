@@ -52,6 +52,11 @@ REQUIRED = [
     "parse_encode_limit_fastokens_s", "distinct_corpus_repeat_factor", "distinct_pipeline_vs_limit",
     "distinct_pipeline_vs_tiktoken_limit", "distinct_stage_whole_vs_parse_encode_limit",
     "stage_whole_vs_parse_encode_limit",
+    # gs:// through the latency proxy: every read at every latency, and the emulator's own cost
+    *[f"latency_{kind}_{where}_{what}" for kind in ("packed", "shuffled", "mixture")
+      for where in ("local", "0ms", "25ms", "50ms", "100ms")
+      for what in ("steady", "first_batch_s", "requests_per_mtoken", "bytes_per_token", "cpu_ms_per_batch")],
+    "latency_emulator_direct_ms_per_request", "latency_emulator_proxy_ms_per_request", "latency_reader_peak_rss_mb",
     # the encoders alone, cold, from jsonl, on both corpora
     *[f"encoder_cold_{row}_{corpus}_{what}" for row in encoders_cold.ROWS for corpus in ("today", "distinct")
       for what in ("mb_per_cpu_s", "agreement")],
@@ -117,7 +122,8 @@ def test_quick_suite_produces_every_figure(tmp_path):
     assert details["profile"] == "quick" and details["samples"]
     # The machine's own 2-vs-1 scaling is measured beside ours, and a speed probe ran before every measured
     # command (encoders, the limit x3 (twice on 2 processes, once on 1), tiktoken's limit, builds x4, HF datasets
-    # x2, raw HF, stages, the Parquet-input comparison's 3 builds, reader, mixture), each shown in the report.
+    # x2, raw HF, stages, the Parquet-input comparison's 3 builds, the dedup bench, reader, mixture), each shown in
+    # the report.
     assert fig["limit_1p_tokens_per_s"] > 0 and fig["limit_scaling_2_vs_1"] > 0
     assert math.isclose(fig["pipeline_scaling_vs_limit_scaling"],
                         fig["pipeline_scaling_2_vs_1"] / fig["limit_scaling_2_vs_1"])
@@ -131,9 +137,10 @@ def test_quick_suite_produces_every_figure(tmp_path):
     for label, n in (("benchmarks.megatron_peer limit --encoder gigatoken", 2),
                      ("benchmarks.megatron_peer limit --encoder fastokens", 2), ("benchmarks.megatron_peer fast", 1),
                      ("benchmarks.megatron_peer classic", 1), ("benchmarks.encoders_cold", 2),
-                     ("benchmarks.stages", 2), ("benchmarks.packing_cost", 1), ("benchmarks.mask_cost", 1)):
+                     ("benchmarks.stages", 2), ("benchmarks.packing_cost", 1), ("benchmarks.mask_cost", 1),
+                     ("benchmarks.latency_bench", 1), ("benchmarks.dedup_bench", 1)):
         assert labels.count(label) == n, (label, labels)
-    assert len(probes) == 32 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
+    assert len(probes) == 33 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
     assert 0 < fig["probe_compute_min_vs_max"] <= 1 and 0 < fig["probe_memory_min_vs_max"] <= 1
     assert "### Machine speed during the run" in text and text.count("| benchmarks.baselines limit --encoder fastokens |") == 3
     # the distinct corpus: each document once; every exact path gave our build's tokens (the run checks them),
@@ -145,6 +152,10 @@ def test_quick_suite_produces_every_figure(tmp_path):
     assert "### Against Megatron's GigaToken path" in text and "### Today's figures on both corpora" in text
     assert "### The encoders alone" in text and "### Where a worker's CPU goes" in text
     assert "### Best-fit packing" in text and fig["best_fit_short_documents_cut_L2048"] == 0
+    # gs:// through the latency proxy: the same batches as the local read (the bench compares them), a table row
+    # per read and latency
+    assert "## Reading from object storage" in text and text.count("| gs://, 50 ms |") == 3
+    assert all(fig[f"latency_{k}_50ms_requests_per_mtoken"] > 0 for k in ("packed", "shuffled", "mixture"))
     # Quick mode never touches the committed figures.
     assert out.parent == tmp_path
 

@@ -33,11 +33,15 @@ def small_cache(tmp_path_factory):
     return root, [np.asarray(x, np.int64) for x in lengths]
 
 
-def brute(chunks, groups, L, W):
+def brute(chunks, groups, L, W, continuations=1):
     """The figures straight from their definitions, over the reference packer's rows and token by token."""
-    packed = [reference_chunk_best_fit(n.tolist(), g.tolist(), L, W) for n, g in zip(chunks, groups)]
+    def rows_of(c):
+        return sum(len(reference_chunk_best_fit(n.tolist(), g.tolist(), L, W, c)) for n, g in zip(chunks, groups))
+
+    packed = [reference_chunk_best_fit(n.tolist(), g.tolist(), L, W, continuations) for n, g in zip(chunks, groups)]
     rows = sum(len(p) for p in packed)
     tokens = sum(int(n.sum()) for n in chunks)
+    one, plain = (1 - tokens / (rows_of(c) * L) for c in (1, None))
     docs = sum(int((n > 0).sum()) for n in chunks)
     pieces = [(c, p) for c, rows_c in enumerate(packed) for row in rows_c for p in row]
     cut = {(c, d) for c, (d, s, _) in pieces if s > 0}
@@ -54,6 +58,8 @@ def brute(chunks, groups, L, W):
     pieces = sum(-(-n // L) for n in every)
     return {
         "best_fit_rows": rows, "best_fit_padding": (rows * L - tokens) / (rows * L),
+        "best_fit_one_continuation_padding": one, "plain_bfd_padding": plain,
+        "best_fit_padding_over_plain_bfd": (rows * L - tokens) / (rows * L) - plain,
         "best_fit_cut_documents": len(cut) / docs, "best_fit_cut_tokens": cut_tokens / tokens,
         "concat_padding": (concat_rows * L - tokens) / (concat_rows * L), "concat_cut_documents": cc_docs / docs,
         "concat_cut_tokens": cc_tokens / tokens, "unpacked_padding": (pieces * L - tokens) / (pieces * L),
@@ -64,15 +70,16 @@ def brute(chunks, groups, L, W):
 
 @pytest.mark.parametrize("L", [4, 10, 16])
 @pytest.mark.parametrize("W", [20, 10**6])
-def test_figures_of_a_cache_equal_their_definitions(small_cache, L, W):
+@pytest.mark.parametrize("continuations", [1, 4])
+def test_figures_of_a_cache_equal_their_definitions(small_cache, L, W, continuations):
     root, lengths = small_cache
     chunks = packing_cost.cache_lengths(root)
     groups = packing_cost.cache_row_groups(root)
     assert [c.tolist() for c in chunks] == [n.tolist() for n in lengths]
     assert [g.tolist() for g in groups] == [[hi - lo for lo, hi in cachegen.row_groups(n.tolist(), 16)]
                                             for n in lengths]
-    got = packing_cost.cache_figures(chunks, L, groups, W)
-    want = brute(chunks, groups, L, W)
+    got = packing_cost.cache_figures(chunks, L, groups, W, continuations)
+    want = brute(chunks, groups, L, W, continuations)
     for k, v in want.items():
         assert got[k] == pytest.approx(v), k
     assert got["best_fit_short_documents_cut"] == 0
@@ -101,7 +108,7 @@ def test_short_documents_cut_counts_what_a_packing_cuts(monkeypatch):
     """The figure that must stay 0 does see cuts: with concatenation in best fit's place it counts the
     documents of at most L tokens that a window boundary falls in."""
     chunks = [np.asarray([6, 6, 3, 12]), np.asarray([9, 1])]  # L = 8: rows at 0, 8, 16, 24 of chunk 0
-    monkeypatch.setattr(packing_cost.packing, "best_fit_rows", packing_cost.packing.concat_rows)
+    monkeypatch.setattr(packing_cost.packing, "best_fit_rows", lambda n, L, **caps: packing_cost.packing.concat_rows(n, L))
     got = packing_cost.cache_figures(chunks, 8, [np.asarray([4]), np.asarray([2])])
     # chunk 0: 6 | 6 (cut at 8) | 3 | 12 (cut at 16 and 24: longer than L); chunk 1: 9 (longer), 1
     assert got["best_fit_short_documents_cut"] == 1
@@ -130,11 +137,18 @@ def test_smaller_chunks_keep_every_document_in_order():
 
 
 def test_the_report_shows_the_packing_table():
-    kinds, Ls = ("padding", "cut_documents", "cut_tokens"), (2048, 8192)
+    kinds, Ls = ("padding", "cut_documents", "cut_tokens"), (256, 2048, 8192)
     fig = {f"{p}_{k}_L{L}": 0.5 for p in ("best_fit", "concat", "unpacked") for k in kinds for L in Ls}
     fig.update({f"best_fit_{k}_L{L}_small": 0.25 for k in kinds for L in Ls})
+    fig.update({f"{p}_padding_L{L}": 0.0125 for p in ("best_fit_one_continuation", "plain_bfd") for L in Ls})
     fig.update({"best_fit_vs_concat_L2048": 0.9, "best_fit_real_tokens_per_s_L2048": 9e7, "packing_chunks": 3,
-                "packing_split": 8, "reader_num_workers": 2})
+                "packing_split": 8, "reader_num_workers": 2, "packing_continuations": 4,
+                "long_docs_best_fit_padding_L256": 0.001, "long_docs_best_fit_one_continuation_padding_L256": 0.06,
+                "long_docs_plain_bfd_padding_L256": 0.0009, "long_docs_tokens": 64 << 20})
     text = "\n".join(report.packing_table(fig))
-    assert "| 2048 | best fit | 0.500 | 0.500 | 0.500 | 90.00 M tok/s | 0.900 |" in text
-    assert "| 8192 | best fit, smaller chunks | 0.250 |" in text and "2 reader workers" in text
+    assert "| 2048 | best fit | 50.00% | 0.500 | 0.500 | 90.00 M tok/s | 0.900 |" in text
+    assert "| 8192 | best fit, smaller chunks | 25.00% |" in text and "2 reader workers" in text
+    assert "| 256 | plain BFD | 1.25% |" in text and "| 256 | best fit, one continuation per row | 1.25% |" in text
+    assert "at most 4 continuation pieces per row" in text
+    assert "64 Mi tokens, the same windows): L=256: best fit 0.10%, one continuation per row 6.00%, plain BFD 0.09%." \
+        in text

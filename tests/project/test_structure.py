@@ -1,13 +1,14 @@
 """The shape of reader/ and pipelines/, read from the sources (ast, so imports inside functions count and no
 dependency needs to be installed):
 
-- no import cycle between the modules of either package;
+- no import cycle between the modules of either package, and no import loop between two subfolders of one
+  (``reader/storage`` -> ``reader/format`` -> ``reader/storage``, if only through other modules);
 - no module uses a private name (``_x``) that another module of the packages defines;
 - reader/ never imports pipelines/, Beam, transformers or a tokenizer library outside its one tokenizer
   module; numpy, pyarrow and fsspec anywhere, each optional library in the one module that owns it;
 - pipelines/ imports from reader/ only the modules reader shares with it (docs/ARCHITECTURE.md);
 - the batch schema is defined once;
-- no module over 450 lines, no folder over 12 modules.
+- no module over 800 lines (sizes are reported, not limited, below that: past 600, split by concept).
 
 The last test feeds the checks broken code to show that they fail then.
 """
@@ -20,21 +21,25 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGES = ("reader", "pipelines")
-MAX_LINES = 450
-MAX_MODULES_PER_FOLDER = 12
+# Sizes are guidance: a module grows as long as its concept needs. Past SPLIT_LINES, split it by concept
+# (the report below names such modules); past MAX_LINES the check fails.
+SPLIT_LINES = 600
+MAX_LINES = 800
 # Third-party modules reader/ may import (everything else must be the standard library): its base install
 # anywhere, and each optional library in the one module that owns it.
 BASE_LIBRARIES = {"numpy", "pyarrow", "fsspec"}
 OWNED_LIBRARIES = {"jax": "reader.jax", "torch": "reader.torch", "zarr": "reader.interop.flat_tokens",
                    "numcodecs": "reader.interop.flat_tokens",
                    # the one tokenizer resolver; huggingface_hub only fetches a hub tokenizer's files for it
-                   "tiktoken": "reader.format.tokenizer_lib", "tiktoken_ext": "reader.format.tokenizer_lib",
-                   "tokenizers": "reader.format.tokenizer_lib", "huggingface_hub": "reader.format.tokenizer_files",
+                   "tiktoken": "reader.tokenizers.tokenizer_lib", "tiktoken_ext": "reader.tokenizers.tokenizer_lib",
+                   "tokenizers": "reader.tokenizers.tokenizer_lib", "huggingface_hub": "reader.tokenizers.tokenizer_files",
                    "matplotlib": "reader.report.page"}  # the report page's figures
-# What reader/ shares with pipelines/: the on-disk format, the global chunk order, opening a cache (the
-# export reads one), the atomic write every writer uses, the interop readers and writers both exports and
-# the importers use, and the command line's error messages. Everything else in reader/ is the reader's own.
-SHARED_WITH_PIPELINES = ("reader.format", "reader.order.streams", "reader.storage.cache", "reader.storage.atomic",
+# What reader/ shares with pipelines/: the on-disk format, the tokenizer resolver, the global chunk order,
+# opening a cache (the export reads one), the atomic write every writer uses, the interop readers and writers
+# both exports and the importers use, and the command line's error messages. Everything else in reader/ is the
+# reader's own.
+SHARED_WITH_PIPELINES = ("reader.format", "reader.tokenizers", "reader.order.streams", "reader.storage.cache",
+                         "reader.storage.files", "reader.storage.finish", "reader.storage.attributes",
                          "reader.storage.progress", "reader.interop", "reader.cli.support")
 # batch keys: a tuple or list literal naming several of them outside reader/batch/schema.py is a second schema
 SCHEMA_MODULE = "reader.batch.schema"
@@ -138,6 +143,46 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def folder_of(module: str, modules) -> str:
+    """The subfolder a module stands in (``reader.storage`` for ``reader.storage.cache``); a package, or a
+    module at the top of one (``reader.reader``), stands for itself."""
+    parts = module.split(".")
+    return module if is_package(module, modules) or len(parts) < 3 else ".".join(parts[:2])
+
+
+def folder_loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import loops that run through two subfolders or more of a package: the strongly connected parts
+    of the graph of folders (a module at a package's top is a node of its own), each as its sorted nodes."""
+    folders: dict[str, set[str]] = {}
+    for m, ts in graph.items():
+        a = folder_of(m, graph)
+        folders.setdefault(a, set()).update(b for b in (folder_of(t, graph) for t in ts) if b != a)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    parts: list[list[str]] = []
+
+    def visit(n):  # Tarjan's algorithm
+        index[n] = low[n] = len(index)
+        stack.append(n)
+        for m in sorted(folders.get(n, ())):
+            if m not in index:
+                visit(m)
+                low[n] = min(low[n], low[m])
+            elif m in stack:
+                low[n] = min(low[n], index[m])
+        if low[n] == index[n]:
+            part = []
+            while not part or part[-1] != n:
+                part.append(stack.pop())
+            parts.append(sorted(part))
+
+    for n in sorted(folders):
+        if n not in index:
+            visit(n)
+    return sorted(p for p in parts if sum(f.count(".") == 1 and is_package(f, graph) for f in p) >= 2)
+
+
 def imported_modules(tree: ast.Module) -> list[tuple[str, int]]:
     """``(top-level module name, line)`` of every absolute import at any depth, and of
     ``importlib.import_module`` / ``__import__`` calls with a literal name."""
@@ -201,6 +246,13 @@ def test_no_import_cycle():
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
+def test_no_import_loop_between_two_subfolders():
+    graph, _ = import_graph(read_sources())
+    assert folder_of("reader.storage.cache", graph) == "reader.storage" and folder_of("reader.reader", graph) == \
+        "reader.reader"
+    assert folder_loops(graph) == []
+
+
 def test_no_module_uses_another_modules_private_names():
     assert import_graph(read_sources())[1] == []
 
@@ -220,15 +272,25 @@ def test_the_batch_schema_is_defined_once():
     assert schema_copies(read_sources()) == []
 
 
-def test_modules_are_small_and_folders_short():
-    sources = read_sources()
-    assert {m: s.count("\n") for m, s in sources.items() if s.count("\n") > MAX_LINES} == {}
+def module_sizes(sources: dict[str, str]) -> tuple[dict[str, int], dict[str, int]]:
+    """``({module: lines}, {folder: modules})``: the sizes the structure reports."""
+    lines = {m: s.count("\n") for m, s in sources.items()}
     folders: dict[str, int] = {}
     for m in sources:
         if not is_package(m, sources):
             folder = m.rsplit(".", 1)[0]
             folders[folder] = folders.get(folder, 0) + (not m.endswith("__main__"))
-    assert {f: n for f, n in folders.items() if n > MAX_MODULES_PER_FOLDER} == {}
+    return lines, folders
+
+
+def test_no_module_is_past_the_hard_size_limit():
+    """Module and folder sizes are reported (``-rP`` shows them), not limited, but one very long module has
+    several concepts in it: past MAX_LINES the check fails."""
+    lines, folders = module_sizes(read_sources())
+    long = {m: n for m, n in sorted(lines.items()) if n > SPLIT_LINES}
+    print(f"modules over {SPLIT_LINES} lines (split by concept): {long or 'none'}")
+    print("largest folders:", sorted(folders.items(), key=lambda kv: -kv[1])[:5])
+    assert {m: n for m, n in lines.items() if n > MAX_LINES} == {}
 
 
 def test_the_checks_fail_on_broken_code():
@@ -249,9 +311,20 @@ def test_the_checks_fail_on_broken_code():
     assert sorted(private) == ["reader.a: b._x (private name of reader.b)", "reader.a: from reader.b import _helper"]
     assert reader_library_problems(bad) == [
         "reader.c:2: imports torch (only reader.torch may)",
-        "reader.c:5: imports tiktoken (only reader.format.tokenizer_lib may)",
+        "reader.c:5: imports tiktoken (only reader.tokenizers.tokenizer_lib may)",
         "reader.c:6: imports pipelines (reader/ needs numpy, pyarrow and fsspec only)"]
     bad["reader.order.examples"] = bad["reader.format.spec"] = bad["reader.format"] = bad["reader.order"] = ""
     assert shared_only(bad) == ["pipelines.plan imports reader.order.examples"]
     assert schema_copies(bad) == [
         f"reader.d:1: batch keys ['inputs', 'targets', 'valid'] (use {SCHEMA_MODULE})"]
+    # no module imports itself again, yet the folders loop: a -> b through one module, b -> a through another,
+    # and c -> top -> a -> b -> c through a module at the package's top; d and its top-level facade loop
+    # without a second subfolder
+    loops = {"pipelines": "", "pipelines.a": "", "pipelines.b": "", "pipelines.c": "", "pipelines.d": "",
+             "pipelines.a.x": "from pipelines.b import y\n", "pipelines.b.y": "", "pipelines.b.z": "import pipelines.a.w\n",
+             "pipelines.a.w": "", "pipelines.c.v": "from pipelines import top\n", "pipelines.top": "from pipelines.a import w\n",
+             "pipelines.b.u": "from pipelines.c import v\n", "pipelines.d.p": "from pipelines import facade\n",
+             "pipelines.facade": "from pipelines.d import q\n", "pipelines.d.q": ""}
+    graph, _ = import_graph(loops)
+    assert find_cycle(graph) is None
+    assert folder_loops(graph) == [["pipelines.a", "pipelines.b", "pipelines.c", "pipelines.top"]]

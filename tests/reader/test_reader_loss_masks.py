@@ -15,6 +15,7 @@ import mixgen
 from reader import FLAT_KEYS, ChunkError, ReadOptions, Reader, expand_flat
 from reader.batch.schema import TOKEN_FIELDS
 from reader.cli.main import main as cli
+from reader.format import sidecar
 from reader.format import spec as fmt
 from reader.storage.pages import fast_list_values
 
@@ -278,10 +279,10 @@ def test_bad_spans_and_counts_are_clear_errors(tmp_path, capsys):
     side = os.path.join(root, fmt.sidecar_path(0, 0))
     sc = json.load(open(side))
     sc["loss_tokens"] += 1  # the sidecar and the ledger agree with each other, not with the file
-    open(side, "wb").write(fmt.sidecar_bytes(sc))
+    open(side, "wb").write(sidecar.sidecar_bytes(sc))
 
     def entry(ledger):
-        ledger["chunks"][0].update(loss_tokens=sc["loss_tokens"], sidecar_checksum=fmt.checksum(fmt.sidecar_bytes(sc)))
+        ledger["chunks"][0].update(loss_tokens=sc["loss_tokens"], sidecar_checksum=fmt.checksum(sidecar.sidecar_bytes(sc)))
         ledger["totals"]["loss_tokens"] = 1
     _rewrite_ledger(root, entry)
     capsys.readouterr()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cachegen
-from reader import ReadOptions, Reader
+from reader import ReadOptions, Reader, RepeatedRowsWarning
 from reader.cli.main import main
 
 L, B = 64, 32
@@ -33,6 +33,7 @@ def read(cache, opts, count=60):
     peak: dict[str, int] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an adequate budget warns of nothing
+        warnings.simplefilter("ignore", RepeatedRowsWarning)  # (the "streams" rule on these 8 chunks)
         with Reader(cache, opts) as rd:
             for _ in rd.iter_batches(0, count):
                 now = rd.memory()
@@ -41,10 +42,11 @@ def read(cache, opts, count=60):
 
 
 @pytest.mark.parametrize("shuffle_seed", [None, 4])
-def test_the_reader_holds_what_its_budget_says(cache, shuffle_seed):
+@pytest.mark.parametrize("rule", ["spans", "streams"])
+def test_the_reader_holds_what_its_budget_says(cache, shuffle_seed, rule):
     budget = 4 * (2 + 3 * 2) * BATCH  # a quarter of it: two batches ahead and three slabs of two
     peak, data_budget, slab = read(cache, ReadOptions(seq_len=L, batch_size=B, ideal_readers=4, shuffle_seed=shuffle_seed,
-                                                      memory_budget_bytes=budget))
+                                                      memory_budget_bytes=budget, pass_rule=rule))
     assert slab == 2 and peak["ahead_limit"] == budget // 4 and data_budget == budget - budget // 4
     assert peak["decoded"] <= data_budget
     assert peak["budget"] == budget and peak["rss"] > 0

@@ -16,6 +16,7 @@ from reader.format import spec as fmt
 from reader.storage.pages import fast_plain_values, fast_token_values
 
 import cachegen
+from cache_strategies import reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE = os.path.join(ROOT, "pipelines", "sample_corpus")
@@ -53,11 +54,12 @@ def test_real_cache_uses_the_fast_decoder(built):
 
 
 @pytest.mark.parametrize("packed", [True, False])
-def test_real_cache_batches_equal_reference_for_every_R(built, packed):
+@pytest.mark.parametrize("rule", ["spans", "streams"])
+def test_real_cache_batches_equal_reference_for_every_R(built, packed, rule):
     chunks = chunks_of(built)
     L, r_star, B = 64, 4, 8
-    ref = cachegen.Reference(chunks, L, r_star, packed=packed)
-    opts = ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star)
+    ref = reference(rule, chunks, L, r_star, packed=packed)
+    opts = ReadOptions(seq_len=L, batch_size=B, packed=packed, ideal_readers=r_star, pass_rule=rule)
     steps = [0, 1, 7, 150]
     with Reader(built, opts) as full:
         for b in steps:
@@ -74,7 +76,7 @@ def test_real_cache_batches_equal_reference_for_every_R(built, packed):
                         mine = rd.batch(b)
                         for key, v in mine.items():
                             union.setdefault(key, np.zeros_like(glob[key]))[streams.reader_rows(B, R, r)] = v
-                        if b == steps[-1] and R in (2, 4, 8):  # locality: R | R* or R* | R
+                        if b == steps[-1] and rule == "streams":  # locality: R | R* or R* | R
                             own = streams.streams_of_reader(r_star, R, r)
                             n = len(chunks)
                             assert all(any((c - s) % r_star == (-e * n) % r_star for s in own
@@ -127,8 +129,11 @@ def test_reading_during_a_real_build_matches_reading_after(tmp_path):
             assert time.time() < deadline, "the build never wrote its plan"
             time.sleep(0.02)
         runs = {}
-        specs = {"train": ReadOptions(seq_len=50, batch_size=4, ideal_readers=2),
-                 "unpacked": ReadOptions(seq_len=50, batch_size=4, ideal_readers=2, packed=False),
+        # "streams" follows the build; "spans" (the default of the version 4 cache) waits for it to finish
+        specs = {"train": ReadOptions(seq_len=50, batch_size=4, ideal_readers=2, pass_rule="streams"),
+                 "unpacked": ReadOptions(seq_len=50, batch_size=4, ideal_readers=2, packed=False,
+                                         pass_rule="streams"),
+                 "spans": ReadOptions(seq_len=50, batch_size=4, ideal_readers=2, shuffle_seed=3),
                  "eval": ReadOptions(seq_len=50, batch_size=4, eval_mode=True)}
         live = {name: Reader(out, o, num_readers=2, reader_index=1, wait_timeout_s=180, poll_interval_s=0.05)
                 for name, o in specs.items()}

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from reader import EmptyStream, ReadOptions, Reader
+from reader import EmptyStream, ReadOptions, Reader, expand_flat
 from reader.order import shuffle
 from reader.order import streams
 
 import cachegen
-from cache_strategies import KINDS, caches, has_empty_stream, kind_options, units_per_chunk
+from cache_strategies import (KINDS, RULES, caches, has_empty_stream, has_no_pass, kind_options, reference,
+                              units_per_chunk)
 
 KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 SETTINGS = dict(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -47,22 +48,25 @@ def assert_rows_equal(got, ref_examples, rows):
 
 @settings(**SETTINGS)
 @given(caches(), st.sampled_from(KINDS), st.integers(1, 12), st.integers(1, 6), st.integers(1, 16),
-       st.integers(1, 3), MASK_SEEDS, st.data())
-def test_batches_match_reference_and_are_R_invariant(cache, kind, L, r_star, R, per_reader, mask_seed, data):
+       st.integers(1, 3), MASK_SEEDS, st.sampled_from(RULES), st.sampled_from(["arrays", "flat"]), st.data())
+def test_batches_match_reference_and_are_R_invariant(cache, kind, L, r_star, R, per_reader, mask_seed, rule, layout,
+                                                      data):
     chunks, cps = cache
     ko = kind_options(kind)
-    assume(not has_empty_stream(chunks, r_star, ko["packed"], L, ko["packing"]))
+    assume(not has_no_pass(rule, chunks, r_star, ko["packed"], L, ko["packing"]))
     B = R * per_reader
+    layout = layout if ko["packed"] else "arrays"
     with Tmp() as root:
         masks = masked_cache(root, chunks, mask_seed, chunks_per_shard=cps, row_group_tokens=7)
-        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, prefetch_batches=2, **ko)
-        ref = cachegen.Reference(chunks, L, r_star, masks=masks, row_group_tokens=7, **ko)
+        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, prefetch_batches=2, pass_rule=rule,
+                           layout=layout, **ko)
+        ref = reference(rule, chunks, L, r_star, masks=masks, row_group_tokens=7, **ko)
         full = Reader(root, opts)
         readers = [Reader(root, opts, num_readers=R, reader_index=r) for r in range(R)]
         for b in [0, 1, data.draw(st.integers(2, 40))]:
             glob = full.rows(b, np.arange(B))
             examples = [ref.example(b * B + k) for k in range(B)]
-            assert_rows_equal(glob, examples, np.arange(B))
+            assert_rows_equal(glob if layout == "arrays" else expand_flat(glob), examples, np.arange(B))
             assert glob["epochs"].tolist() == [e["epoch"] for e in examples]
             assert glob["example_ids"].tolist() == list(range(b * B, (b + 1) * B))
             assert glob["valid"].all()
@@ -81,11 +85,11 @@ def test_batches_match_reference_and_are_R_invariant(cache, kind, L, r_star, R, 
 
 @settings(**SETTINGS)
 @given(caches(), st.sampled_from(KINDS), st.integers(1, 9), st.integers(1, 5), st.integers(1, 4),
-       st.integers(0, 12), st.booleans(), MASK_SEEDS, st.sampled_from(["arrays", "flat"]))
-def test_seek_equals_iterate(cache, kind, L, r_star, R, start, shuffled, mask_seed, layout):
+       st.integers(0, 12), st.booleans(), MASK_SEEDS, st.sampled_from(["arrays", "flat"]), st.sampled_from(RULES))
+def test_seek_equals_iterate(cache, kind, L, r_star, R, start, shuffled, mask_seed, layout, rule):
     chunks, cps = cache
     ko = kind_options(kind)
-    assume(not has_empty_stream(chunks, r_star, ko["packed"], L, ko["packing"]))
+    assume(not has_no_pass(rule, chunks, r_star, ko["packed"], L, ko["packing"]))
     B = 2 * R
     cfg = shuffle.ShuffleConfig(seed=7, first_window=3, max_window=20, block_size=2, mix_size=4,
                                 lanes=r_star) if shuffled else None
@@ -93,7 +97,7 @@ def test_seek_equals_iterate(cache, kind, L, r_star, R, start, shuffled, mask_se
     with Tmp() as root:
         masked_cache(root, chunks, mask_seed, chunks_per_shard=cps, row_group_tokens=5)
         opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, shuffle=cfg, prefetch_batches=3,
-                           layout=layout, **ko)
+                           layout=layout, pass_rule=rule, **ko)
         with Reader(root, opts, num_readers=R, reader_index=R - 1) as a, \
                 Reader(root, opts, num_readers=R, reader_index=R - 1) as c:
             from_zero = [x for _, x in a.iter_batches(0, start + 3)][start:]
@@ -141,7 +145,7 @@ def test_eval_pass_covers_every_document_once(cache, kind, L, R, per_reader):
         # every token of every document exactly once, in global order (best fit: chunk by chunk, each
         # chunk's tokens in its rows' order; token ids are unique)
         every = np.concatenate([np.concatenate(c) if c else np.zeros(0, np.int32) for c in chunks])
-        if kind == "best_fit":
+        if kind.startswith("best_fit"):
             assert np.array_equal(np.sort(targets[mask]), np.sort(every))
             chunk_of = np.repeat(np.arange(len(chunks)), [sum(len(d) for d in c) for c in chunks])
             assert (np.diff(chunk_of[np.searchsorted(every, targets[mask], sorter=np.argsort(every))]) >= 0).all()
@@ -170,7 +174,7 @@ def test_locality_each_reader_opens_only_its_streams_chunks(cache, kind, L, rs, 
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=4)
         opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, **ko)
         units = units_per_chunk(chunks, packed, L, ko["packing"], row_group_tokens=4,
-                                **{k: v for k, v in ko.items() if k == "best_fit_window_tokens"})
+                                **{k: v for k, v in ko.items() if k.startswith("best_fit_") or k == "max_segments"})
         for r in range(R):
             with Reader(root, opts, num_readers=R, reader_index=r) as rd:
                 got = list(rd.iter_batches(b0, 3))
@@ -188,6 +192,43 @@ def test_locality_each_reader_opens_only_its_streams_chunks(cache, kind, L, rs, 
                         allowed.add(p % n)
                         have += units[p % n]
                         p += r_star
+                assert rd.store.opened, "read something"
+                assert rd.store.opened <= allowed, (r, sorted(rd.store.opened), sorted(allowed))
+
+
+@settings(**SETTINGS)
+@given(caches(max_chunks=12), st.sampled_from(KINDS), st.integers(1, 8), st.sampled_from([(1, 1), (2, 1), (4, 2),
+       (2, 2), (4, 4), (8, 4), (6, 3), (6, 2)]), st.integers(0, 30), st.booleans())
+def test_spans_locality_each_reader_opens_only_the_chunks_of_its_rows(cache, kind, L, rs, b0, shuffled):
+    """Under "spans" with R | R*, reader r's examples of pass p lie in the spans s = r - p E (mod R), and it
+    opens only the chunks that hold its rows' tokens (shuffled: of those spans; it loads whole mixes ahead)."""
+    chunks, cps = cache
+    r_star, R = rs
+    ko = kind_options(kind)
+    assume(not has_no_pass("spans", chunks, r_star, ko["packed"], L, ko["packing"]))
+    B = R * 2
+    cfg = shuffle.ShuffleConfig(seed=b0, first_window=4, max_window=16, block_size=2, mix_size=4,
+                                lanes=r_star) if shuffled else None
+    extra = {k: v for k, v in ko.items() if k == "best_fit_window_tokens"}
+    with Tmp() as root:
+        cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=4)
+        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, pass_rule="spans", shuffle=cfg, **ko)
+        ref = reference("spans", chunks, L, r_star, shuffle=cfg, row_group_tokens=4, **ko)
+        units = np.asarray(units_per_chunk(chunks, ko["packed"], L, ko["packing"], row_group_tokens=4, **extra))
+        ends = np.cumsum(units)
+        per_row = L if kind == "concat" else 1
+        for r in range(R):
+            with Reader(root, opts, num_readers=R, reader_index=r) as rd:
+                assert [b for b, _ in rd.iter_batches(b0, 3)] == [b0, b0 + 1, b0 + 2]
+                allowed = set()
+                for i in np.concatenate([b * B + streams.reader_rows(B, R, r) for b in range(b0, b0 + 3)]).tolist():
+                    p, row = ref.row(i)
+                    span = next(s for s, x in enumerate(ref.runs) if x.size and x[0] <= row <= x[-1])
+                    assert span % R == (r - p * ref.E) % R
+                    for x in ([row] if cfg is None else ref.runs[span]):
+                        lo, hi = x * per_row, (x + 1) * per_row
+                        allowed |= {c for c in range(len(chunks))
+                                    if units[c] and ends[c] > lo and ends[c] - units[c] < hi}
                 assert rd.store.opened, "read something"
                 assert rd.store.opened <= allowed, (r, sorted(rd.store.opened), sorted(allowed))
 
@@ -219,22 +260,22 @@ def test_empty_stream_is_a_clear_error():
 
 @settings(**SETTINGS)
 @given(caches(), st.sampled_from(KINDS), st.integers(1, 8), st.integers(1, 4), st.integers(1, 4),
-       st.integers(0, 2**31))
-def test_shuffled_rows_are_permuted_examples_and_R_invariant(cache, kind, L, r_star, R, seed):
+       st.integers(0, 2**31), st.sampled_from(RULES))
+def test_shuffled_rows_are_permuted_examples_and_R_invariant(cache, kind, L, r_star, R, seed, rule):
     chunks, cps = cache
     ko = kind_options(kind)
-    assume(not has_empty_stream(chunks, r_star, ko["packed"], L, ko["packing"]))
+    assume(not has_no_pass(rule, chunks, r_star, ko["packed"], L, ko["packing"]))
     B = 2 * R
     cfg = shuffle.ShuffleConfig(seed=seed, first_window=4, max_window=32, block_size=2, mix_size=8, lanes=r_star)
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=cps, row_group_tokens=5)
-        plain = Reader(root, ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, **ko))
-        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, shuffle=cfg, **ko)
+        plain = Reader(root, ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, pass_rule=rule, **ko))
+        opts = ReadOptions(seq_len=L, batch_size=B, ideal_readers=r_star, shuffle=cfg, pass_rule=rule, **ko)
         full = Reader(root, opts)
+        E = plain.examples_per_pass
         for b in (0, 3, 11):
             got = full.rows(b, np.arange(B))
-            src = shuffle.shuffle_example_indices(b * B + np.arange(B), cfg)
-            want = plain.examples(src)
+            want = plain.examples(cachegen.shuffled_sources(rule, b * B + np.arange(B), cfg, E))
             for k in KEYS + ("epochs",):
                 assert np.array_equal(got[k], want[k]), k
             assert got["example_ids"].tolist() == list(range(b * B, (b + 1) * B))
@@ -255,13 +296,14 @@ def test_shuffle_seed_option_builds_a_lane_preserving_config():
         ReadOptions(eval_mode=True, shuffle_seed=1)
 
 
-def test_seek_to_batch_ten_million_is_cheap():
+@pytest.mark.parametrize("rule", RULES)
+def test_seek_to_batch_ten_million_is_cheap(rule):
     rng = np.random.default_rng(0)
     chunks = cachegen.random_chunks(rng, 40)
     with Tmp() as root:
         cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=[20, 20])
         for packed in (True, False):
-            opts = ReadOptions(seq_len=16, batch_size=8, packed=packed, ideal_readers=4)
+            opts = ReadOptions(seq_len=16, batch_size=8, packed=packed, ideal_readers=4, pass_rule=rule)
             with Reader(root, opts, num_readers=2, reader_index=1) as rd:
                 b = 10**7
                 x = rd.batch(b)

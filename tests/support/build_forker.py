@@ -13,7 +13,7 @@ init, this process does not reap a child until asked: a killed build stays a zom
 Protocol, one line each way:
 
 * ``build N ARGV_JSON`` -> ``started PID``: fork a build; it reports when its N-th atomic write into the
-  cache is about to be renamed into place (wrapping ``reader.storage.atomic.publish`` in the child, as
+  cache is about to be renamed into place (wrapping ``reader.storage.files.publish`` in the child, as
   ``kill_at.py`` does; the product code has no hook);
 * ``wait PID`` -> ``writing PID`` once that happened, or ``ended PID`` if the build ended first;
 * ``reap PID`` -> ``reaped PID STATUS`` (``os.waitstatus_to_exitcode``).
@@ -35,10 +35,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _notify_at(n: int, fd: int) -> None:
     """In the child: write one byte to ``fd`` when the N-th atomic write of the build is published."""
-    from pipelines.inputs.fsutil import BEAM
-    from reader.storage import atomic
+    from pipelines.filesystem import BEAM
+    from reader.storage import files
 
-    real, seen = atomic.publish, [0]
+    real, seen = files.publish, [0]
 
     def publish(fs, tmp, path):
         if fs is BEAM:
@@ -48,7 +48,7 @@ def _notify_at(n: int, fd: int) -> None:
                 os.close(fd)
         real(fs, tmp, path)
 
-    atomic.publish = publish
+    files.publish = publish
 
 
 def _child(n: int, argv: list[str], log_dir: str, notify: int, others: list[int]) -> None:

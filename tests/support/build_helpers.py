@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.format.sidecar import SIDECAR_ONLY_KEYS, ledger_entry
 from reader.order.streams import round_robin_order
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -99,7 +100,7 @@ def chunk_entries(root: str) -> list[dict[str, Any]]:
     out, docs, tokens = [], 0, 0
     for c, rel in enumerate(table.paths):
         raw = open(os.path.join(root, rel[:-len(".parquet")] + ".json"), "rb").read()
-        entry = dict(fmt.ledger_entry(json.loads(raw)), doc_offset=docs, token_offset=tokens)
+        entry = dict(ledger_entry(json.loads(raw)), doc_offset=docs, token_offset=tokens)
         assert (entry["sidecar_checksum"], entry["checksum"], entry["docs"], entry["tokens"]) == \
             (table.sidecar_checksums[c], table.checksums[c], int(table.docs[c]), int(table.tokens[c])), rel
         docs, tokens = docs + entry["docs"], tokens + entry["tokens"]
@@ -170,7 +171,7 @@ def small_plan(tmp_path, chunk_bytes: int = 1500):
 def write_plan(out: str, plan) -> None:
     """The plan ledger(s) of ``plan`` in ``out``, as the launcher writes them before a job starts."""
     from pipelines import status
-    from pipelines.chunking.splits import cache_root
+    from reader.format.splits import cache_root
 
     for name, cache_plan in plan.caches():
         status.write_ledger(cache_root(out, name), cache_plan.ledger())
@@ -241,7 +242,7 @@ def check_cache(root: str, paths: list[str], chunk_bytes: int, append_eos: bool 
         side_bytes = open(os.path.join(root, fmt.sidecar_path(c["shard"], c["index_in_shard"])), "rb").read()
         side = json.loads(side_bytes)
         assert fmt.checksum(side_bytes) == c["sidecar_checksum"]
-        assert {k: v for k, v in side.items() if k not in fmt.SIDECAR_ONLY_KEYS} == \
+        assert {k: v for k, v in side.items() if k not in SIDECAR_ONLY_KEYS} == \
             {k: v for k, v in c.items() if k not in ("doc_offset", "token_offset", "sidecar_checksum")}
         assert "row_group_index" not in c and "footer" not in c  # the ledger stays small
         # row-group byte ranges: contiguous from byte 4, each hashed, then the footer up to EOF
@@ -292,7 +293,7 @@ def build(tmp_path, inputs, **kw):
             argv += [f"--{k}", str(v)]
     argv += kw.get("runner", FNAPI)
     from pipelines import build_cache
-    from pipelines.chunking.splits import cache_root
+    from reader.format.splits import cache_root
 
     res = build_cache.run(argv)
     # a finished version 4 ledger with its chunk list, as tests look at chunk entries (load_ledger)

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from reader.format import chunk_file
 from reader.format import spec as fmt
 from reader.format import table as chunk_table
+from reader.format.sidecar import ledger_entry, row_group_index, sidecar_bytes
 from reader.order import streams
 from reader.order.packing import WINDOW_TOKENS
 
@@ -81,11 +82,24 @@ def _config(chunk_bytes: int, row_group_tokens: int, masked: bool) -> dict[str, 
     return config
 
 
-def best_fit_chunk(docs, L: int, row_group_tokens: int, window_tokens: int) -> list:
-    """A synthetic chunk's best-fit rows by the brute-force packer, over the row groups it is written with."""
+def best_fit_caps(best_fit_continuations: int | None = None, max_segments: int | None = None,
+                  masked: bool = False, format_version: int | None = None) -> dict:
+    """``best_fit_chunk``'s caps for these read options on a synthetic cache (``masked``: one with loss
+    masks; ``format_version``: its ledger's, default :func:`default_version`): unless the options say, one
+    continuation piece per row below format version 4, four from it (docs/FORMAT.md, "Best-fit packing"),
+    and at most ``max_segments``."""
+    version = default_version(masked) if format_version is None else format_version
+    cont = best_fit_continuations or (4 if version >= 4 else 1)
+    return {"continuations": cont if max_segments is None else min(cont, max_segments), "max_segments": max_segments}
+
+
+def best_fit_chunk(docs, L: int, row_group_tokens: int, window_tokens: int, continuations: int | None = 1,
+                   max_segments: int | None = None) -> list:
+    """A synthetic chunk's best-fit rows by the brute-force packer, over the row groups it is written with
+    (``continuations``, ``max_segments``: the caps per row)."""
     lengths = [len(d) for d in docs]
     rg_docs = [hi - lo for lo, hi in row_groups(lengths, row_group_tokens)]
-    return reference_chunk_best_fit(lengths, rg_docs, L, window_tokens)
+    return reference_chunk_best_fit(lengths, rg_docs, L, window_tokens, continuations, max_segments)
 
 
 def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offset: int = 0,
@@ -134,24 +148,31 @@ def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Seque
     }
     if loss is not None:
         entry["loss_tokens"] = loss
-    entry["row_group_index"], entry["footer"] = fmt.row_group_index(data)
+    entry["row_group_index"], entry["footer"] = row_group_index(data)
     if sidecar:
-        _atomic_write(fs, base + "/" + fmt.sidecar_path(shard, index_in_shard), fmt.sidecar_bytes(entry))
+        _atomic_write(fs, base + "/" + fmt.sidecar_path(shard, index_in_shard), sidecar_bytes(entry))
         if entry_file:
             _atomic_write(fs, base + "/" + chunk_table.entry_path(shard, index_in_shard), chunk_table.entry_bytes(entry))
     return entry
 
 
+# The format version a synthetic cache has by default: what builds wrote before version 4 (3 with loss
+# masks, else 2), whose default pass rule is "streams" (the rule most reader tests check against
+# ``Reference``); ``format_version=4`` writes what a build writes now (the "spans" rule by default).
+def default_version(masked: bool) -> int:
+    return 3 if masked else fmt.BASE_FORMAT_VERSION
+
+
 def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_tokens: int,
-            tokenizer: Mapping[str, Any], masked: bool = False, version: int | None = None,
+            tokenizer: Mapping[str, Any], masked: bool = False, format_version: int | None = None,
             fs=None, base: str = "") -> dict[str, Any]:
-    """The ledger of a cache of ``version`` (default: 3 with loss masks, else 2, as builders before 4 wrote
-    them); a finished version 4 ledger's table is written into ``base`` (on ``fs``) by the format's writer."""
-    version = version or (3 if masked else fmt.BASE_FORMAT_VERSION)
+    """The ledger of a cache of ``format_version`` (default :func:`default_version`); a finished version 4
+    ledger's table is written into ``base`` (on ``fs``) by the format's writer."""
+    version = default_version(masked) if format_version is None else format_version
     chunks = []
     doc_off = tok_off = 0
     for e in entries if finished else []:
-        chunks.append(dict(fmt.ledger_entry(e), doc_offset=doc_off, token_offset=tok_off))
+        chunks.append(dict(ledger_entry(e), doc_offset=doc_off, token_offset=tok_off))
         doc_off += e["docs"]
         tok_off += e["tokens"]
     if finished and version < chunk_table.TABLE_VERSION:  # inputs as builders before version 3 recorded them
@@ -205,7 +226,7 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
                           tokenizer: Mapping[str, Any] = DEFAULT_TOKENIZER,
                           writer_options: Mapping[str, Any] | None = None,
                           spans: Sequence[Sequence[Sequence[int]]] | None = None,
-                          version: int | None = None) -> list[dict[str, Any]]:
+                          format_version: int | None = None) -> list[dict[str, Any]]:
     """Write a valid cache at ``root``; return the chunk entries in global order.
 
     Args:
@@ -221,8 +242,8 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
       writer_options: ``pq.ParquetWriter`` keyword arguments (default: the builder's).
       spans: a masked (supervised) cache: per chunk, per document, its flattened loss spans
         ``[s0, e0, s1, e1, ...]`` (:func:`spans_of_mask` makes them from a per-token mask).
-      version: the format version (default 3 with ``spans``, else 2: as builders before version 4 wrote them;
-        4: the chunks in a table).
+      format_version: the ledger's (default :func:`default_version`; 4: the chunks in a table, and each
+        chunk's entry beside its sidecar).
     """
     cps = list(chunks_per_shard) if chunks_per_shard is not None else [len(chunks)]
     if sum(cps) != len(chunks):
@@ -239,7 +260,7 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
             entries.append(write_chunk(root, shard, k, docs, chunk_bytes=chunk_bytes,
                                        row_group_tokens=row_group_tokens, writer_options=writer_options,
                                        spans=None if spans is None else spans[i],
-                                       entry_file=not finished and (version or 0) >= chunk_table.TABLE_VERSION))
+                                       entry_file=not finished and (format_version or 0) >= chunk_table.TABLE_VERSION))
         else:
             entries.append(None)
     if done_shards is None:
@@ -251,7 +272,7 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
                "size": cps[s] * chunk_bytes, "compression": "gzip" if comp[s] else "none",
                "chunks": None if comp[s] else cps[s]} for s in range(len(cps))]
     ledger = _ledger(inputs, entries, finished=finished, chunk_bytes=chunk_bytes, row_group_tokens=row_group_tokens,
-                     tokenizer=tokenizer, masked=spans is not None, version=version, fs=fs, base=base)
+                     tokenizer=tokenizer, masked=spans is not None, format_version=format_version, fs=fs, base=base)
     _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
     return entries
 
@@ -273,7 +294,7 @@ def finish_cache(root: str, entries: Sequence[Mapping[str, Any]]) -> None:
     ledger = _ledger(plan["inputs"], list(entries), finished=True,
                      chunk_bytes=plan["config"]["chunk_bytes"],
                      row_group_tokens=plan["config"]["row_group_tokens"], tokenizer=plan["tokenizer"],
-                     masked=fmt.is_masked(plan["config"]), version=plan["format_version"], fs=fs, base=base)
+                     masked=fmt.is_masked(plan["config"]), format_version=plan["format_version"], fs=fs, base=base)
     ledger["config"] = plan["config"]
     _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
 
@@ -296,15 +317,16 @@ def finish_build_from(live: str, done: str, entries: Sequence[Mapping[str, Any]]
 
 def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per_shard: Sequence[int], *,
                         compressed: Sequence[bool] | None = None, first: Sequence[int] = (0,), seed: int = 0,
-                        delay: float = 0.005, row_group_tokens: int = 9, version: int | None = None) -> threading.Thread:
+                        delay: float = 0.005, row_group_tokens: int = 9,
+                        format_version: int | None = None) -> threading.Thread:
     """Simulate a running build of a local cache: the plan and chunks ``first`` now, the other chunks
     (global indices) in a seeded random order on a thread, then ``_DONE.json`` of compressed shards and
-    the finished ledger (of ``version``: see :func:`write_synthetic_cache`). Returns the started thread (join it)."""
-    entry_file = (version or 0) >= chunk_table.TABLE_VERSION
+    the finished ledger (of ``format_version``: see :func:`write_synthetic_cache`). Returns the started thread (join it)."""
+    entry_file = (format_version or 0) >= chunk_table.TABLE_VERSION
     rr = streams.round_robin_order(chunks_per_shard)
     comp = list(compressed) if compressed is not None else [False] * len(chunks_per_shard)
     write_synthetic_cache(root, chunks, finished=False, chunks_per_shard=chunks_per_shard, compressed=comp,
-                          written=list(first), row_group_tokens=row_group_tokens, version=version)
+                          written=list(first), row_group_tokens=row_group_tokens, format_version=format_version)
     rest = [i for i in range(len(chunks)) if i not in set(first)]
     random.Random(seed).shuffle(rest)
 
@@ -334,18 +356,18 @@ def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per
 
 def batches_during_and_after_build(tmp: str, chunks, chunks_per_shard, options, count: int, *,
                                    compressed=None, first=(0,), seed: int = 0, num_readers: int = 2,
-                                   reader_index: int = 1, version: int | None = None):
+                                   reader_index: int = 1, format_version: int | None = None):
     """``(got, want)``: batches ``0..count-1`` read while :func:`build_in_background` writes the cache,
     and the same batches read from a finished twin. Asserts the reader really saw the build running."""
     from reader import Reader
 
     done, live = os.path.join(tmp, "done"), os.path.join(tmp, "live")
     write_synthetic_cache(done, chunks, chunks_per_shard=chunks_per_shard, compressed=compressed,
-                          row_group_tokens=9, version=version)
+                          row_group_tokens=9, format_version=format_version)
     with Reader(done, options, num_readers=num_readers, reader_index=reader_index) as ref:
         want = list(ref.iter_batches(0, count))
     t = build_in_background(live, chunks, chunks_per_shard, compressed=compressed, first=first, seed=seed,
-                            version=version)
+                            format_version=format_version)
     try:
         with Reader(live, options, num_readers=num_readers, reader_index=reader_index, wait_timeout_s=60,
                     poll_interval_s=0.01) as rd:
@@ -371,6 +393,32 @@ def random_chunks(rng: np.random.Generator, num_chunks: int, *, max_docs: int = 
             docs.append(rng.integers(1, vocab, size=n, dtype=np.int32))
         out.append(docs)
     return out
+
+
+def long_document_chunks(rng: np.random.Generator, num_chunks: int, seq_len: int, *, max_docs: int = 10,
+                         vocab: int = 1000) -> list[list[np.ndarray]]:
+    """Chunks where most documents are longer than ``seq_len`` (tails of every length, so best fit's
+    continuation pieces share rows) and the rest at most ``seq_len`` tokens."""
+    out = []
+    for _ in range(num_chunks):
+        lengths = [int(rng.integers(seq_len + 1, 4 * seq_len)) if rng.random() < 0.7 else int(rng.integers(1, seq_len + 1))
+                   for _ in range(int(rng.integers(1, max_docs + 1)))]
+        out.append([rng.integers(1, vocab, size=n, dtype=np.int32) for n in lengths])
+    return out
+
+
+# How the varlen loader tests read their cache: best fit, 4 continuation pieces and 5 pieces per row at most
+VARLEN_LOADER_OPTIONS = dict(seq_len=16, batch_size=8, ideal_readers=4, packing="best_fit", best_fit_continuations=4,
+                             max_segments=5, varlen=True)
+
+
+def write_varlen_loader_cache(root: str, seed: int) -> str:
+    """The cache the varlen loader tests read (reader.jax and reader.torch alike): 10 chunks of
+    :func:`long_document_chunks` in 2 shards, with loss masks, row groups of 40 tokens."""
+    chunks = long_document_chunks(np.random.default_rng(seed), 10, VARLEN_LOADER_OPTIONS["seq_len"])
+    masks = random_masks(np.random.default_rng(seed + 1), chunks)
+    write_synthetic_cache(root, chunks, chunks_per_shard=[5, 5], row_group_tokens=40, spans=spans_of(masks))
+    return root
 
 
 def write_best_fit_loader_cache(root: str) -> str:
@@ -421,19 +469,25 @@ def spans_of(masks) -> list[list[list[int]]]:
 class Reference:
     """Examples of a synthetic cache computed naively: ``loop(chunks)[s::R*]`` walked position by position.
     ``packing="best_fit"`` (packed): each chunk's rows from the brute-force packer (``packing_ref``), per
-    window of ``best_fit_window_tokens`` over the row groups ``row_group_tokens`` makes (as the cache's).
+    window of ``best_fit_window_tokens`` over the row groups ``row_group_tokens`` makes (as the cache's),
+    ``best_fit_continuations`` continuation pieces per row (None: as the cache's format version says,
+    :func:`best_fit_caps`) and ``max_segments`` pieces per row at most.
     ``masks``: per chunk, per document, its per-token loss mask (a masked cache); ``loss_mask`` is then
     that mask on real tokens."""
 
     def __init__(self, chunks: Sequence[Sequence[Sequence[int]]], seq_len: int, num_streams: int, *,
                  packed: bool = True, loop: bool = True, packing: str = "concat", masks=None,
-                 best_fit_window_tokens: int = WINDOW_TOKENS, row_group_tokens: int = 64):
+                 best_fit_window_tokens: int = WINDOW_TOKENS, row_group_tokens: int = 64,
+                 best_fit_continuations: int | None = None, max_segments: int | None = None,
+                 format_version: int | None = None):
         self.chunks = [[np.asarray(d, dtype=np.int64) for d in c] for c in chunks]
         self.masks = [[np.ones(len(d), bool) for d in c] for c in self.chunks] if masks is None else \
             [[np.asarray(m, bool) for m in c] for c in masks]
         self.L, self.R, self.packed, self.loop = seq_len, num_streams, packed, loop
         self.best_fit = packed and packing == "best_fit"
         self.window, self.rgt = best_fit_window_tokens, row_group_tokens
+        self.caps = best_fit_caps(best_fit_continuations, max_segments, masked=masks is not None,
+                                  format_version=format_version)
         self._units: dict[int, list] = {}  # stream -> list of units (token tuples or piece dicts)
         self._pos: dict[int, int] = {}  # stream -> next looped-chunk position
 
@@ -449,7 +503,7 @@ class Reference:
             before = len(units)
             if self.best_fit:
                 docs, masks = self.chunks[c], self.masks[c]
-                for row in best_fit_chunk(docs, self.L, self.rgt, self.window):
+                for row in best_fit_chunk(docs, self.L, self.rgt, self.window, **self.caps):
                     units.append({"pieces": [(docs[d], a, m, masks[d]) for d, a, m in row], "epoch": e})
             for d, mk in zip(self.chunks[c], self.masks[c]) if not self.best_fit else ():
                 if self.packed:
@@ -465,11 +519,13 @@ class Reference:
         self._pos[s] = p
         return units
 
-    def num_examples(self) -> int:
-        """Single pass (R* = 1) only."""
+    def num_examples(self, whole: bool = False) -> int:
+        """Single pass (R* = 1) only; ``whole``: packed by concatenation, only the rows of ``L`` tokens."""
         assert not self.loop and self.R == 1
         units = self._stream_units(0, 1 << 62)
-        return -(-len(units) // self.L) if self.packed and not self.best_fit else len(units)
+        if self.packed and not self.best_fit:
+            return len(units) // self.L if whole else -(-len(units) // self.L)
+        return len(units)
 
     def example(self, i: int) -> dict[str, Any]:
         s, j = i % self.R, i // self.R
@@ -517,3 +573,41 @@ class Reference:
             else:
                 out["epoch"], out["valid"] = -1, False
         return out
+
+
+def shuffled_sources(rule: str, ex, cfg, E: int | None = None) -> np.ndarray:
+    """The unshuffled example each shuffled example ``ex`` is, by definition: ``pi(i)`` under
+    ``"streams"``; ``p E + pi_p(k)`` for example ``k`` of pass ``p`` under ``"spans"`` (``E`` examples per pass)."""
+    from reader.order.shuffle import shuffle_example_indices
+
+    ex = np.asarray(ex, dtype=np.int64)
+    if rule == "streams":
+        return shuffle_example_indices(ex, cfg)
+    p, k = np.divmod(ex, E)
+    return p * E + shuffle_example_indices(k, cfg, epoch_length=E, passes=p)
+
+
+class SpansReference:
+    """Examples under the ``"spans"`` pass rule, computed naively: the eval pass's rows (a one-stream
+    :class:`Reference`), ``E`` of them (concat: the whole rows), cut into ``R*`` runs by ``np.array_split``;
+    pass ``p``'s example ``k`` is row ``runs[k' % R*][k' // R*]`` with ``k'`` = ``shuffle`` of ``k`` over
+    ``[0, E)`` in pass ``p`` (``shuffle_example_indices(..., epoch_length=E, passes=p)``; ``k`` itself without
+    one). ``epoch`` is the pass."""
+
+    def __init__(self, chunks, seq_len: int, num_streams: int, *, shuffle=None, **kw):
+        self.eval = Reference(chunks, seq_len, 1, loop=False, **kw)
+        self.E = self.eval.num_examples(whole=True)
+        self.R, self.shuffle = num_streams, shuffle
+        self.runs = np.array_split(np.arange(self.E), num_streams)
+
+    def row(self, i: int) -> tuple[int, int]:
+        """``(pass, eval row)`` of global example ``i``."""
+        p = int(i) // self.E
+        k = int(i) - p * self.E
+        if self.shuffle is not None:
+            k = int(shuffled_sources("spans", [i], self.shuffle, self.E)[0]) - p * self.E
+        return p, int(self.runs[k % self.R][k // self.R])
+
+    def example(self, i: int) -> dict[str, Any]:
+        p, row = self.row(i)
+        return dict(self.eval.example(row), epoch=p)

@@ -25,16 +25,18 @@ import contextlib
 import ctypes
 import os
 import signal
-import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from pathlib import Path
 
-EMULATOR = shutil.which("gcp-storage-emulator") or str(Path(sys.executable).with_name("gcp-storage-emulator"))
+# The emulator serves one request at a time from a listen backlog of 5 (socketserver's default): a client
+# with more requests in flight (the reader's read-ahead) has connections dropped and retried by TCP a second
+# later. Run with a backlog of 256 instead.
+_START = ("import sys, socketserver; socketserver.TCPServer.request_queue_size = 256; "
+          "from gcp_storage_emulator.__main__ import main; sys.exit(main())")
 
 
 def free_port() -> int:
@@ -58,7 +60,7 @@ class GcsEmulator:
         # connection early, and once a pipe nobody reads is full (64 KiB) it blocks, and the test hangs.
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [EMULATOR, "start", "--host=127.0.0.1", f"--port={self.port}", f"--default-bucket={self.bucket}",
+            [sys.executable, "-c", _START, "start", "--host=127.0.0.1", f"--port={self.port}", f"--default-bucket={self.bucket}",
              "--in-memory", "--quiet"],
             stdout=subprocess.DEVNULL, stderr=self._stderr, preexec_fn=_die_with_parent)
         self._plain_gcsfs_for_gs()

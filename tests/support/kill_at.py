@@ -3,10 +3,11 @@
     python tests/support/kill_at.py N:before_rename [python -m pipelines.build_cache options]
     python tests/support/kill_at.py N:after_rename  [...]
     python tests/support/kill_at.py N:pause         [...]
+    python tests/support/kill_at.py N:STAGE --module pipelines.dedup.job [its options]   (another command's main)
 
 Every atomic write of the builder ends in one rename of its temporary file (``.tmp-*``) onto the final
-name: ``reader.storage.atomic.publish``, the last step of every atomic write in the project, called with
-the builder's Beam storage (``pipelines.inputs.fsutil.BEAM``; the local memo caches of tokenizer checks
+name: ``reader.storage.files.publish``, the last step of every atomic write in the project, called with
+the builder's Beam storage (``pipelines.inputs.filesystem.BEAM``; the local memo caches of tokenizer checks
 use another and are not counted). :func:`kill_at_write` wraps it in this process (the launcher, and the
 workers of an in-process runner such as FnApiRunner) and kills the process at the N-th such rename
 (1-based): just before it (the temporary file is left behind) or just after
@@ -34,10 +35,10 @@ def kill_at_write(point: str) -> None:
     n = int(n_text)
     if n < 1 or stage not in STAGES:
         raise ValueError(f"kill point {point!r}: expected N:{'|'.join(STAGES)} with N >= 1")
-    from pipelines.inputs.fsutil import BEAM
-    from reader.storage import atomic
+    from pipelines.filesystem import BEAM
+    from reader.storage import files
 
-    real_publish = atomic.publish
+    real_publish = files.publish
     writes = 0
     lock = threading.Lock()  # an in-process runner publishes from several threads
 
@@ -45,7 +46,7 @@ def kill_at_write(point: str) -> None:
         nonlocal writes
         if fs is not BEAM:
             return real_publish(fs, tmp, path)
-        assert posixpath.basename(tmp).startswith(atomic.TMP_PREFIX), tmp
+        assert posixpath.basename(tmp).startswith(files.TMP_PREFIX), tmp
         with lock:
             writes += 1
             hit = writes == n
@@ -58,12 +59,17 @@ def kill_at_write(point: str) -> None:
         if hit and stage == "after_rename":
             os.kill(os.getpid(), signal.SIGKILL)
 
-    atomic.publish = publish
+    files.publish = publish
 
 
 if __name__ == "__main__":
     sys.path.insert(0, REPO)  # this checkout's pipelines/, as `python -m` from the repository root finds it
     kill_at_write(sys.argv[1])
-    from pipelines.build_cache import main
+    if sys.argv[2:3] == ["--module"]:
+        import importlib
 
-    main(sys.argv[2:])
+        importlib.import_module(sys.argv[3]).main(sys.argv[4:])
+    else:
+        from pipelines.build_cache import main
+
+        main(sys.argv[2:])

@@ -8,8 +8,9 @@ import math
 from fractions import Fraction
 
 
-def reference_best_fit(lengths, L):
-    """Rows of the documents ``lengths`` packed into rows of ``L``: a list of rows, each a list of
+def reference_best_fit(lengths, L, continuations=1, max_segments=None):
+    """Rows of the documents ``lengths`` packed into rows of ``L``, each holding at most ``continuations``
+    continuation pieces and ``max_segments`` pieces (None: no cap): a list of rows, each a list of
     ``(doc, start, length)`` in the row's order."""
     full_rows = []
     others = []
@@ -23,8 +24,12 @@ def reference_best_fit(lengths, L):
     for piece in others:
         size = piece[2]
         cont = piece[1] > 0
-        # rows it may go to: any row if it starts its document, else rows without a continuation piece
-        allowed = [i for i, row in enumerate(rows) if not (cont and any(s > 0 for _, s, _ in row[1]))]
+        # rows it may go to: rows below max_segments pieces; for a continuation piece, also below
+        # `continuations` continuation pieces
+        allowed = [i for i, row in enumerate(rows)
+                   if (max_segments is None or len(row[1]) < max_segments)
+                   and not (cont and continuations is not None
+                            and sum(s > 0 for _, s, _ in row[1]) >= continuations)]
         chosen = None
         for i in allowed:
             row = rows[i]
@@ -38,7 +43,7 @@ def reference_best_fit(lengths, L):
             chosen = len(rows) - 1
         rows[chosen][0] -= size
         rows[chosen][1].append(piece)
-    # within a row: the continuation piece first, then document order
+    # within a row: the continuation pieces first, then the others, each in document order
     out = full_rows + [sorted(row[1], key=lambda p: (p[1] == 0, p)) for row in rows]
     out.sort(key=lambda row: min(p[:2] for p in row))
     return out
@@ -59,7 +64,7 @@ def reference_windows(row_group_tokens, W):
     return bounds if ends else [0]
 
 
-def reference_chunk_best_fit(lengths, row_group_docs, L, W):
+def reference_chunk_best_fit(lengths, row_group_docs, L, W, continuations=1, max_segments=None):
     """A chunk's rows: each window's ``reference_best_fit`` rows, window after window, documents numbered
     in the chunk."""
     doc_bounds = [0, *itertools.accumulate(row_group_docs)]
@@ -68,5 +73,5 @@ def reference_chunk_best_fit(lengths, row_group_docs, L, W):
     out = []
     for g0, g1 in zip(wb, wb[1:]):
         a, b = doc_bounds[g0], doc_bounds[g1]
-        out += [[(d + a, s, m) for d, s, m in row] for row in reference_best_fit(lengths[a:b], L)]
+        out += [[(d + a, s, m) for d, s, m in row] for row in reference_best_fit(lengths[a:b], L, continuations, max_segments)]
     return out

@@ -227,7 +227,8 @@ def test_a_config_without_the_record_limits_builds_as_before_them(tmp_path):
 def test_a_hand_edited_sidecar_is_an_incomplete_chunk_not_a_crash(tmp_path):
     import json
 
-    from pipelines.chunking.chunk_writer import SIDECAR_KEYS, verify_chunk
+    from pipelines.chunking.chunk_writer import verify_chunk
+    from reader.format.sidecar import SIDECAR_KEYS
     from reader.format import spec as fmt
 
     path = tmp_path / fmt.sidecar_path(0, 0)

@@ -1,4 +1,4 @@
-"""The train/validation assignment of a split build (pipelines/chunking/splits.py): pure properties, no Beam job.
+"""The train/validation assignment of a split build (reader/format/splits.py, pipelines/chunking/split_router.py): pure properties, no Beam job.
 
 End-to-end split builds are in tests/end_to_end/test_build_cache_splits.py.
 """
@@ -13,7 +13,8 @@ import pytest
 from build_helpers import sample_texts
 from pipelines.errors import BuildError
 from pipelines.options import build_arg_parser, split_spec
-from pipelines.chunking.splits import SplitRouter, SplitSpec, cache_roots, split_hash
+from pipelines.chunking.split_router import SplitRouter
+from reader.format.splits import SplitSpec, cache_roots, split_hash
 
 BASE = ["--input", "x", "--output", "y", "--tokenizer", "tiktoken:cl100k_base"]
 

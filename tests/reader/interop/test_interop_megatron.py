@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import interop_ref as ref
+from build_helpers import load_ledger
 from reader import ReadOptions, Reader
 from reader.format import spec as fmt
 from reader.interop import importer
@@ -125,7 +126,7 @@ def test_round_trip_megatron_cache_megatron_is_byte_identical(tmp_path, tokenize
         assert interop.main(["import-megatron", str(tmp_path / "orig"), "--tokenizer", spec, "--out", cache,
                              *opts]) == 0
     assert main(["validate", cache]) == 0
-    ledger = json.loads(open(os.path.join(cache, fmt.LEDGER_NAME)).read())
+    ledger = load_ledger(cache)  # (with the chunk list a version 4 ledger keeps in its table and sidecars)
     assert ledger["totals"]["chunks"] > 5 and any(c["row_groups"] > 1 for c in ledger["chunks"])
     assert ref.cache_documents(cache) == docs
     assert main(["export", cache, "--format", "megatron", "--out", str(tmp_path / "back")]) == 0
@@ -147,8 +148,9 @@ def test_import_records_the_builders_tokenizer_identity(tmp_path, tiny_tokenizer
 def test_import_chunks_follow_the_builders_byte_rule(tmp_path, tiny_tokenizer):
     docs = _megatron_docs(np.random.default_rng(2), 200, 300)
     ref.write_megatron(str(tmp_path / "a"), [[d] for d in docs], code=8)
-    ledger = import_megatron([str(tmp_path / "a")], resolve(tiny_tokenizer).identity(), str(tmp_path / "c"),
-                             chunk_tokens=500, row_group_tokens=100)
+    import_megatron([str(tmp_path / "a")], resolve(tiny_tokenizer).identity(), str(tmp_path / "c"),
+                    chunk_tokens=500, row_group_tokens=100)
+    ledger = load_ledger(str(tmp_path / "c"))
     import pyarrow.parquet as pq
 
     cb = ledger["config"]["chunk_bytes"]
@@ -229,5 +231,12 @@ def test_rerun_after_interruption_gives_identical_bytes(tmp_path, monkeypatch):
     monkeypatch.setattr(importer, "write_chunk", real)
     import_megatron(*args, str(tmp_path / "crash"), chunk_tokens=200)
     assert tree_bytes(str(tmp_path / "crash")) == tree_bytes(str(tmp_path / "clean"))
+    # an import an older chunkledger started (format version 2) finishes as version 2: its read order stays
+    led = tmp_path / "crash" / fmt.LEDGER_NAME
+    plan = dict(json.loads(led.read_text()), format_version=2, finished=False, chunks=[], totals={})
+    led.write_text(fmt.dumps_ledger(plan))
+    import_megatron(*args, str(tmp_path / "crash"), chunk_tokens=200)
+    assert json.loads(led.read_text())["format_version"] == 2
+    assert json.loads((tmp_path / "clean" / fmt.LEDGER_NAME).read_text())["format_version"] == 4
     with pytest.raises(importer.ImportFailed, match="already holds a different cache"):
         import_megatron(*args, str(tmp_path / "crash"), chunk_tokens=100)

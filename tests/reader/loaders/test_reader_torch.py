@@ -190,13 +190,15 @@ def stateful(ds, num_workers, every=1):
     return StatefulDataLoader(ds, batch_size=None, num_workers=num_workers, snapshot_every_n_steps=every)
 
 
-@pytest.mark.parametrize("saved_workers,every", [(0, 1), (2, 1), (2, 3), (1, 1)])
-def test_stateful_dataloader_resumes_on_any_worker_count(cache, saved_workers, every):
+@pytest.mark.parametrize("saved_workers,every,rule", [(0, 1, None), (2, 1, None), (2, 3, None), (1, 1, None),
+                                                       (2, 1, "spans")])
+def test_stateful_dataloader_resumes_on_any_worker_count(cache, saved_workers, every, rule):
     """A StatefulDataLoader's state taken after k items restores (1) natively, with the same worker
     count, and (2) onto any other worker count through TokenBatches.load_state_dict; both continue at
-    batch k, and a state taken after the native restore still gives the right step."""
+    batch k, and a state taken after the native restore still gives the right step (under the cache's
+    default pass rule, "streams", and under "spans")."""
     pytest.importorskip("torchdata")
-    opts = options("shuffled")
+    opts = options("shuffled", pass_rule=rule)
     with Reader(cache, opts) as ref:
         loader = stateful(TokenBatches(cache, opts), saved_workers, every)
         it = iter(loader)

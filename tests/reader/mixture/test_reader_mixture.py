@@ -94,8 +94,9 @@ def test_global_batches_do_not_depend_on_hosts_and_each_host_reads_only_its_stre
                 h.close()
 
 
-def test_seek_equals_iterate_and_resume_is_the_step(mix):
-    opts = ReadOptions(seq_len=8, batch_size=16, ideal_readers=4, shuffle_seed=3)
+@pytest.mark.parametrize("rule", ["streams", "spans"])
+def test_seek_equals_iterate_and_resume_is_the_step(mix, rule):
+    opts = ReadOptions(seq_len=8, batch_size=16, ideal_readers=4, shuffle_seed=3, pass_rule=rule)
     with Reader(mix["file"], opts) as r:
         seq = [x for _, x in r.iter_batches(0, 20)]
     rng = np.random.default_rng(0)
@@ -313,3 +314,47 @@ def test_prefetch_chunks_of_all_components_at_once_equal_each_components_own(mix
     with Reader(mix["file"], ReadOptions(seq_len=8, batch_size=16, ideal_readers=4, shuffle_seed=1)) as r:
         comp, k = r.order.assign(np.arange(64, dtype=np.int64))
         assert r.order.touched_by_component(comp, k) is None  # shuffled: each component's own (mix-wise) plan
+
+
+def write_limited(tmp_path, max_passes, rule_version=4):
+    """A large component (17 chunks) and a 1-chunk one of format version ``rule_version``, the small one
+    limited to ``max_passes``."""
+    rng = np.random.default_rng(3)
+    big = cachegen.random_chunks(rng, 17, empty_prob=0.0, max_docs=8, max_len=40)
+    small = [[np.arange(100_000 + 10 * d, 100_000 + 10 * d + 7, dtype=np.int32) for d in range(9)]]
+    for name, chunks in (("big", big), ("small", small)):
+        cachegen.write_synthetic_cache(str(tmp_path / name), chunks, row_group_tokens=16,
+                                       format_version=rule_version)
+    doc = {"mixture": 1, "components": [{"name": "big", "path": "big", "weight": 3},
+                                        {"name": "small", "path": "small", "weight": 1, "max_passes": max_passes}]}
+    f = tmp_path / "lim.json"
+    f.write_text(__import__("json").dumps(doc))
+    return str(f)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_max_passes_stops_before_the_step_that_would_exceed_it(tmp_path, num_workers):
+    """A component's max_passes: every step before the first one that would draw its example past
+    max_passes * E is served, then a clear error names the component and that step; asking for the
+    step directly raises it too, before anything is read."""
+    from reader import MaxPassesReached
+
+    f = write_limited(tmp_path, 2)
+    opts = ReadOptions(seq_len=4, batch_size=8, ideal_readers=4, shuffle_seed=1, num_workers=num_workers)
+    with Reader(f, ReadOptions(seq_len=4, batch_size=8, ideal_readers=4)) as plain:
+        E = plain.examples_per_pass[1]
+        assert E == 63 // 4  # 9 documents of 7 tokens: 15 whole rows of 4
+        comp, k = plain.order.assign(np.arange(400 * 8))
+        first = next(i for i in range(comp.size) if comp[i] == 1 and k[i] >= 2 * E) // 8
+    with Reader(f, opts) as r:
+        got = []
+        with pytest.raises(MaxPassesReached) as e:
+            for b, _ in r.iter_batches(0, 400):
+                got.append(b)
+        assert got == list(range(first))
+        msg = str(e.value)
+        assert msg.startswith(f + ": component 'small' has max_passes 2") and f"step {first} would draw" in msg
+        with pytest.raises(MaxPassesReached, match=f"step {first} would"):
+            r.batch(first)
+        assert r.batch(first - 1)["valid"].all()
+        assert list(b for b, _ in r.iter_batches(0, first)) == list(range(first))  # (the limit not reached)

@@ -108,6 +108,12 @@ BAD = [
      ["components[0].weight", "finite number"]),
     ("no components", lambda: good(components=[]), ["\"components\" must be a non-empty list"]),
     ("bad block", lambda: good(block=0), ["block must be an integer"]),
+    ("max_passes 0", lambda: good(components=[{"name": "web", "path": "c0", "weight": 1, "max_passes": 0}],
+                                  schedule=[]),
+     ["components[0].max_passes must be a number in (0, 2**40]", "got 0"]),
+    ("max_passes a string", lambda: good(components=[{"name": "web", "path": "c0", "weight": 1, "max_passes": "2"}],
+                                         schedule=[]),
+     ["components[0].max_passes must be a number"]),
 ]
 
 
@@ -166,10 +172,34 @@ def test_inspect_prints_weights_and_passes(caches, capsys):
     info = json.loads(capsys.readouterr().out)
     tokens = [c["tokens"] for c in info["components"]]
     assert [c["examples_drawn"] for c in info["components"]] == drawn
-    assert [c["passes"] for c in info["components"]] == pytest.approx([d * 4 / t for d, t in zip(drawn, tokens)])
+    # a pass is the component's whole rows of seq_len tokens (its eval pass's rows)
+    assert [c["examples_per_pass"] for c in info["components"]] == [t // 4 for t in tokens]
+    assert [c["passes"] for c in info["components"]] == pytest.approx([d / (t // 4) for d, t in zip(drawn, tokens)])
+    assert [c["pass_rule"] for c in info["components"]] == ["streams"] * 2  # (format version 2 caches)
     assert info["segments"][1] == {"start_batch": 40, "weights": {"web": 0.0, "code": 1.0}}
     assert cli_main(["inspect", os.path.join(str(root), "missing.json")]) == 2
     assert "no such mixture file" in capsys.readouterr().err
+
+
+def test_inspect_and_batches_say_which_step_max_passes_refuses(caches, tmp_path, capsys):
+    root, _ = caches
+    doc = {"mixture": 1, "components": [{"name": "web", "path": "c0", "weight": 3},
+                                        {"name": "code", "path": "c1", "weight": 1, "max_passes": 1.5}]}
+    f = os.path.join(str(root), "limited.json")
+    with open(f, "w") as fh:
+        json.dump(doc, fh)
+    args = ["--seq_len", "4", "--batch_size", "8", "--ideal_readers", "4"]
+    with Reader(f, ReadOptions(seq_len=4, batch_size=8, ideal_readers=4)) as r:
+        step = r.order.pass_limit()[0]
+    assert cli_main(["inspect", f, "--steps", str(step), *args]) == 0
+    assert "max_passes refuses" not in capsys.readouterr().out
+    assert cli_main(["inspect", f, "--steps", str(step + 1), *args]) == 0
+    out = capsys.readouterr().out
+    assert f"WARNING: max_passes refuses step {step:,}: {f}: component 'code' has max_passes 1.5" in out
+    npz = str(tmp_path / "b.npz")
+    assert cli_main(["batches", f, *args, "--start", str(step - 1), "--count", "2", "--out", npz]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {f}: component 'code' has max_passes 1.5") and len(err.splitlines()) == 1
 
 
 def test_batches_command_reads_a_mixture(caches, tmp_path):

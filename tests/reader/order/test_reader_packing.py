@@ -73,6 +73,55 @@ def test_best_fit_invariants(case):
     assert firsts == sorted(firsts)  # rows ordered by their earliest piece
 
 
+CAPS = st.tuples(st.sampled_from([1, 2, 3, 4, None]), st.sampled_from([None, None, 1, 2, 3, 5]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(lengths_and_seq_len(), CAPS)
+def test_capped_best_fit_equals_reference(case, caps):
+    lengths, L = case
+    C, M = caps
+    rows = best_fit_rows(lengths, L, continuations=C, max_segments=M)
+    assert as_lists(rows) == reference_best_fit(lengths, L, C, M)
+    assert count_best_fit_rows(lengths, L, continuations=C, max_segments=M) == rows.num_rows
+    for row in as_lists(rows):
+        conts = [s > 0 for _, s, _ in row]
+        assert C is None or sum(conts) <= C
+        assert M is None or len(row) <= M
+        assert conts == sorted(conts, reverse=True)  # its continuation pieces first
+        assert sum(n for _, _, n in row) <= L
+    # the caps never cut a document: pieces at 0, L, 2L, ... as without them
+    pieces = sorted(zip(rows.doc.tolist(), rows.start.tolist(), rows.length.tolist()))
+    assert pieces == [(d, s, min(L, n - s)) for d, n in enumerate(lengths) for s in range(0, n, L)]
+
+
+@pytest.mark.parametrize("caps", [(2, None), (4, None), (None, None), (4, 3), (1, 2)])
+def test_random_capped_chunks_match_reference(caps):
+    rng = np.random.default_rng(sum(c or 0 for c in caps))
+    for _ in range(60):
+        L = int(rng.choice([16, 64]))
+        lengths = rng.integers(0, 4 * L, rng.integers(30, 120)).tolist()
+        assert as_lists(best_fit_rows(lengths, L, continuations=caps[0], max_segments=caps[1])) == \
+            reference_best_fit(lengths, L, *caps)
+
+
+def test_continuation_pieces_share_rows():
+    # L = 10, lengths [13, 14, 2]: with one continuation piece per row the 3 and the 4 take a row each (the
+    # 2 joins the 4); with two they share one, and the 2 goes with them (capacity 3 left)
+    assert as_lists(best_fit_rows([13, 14, 2], 10, continuations=2)) == [
+        [(0, 0, 10)], [(0, 10, 3), (1, 10, 4), (2, 0, 2)], [(1, 0, 10)]]
+    # four tails of 2 with three per row: the fourth opens a row of its own
+    assert as_lists(best_fit_rows([12] * 4, 10, continuations=3)) == [
+        [(0, 0, 10)], [(0, 10, 2), (1, 10, 2), (2, 10, 2)], [(1, 0, 10)], [(2, 0, 10)], [(3, 0, 10)], [(3, 10, 2)]]
+    # max_segments caps every piece: [3 3 3 1] in L = 10 is one row, or [3 3] [3 1] with two per row
+    assert as_lists(best_fit_rows([3, 3, 3, 1], 10)) == [[(0, 0, 3), (1, 0, 3), (2, 0, 3), (3, 0, 1)]]
+    assert as_lists(best_fit_rows([3, 3, 3, 1], 10, max_segments=2)) == [[(0, 0, 3), (1, 0, 3)], [(2, 0, 3), (3, 0, 1)]]
+    with pytest.raises(ValueError, match="max_segments must be None or an integer >= 1"):
+        best_fit_rows([1], 4, max_segments=0)
+    with pytest.raises(ValueError, match="continuations must be None or an integer >= 1"):
+        count_best_fit_rows([1], 4, continuations=0)
+
+
 @pytest.mark.parametrize("L", [16, 64, 1000])
 def test_random_chunks_match_reference(L):
     # Longer chunks than Hypothesis tends to draw: rows reach a capacity out of creation order here

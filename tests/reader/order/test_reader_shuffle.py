@@ -166,16 +166,21 @@ def _release_setup(tmp):
     return chunks, cfg
 
 
-@pytest.mark.parametrize("layout", ["flat", "arrays"])
-def test_a_shuffled_read_releases_the_mixes_it_has_passed(tmp, monkeypatch, layout):
+@pytest.mark.parametrize("layout,rule", [("flat", "streams"), ("arrays", "streams"), ("flat", "spans"),
+                                         ("arrays", "spans")])
+def test_a_shuffled_read_releases_the_mixes_it_has_passed(tmp, monkeypatch, layout, rule):
     """Once the reads pass a mix, the row groups inside its source blocks leave the cache (without
     releasing it keeps them all); nothing is decoded more often than without releasing, and the
     batches (also read again after the release) are the permuted plain examples."""
     _, cfg = _release_setup(tmp)
     B, N = 4, 126  # 2 rows of each stream per batch: 252 rows = windows 0..6, within one pass
-    opts = ReadOptions(seq_len=4, batch_size=B, ideal_readers=2, shuffle=cfg, layout=layout)
+    opts = ReadOptions(seq_len=4, batch_size=B, ideal_readers=2, shuffle=cfg, layout=layout, pass_rule=rule)
     with Reader(tmp, opts) as rd:
-        assert 2 * N < min(int(rd.stream_index().epoch_units(s, 0)) // 4 for s in range(2))  # one pass
+        E = rd.examples_per_pass
+        if rule == "streams":
+            assert 2 * N < min(int(rd.stream_index().epoch_units(s, 0)) // 4 for s in range(2))  # one pass
+        else:
+            assert B * N < E  # one pass
         got = [rd.batch(b) for b in range(N)]
         st = rd.store
         released_decodes = st.decodes
@@ -186,7 +191,7 @@ def test_a_shuffled_read_releases_the_mixes_it_has_passed(tmp, monkeypatch, layo
         assert st.decodes > released_decodes
     monkeypatch.setattr(ReleasePolicy, "examples_read", lambda self, ex: None)
     with Reader(tmp, opts) as rd, Reader(tmp, ReadOptions(seq_len=4, batch_size=B, ideal_readers=2,
-                                                           layout=layout)) as plain:
+                                                           layout=layout, pass_rule=rule)) as plain:
         for b in range(N):
             want = rd.batch(b)
             for k in want:
@@ -194,22 +199,25 @@ def test_a_shuffled_read_releases_the_mixes_it_has_passed(tmp, monkeypatch, layo
         assert rd.store.decodes == released_decodes  # releasing never made a row group decode twice
         assert len([k for k in rd.store._lru if k[0] == "rg"]) == released_decodes  # all kept, none released
         for b, x in zip((0, 7, 100), again):
-            src = shuffle.shuffle_example_indices(b * B + np.arange(B), cfg)
-            want = plain.examples(src)
+            want = plain.examples(cachegen.shuffled_sources(rule, b * B + np.arange(B), cfg, E))
             for k in x:
                 if k != "example_ids":
                     assert np.array_equal(x[k], want[k]), (b, k)
 
 
-def test_shuffled_prefetch_and_release_give_the_same_batches(tmp):
+@pytest.mark.parametrize("rule", ["streams", "spans"])
+def test_shuffled_prefetch_and_release_give_the_same_batches(tmp, rule):
     """With the background threads: iter_batches (prefetching, releasing) equals batch() one by one on a
-    reader that never releases, and the release keeps up with the prefetch."""
+    reader that never releases, and the release keeps up with the prefetch (also over the end of a pass
+    of the spans rule, whose last window is cut there)."""
     _, cfg = _release_setup(tmp)
-    opts = ReadOptions(seq_len=4, batch_size=4, ideal_readers=2, shuffle=cfg, layout="flat")
+    opts = ReadOptions(seq_len=4, batch_size=4, ideal_readers=2, shuffle=cfg, layout="flat", pass_rule=rule)
     with Reader(tmp, opts) as rd, Reader(tmp, opts) as ref:
         ref.release.examples_read = lambda ex: None
-        n = 0
-        for b, x in rd.iter_batches(0, 220):
+        n, start = 0, 0
+        if rule == "spans":  # from 150 batches before the end of pass 0 into pass 1
+            start = max(0, rd.examples_per_pass // 4 - 150)
+        for b, x in rd.iter_batches(start, 220):
             want = ref.batch(b)
             for k in want:
                 assert np.array_equal(x[k], want[k]), (b, k)
@@ -219,14 +227,17 @@ def test_shuffled_prefetch_and_release_give_the_same_batches(tmp):
         assert len([k for k in ref.store._lru if k[0] == "rg"]) == ref.store.decodes
 
 
-def test_shuffled_prefetch_loads_exactly_the_row_groups_of_each_mix(tmp):
+@pytest.mark.parametrize("rule", ["streams", "spans"])
+def test_shuffled_prefetch_loads_exactly_the_row_groups_of_each_mix(tmp, rule):
     """The shuffled prefetch loads a mix's row groups when its first batch comes into view: the
     row groups its batches read, no more, no fewer."""
     _, cfg = _release_setup(tmp)
     B = 4
-    opts = ReadOptions(seq_len=4, batch_size=B, ideal_readers=2, shuffle=cfg)
+    opts = ReadOptions(seq_len=4, batch_size=B, ideal_readers=2, shuffle=cfg, pass_rule=rule)
     rows = np.arange(188)  # windows 0..6 (within one pass over the data)
-    _, glo, ghi = shuffle.mix_of_rows(rows, cfg)
+    with Reader(tmp, opts) as rd:
+        _, glo, ghi = rd.order.lanes().mixes(rows)
+        assert rule == "streams" or rd.order.lanes().pass_rows > 188
     mixes = sorted(set(zip(glo.tolist(), ghi.tolist())))
     assert len(mixes) >= 8 and any(hi - lo == 32 for lo, hi in mixes)  # windows of two mixes too
     for lo, hi in mixes:

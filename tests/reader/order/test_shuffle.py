@@ -276,3 +276,37 @@ def test_mix_sources_are_exactly_what_the_mix_reads(cfg, nrows):
             many = shuffle.mix_sources_of_lanes(g, range(L), cfg)
             assert np.array_equal(many[lane], rng)
             assert all(np.array_equal(m, shuffle.mix_sources(g, x, cfg)) for x, m in enumerate(many))
+
+
+@settings(max_examples=80, deadline=None)
+@given(configs(), st.integers(1, 700), st.integers(0, 3))
+def test_passes_are_keyed_bijections_and_mix_sources_follow_the_cut(cfg, E, p):
+    # the spans rule's shuffle (reader.order.passes): a bijection of [0, E) per pass, lanes kept, each pass
+    # ordered by its own keys; mix_of_rows / mix_sources_of_lanes with epoch_length and passes list exactly
+    # the sources of each mix (the last window cut at the longest lane's end, lanes one row shorter)
+    k = np.arange(E)
+    got = shuffle_example_indices(k, cfg, epoch_length=E, passes=p)
+    assert sorted(got.tolist()) == list(range(E)) and (got % cfg.lanes == k % cfg.lanes).all()
+    assert (unshuffle_example_indices(got, cfg, epoch_length=E, passes=p) == k).all()
+    both = shuffle_example_indices(np.concatenate([k, k]), cfg, epoch_length=E, passes=np.repeat([p, p + 1], E))
+    assert np.array_equal(both[:E], got)
+    if E >= 64 * cfg.lanes and cfg.first_window >= 8 * cfg.lanes:  # (a few rows may well be permuted alike)
+        assert not np.array_equal(both[E:], got)
+    L = cfg.lanes
+    P = -(-E // L)
+    rows = np.arange(P)
+    win, glo, ghi = shuffle.mix_of_rows(rows, cfg, epoch_length=E)
+    assert ((glo <= rows) & (rows < ghi) & (ghi <= P)).all()
+    for lane in sorted({0, L - 1, (E - 1) % L}):
+        mine = rows[rows * L + lane < E]
+        src = dict(zip(mine.tolist(), (got[mine * L + lane] // L).tolist()))
+        seen: dict[int, set] = {}
+        for g in np.unique(glo).tolist():
+            in_mix = [t for t in mine.tolist() if glo[t] == g]
+            rng = shuffle.mix_sources_of_lanes(g, [lane], cfg, epoch_length=E, passes=p)[0]
+            want = np.concatenate([np.arange(a, z) for a, z in rng.tolist()]) if rng.size else np.zeros(0, int)
+            assert sorted(src[t] for t in in_mix) == want.tolist()
+            assert not (seen.setdefault(int(win[g]), set()) & set(want.tolist()))
+            seen[int(win[g])] |= set(want.tolist())
+            many = shuffle.mix_sources_of_lanes(g, range(L), cfg, epoch_length=E, passes=p)
+            assert np.array_equal(many[lane], rng)

@@ -93,6 +93,14 @@ def test_shuffle_locality_is_the_shuffles_source_of_each_sampled_row():
         assert set(loc.sources[loc.steps == s].tolist()) <= set(rows.tolist())
 
 
+def test_shuffle_locality_of_a_spans_read_shuffles_each_pass():
+    cfg = ShuffleConfig(seed=3, lanes=4)
+    loc = figures.shuffle_locality(cfg, batch_size=8, steps=9, max_points=1000, passes=[30])  # passes of 30
+    ex = np.arange(80)
+    p, k = np.divmod(ex, 30)
+    assert loc.sources.tolist() == (p * 30 + shuffle_example_indices(k, cfg, epoch_length=30, passes=p)).tolist()
+
+
 def test_shuffle_locality_of_a_mixture_shuffles_component_examples():
     spec = parse_mixture('{"mixture": 1, "components": [{"name": "a", "path": "a", "weight": 1}, '
                          '{"name": "b", "path": "b", "weight": 1}]}', "/m.json")

@@ -14,10 +14,10 @@ import pytest
 
 from reader import ReadOptions
 from reader.cli.main import main
-from reader.format import tokenizer_lib
+from reader.format import spec as fmt
+from reader.tokenizers import tokenizer_lib
 from reader.report import collect as collect_mod
 from reader.report import page
-from reader.storage import progress as pg
 from reader.storage.cache import Cache
 from reader.storage.validate import chunk_doc_lengths
 
@@ -149,7 +149,7 @@ def test_a_running_build_shows_what_exists(tmp_path):
     assert "written 4 of 8 chunks (3 readable in global order)" in text
     assert "Batch 500" in text and "not readable yet" in text  # batch 500 needs chunks not written yet
     assert p.by_id["chunks"] == "3"  # the readable prefix
-    with open(os.path.join(root, pg.LOCK_NAME), "w") as f:
+    with open(os.path.join(root, fmt.LOCK_NAME), "w") as f:
         json.dump({"host": socket.gethostname(), "pid": os.getpid()}, f)
     p = report(root, tmp_path / "r2", "--seq_len", "8", "--batch_size", "2", "--steps", "1", "--ideal_readers", "1")
     assert "BUILD RUNNING" in p.all_text and "ETA" in p.all_text
@@ -210,7 +210,8 @@ def test_a_wrong_tokenizer_is_a_one_line_error(synthetic, tmp_path, capsys):
 
 def test_the_summary_is_inspects(synthetic, capsys):
     root, _ = synthetic
-    assert main(["inspect", root, "--json", "--max_chunks", "64", "--seq_len", "8"]) == 0
+    assert main(["inspect", root, "--json", "--max_chunks", "64", "--seq_len", "8", "--batch_size", "2",
+                 "--steps", "0"]) == 0
     info = json.loads(capsys.readouterr().out)
     data = collect_mod.collect(root, ReadOptions(seq_len=8, batch_size=2), 0)
     assert data.summary == info

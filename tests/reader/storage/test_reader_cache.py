@@ -99,15 +99,17 @@ def test_a_poll_reads_what_changed_not_the_whole_build(tmp):
     assert len(fetched) <= 4 + 16 + 1  # ... plus at most one batch of probes past the end (and the plan)
 
 
-@pytest.mark.parametrize("packed,eval_mode,seed,version", [(True, False, 0, 2), (False, False, 1, 2), (True, True, 2, 2),
-                                                           (False, True, 3, 2), (True, False, 4, 4), (False, True, 5, 4)])
-def test_reading_during_build_equals_reading_after(tmp, packed, eval_mode, seed, version):
-    """Version 4: followed through the chunks' entries, then the finished table."""
+@pytest.mark.parametrize("packed,eval_mode,seed", [(True, False, 0), (False, False, 1), (True, True, 2),
+                                                   (False, True, 3)])
+# the default rule ("streams" follows a version 2 build, "spans" waits for a version 4 build to finish), and a
+# version 4 build followed under "streams" (through the chunks' entries, then the finished table)
+@pytest.mark.parametrize("version,rule", [(2, None), (4, None), (4, "streams")])
+def test_reading_during_build_equals_reading_after(tmp, packed, eval_mode, seed, version, rule):
     chunks = _chunks(10 + seed, 12)
     cps, comp = [5, 4, 3], [False, True, False]
-    opts = ReadOptions(seq_len=7, batch_size=4, packed=packed, ideal_readers=3, eval_mode=eval_mode)
+    opts = ReadOptions(seq_len=7, batch_size=4, packed=packed, ideal_readers=3, eval_mode=eval_mode, pass_rule=rule)
     got, want = cachegen.batches_during_and_after_build(tmp, chunks, cps, opts, 30, compressed=comp, first=[0],
-                                                        seed=seed, version=version)
+                                                        seed=seed, format_version=version)
     assert [b for b, _ in got] == [b for b, _ in want]
     for (_, x), (_, y) in zip(got, want):
         for k in x:
@@ -126,6 +128,38 @@ def test_waiting_past_the_written_part_times_out_with_a_clear_error(tmp):
                 poll_interval_s=0.05) as rd:
         with pytest.raises(CacheNotReady):
             rd.num_batches  # the end of an eval pass is known only when the build is done
+
+
+def test_a_spans_read_of_a_running_build_waits_for_it_and_says_so_once(tmp, caplog):
+    """Under "spans" a training read of an unfinished cache waits for the finished ledger (a pass needs
+    every row), logs that once with the way to follow the build ("streams"), and times out naming both;
+    an eval read and a "streams" read serve the written prefix as before."""
+    chunks = [[np.arange(10 * c + 1, 10 * c + 11, dtype=np.int32)] for c in range(4)]
+    cachegen.write_synthetic_cache(tmp, chunks, finished=False, written=[0, 1], format_version=4)
+    with caplog.at_level("WARNING", logger="chunkledger.reader"):
+        with Reader(tmp, ReadOptions(seq_len=5, batch_size=2, ideal_readers=1), wait_timeout_s=0.3,
+                    poll_interval_s=0.05) as rd:
+            for _ in range(2):
+                with pytest.raises(CacheNotReady, match="pass_rule='spans' serves each pass as a permutation.*"
+                                                        "wait_timeout_s=0.3"):
+                    rd.batch(0)
+            assert list(rd.prefetch(0)) == []  # a prefetch waits for nothing and fails nothing
+    said = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert len(said) == 1 and "ReadOptions(pass_rule='streams') reads while it builds" in said[0]
+    for opts in (ReadOptions(seq_len=5, batch_size=2, ideal_readers=1, pass_rule="streams"),
+                 ReadOptions(seq_len=5, batch_size=2, eval_mode=True)):
+        with Reader(tmp, opts, wait_timeout_s=0.3) as rd:
+            assert rd.batch(1)["targets"].tolist() == [[11, 12, 13, 14, 15], [16, 17, 18, 19, 20]]
+    entries = cachegen.write_synthetic_cache(tmp + "-done", chunks, format_version=4)
+    with Reader(tmp, ReadOptions(seq_len=5, batch_size=2, ideal_readers=1), wait_timeout_s=30,
+                poll_interval_s=0.05) as rd:
+        import threading
+
+        later = threading.Timer(0.5, cachegen.finish_build_from, (tmp, tmp + "-done", entries))
+        later.start()
+        assert rd.batch(3)["targets"].tolist() == [[31, 32, 33, 34, 35], [36, 37, 38, 39, 40]]
+        later.join()
+    shutil.rmtree(tmp + "-done", ignore_errors=True)
 
 
 def test_missing_ledger_names_the_path(tmp):
@@ -198,9 +232,9 @@ def test_read_only_cache_keeps_the_unpacked_index_in_memory(tmp, monkeypatch):
     def refuse(*a, **k):
         raise PermissionError("read-only file system")
 
-    from reader.storage import atomic
+    from reader.storage import files
 
-    monkeypatch.setattr(atomic, "write", refuse)  # every write goes through it (root ignores chmod)
+    monkeypatch.setattr(files, "write", refuse)  # every write goes through it (root ignores chmod)
     with Reader(c, ReadOptions(seq_len=5, batch_size=2, packed=False, ideal_readers=2)) as r:
         x = r.batch(0)
         assert x["valid"].all() and x["loss_mask"].any()

@@ -13,7 +13,8 @@ from cachegen import DEFAULT_TOKENIZER
 from reader import ReadOptions, Reader
 from reader.cli.main import main
 from reader.format import spec as fmt
-from reader.format.chunk_file import ChunkParquet, ledger_chunks, make_sidecar, row_group_table
+from reader.format.chunk_file import ChunkParquet, row_group_table
+from reader.format.sidecar import ledger_chunks, make_sidecar, sidecar_bytes
 from reader.storage import fields
 from reader.storage.cache import Cache
 
@@ -54,7 +55,7 @@ def write_cache(root: str, chunks, keep=KEEP) -> None:
         sidecars.append(make_sidecar(shard=0, index_in_shard=k, byte_range=[k * 1000, k * 1000 + 1000], data=data,
                                      row_group_index=index, footer=footer, docs=w.docs, tokens=w.tokens))
         with open(os.path.join(root, fmt.sidecar_path(0, k)), "wb") as f:
-            f.write(fmt.sidecar_bytes(sidecars[-1]))
+            f.write(sidecar_bytes(sidecars[-1]))
     entries, bad = ledger_chunks(sidecars)
     ledger = {"format": fmt.FORMAT_NAME, "format_version": 3, "finished": True,  # kept fields came with 3
               "tokenizer": DEFAULT_TOKENIZER, "config": config, "chunks": entries, "bad_records": bad,

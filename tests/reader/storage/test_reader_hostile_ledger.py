@@ -12,6 +12,7 @@ import pytest
 
 from reader import ReadOptions, Reader
 from reader.cli.main import main
+from reader.format import sidecar
 from reader.format import spec as fmt
 from reader.storage.cache import Cache
 
@@ -78,8 +79,8 @@ def _move_chunk_outside(root, rel):
     side_path = os.path.join(root, fmt.sidecar_path(e["shard"], e["index_in_shard"]))
     side = json.load(open(side_path))
     side["path"] = rel
-    open(side_path, "wb").write(fmt.sidecar_bytes(side))
-    e["path"], e["sidecar_checksum"] = rel, fmt.checksum(fmt.sidecar_bytes(side))
+    open(side_path, "wb").write(sidecar.sidecar_bytes(side))
+    e["path"], e["sidecar_checksum"] = rel, fmt.checksum(sidecar.sidecar_bytes(side))
     _write_ledger(root, led)
     return target
 
@@ -111,7 +112,7 @@ def test_a_sidecar_of_a_running_build_naming_another_path_is_damaged(tmp_path):
     for key, value in (("dead_letters", "../x.jsonl"), ("shard", 1 << 40)):
         side = json.load(open(side_path))
         side[key] = value
-        open(side_path, "wb").write(fmt.sidecar_bytes(side))
+        open(side_path, "wb").write(sidecar.sidecar_bytes(side))
         with pytest.raises(fmt.DamagedCache, match=rf"^{side_path}: not a valid sidecar \({key} "):
             Cache(root)
 
@@ -159,8 +160,8 @@ def test_a_sidecar_nested_too_deep_or_with_huge_numbers_is_named(cache, capsys):
     side_path = os.path.join(cache, fmt.sidecar_path(e["shard"], e["index_in_shard"]))
     side = json.load(open(side_path))
     side["footer"][0] = 1 << 70  # the ledger vouches for the sidecar: its checksum is rewritten to match
-    e["sidecar_checksum"] = fmt.checksum(fmt.sidecar_bytes(side))
-    open(side_path, "wb").write(fmt.sidecar_bytes(side))
+    e["sidecar_checksum"] = fmt.checksum(sidecar.sidecar_bytes(side))
+    open(side_path, "wb").write(sidecar.sidecar_bytes(side))
     _write_ledger(cache, led)
     with Reader(cache, ReadOptions(seq_len=4, batch_size=2, prefetch_threads=0)) as r:
         with pytest.raises(fmt.DamagedCache, match=rf"^{side_path}: malformed row_group_index/footer \(numbers "):

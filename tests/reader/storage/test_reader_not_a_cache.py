@@ -13,6 +13,7 @@ import pytest
 
 from reader import NotACache, Reader
 from reader.format import spec as fmt
+from reader.format.splits import SPLITS_MANIFEST_NAME
 from reader.interop.export import split_caches
 
 import cachegen
@@ -28,7 +29,7 @@ def tree(tmp_path_factory):
         cachegen.write_synthetic_cache(str(d / sub), chunks)
     (d / "empty").mkdir()
     (d / "built").mkdir()  # the top of a split build (its manifest), before or after its caches
-    (d / "built" / fmt.SPLITS_MANIFEST_NAME).write_text('{"format": "chunkledger-splits"}')
+    (d / "built" / SPLITS_MANIFEST_NAME).write_text('{"format": "chunkledger-splits"}')
     (d / "shards").mkdir()
     (d / "shards" / "part-00.jsonl").write_text('{"text": "hello"}\n')
     (d / "data.zarr").mkdir()

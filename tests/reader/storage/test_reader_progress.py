@@ -102,7 +102,7 @@ def test_read_progress_from_a_running_builds_files(tmp_path):
     entries = cachegen.write_synthetic_cache(root, chunks, finished=False, chunks_per_shard=[3, 2],
                                              compressed=[False, True], written=[0, 1, 2, 4])
     base = 1_700_000_000.0
-    lock = os.path.join(root, pg.LOCK_NAME)
+    lock = os.path.join(root, fmt.LOCK_NAME)
     with open(lock, "w") as f:  # held by this (live) process
         json.dump({"host": socket.gethostname(), "pid": os.getpid(), "start_ticks": None}, f)
     _set_time(lock, base)

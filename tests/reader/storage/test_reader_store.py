@@ -11,6 +11,7 @@ import pytest
 
 from reader import ChunkError, ReadOptions, Reader
 from reader.format import spec as fmt
+from reader.format.sidecar import SIDECAR_ONLY_KEYS
 from reader.order import streams
 
 import cachegen
@@ -164,7 +165,7 @@ def test_sidecars_without_row_group_index_fall_back_to_whole_files(cache_dir):
     for c in ledger["chunks"]:
         c.pop("sidecar_checksum")
         path = os.path.join(root, fmt.sidecar_path(c["shard"], c["index_in_shard"]))
-        side = {k: v for k, v in json.load(open(path)).items() if k not in fmt.SIDECAR_ONLY_KEYS}
+        side = {k: v for k, v in json.load(open(path)).items() if k not in SIDECAR_ONLY_KEYS}
         open(path, "w").write(fmt.dumps(side))
     open(os.path.join(root, fmt.LEDGER_NAME), "w").write(fmt.dumps_ledger(ledger))
     with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:

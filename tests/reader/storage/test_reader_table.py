@@ -17,6 +17,7 @@ from reader.cli.main import main
 from reader.format import spec as fmt
 from reader.format import blocks
 from reader.format import table as chunk_table
+from reader.format.sidecar import sidecar_bytes
 from reader.order.streams import round_robin_order
 from reader.storage import index as index_mod
 from reader.storage.cache import Cache
@@ -32,7 +33,7 @@ def chunks():
 
 
 def _cache(root, chunks, version, **kw):
-    cachegen.write_synthetic_cache(str(root), chunks, chunks_per_shard=CPS, row_group_tokens=16, version=version, **kw)
+    cachegen.write_synthetic_cache(str(root), chunks, chunks_per_shard=CPS, row_group_tokens=16, format_version=version, **kw)
     return str(root)
 
 
@@ -49,9 +50,11 @@ def _same(a, b):
             assert np.array_equal(x[k], y[k]), k
 
 
-OPTIONS = [ReadOptions(seq_len=16, batch_size=4, ideal_readers=3),
-           ReadOptions(seq_len=16, batch_size=4, ideal_readers=2, packed=False, shuffle_seed=3),
-           ReadOptions(seq_len=16, batch_size=4, packing="best_fit", best_fit_window_tokens=32, drop_long=True),
+# (the pass rule and best fit's continuation pieces given: their defaults follow the format version)
+OPTIONS = [ReadOptions(seq_len=16, batch_size=4, ideal_readers=3, pass_rule="streams"),
+           ReadOptions(seq_len=16, batch_size=4, ideal_readers=2, packed=False, shuffle_seed=3, pass_rule="spans"),
+           ReadOptions(seq_len=16, batch_size=4, packing="best_fit", best_fit_window_tokens=32, drop_long=True,
+                       pass_rule="streams", best_fit_continuations=1),
            ReadOptions(seq_len=16, batch_size=3, eval_mode=True)]
 
 
@@ -78,7 +81,7 @@ def test_a_torn_or_edited_table_is_refused_block_by_block(tmp_path, chunks):
     """Blocks of 4 rows: a byte changed in any piece of any block is named (the count columns when the cache
     opens, a checksum column when a chunk of that block is read); a table cut short, or missing, too."""
     src = str(tmp_path / "src")
-    cachegen.write_synthetic_cache(src, chunks, chunks_per_shard=CPS, row_group_tokens=16, version=4)
+    cachegen.write_synthetic_cache(src, chunks, chunks_per_shard=CPS, row_group_tokens=16, format_version=4)
     led = json.load(open(os.path.join(src, fmt.LEDGER_NAME)))
     entries = cachegen.table_rows(src)
     led["table"] = cachegen.write_table(*cachegen._fs(src), entries, masked=False, block_rows=4)
@@ -137,19 +140,25 @@ def test_order_position_is_the_round_robin_order():
         assert chunk_table.order_position(counts, s, k) == c
 
 
-@pytest.mark.parametrize("packing,drop_long", [("unpacked", False), ("best_fit", False), ("best_fit", True)])
-def test_index_files_of_a_version_4_cache_are_in_the_block_format(tmp_path, chunks, monkeypatch, packing, drop_long):
+@pytest.mark.parametrize("packing,drop_long,caps", [("unpacked", False, ""), ("best_fit", False, "-C4"),
+                                                    ("best_fit", True, "-C2-S2")])
+def test_index_files_of_a_version_4_cache_are_in_the_block_format(tmp_path, chunks, monkeypatch, packing, drop_long,
+                                                                  caps):
     """Written by the first reader, read by the next without counting a chunk, and counted again when a
-    piece is damaged (the same batches either way)."""
+    piece is damaged (the same batches either way). Named by every option that changes the counts, best fit's
+    caps too (version 4: 4 continuation pieces by default), which the header repeats."""
     root = _cache(tmp_path / "c", chunks, 4)
     opts = (ReadOptions(seq_len=16, batch_size=4, packed=False, drop_long=drop_long) if packing == "unpacked" else
-            ReadOptions(seq_len=16, batch_size=4, packing="best_fit", best_fit_window_tokens=32, drop_long=drop_long))
+            ReadOptions(seq_len=16, batch_size=4, packing="best_fit", best_fit_window_tokens=32, drop_long=drop_long,
+                        max_segments=2 if caps == "-C2-S2" else None))
     want = _batches(root, opts)
-    name = f"{packing}-L16{'-W32' if packing == 'best_fit' else ''}{'-drop_long' * drop_long}.bin"
+    name = f"{packing}-L16{'-W32' if packing == 'best_fit' else ''}{caps}{'-drop_long' * drop_long}.bin"
     path = os.path.join(root, "index", name)
     raw = open(path, "rb").read()
     head, parts = blocks.read_parts(raw, path)
     assert head["fingerprint"] == json.load(open(os.path.join(root, fmt.LEDGER_NAME)))["table"]["checksum"]
+    assert head["caps"] == {"-C4": {"continuations": 4, "max_segments": None},
+                            "-C2-S2": {"continuations": 2, "max_segments": 2}}.get(caps)
     assert parts["chunks"]["examples"].size == sum(CPS)
     counted = []
     real = index_mod.ExampleIndex._count
@@ -161,13 +170,20 @@ def test_index_files_of_a_version_4_cache_are_in_the_block_format(tmp_path, chun
     open(path, "wb").write(data)
     _same(_batches(root, opts), want)
     assert sorted(counted) == list(range(sum(CPS))) and open(path, "rb").read() == raw  # counted, rewritten
+    if packing == "best_fit":  # a file of other caps under this name is not taken
+        counted.clear()
+        line, rest = raw.split(b"\n", 1)
+        other = dict(json.loads(line), caps={"continuations": 1, "max_segments": None})
+        open(path, "wb").write(json.dumps(other).encode() + b"\n" + rest)
+        _same(_batches(root, opts), want)
+        assert sorted(counted) == list(range(sum(CPS))) and open(path, "rb").read() == raw
 
 
 def test_the_index_command_builds_what_readers_load(tmp_path, chunks, capsys, monkeypatch):
     root = _cache(tmp_path / "c", chunks, 4)
     assert main(["index", root, "--seq_len", "16", "--packing", "best_fit", "--best_fit_window_tokens", "32"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"{root}/index/best_fit-L16-W32.bin: ") and f"of {sum(CPS)} chunks, counted in " in out, out
+    assert out.startswith(f"{root}/index/best_fit-L16-W32-C4.bin: ") and f"of {sum(CPS)} chunks, counted in " in out, out
     counted = []
     real = index_mod.ExampleIndex._count
     monkeypatch.setattr(index_mod.ExampleIndex, "_count", lambda self, t, c: counted.append(c) or real(self, t, c))
@@ -193,7 +209,7 @@ def test_validate_holds_the_table_against_the_sidecars(tmp_path, chunks, capsys)
     rel = fmt.sidecar_path(int(t.shard[5]), int(t.index_in_shard[5]))
     side = json.load(open(os.path.join(root, rel)))
     side["checksum"] = "sha256:" + "1" * 64
-    open(os.path.join(root, rel), "wb").write(fmt.sidecar_bytes(side))
+    open(os.path.join(root, rel), "wb").write(sidecar_bytes(side))
     code, out = _validate(capsys, root)
     assert code == 1 and f"PROBLEM {os.path.join(root, rel)}: damaged sidecar: differs from the ledger entry in " \
                           "['checksum']" in out, out

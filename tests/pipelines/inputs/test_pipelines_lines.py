@@ -1,4 +1,4 @@
-"""File helpers (pipelines/inputs/fsutil.py): line iteration over whole files and byte ranges, input spans, writes."""
+"""An input's lines (pipelines/inputs/lines.py): iterated over whole files and byte ranges, input spans, long lines."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import random
 
 import pytest
 
-from pipelines.inputs import fsutil
-from pipelines.inputs.fsutil import LineReader, RangeLines, SpanHasher, iter_range_lines
+from pipelines.inputs.lines import LONG_LINE_HEAD, LongLine, LineReader, RangeLines, SpanHasher
 
 
 def lines_with_offsets(data: bytes):
@@ -40,7 +39,7 @@ def test_line_reader_and_ranges_partition_the_file(tmp_path, seed):
         got = []
         for k in range(math.ceil(len(data) / chunk)):
             lo, hi = k * chunk, min((k + 1) * chunk, len(data))
-            part = list(iter_range_lines(str(path), lo, hi, block=rng.choice([2, 9, 4096])))
+            part = list(RangeLines(str(path), lo, hi, block=rng.choice([2, 9, 4096])))
             assert all(lo <= off < hi for off, _ in part)
             got += part
         assert got == want, chunk
@@ -72,43 +71,15 @@ def test_chunk_spans_tile_the_file_and_hash_exactly_its_bytes(tmp_path, seed):
         assert pos == len(data)
 
 
-def test_failed_atomic_write_leaves_no_temporary_file(tmp_path):
-    class FullDisk:
-        calls = 0
-
-        def read(self, n):
-            self.calls += 1
-            if self.calls > 1:
-                raise OSError(28, "No space left on device")
-            return b"partial"
-
-    with pytest.raises(OSError):
-        fsutil.write_atomic_stream(str(tmp_path / "x.json"), FullDisk())
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_remove_temp_files_keeps_those_of_a_concurrent_run(tmp_path):
-    import os
-    import time
-
-    old = tmp_path / (fsutil.TMP_PREFIX + "old-ledger.json")
-    new = tmp_path / (fsutil.TMP_PREFIX + "new-ledger.json")
-    old.write_bytes(b"x")
-    new.write_bytes(b"y")
-    os.utime(old, (time.time() - 100, time.time() - 100))
-    assert fsutil.remove_temp_files(str(tmp_path), older_than=time.time() - 50) == 1
-    assert not old.exists() and new.exists()
-
-
 # -- lines over max_line: streamed past, never held ---------------------------------------------------
 def _read_all(reader, consume):
     """``(offset, bytes or LongLine, size)`` of every line; a long line's bytes are taken only if ``consume``
     (else the reader drains it: its size and head are there once the next line is)."""
     out = []
     for off, line in reader:
-        if type(line) is fsutil.LongLine:
+        if type(line) is LongLine:
             data = b"".join(line.pieces()) if consume else line
-            assert not consume or line.head == data[:fsutil.LONG_LINE_HEAD]
+            assert not consume or line.head == data[:LONG_LINE_HEAD]
             out.append((off, data, len(line) if consume else None))
         else:
             out.append((off, line, None))
@@ -129,7 +100,7 @@ def test_long_lines_are_streamed_with_exact_offsets(tmp_path, seed):
             assert [off for off, *_ in got] == [off for off, _ in want], (block, consume)
             for (off, line, size), (_, raw) in zip(got, want):
                 if len(raw) > max_line and not consume:
-                    assert len(line) == len(raw) and line.head == raw[:fsutil.LONG_LINE_HEAD], (block, off)
+                    assert len(line) == len(raw) and line.head == raw[:LONG_LINE_HEAD], (block, off)
                 elif len(raw) > max_line:
                     assert line == raw and size == len(raw), (block, off)
                 else:
@@ -178,17 +149,6 @@ def test_a_long_line_costs_max_line_bytes_of_memory_not_its_size():
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert reader.pos == n and type(line) is fsutil.LongLine and len(line) == n - 1
+    assert reader.pos == n and type(line) is LongLine and len(line) == n - 1
     assert hasher.finish(n)[1] == "sha256:" + hashlib.sha256(b"a" * (n - 1) + b"\n").hexdigest()
     assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB for a {n >> 20} MiB line"
-
-
-def test_json_nesting_is_measured_on_the_text_without_recursion():
-    assert fsutil.json_nesting('{"a": [1, {"b": []}]}', 4) == 4
-    assert fsutil.json_nesting('{"a": [1, {"b": []}]}', 3) is None
-    assert fsutil.json_nesting('["[[[[", "\\\\"]", "\\"[[["]', 1) == 1  # brackets in strings, escaped quotes
-    assert fsutil.json_nesting("[" * 100_000, 1000) is None
-    assert fsutil.json_nesting('"' + '\\"[' * 100_000, 10) == 0  # one unterminated string: linear, not quadratic
-    with pytest.raises(ValueError, match="nested more than 32 deep"):
-        fsutil.load_json("[" * 200_000 + "]" * 200_000)
-    assert fsutil.load_json(b'{"chunks": 3}') == {"chunks": 3}

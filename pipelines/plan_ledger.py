@@ -12,13 +12,13 @@ import numpy as np
 from reader.format import spec as fmt
 
 from pipelines.errors import BuildError
-from pipelines.inputs import fsutil
+from pipelines import filesystem
 from pipelines.plan import JSONL, InputFile
 
 
 def plan_checksum(root: str) -> str | None:
     """``"sha256:"`` of the ledger in ``root`` as it is now (what the job's steps check it against), None if none."""
-    raw = fsutil.read_bytes_or_none(fmt.join(root, fmt.LEDGER_NAME))
+    raw = filesystem.read_or_none(fmt.join(root, fmt.LEDGER_NAME))
     return None if raw is None else fmt.checksum(raw)
 
 
@@ -26,7 +26,7 @@ def read_plan(root: str, checksum: str) -> dict[str, Any]:
     """The ledger in ``root``, which must be the one the launcher wrote (its checksum): else another build
     replaced it while this one ran. Raises BuildError."""
     path = fmt.join(root, fmt.LEDGER_NAME)
-    raw = fsutil.read_bytes_or_none(path)
+    raw = filesystem.read_or_none(path)
     if raw is None or fmt.checksum(raw) != checksum:
         raise BuildError(f"{path} was replaced by another build while this one ran; its chunks may be mixed. "
                          "Delete the output and build again (one build at a time).")

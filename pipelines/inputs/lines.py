@@ -1,141 +1,17 @@
-"""File helpers on Beam's FileSystems (local paths and gs:// alike): atomic writes (the shared sequence of
-:mod:`reader.storage.atomic` over Beam's FileSystems), reads, line iteration.
-
-Paths are joined with :func:`reader.format.spec.join`, the one definition shared with the reader.
+"""Lines of an input: iterated over a stream or a byte range of a file with exact offsets, an over-long line
+streamed rather than held, and the span of input bytes a chunk was built from, hashed (local paths and
+``gs://`` alike, through the builder's file system).
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
-import json
-import os
-import re
-import sys
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterator
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
+from pipelines.filesystem import BEAM
 
-from reader.format import spec as fmt
-from reader.storage import atomic
-
-TMP_PREFIX = atomic.TMP_PREFIX
-# A JSON string, or an unterminated one up to the end: always matches, so the text is scanned once.
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.S)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-STATUS_JSON_DEPTH = 32  # our own small JSON files (sidecars, _DONE.json, splits.json) nest a few levels
 READ_BLOCK = 1 << 20
 LONG_LINE_HEAD = 4 << 10  # bytes of an over-long line kept (for its dead letter)
-
-
-def exists(path: str) -> bool:
-    return FileSystems.exists(path)
-
-
-def read_bytes(path: str) -> bytes:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read()
-
-
-def read_bytes_or_none(path: str) -> bytes | None:
-    try:
-        if not FileSystems.exists(path):
-            return None
-        return read_bytes(path)
-    except (OSError, IOError, FileNotFoundError):
-        return None
-    except Exception as e:  # BeamIOError and friends
-        if "not found" in str(e).lower() or "no such" in str(e).lower():
-            return None
-        raise
-
-
-class BeamStorage(atomic.Storage):
-    """The atomic writes' operations over Beam's FileSystems: the builder's writes use the client and the
-    credentials its reads use, on every runner (gcsfs is not needed on Flink or Spark workers)."""
-
-    def create(self, path: str) -> BinaryIO:
-        return FileSystems.create(path, mime_type="application/octet-stream",
-                                  compression_type=CompressionTypes.UNCOMPRESSED)
-
-    def rename(self, src: str, dst: str) -> None:
-        FileSystems.rename([src], [dst])
-
-    def remove(self, path: str) -> None:
-        delete_if_exists(path)
-
-
-BEAM = BeamStorage()
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` under a temporary name in the same directory, then rename over ``path``
-    (:mod:`reader.storage.atomic`). A reader sees either no file or the complete file."""
-    atomic.write(BEAM, path, data)
-
-
-def write_atomic_stream(path: str, source: BinaryIO, block: int = 1 << 20) -> None:
-    """:func:`write_atomic` with the content copied from a readable binary file, block by block."""
-    atomic.write_stream(BEAM, path, source, block)
-
-
-def delete_if_exists(path: str) -> None:
-    """Remove ``path`` if it is there (a missing file is not an error)."""
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-
-
-def remove_temp_files(root: str, older_than: float | None = None) -> int:
-    """Delete the temporary files a crashed build left in a cache (where atomic writes put them).
-
-    Args:
-      root: the cache root.
-      older_than: a Unix time; only files last modified before it are deleted, so a build running
-        concurrently into the same root keeps the temporary files it is writing.
-    """
-    rels = [f"{TMP_PREFIX}*", f"{fmt.CHUNKS_DIR}/*/{TMP_PREFIX}*", f"{fmt.BAD_DIR}/*/{TMP_PREFIX}*"]
-    patterns = [fmt.join(root, rel) for rel in rels]
-    if "://" not in root:  # (Beam's local match compiles a pattern per directory: tens of thousands of shards)
-        paths = [p for rel in rels for p in glob.glob(fmt.join(glob.escape(root), rel), include_hidden=True)
-                 if older_than is None or _mtime(p) < older_than]
-        for p in paths:
-            delete_if_exists(p)
-        return len(paths)
-    paths = []
-    for res in FileSystems.match(patterns):
-        paths.extend(m.path for m in res.metadata_list
-                     if older_than is None or not m.last_updated_in_seconds
-                     or m.last_updated_in_seconds < older_than)
-    if paths:
-        try:
-            FileSystems.delete(paths)
-        except Exception:  # noqa: BLE001 - another run removed some of them first: that is the goal anyway
-            pass
-    return len(paths)
-
-
-def _mtime(path: str) -> float:
-    try:
-        return os.path.getmtime(path)
-    except OSError:
-        return 0.0
-
-
-def list_sizes(pattern: str) -> dict[str, int]:
-    """``path -> size`` of every file matching ``pattern`` (empty if none)."""
-    try:
-        return {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list}
-    except Exception:  # noqa: BLE001 - Beam raises when nothing matches on some filesystems
-        return {}
-
-
-def file_size(path: str) -> int | None:
-    try:
-        res = FileSystems.match([path])[0].metadata_list
-    except Exception:
-        return None
-    return res[0].size_in_bytes if res else None
 
 
 class LongLine:
@@ -271,7 +147,7 @@ class RangeLines:
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         lo, hi, block = self.lo, self.hi, self.block
-        f = FileSystems.open(self.path, compression_type=CompressionTypes.UNCOMPRESSED)
+        f = BEAM.open(self.path)
         try:
             start = max(lo - 1, 0)
             if start:
@@ -292,12 +168,6 @@ class RangeLines:
             self.end = max(reader.pos, lo)
         finally:
             f.close()
-
-
-def iter_range_lines(path: str, lo: int, hi: int, block: int = READ_BLOCK,
-                     max_line: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """Lines of an uncompressed file whose first byte lies in ``[lo, hi)`` (see :class:`RangeLines`)."""
-    return iter(RangeLines(path, lo, hi, block, max_line))
 
 
 class SpanHasher:
@@ -333,48 +203,3 @@ class SpanHasher:
             h.update(b"\n")  # the last line's terminator (a file may end without one)
         start = end if self._start is None else self._start
         return [start, end], "sha256:" + h.hexdigest()
-
-
-def json_nesting(text: str, limit: int) -> int | None:
-    """A bound (at most ``limit``) on how deep ``text`` nests JSON arrays and objects, or None if deeper.
-
-    Counted on the text, valid JSON or not, without recursion: brackets outside strings, exact on every
-    prefix that is valid JSON (all a parser recurses into), so the verdict never depends on the stack.
-    """
-    bound = text.count("[") + text.count("{")
-    if bound <= limit:
-        return bound
-    depth = top = 0
-    for c in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
-        if c == "[" or c == "{":
-            depth += 1
-            if depth > top:
-                if depth > limit:
-                    return None
-                top = depth
-        else:
-            depth -= 1
-    return top
-
-
-def json_headroom(depth: int) -> None:
-    """Let ``json.loads`` parse ``depth`` levels from here: it recurses once per level, and the interpreter's
-    recursion limit counts the caller's frames too (a deep Beam stack). Only ever raised, process-wide."""
-    frames, f = 0, sys._getframe()
-    while f is not None:
-        frames += 1
-        f = f.f_back
-    need = frames + depth + 50
-    if sys.getrecursionlimit() < need:
-        sys.setrecursionlimit(need)
-
-
-def load_json(raw: bytes | str, limit: int = STATUS_JSON_DEPTH) -> Any:
-    """``json.loads`` of a file a user may have edited: a ValueError (never a RecursionError) if it is not
-    JSON or nests deeper than ``limit``."""
-    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    bound = json_nesting(text, limit)
-    if bound is None:
-        raise ValueError(f"JSON nested more than {limit} deep")
-    json_headroom(bound)
-    return json.loads(text)

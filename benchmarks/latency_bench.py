@@ -1,0 +1,284 @@
+"""Reading ``gs://`` when every request takes D milliseconds: the reader against the same read at 0 ms and from disk.
+
+    python -m benchmarks.latency_bench --work DIR [--tokens N] [--batches N] [--rounds R] [--quick]
+
+``make bench`` runs it with the defaults. A synthetic cache (``--tokens``, 24 Mi by default: documents of
+log-normal lengths, Zipf-distributed ids below 100k, which zstd compresses to about the bytes per token of
+real text; 72 chunks in 4 shards, the builder's 128 Ki-token row groups) is written with the tests' cache
+writer and uploaded to the GCS emulator (``tests/support/gcs_emulator.py``, in memory) four times, as four
+caches. The reader reads it through the project's latency proxy (``tests/support/latency_proxy.py``, a
+process of its own on loopback that holds every request D ms before passing it on) at D = 0, 25, 50 and
+100 ms, and from local disk, as host 1 of 4 (``seq_len=2048, batch_size=32``, R* = 16, flat layout,
+default budget, one process), starting at step 3000 (a resume):
+
+- ``packed``: concat windows in order; ``shuffled``: the same with ``shuffle_seed=0``; ``mixture``: a
+  mixture of the four caches (weights 0.4/0.3/0.2/0.1), packed.
+- Per read: seconds from opening the reader to the first batch (``first_batch_s``: the seek), the steady
+  rate (tokens per second of the reader's rows over the last three quarters of ``--batches``, after the
+  read-ahead has grown to the latency; ``rate`` from the first batch on is reported too), the requests and
+  bytes fetched per token read (the store's counters: a chunk opened is two requests, its sidecar and
+  footer), and the CPU seconds per batch of this process and of the emulator.
+- Runs alternate (every configuration once per round), and each figure is the best of the rounds: the
+  ratios compare runs minutes apart at most, on a machine shared with other work.
+- Where 0 ms differs from disk: the emulator is a Python HTTP server (one request at a time) on the same
+  cores. Its own cost is measured apart: a plain client (``http.client``, one connection per request, as
+  the emulator wants) asks it, then the proxy at 0 ms, for every row group's byte range of the cache,
+  one after the other; seconds and emulator CPU-seconds per request. During the reads, the CPU per
+  batch of this process, the emulator and the proxy say where a batch's time goes.
+- The process's peak RSS (sampled) during the 50 ms reads, its growth over the RSS before the first read
+  against the reader's budget.
+
+Prints one ``BENCH_RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from benchmarks.common import emit_result, log
+from benchmarks.reader_bench import RssSampler
+
+SUPPORT = Path(__file__).resolve().parents[1] / "tests" / "support"
+sys.path.insert(0, str(SUPPORT))
+
+import cachegen  # noqa: E402  (the tests' cache writer, the emulator and the proxy)
+from gcs_emulator import GcsEmulator  # noqa: E402
+
+from reader import ReadOptions, Reader  # noqa: E402
+from reader.format import spec as fmt  # noqa: E402
+
+L, B, HOSTS, HOST, START = 2048, 32, 4, 1, 3000
+DELAYS_MS = (0, 25, 50, 100)
+KINDS = ("packed", "shuffled", "mixture")
+WEIGHTS = (0.4, 0.3, 0.2, 0.1)
+ROW_GROUP_TOKENS = 128 << 10
+
+
+def write_cache(root: Path, tokens: int, chunks: int = 72, seed: int = 0) -> int:
+    """The synthetic cache (see the module docstring); returns its tokens."""
+    if (root / fmt.LEDGER_NAME).exists():
+        return int(json.loads((root / fmt.LEDGER_NAME).read_text())["totals"]["tokens"])
+    rng = np.random.default_rng(seed)
+    per, out = tokens // chunks, []
+    for _ in range(chunks):
+        docs, n = [], 0
+        while n < per:
+            length = int(rng.lognormal(6, 1.2)) + 1
+            docs.append(np.minimum(rng.zipf(1.3, length), 100_000).astype(np.int32))
+            n += length
+        out.append(docs)
+    shards = 4 if chunks % 4 == 0 else 1
+    cachegen.write_synthetic_cache(str(root), out, chunks_per_shard=[chunks // shards] * shards,
+                                   row_group_tokens=ROW_GROUP_TOKENS)
+    return int(json.loads((root / fmt.LEDGER_NAME).read_text())["totals"]["tokens"])
+
+
+class Proxy:
+    """``tests/support/latency_proxy.py`` as a process of its own, holding every request ``delay_ms``."""
+
+    def __init__(self, upstream_port: int, delay_ms: float):
+        self.proc = subprocess.Popen([sys.executable, str(SUPPORT / "latency_proxy.py"), "--upstream_port",
+                                      str(upstream_port), "--delay_ms", str(delay_ms), "--max_s", "7200"],
+                                     stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.close()
+            raise RuntimeError(f"the latency proxy did not start: {line!r}")
+        self.port = int(line.split()[1])
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+
+
+def options(kind: str) -> ReadOptions:
+    o = ReadOptions(seq_len=L, batch_size=B, ideal_readers=16, layout="flat")
+    return dataclasses.replace(o, shuffle_seed=0) if kind == "shuffled" else o
+
+
+def cpu_s(pid: int | None = None) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def one_read(source: str, kind: str, batches: int, storage_options: dict | None, emulator_pid: int | None,
+             proxy_pid: int | None = None) -> dict:
+    """One read from step ``START`` (see the module docstring)."""
+    t0 = time.perf_counter()
+    r = Reader(source, options(kind), num_readers=HOSTS, reader_index=HOST, storage_options=storage_options)
+    rows = len(r.my_rows)
+    it = r.iter_batches(START, batches)
+    first = None
+    n = 0
+    skip = max(1, batches // 4)
+    for b, x in it:
+        if first is None:
+            first = time.perf_counter()
+            ref = np.array(x["tokens"][:, 1:], copy=True)  # the first batch, to compare across storage
+        n += 1
+        if n == skip:
+            t_s, c_s = time.perf_counter(), cpu_s()
+            e_s = cpu_s(emulator_pid) if emulator_pid else 0.0
+            p_s = cpu_s(proxy_pid) if proxy_pid else 0.0
+    end, c_e = time.perf_counter(), cpu_s()
+    e_e = cpu_s(emulator_pid) if emulator_pid else 0.0
+    p_e = cpu_s(proxy_pid) if proxy_pid else 0.0
+    st = r.store
+    tokens = n * rows * L
+    out = {"first_batch_s": first - t0, "rate": (n - 1) * rows * L / (end - first),
+           "steady": (n - skip) * rows * L / (end - t_s), "cpu_ms_per_batch": (c_e - c_s) / (n - skip) * 1e3,
+           "emulator_cpu_ms_per_batch": (e_e - e_s) / (n - skip) * 1e3,
+           "proxy_cpu_ms_per_batch": (p_e - p_s) / (n - skip) * 1e3, "ms_per_batch": (end - t_s) / (n - skip) * 1e3,
+           "requests_per_mtoken": (st.fetches + 2 * st.meta_fetches) / tokens * 1e6,
+           "bytes_per_token": st.bytes_fetched / tokens, "first": ref}
+    it.close()
+    r.close()
+    return out
+
+
+def ranges_of(cache: Path) -> list[tuple[str, int, int]]:
+    """Every row group's byte range of the cache: ``(chunk path, start, end)``."""
+    out = []
+    for e in json.loads((cache / fmt.LEDGER_NAME).read_text())["chunks"]:
+        side = json.loads((cache / fmt.sidecar_path(e["shard"], e["index_in_shard"])).read_text())
+        out += [(e["path"], int(a), int(a) + int(n)) for a, n, *_ in side["row_group_index"]]
+    return out
+
+
+def plain_client(port: int, bucket: str, prefix: str, ranges, emulator_pid: int) -> dict:
+    """Ask for ``ranges`` one after the other with ``http.client`` (a connection each): seconds and emulator
+    CPU-seconds per request."""
+    t0, c0 = time.perf_counter(), cpu_s(emulator_pid)
+    got = 0
+    for path, a, z in ranges:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        obj = (prefix + path).replace("/", "%2F")
+        conn.request("GET", f"/download/storage/v1/b/{bucket}/o/{obj}?alt=media", headers={"Range": f"bytes={a}-{z - 1}"})
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+        if resp.status != 206 or len(body) != z - a:
+            raise RuntimeError(f"{path} [{a}, {z}): status {resp.status}, {len(body)} bytes")
+        got += len(body)
+    dt, dc = time.perf_counter() - t0, cpu_s(emulator_pid) - c0
+    return {"ms_per_request": dt / len(ranges) * 1e3, "emulator_cpu_ms_per_request": dc / len(ranges) * 1e3,
+            "mb_per_s": got / dt / 1e6}
+
+
+def run(work: Path, tokens: int, batches: int, rounds: int, chunks: int) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    cache = work / "cache"
+    total = write_cache(cache, tokens, chunks)
+    res: dict = {"latency_run": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "latency_load_average": round(os.getloadavg()[0], 1),
+                 "latency_cache_tokens": total, "latency_cache_chunks": chunks, "latency_batches": batches, "latency_rounds": rounds,
+                 "latency_hosts": HOSTS, "latency_batch_size": B, "latency_seq_len": L, "latency_start": START}
+    mix = work / "mix4.json"
+    best: dict[tuple[str, str], dict] = {}
+    firsts: dict[str, np.ndarray] = {}
+
+    def keep(key, got):
+        ref = got.pop("first")
+        want = firsts.setdefault(key[0], ref)
+        if not np.array_equal(ref, want):
+            raise AssertionError(f"{key}: its first batch differs from the local read's")
+        old = best.get(key)
+        if old is None:
+            best[key] = got
+        else:  # the best of the rounds, figure by figure
+            for k, v in got.items():
+                old[k] = max(old[k], v) if k in ("rate", "steady") else min(old[k], v)
+
+    with GcsEmulator(bucket="latency") as emu:
+        fs = emu.gcsfs()
+        for i in range(len(WEIGHTS)):
+            fs.put(str(cache) + "/", f"{emu.bucket}/c{i}/", recursive=True)
+        mix.write_text(json.dumps({"mixture": 1, "components": [
+            {"name": f"c{i}", "path": emu.url(f"c{i}"), "weight": w} for i, w in enumerate(WEIGHTS)]}))
+        local_mix = work / "mix4-local.json"  # four caches on disk too: links to the one (its page cache)
+        for i in range(len(WEIGHTS)):
+            if not (work / f"c{i}").exists():
+                (work / f"c{i}").symlink_to(cache.name)
+        local_mix.write_text(json.dumps({"mixture": 1, "components": [
+            {"name": f"c{i}", "path": str(work / f"c{i}"), "weight": w} for i, w in enumerate(WEIGHTS)]}))
+        proxies = {d: Proxy(emu.port, d) for d in DELAYS_MS}
+        pid = emu.proc.pid
+        base_rss, peak_rss = psutil.Process().memory_info().rss, 0
+        try:
+            for rnd in range(rounds):
+                for kind in KINDS:
+                    src = str(local_mix) if kind == "mixture" else str(cache)
+                    keep((kind, "local"), one_read(src, kind, batches, None, None))
+                    for d in DELAYS_MS:
+                        so = dict(emu.storage_options, endpoint_url=proxies[d].endpoint)
+                        src = str(mix) if kind == "mixture" else emu.url("c0")
+                        with RssSampler() as rss:
+                            got = one_read(src, kind, batches, so, pid, proxies[d].proc.pid)
+                        if d == 50:
+                            peak_rss = max(peak_rss, rss.peak)
+                        keep((kind, f"{d}ms"), got)
+                        log(f"latency round {rnd}: {kind} at {d} ms: steady {got['steady'] / 1e6:.1f} M tok/s, first "
+                            f"batch {got['first_batch_s']:.2f} s")
+            # the emulator's own cost: every row group once, from a plain client, direct and through the proxy
+            ranges = ranges_of(cache)
+            direct = plain_client(emu.port, emu.bucket, "c0/", ranges, pid)
+            proxied = plain_client(proxies[0].port, emu.bucket, "c0/", ranges, pid)
+        finally:
+            for p in proxies.values():
+                p.close()
+    res["latency_rss_before_mb"] = base_rss / 1e6  # the process with the emulator's client, before any read
+    res["latency_reader_peak_rss_mb"] = peak_rss / 1e6
+    res["latency_memory_budget_mb"] = ReadOptions().memory_budget_bytes / 1e6
+    for (kind, where), got in best.items():
+        for k, v in got.items():
+            res[f"latency_{kind}_{where}_{k}"] = v
+    for kind in KINDS:
+        zero = res[f"latency_{kind}_0ms_steady"]
+        for d in DELAYS_MS:
+            res[f"latency_{kind}_{d}ms_vs_0ms"] = res[f"latency_{kind}_{d}ms_steady"] / zero
+        res[f"latency_{kind}_0ms_vs_local"] = zero / res[f"latency_{kind}_local_steady"]
+    res["latency_50ms_vs_0ms_min"] = min(res[f"latency_{k}_50ms_vs_0ms"] for k in KINDS)
+    res["latency_first_batch_s_50ms_max"] = max(res[f"latency_{k}_50ms_first_batch_s"] for k in KINDS)
+    res["latency_rss_growth_vs_budget"] = (peak_rss - base_rss) / 1e6 / res["latency_memory_budget_mb"]
+    res["latency_row_group_requests"] = len(ranges)
+    for name, got in (("direct", direct), ("proxy", proxied)):
+        for k, v in got.items():
+            res[f"latency_emulator_{name}_{k}"] = v
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--tokens", type=int, default=64 << 20)
+    ap.add_argument("--chunks", type=int, default=72)
+    ap.add_argument("--batches", type=int, default=1200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: proves the measurement runs")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.tokens, a.chunks, a.batches, a.rounds = 1 << 20, 32, 40, 1
+    emit_result(run(a.work, a.tokens, a.batches, a.rounds, a.chunks))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

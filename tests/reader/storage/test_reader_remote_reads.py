@@ -1,0 +1,211 @@
+"""Reading a remote cache ahead: its requests (range requests on an asynchronous filesystem's event loop).
+
+``counting://`` (tests/support/counting_fs.py) serves local files as an asynchronous fsspec filesystem, as
+gcsfs serves gs://, and records every request: a read asks only for the byte ranges of the row groups its
+rows need (adjacent ones together, never a whole chunk), never has more than ``MAX_REQUESTS`` out at once,
+asks for all the ranges of a batch together (a resume's first batch too), and returns the local read's
+batches. Against the GCS emulator behind the latency proxy (tests/support/latency_proxy.py), a request that
+never returns raises ReaderStalled after worker_timeout_s, and one that fails names the chunk file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import cachegen
+import mixgen
+from counting_fs import counting
+from reader import ReadOptions, Reader, ReaderStalled
+from reader.format import spec as fmt
+from reader.storage import requests as requests_mod
+
+OPTS = ReadOptions(seq_len=16, batch_size=8, ideal_readers=4)
+READS = {
+    "packed": OPTS,
+    "shuffled": dataclasses.replace(OPTS, shuffle_seed=3),
+    "best_fit": dataclasses.replace(OPTS, packing="best_fit", best_fit_window_tokens=60),
+    "unpacked": dataclasses.replace(OPTS, packed=False),
+}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    rng = np.random.default_rng(5)
+    chunks = cachegen.random_chunks(rng, 12, max_docs=9, max_len=70)
+    root = str(tmp_path_factory.mktemp("remote-reads") / "cache")
+    cachegen.write_synthetic_cache(root, chunks, chunks_per_shard=[6, 6], row_group_tokens=24)
+    return root
+
+
+def row_groups(root: str) -> dict[str, list[tuple[int, int]]]:
+    """Each chunk file's row-group byte ranges ``[start, end)``, and its footer's (as the reader asks for it)."""
+    ledger = json.load(open(os.path.join(root, fmt.LEDGER_NAME)))
+    out = {}
+    for e in ledger["chunks"]:
+        side = json.load(open(os.path.join(root, fmt.sidecar_path(e["shard"], e["index_in_shard"]))))
+        groups = [(int(a), int(a) + int(n)) for a, n, *_ in side["row_group_index"]]
+        f_off, f_len, _ = side["footer"]
+        out[os.path.join(root, e["path"])] = groups + [(f_off, f_off + f_len + 1)]
+    return out
+
+
+def batches(source: str, opts: ReadOptions, start: int, count: int, **kw) -> list[dict]:
+    with Reader(source, opts, num_readers=2, reader_index=1, **kw) as r:
+        return [{k: v.copy() for k, v in x.items()} for _, x in r.iter_batches(start, count)]
+
+
+def assert_same(got: list[dict], want: list[dict]) -> None:
+    assert len(got) == len(want)
+    for x, y in zip(got, want):
+        assert sorted(x) == sorted(y)
+        for k in y:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@pytest.mark.parametrize("kind", sorted(READS))
+def test_remote_reads_ask_only_for_their_row_groups_coalesced_and_bounded(cache, kind, monkeypatch):
+    monkeypatch.setattr(requests_mod, "MAX_REQUESTS", 3)
+    opts = READS[kind]
+    want = batches(cache, opts, 40, 30)
+    with Reader(cache, opts, num_readers=2, reader_index=1) as local:  # the chunks this host's rows lie in
+        for _ in local.iter_batches(40, 30):
+            pass
+        mine = {os.path.join(cache, local.cache.table.paths[c]) for c in local.store.opened}
+    with counting() as fs:
+        got = batches("counting://" + cache, opts, 40, 30)
+    assert_same(got, want)
+    ranges = row_groups(cache)
+    spans = []
+    for path, start, end in fs.calls:
+        if path.endswith(".json"):  # the ledger, the sidecars: whole
+            assert start is None, (path, start, end)
+            continue
+        assert path in mine, f"{path}: not a chunk of this host's rows"
+        assert start is not None, f"{path}: fetched whole"
+        starts, ends = [a for a, _ in ranges[path]], [z for _, z in ranges[path]]
+        assert start in starts and end in ends and starts.index(start) <= ends.index(end), (path, start, end)
+        spans.append(ends.index(end) - starts.index(start) + 1)
+    assert spans and fs.most_in_flight <= 3
+    if kind in ("packed", "unpacked"):  # adjacent row groups wanted together: one request
+        assert max(spans) >= 2
+
+
+def test_a_remote_mixture_reads_the_local_batches(cache, tmp_path):
+    root = str(tmp_path / "mix")
+    comps, _ = mixgen.write_components(root, [10, 14, 9], seed=4, row_group_tokens=16)
+    local = mixgen.write_mixture(str(tmp_path / "local.json"), [(f"c{i}", p, w) for i, (p, w) in
+                                                                 enumerate(zip(comps, (0.5, 0.3, 0.2)))])
+    remote = mixgen.write_mixture(str(tmp_path / "remote.json"), [(f"c{i}", "counting://" + p, w) for i, (p, w) in
+                                                                   enumerate(zip(comps, (0.5, 0.3, 0.2)))])
+    for opts in (OPTS, dataclasses.replace(OPTS, shuffle_seed=1)):
+        want = batches(local, opts, 25, 20)
+        with counting() as fs:
+            got = batches(remote, opts, 25, 20)
+        assert_same(got, want)
+        assert fs.calls and all(s is not None for p, s, _ in fs.calls if p.endswith(".parquet"))
+
+
+def test_a_resumed_read_asks_for_its_first_batchs_row_groups_together(cache):
+    """Every row group the first batch at step 60 needs is asked for before any of them comes back."""
+    opts = READS["packed"]
+    with Reader(cache, dataclasses.replace(opts, prefetch_threads=0), num_readers=2, reader_index=1) as local:
+        loaded = []
+        load = local.store._load_row_group
+        local.store._load_row_group = lambda c, g: loaded.append((c, g)) or load(c, g)
+        want = local.batch(60)
+        need = {(os.path.join(cache, local.cache.table.paths[c]), int(local.store.meta(c).rg_ranges[g, 0]))
+                for c, g in loaded}
+    assert len(need) >= 4
+    ranges = row_groups(cache)
+    data = {(p, a) for p, rr in ranges.items() for a, _ in rr[:-1]}
+    with counting() as fs:
+        fs.hold(lambda path, start, end: (path, start) in data)  # row groups wait; sidecars and footers come
+        with Reader("counting://" + cache, opts, num_readers=2, reader_index=1) as r:
+            out: list = []
+            t = threading.Thread(target=lambda: out.append(r.batch(60)))
+            t.start()
+
+            def covered(held) -> bool:
+                got = {(p, a) for p, s, e in held for a, z in ranges[p][:-1] if s <= a and z <= e}
+                return need <= got
+
+            try:
+                assert fs.wait_held(covered, timeout=60), f"asked for {fs.held}, the batch needs {sorted(need)}"
+            finally:
+                fs.release()
+                t.join(60)
+    assert out, "the batch did not come"
+    for k in want:
+        np.testing.assert_array_equal(out[0][k], want[k], err_msg=k)
+
+
+# -- against the GCS emulator, behind the latency proxy ------------------------------------------------------------
+
+TIMEOUT_S = 2.0  # worker_timeout_s
+BOUND_S = 30.0  # the error must come well within this
+
+
+@pytest.fixture(scope="module")
+def emulator(cache):
+    pytest.importorskip("gcsfs", reason="the gcs extra (gcsfs) is not installed")
+    pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator (test extra) is not installed")
+    from gcs_emulator import GcsEmulator
+
+    with GcsEmulator(bucket="remote-reads") as emu:
+        emu.gcsfs().put(cache + "/", f"{emu.bucket}/cache/", recursive=True)
+        yield emu
+
+
+@pytest.fixture
+def proxy(emulator, monkeypatch):
+    from latency_proxy import LatencyProxy
+
+    # reader workers import gcsfs afresh: its experimental bucket probe would hang against the emulator
+    monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    with LatencyProxy(emulator.port, delay_s=0.01, max_s=300) as p:
+        yield p
+
+
+def through(emulator, proxy) -> dict:
+    return dict(emulator.storage_options, endpoint_url=proxy.endpoint)
+
+
+@pytest.mark.timeout(120)
+def test_reads_through_the_latency_proxy_equal_the_local_read(cache, emulator, proxy):
+    for opts in (READS["packed"], READS["shuffled"], dataclasses.replace(READS["packed"], num_workers=2)):
+        want = batches(cache, dataclasses.replace(opts, num_workers=0), 30, 25)
+        got = batches(emulator.url("cache"), opts, 30, 25, storage_options=through(emulator, proxy))
+        assert_same(got, want)
+    assert proxy.requests > 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_request_that_never_returns_raises_reader_stalled(emulator, proxy, workers):
+    proxy.stall(lambda line: ".parquet" in line)
+    opts = dataclasses.replace(READS["packed"], worker_timeout_s=TIMEOUT_S, num_workers=workers)
+    with Reader(emulator.url("cache"), opts, storage_options=through(emulator, proxy)) as r:
+        t0 = time.monotonic()
+        with pytest.raises(ReaderStalled, match=r"made no progress for 2 s while assembling batches 0\.\.\d+"):
+            next(r.iter_batches(0))
+        assert TIMEOUT_S <= time.monotonic() - t0 < BOUND_S
+    assert proxy.stalled.is_set()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("status, match", [(403, "permission denied"), (404, "missing")])
+def test_a_failing_request_names_the_chunk_file(emulator, proxy, status, match):
+    proxy.fail(lambda line: "chunk-000003.parquet" in line, status)
+    with Reader(emulator.url("cache"), READS["packed"], storage_options=through(emulator, proxy)) as r:
+        t0 = time.monotonic()
+        with pytest.raises(Exception, match=rf"^gs://remote-reads/cache/chunks/shard-\d+/chunk-000003\.parquet: .*{match}"):
+            for _ in r.iter_batches(0, 400):
+                pass
+        assert time.monotonic() - t0 < BOUND_S
