@@ -11,7 +11,7 @@ LOCK_TOOLS  := .lock-venv
 PIP_COMPILE := $(LOCK_TOOLS)/bin/pip-compile --strip-extras --allow-unsafe --no-emit-index-url \
                --no-emit-find-links --no-emit-trusted-host
 
-.PHONY: venv demo test test-fast bench bench-quick lock template clean
+.PHONY: venv demo test test-fast bench bench-quick bench-scale lock template clean
 
 venv:
 	@$(INSTALL) $(ALL_EXTRAS)
@@ -38,6 +38,12 @@ bench:
 bench-quick:
 	@$(INSTALL) $(ALL_EXTRAS)
 	$(PY) -m benchmarks.run --quick
+
+# Caches and plans of 10^5 to 10^7 chunks (a 15T-token corpus is about 10^6): open, first batch, finalize, job graph
+# -> benchmarks/scale.json and the "Scale" section of docs/BENCHMARKS.md (under 30 minutes).
+bench-scale:
+	@$(INSTALL) $(ALL_EXTRAS)
+	$(PY) -m benchmarks.scale_bench
 
 # Re-resolve every extra to the newest versions pyproject.toml allows (pip-tools' pip-compile, so pip's own
 # resolver and configuration decide, as at install time), and the Dataflow image's subset from that lock.

@@ -35,6 +35,7 @@ import numpy as np
 from reader.format import chunk_file
 from reader.format import sidecar
 from reader.format import spec as fmt
+from reader.storage import files, finish
 
 ROW_GROUP_TOKENS = 128 << 10
 CHUNK_TOKENS = 1 << 20
@@ -84,19 +85,14 @@ def write_cache(root: str, docs: list[np.ndarray], spans: list[list[int]] | None
         with open(os.path.join(root, fmt.sidecar_path(0, k)), "wb") as f:
             f.write(sidecar.sidecar_bytes(side))
         sidecars.append(side)
-    chunks, bad = sidecar.ledger_chunks(sidecars)
-    totals = {"docs": len(docs), "tokens": int(lengths.sum()), "chunks": len(chunks), "bad_records": 0,
-              "bytes": sum(s["bytes"] for s in sidecars), "input_bytes": len(chunks) * CHUNK_TOKENS}
-    if spans is not None:
-        totals["loss_tokens"] = sum(s["loss_tokens"] for s in sidecars)
-    ledger = {"format": fmt.FORMAT_NAME, "format_version": fmt.FORMAT_VERSION,
-              "finished": True, "config": config, "chunks": chunks, "totals": totals, "bad_records": bad,
-              "tokenizer": {"spec": "synthetic", "kind": "synthetic", "name": "synthetic", "vocab_size": 100_000,
-                            "eos_id": 0, "hash": "synthetic"},
-              "inputs": [{"shard": 0, "path": "/synthetic/shard-00000.jsonl", "size": len(chunks) * CHUNK_TOKENS,
-                          "compression": "none", "chunks": len(chunks)}]}
-    with open(os.path.join(root, fmt.LEDGER_NAME), "w") as f:
-        f.write(fmt.dumps_ledger(ledger))
+    n = len(sidecars)
+    plan = {"format": fmt.FORMAT_NAME, "format_version": fmt.FORMAT_VERSION, "finished": False, "config": config,
+            "tokenizer": {"spec": "synthetic", "kind": "synthetic", "name": "synthetic", "vocab_size": 100_000,
+                          "eos_id": 0, "hash": "synthetic"},
+            "inputs": [{"shard": 0, "path": "/synthetic/shard-00000.jsonl", "size": n * CHUNK_TOKENS,
+                        "compression": "none", "chunks": n}]}
+    inputs = [dict(inp, uncompressed_bytes=inp["size"]) for inp in plan["inputs"]]
+    finish.finish_cache(files.local(), root, plan, inputs, (sidecar.ledger_entry(s) for s in sidecars))
 
 
 def chunk_file_groups(lengths: np.ndarray, idx: np.ndarray) -> list[int]:

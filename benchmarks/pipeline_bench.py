@@ -210,8 +210,11 @@ def build(
     totals = ledger["totals"]
     tokens = int(totals["tokens"])
     by_shard: dict[int, int] = {}
-    for c in ledger["chunks"]:
-        by_shard[int(c["shard"])] = by_shard.get(int(c["shard"]), 0) + int(c["tokens"])
+    from reader.storage.cache import Cache
+
+    table = Cache(str(out)).table
+    for s, n in zip(table.shard.tolist(), table.tokens.tolist()):
+        by_shard[s] = by_shard.get(s, 0) + n
     parquet = dir_bytes(out, "chunks/shard-*/chunk-*.parquet")
     total_bytes = dir_bytes(out)
     res = {

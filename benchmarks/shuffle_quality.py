@@ -153,8 +153,10 @@ def cache_layout(root: str) -> Layout:
     if not ledger.get("finished"):
         raise SystemExit(f"{root}/{fmt.LEDGER_NAME}: the build is not finished; rerun the build first")
     ct, cs, cb, docs, rgt, rgb, rgc = [], [], [], [], [], [], []
-    for g, e in enumerate(ledger["chunks"]):
-        path = Path(root, e["path"])
+    from reader.storage.cache import Cache
+
+    for g, rel in enumerate(Cache(root).table.paths):  # (every version: a table's paths are derived)
+        path = Path(root, rel)
         pf = pq.ParquetFile(path)
         md = pf.metadata
         lens = pf.read(columns=[fmt.LENGTH_COLUMN]).column(0).to_numpy().astype(np.int64)
@@ -553,7 +555,7 @@ def real_cache(log=print) -> Path:
     ledger = out / fmt.LEDGER_NAME
     if ledger.exists():
         got = json.loads(ledger.read_text())
-        if got.get("finished") and all("sidecar_checksum" in c for c in got["chunks"][:1]):
+        if got.get("finished") and ("table" in got or all("sidecar_checksum" in c for c in got["chunks"][:1])):
             return out
         if got.get("finished"):  # built before sidecars carried the row-group index: the reader would
             import shutil        # fetch whole files, so rebuild for byte-range reads

@@ -51,22 +51,22 @@ def main(argv=None) -> int:
           f"{t['bytes']} bytes of Parquet ({t['bytes'] / max(t['tokens'], 1):.2f} bytes/token: tiny chunks "
           "compress less well than 64 MiB ones), "
           f"{t['bad_records']} bad records")
-    print("  first chunks: " + ", ".join(f"{c['path'].split('/', 1)[1]}[{c['docs']} docs]"
-                                         for c in ledger["chunks"][:5]) + ", ...")
-
     from reader.storage.cache import Cache
     from reader.tokenizers import tokenizer_lib
 
-    tok = tokenizer_lib.for_cache(Cache(root))  # the tokenizer the cache records, as any reader decodes
+    cache = Cache(root)  # its chunks in global order (the ledger's table), as any reader opens them
+    chunks = cache.table
+    print("  first chunks: " + ", ".join(f"{chunks.paths[c].split('/', 1)[1]}[{int(chunks.docs[c])} docs]"
+                                         for c in range(min(5, len(chunks)))) + ", ...")
+    tok = tokenizer_lib.for_cache(cache)  # the tokenizer the cache records, as any reader decodes
     eos = ledger["tokenizer"]["eos_id"]
     inputs_by_shard = {i["shard"]: i["path"] for i in ledger["inputs"]}
-    n_chunks = len(ledger["chunks"])
+    n_chunks = len(chunks)
     picks = sorted({0, n_chunks // 3, (2 * n_chunks) // 3, n_chunks - 1})[: args.show]
     ok = True
     print(f"\ndecoding {len(picks)} documents back from the cache and comparing with the input:")
     for ci in picks:
-        c = ledger["chunks"][ci]
-        table = pq.read_table(os.path.join(root, c["path"]))
+        table = pq.read_table(os.path.join(root, chunks.paths[ci]))
         if table.num_rows == 0:
             continue
         row = table.slice(0, 1).to_pylist()[0]
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         same = text == original
         ok &= same
         preview = text[:110].replace("\n", " ")
-        print(f"  document {c['doc_offset']} (chunk {ci}, shard {row[fmt.SHARD_COLUMN]} offset "
+        print(f"  document {int(chunks.doc_offsets[ci])} (chunk {ci}, shard {row[fmt.SHARD_COLUMN]} offset "
               f"{row[fmt.OFFSET_COLUMN]}, {row[fmt.LENGTH_COLUMN]} tokens): {'OK' if same else 'MISMATCH'}")
         print(f"    {preview!r}...")
     if not ok:

@@ -67,7 +67,8 @@ def check_output(output: str) -> None:
 _SHARD = re.compile(r"shard-\d{5,}")
 _CACHE: dict[Any, Any] = {
     fmt.LEDGER_NAME: True, TOKENIZER_FILE: True, fmt.FAILED_NAME: True,
-    fmt.CHUNKS_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.(parquet|json)"): True, fmt.SHARD_DONE_NAME: True}},
+    re.compile(r"table-[0-9a-f]{16}\.bin"): True,
+    fmt.CHUNKS_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.(parquet|json|entry)"): True, fmt.SHARD_DONE_NAME: True}},
     fmt.BAD_DIR: {_SHARD: {re.compile(r"chunk-\d{6,}\.jsonl"): True}},
     INDEX_DIR: None,  # the reader's
 }

@@ -1,49 +1,14 @@
-"""The finished ledger and the bad-record verdict: pure functions of the plan and the work units' results."""
+"""The verdicts a build's finalize reaches (too many bad records, empty inputs): pure functions of what the
+chunks add up to (:mod:`pipelines.finalize` writes the finished ledgers)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from reader.format import spec as fmt
-from reader.format.sidecar import finish_ledger
-from reader.order.streams import round_robin_order
-
-from pipelines.errors import BuildError
-from pipelines.plan import BuildPlan, UnitResult
-
-
-def finished_ledger(plan: BuildPlan, results: Iterable[UnitResult]) -> dict[str, Any]:
-    """The final ledger (``finished`` true) from the plan and every work unit's result.
-
-    Any arrival order of ``results`` gives the same ledger. Raises BuildError if a chunk or a compressed
-    shard's chunk count is missing.
-    """
-    sidecars: dict[tuple[int, int], dict[str, Any]] = {}
-    done: dict[int, dict[str, int]] = {}
-    for r in results:
-        for sc in r.sidecars:
-            sidecars[(sc["shard"], sc["index_in_shard"])] = sc
-        if r.done is not None:
-            done[r.shard] = r.done
-    inputs = []
-    version = plan.format_version
-    for planned in plan.inputs:
-        inp = planned.to_json(version)
-        if planned.compression == "none":
-            inp["uncompressed_bytes"] = planned.size
-        else:
-            d = done.get(planned.shard)
-            if d is None:
-                raise BuildError(f"internal: compressed shard {planned.path} was not completed")
-            inp["chunks"] = d["chunks"]
-            inp["uncompressed_bytes"] = d["uncompressed_bytes"]
-        inputs.append(inp)
-    order = round_robin_order([inp["chunks"] for inp in inputs])
-    missing = [(s, k) for s, k in order.tolist() if (s, k) not in sidecars]
-    if missing:
-        raise BuildError(f"internal: chunk {fmt.chunk_path(*missing[0])} is missing after the build")
-    return finish_ledger(plan.ledger(), inputs, (sidecars[(s, k)] for s, k in order.tolist()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,16 +91,19 @@ class EmptyInput:
         return cls(files=tuple((str(p), int(n), int(b)) for p, n, b in obj["files"]))
 
 
-def check_empty_of(ledgers: Sequence[Mapping[str, Any]], allow_empty: bool) -> EmptyInput | None:
-    """None if every input file yields a document in some cache of the build (or ``allow_empty``), else the
-    verdict: a file whose documents all went to one split of a split build is not empty."""
-    if allow_empty:
-        return None
-    docs: dict[int, int] = {}
-    bad: dict[int, int] = {}
-    for c in (c for led in ledgers for c in led["chunks"]):
-        docs[c["shard"]] = docs.get(c["shard"], 0) + c["docs"]
-        bad[c["shard"]] = bad.get(c["shard"], 0) + c["bad_records"]
-    empty = tuple((inp["path"], int(inp["uncompressed_bytes"]), bad.get(inp["shard"], 0))
-                  for inp in ledgers[0]["inputs"] if not docs.get(inp["shard"]))
+def per_shard(ledger: Mapping[str, Any], key: str) -> np.ndarray:
+    """``key`` (``docs`` or ``bad_records``) summed per input over the chunk list of a ledger written before the
+    chunk table (a cache finished in an older version)."""
+    out = np.zeros(len(ledger["inputs"]), np.int64)
+    for c in ledger.get("chunks", []):
+        out[c["shard"]] += c[key]
+    return out
+
+
+def empty_inputs(inputs: Sequence[Mapping[str, Any]], docs: np.ndarray, bad: np.ndarray) -> EmptyInput | None:
+    """None if every input yields a document (``docs``: per input, summed over every cache of the build: a file
+    whose documents all went to one split of a split build is not empty), else the verdict (``bad``: the bad
+    records per input)."""
+    empty = tuple((inp["path"], int(inp["uncompressed_bytes"]), int(bad[i]))
+                  for i, inp in enumerate(inputs) if not docs[i])
     return EmptyInput(files=empty) if empty else None

@@ -11,7 +11,9 @@ writes two caches from one pass: :meth:`BuildPlan.caches` gives the plan of each
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from reader.format import spec as fmt
 from reader.format.splits import SPLIT_NAMES, SplitSpec
@@ -151,11 +153,12 @@ class WorkUnit:
 
 @dataclasses.dataclass(frozen=True)
 class UnitResult:
-    """What a work unit leaves in one cache: the sidecars of its chunks and, for a compressed shard, its
+    """What a work unit leaves in one cache: its chunks' entries (each sidecar without ``SIDECAR_ONLY_KEYS``,
+    plus ``sidecar_checksum``: what the table needs, not the row-group index) and, for a compressed shard, its
     ``_DONE.json``. A split build's unit leaves one result per split."""
 
     shard: int
-    sidecars: tuple[dict[str, Any], ...]
+    entries: tuple[dict[str, Any], ...]
     done: dict[str, int] | None  # {"chunks": n, "uncompressed_bytes": U} of a streamed shard
     split: str | None = None  # the cache ("train" / "validation") of a split build
 
@@ -225,38 +228,71 @@ def make_plan(tokenizer: Mapping[str, Any], config: ChunkConfig, files: Sequence
     return BuildPlan(tokenizer=dict(tokenizer), config=config, inputs=tuple(inputs), split=split)
 
 
-def work_units(plan: BuildPlan) -> list[WorkUnit]:
-    """Work units, largest (estimated) first: one per chunk of an uncompressed JSON Lines or a columnar shard,
-    one per compressed shard or JSON array.
+class UnitList:
+    """A plan's work units, largest (estimated) first, made when asked for (:meth:`unit`): one per chunk of an
+    uncompressed JSON Lines or a columnar shard, one per compressed shard or JSON array; three arrays for a
+    million units. The order changes no output byte: largest-first balances static partitioning and starts
+    compressed shards (the longest units, whose counts gate what a reader can follow) early. It is a function
+    of the ledger alone (a columnar chunk counts as ``chunk_bytes``), the same on every worker.
 
-    The order changes no output byte. Largest-first keeps static partitioning (the local DirectRunner
-    deals units round-robin to its workers) balanced, and starts compressed shards (the longest units,
-    whose chunk counts gate the order a reader can follow mid-build) early.
+    ``layout_of``: a columnar input's layout (default the plan's; a worker, whose plan comes from the ledger,
+    plans it again from the file's metadata).
     """
-    chunk_bytes = plan.config.chunk_bytes
-    units = []
-    for inp in plan.inputs:
-        trusted = inp.shard in plan.trusted
+
+    def __init__(self, plan: "BuildPlan", layout_of: Callable[["InputFile"], Any] | None = None):
+        self.plan = plan
+        self.layout_of = layout_of or _planned_layout
+        cb = plan.config.chunk_bytes
+        shard, index, estimate = [], [], []
+        for inp in plan.inputs:
+            if inp.format in COLUMNAR or (inp.compression == "none" and inp.format == JSONL):
+                k = np.arange(inp.chunks, dtype=np.int64)
+                shard.append(np.full(inp.chunks, inp.shard, np.int64))
+                index.append(k)
+                if inp.format in COLUMNAR:  # chunks of about chunk_bytes tie, and go in order (the order readers follow)
+                    estimate.append(np.full(inp.chunks, cb, np.int64))
+                else:
+                    estimate.append(np.minimum((k + 1) * cb, inp.size) - k * cb)
+            else:
+                ratio = 1 if inp.compression == "none" else COMPRESSION_RATIO_GUESS
+                shard.append(np.asarray([inp.shard], np.int64))
+                index.append(np.asarray([-1], np.int64))
+                estimate.append(np.asarray([inp.size * ratio], np.int64))
+        cat = (lambda a: np.concatenate(a) if a else np.zeros(0, np.int64))
+        shard, index, estimate = cat(shard), cat(index), cat(estimate)
+        order = np.lexsort((np.maximum(index, 0), shard, -estimate))
+        self.shard, self.index, self.estimate = shard[order], index[order], estimate[order]
+
+    def __len__(self) -> int:
+        return int(self.shard.size)
+
+    def unit(self, i: int) -> WorkUnit:
+        """Unit ``i`` of the order."""
+        inp = self.plan.inputs[int(self.shard[i])]
+        k, cb = int(self.index[i]), self.plan.config.chunk_bytes
+        trusted = inp.shard in self.plan.trusted
+        if k < 0:
+            return WorkUnit(shard=inp.shard, path=inp.path, compression=inp.compression, size=inp.size, index=None,
+                            lo=0, hi=None, estimate=int(self.estimate[i]), trusted=trusted, format=inp.format)
         if inp.format in COLUMNAR:
-            for k in range(inp.chunks):
-                c = inp.layout.chunk(k)
-                # as a byte range's: chunks of about chunk_bytes tie, and go in order (the order readers follow)
-                units.append(WorkUnit(shard=inp.shard, path=inp.path, compression="none", size=inp.size, index=k,
-                                      lo=c.row_range[0], hi=c.row_range[1],
-                                      estimate=min(sum(c.group_bytes), chunk_bytes), trusted=trusted,
-                                      format=inp.format, columnar=c))
-        elif inp.compression == "none" and inp.format == JSONL:
-            for k in range(inp.chunks):
-                lo, hi = k * chunk_bytes, min((k + 1) * chunk_bytes, inp.size)
-                units.append(WorkUnit(shard=inp.shard, path=inp.path, compression="none", size=inp.size,
-                                      index=k, lo=lo, hi=hi, estimate=hi - lo, trusted=trusted))
-        else:
-            ratio = 1 if inp.compression == "none" else COMPRESSION_RATIO_GUESS
-            units.append(WorkUnit(shard=inp.shard, path=inp.path, compression=inp.compression, size=inp.size,
-                                  index=None, lo=0, hi=None, estimate=inp.size * ratio, trusted=trusted,
-                                  format=inp.format))
-    units.sort(key=lambda u: (-u.estimate, u.shard, u.index or 0))
-    return units
+            c = self.layout_of(inp).chunk(k)
+            return WorkUnit(shard=inp.shard, path=inp.path, compression="none", size=inp.size, index=k,
+                            lo=c.row_range[0], hi=c.row_range[1], estimate=int(self.estimate[i]), trusted=trusted,
+                            format=inp.format, columnar=c)
+        lo, hi = k * cb, min((k + 1) * cb, inp.size)
+        return WorkUnit(shard=inp.shard, path=inp.path, compression="none", size=inp.size, index=k, lo=lo, hi=hi,
+                        estimate=hi - lo, trusted=trusted)
+
+def _planned_layout(inp: "InputFile") -> Any:
+    if inp.layout is None:
+        raise ValueError(f"internal: {inp.path} has no planned layout")
+    return inp.layout
+
+
+def work_units(plan: BuildPlan) -> list[WorkUnit]:
+    """Every work unit of ``plan``, in the order of :class:`UnitList`."""
+    units = UnitList(plan)
+    return [units.unit(i) for i in range(len(units))]
 
 
 def _differences(section: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

@@ -64,13 +64,13 @@ def corpus(max_docs: int) -> list[str]:
 
 def documents_of_cache(root: str, max_tokens: int = 0) -> list[np.ndarray]:
     """The documents (token id arrays, EOS included as stored) of a local cache, in global chunk order."""
-    import json
     import os
 
-    ledger = json.load(open(os.path.join(root, fmt.LEDGER_NAME)))
+    from reader.storage.cache import Cache
+
     out, n = [], 0
-    for c in ledger["chunks"]:
-        col = pq.read_table(os.path.join(root, c["path"]), columns=[fmt.TOKEN_COLUMN]).column(0).combine_chunks()
+    for rel in Cache(root).table.paths:
+        col = pq.read_table(os.path.join(root, rel), columns=[fmt.TOKEN_COLUMN]).column(0).combine_chunks()
         offs = np.frombuffer(col.offsets.buffers()[1], np.int32, len(col) + 1, col.offsets.offset)
         vals = col.values.to_numpy(zero_copy_only=False)
         out.extend(vals[a:b] for a, b in zip(offs[:-1].tolist(), offs[1:].tolist()))

@@ -32,7 +32,8 @@ from typing import Any, Mapping, Sequence
 
 from reader.format import checks
 from reader.format import spec as fmt
-from reader.format.sidecar import sidecar_bytes
+from reader.format import table as chunk_table
+from reader.format.sidecar import ledger_entry, sidecar_bytes
 from reader.format.splits import SplitSpec, cache_names, cache_roots
 
 from pipelines.chunking.chunk_writer import ChunkBuilder, Counters, verify_chunk
@@ -49,7 +50,7 @@ from pipelines.inputs.streams import ArrayStream, LineStream
 from pipelines.plan import MAX_SHARD_BYTES, UnitResult, WorkUnit
 
 LOG = logging.getLogger("chunkledger.build")
-_CHUNK_FILE = re.compile(r"chunk-(\d+)\.(parquet|json|jsonl)$")
+_CHUNK_FILE = re.compile(r"chunk-(\d+)\.(parquet|json|jsonl|entry)$")
 
 
 class UnitBuilder:
@@ -91,13 +92,25 @@ class UnitBuilder:
     def build(self, unit: WorkUnit) -> tuple[UnitResult, ...]:
         """The unit's chunks written or verified: one result per cache of the build."""
         if unit.columnar is not None:
-            per_chunk, done = [self._build_columnar(unit)], None
+            per_chunk, done = [self.publish(self._build_columnar(unit))], None
         elif unit.streamed:
             per_chunk, done = self._build_stream(unit)
         else:
-            per_chunk, done = [self._build_range(unit)], None
-        return tuple(UnitResult(shard=unit.shard, sidecars=tuple(sc[i] for sc in per_chunk), done=done, split=name)
+            per_chunk, done = [self.publish(self._build_range(unit))], None
+        return tuple(UnitResult(shard=unit.shard, entries=tuple(e[i] for e in per_chunk), done=done, split=name)
                      for i, name in enumerate(self.names))
+
+    def publish(self, sidecars: Sidecars) -> tuple[dict[str, Any], ...]:
+        """A chunk's entries, written beside its sidecars (after them: a written chunk's or a kept one's, whose
+        entry a finished build removed), one per cache; what followers and the finalize read."""
+        out = []
+        for root, sidecar in zip(self.roots, sidecars):
+            data = chunk_table.entry_bytes(sidecar)
+            path = fmt.join(root, chunk_table.entry_path(sidecar["shard"], sidecar["index_in_shard"]))
+            if filesystem.read_or_none(path) != data:
+                filesystem.write_atomic(path, data)
+            out.append(ledger_entry(sidecar))
+        return tuple(out)
 
     # -- chunk outcomes (shared by every kind of unit) ---------------------------------------------
     def chunk_builder(self, unit: WorkUnit, index: int, lo: int) -> ChunkBuilder:
@@ -207,8 +220,8 @@ class UnitBuilder:
                              input_checksum=reader.checksum)
 
     # -- a shard read in one pass: compressed JSON Lines, a JSON array -----------------------------
-    def _build_stream(self, unit: WorkUnit) -> tuple[list[Sidecars], dict[str, int] | None]:
-        """Every chunk of the shard; its ``_DONE.json`` content (None for a plain JSON array, whose chunks are
+    def _build_stream(self, unit: WorkUnit) -> tuple[list[tuple[dict[str, Any], ...]], dict[str, int] | None]:
+        """Every chunk of the shard (its entries); its ``_DONE.json`` content (None for a plain JSON array, whose chunks are
         known from its size)."""
         shard, cb = unit.shard, self.config["chunk_bytes"]
         plain = unit.compression == "none"
@@ -224,7 +237,7 @@ class UnitBuilder:
             checks = [self._found(shard, k) for k in range(known)]
             if all(c.complete for c in checks):
                 self.counters.inc("chunks_checked", len(checks))
-                return [self.skipped(unit, k, c) for k, c in enumerate(checks)], None if plain else done
+                return [self.publish(self.skipped(unit, k, c)) for k, c in enumerate(checks)], None if plain else done
         try:
             sidecars, total = self._stream(unit)
         except DamagedInput:
@@ -256,7 +269,8 @@ class UnitBuilder:
         def finish(sink, hi: int, end: int) -> None:
             k = len(sidecars)
             span, checksum = source.result(k, end)
-            sidecars.append(sink.write(byte_range=[k * cb, hi], input_span=span, input_checksum=checksum))
+            sidecars.append(self.publish(sink.write(byte_range=[k * cb, hi], input_span=span,
+                                                    input_checksum=checksum)))
 
         with open_input(unit.path, unit.compression) as f:
             source = (ArrayStream(f, unit.path, cb, self.max_line) if unit.format == JSON_ARRAY
@@ -299,17 +313,22 @@ class UnitBuilder:
 
     def _remove_stale_chunks(self, shard: int, n: int) -> None:
         """Chunks numbered ``n`` and up belong to an earlier, longer content of the shard: remove them."""
-        stale = sorted((p for p, k in self._shard_files(shard) if k >= n), key=lambda p: not p.endswith(".json"))
-        for path in stale:  # sidecars first: a crash in between leaves incomplete chunks, never complete ones
+        stale = sorted((p for p, k in self._shard_files(shard) if k >= n), key=_removal_order)
+        for path in stale:  # entries and sidecars first: a crash in between leaves incomplete chunks, never complete ones
             filesystem.BEAM.remove(path)
 
     def _forget_shard(self, shard: int) -> None:
         """Remove ``_DONE.json`` and every chunk of a shard (sidecars first), in every cache."""
         for root in self.roots:
             filesystem.BEAM.remove(fmt.join(root, fmt.shard_done_path(shard)))
-        files = sorted(self._shard_files(shard), key=lambda pk: not pk[0].endswith(".json"))
+        files = sorted(self._shard_files(shard), key=lambda pk: _removal_order(pk[0]))
         for path, _ in files:
             filesystem.BEAM.remove(path)
+
+
+def _removal_order(path: str) -> tuple[bool, bool]:
+    """Entries, then sidecars, then the rest: what says a chunk is complete goes first."""
+    return not path.endswith(chunk_table.ENTRY_SUFFIX), not path.endswith(".json")
 
 
 def _done_record(raw: bytes | None, chunk_bytes: int) -> dict[str, int] | None:

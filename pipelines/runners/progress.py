@@ -34,6 +34,7 @@ from typing import Any, Mapping, TextIO
 
 from reader.format import spec as fmt
 from reader.format.splits import cache_roots
+from reader.format.table import TABLE_VERSION
 from reader.storage.progress import Scan, counted, format_seconds
 
 from pipelines.filesystem import BEAM, is_remote
@@ -95,7 +96,8 @@ class Scanner:
     def __init__(self, output: str, plan: BuildPlan):
         self.inputs: tuple[InputFile, ...] = plan.inputs
         self.remote = is_remote(output)
-        self.scans = [Scan(BEAM, root, len(plan.inputs)) for root in cache_roots(output, plan.split)]
+        entries = plan.format_version >= TABLE_VERSION  # (an older cache's rerun: its earlier chunks have no entry)
+        self.scans = [Scan(BEAM, root, len(plan.inputs), entries=entries) for root in cache_roots(output, plan.split)]
         self._sampled: dict[str, float | None] = {}
 
     def scan(self) -> Snapshot:

@@ -30,6 +30,7 @@ import numpy as np
 from reader.cli import report as report_cli
 from reader.cli import support as cli_support
 from reader.format import spec as fmt
+from reader.format import table as chunk_table
 from reader.storage import fields
 from reader.storage.cache import Cache
 from reader.interop.export import write_file
@@ -203,6 +204,15 @@ def _reader_memory(args) -> tuple[dict[str, int], RowPacking]:
     return peak, row_packing(seen)
 
 
+def _sample(n: int, sample: float | None, seed: int) -> np.ndarray:
+    """The chunks ``validate`` checks: all, or a deterministic sample (``sample`` chunks, or that fraction of
+    them when below 1), in order."""
+    if not sample:
+        return np.arange(n)
+    k = min(n, max(1, round(sample * n)) if sample < 1 else int(sample))
+    return np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+
+
 def cmd_validate(args) -> int:
     try:
         cache = Cache(args.path)
@@ -210,20 +220,34 @@ def cmd_validate(args) -> int:
         print(f"PROBLEM {e}")
         return 1
     t = cache.table
-    problems = validate_ledger(cache) + validate_shards(cache)
+    chosen = _sample(len(t), args.sample, args.seed)
+    sampled = len(chosen) < len(t)
+    shards = sorted(set(t.shard[chosen].tolist())) if sampled else None
+    problems = validate_ledger(cache) + validate_shards(cache, shards)
+    step = 1 << 14  # chunks whose records are fetched together (a table's block)
     with cf.ThreadPoolExecutor(args.threads) as pool:
-        for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick), range(len(t))):
-            problems += got
-    for p in problems:
+        for lo in range(0, len(chosen), step):
+            part = chosen[lo:lo + step].tolist()
+            try:
+                entries = chunk_table.recorded_rows(t, cache.ledger.raw, part) if cache.complete else {}
+            except fmt.DamagedCache as e:  # a damaged table block (validate_ledger named it too)
+                problems.append(str(e))
+                entries = None
+            if entries is None:
+                continue
+            for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick, entry=entries.get(c)), part):
+                problems += got
+    for p in dict.fromkeys(problems):
         print(f"PROBLEM {p}")
     state = "" if cache.complete else " (build in progress: only the chunks written so far were checked)"
+    which = (f"{len(chosen):,} of {len(t):,} chunks (--sample {args.sample:g} --seed {args.seed}: their shards' "
+             "directories, the whole ledger and table)") if sampled else counted(len(t), "chunk")
     if problems:
-        print(f"{len(problems)} problem(s) in {args.path}{state}. Rerun the build command to repair missing "
-              "chunks (delete damaged chunks and their .json sidecars first).")
+        print(f"{len(dict.fromkeys(problems))} problem(s) in {args.path}{state}, checking {which}. Rerun the build "
+              "command to repair missing chunks (delete damaged chunks and their .json sidecars first).")
         return 1
-    print(f"OK: {counted(len(t), 'chunk')}, {counted(int(t.docs.sum()), 'document')}, "
-          f"{counted(int(t.tokens.sum()), 'token')} match the "
-          f"ledger{state}")
+    print(f"OK: {which}, {counted(int(t.docs.sum()), 'document')}, {counted(int(t.tokens.sum()), 'token')} match "
+          f"the ledger{state}")
     return 0
 
 
@@ -258,6 +282,35 @@ def cmd_batches(args) -> int:
     write_file(args.out, lambda f: np.savez_compressed(f, **arrays))  # exactly --out (numpy would add .npz)
     print(f"wrote {args.out}: batches {arrays['batch_index'][0]}..{arrays['batch_index'][-1]}, "
           f"{len(r.my_rows)} rows each, keys {', '.join(sorted(arrays))}")
+    return 0
+
+
+def cmd_index(args) -> int:
+    """Count the examples of every chunk for one read's options and write the index file readers load."""
+    import time
+
+    from reader.storage.index import ExampleIndex
+
+    kind = "best_fit" if args.packing == "best_fit" else "unpacked"
+    opts = (ReadOptions(seq_len=args.seq_len, packing="best_fit", best_fit_window_tokens=args.best_fit_window_tokens,
+                        drop_long=args.drop_long, best_fit_continuations=args.best_fit_continuations,
+                        max_segments=args.max_segments) if kind == "best_fit" else
+            ReadOptions(seq_len=args.seq_len, packed=False, drop_long=args.drop_long))
+    cache = Cache(args.path)
+    if not cache.complete:
+        print(f"error: {args.path}: the build is still running; an index file is of a finished cache", file=sys.stderr)
+        return 1
+    caps = {"continuations": opts.continuations(int(cache.ledger.raw["format_version"])),
+            "max_segments": opts.max_segments} if kind == "best_fit" else {}
+    index = ExampleIndex(cache, opts.seq_len, kind, window_tokens=opts.best_fit_window_tokens, drop_long=opts.drop_long,
+                         threads=args.threads, **caps)
+    t0 = time.perf_counter()
+    counts = index.counts(cache.table)
+    dt = time.perf_counter() - t0
+    n = len(cache.table)
+    what = (f"counted in {dt:.1f} s ({1000 * dt / max(n, 1):.2f} ms per chunk with {args.threads} threads)"
+            if index.counted else "already there, checked against the table: nothing counted")
+    print(f"{cache.display(index.index_file)}: {int(counts.sum()):,} {kind} examples of {n:,} chunks, {what}")
     return 0
 
 
@@ -309,6 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("path", help="cache root (local path or gs://bucket/cache)")
     v.add_argument("--quick", action="store_true", help="skip decoding token columns (size, checksum, layout only)")
     v.add_argument("--threads", type=int, default=4, help="parallel chunk reads")
+    v.add_argument("--sample", type=float, default=None, metavar="N",
+                   help="check N chunks (a fraction of them if below 1) drawn by --seed, their shards' files, and the "
+                        "whole ledger and chunk table: for a cache too large to read every chunk (default: every chunk)")
+    v.add_argument("--seed", type=int, default=0, help="with --sample: which chunks (the same seed, the same chunks)")
     v.set_defaults(fn=cmd_validate)
 
     b = sub.add_parser("batches", help="write one reader's rows of some batches to an .npz file",
@@ -334,6 +391,27 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="output .npz file")
     report_cli.add_show_arguments(b)  # --show: the rows decoded in the terminal
     b.set_defaults(fn=cmd_batches)
+
+    x = sub.add_parser("index", help="count every chunk's unpacked examples or best-fit rows for one seq_len, once, "
+                                     "into the index file readers load (ahead of a large job)",
+                       description="Readers of unpacked or best-fit examples need each chunk's example count for "
+                                   "their seq_len; the first reader counts them (reading every chunk's num_tokens "
+                                   "column) and stores them in ROOT/index/. For a large cache, run this once before "
+                                   "the job instead of letting its first hosts do it (docs/READING.md).")
+    x.add_argument("path", help="cache root (local path or gs://bucket/cache), finished")
+    x.add_argument("--seq_len", type=int, required=True, help="tokens per example (L)")
+    x.add_argument("--packing", choices=("unpacked", "best_fit"), default="unpacked",
+                   help="unpacked examples (one document piece per row) or best-fit rows")
+    x.add_argument("--drop_long", action="store_true", help="count as ReadOptions(drop_long=True) reads")
+    x.add_argument("--best_fit_window_tokens", type=int, default=ReadOptions.best_fit_window_tokens,
+                   help="best_fit: the window target of the run")
+    x.add_argument("--best_fit_continuations", type=int, default=None,
+                   help="best_fit: continuation pieces per row, at most (default: as the cache's format version "
+                        "says); must match the run")
+    x.add_argument("--max_segments", type=int, default=None,
+                   help="best_fit: at most this many document pieces per row; must match the run")
+    x.add_argument("--threads", type=int, default=32, help="chunks counted at once (each a footer and a column read)")
+    x.set_defaults(fn=cmd_index)
 
     from reader.cli import export as export_cli  # Megatron and seqax formats (docs/INTEROP.md)
     from reader.interop import import_flat_tokens  # Megatron and seqax formats (docs/INTEROP.md)

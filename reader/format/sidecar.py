@@ -129,20 +129,6 @@ def ledger_chunks(sidecars: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str,
     return chunks, dict(sorted(bad.items()))
 
 
-def finish_ledger(plan: Mapping[str, Any], inputs: list[dict[str, Any]],
-                  sidecars: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The finished ledger of a plan ledger: ``inputs`` as built (each with its chunk count and
-    ``uncompressed_bytes``), the chunks from their sidecars in global order, the bad records and the totals."""
-    chunks, bad = ledger_chunks(sidecars)
-    totals = {"docs": sum(c["docs"] for c in chunks), "tokens": sum(c["tokens"] for c in chunks),
-              "chunks": len(chunks), "bytes": sum(c["bytes"] for c in chunks),
-              "input_bytes": sum(i["size"] for i in inputs),
-              "uncompressed_bytes": sum(i["uncompressed_bytes"] for i in inputs), "bad_records": sum(bad.values())}
-    if fmt.is_masked(plan["config"]):
-        totals["loss_tokens"] = sum(c["loss_tokens"] for c in chunks)
-    return {**plan, "finished": True, "inputs": inputs, "chunks": chunks, "bad_records": bad, "totals": totals}
-
-
 # --------------------------------------------------------------------------------------------------
 # Row-group byte ranges (the keys "row_group_index" and "footer")
 

@@ -39,7 +39,8 @@ FORMAT_VERSION = 4  # the version every new build writes (docs/FORMAT.md, "Versi
 # Lines, kept fields, loss masks); a rerun of such a cache keeps writing it.
 BASE_FORMAT_VERSION = 2
 # Versions this code reads: they differ for a reader only in optional columns (fields, loss_spans) and, from
-# SPANS_FORMAT_VERSION on, the default pass rule ("spans"; older caches keep "streams": docs/FORMAT.md, "Versions").
+# SPANS_FORMAT_VERSION on, the default pass rule ("spans"; older caches keep "streams") and the chunk table
+# (reader/format/table.py; docs/FORMAT.md, "Versions").
 READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
 SPANS_FORMAT_VERSION = 4
 
@@ -51,6 +52,7 @@ def written_version(resumed: int | None) -> int:
     if resumed is None or resumed >= FORMAT_VERSION:
         return FORMAT_VERSION
     return max(int(resumed), BASE_FORMAT_VERSION)
+
 
 LEDGER_NAME = "ledger.json"
 CHUNKS_DIR = "chunks"

@@ -29,8 +29,10 @@ from reader.format import spec as fmt
 from reader.format import tokenizer_id
 from reader.interop import tokenizer_from
 from reader.format.chunk_file import ChunkParquet, flat_row_group_table
-from reader.format.sidecar import finish_ledger, make_sidecar, sidecar_bytes
+from reader.format.sidecar import ledger_entry, make_sidecar, sidecar_bytes
+from reader.format.table import entry_bytes, entry_path
 from reader.storage import files
+from reader.storage.finish import finish_cache
 from reader.interop.export import output_fs, output_location
 from reader.order.streams import round_robin_order
 
@@ -187,7 +189,7 @@ def _check_tokens(src: Source, lo: int, lengths: np.ndarray, raw: np.ndarray, to
 
 def write_chunk(st: files.Storage, root: str, src: Source, shard: int, k: int, docs: tuple[int, int], tokenizer: dict[str, Any],
                 config: dict[str, Any]) -> dict[str, Any]:
-    """Write chunk ``k`` of ``shard`` (documents ``docs``) and its sidecar; returns the sidecar."""
+    """Write chunk ``k`` of ``shard`` (documents ``docs``), its sidecar and its entry; returns the sidecar."""
     a, b = docs
     lengths, raw = src.read(a, b)
     lengths = np.asarray(lengths, np.int64)
@@ -212,6 +214,7 @@ def write_chunk(st: files.Storage, root: str, src: Source, shard: int, k: int, d
                            data=data, row_group_index=rg_index, footer=footer, docs=b - a, tokens=int(values.size))
     files.write(st, fmt.join(root, fmt.chunk_path(shard, k)), data)
     files.write(st, fmt.join(root, fmt.sidecar_path(shard, k)), sidecar_bytes(sidecar))
+    files.write(st, fmt.join(root, entry_path(shard, k)), entry_bytes(sidecar))  # what a follower reads
     return sidecar
 
 
@@ -281,6 +284,4 @@ def write_cache(sources: Sequence[Source], tokenizer: dict[str, Any], config: di
         st.remove(tmp)  # left by an interrupted run
     order = round_robin_order([inp["chunks"] for inp in ledger["inputs"]])
     inputs = [dict(inp, uncompressed_bytes=inp["size"]) for inp in ledger["inputs"]]
-    ledger = finish_ledger(ledger, inputs, (sidecars[(int(s), int(k))] for s, k in order))
-    files.write(st, ledger_path, fmt.dumps_ledger(ledger).encode())
-    return ledger
+    return finish_cache(st, root, ledger, inputs, (ledger_entry(sidecars[(int(s), int(k))]) for s, k in order))

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from reader.format import spec as fmt
+from reader.format import table as chunk_table
 from reader.tokenizers import tokenizer_lib
 from reader.mixture.quotas import QuotaIndex
 from reader.mixture.mixture import Mixture
@@ -169,7 +170,13 @@ def _chunks(cache: Cache, progress: Progress) -> tuple[np.ndarray, np.ndarray, l
     """Per-chunk shard numbers and token counts, and the entries (ledger or sidecars): every chunk of a finished
     cache, every chunk written so far of a running build."""
     if cache.complete:
-        entries = list(cache.ledger.raw.get("chunks", []))
+        table = chunk_table.table_of(cache.table)
+        if table is None:
+            entries = list(cache.ledger.raw.get("chunks", []))
+        else:  # a table: the chunks with bad records have their dead letters at the format's path
+            t = cache.table
+            bad = np.flatnonzero(table.columns(["bad_records"])["bad_records"])[:DEAD_LETTER_FILES].tolist()
+            entries = [{"dead_letters": fmt.dead_letter_path(int(t.shard[c]), int(t.index_in_shard[c]))} for c in bad]
         return cache.table.shard.astype(np.int64), cache.table.tokens, entries
     e = progress.entries
     return (np.asarray([x["shard"] for x in e], np.int64), np.asarray([x["tokens"] for x in e], np.int64), e)

@@ -10,6 +10,7 @@ what will be read after the build. :meth:`Cache.refresh` polls for progress.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any, Callable, Mapping, TypeVar
 import numpy as np
 
 from reader.format import spec as fmt
+from reader.format import table as chunk_table
 from reader.storage import remote
 from reader.order import streams
 from reader.storage import fields as kept
@@ -27,6 +29,10 @@ from reader.storage import whatis
 T = TypeVar("T")
 
 _SIDECAR_RE = re.compile(r"shard-(\d{5})/chunk-(\d{6})\.json$")
+_ENTRY_RE = re.compile(r"shard-(\d{5})/chunk-(\d{6})" + re.escape(chunk_table.ENTRY_SUFFIX) + "$")
+# what a chunk table needs of an entry or sidecar (the rest of a sidecar is read when its chunk is opened)
+_TABLE_KEYS = ("path", "checksum", "shard", "index_in_shard", "docs", "tokens", "bytes", "sidecar_checksum",
+               "loss_tokens", "dead_letters")
 _DONE_RE = re.compile(r"shard-(\d{5})/" + re.escape(fmt.SHARD_DONE_NAME) + "$")
 
 
@@ -110,7 +116,15 @@ class Cache:
             text = self.storage.read(self.path(fmt.LEDGER_NAME))
         except (FileNotFoundError, NotADirectoryError):
             raise whatis.not_a_cache(self.fs, self.root, self.url) from None
-        return fmt.Ledger.parse(text, where=where)
+        ledger = fmt.Ledger.parse(text, where=where)
+        if chunk_table.uses_table(ledger.raw):  # version 4: the chunks are in the table file
+            ledger = dataclasses.replace(ledger, chunks=chunk_table.open_table(ledger.raw, self.cat_ranges,
+                                                                               self.display))
+        return ledger
+
+    def cat_ranges(self, rel: str, ranges) -> list[bytes]:
+        """The bytes of each ``(start, end)`` range of a file of the cache (:meth:`reader.storage.files.Storage.read_ranges`)."""
+        return self.storage.read_ranges(self.path(rel), ranges)
 
     def refresh(self) -> bool:
         """Re-read the ledger (and, while the build runs, sidecars). Returns True if more chunks are known."""
@@ -152,15 +166,19 @@ class Cache:
         where = self.display(fmt.LEDGER_NAME)
         n_inputs = len(ledger.inputs)
         per_shard = np.bincount(t.shard, minlength=n_inputs) if len(t) else np.zeros(n_inputs, np.int64)
-        expect = streams.round_robin_order(per_shard)
-        got = np.stack([t.shard.astype(np.int64), t.index_in_shard.astype(np.int64)], axis=1) if len(t) \
-            else np.zeros((0, 2), np.int64)
-        if expect.shape != got.shape or not np.array_equal(expect, got):
+        derived = chunk_table.uses_table(ledger.raw)  # a table's order is derived from the inputs: nothing to compare
+        expect = None if derived else streams.round_robin_order(per_shard)
+        got = None if derived else np.stack([t.shard.astype(np.int64), t.index_in_shard.astype(np.int64)], axis=1) \
+            if len(t) else np.zeros((0, 2), np.int64)
+        if not derived and (expect.shape != got.shape or not np.array_equal(expect, got)):
             raise fmt.DamagedCache(
                 f"{where}: the chunk list is not in round-robin order over the input shards; the ledger "
                 "does not match the format (rebuild the cache)."
             )
         cb = ledger.config.get("chunk_bytes")
+        if derived:  # every count is in the ledger and the table's rows follow them: only the sizes to check
+            self._check_sizes(ledger, where, cb)
+            return
         for i, inp in enumerate(ledger.inputs):
             n, size = inp.get("chunks"), inp.get("uncompressed_bytes")
             if n is None:
@@ -177,6 +195,25 @@ class Cache:
                     f"{int(per_shard[i])} (a build's plan marked finished, or an edited ledger): rerun the build "
                     "command that made this cache"
                 )
+
+    @staticmethod
+    def _check_sizes(ledger: fmt.Ledger, where: str, cb: int | None) -> None:
+        """Each JSON input's chunk count is what its uncompressed size implies (the loop below, for every input
+        at once: a million-chunk cache has tens of thousands of inputs)."""
+        inputs = ledger.raw["inputs"]
+        if not cb or not inputs:
+            return
+        by_bytes = np.fromiter((inp.get("format", "jsonl") in ("jsonl", "json_array") and
+                                inp.get("uncompressed_bytes") is not None for inp in inputs), bool, len(inputs))
+        size = np.fromiter((inp.get("uncompressed_bytes") or 0 for inp in inputs), np.int64, len(inputs))
+        n = np.fromiter((inp["chunks"] for inp in inputs), np.int64, len(inputs))
+        want = -(-size // cb)
+        bad = np.flatnonzero(by_bytes & (n != want) & ~((size == 0) & (n == 1)))
+        if bad.size:
+            i = int(bad[0])
+            raise fmt.DamagedCache(
+                f"{where}: input shard {i} ({inputs[i].get('path')}) of {int(size[i])} bytes has {int(n[i])} chunks, the "
+                f"format says {int(want[i])} of {cb} bytes: the ledger was edited; restore it, or rebuild")
 
     def _done_chunks(self, shard: int, where: str, missing_ok: bool = False) -> int | None:
         """The chunk count a compressed shard's ``_DONE.json`` announces (checked); None if it does not
@@ -213,13 +250,17 @@ class Cache:
             )
 
     def _progress_table(self, plan: fmt.Ledger) -> fmt.ChunkTable:
-        """The chunks of the global order written so far, from the plan and the published sidecars.
+        """The chunks of the global order written so far, from the plan and the published entries
+        (a version 4 build's ``chunk-KKKKKK.entry``, about 0.4 KB; an older build's sidecars).
 
         A poll costs what changed, not the size of the build: uncompressed shards' chunk counts are in
         the plan, so only the directories of compressed shards whose ``_DONE.json`` is not known yet are
-        listed; then the sidecars that extend the known prefix are fetched in order, a batch of paths at
-        a time, up to the first one that does not exist yet.
+        listed; then the entries that extend the known prefix are fetched in order, a batch of paths at
+        a time, up to the first one that does not exist yet. Each is fetched once.
         """
+        entries = chunk_table.writes_entries(plan.raw)  # else sidecars
+        name_of = chunk_table.entry_path if entries else fmt.sidecar_path
+        what = "entry" if entries else "sidecar"
         inputs = plan.inputs
         n = len(inputs)
         lower = np.zeros(n, dtype=np.int64)
@@ -238,7 +279,7 @@ class Cache:
                         self._done_shards[i] = n_done
                         lower[i], final[i] = n_done, True
                         break
-                m = _SIDECAR_RE.search(p)
+                m = (_ENTRY_RE if entries else _SIDECAR_RE).search(p)
                 if m and int(m.group(1)) == i:
                     lower[i] = max(lower[i], int(m.group(2)) + 1)
         prefix = streams.known_order_prefix(lower, final)
@@ -247,31 +288,34 @@ class Cache:
         while upto < len(keys) and keys[upto] in self._sidecars:
             upto += 1
         batch = 16
-        while upto < len(keys):  # extend the prefix: sidecars are published after their chunk is in place
+        known = upto
+        while upto < len(keys):  # extend the prefix: entries are published after their chunk is in place
             want = keys[upto:upto + batch]
-            paths = [self.path(fmt.sidecar_path(s, k)) for s, k in want]
+            paths = [self.path(name_of(s, k)) for s, k in want]
             got = self.storage.read_many(paths)
             for (s, k), p in zip(want, paths):
                 data = got.get(p)
                 if data is None:
                     break
-                where = self.display(fmt.sidecar_path(s, k))
+                where = self.display(name_of(s, k))
                 try:
                     entry = fmt.load_json(data)
                     fmt.ChunkTable.from_entries([entry], num_inputs=n)  # its integers and paths
                 except ValueError as e:
                     why = str(e).removeprefix("chunk entry 0: ")
-                    raise fmt.DamagedCache(f"{where}: not a valid sidecar ({why}); delete it and its chunk, and "
+                    raise fmt.DamagedCache(f"{where}: not a valid {what} ({why}); delete it and its chunk, and "
                                            "rerun the build command") from None
                 if (entry["shard"], entry["index_in_shard"]) != (s, k):
                     raise fmt.DamagedCache(
                         f"{where}: names chunk {entry.get('path')!r}, expected {fmt.chunk_path(s, k)!r}")
-                self._sidecars[(s, k)] = entry
+                self._sidecars[(s, k)] = {key: entry[key] for key in _TABLE_KEYS if key in entry}
                 upto += 1
             else:
                 batch = min(batch * 2, 1024)  # all there: ask for more next time
                 continue
             break
+        if upto == known == len(self.table):
+            return self.table  # nothing new
         return fmt.ChunkTable.from_entries([self._sidecars[k] for k in keys[:upto]])
 
     # -- waiting ------------------------------------------------------------------------------------

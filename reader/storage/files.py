@@ -44,7 +44,8 @@ class Storage:
     """Where files are read and written (see the module doc); every method names a file by its full path.
 
     ``read``: a file's bytes (``FileNotFoundError`` if there is none); ``read_range``: bytes ``[start, end)``
-    of it (fewer at its end; to its end if ``end`` is None); ``read_many``: ``path -> bytes`` of those that
+    of it (fewer at its end; to its end if ``end`` is None); ``read_ranges``: the bytes of each ``(start, end)``
+    range of one file (one open, or one request where a store can); ``read_many``: ``path -> bytes`` of those that
     exist (fetched concurrently where a store can); ``open``: a seekable file to read (without ``read_ahead``
     each read is one request for exactly its bytes); ``list``: what is directly in a directory, subdirectories
     too where a store has them (one prefix listing on object stores; none if it is not there); ``match``: the
@@ -58,6 +59,14 @@ class Storage:
 
     def read_range(self, path: str, start: int, end: int | None) -> bytes:
         raise NotImplementedError
+
+    def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        out = []
+        with self.open(path, read_ahead=False) as f:
+            for start, end in ranges:
+                f.seek(start)
+                out.append(f.read(end - start))
+        return out
 
     def read_many(self, paths: Sequence[str]) -> dict[str, bytes]:
         out = {}
@@ -137,6 +146,13 @@ class FsspecStorage(Storage):
 
     def read_range(self, path: str, start: int, end: int | None) -> bytes:
         return self.fs.cat_file(path, start=start, end=end)
+
+    def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        if self.local or len(ranges) < 2:
+            return super().read_ranges(path, ranges)
+        got = self.fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges], [b for _, b in ranges],
+                                 on_error="raise")
+        return [bytes(g) for g in got]
 
     def read_many(self, paths: Sequence[str]) -> dict[str, bytes]:
         if len(paths) < 2:

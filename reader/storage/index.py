@@ -22,11 +22,14 @@ import collections
 import concurrent.futures as cf
 import hashlib
 import threading
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.format import blocks
+from reader.format import table as chunk_table
 from reader.storage import files, remote
 from reader.storage.cache import Cache
 from reader.storage.chunk import DocIndex
@@ -66,6 +69,9 @@ class ExampleIndex:
     """Examples per chunk of one kind for one ``seq_len`` (:meth:`counts`), and where an example lies in
     its chunk (:meth:`locate` for unpacked examples, :meth:`rows` for best-fit rows).
 
+    The counts are kept by chunk position (the known chunks are a prefix of the order that never changes: the
+    cache raises if it does), as flat arrays: a million chunks cost a few arrays, not a million objects.
+
     Args:
       cache: the open cache.
       seq_len: L.
@@ -75,11 +81,12 @@ class ExampleIndex:
       drop_long: documents longer than ``seq_len`` yield no example (see the module docstring).
       continuations, max_segments: best fit: the continuation pieces and the pieces a row holds at most
         (:func:`reader.order.packing.best_fit_rows`; None: no cap).
+      threads: chunks counted at once.
     """
 
     def __init__(self, cache: Cache, seq_len: int, kind: str = "unpacked", *, index_cache: bool = True,
                  window_tokens: int = WINDOW_TOKENS, drop_long: bool = False, continuations: int = 1,
-                 max_segments: int | None = None):
+                 max_segments: int | None = None, threads: int = 8):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.cache = cache
@@ -89,9 +96,16 @@ class ExampleIndex:
         self.index_cache = index_cache
         self.drop_long = bool(drop_long)
         self.caps = {"continuations": continuations, "max_segments": max_segments} if kind == "best_fit" else {}
+        self.threads = int(threads)
+        self.counted = 0  # chunks the last counts() counted (not loaded)
         self._lock = threading.Lock()
-        self._counts: dict[str, np.ndarray] = {}  # chunk checksum -> examples (best fit: per window)
-        self._dropped: dict[str, tuple[int, int]] = {}  # chunk checksum -> (documents, tokens) dropped
+        # chunks [0, n) counted: examples per chunk; best fit: rows per window (chunk c's windows are
+        # wrows[wptr[c]:wptr[c+1]]); drop_long: (documents, tokens) dropped per chunk
+        self._n = 0
+        self._examples = np.zeros(0, np.int64)
+        self._wptr = np.zeros(1, np.int64)
+        self._wrows = np.zeros(0, np.int64)
+        self._drop = np.zeros((0, 2), np.int64)
         self._cum: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._rows: collections.OrderedDict[tuple[int, int], WindowRows] = collections.OrderedDict()
         self._rows_bytes = 0
@@ -101,13 +115,15 @@ class ExampleIndex:
     def index_file(self) -> str:
         """``index/{kind}-L{L}[-W{W}][-C{continuations}][-S{max_segments}][-drop_long].json``: what the
         counts depend on besides the chunks (best fit: the window, and caps other than one continuation
-        piece and no segment cap)."""
+        piece and no segment cap); ``.bin`` in the chunk table's block format for a cache of format version 4
+        (:func:`write_index_file`), JSON for older ones."""
         name = f"{self.kind}-L{self.seq_len}"
         if self.kind == "best_fit":
             name += f"-W{self.window_tokens}"
             c, m = self.caps["continuations"], self.caps["max_segments"]
             name += f"-C{c}" * (c != 1) + f"-S{m}" * (m is not None)
-        return f"{INDEX_DIR}/{name}{'-drop_long' * self.drop_long}.json"
+        table = chunk_table.table_of(self.cache.table) is not None
+        return f"{INDEX_DIR}/{name}{'-drop_long' * self.drop_long}" + (".bin" if table else ".json")
 
     def lengths(self, doc_lengths: np.ndarray) -> np.ndarray:
         """Document lengths as this read sees them: with ``drop_long``, a long document as empty."""
@@ -115,69 +131,139 @@ class ExampleIndex:
 
     def dropped(self, table: fmt.ChunkTable) -> tuple[int, int]:
         """``(documents, tokens)`` that ``drop_long`` skips in the chunks of ``table`` (after :meth:`counts`)."""
-        got = [self._dropped.get(h, (0, 0)) for h in table.checksums]
-        return sum(d for d, _ in got), sum(t for _, t in got)
+        got = self._drop[:len(table)]
+        return int(got[:, 0].sum()), int(got[:, 1].sum())
 
-    def _loaded(self, got: dict, table: fmt.ChunkTable) -> np.ndarray | None:
-        """An index file's counts if they can be ours (shapes and ranges), else None (count again)."""
+    def _set(self, examples: np.ndarray, windows: tuple[np.ndarray, np.ndarray] | None,
+             dropped: np.ndarray | None) -> None:
+        self._examples, self._n = examples, int(examples.size)
+        if windows is not None:
+            self._wptr, self._wrows = windows
+        if dropped is not None:
+            self._drop = dropped
+
+    def _append(self, per: list[np.ndarray], dropped: list[tuple[int, int]]) -> None:
+        """Chunks ``[n, n + len(per))`` counted: ``per`` each's examples (best fit: per window)."""
+        if self.kind == "best_fit":
+            sizes = np.asarray([w.size for w in per], np.int64)
+            self._wptr = np.concatenate([self._wptr, self._wptr[-1] + np.cumsum(sizes)])
+            self._wrows = np.concatenate([self._wrows, *per]) if per else self._wrows
+        examples = np.asarray([int(w.sum()) for w in per], np.int64)
+        self._examples = np.concatenate([self._examples, examples])
+        self._drop = np.concatenate([self._drop, np.asarray(dropped, np.int64).reshape(-1, 2)])
+        self._n += len(per)
+
+    def _loaded(self, got: dict, table: fmt.ChunkTable) -> bool:
+        """An index file's counts taken if they can be ours (shapes and ranges); False: count again. Best fit's
+        ``windows``: ``(ptr, rows)``, chunk c's windows being ``rows[ptr[c]:ptr[c+1]]``."""
         counts = np.asarray(got["counts"], dtype=np.int64)
         if counts.shape != (len(table),) or ((counts < 0) | (counts > table.tokens)).any():
-            return None
+            return False
+        dropped = None
         if self.drop_long:
             dropped = np.asarray(got["dropped"], dtype=np.int64)
             if dropped.shape != (len(table), 2) or (dropped < 0).any() or (dropped[:, 0] > table.docs).any() \
                     or (dropped[:, 1] > table.tokens).any():
-                return None
-            self._dropped.update(zip(table.checksums, map(tuple, dropped.tolist())))
+                return False
+        windows = None
         if self.kind == "best_fit":
-            windows = [np.asarray(w, dtype=np.int64) for w in got["windows"]]
-            if got.get("window_tokens") != self.window_tokens or len(windows) != len(table) or not all(
-                    w.ndim == 1 and (w >= 0).all() and int(w.sum()) == n for w, n in zip(windows, counts.tolist())):
-                return None
-            self._counts.update(zip(table.checksums, windows))
-        return counts
+            ptr, rows = (np.asarray(a, dtype=np.int64) for a in got["windows"])
+            if got.get("window_tokens") != self.window_tokens or ptr.shape != (len(table) + 1,) or ptr[0] != 0 \
+                    or (np.diff(ptr) < 0).any() or ptr[-1] != rows.size or (rows < 0).any():
+                return False
+            sums = np.concatenate([[0], np.cumsum(rows)])
+            if not np.array_equal(sums[ptr[1:]] - sums[ptr[:-1]], counts):
+                return False
+            windows = (ptr, rows)
+        self._set(counts, windows, dropped)
+        return True
+
+    def _fingerprint(self, table: fmt.ChunkTable) -> str:
+        """What the counts belong to: a version 4 table's checksum (every chunk's checksum is in it), else the
+        sha256 of the chunk checksums."""
+        t = chunk_table.table_of(table)
+        return t.fingerprint() if t is not None else hashlib.sha256("\n".join(table.checksums).encode()).hexdigest()
+
+    def _load(self, table: fmt.ChunkTable, fingerprint: str) -> bool:
+        """The index file's counts, if it is there and ours (else count again)."""
+        cache = self.cache
+        try:
+            raw = cache.storage.read(cache.path(self.index_file))
+            if chunk_table.table_of(table) is not None:
+                return self._load_blocks(raw, table, fingerprint)
+            got = fmt.load_json(raw)
+            if got.get("fingerprint") != fingerprint or got.get("seq_len") != self.seq_len:
+                return False
+            if self.kind == "best_fit":  # per chunk, its windows' rows
+                w = [np.asarray(x, dtype=np.int64).reshape(-1) for x in got["windows"]]
+                got["windows"] = (np.concatenate([[0], np.cumsum([x.size for x in w], dtype=np.int64)]),
+                                  np.concatenate(w) if w else np.zeros(0, np.int64))
+            return self._loaded(got, table)
+        except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError, AttributeError, IndexError,
+                fmt.FormatError):
+            return False  # missing or not ours: count again
+
+    def _load_blocks(self, raw: bytes, table: fmt.ChunkTable, fingerprint: str) -> bool:
+        head, data = blocks.read_parts(raw, self.cache.display(self.index_file))
+        if (head.get("fingerprint"), head.get("seq_len"), head.get("kind")) != (fingerprint, self.seq_len, self.kind) \
+                or head.get("drop_long") != self.drop_long or (self.kind == "best_fit" and (
+                    head.get("window_tokens"), head.get("caps")) != (self.window_tokens, self.caps)):
+            return False
+        cols = data["chunks"]
+        got = {"counts": cols["examples"], "window_tokens": head.get("window_tokens")}
+        if self.drop_long:
+            got["dropped"] = np.stack([cols["dropped_docs"], cols["dropped_tokens"]], axis=1)
+        if self.kind == "best_fit":
+            got["windows"] = (np.concatenate([[0], np.cumsum(cols["windows"])]), data["windows"]["rows"])
+        return self._loaded(got, table)
 
     def counts(self, table: fmt.ChunkTable) -> np.ndarray:
         """Examples of every chunk of ``table`` (one int per chunk; see the module docstring)."""
         cache = self.cache
-        fingerprint = hashlib.sha256("\n".join(table.checksums).encode()).hexdigest()
-        rel = self.index_file
-        best_fit = self.kind == "best_fit"
-        if cache.complete and self.index_cache and not self._counts:
-            try:
-                got = fmt.load_json(cache.storage.read(cache.path(rel)))
-                if got.get("fingerprint") == fingerprint and got.get("seq_len") == self.seq_len:
-                    counts = self._loaded(got, table)
-                    if counts is not None:
-                        return counts
-            except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError, AttributeError):
-                pass  # missing or not ours: count again
-        todo = [c for c in range(len(table)) if table.checksums[c] not in self._counts]
+        if cache.complete and self.index_cache and not self._n:
+            if self._load(table, self._fingerprint(table)):
+                self.counted = 0
+                return self._examples
+        todo = range(self._n, len(table))
+        self.counted = len(todo)
         if todo:
-            with cf.ThreadPoolExecutor(8) as pool:
-                for c, n in zip(todo, pool.map(lambda c: self._count(table, c), todo)):
-                    self._counts[table.checksums[c]] = n
-        per = [self._counts[h] for h in table.checksums]
-        counts = np.asarray([int(n.sum()) for n in per], dtype=np.int64)
+            with cf.ThreadPoolExecutor(self.threads) as pool:
+                got = list(pool.map(lambda c: self._count(table, c), todo))
+            self._append([g for g, _ in got], [d for _, d in got])
+        counts = self._examples[:len(table)]
         if cache.complete and self.index_cache and todo:
-            doc = {"format": f"chunkledger-{self.kind}-index", "seq_len": self.seq_len,
-                   "fingerprint": fingerprint, "counts": counts.tolist()}
-            if best_fit:
-                doc.update(window_tokens=self.window_tokens, windows=[n.tolist() for n in per])
-            if self.drop_long:  # per chunk: [documents, tokens] dropped
-                doc["dropped"] = [list(self._dropped.get(h, (0, 0))) for h in table.checksums]
-            body = fmt.dumps(doc).encode()
             try:
-                files.write(cache.storage, cache.path(rel), body)  # a concurrent reader sees the old or the new file
+                self._write(table)
             except Exception:  # read-only cache: keep the table in memory only
                 pass
         return counts
 
-    def _count(self, table: fmt.ChunkTable, c: int) -> np.ndarray:
-        """Chunk ``c``'s examples: ``[n]`` (unpacked), or its windows' rows (best fit)."""
+    def _write(self, table: fmt.ChunkTable) -> None:
+        """The index file of these counts (a concurrent reader sees the old or the new file)."""
+        cache, n = self.cache, len(table)
+        fingerprint = self._fingerprint(table)
+        if chunk_table.table_of(table) is not None:
+            body = write_index_file(self.kind, self.seq_len, fingerprint, self._examples[:n],
+                                    window_tokens=self.window_tokens if self.kind == "best_fit" else None,
+                                    windows=(self._wptr[:n + 1], self._wrows) if self.kind == "best_fit" else None,
+                                    dropped=self._drop[:n] if self.drop_long else None, caps=self.caps)
+        else:
+            doc = {"format": f"chunkledger-{self.kind}-index", "seq_len": self.seq_len,
+                   "fingerprint": fingerprint, "counts": self._examples[:n].tolist()}
+            if self.kind == "best_fit":
+                doc.update(window_tokens=self.window_tokens,
+                           windows=[self._wrows[a:b].tolist() for a, b in zip(self._wptr[:n], self._wptr[1:n + 1])])
+            if self.drop_long:  # per chunk: [documents, tokens] dropped
+                doc["dropped"] = self._drop[:n].tolist()
+            body = fmt.dumps(doc).encode()
+        files.write(cache.storage, cache.path(self.index_file), body)
+
+    def _count(self, table: fmt.ChunkTable, c: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """Chunk ``c``'s examples: ``[n]`` (unpacked), or its windows' rows (best fit); and the documents and
+        tokens ``drop_long`` drops from it."""
         cache, rel = self.cache, table.paths[c]
         if int(table.docs[c]) == 0:
-            return np.zeros(1 if self.kind == "unpacked" else 0, np.int64)
+            return np.zeros(1 if self.kind == "unpacked" else 0, np.int64), (0, 0)
         try:
             with cache.storage.open(cache.path(rel)) as f:
                 size = f.size if getattr(f, "size", None) is not None else cache.storage.size(cache.path(rel))
@@ -202,14 +288,15 @@ class ExampleIndex:
                              f"tokens, the ledger says {int(table.docs[c])} / {int(table.tokens[c])}")
         # windows follow the stored row groups; drop_long empties long documents inside them
         bounds = window_docs(lengths, rg_docs, self.window_tokens).tolist() if self.kind == "best_fit" else None
+        dropped = (0, 0)
         if self.drop_long:
             long = lengths > self.seq_len
-            self._dropped[table.checksums[c]] = (int(long.sum()), int(lengths[long].sum()))
+            dropped = (int(long.sum()), int(lengths[long].sum()))
             lengths = self.lengths(lengths)
         if bounds is not None:
             return np.asarray([count_best_fit_rows(lengths[a:b], self.seq_len, **self.caps)
-                               for a, b in zip(bounds[:-1], bounds[1:])], np.int64)
-        return np.asarray([unpacked_examples_per_chunk(lengths, self.seq_len)], np.int64)
+                               for a, b in zip(bounds[:-1], bounds[1:])], np.int64), dropped
+        return np.asarray([unpacked_examples_per_chunk(lengths, self.seq_len)], np.int64), dropped
 
     def _pieces_cum(self, c: int, docs: DocIndex) -> np.ndarray:
         """Cumulative unpacked examples over chunk ``c``'s documents (a few recent chunks are kept)."""
@@ -248,9 +335,9 @@ class ExampleIndex:
             if got is not None:
                 self._cum.move_to_end(c)
                 return got
-        per = self._counts.get(self.cache.table.checksums[c])
-        if per is None:  # (counts() runs before any read, for every known chunk)
+        if c >= self._n:  # (counts() runs before any read, for every known chunk)
             raise RuntimeError(f"chunk {c} was not counted")
+        per = self._wrows[self._wptr[c]:self._wptr[c + 1]]
         bounds = window_bounds(np.diff(store.meta(c).rg_token_starts), self.window_tokens)
         if bounds.size - 1 != per.size:
             raise self._mismatch(c, f"its row groups make {bounds.size - 1} packing windows of "
@@ -333,3 +420,27 @@ class ExampleIndex:
             for o, a in zip(out, (got.token, got.first, got.length, got.column)):
                 o[dst] = a[src]
         return (ptr, *out)
+
+
+# -- index files of a version 4 cache: the chunk table's block format ---------------------------------
+
+
+def write_index_file(kind: str, seq_len: int, fingerprint: str, examples: np.ndarray, *,
+                     window_tokens: int | None = None, windows: tuple[np.ndarray, np.ndarray] | None = None,
+                     dropped: np.ndarray | None = None, caps: Mapping[str, Any] | None = None) -> bytes:
+    """The bytes of a version 4 cache's index file (:func:`reader.format.blocks.write_parts`): a header saying what
+    the counts are of (``kind``, ``seq_len``, ``window_tokens``, best fit's ``caps``, ``drop_long``, the table's
+    ``fingerprint``; the file's name says all but the fingerprint: :attr:`ExampleIndex.index_file`), then
+    per chunk ``examples`` (best fit also ``windows``, drop_long ``dropped_docs`` and ``dropped_tokens``), and for
+    best fit the ``rows`` of every window, chunk after chunk (``windows``: ``(ptr, rows)``)."""
+    i64 = blocks.INT64
+    parts = {"chunks": [("examples", i64, examples)]}
+    if windows is not None:
+        ptr, rows = windows
+        parts["chunks"].append(("windows", i64, np.diff(ptr)))
+        parts["windows"] = [("rows", i64, rows[:int(ptr[-1])])]
+    if dropped is not None:
+        parts["chunks"] += [("dropped_docs", i64, dropped[:, 0]), ("dropped_tokens", i64, dropped[:, 1])]
+    head = {"format": f"chunkledger-{kind}-index", "kind": kind, "seq_len": seq_len, "window_tokens": window_tokens,
+            "caps": dict(caps) if caps else None, "drop_long": dropped is not None, "fingerprint": fingerprint}
+    return blocks.write_parts(head, parts, chunk_table.BLOCK_ROWS)

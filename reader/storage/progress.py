@@ -3,12 +3,12 @@ and an ETA (``python -m reader inspect`` and ``report`` on a running build, and 
 ``pipelines/runners/progress.py``), and whether the build lock's holder still runs (:func:`holder_alive`).
 
 :class:`Scan` is the one scan of what a build has written, through the storage port (fsspec for the reader,
-Beam's FileSystems for the builder): the sidecars and ``_DONE.json`` files under ``chunks/``, each read
-once while it stays the same.
+Beam's FileSystems for the builder): the chunks' entries (a version 4 build; an older one's sidecars) and
+``_DONE.json`` files under ``chunks/``, each read once while it stays the same.
 
 While a build runs, ``ledger.json`` is the plan: each input's file size, and the chunk count of each
 uncompressed shard (a compressed shard's is known only once it has been read). A chunk is done when its
-sidecar exists (the sidecar is written last). A chunk of an uncompressed shard completes its byte range of
+entry exists (written after its sidecar; in an older build, its sidecar, written last). A chunk of an uncompressed shard completes its byte range of
 the file; a compressed shard's chunks are counted in uncompressed bytes, whose total is unknown until the
 shard's ``_DONE.json`` exists, so its file bytes count as done only then.
 
@@ -33,10 +33,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from reader.format import spec as fmt
+from reader.format import table as chunk_table
 from reader.storage.cache import Cache
 from reader.storage.files import Storage
 
-_WRITTEN = re.compile(r"shard-(\d{5,})/(chunk-\d{6,}\.json|" + re.escape(fmt.SHARD_DONE_NAME) + ")$")
+# what completes work: a chunk's entry (a version 4 build) or sidecar (older builds), a shard's _DONE.json
+_WRITTEN = {entries: re.compile(r"shard-(\d{5,})/(chunk-\d{6,}" + re.escape(chunk_table.ENTRY_SUFFIX if entries else ".json")
+                                + "|" + re.escape(fmt.SHARD_DONE_NAME) + ")$") for entries in (False, True)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,19 +55,22 @@ class Written:
 
 class Scan:
     """What a build has written into the cache at ``root`` so far, kept between calls of :meth:`scan`: one
-    listing of ``chunks/`` a scan, and each sidecar or ``_DONE.json`` read again only when it changed (size or
-    time). ``shards``: the build's input shards (a directory of another is not the build's)."""
+    listing of ``chunks/`` a scan, and each chunk's entry (``entries``: a version 4 build, about 0.4 KB each) or
+    sidecar (an older build, about 12 KB for a 64 MiB chunk) and ``_DONE.json`` read again only when it changed
+    (size or time). ``shards``: the build's input shards (a directory of another is not the build's)."""
 
-    def __init__(self, storage: Storage, root: str, shards: int):
+    def __init__(self, storage: Storage, root: str, shards: int, entries: bool = True):
         self.storage, self.root, self.shards = storage, root, shards
+        self._written = _WRITTEN[bool(entries)]
         self._seen: dict[str, tuple[tuple, Written | None]] = {}  # path -> (version, what it says, if readable)
 
     def scan(self) -> list[Written]:
-        """Every sidecar and ``_DONE.json`` there now; one not readable as such is left out (a sidecar of them
-        is in :attr:`damaged`: sidecars are written atomically, so that is damage, never a half-written file)."""
+        """Every entry (or sidecar) and ``_DONE.json`` there now; one not readable as such is left out (an entry
+        or sidecar of them is in :attr:`damaged`: they are written atomically, so that is damage, never a
+        half-written file)."""
         found = {}
-        for e in self.storage.match(fmt.join(self.root, f"{fmt.CHUNKS_DIR}/*/*.json")):
-            m = _WRITTEN.search(e.path)
+        for e in self.storage.match(fmt.join(self.root, f"{fmt.CHUNKS_DIR}/*/*")):
+            m = self._written.search(e.path)
             if m and int(m.group(1)) < self.shards:
                 found[e.path] = (int(m.group(1)), m.group(2), e)
         new = [p for p, (_, _, e) in found.items() if p not in self._seen or self._seen[p][0] != (e.size, e.mtime)]
@@ -83,7 +89,7 @@ class Scan:
 
 
 def _parse(shard: int, name: str, t: float | None, raw: bytes) -> Written | None:
-    """What a sidecar or ``_DONE.json`` says (None if it is not readable as one)."""
+    """What an entry, a sidecar or ``_DONE.json`` says (None if it is not readable as one)."""
     try:
         got = json.loads(raw)
     except ValueError:
@@ -251,17 +257,17 @@ def _json_or_none(cache: Cache, rel: str) -> dict | None:
 
 def read_progress(cache: Cache, *, now: float | None = None) -> Progress:
     """The progress of ``cache``'s build: from the ledger when finished, else from what :class:`Scan` finds
-    (sidecars, ``_DONE.json`` and their times), the lock and ``_FAILED.json``. Reads every sidecar written so
-    far (a running build's figures cover all of them, not only the prefix of the global order a reader can
-    use)."""
+    (entries or sidecars, ``_DONE.json`` and their times), the lock and ``_FAILED.json``. Reads every entry
+    written so far (an older build's sidecar): a running build's figures cover all of them, not only the prefix
+    of the global order a reader can use."""
     if cache.complete:
         return finished_progress(cache)
     now = time.time() if now is None else now
-    scan = Scan(cache.storage, cache.root, len(cache.ledger.inputs))
+    scan = Scan(cache.storage, cache.root, len(cache.ledger.inputs), entries=chunk_table.writes_entries(cache.ledger.raw))
     written = [w for w in scan.scan() if w.time is not None]
     if scan.damaged:
         rel = scan.damaged[0][len(cache.root) + 1:]
-        raise fmt.DamagedCache(f"{cache.display(rel)}: not valid JSON, or not a sidecar")
+        raise fmt.DamagedCache(f"{cache.display(rel)}: not valid JSON, or not a chunk's entry or sidecar")
     lock = holder = None
     found = cache.storage.match(cache.path(fmt.LOCK_NAME))
     if found:

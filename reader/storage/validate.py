@@ -18,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.format import table as chunk_table
 from reader.format.sidecar import (Disagreement, Layout, arrow_message, entry_fields, file_mismatch, loss_tokens,
                                    sidecar_bytes, size_mismatch)
 from reader.storage import remote
@@ -128,7 +129,7 @@ def chunk_doc_lengths(cache: Cache, index: int) -> np.ndarray:
 
 
 def validate_ledger(cache: Cache) -> list[str]:
-    """Problems of a finished ledger as a whole: totals and offsets that disagree with its chunk entries."""
+    """Problems of a finished ledger as a whole: totals and offsets that disagree with its chunks (every table block)."""
     if not cache.complete:
         return []
     t = cache.table
@@ -146,6 +147,8 @@ def validate_ledger(cache: Cache) -> list[str]:
         if key in totals and int(totals[key]) != want:
             problems.append(f"{where}: totals.{key} = {totals[key]}, the chunk entries sum to {want} (the ledger "
                             "was changed after the build)")
+    if chunk_table.table_of(t) is not None:  # offsets derived; every block must be the one the ledger records
+        return problems + chunk_table.table_of(t).problems()
     doc_off, tok_off = t.doc_offsets, t.token_offsets
     for i, e in enumerate(cache.ledger.raw["chunks"]):
         if e.get("doc_offset") != int(doc_off[i]) or e.get("token_offset") != int(tok_off[i]):
@@ -163,12 +166,12 @@ def _names(cache: Cache, rel: str) -> list[str]:
     return [e.path.rstrip("/").rsplit("/", 1)[-1] for e in cache.storage.list(cache.path(rel))]
 
 
-def validate_shards(cache: Cache) -> list[str]:
+def validate_shards(cache: Cache, shards: Sequence[int] | None = None) -> list[str]:
     """Problems of a finished ledger against the files of its shards: a ``_DONE.json`` (compressed shards)
     that announces another chunk count or size than the ledger, a shard directory holding a chunk or
     sidecar past the ledger's count (the ledger lists fewer chunks than were written: a plan marked
     finished by hand, or an edited ledger), a shard directory the ledger has no input for. One listing per
-    shard directory: only ``validate`` does this (opening a cache reads no directory)."""
+    listed shard directory (all, or ``shards``): only ``validate`` does this (opening a cache reads no directory)."""
     if not cache.complete:
         return []
     led, problems = cache.ledger, []
@@ -182,7 +185,8 @@ def validate_shards(cache: Cache) -> list[str]:
             where = cache.display(fmt.CHUNKS_DIR + "/" + name)
             problems.append(f"{where}: a directory of shard {int(m.group(1))}, but {fmt.LEDGER_NAME} has {n_inputs} "
                             f"input shards; {fix}")
-    for i, inp in enumerate(led.inputs):
+    for i in range(n_inputs) if shards is None else shards:
+        inp = led.raw["inputs"][i]
         n, rel = int(per_shard[i]), fmt.shard_dir(i)
         names = _names(cache, rel)
         past = sorted({int(m.group(1)) for m in map(_CHUNK_FILE.fullmatch, names) if m and int(m.group(1)) >= n})
@@ -222,13 +226,15 @@ def _show(v: Any) -> str:
     return s if len(s) <= 40 else s[:18] + "..." + s[-18:]
 
 
-def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str]:
+def validate_chunk(cache: Cache, index: int, *, decode: bool = True, entry: dict[str, Any] | None = None) -> list[str]:
     """Problems with global chunk ``index`` (empty list if it is sound), each naming the damaged file:
-    the Parquet file, its sidecar, or the ledger (see the module docstring)."""
+    the Parquet file, its sidecar, or the ledger (version 4: its table) (see the module docstring). ``entry``:
+    what it records of the chunk, if the caller fetched it (``reader.format.table.recorded_rows``)."""
     t = cache.table
     rel = t.paths[index]
     side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
-    ledger_rel = fmt.LEDGER_NAME
+    table = chunk_table.table_of(t)
+    ledger_rel = table.desc["path"] if table is not None else fmt.LEDGER_NAME
     shown = cache.display
     problems: list[str] = []
     data = _read(cache, rel)
@@ -245,7 +251,8 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
             if not isinstance(side, dict):
                 problems.append(f"{shown(side_rel)}: damaged sidecar: not a JSON object")
                 side = None
-    entry = dict(cache.ledger.raw["chunks"][index]) if cache.complete else None
+    if entry is None and cache.complete:
+        entry = chunk_table.recorded_rows(t, cache.ledger.raw, [index])[index]
     want_bytes, want_sum = int(t.nbytes[index]), t.checksums[index]
     side_trusted = side is not None and entry is None  # during a build the table is the sidecars
     ledger_blamed = False
@@ -254,7 +261,8 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
         side_vouched = recorded is not None and recorded == fmt.checksum(raw)
         side_sum_ok = recorded is None or side_vouched
         got, want = entry_fields(side), entry_fields(entry)
-        differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+        keys = set(want) if table is not None else set(got) | set(want)  # (a table records some of the keys)
+        differ = sorted(k for k in keys if got.get(k) != want.get(k))
         file_backs_side = (data is not None and len(data) == side.get("bytes")
                            and fmt.checksum(data) == side.get("checksum"))
         if differ and (side_vouched or file_backs_side):
@@ -265,8 +273,8 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True) -> list[str
             says = ", ".join(f"{k} {_show(want.get(k))}" for k in differ)
             other = ", ".join(f"{_show(got.get(k))}" for k in differ)
             witness = "the chunk file and its sidecar" if file_backs_side else "its sidecar (checksum verified)"
-            problems.append(f"{shown(ledger_rel)}: the entry of chunk {index} ({rel}) says {says}; {witness} "
-                            f"say {other}. The ledger was changed after the build: restore it, or rebuild")
+            problems.append(f"{shown(ledger_rel)}: the entry of chunk {index} ({rel}) says {says}; {witness} say "
+                            f"{other}. The {'table' if table else 'ledger'} was changed after the build: restore it, or rebuild")
         elif differ:
             problems.append(f"{shown(side_rel)}: damaged sidecar: differs from the ledger entry in {differ}"
                             + (" (and its sha256 from the ledger's sidecar_checksum)" if recorded else ""))

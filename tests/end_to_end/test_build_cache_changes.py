@@ -196,6 +196,7 @@ def test_a_cache_of_an_older_version_is_rerun_and_resumed_as_that_version(tmp_pa
     old = load_ledger(out)
     assert old["format_version"] == fmt.FORMAT_VERSION == 4
     old["format_version"] = version
+    del old["table"]  # (load_ledger gave it the chunk list an older version's ledger holds instead)
     if version == 2:  # what version 2 wrote: no input formats
         for inp in old["inputs"]:
             del inp["format"]

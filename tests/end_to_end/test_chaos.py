@@ -101,21 +101,34 @@ def copy_corpus(corpus, dst) -> str:
 # SIGKILL at random writes, then rerun (and: an input edited in between)
 
 
+def _writes(tree: dict) -> int:
+    """The atomic writes of a build whose finished tree is ``tree``: every file once (the chunks' entries and the
+    table too) and the plan ledger(s)."""
+    return len(tree) + sum(1 for k in tree if k.endswith(fmt.LEDGER_NAME))
+
+
 def test_random_kills_then_rerun_is_byte_identical(corpus, clean, tmp_path):
     rng = random.Random(SEED)
-    writes = len(clean) + 1  # every file once, plus the plan ledger
-    points = [f"{writes}:before_rename", f"{writes}:after_rename"]  # the final ledger write (finalize)
+    writes = _writes(clean)
+    assert sum(1 for k in clean if os.path.basename(k).startswith("table-")) == 1
+    # the final ledger write (finalize), and the table's: killed before its rename, and after it, before the
+    # ledger's (the table is on disk, the ledger is still the plan)
+    points = [f"{writes}:before_rename", f"{writes}:after_rename", f"{writes - 1}:before_rename",
+              f"{writes - 1}:after_rename"]
     points += [f"{rng.randint(1, writes)}:{rng.choice(['before_rename', 'after_rename'])}"
                for _ in range(n(3, 40))]
     for i, point in enumerate(points):
         out = str(tmp_path / f"k{i}")
         code, text = finish(cli(argv(str(corpus / "*"), out), kill_at=point))
         assert code == -signal.SIGKILL, (point, text[-2000:])
+        if point == f"{writes - 1}:after_rename":
+            assert any(f.startswith("table-") for f in os.listdir(out)) and not load_ledger(out)["finished"]
         _, res = build(tmp_path, [str(corpus / "*")], name=f"k{i}", **OPTS)
         assert res["resumed"]
         ok = tree_bytes(out) == clean
         case = "SIGKILL in the final ledger write (finalize), rerun" if point.startswith(f"{writes}:") else \
-            "SIGKILL at a random write, rerun"
+            "SIGKILL between the table's write and the ledger's (finalize), rerun" if \
+            point.startswith(f"{writes - 1}:") else "SIGKILL at a random write, rerun"
         record(case, "byte-identical" if ok else "DIFFERENT")
         assert ok, point
 
@@ -138,7 +151,7 @@ def _random_edit(rng: random.Random, path: str) -> str:
 
 def test_kill_then_edit_the_input_then_rerun_equals_a_clean_build_of_the_edit(corpus, clean, tmp_path):
     rng = random.Random(SEED + 1)
-    writes = len(clean) + 1
+    writes = _writes(clean)
     for i in range(n(2, 15)):
         d = copy_corpus(corpus, tmp_path / f"in{i}")
         out = str(tmp_path / f"e{i}")
@@ -169,9 +182,10 @@ def clean_split(corpus, tmp_path_factory):
 
 def test_split_build_random_kills_then_rerun_is_byte_identical(corpus, clean_split, tmp_path):
     rng = random.Random(SEED + 5)
-    writes = len(clean_split) + 2  # every file once, plus the two plan ledgers
-    # between the two final ledgers (train finished, validation not), and the very last write
-    points = [f"{writes - 1}:after_rename", f"{writes}:before_rename"]
+    writes = _writes(clean_split)  # every file once, the two plan ledgers, the entries
+    # between the two final ledgers (train finished, validation not), the very last write, and after both
+    # tables, before the ledgers
+    points = [f"{writes - 1}:after_rename", f"{writes}:before_rename", f"{writes - 2}:after_rename"]
     points += [f"{rng.randint(1, writes)}:{rng.choice(['before_rename', 'after_rename'])}" for _ in range(n(3, 40))]
     for i, point in enumerate(points):
         out = str(tmp_path / f"k{i}")
@@ -187,7 +201,7 @@ def test_split_build_kill_then_edit_the_input_then_rerun(corpus, clean_split, tm
     """Equals a clean split build of the edit; or, if the kill came after the train cache was finished,
     the rerun refuses naming the file and leaves that cache as it was."""
     rng = random.Random(SEED + 6)
-    writes = len(clean_split) + 2
+    writes = _writes(clean_split)
     points = [f"{writes - 1}:after_rename"]  # train finished, validation not: the edit must be refused
     points += [f"{rng.randint(2, writes)}:{rng.choice(['before_rename', 'after_rename'])}" for _ in range(n(2, 15))]
     for i, point in enumerate(points):
@@ -491,7 +505,7 @@ def test_fuzzed_lines_are_never_lost():
                 out = os.path.join(d, "out-" + name)
                 plan = make_plan(tok.identity(), config, [MatchedFile(path, os.path.getsize(path))])
                 ub = UnitBuilder(out, enc, config.to_json(), tok.eos_id)
-                sidecars = [sc for u in work_units(plan) for r in ub.build(u) for sc in r.sidecars]
+                sidecars = [sc for u in work_units(plan) for r in ub.build(u) for sc in r.entries]
                 seen = {}
                 for sc in sidecars:
                     cols = read_chunk(out, sc["path"])

@@ -39,7 +39,7 @@ OWNED_LIBRARIES = {"jax": "reader.jax", "torch": "reader.torch", "zarr": "reader
 # both exports and the importers use, and the command line's error messages. Everything else in reader/ is the
 # reader's own.
 SHARED_WITH_PIPELINES = ("reader.format", "reader.tokenizers", "reader.order.streams", "reader.storage.cache",
-                         "reader.storage.files", "reader.storage.attributes",
+                         "reader.storage.files", "reader.storage.finish", "reader.storage.attributes",
                          "reader.storage.progress", "reader.interop", "reader.cli.support")
 # batch keys: a tuple or list literal naming several of them outside reader/batch/schema.py is a second schema
 SCHEMA_MODULE = "reader.batch.schema"

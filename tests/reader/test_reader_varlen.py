@@ -20,7 +20,6 @@ import pytest
 from reader import ReadOptions, Reader, expand_flat
 from reader.batch.schema import BATCH_KEYS, TOKEN_FIELDS, VARLEN_FIELDS
 from reader.cli.main import main
-from reader.format import spec as fmt
 from reader.order import packing
 
 import cachegen
@@ -44,16 +43,6 @@ def opts(**kw) -> ReadOptions:
 
 def unpacked(**kw) -> ReadOptions:
     return ReadOptions(seq_len=L, batch_size=B, ideal_readers=4, packed=False, **kw)
-
-
-def as_version_4(root: str, monkeypatch) -> None:
-    """Mark a synthetic cache as written by format version 4 (what a build of this release writes)."""
-    if 4 not in fmt.READABLE_FORMAT_VERSIONS:  # (until the release's version bump lands in the format)
-        monkeypatch.setattr(fmt, "READABLE_FORMAT_VERSIONS", fmt.READABLE_FORMAT_VERSIONS + (4,))
-    path = os.path.join(root, fmt.LEDGER_NAME)
-    ledger = json.load(open(path))
-    ledger["format_version"] = 4
-    open(path, "w").write(fmt.dumps_ledger(ledger))
 
 
 def varlen_of(segment_ids: np.ndarray, M: int) -> tuple[np.ndarray, np.ndarray]:
@@ -101,11 +90,10 @@ def test_options():
     assert ReadOptions(packed=False, max_segments=1, varlen=True).varlen_segments == 1
 
 
-def test_a_version_4_cache_packs_continuation_pieces_together_by_default(cache, tmp_path, monkeypatch):
+def test_a_version_4_cache_packs_continuation_pieces_together_by_default(cache, tmp_path):
     root, chunks = cache
     v4 = str(tmp_path / "v4")
-    cachegen.write_synthetic_cache(v4, chunks, chunks_per_shard=[6, 6], row_group_tokens=RGT)
-    as_version_4(v4, monkeypatch)
+    cachegen.write_synthetic_cache(v4, chunks, chunks_per_shard=[6, 6], row_group_tokens=RGT, format_version=4)
     plain = ReadOptions(seq_len=L, batch_size=B, packing="best_fit", best_fit_window_tokens=W, eval_mode=True)
     want = {c: sum(len(cachegen.best_fit_chunk(d, L, RGT, W, continuations=c)) for d in chunks) for c in (1, 4)}
     assert want[4] < want[1]
@@ -116,7 +104,7 @@ def test_a_version_4_cache_packs_continuation_pieces_together_by_default(cache, 
             plain, layout="flat")).batch(0)
         for b in range(new.num_batches):
             assert all(np.array_equal(v, new.batch(b)[k]) for k, v in expand_flat(f.batch(b)).items()), b
-    assert os.path.exists(os.path.join(v4, "index", f"best_fit-L{L}-W{W}-C4.json"))
+    assert os.path.exists(os.path.join(v4, "index", f"best_fit-L{L}-W{W}-C4.bin"))  # (version 4: the block format)
     assert os.path.exists(os.path.join(root, "index", f"best_fit-L{L}-W{W}.json"))
     # an explicit option reads the older cache with the newer rule, and the newer one with the older rule
     with Reader(root, dataclasses.replace(plain, best_fit_continuations=4)) as a, \
@@ -205,14 +193,13 @@ def test_varlen_in_a_mixture(tmp_path):
         assert comps == {0, 1}
 
 
-def test_a_mixture_reads_each_component_by_its_own_format_version(tmp_path, monkeypatch):
+def test_a_mixture_reads_each_component_by_its_own_format_version(tmp_path):
     """Components of versions 2 and 4 under default options: each serves its own rule's rows (one
     continuation piece per row, four), and the flat batches have the slots the larger rule needs."""
     chunks = [cachegen.long_document_chunks(np.random.default_rng(s), 6, L) for s in (40, 41)]
     paths = [str(tmp_path / f"c{i}") for i in range(2)]
-    for p, c in zip(paths, chunks):
-        cachegen.write_synthetic_cache(p, c, chunks_per_shard=[3, 3], row_group_tokens=RGT)
-    as_version_4(paths[1], monkeypatch)
+    for p, c, v in zip(paths, chunks, (2, 4)):
+        cachegen.write_synthetic_cache(p, c, chunks_per_shard=[3, 3], row_group_tokens=RGT, format_version=v)
     f = write_mixture(str(tmp_path / "mix.json"), [("old", "c0", 0.5), ("new", "c1", 0.5)], block=8)
     o = ReadOptions(seq_len=L, batch_size=B, ideal_readers=2, packing="best_fit", best_fit_window_tokens=W,
                     shuffle_seed=5)
@@ -246,7 +233,7 @@ def test_reading_during_the_build_equals_the_finished_cache(tmp_path, extra):
         assert all(np.array_equal(x[k], y[k]) for k in y), b
 
 
-def test_long_documents_pad_as_little_as_plain_best_fit_decreasing(tmp_path, monkeypatch):
+def test_long_documents_pad_as_little_as_plain_best_fit_decreasing(tmp_path):
     """Pages of 200-5,000 tokens at L = 256, most of them longer than L, from a cache of format version 4
     read as ``python -m reader batches`` reads it (its default layout): within a point of plain best-fit
     decreasing on the same windows' pieces and under 1%; one continuation piece per row pads over 4%."""
@@ -256,8 +243,7 @@ def test_long_documents_pad_as_little_as_plain_best_fit_decreasing(tmp_path, mon
     docs = [rng.integers(1, 50000, size=int(n), dtype=np.int32) for n in lengths]
     chunks = [docs[:200], docs[200:]]
     root, out = str(tmp_path / "pages"), str(tmp_path / "pages.npz")
-    cachegen.write_synthetic_cache(root, chunks, row_group_tokens=8192)
-    as_version_4(root, monkeypatch)
+    cachegen.write_synthetic_cache(root, chunks, row_group_tokens=8192, format_version=4)
     assert main(["batches", root, "--seq_len", str(L), "--batch_size", "64", "--packing", "best_fit", "--eval",
                  "--count", "0", "--out", out]) == 0
     got = np.load(out)

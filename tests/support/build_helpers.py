@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
-from reader.format.sidecar import SIDECAR_ONLY_KEYS
+from reader.format.sidecar import SIDECAR_ONLY_KEYS, ledger_entry
 from reader.order.streams import round_robin_order
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -82,8 +82,30 @@ def tree_digest(root: str) -> dict[str, str]:
 
 
 def load_ledger(root: str) -> dict[str, Any]:
+    """The ledger in ``root``; a finished version 4 ledger with the ``chunks`` list a version 3 ledger held
+    (:func:`chunk_entries`), so that tests look at chunk entries the same way in every version."""
     with open(os.path.join(root, fmt.LEDGER_NAME), encoding="utf-8") as f:
-        return json.load(f)
+        ledger = json.load(f)
+    if ledger.get("finished") and "table" in ledger:
+        ledger["chunks"] = chunk_entries(root)
+    return ledger
+
+
+def chunk_entries(root: str) -> list[dict[str, Any]]:
+    """A finished version 4 cache's chunks as version 3 ledger entries: each sidecar without the keys only
+    sidecars hold, its checksum and the offsets, in the table's order; each checked against its table row."""
+    from reader.storage.cache import Cache
+
+    table = Cache(root).table
+    out, docs, tokens = [], 0, 0
+    for c, rel in enumerate(table.paths):
+        raw = open(os.path.join(root, rel[:-len(".parquet")] + ".json"), "rb").read()
+        entry = dict(ledger_entry(json.loads(raw)), doc_offset=docs, token_offset=tokens)
+        assert (entry["sidecar_checksum"], entry["checksum"], entry["docs"], entry["tokens"]) == \
+            (table.sidecar_checksums[c], table.checksums[c], int(table.docs[c]), int(table.tokens[c])), rel
+        docs, tokens = docs + entry["docs"], tokens + entry["tokens"]
+        out.append(entry)
+    return out
 
 
 def read_chunk(root: str, rel: str) -> dict[str, list]:
@@ -144,6 +166,15 @@ def small_plan(tmp_path, chunk_bytes: int = 1500):
     tok = resolve("tiktoken:cl100k_base")
     plan = make_plan(tok.identity(), chunk_config(args), match_inputs([str(tmp_path / "in" / "*")]))
     return plan, tok, texts, (a, b)
+
+
+def write_plan(out: str, plan) -> None:
+    """The plan ledger(s) of ``plan`` in ``out``, as the launcher writes them before a job starts."""
+    from pipelines import status
+    from reader.format.splits import cache_root
+
+    for name, cache_plan in plan.caches():
+        status.write_ledger(cache_root(out, name), cache_plan.ledger())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -262,8 +293,17 @@ def build(tmp_path, inputs, **kw):
             argv += [f"--{k}", str(v)]
     argv += kw.get("runner", FNAPI)
     from pipelines import build_cache
+    from reader.format.splits import cache_root
 
-    return out, build_cache.run(argv)
+    res = build_cache.run(argv)
+    # a finished version 4 ledger with its chunk list, as tests look at chunk entries (load_ledger)
+    names = list(res["splits"]) if "splits" in res else [None]
+    ledgers = {name: load_ledger(cache_root(out, name)) if res.get("submitted", True) and "table" in led else led
+               for name, led in zip(names, res["splits"].values() if "splits" in res else [res["ledger"]])}
+    res["ledger"] = next(iter(ledgers.values()))
+    if "splits" in res:
+        res["splits"] = ledgers
+    return out, res
 
 
 BAD_LINES = [

@@ -14,6 +14,7 @@ only the chunks listed in ``written`` (default: all), which is what a reader see
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -28,6 +29,7 @@ import pyarrow.parquet as pq
 
 from reader.format import chunk_file
 from reader.format import spec as fmt
+from reader.format import table as chunk_table
 from reader.format.sidecar import ledger_entry, row_group_index, sidecar_bytes
 from reader.order import streams
 from reader.order.packing import WINDOW_TOKENS
@@ -124,9 +126,9 @@ def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offse
 def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Sequence[int]], *,
                 chunk_bytes: int = 1000, row_group_tokens: int = 64, sidecar: bool = True,
                 writer_options: Mapping[str, Any] | None = None,
-                spans: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+                spans: Sequence[Sequence[int]] | None = None, entry_file: bool = False) -> dict[str, Any]:
     """Write one chunk's parquet (then its sidecar) atomically; return the sidecar dict. ``spans``: each
-    document's loss spans (a masked cache's chunk)."""
+    document's loss spans (a masked cache's chunk). ``entry_file``: then its entry, as a version 4 build does."""
     fs, base = _fs(root)
     lo = index_in_shard * chunk_bytes
     data, _, loss = chunk_bytes_of(docs, shard=shard, first_offset=lo, row_group_tokens=row_group_tokens,
@@ -149,6 +151,8 @@ def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Seque
     entry["row_group_index"], entry["footer"] = row_group_index(data)
     if sidecar:
         _atomic_write(fs, base + "/" + fmt.sidecar_path(shard, index_in_shard), sidecar_bytes(entry))
+        if entry_file:
+            _atomic_write(fs, base + "/" + chunk_table.entry_path(shard, index_in_shard), chunk_table.entry_bytes(entry))
     return entry
 
 
@@ -160,16 +164,22 @@ def default_version(masked: bool) -> int:
 
 
 def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_tokens: int,
-            tokenizer: Mapping[str, Any], masked: bool = False, format_version: int | None = None) -> dict[str, Any]:
+            tokenizer: Mapping[str, Any], masked: bool = False, format_version: int | None = None,
+            fs=None, base: str = "") -> dict[str, Any]:
+    """The ledger of a cache of ``format_version`` (default :func:`default_version`); a finished version 4
+    ledger's table is written into ``base`` (on ``fs``) by the format's writer."""
+    version = default_version(masked) if format_version is None else format_version
     chunks = []
     doc_off = tok_off = 0
     for e in entries if finished else []:
         chunks.append(dict(ledger_entry(e), doc_offset=doc_off, token_offset=tok_off))
         doc_off += e["docs"]
         tok_off += e["tokens"]
+    if finished and version < chunk_table.TABLE_VERSION:  # inputs as builders before version 3 recorded them
+        inputs = [{k: v for k, v in i.items() if k not in ("format", "rows")} if version < 3 else i for i in inputs]
     ledger = {
         "format": fmt.FORMAT_NAME,
-        "format_version": default_version(masked) if format_version is None else format_version,
+        "format_version": version,
         "finished": finished,
         "tokenizer": dict(tokenizer),
         "config": _config(chunk_bytes, row_group_tokens, masked),
@@ -183,7 +193,28 @@ def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_toke
         if masked:
             ledger["totals"]["loss_tokens"] = int(sum(e["loss_tokens"] for e in entries))
         ledger["bad_records"] = {}
+    if finished and version >= chunk_table.TABLE_VERSION:
+        for inp in ledger["inputs"]:
+            inp.setdefault("uncompressed_bytes", inp["size"])
+            if inp["chunks"] is None:
+                inp["chunks"] = int(sum(1 for e in entries if e["shard"] == inp["shard"]))
+        ledger["totals"]["uncompressed_bytes"] = int(sum(i["uncompressed_bytes"] for i in ledger["inputs"]))
+        del ledger["chunks"]
+        ledger["table"] = write_table(fs, base, chunks, masked)
     return ledger
+
+
+def write_table(fs, base: str, entries: Sequence[Mapping[str, Any]], masked: bool,
+                block_rows: int = chunk_table.BLOCK_ROWS) -> dict[str, Any]:
+    """The table of ``entries`` (global order, with ``sidecar_checksum``) written into ``base`` by the format's
+    writer; returns the ledger's ``table`` object."""
+    out = io.BytesIO()
+    w = chunk_table.TableWriter(out, len(entries), masked, block_rows=block_rows)
+    for lo in range(0, len(entries), block_rows):
+        w.add(chunk_table.block_values(entries[lo:lo + block_rows], masked))
+    desc = w.finish()
+    _atomic_write(fs, base + "/" + desc["path"], out.getvalue())
+    return desc
 
 
 def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finished: bool = True,
@@ -211,7 +242,8 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
       writer_options: ``pq.ParquetWriter`` keyword arguments (default: the builder's).
       spans: a masked (supervised) cache: per chunk, per document, its flattened loss spans
         ``[s0, e0, s1, e1, ...]`` (:func:`spans_of_mask` makes them from a per-token mask).
-      format_version: the ledger's (default :func:`default_version`).
+      format_version: the ledger's (default :func:`default_version`; 4: the chunks in a table, and each
+        chunk's entry beside its sidecar).
     """
     cps = list(chunks_per_shard) if chunks_per_shard is not None else [len(chunks)]
     if sum(cps) != len(chunks):
@@ -227,7 +259,8 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
         if i in todo:
             entries.append(write_chunk(root, shard, k, docs, chunk_bytes=chunk_bytes,
                                        row_group_tokens=row_group_tokens, writer_options=writer_options,
-                                       spans=None if spans is None else spans[i]))
+                                       spans=None if spans is None else spans[i],
+                                       entry_file=not finished and (format_version or 0) >= chunk_table.TABLE_VERSION))
         else:
             entries.append(None)
     if done_shards is None:
@@ -238,11 +271,20 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
     inputs = [{"shard": s, "path": f"/synthetic/shard-{s:05d}.jsonl" + (".gz" if comp[s] else ""),
                "size": cps[s] * chunk_bytes, "compression": "gzip" if comp[s] else "none",
                "chunks": None if comp[s] else cps[s]} for s in range(len(cps))]
-    ledger = _ledger(inputs, entries, finished=finished, chunk_bytes=chunk_bytes,
-                     row_group_tokens=row_group_tokens, tokenizer=tokenizer, masked=spans is not None,
-                     format_version=format_version)
+    ledger = _ledger(inputs, entries, finished=finished, chunk_bytes=chunk_bytes, row_group_tokens=row_group_tokens,
+                     tokenizer=tokenizer, masked=spans is not None, format_version=format_version, fs=fs, base=base)
     _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
     return entries
+
+
+def table_rows(root: str) -> list[dict[str, Any]]:
+    """Every row of a version 4 cache's table, as the entries it was written from (a test edits and rewrites
+    them with :func:`write_table`)."""
+    from reader.storage.cache import Cache
+
+    c = Cache(root)
+    rows = chunk_table.recorded_rows(c.table, c.ledger.raw, range(len(c.table)))
+    return [rows[i] for i in range(len(rows))]
 
 
 def finish_cache(root: str, entries: Sequence[Mapping[str, Any]]) -> None:
@@ -252,7 +294,7 @@ def finish_cache(root: str, entries: Sequence[Mapping[str, Any]]) -> None:
     ledger = _ledger(plan["inputs"], list(entries), finished=True,
                      chunk_bytes=plan["config"]["chunk_bytes"],
                      row_group_tokens=plan["config"]["row_group_tokens"], tokenizer=plan["tokenizer"],
-                     masked=fmt.is_masked(plan["config"]), format_version=plan["format_version"])
+                     masked=fmt.is_masked(plan["config"]), format_version=plan["format_version"], fs=fs, base=base)
     ledger["config"] = plan["config"]
     _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
 
@@ -279,7 +321,8 @@ def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per
                         format_version: int | None = None) -> threading.Thread:
     """Simulate a running build of a local cache: the plan and chunks ``first`` now, the other chunks
     (global indices) in a seeded random order on a thread, then ``_DONE.json`` of compressed shards and
-    the finished ledger. Returns the started thread (join it)."""
+    the finished ledger (of ``format_version``: see :func:`write_synthetic_cache`). Returns the started thread (join it)."""
+    entry_file = (format_version or 0) >= chunk_table.TABLE_VERSION
     rr = streams.round_robin_order(chunks_per_shard)
     comp = list(compressed) if compressed is not None else [False] * len(chunks_per_shard)
     write_synthetic_cache(root, chunks, finished=False, chunks_per_shard=chunks_per_shard, compressed=comp,
@@ -290,7 +333,8 @@ def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per
     def run():
         for i in rest:
             time.sleep(delay)
-            write_chunk(root, int(rr[i][0]), int(rr[i][1]), chunks[i], row_group_tokens=row_group_tokens)
+            write_chunk(root, int(rr[i][0]), int(rr[i][1]), chunks[i], row_group_tokens=row_group_tokens,
+                        entry_file=entry_file)
         for s, is_comp in enumerate(comp):
             if is_comp:
                 done = os.path.join(root, fmt.shard_done_path(s))

@@ -93,11 +93,11 @@ def every_format(directory, table: pa.Table) -> dict[str, str]:
 def cache_documents(root: str) -> list[dict]:
     """Every document of the finished cache at ``root`` in global order, read with pyarrow alone:
     ``{"tokens", "shard", "offset", "fields"}`` (``fields`` None without --keep_fields)."""
-    with open(os.path.join(root, "ledger.json"), encoding="utf-8") as f:
-        ledger = json.load(f)
+    from reader.storage.cache import Cache
+
     docs = []
-    for c in ledger["chunks"]:
-        t = pq.read_table(os.path.join(root, c["path"]))
+    for rel in Cache(root).table.paths:  # (a version 4 cache's chunks are in its table)
+        t = pq.read_table(os.path.join(root, rel))
         fields = t.column("fields").to_pylist() if "fields" in t.column_names else [None] * len(t)
         for toks, shard, off, kept in zip(t.column("token_ids").to_pylist(), t.column("shard").to_pylist(),
                                           t.column("offset").to_pylist(), fields):

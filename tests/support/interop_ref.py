@@ -77,11 +77,11 @@ def cache_documents(root: str) -> list[list[int]]:
     """Every document of a cache in global order (pyarrow, straight from the Parquet files)."""
     import pyarrow.parquet as pq
 
-    with open(os.path.join(root, fmt.LEDGER_NAME)) as f:
-        ledger = json.load(f)
+    from reader.storage.cache import Cache
+
     out = []
-    for c in ledger["chunks"]:
-        out += pq.read_table(os.path.join(root, c["path"]), columns=[fmt.TOKEN_COLUMN]).column(0).to_pylist()
+    for rel in Cache(root).table.paths:  # (a version 4 cache's chunks are in its table)
+        out += pq.read_table(os.path.join(root, rel), columns=[fmt.TOKEN_COLUMN]).column(0).to_pylist()
     return out
 
 

@@ -41,8 +41,8 @@ def test_streamed_gzip_shard_of_bad_lines_keeps_python_memory_bounded(tmp_path):
     finally:
         tracemalloc.stop()
     assert result.done == {"chunks": -(-size // (1 << 20)), "uncompressed_bytes": size}
-    assert sum(s["bad_records"] for s in result.sidecars) == n_lines - n_lines // 1000
-    assert sum(s["docs"] for s in result.sidecars) == n_lines // 1000
+    assert sum(s["bad_records"] for s in result.entries) == n_lines - n_lines // 1000
+    assert sum(s["docs"] for s in result.entries) == n_lines // 1000
     # ~110k dead letters per chunk held as dicts would take far more than this
     print(f"peak Python memory {peak / 2**20:.1f} MiB")
     assert peak < 16 << 20, f"peak Python memory {peak / 2**20:.1f} MiB"

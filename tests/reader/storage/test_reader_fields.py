@@ -57,7 +57,7 @@ def write_cache(root: str, chunks, keep=KEEP) -> None:
         with open(os.path.join(root, fmt.sidecar_path(0, k)), "wb") as f:
             f.write(sidecar_bytes(sidecars[-1]))
     entries, bad = ledger_chunks(sidecars)
-    ledger = {"format": fmt.FORMAT_NAME, "format_version": fmt.FORMAT_VERSION, "finished": True,
+    ledger = {"format": fmt.FORMAT_NAME, "format_version": 3, "finished": True,  # kept fields came with 3
               "tokenizer": DEFAULT_TOKENIZER, "config": config, "chunks": entries, "bad_records": bad,
               "inputs": [{"shard": 0, "path": "/x.jsonl", "size": 1000 * len(chunks), "compression": "none",
                           "chunks": len(chunks)}],

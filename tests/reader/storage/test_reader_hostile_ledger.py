@@ -198,14 +198,18 @@ def gzip_build(tmp_path_factory):
 
 
 def _plan_marked_finished(src, dst, chunks=None):
-    """The build's plan (docs/FORMAT.md: no chunks, totals or sizes; a gzip shard's chunk count null),
-    edited to say finished."""
+    """The build's plan (docs/FORMAT.md: no chunks, table, totals or sizes; a gzip shard's chunk count null),
+    edited to say finished; with ``chunks`` (a count for every shard), a table of that many rows too, so that it
+    opens."""
     shutil.copytree(src, dst)
     led = _ledger(dst)
     led.update(finished=True, chunks=[], totals={}, bad_records={})
+    del led["table"]
     for inp in led["inputs"]:
         inp.pop("uncompressed_bytes")
         inp["chunks"] = chunks
+    if chunks is not None:
+        led["table"] = cachegen.write_table(*cachegen._fs(dst), [], masked=False) if not chunks else None
     _write_ledger(dst, led)
 
 
@@ -214,14 +218,12 @@ def test_a_gzip_builds_plan_marked_finished_is_not_an_empty_cache(gzip_build, tm
     assert n > 10 and json.load(open(os.path.join(gzip_build, fmt.shard_done_path(0))))["chunks"] == n
     root = str(tmp_path / "plan")
     _plan_marked_finished(gzip_build, root)
-    msg = _damaged(capsys, root, f"input shard 0 ({os.path.dirname(gzip_build)}/a.jsonl.gz) should have {n} chunks, "
-                                 "the ledger lists 0 (a build's plan marked finished")
+    msg = _damaged(capsys, root, "says finished, but records no chunk count for input shard 0 and no chunk table "
+                                 "(a build's plan marked finished")
     code, out = _run(capsys, "export", root, "--format", "megatron", "--out", str(tmp_path / "m" / "x"))
     assert code == 1 and msg in out and not os.path.exists(tmp_path / "m")
     with pytest.raises(fmt.DamagedCache):
         Reader(root, ReadOptions(seq_len=8, batch_size=2))
-    os.remove(os.path.join(root, fmt.shard_done_path(0)))
-    _damaged(capsys, root, "records no chunk count for input shard 0 and chunks/shard-00000/_DONE.json does not exist")
 
 
 def test_a_shards_chunk_count_must_be_what_its_size_implies(gzip_build, tmp_path, capsys):
@@ -229,12 +231,14 @@ def test_a_shards_chunk_count_must_be_what_its_size_implies(gzip_build, tmp_path
     still refused when opened (a shard of U bytes has ceil(U / chunk_bytes) chunks)."""
     root = str(tmp_path / "short")
     shutil.copytree(gzip_build, root)
+    rows = {i: r for i, r in enumerate(cachegen.table_rows(root))}
     led = _ledger(root)
-    n = len(led["chunks"])
-    last = led["chunks"].pop()
+    n = len(rows)
+    last = rows.pop(n - 1)
     led["inputs"][0]["chunks"] = n - 1
     led["totals"].update(chunks=n - 1, docs=led["totals"]["docs"] - last["docs"],
                          tokens=led["totals"]["tokens"] - last["tokens"])
+    led["table"] = cachegen.write_table(*cachegen._fs(root), [rows[i] for i in range(n - 1)], masked=False)
     _write_ledger(root, led)
     size = led["inputs"][0]["uncompressed_bytes"]
     _damaged(capsys, root, f"input shard 0 ({os.path.dirname(gzip_build)}/a.jsonl.gz) of {size} bytes has {n - 1} "
@@ -271,7 +275,7 @@ def test_validate_checks_token_ids_against_the_vocabulary(gzip_build, tmp_path, 
     code, out = _run(capsys, "validate", root)
     problems = [ln for ln in out.splitlines() if ln.startswith("PROBLEM ")]
     assert code == 1 and problems, out
-    first = os.path.join(root, led["chunks"][0]["path"])
+    first = os.path.join(root, Cache(root).table.paths[0])
     assert problems[0].startswith(f"PROBLEM {first}: row group 0 holds token id ")
     assert "outside the vocabulary [0, 1000) of the ledger's tokenizer (tiktoken:cl100k_base)" in problems[0]
     code, out = _run(capsys, "validate", root, "--quick")  # (no token is decoded)

@@ -131,8 +131,9 @@ def test_read_progress_from_a_running_builds_files(tmp_path):
 
 @pytest.mark.slow
 def test_inspect_on_a_build_killed_midway(tmp_path):
-    """A real build of a plain, a gzip and a zstd shard, SIGKILLed after its 76th file (both compressed shards and
-    some chunks of the plain one written: FnApiRunner builds the largest work units first), then inspected."""
+    """A real build of a plain, a gzip and a zstd shard, SIGKILLed after its 100th file (both compressed shards and
+    some chunks of the plain one written: FnApiRunner builds the largest work units first), then inspected: its
+    figures are the chunks' entries' (a chunk's entry is written after its sidecar)."""
     inp = tmp_path / "in"
     for shard, name in enumerate(["a.jsonl", "b.jsonl.gz", "c.jsonl.zst"]):
         lines, _ = mixed_lines(shard + 20, n_good=45 - 10 * shard)
@@ -140,10 +141,10 @@ def test_inspect_on_a_build_killed_midway(tmp_path):
     out = str(tmp_path / "killed")
     argv = ["--input", str(inp / "*"), "--output", out, "--tokenizer", "tiktoken:cl100k_base", "--chunk_bytes", "4000",
             "--max_bad_fraction", "1.0", "--runner=FnApiRunner"]
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "support", "kill_at.py"), "76:after_rename",
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "support", "kill_at.py"), "100:after_rename",
                            *argv], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    sidecars = glob.glob(os.path.join(out, "chunks", "*", "chunk-*.json"))
+    sidecars = glob.glob(os.path.join(out, "chunks", "*", "chunk-*.entry"))
     assert glob.glob(os.path.join(out, "chunks", "shard-00000", "chunk-*.json")), "no chunk of the plain shard yet"
     assert glob.glob(os.path.join(out, "chunks", "*", "_DONE.json")), "no compressed shard finished yet"
     got = subprocess.run([sys.executable, "-m", "reader", "inspect", out, "--json"], cwd=REPO, capture_output=True,
