@@ -19,6 +19,8 @@ from reader.format import spec as fmt
 from reader.storage import files
 from reader.storage.files import Entry
 
+from pipelines.errors import BuildError
+
 
 def is_remote(path: str) -> bool:
     return "://" in path
@@ -33,13 +35,22 @@ class BeamStorage(files.Storage):
     """:class:`reader.storage.files.Storage` over Beam's FileSystems."""
 
     def open(self, path: str, read_ahead: bool = True) -> BinaryIO:
+        if not is_remote(path):  # local files through the door (a FIFO is refused, not waited on)
+            return files.open_local(path)
         return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        if not is_remote(path):
+            return files.read_local(path, limit=limit)
         with self.open(path) as f:
-            return f.read()
+            data = f.read() if limit is None else f.read(limit + 1)
+        if limit is not None and len(data) > limit:
+            raise files.too_large(path, len(data), limit)
+        return data
 
     def read_range(self, path: str, start: int, end: int | None) -> bytes:
+        if not is_remote(path):
+            return files.read_local(path, start=start, end=end)
         with self.open(path) as f:
             f.seek(start)
             return f.read() if end is None else f.read(end - start)
@@ -64,6 +75,8 @@ class BeamStorage(files.Storage):
         return [Entry(m.path, m.size_in_bytes, m.last_updated_in_seconds or None) for m in found]
 
     def create(self, path: str) -> BinaryIO:
+        if not is_remote(path):  # a new file, never through a symlink
+            return files.create_local(path)
         return FileSystems.create(path, mime_type="application/octet-stream",
                                   compression_type=CompressionTypes.UNCOMPRESSED)
 
@@ -78,12 +91,15 @@ class BeamStorage(files.Storage):
 BEAM = BeamStorage()
 
 
-def read_or_none(path: str) -> bytes | None:
-    """The file's bytes, None if there is none."""
+def read_or_none(path: str, limit: int | None = None) -> bytes | None:
+    """The file's bytes, None if there is none; what the door refuses (a FIFO, a device, more than ``limit``
+    bytes) is a BuildError naming the file."""
     try:
         if not BEAM.exists(path):
             return None
-        return BEAM.read(path)
+        return BEAM.read(path, limit=limit)
+    except files.UnsafeFile as e:
+        raise BuildError(str(e)) from None
     except (OSError, IOError, FileNotFoundError):
         return None
     except Exception as e:  # BeamIOError and friends

@@ -22,6 +22,7 @@ from typing import Sequence
 from apache_beam.io.filesystem import FileSystem
 
 from reader.format import spec as fmt
+from reader.storage import files
 
 from pipelines.errors import BuildError
 from pipelines.filesystem import BEAM, absolute, is_remote
@@ -112,7 +113,7 @@ def _saved_dataset(pattern: str, given: str) -> list[tuple[str, int]] | None:
     if is_remote(pattern):
         sizes = {e.path: e.size for p in paths for e in BEAM.match(p)}
         return [(p, sizes[p]) for p in paths]
-    return [(p, os.path.getsize(p)) for p in paths]
+    return [(p, files.regular_size(p, root=pattern)) for p in paths]
 
 
 def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:

@@ -50,7 +50,8 @@ class Cache:
         self.storage_options = dict(storage_options or {})
         self.fs, root, self.anonymous = remote.filesystem(url, self.storage_options)
         self.root = root.rstrip("/")
-        self.storage = files.FsspecStorage(self.fs)  # every file of the cache is read through it
+        # every file of the cache is read (and written) through it: locally, symlinks only within the root
+        self.storage = files.FsspecStorage(self.fs, root=self.root)
         if not self.is_local:  # bounded first contact: a dead network or missing credentials fail in seconds
             remote.check_open(self.fs, url, self.path(fmt.LEDGER_NAME), self.display(fmt.LEDGER_NAME),
                               anonymous=self.anonymous)
@@ -86,10 +87,16 @@ class Cache:
             return self.storage.read_range(self.path(rel), start or 0, end)
         except FileNotFoundError:
             raise
+        except files.UnsafeFile as e:
+            raise self.unsafe(rel, e) from None
         except Exception as e:
             if remote.is_storage_error(e):
                 raise remote.storage_error(self.display(rel), e, anonymous=self.anonymous) from e
             raise
+
+    def unsafe(self, rel: str, e: files.UnsafeFile) -> fmt.DamagedCache:
+        """A file of the cache the door refused (a FIFO, a device, a symlink out of the cache, too large)."""
+        return fmt.DamagedCache(f"{self.display(rel)}: {e.what}")
 
     def fields(self, start: int, stop: int, names=None) -> dict[str, list]:
         """Kept fields (``--keep_fields``) of documents ``[start, stop)`` in global order: ``name -> values``
@@ -103,6 +110,8 @@ class Cache:
             text = self.storage.read(self.path(fmt.LEDGER_NAME))
         except (FileNotFoundError, NotADirectoryError):
             raise whatis.not_a_cache(self.fs, self.root, self.url) from None
+        except files.UnsafeFile as e:
+            raise self.unsafe(fmt.LEDGER_NAME, e) from None
         return fmt.Ledger.parse(text, where=where)
 
     def refresh(self) -> bool:
