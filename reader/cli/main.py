@@ -31,6 +31,7 @@ from reader.cli import support as cli_support
 from reader.format import spec as fmt
 from reader.storage import fields
 from reader.storage.cache import Cache
+from reader.storage.index import check_index_files
 from reader.interop.export import write_file
 from reader.mixture.spec import is_mixture_path
 from reader.options import PACKINGS, ReadOptions
@@ -162,6 +163,8 @@ def cmd_validate(args) -> int:
     with cf.ThreadPoolExecutor(args.threads) as pool:
         for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick), range(len(t))):
             problems += got
+    if not args.quick:  # the reader's own index files, counted again from the chunks
+        problems += check_index_files(cache)
     for p in problems:
         print(f"PROBLEM {p}")
     state = "" if cache.complete else " (build in progress: only the chunks written so far were checked)"

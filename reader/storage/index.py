@@ -21,7 +21,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import hashlib
+import re
 import threading
+import warnings
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -40,6 +42,57 @@ INDEX_DIR = "index"
 KINDS = ("unpacked", "best_fit")
 _CUM_CACHE = 256  # chunks whose cumulative piece counts (or window bounds) are kept
 _ROWS_CACHE_BYTES = 64 << 20  # best-fit packings of recent windows kept (about 30 bytes per piece)
+
+
+_INDEX_FILE = re.compile(r"(unpacked|best_fit)-L(\d+)(?:-W(\d+))?(-drop_long)?\.json")
+
+
+def table_fingerprint(table: fmt.ChunkTable) -> str:
+    """What an index file is made for: a sha256 of its chunks' checksums."""
+    return hashlib.sha256("\n".join(table.checksums).encode()).hexdigest()
+
+
+def check_index_files(cache: Cache) -> list[str]:
+    """Problems of the reader's index files in ``ROOT/index/`` (``validate``): each file made for this cache
+    is counted again from the chunks and must say the same (a file made for other chunks is ignored by
+    readers, and here)."""
+    if not cache.complete:
+        return []
+    problems = []
+    for e in cache.storage.list(cache.path(INDEX_DIR)):
+        name = e.path.rstrip("/").rsplit("/", 1)[-1]
+        m = _INDEX_FILE.fullmatch(name)
+        if m is None:
+            continue
+        kind, seq_len, window, drop = m.groups()
+        idx = ExampleIndex(cache, int(seq_len), kind, index_cache=False, drop_long=bool(drop),
+                           window_tokens=int(window) if window else WINDOW_TOKENS)
+        rel, table = f"{INDEX_DIR}/{name}", cache.table
+        fix = "delete it (readers make it again)"
+        try:
+            got = fmt.load_json(cache.storage.read(cache.path(rel), limit=idx.file_limit(table)))
+            if not isinstance(got, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, files.UnsafeFile) as err:
+            problems.append(f"{cache.display(rel)}: not an index file ({err}); {fix}")
+            continue
+        if got.get("fingerprint") != table_fingerprint(table) or got.get("seq_len") != idx.seq_len:
+            continue
+        counts = idx.counts(table).tolist()
+        want = {"counts": counts}
+        if kind == "best_fit":
+            want["windows"] = [idx._counts[h].tolist() for h in table.checksums]
+        if idx.drop_long:
+            want["dropped"] = [list(idx._dropped.get(h, (0, 0))) for h in table.checksums]
+        differ = [k for k in want if got.get(k) != want[k]]
+        if differ:
+            said = got.get("counts") if isinstance(got.get("counts"), list) else []
+            c = next((i for i, n in enumerate(counts) if i >= len(said) or said[i] != n), None)
+            where = f" (chunk {c}: the file says {said[c]}, its documents make {counts[c]})" if c is not None \
+                and c < len(said) else ""
+            problems.append(f"{cache.display(rel)}: its {', '.join(differ)} differ from what the chunks make{where}: "
+                            f"the file was changed after it was written; {fix}")
+    return problems
 
 
 class WindowRows:
@@ -98,6 +151,15 @@ class ExampleIndex:
         window = f"-W{self.window_tokens}" if self.kind == "best_fit" else ""
         return f"{INDEX_DIR}/{self.kind}-L{self.seq_len}{window}{'-drop_long' * self.drop_long}.json"
 
+    def file_limit(self, table: fmt.ChunkTable) -> int:
+        """The most bytes the index file of ``table`` can hold: a count (and, with drop_long, two more) per
+        chunk and, for best fit, one per window (at most one per row group: a row group's tokens or fewer
+        per window of ``window_tokens``), each at most 21 characters."""
+        per = 3 if self.drop_long else 1
+        windows = (int(table.tokens.sum()) // max(1, self.window_tokens) + 2 * len(table)
+                   if self.kind == "best_fit" else 0)
+        return (1 << 16) + 24 * (per * len(table) + windows)
+
     def lengths(self, doc_lengths: np.ndarray) -> np.ndarray:
         """Document lengths as this read sees them: with ``drop_long``, a long document as empty."""
         return np.where(doc_lengths > self.seq_len, 0, doc_lengths) if self.drop_long else doc_lengths
@@ -124,23 +186,26 @@ class ExampleIndex:
                     w.ndim == 1 and (w >= 0).all() and int(w.sum()) == n for w, n in zip(windows, counts.tolist())):
                 return None
             self._counts.update(zip(table.checksums, windows))
+        else:  # kept, so that each chunk's count is checked against its documents when they are read
+            self._counts.update(zip(table.checksums, (np.asarray([n], np.int64) for n in counts.tolist())))
         return counts
 
     def counts(self, table: fmt.ChunkTable) -> np.ndarray:
         """Examples of every chunk of ``table`` (one int per chunk; see the module docstring)."""
         cache = self.cache
-        fingerprint = hashlib.sha256("\n".join(table.checksums).encode()).hexdigest()
+        fingerprint = table_fingerprint(table)
         rel = self.index_file
         best_fit = self.kind == "best_fit"
         if cache.complete and self.index_cache and not self._counts:
             try:
-                got = fmt.load_json(cache.storage.read(cache.path(rel)))
+                got = fmt.load_json(cache.storage.read(cache.path(rel), limit=self.file_limit(table)))
                 if got.get("fingerprint") == fingerprint and got.get("seq_len") == self.seq_len:
                     counts = self._loaded(got, table)
                     if counts is not None:
                         return counts
-            except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError, AttributeError):
-                pass  # missing or not ours: count again
+            except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError, AttributeError,
+                    files.UnsafeFile):
+                pass  # missing or not ours (a FIFO, a device, too large: refused unread): count again
         todo = [c for c in range(len(table)) if table.checksums[c] not in self._counts]
         if todo:
             with cf.ThreadPoolExecutor(8) as pool:
@@ -158,6 +223,8 @@ class ExampleIndex:
             body = fmt.dumps(doc).encode()
             try:
                 files.write(cache.storage, cache.path(rel), body)  # a concurrent reader sees the old or the new file
+            except files.UnsafeFile as e:  # a symlink planted in the cache: never written through
+                warnings.warn(f"the reader's index file is not written: {e}", stacklevel=2)
             except Exception:  # read-only cache: keep the table in memory only
                 pass
         return counts
@@ -208,6 +275,10 @@ class ExampleIndex:
                 self._cum.move_to_end(c)
                 return got
         cum = np.concatenate([[0], np.cumsum(pieces_per_doc(self.lengths(docs.doc_lengths), self.seq_len))])
+        want = self._counts.get(self.cache.table.checksums[c])
+        if want is not None and int(cum[-1]) != int(want.sum()):  # the counts came from an index file
+            raise self._mismatch(c, f"its documents make {int(cum[-1])} unpacked examples of {self.seq_len} tokens, "
+                                 f"the index says {int(want.sum())}")
         with self._lock:
             self._cum[c] = cum
             while len(self._cum) > _CUM_CACHE:
