@@ -113,8 +113,8 @@ def loss_flags(values: np.ndarray, counts: np.ndarray, lengths: np.ndarray, *, s
 
     ``values``: the documents' span bounds concatenated, ``counts[k]`` of them for document ``k`` of
     ``lengths[k]`` tokens. Raises ValueError naming what is wrong when the spans do not make flags (an odd
-    list, bounds out of order or past the row group's end); ``strict`` (``validate``): also unless every
-    document's spans are sorted, disjoint, non-empty ranges within it (docs/FORMAT.md). The reader reads
+    list, bounds out of order, a bound outside its document); ``strict`` (``validate``): also unless every
+    document's spans are sorted, disjoint, non-empty ranges (docs/FORMAT.md). The reader reads
     bytes whose sha256 it checked, which the builder wrote so; it keeps to the checks that cost a few
     array operations (a few per cent of decoding a row group)."""
     docs = lengths.size
@@ -127,14 +127,16 @@ def loss_flags(values: np.ndarray, counts: np.ndarray, lengths: np.ndarray, *, s
     edges = np.empty(values.size + 2, np.int64)
     edges[0], edges[-1] = -1, starts[-1]
     np.add(values, np.repeat(starts[:-1], counts), out=edges[1:-1])
+    doc = np.repeat(np.arange(docs), counts)
+    bad = (values < 0) | (edges[1:-1] > starts[doc + 1])  # a span past its document: always refused
     if strict:
-        doc = np.repeat(np.arange(docs), counts)
-        bad = (values < 0) | (edges[1:-1] > starts[doc + 1])
         bad[1:] |= (edges[2:-1] <= edges[1:-2]) & (doc[1:] == doc[:-1])
-        if bad.any():
-            k = int(doc[np.argmax(bad)])
+    if bad.any():
+        k = int(doc[np.argmax(bad)])
+        if strict:
             raise ValueError(f"{fmt.LOSS_COLUMN} of document {k} of the row group are not sorted, disjoint, non-empty "
                              f"ranges within its {int(lengths[k])} tokens")
+        raise ValueError(f"{fmt.LOSS_COLUMN} of document {k} of the row group reach past its {int(lengths[k])} tokens")
     try:  # runs between the bounds: off before s_0, on from s_k to e_k, off after
         flags = np.repeat(_alternating(values.size + 1), np.diff(edges))
     except ValueError:
