@@ -212,7 +212,7 @@ def sample_objects(stream: BinaryIO, path: str, array: bool) -> list[dict]:
     if array:
         raws = []
         try:
-            for _, element, _ in ArrayRecords(io.BytesIO(data), path):
+            for _, element, _ in ArrayRecords(io.BytesIO(data), path, keep_tails=False):
                 raws.append(element)
                 if len(raws) >= SAMPLE_RECORDS:
                     break
