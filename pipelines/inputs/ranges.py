@@ -19,7 +19,8 @@ class ByteSource:
     def __init__(self, path: str, storage_options: dict[str, Any] | None = None):
         self.path = path
         storage, p = files.url_storage(path, storage_options)
-        self.size = storage.size(p)
+        stamp = files.fingerprint(storage, p)
+        self.size, self.stamp = stamp["size"], tuple(sorted(stamp.items()))  # which version of the file it is
         self._f = storage.open(p, read_ahead=False)
         self.bytes_read = 0
 

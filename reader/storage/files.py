@@ -360,6 +360,22 @@ def url_storage(url: str, storage_options: Mapping[str, Any] | None = None,
     return FsspecStorage(fs, root=root), path
 
 
+def fingerprint(st: Storage, path: str) -> dict[str, Any]:
+    """A cheap metadata fingerprint of a file, which any write changes: locally its size, ``mtime_ns``,
+    ``ctime_ns`` (which no one can set back), device and inode; on Cloud Storage its size, generation and
+    CRC32C; on other stores whatever of those (or an ETag, a modification time) the store reports."""
+    if getattr(st, "local", False):
+        s = os.stat(path)
+        return {"size": s.st_size, "mtime_ns": s.st_mtime_ns, "ctime_ns": s.st_ctime_ns, "device": s.st_dev,
+                "inode": s.st_ino}
+    info = st.fs.info(path)
+    out = {"size": int(info["size"])}
+    for key in ("generation", "crc32c", "etag", "ETag", "mtime", "updated", "LastModified", "last_modified"):
+        if info.get(key) is not None:
+            out[key] = str(info[key])
+    return out
+
+
 def read_url(url: str, storage_options: Mapping[str, Any] | None = None, limit: int | None = None) -> bytes:
     """The bytes of a local path or fsspec URL named by the user (a template, a config), through the door."""
     st, path = url_storage(url, storage_options)

@@ -227,6 +227,27 @@ class _Thrift:
         raise ValueError(f"unknown thrift type {ftype}")
 
 
+def page_headers(data, start: int = 0, end: int | None = None):
+    """``(header, body offset)`` of each page of the column chunk ``data[start:end]``, in order: the header's
+    Thrift fields (1 the page type: 0 data, 2 dictionary, 3 data v2; 2 and 3 its uncompressed and
+    compressed sizes; 5, 7, 8 the data, dictionary and data v2 page headers, whose field 1 is the page's
+    number of values). ValueError where a header is damaged or the pages do not tile the chunk exactly."""
+    end = len(data) if end is None else end
+    pos = start
+    while pos < end:
+        t = _Thrift(data, pos)
+        try:
+            h = t.struct()
+        except (IndexError, TypeError) as e:
+            raise ValueError(f"a page header that does not parse at byte {pos - start} of the column chunk") from e
+        csize = h.get(3)
+        if not isinstance(csize, int) or csize < 0 or t.pos + csize > end or not isinstance(h.get(2), int) \
+                or h[2] < 0:
+            raise ValueError(f"a page at byte {pos - start} of the column chunk whose sizes run past its end")
+        yield h, t.pos
+        pos = t.pos + csize
+
+
 def fast_token_values(data, col_meta, expect: int, lead: int = 0, base: int = 0) -> np.ndarray | None:
     """The int32 values of one token column chunk (after ``lead`` zeros), or None if it is not PLAIN data
     pages this function can read. ``data`` holds the file's bytes from offset ``base`` on."""
@@ -255,14 +276,9 @@ def _data_pages(data, col_meta, *, base: int, column: str, levels: int):
     if start < 0 or end > len(data):
         raise _NotPlain
     view = memoryview(data)
-    pos = start
-    while pos < end:
-        t = _Thrift(data, pos)
-        h = t.struct()
-        pos = t.pos
+    for h, pos in page_headers(data, start, end):
         ptype, usize, csize = h.get(1), h.get(2), h.get(3)
         body = view[pos:pos + csize]
-        pos += csize
         blocks = []
         if ptype == 0:  # DATA_PAGE (v1): levels and values compressed together
             dph = h.get(5) or {}
