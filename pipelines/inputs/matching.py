@@ -26,7 +26,7 @@ from reader.storage import files
 
 from pipelines.errors import BuildError
 from pipelines.filesystem import BEAM, absolute, is_remote
-from pipelines.inputs import columnar, formats, keys, remote
+from pipelines.inputs import columnar, fingerprints, formats, keys, remote
 from pipelines.inputs.decompress import open_input
 from pipelines.plan import ChunkConfig, MatchedFile
 
@@ -167,8 +167,12 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
     with concurrent.futures.ThreadPoolExecutor(max_workers=READ_CHECK_THREADS) as pool:
         kinds = list(pool.map(check, paths))
     _raise_first_problem(kinds)
-    crc = remote.crc32c_of(paths, [absolute(p) for p in patterns])
-    return [MatchedFile(path=p, size=found[p], crc32c=crc.get(p), format=k.kind) for p, k in zip(paths, kinds)]
+    where = [absolute(p) for p in patterns]
+    objects = remote.objects_of(paths, where)
+    crc = remote.crc32c_of(paths, where, objects)
+    stamps = fingerprints.of(paths, where, objects)  # checked again before the ledger is finished
+    return [MatchedFile(path=p, size=found[p], crc32c=crc.get(p), format=k.kind, fingerprint=stamps.get(p))
+            for p, k in zip(paths, kinds)]
 
 
 def _unreadable(path: str, e: Exception) -> str:

@@ -477,3 +477,60 @@ def test_a_state_json_entry_outside_the_directory_or_not_a_file_is_refused_never
     assert not os.path.exists(tmp_path / "cache")
     _, res = build(tmp_path, [saved])
     assert res["ledger"]["totals"]["docs"] == 100
+
+
+# -- an input that changes while the build runs -----------------------------------------------------------
+def _edit_in_place(path: str, edits: list[tuple[bytes, bytes]]) -> None:
+    with open(path, "r+b") as f:
+        data = f.read()
+        for old, new in edits:
+            assert len(old) == len(new) and data.count(old) == 1
+            at = data.index(old)
+            f.seek(at)
+            f.write(new)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_an_input_edited_in_place_during_the_build_is_an_error_naming_it(tmp_path, monkeypatch, kind):
+    """Edited in place at the same size while the build ran (a letter in a chunk already built, and one in a
+    chunk not built yet): exit 0 and a cache matching neither version, which ``validate`` passed. The plan
+    records each input's metadata fingerprint (size, mtime_ns, ctime_ns, device, inode), checked again before
+    the ledger is finished: an error naming the file, and a rerun of the same command builds the file as it
+    is now."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.chunking import units
+
+    texts = [f"document {i:03d}: " + t for i, t in enumerate(sample_texts(120, seed=9, max_words=40))]
+    path = str(tmp_path / "in" / f"a.{kind}")
+    os.makedirs(os.path.dirname(path))
+    if kind == "jsonl":
+        write_shard(path, [{"text": t} for t in texts])
+    else:
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=10, compression="none", write_statistics=False)
+    edits = [(b"document 001:", b"DOCUMENT 001:"), (b"document 118:", b"DOCUMENT 118:")]
+    real, done = units.UnitBuilder.build, []
+
+    def build_then_edit(self, unit):
+        out = real(self, unit)
+        if not done:  # after the first unit: the input changes under the build
+            done.append(unit)
+            _edit_in_place(path, edits)
+        return out
+
+    monkeypatch.setattr(units.UnitBuilder, "build", build_then_edit)
+    opts = dict(chunk_bytes=1024, max_bad_fraction=0.5)
+    with pytest.raises(BuildError) as e:
+        build(tmp_path, [path], **opts)
+    msg = str(e.value)
+    assert msg.startswith(f"input file {path} changed while the cache was built (") and "mtime_ns" in msg, msg
+    plan = load_ledger(str(tmp_path / "cache"))
+    assert "\n" not in msg and not plan["finished"]
+    assert set(plan["inputs"][0]["fingerprint"]) == {"size", "mtime_ns", "ctime_ns", "device", "inode"}
+    monkeypatch.setattr(units.UnitBuilder, "build", real)
+    out, res = build(tmp_path, [path], **opts)
+    assert "fingerprint" not in res["ledger"]["inputs"][0]  # a finished ledger: a function of the content
+    clean, _ = build(tmp_path, [path], name="clean", **opts)
+    assert tree_bytes(out) == tree_bytes(clean)
+    assert any("DOCUMENT 001:" in t for t in [_enc().decode(d["tokens"]) for d in read_documents(out)])
