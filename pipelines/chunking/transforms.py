@@ -33,7 +33,7 @@ from pipelines import filesystem, status, trace
 from pipelines.chunking.chunk_writer import Counters
 from pipelines.chunking.supervised import Supervised
 from pipelines.errors import BuildError
-from pipelines.inputs import fingerprints
+from pipelines.inputs.matching import input_changed
 from pipelines.ledger import check_bad_fraction_of, check_empty_of, finished_ledger
 from pipelines.plan import BuildPlan, ChunkConfig, UnitResult, WorkUnit, work_units
 from pipelines.tokenize.fast_tokenizer import load_cached
@@ -183,7 +183,7 @@ class FinalizeLedgerFn(beam.DoFn):
         if failure is not None:
             status.write_failure(self.output, failure)
             raise BuildError(failure.message(roots[caches[0][0]]))
-        changed = fingerprints.changed(self.plan.inputs)  # an input written to while this build read it
+        changed = input_changed(self.plan.inputs)  # an input written to while this build read it
         if changed is not None:
             status.write_failure(self.output, status.WorkerFailure(text=changed, kind="InputChanged"))
             raise BuildError(changed)

@@ -12,7 +12,7 @@ import pytest
 
 from columnar_files import corpus_table, save_to_disk, write_arrow, write_parquet
 from pipelines.errors import BuildError, DamagedFile
-from pipelines.inputs import arrow_ipc, columnar, formats
+from pipelines.inputs import arrow_ipc, formats, parquet
 from pipelines.inputs.columnar import (ARROW, PARQUET, ChunkReader, chunk_checksum, dead_letter, plan,
                                        plan_chunks)
 from pipelines.inputs.ranges import ByteSource
@@ -102,7 +102,7 @@ def test_a_chunk_reads_only_its_column_chunks(tmp_path, table):
     meta = pq.ParquetFile(path).metadata
     text = [c for c in range(meta.num_columns) if meta.schema.column(c).path == "text"][0]
     size = layout.size
-    columnar._FOOTERS.clear()  # as in a new worker process
+    parquet._FOOTERS.clear()  # as in a new worker process
     for k in (0, len(layout.chunks) - 1):
         with ByteSource(path) as src:
             records = list(ChunkReader(layout, k, text_key="text", source=src))

@@ -24,6 +24,10 @@ CHILD = """
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
 from pipelines.inputs import columnar
+try:
+    from pipelines.inputs import parquet
+except ImportError:
+    parquet = None
 from pipelines.plan import ChunkConfig, MatchedFile, make_plan, work_units
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.time()
@@ -39,7 +43,7 @@ try:
     out["error"] = None
 except Exception as e:
     out["error"] = [type(e).__name__, str(e)]
-out.update(seconds=time.time() - t0, parses=getattr(columnar, "footer_parses", None),
+out.update(seconds=time.time() - t0, parses=getattr(parquet, "footer_parses", None),
            growth=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
 print("RESULT " + json.dumps(out))
 """

