@@ -6,6 +6,11 @@ or network failed: rerunning the same command resumes).
 """
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line (pyarrow's and the decompressors' messages hold newlines)."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 class BuildError(RuntimeError):
     """A build cannot start or finish; the message names the file or option and the fix."""
 
@@ -28,6 +33,7 @@ class DamagedInput(BuildError):
     """
 
     def __init__(self, path: str, offset: int, reason: str):
+        reason = one_line(reason)
         self.path, self.offset, self.reason = path, offset, reason
         super().__init__(
             f"input file {path} is damaged: {reason} after {offset} uncompressed bytes. Nothing built from it "
@@ -48,6 +54,7 @@ class DamagedFile(DamagedInput):
     """
 
     def __init__(self, path: str, where: str, reason: str):
+        reason = one_line(reason)
         self.path, self.where, self.reason, self.offset = path, where, reason, None
         BuildError.__init__(
             self, f"input file {path} is damaged: {reason} ({where}). Nothing built from it is kept as complete. "

@@ -10,6 +10,7 @@ log records, the workers' stderr, the traceback) to a file whose path a failure'
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import logging
 import os
@@ -110,10 +111,12 @@ class BuildLog:
     """
 
     def __init__(self, argv: Sequence[str]):
-        name = f"chunkledger-build-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-        self.path = os.path.join(tempfile.gettempdir(), name)
+        # A new file of a name nobody can guess (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600): a file or symlink
+        # planted in the shared temporary directory is never written through or over.
+        fd, self.path = tempfile.mkstemp(prefix=f"chunkledger-build-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-",
+                                         suffix=".log")
         # O_APPEND: the launcher's lines and its children's writes never overwrite each other
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
         self.file = os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", buffering=1)
         self.file.write(f"command: {sys.executable} -m pipelines.build_cache {' '.join(argv)}\n\n")
         self.handler = logging.StreamHandler(self.file)

@@ -38,7 +38,7 @@ def final_inputs(plan: Mapping[str, Any], root: str) -> list[dict[str, Any]]:
     shard's chunk count and size from its ``_DONE.json``."""
     out = []
     for inp in plan["inputs"]:
-        inp = dict(inp)
+        inp = {k: v for k, v in inp.items() if k != "fingerprint"}  # the build's own check, not the content's
         if inp.get("compression", "none") == "none":
             inp["uncompressed_bytes"] = inp["size"]
         else:

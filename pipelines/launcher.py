@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from reader.format import checks
 from reader.format import spec as fmt
 from reader.format.splits import SPLIT_NAMES, SPLITS_MANIFEST_NAME, SplitSpec, cache_root
+from reader.storage import files
 
 from pipelines import faults, status
 from pipelines import filesystem
@@ -191,7 +192,7 @@ def resolve_chat_template(path: str, tok: TokenizerSpec) -> tuple[str, dict[str,
     config = _tokenizer_config(tok)
     if path:
         where = absolute(path)
-        raw = filesystem.read_or_none(where)
+        raw = filesystem.read_or_none(where, limit=files.MAX_SMALL_FILE_BYTES)
         if raw is None:
             raise BuildError(f"--chat_template {path}: no such file")
         try:
@@ -244,8 +245,7 @@ def _tokenizer_config(tok: TokenizerSpec) -> str | None:
         folder = local if os.path.isdir(local) else os.path.dirname(local)
         config = os.path.join(folder, TOKENIZER_CONFIG)
         if os.path.isfile(config):
-            with open(config, encoding="utf-8", errors="replace") as f:
-                return f.read()
+            return files.read_local(config, limit=files.MAX_SMALL_FILE_BYTES).decode("utf-8", errors="replace")
     except TokenizerError:
         pass
     return None

@@ -98,6 +98,8 @@ class MatchedFile:
     crc32c: str | None = None  # base64, as Cloud Storage reports it; None for local files
     format: str = JSONL
     layout: Any = dataclasses.field(default=None, compare=False, repr=False)
+    # its metadata when matched (pipelines/inputs/fingerprints.py): checked again before the ledger is finished
+    fingerprint: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +115,8 @@ class InputFile:
     format: str = JSONL  # jsonl, json_array, parquet or arrow
     rows: int | None = None  # a columnar file's rows
     layout: Any = dataclasses.field(default=None, compare=False, repr=False)  # a columnar file's, as planned
+    # its metadata when planned: in the plan ledger only (a finished ledger is a function of the content)
+    fingerprint: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def to_json(self, version: int = fmt.FORMAT_VERSION) -> dict[str, Any]:
         """The ledger's ``inputs`` entry (version 2's has no ``format`` and ``rows``)."""
@@ -189,7 +193,8 @@ class BuildPlan:
         return fmt.written_version(self.resumes)
 
     def ledger(self) -> dict[str, Any]:
-        """The plan ``ledger.json``: ``finished`` false, no chunks yet (see docs/FORMAT.md)."""
+        """The plan ``ledger.json``: ``finished`` false, no chunks yet; each input with its ``fingerprint`` when
+        planned (see docs/FORMAT.md)."""
         version = self.format_version
         return {
             "format": fmt.FORMAT_NAME,
@@ -197,7 +202,8 @@ class BuildPlan:
             "finished": False,
             "tokenizer": dict(self.tokenizer),
             "config": self.config.to_json(),
-            "inputs": [inp.to_json(version) for inp in self.inputs],
+            "inputs": [{**inp.to_json(version), **({"fingerprint": dict(inp.fingerprint)} if inp.fingerprint else {})}
+                       for inp in self.inputs],
             "chunks": [],
             "totals": {},
             "bad_records": {},
@@ -224,7 +230,8 @@ def make_plan(tokenizer: Mapping[str, Any], config: ChunkConfig, files: Sequence
         else:
             chunks = fmt.num_chunks(f.size, config.chunk_bytes) if compression == "none" else None
         inputs.append(InputFile(shard=shard, path=f.path, size=f.size, compression=compression, chunks=chunks,
-                                crc32c=f.crc32c, format=f.format, rows=rows, layout=f.layout))
+                                crc32c=f.crc32c, format=f.format, rows=rows, layout=f.layout,
+                                fingerprint=f.fingerprint))
     return BuildPlan(tokenizer=dict(tokenizer), config=config, inputs=tuple(inputs), split=split)
 
 

@@ -39,7 +39,7 @@ def event(name: str, **fields) -> None:
     line = json.dumps({"t": time.time(), "cpu": time.process_time(), "pid": os.getpid(), "event": name,
                        **fields}) + "\n"
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             os.write(fd, line.encode())  # one short O_APPEND write: lines from processes never interleave
         finally:
@@ -62,6 +62,8 @@ def process_start() -> float | None:
 
 def read(path: str) -> list[dict]:
     """The events of a trace file, in time order."""
-    with open(path, encoding="utf-8") as f:
-        events = [json.loads(line) for line in f if line.strip()]
+    from reader.storage import files  # the tool reading a trace (not the light path writing one)
+
+    text = files.read_local(path).decode("utf-8")
+    events = [json.loads(line) for line in text.splitlines() if line.strip()]
     return sorted(events, key=lambda e: e["t"])

@@ -195,7 +195,8 @@ class ChunkBuilder:
         self._pend(pos, item, record, fields, canonical(item) if self.router.spec is not None else "", size)
 
     def _bad(self, pos: int, letter: dict[str, Any]) -> None:
-        self.bad_buffer.append((pos, (json.dumps(letter, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")))
+        line = json.dumps(letter, sort_keys=True, ensure_ascii=False, default=rows.json_value)
+        self.bad_buffer.append((pos, (line + "\n").encode("utf-8")))
         self.bad_reasons[letter["reason"]] += 1
 
     def _spool_bad(self) -> None:

@@ -84,6 +84,7 @@ class Supervised:
                      if self.format == PROMPT_COMPLETION else {"messages": config["messages_key"]})
         self.keep_fields = tuple(config.get("keep_fields") or ())
         self.max_depth = config.get("max_json_depth") or MAX_JSON_DEPTH
+        self.max_bytes = config.get("max_doc_bytes")  # a chat template's values and render (its limits)
         self.eos_id = eos_id if config["append_eos"] else None
         tokens = config.get("chat_template") or {}
         self.bos_token, self.eos_token = tokens.get("bos_token"), tokens.get("eos_token")
@@ -157,7 +158,7 @@ class Supervised:
             ids, mask = sft.encode_prompt_completion(record["prompt"], record["completion"], encoder, self.eos_id)
         else:
             ids, mask = sft.encode_chat(record, self.template, encoder, bos_token=self.bos_token,
-                                        eos_token=self.eos_token)
+                                        eos_token=self.eos_token, max_bytes=self.max_bytes)
         return ids, spans_of(mask)
 
     def encode_many(self, records: Sequence[Mapping[str, Any]], positions: Sequence[int],

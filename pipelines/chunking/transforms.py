@@ -41,6 +41,7 @@ from pipelines.chunking.chunk_writer import Counters
 from pipelines.chunking.supervised import Supervised
 from pipelines.errors import BuildError
 from pipelines.finalize import Recorded, draft_table, final_inputs, remove_other_tables
+from pipelines.inputs.matching import input_changed
 from pipelines.ledger import check_bad_fraction_of, empty_inputs, per_shard
 from pipelines.plan import BuildPlan, ChunkConfig, InputFile, UnitList, UnitResult, WorkUnit
 from pipelines.plan_ledger import PlanRef, inputs_from_ledger, plan_checksum, read_plan
@@ -271,6 +272,10 @@ class FinalizeLedgerFn(beam.DoFn):
             if failure is not None:
                 status.write_failure(self.output, failure)
                 raise BuildError(failure.message(roots[names[0]]))
+            changed = input_changed(plans[names[0]]["inputs"])  # an input written to while this build read it
+            if changed is not None:
+                status.write_failure(self.output, status.WorkerFailure(text=changed, kind="InputChanged"))
+                raise BuildError(changed)
             status.clear_failure(self.output)
             for draft in drafts.values():  # the tables first: each ledger's rename is the commit
                 publish(draft)

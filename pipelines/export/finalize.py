@@ -28,6 +28,7 @@ import numpy as np
 from reader.format import spec as fmt
 from reader.interop.export import remove_quietly, rename
 from reader.interop.megatron import write_index
+from reader.storage import files
 from reader.storage.files import is_gcs, is_local
 
 from pipelines.export.parts import READ_BLOCK, PartResult, part_path
@@ -51,7 +52,7 @@ def part_lengths(fs, directory: str, plan: ExportPlan) -> Callable[[], Iterator[
 
     def lengths() -> Iterator[np.ndarray]:
         for spec in plan.parts:
-            with fs.open(part_path(directory, spec.index, "len"), "rb") as f:
+            with files.storage(fs).open(part_path(directory, spec.index, "len")) as f:
                 rest = b""
                 while raw := f.read(READ_BLOCK):
                     raw, cut = rest + raw, (len(rest) + len(raw)) // 4 * 4
@@ -65,9 +66,8 @@ def part_lengths(fs, directory: str, plan: ExportPlan) -> Callable[[], Iterator[
 
 
 def _copy_local(src: str, dst_fd: int, size: int) -> None:
-    fd = os.open(src, os.O_RDONLY)
-    try:
-        left = size
+    with files.open_local(src) as f:
+        fd, left = f.fileno(), size
         try:
             while left:
                 n = os.copy_file_range(fd, dst_fd, left)
@@ -80,16 +80,14 @@ def _copy_local(src: str, dst_fd: int, size: int) -> None:
             while left and (block := os.read(fd, min(left, READ_BLOCK))):
                 os.write(dst_fd, block)
                 left -= len(block)
-        if left:
-            raise fmt.FormatError(f"{src}: {size - left} bytes, the plan says {size} (a part changed after it was "
-                                  "written; rerun the export command)")
-    finally:
-        os.close(fd)
+    if left:
+        raise fmt.FormatError(f"{src}: {size - left} bytes, the plan says {size} (a part changed after it was "
+                              "written; rerun the export command)")
 
 
 def concat_local(sources: Sequence[str], sizes: Sequence[int], dst: str) -> None:
     """``sources`` (of ``sizes`` bytes) joined into the local file ``dst``."""
-    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)  # never through a symlink
     try:
         for src, size in zip(sources, sizes):
             _copy_local(src, fd, size)

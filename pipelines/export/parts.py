@@ -65,15 +65,15 @@ class PartResult:
 def read_json(fs, path: str) -> dict | None:
     """A JSON object file, or None if it is missing or unreadable (half-written by hand, damaged)."""
     try:
-        value = json.loads(fs.cat_file(path))
-    except (FileNotFoundError, ValueError):
+        value = json.loads(files.storage(fs).read(path, limit=files.MAX_SMALL_FILE_BYTES))
+    except (FileNotFoundError, ValueError, files.UnsafeFile):
         return None
     return value if isinstance(value, dict) else None
 
 
 def _sha256_of(fs, path: str) -> str:
     h = hashlib.sha256()
-    with fs.open(path, "rb") as f:
+    with files.storage(fs).open(path) as f:
         while block := f.read(READ_BLOCK):
             h.update(block)
     return h.hexdigest()

@@ -4,13 +4,14 @@ A *group* is a Parquet row group or an Arrow record batch. :func:`plan` reads on
 (or an Arrow file's message headers, :mod:`pipelines.inputs.arrow_ipc`) and cuts the groups into chunks:
 runs of whole groups holding about ``chunk_bytes`` (:func:`plan_chunks`). A group's size is what a worker
 decodes of it: the uncompressed bytes of the columns read (the text and the kept fields) of a Parquet row
-group, the whole message of an Arrow record batch. A group above ``max_group_bytes`` is refused there,
-before the build, with the fix (smaller row groups).
+group, the whole message of an Arrow record batch, and at least 4 bytes per row and column (a count of rows
+a footer claims is a size too). A group above ``max_group_bytes`` is refused there, before the build, with
+the fix (smaller row groups).
 
-:class:`ChunkReader` reads one chunk, one group at a time (memory: one group, never the file): of a Parquet
-row group only the column chunks of the columns read, each one range read through fsspec (local paths and
-``gs://`` alike) and handed to pyarrow, which reads nothing else; an Arrow record batch as its one message.
-It yields a :class:`Record` per row (provenance: the row number in the file) and computes the chunk's
+:class:`ChunkReader` reads one chunk, one group at a time (memory: one group's stored bytes, never the file):
+a Parquet row group as :mod:`pipelines.inputs.parquet` reads it (the footer parsed once per worker, only the
+column chunks read, decoding bounded by what is decoded), an Arrow record batch as its one message. It
+yields a :class:`Record` per row (provenance: the row number in the file) and computes the chunk's
 ``input_checksum`` from the bytes it read (docs/FORMAT.md defines it): a sha256 of the stored
 bytes, so it is the same with every pyarrow version and costs one pass over compressed bytes.
 :func:`chunk_checksum` computes it without decoding (a rerun checks a kept chunk's input with it).
@@ -24,26 +25,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
-import json
-import struct
+import itertools
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-
-from reader.storage.files import RangeFile
 
 from pipelines.errors import BuildError, DamagedFile
 from pipelines.inputs import arrow_ipc, keys
+from pipelines.inputs.keys import RecordShape, resolve_columns
+from pipelines.inputs.parquet import MAX_GROUP_BYTES, ParquetInput, groups_digest, leaf, size_text
 from pipelines.inputs.ranges import ByteSource
-from pipelines.inputs.keys import RecordShape
 from pipelines.inputs.rows import Record, binary_view, dead_letter, records, supervised_records  # noqa: F401
 
-# A worker decodes one group at a time, at a peak of 3.5 to 5 times its size (benchmarks/columnar_memory.py:
-# 220 to 340 MB above the imports for 64 MB row groups); larger groups are refused (see plan).
-MAX_GROUP_BYTES = 256 << 20
-FOOTER_READ = 64 << 10  # the first read of a Parquet tail (the footer usually fits)
+MIN_ROW_BYTES = 4  # every row of every column read decodes to at least its 4-byte offset (or value)
 CHECKSUM_TAG = b"chunkledger-columnar-1\n"
 PARQUET, ARROW = "parquet", "arrow"
 
@@ -64,14 +60,18 @@ class ColumnarLayout:
 
     @property
     def rows(self) -> int:
-        return sum(self.group_rows)
+        return self._row_starts[-1]
+
+    @functools.cached_property
+    def _row_starts(self) -> tuple[int, ...]:
+        """The first row of each group, and the file's rows (so a chunk's rows cost no sum over the file)."""
+        return (0, *itertools.accumulate(self.group_rows))
 
     def row_range(self, k: int) -> tuple[int, int]:
         g0, g1 = self.chunks[k]
-        first = sum(self.group_rows[:g0])
-        return first, first + sum(self.group_rows[g0:g1])
+        return self._row_starts[g0], self._row_starts[g1]
 
-    @property
+    @functools.cached_property
     def groups_digest(self) -> str:
         return groups_digest(self.group_rows, self.group_bytes)
 
@@ -116,10 +116,6 @@ class ColumnarChunk:
         return [self.first_row, self.first_row + sum(self.group_rows)]
 
 
-def groups_digest(rows: Sequence[int], sizes: Sequence[int]) -> str:
-    return hashlib.sha256(json.dumps([list(rows), list(sizes)]).encode()).hexdigest()[:32]
-
-
 def plan_chunks(group_bytes: Sequence[int], chunk_bytes: int) -> tuple[tuple[int, int], ...]:
     """Groups ``[g0, g1)`` of each chunk: whole groups are added until the chunk holds at least
     ``chunk_bytes`` (the last chunk may hold less). No groups, no chunks."""
@@ -136,116 +132,6 @@ def plan_chunks(group_bytes: Sequence[int], chunk_bytes: int) -> tuple[tuple[int
 
 def _shape(text_key: str, shape: RecordShape | None) -> RecordShape:
     return shape if shape is not None else RecordShape(keys.TEXT, ((text_key, "--text_key", str),))
-
-
-def _resolve(path: str, schema: pa.Schema, shape: RecordShape, keep_fields: Sequence[str]) -> list[list[str]]:
-    """The name paths of the record's columns (the text, or a supervised record's) and the kept fields, each
-    checked (BuildError naming the fix)."""
-    out = []
-    for key, option, kind in list(shape.keys) + [(f, "--keep_fields", None) for f in keep_fields]:
-        found = keys.schema_lookup(schema, key)
-        if found is None:
-            raise BuildError(keys.missing_column_message(path, key, schema, option))
-        names, typ = found
-        if kind is str and not keys.is_text_type(typ):
-            raise BuildError(f"input file {path}: column {key!r} is {typ}, not text; {option} must name a string "
-                             "column")
-        if kind is list and not keys.is_messages_type(typ):
-            raise BuildError(f"input file {path}: column {key!r} is {typ}; {option} must name a list of messages, "
-                             "list<struct<role: string, content: string, ...>>")
-        if option == "--keep_fields" and not keys.is_keepable_type(typ):
-            raise BuildError(f"input file {path}: column {key!r} is {typ}; --keep_fields keeps string and integer "
-                             "columns only")
-        out.append(names)
-    return out
-
-
-def _column_span(col) -> tuple[int, int]:
-    """``(first byte, length)`` of a column chunk as stored (its dictionary page, if any, comes first)."""
-    start = col.data_page_offset
-    if col.has_dictionary_page and col.dictionary_page_offset is not None and 0 < col.dictionary_page_offset < start:
-        start = col.dictionary_page_offset
-    return start, col.total_compressed_size
-
-
-class _Parquet:
-    """A Parquet file's footer and the column chunks of the columns read."""
-
-    def __init__(self, src: ByteSource, shape: RecordShape, keep_fields: Sequence[str], layout=None):
-        self.src, self.path = src, src.path
-        if src.size < 12:
-            raise DamagedFile(self.path, f"{src.size} bytes", "too short for a Parquet file")
-        # planned: the footer is read in one request of its known length
-        want = min(src.size, layout.footer_bytes if layout is not None else FOOTER_READ)
-        tail = src.read(src.size - want, want)
-        if tail[-4:] != b"PAR1":
-            raise DamagedFile(self.path, "at its last 4 bytes", "no closing PAR1 magic: truncated, or not Parquet")
-        (n,) = struct.unpack_from("<I", tail, len(tail) - 8)
-        if n + 12 > src.size:
-            raise DamagedFile(self.path, "at its footer", f"a footer length of {n} bytes in a {src.size}-byte file")
-        if layout is not None and n + 8 != layout.footer_bytes:
-            raise BuildError(f"input file {self.path} changed during the build (its footer differs from the plan); "
-                             "inputs must not change while a cache is built")
-        if n + 8 > len(tail):  # a large footer: read the rest of it
-            tail = src.read(src.size - n - 8, n + 8 - len(tail)) + tail
-        self.footer_bytes = n + 8
-        try:
-            self.meta = pq.read_metadata(pa.BufferReader(tail[len(tail) - n - 8:]))
-            self.schema = self.meta.schema.to_arrow_schema()
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedFile(self.path, "at its footer", f"an unreadable Parquet footer ({e})") from e
-        self.names = _resolve(self.path, self.schema, shape, keep_fields)
-        dotted = [".".join(n) for n in self.names]
-        paths = [self.meta.schema.column(i).path for i in range(self.meta.num_columns)]
-        # distinct leaf columns read, in file order (a list of messages has several: role, content, ...)
-        self.leaves = [i for i, p in enumerate(paths) if any(p == d or p.startswith(d + ".") for d in dotted)]
-        self.columns = sorted(set(dotted), key=dotted.index)
-        self.group_rows = tuple(self.meta.row_group(g).num_rows for g in range(self.meta.num_row_groups))
-        self.group_bytes = tuple(sum(self.meta.row_group(g).column(i).total_uncompressed_size for i in self.leaves)
-                                 for g in range(self.meta.num_row_groups))
-        self._file = RangeFile(src.size, name=self.path)
-        self._pf = None
-
-    def descriptor(self) -> bytes:
-        """What the checksum covers of the footer: the columns read, by their Parquet type names."""
-        cols = []
-        for i in self.leaves:
-            c = self.meta.schema.column(i)
-            cols.append([c.path, c.physical_type, c.logical_type.type, c.converted_type, c.max_definition_level,
-                         c.max_repetition_level])
-        return json.dumps(cols, separators=(",", ":")).encode() + b"\n"
-
-    def raw(self, g: int, hasher) -> list[tuple[int, bytes]]:
-        """The stored bytes of group ``g``'s column chunks read, each fed to ``hasher`` with its length."""
-        rg = self.meta.row_group(g)
-        hasher.update(b"%d\n" % rg.num_rows)
-        out = []
-        for i in self.leaves:
-            start, length = _column_span(rg.column(i))
-            data = self.src.read(start, length) if start + length <= self.src.size else b""
-            if len(data) != length:
-                raise DamagedFile(self.path, f"row group {g}, column {self.meta.schema.column(i).path!r}",
-                                  f"its column chunk [{start}, {start + length}) lies past the end of the file")
-            hasher.update(b"%d\n" % length)
-            hasher.update(data)
-            out.append((start, data))
-        return out
-
-    def arrays(self, g: int, hasher) -> list[pa.Array]:
-        self._file.ranges = self.raw(g, hasher)
-        try:
-            if self._pf is None:
-                self._pf = pq.ParquetFile(self._file, metadata=self.meta, pre_buffer=False,
-                                          page_checksum_verification=True)
-            table = self._pf.read_row_group(g, columns=self.columns, use_threads=False)  # one group, few columns
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedFile(self.path, f"row group {g}", f"its pages do not decode ({e})") from e
-        finally:
-            self._file.ranges = []
-        if table.num_rows != self.group_rows[g]:
-            raise DamagedFile(self.path, f"row group {g}", f"{table.num_rows} rows decoded, the footer says "
-                                                           f"{self.group_rows[g]}")
-        return [_leaf(_one_array(table.column(n[0])), n[1:]) for n in self.names]
 
 
 class _Arrow:
@@ -268,7 +154,7 @@ class _Arrow:
             self.schema = arrow_ipc.read_schema(self.schema_message)
         except (OSError, pa.ArrowException) as e:
             raise DamagedFile(self.path, f"at byte {self.schema_range[0]}", f"an unreadable Arrow schema ({e})") from e
-        self.names = _resolve(self.path, self.schema, shape, keep_fields)
+        self.names = resolve_columns(self.path, self.schema, shape, keep_fields)
 
     def descriptor(self) -> bytes:
         return self.schema_message
@@ -283,7 +169,11 @@ class _Arrow:
         hasher.update(data)
         return data
 
-    def arrays(self, g: int, hasher) -> list[pa.Array]:
+    def arrays(self, g: int, hasher) -> Iterator[list[pa.Array]]:
+        """Record batch ``g``'s columns read (one list: a record batch is decoded whole, as stored)."""
+        yield self._arrays(g, hasher)
+
+    def _arrays(self, g: int, hasher) -> list[pa.Array]:
         i = g - self.base
         where = f"record batch {g} at byte {self.offsets[i]}"
         data = self.raw(g, hasher)
@@ -291,7 +181,7 @@ class _Arrow:
             batch = arrow_ipc.read_batch(data, self.schema)
             if batch.num_rows != self.group_rows[i]:
                 raise DamagedFile(self.path, where, f"{batch.num_rows} rows, its header says {self.group_rows[i]}")
-            out = [_leaf(batch.column(self.schema.get_field_index(n[0])), n[1:]) for n in self.names]
+            out = [leaf(batch.column(self.schema.get_field_index(n[0])), n[1:]) for n in self.names]
             for a in out:  # offsets in bounds (Arrow data carries no checksum); UTF-8 is checked per value
                 binary_view(a).validate(full=True)
         except (OSError, pa.ArrowException) as e:
@@ -299,21 +189,10 @@ class _Arrow:
         return out
 
 
-def _one_array(col: pa.ChunkedArray) -> pa.Array:
-    """The column of one row group as one array (combine_chunks copies even a single chunk)."""
-    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-
-
-def _leaf(arr: pa.Array, names: Sequence[str]) -> pa.Array:
-    """The child ``names`` of a struct array, a null parent making the child null."""
-    for name in names:
-        arr = arr.flatten()[arr.type.get_field_index(name)]
-    return arr
-
-
-def _open(src: ByteSource, fmt: str, shape: RecordShape, keep_fields: Sequence[str], chunk=None):
+def _open(src: ByteSource, fmt: str, shape: RecordShape, keep_fields: Sequence[str], chunk=None,
+          max_group_bytes: int = MAX_GROUP_BYTES):
     if fmt == PARQUET:
-        return _Parquet(src, shape, keep_fields, chunk)
+        return ParquetInput(src, shape, keep_fields, chunk, max_group_bytes)
     if fmt == ARROW:
         return _Arrow(src, shape, keep_fields, chunk)
     raise ValueError(f"not a columnar format: {fmt!r}")
@@ -330,23 +209,22 @@ def plan(path: str, fmt: str, *, text_key: str, keep_fields: Sequence[str] = (),
     """
     with contextlib.nullcontext(source) if source is not None else ByteSource(path, storage_options) as src:
         f = _open(src, fmt, _shape(text_key, shape), keep_fields)
-        for g, n in enumerate(f.group_bytes):
+        columns = len(getattr(f, "leaves", f.names))
+        for g, (n, rows) in enumerate(zip(f.group_bytes, f.group_rows)):
+            # every row of every column decodes to 4 bytes at least: a count of rows is a size too
+            n = max(n, rows * MIN_ROW_BYTES * columns)
             if n > max_group_bytes:
                 what, whats = ("row group", "row groups") if fmt == PARQUET else ("record batch", "record batches")
                 fix = ("pyarrow.parquet.write_table(table, path, row_group_size=ROWS)" if fmt == PARQUET else
                        "datasets' writer_batch_size, or RecordBatchStreamWriter.write_table(table, max_chunksize=ROWS)")
                 raise BuildError(
-                    f"input file {path}: {what} {g} holds {_size(n)} to decode ({f.group_rows[g]} rows), above the "
-                    f"{_size(max_group_bytes)} a worker decodes at once. Rewrite the file with smaller {whats} "
+                    f"input file {path}: {what} {g} holds {size_text(n)} to decode ({rows} rows), above the "
+                    f"{size_text(max_group_bytes)} a worker decodes at once. Rewrite the file with smaller {whats} "
                     f"({fix}); a few tens of MiB each reads well")
         return ColumnarLayout(path=path, format=fmt, size=src.size, group_rows=f.group_rows,
                               group_bytes=f.group_bytes, chunks=plan_chunks(f.group_bytes, chunk_bytes),
                               group_offsets=getattr(f, "offsets", ()), schema_range=getattr(f, "schema_range", None),
                               footer_bytes=getattr(f, "footer_bytes", 0))
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 class ChunkReader:
@@ -361,8 +239,10 @@ class ChunkReader:
 
     def __init__(self, chunk: ColumnarChunk | ColumnarLayout, k: int | None = None, *, text_key: str = "text",
                  keep_fields: Sequence[str] = (), storage_options: dict[str, Any] | None = None,
-                 source: ByteSource | None = None, shape: RecordShape | None = None):
+                 source: ByteSource | None = None, shape: RecordShape | None = None,
+                 max_group_bytes: int = MAX_GROUP_BYTES):
         self.chunk = chunk if isinstance(chunk, ColumnarChunk) else chunk.chunk(k)
+        self.max_group_bytes = max_group_bytes
         self.shape, self.keep_fields = _shape(text_key, shape), tuple(keep_fields)
         self.storage_options, self.source = storage_options, source
         self.span = self.chunk.span
@@ -374,8 +254,8 @@ class ChunkReader:
         if src.size != c.size:
             raise BuildError(f"input file {c.path} changed during the build (planned size {c.size}, now "
                              f"{src.size}); inputs must not change while a cache is built")
-        f = _open(src, c.format, self.shape, self.keep_fields, c)
-        if c.format == PARQUET and groups_digest(f.group_rows, f.group_bytes) != c.groups_digest:
+        f = _open(src, c.format, self.shape, self.keep_fields, c, self.max_group_bytes)
+        if c.format == PARQUET and f.digest != c.groups_digest:
             raise BuildError(f"input file {c.path} changed during the build (its row groups differ from the plan); "
                              "inputs must not change while a cache is built")
         h = hashlib.sha256(CHECKSUM_TAG)
@@ -388,11 +268,11 @@ class ChunkReader:
             f, h = self._opened(src)
             row = self.row_range[0]
             rows_of = records if self.shape.format == keys.TEXT else supervised_records
-            for i, g in enumerate(range(*self.span)):
-                arrays = f.arrays(g, h)
-                yield from rows_of(arrays, row, len(self.shape.keys))
-                row += self.chunk.group_rows[i]
-                del arrays
+            for g in range(*self.span):
+                for arrays in f.arrays(g, h):
+                    yield from rows_of(arrays, row, len(self.shape.keys))
+                    row += len(arrays[0])
+                    del arrays
             self.checksum = "sha256:" + h.hexdigest()
         finally:
             if self.source is None:

@@ -209,25 +209,43 @@ def _join(directory: str, name: str) -> str:
 
 def saved_dataset_files(directory: str, storage_options: dict[str, Any] | None = None) -> list[str] | None:
     """The ``.arrow`` files of a ``datasets.Dataset.save_to_disk`` directory, in ``state.json`` order; None if
-    ``directory`` is not one. UnsupportedInput for a ``DatasetDict`` (one directory per split) or a damaged
-    ``state.json``."""
+    ``directory`` is not one. UnsupportedInput for a ``DatasetDict`` (one directory per split), a damaged
+    ``state.json``, or one naming anything but a regular file of the directory (``..``, a subdirectory, a
+    symlink out of it, a FIFO): files found inside a directory are read only within it (the storage port)."""
     storage, p = files.url_storage(directory, storage_options)
-    if storage.exists(_join(p, SAVED_DICT)):
-        splits = json.loads(storage.read(_join(p, SAVED_DICT))).get("splits", [])
-        first = _join(directory, splits[0] if splits else "train")
-        raise UnsupportedInput(f"--input {directory} is a datasets DatasetDict (splits: {', '.join(splits)}); pass "
-                               f"one split's directory, e.g. --input {first}")
-    if not (storage.exists(_join(p, SAVED_STATE)) and storage.exists(_join(p, SAVED_INFO))):
-        return None
+    storage = files.FsspecStorage(storage.fs, root=p)
     try:
-        state = json.loads(storage.read(_join(p, SAVED_STATE)))
+        if storage.exists(_join(p, SAVED_DICT)):
+            splits = json.loads(storage.read(_join(p, SAVED_DICT), limit=files.MAX_SMALL_FILE_BYTES)).get("splits", [])
+            first = _join(directory, splits[0] if splits else "train")
+            raise UnsupportedInput(f"--input {directory} is a datasets DatasetDict (splits: {', '.join(splits)}); "
+                                   f"pass one split's directory, e.g. --input {first}")
+        if not (storage.exists(_join(p, SAVED_STATE)) and storage.exists(_join(p, SAVED_INFO))):
+            return None
+        raw = storage.read(_join(p, SAVED_STATE), limit=files.MAX_SMALL_FILE_BYTES)
+    except files.UnsafeFile as e:
+        raise UnsupportedInput(f"--input {directory}: {e}") from None
+    try:
+        state = json.loads(raw)
         names = [d["filename"] for d in state["_data_files"]]
+        if not all(isinstance(n, str) for n in names):
+            raise TypeError("a filename that is not a string")
     except (ValueError, KeyError, TypeError) as e:
         raise UnsupportedInput(f"{_join(directory, SAVED_STATE)} is not a datasets state file ({type(e).__name__}: "
                                f"{e}); pass the directory's .arrow files instead") from e
     paths = [_join(directory, n) for n in names]
-    missing = [q for q, n in zip(paths, names) if "/" in n or not storage.exists(_join(p, n))]
-    if missing:
-        raise UnsupportedInput(f"--input {directory}: state.json names {missing[0]}, which is not a file of the "
-                               "directory; save the dataset again")
+    for q, n in zip(paths, names):
+        problem = None
+        if n in ("", ".", "..") or "/" in n or "\\" in n:
+            problem = "not the name of a file in the directory"
+        elif not storage.exists(_join(p, n)):
+            problem = "missing"
+        elif storage.local:
+            try:
+                files.regular_size(_join(p, n), root=p)
+            except files.UnsafeFile as e:
+                problem = e.what
+        if problem is not None:
+            raise UnsupportedInput(f"--input {directory}: state.json names {n!r} ({q}), {problem}; only the directory's "
+                                   "own regular files are read: save the dataset again")
     return paths

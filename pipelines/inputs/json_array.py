@@ -12,6 +12,12 @@ run to the end of the file, the closing ``]`` included), so a chunk's record byt
 file and its ``input_checksum`` their sha256. Element boundaries are only known from the start of the
 file, so an array file is read in one pass, like a compressed jsonl shard.
 
+Memory is bounded whatever the bytes: an element is held as one buffer (never a piece per byte), a run of
+whitespace or of brackets is taken at once, the bytes between elements are kept only if asked for
+(``keep_tails``: the build does not), and brackets are remembered one byte per level up to
+:data:`KEPT_DEPTH` levels (deeper ones are counted: such an element is a bad record anyway, nested far
+past ``max_json_depth``, and its end is still found exactly).
+
 An element longer than ``max_element`` bytes is not held: its bytes pass through (into the chunk's input
 checksum, :class:`Spans`), and it comes as a :class:`LongElement`, its first bytes and its size, which the
 builder sets aside as ``too_long``, exactly as an over-long jsonl line.
@@ -34,7 +40,11 @@ _WS = b" \t\r\n"
 _IN_STRING = re.compile(rb'["\\]')
 _NESTED = re.compile(rb'["\\{}\[\]]')
 _TOP = re.compile(rb'["{}\[\],\s]')
-_CLOSE = {ord("}"): ord("{"), ord("]"): ord("[")}
+_NOT_WS = re.compile(rb"[^ \t\r\n]")
+_OPEN_RUN = re.compile(rb"[\[{]+")
+_CLOSE_RUN = re.compile(rb"[\]}]+")
+_TO_OPEN = bytes.maketrans(b"]}", b"[{")
+KEPT_DEPTH = 1 << 20  # levels of nesting whose bracket is remembered (one byte each)
 BOM = b"\xef\xbb\xbf"
 LONG_HEAD = 4 << 10  # bytes of an over-long element kept for its dead letter (lines.LONG_LINE_HEAD)
 
@@ -100,13 +110,14 @@ class ArrayRecords:
     """``(offset, element, tail)`` for each element of the JSON array in ``stream``.
 
     ``element`` is the element's bytes, ``tail`` the bytes after it up to the next element (``, ``) or, for
-    the last one, to the end of the file. Memory: one element (at most ``max_element`` bytes) plus a read block.
+    the last one, to the end of the file (empty unless ``keep_tails``). Memory: one element (at most
+    ``max_element`` bytes) plus a read block, and the tails kept.
     """
 
     def __init__(self, stream: BinaryIO, path: str, block: int = READ_BLOCK, max_element: int | None = None,
-                 feed: Feed | None = None):
+                 feed: Feed | None = None, keep_tails: bool = True):
         self.stream, self.path, self.block = stream, path, block
-        self.max_element, self.feed = max_element, feed
+        self.max_element, self.feed, self.keep_tails = max_element, feed, keep_tails
         self.end: int | None = None  # the stream's length, once read to the end
 
     def _damaged(self, pos: int, what: str) -> DamagedFile:
@@ -125,13 +136,15 @@ class ArrayRecords:
 
     def __iter__(self) -> Iterator[tuple[int, bytes, bytes]]:
         state = "start"  # start, value, first (value or ']'), in, after, end
-        depth: list[int] = []  # open brackets of the current element
+        depth = bytearray()  # open brackets of the current element (the first KEPT_DEPTH levels)
+        deep = 0  # levels opened beyond those
         in_str = escape = False
-        elem: list[bytes] = []
+        elem = bytearray()
         size, head = 0, None  # the element's bytes so far; its first bytes once it is over max_element
         elem_start = 0
         prev: tuple[int, bytes | LongElement] | None = None  # the finished element waiting for its tail
-        tail: list[bytes] = []
+        tail = bytearray()
+        keep = self.keep_tails
         base = 0
         feed, fed = self.feed, -1  # fed: bytes of this block sent to feed (-1: no element started yet)
         limit = self.max_element
@@ -140,12 +153,33 @@ class ArrayRecords:
             nonlocal size, head
             size += len(piece)
             if head is None:
-                elem.append(piece)
+                elem.extend(piece)
                 if limit is not None and size > limit:  # stream the rest past: keep its first bytes
-                    head = b"".join(elem)[:LONG_HEAD]
+                    head = bytes(elem[:LONG_HEAD])
                     elem.clear()
             elif len(head) < LONG_HEAD:
                 head += piece[:LONG_HEAD - len(head)]
+
+        def push(run: bytes) -> None:
+            nonlocal deep
+            take = 0 if deep else min(len(run), KEPT_DEPTH - len(depth))
+            depth.extend(run[:take])
+            deep += len(run) - take
+
+        def close(b: bytes, j: int, k: int) -> int:
+            """Close the levels the brackets ``b[j:k]`` close, innermost first; where the closing stopped (the
+            element's end, or ``k``). Damage if a bracket closes the other kind."""
+            nonlocal deep
+            n = min(deep, k - j)
+            deep -= n
+            m = min(len(depth), k - j - n)
+            if m:
+                got, want = b[j + n:j + n + m].translate(_TO_OPEN)[::-1], depth[len(depth) - m:]
+                if got != want:
+                    t = next(t for t in range(m) if got[m - 1 - t] != want[m - 1 - t])
+                    raise self._damaged(base + j + n + t, f"{chr(b[j + n + t])!r} closes a {chr(want[m - 1 - t])!r}")
+                del depth[len(depth) - m:]
+            return j + n + m
 
         for b in self._blocks():
             i, n = 0, len(b)
@@ -157,7 +191,8 @@ class ArrayRecords:
                         put(b[i:i + 1])
                         escape, i = False, i + 1
                         continue
-                    pattern = _IN_STRING if in_str else _NESTED if depth else _TOP
+                    nested = bool(depth) or deep > 0
+                    pattern = _IN_STRING if in_str else _NESTED if nested else _TOP
                     m = pattern.search(b, i)
                     if m is None:
                         put(b[i:])
@@ -173,19 +208,26 @@ class ArrayRecords:
                                 escape = True
                         else:
                             in_str = False
-                            if not depth:
+                            if not nested:
                                 done = j + 1
                     elif c == 0x22:
                         in_str = True
-                    elif c in (0x7B, 0x5B):
-                        depth.append(c)
+                    elif c in (0x7B, 0x5B):  # a run of opening brackets at once
+                        k = _OPEN_RUN.match(b, j).end()
+                        push(b[j:k])
+                        put(b[i:k])
+                        i = k
+                        continue
                     elif c in (0x7D, 0x5D):
-                        if not depth:  # a scalar element ended by the array's ']'
+                        if not nested:  # a scalar element ended by the array's ']'
                             done = j
-                        elif (opened := depth.pop()) != _CLOSE[c]:
-                            raise self._damaged(base + j, f"{chr(c)!r} closes a {chr(opened)!r}")
-                        elif not depth:
-                            done = j + 1
+                        else:  # a run of closing brackets at once, up to the element's end
+                            k = close(b, j, _CLOSE_RUN.match(b, j).end())
+                            if depth or deep:
+                                put(b[i:k])
+                                i = k
+                                continue
+                            done = k
                     else:  # ',' or whitespace after a scalar element
                         done = j
                     if done is None:
@@ -194,17 +236,19 @@ class ArrayRecords:
                         continue
                     put(b[i:done])
                     if prev is not None:
-                        yield prev[0], prev[1], b"".join(tail)
-                    whole = b"".join(elem) if head is None else LongElement(head, size)
-                    prev, tail = (elem_start, whole), []
-                    elem, size, head = [], 0, None
+                        yield prev[0], prev[1], bytes(tail)
+                    whole = bytes(elem) if head is None else LongElement(head, size)
+                    prev, tail = (elem_start, whole), bytearray()
+                    elem, size, head = bytearray(), 0, None
                     state, i = "after", done
                     continue
                 c = b[i]
-                if c in _WS:
-                    if state != "start":
-                        tail.append(b[i:i + 1])
-                    i += 1
+                if c in _WS:  # a run of whitespace at once
+                    m = _NOT_WS.search(b, i)
+                    j = m.start() if m is not None else n
+                    if state != "start" and keep:
+                        tail += b[i:j]
+                    i = j
                     continue
                 if state == "start":
                     if c != 0x5B:
@@ -213,7 +257,8 @@ class ArrayRecords:
                 elif state in ("value", "first"):
                     if c == 0x5D and state == "first":
                         state = "end"
-                        tail.append(b"]")
+                        if keep:
+                            tail += b"]"
                         i += 1
                     elif c in (0x2C, 0x5D):
                         raise self._damaged(base + i, f"{chr(c)!r} where a value belongs")
@@ -224,13 +269,16 @@ class ArrayRecords:
                             feed.start(base + i)
                             fed = i
                         if prev is not None:
-                            yield prev[0], prev[1], b"".join(tail)
-                            prev, tail = None, []
-                        elem_start, state, depth, in_str = base + i, "in", [], False
+                            yield prev[0], prev[1], bytes(tail)
+                            prev, tail = None, bytearray()
+                        elem_start, state, in_str = base + i, "in", False
+                        depth.clear()
+                        deep = 0
                 elif state == "after":
                     if c not in (0x2C, 0x5D):
                         raise self._damaged(base + i, f"{chr(c)!r} after an element (a missing ',')")
-                    tail.append(b[i:i + 1])
+                    if keep:
+                        tail += b[i:i + 1]
                     state = "value" if c == 0x2C else "end"
                     i += 1
                 else:
@@ -243,4 +291,4 @@ class ArrayRecords:
         if state != "end":
             raise self._damaged(base, "the file ends inside the array (truncated?)")
         if prev is not None:
-            yield prev[0], prev[1], b"".join(tail)
+            yield prev[0], prev[1], bytes(tail)

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-from pipelines.errors import DamagedFile
+from pipelines.errors import BuildError, DamagedFile
 from pipelines.inputs.json_array import ArrayRecords
 
 MAX_LISTED = 12  # keys or columns named in a message
@@ -240,7 +240,7 @@ def sample_objects(stream: BinaryIO, path: str, array: bool) -> list[dict]:
     if array:
         raws = []
         try:
-            for _, element, _ in ArrayRecords(io.BytesIO(data), path):
+            for _, element, _ in ArrayRecords(io.BytesIO(data), path, keep_tails=False):
                 raws.append(element)
                 if len(raws) >= SAMPLE_RECORDS:
                     break
@@ -259,4 +259,26 @@ def sample_objects(stream: BinaryIO, path: str, array: bool) -> list[dict]:
             continue
         if type(obj) is dict:
             out.append(obj)
+    return out
+
+
+def resolve_columns(path: str, schema: pa.Schema, shape: RecordShape, keep_fields: Sequence[str]) -> list[list[str]]:
+    """The name paths of the record's columns (the text, or a supervised record's) and the kept fields, each
+    checked (BuildError naming the fix)."""
+    out = []
+    for key, option, kind in list(shape.keys) + [(f, "--keep_fields", None) for f in keep_fields]:
+        found = schema_lookup(schema, key)
+        if found is None:
+            raise BuildError(missing_column_message(path, key, schema, option))
+        names, typ = found
+        if kind is str and not is_text_type(typ):
+            raise BuildError(f"input file {path}: column {key!r} is {typ}, not text; {option} must name a string "
+                             "column")
+        if kind is list and not is_messages_type(typ):
+            raise BuildError(f"input file {path}: column {key!r} is {typ}; {option} must name a list of messages, "
+                             "list<struct<role: string, content: string, ...>>")
+        if option == "--keep_fields" and not is_keepable_type(typ):
+            raise BuildError(f"input file {path}: column {key!r} is {typ}; --keep_fields keeps string and integer "
+                             "columns only")
+        out.append(names)
     return out

@@ -6,6 +6,12 @@ FileSystems; a ``datasets`` ``save_to_disk`` directory stands for its ``.arrow``
 a regular file, and checks each file's bytes against its name (:func:`pipelines.inputs.formats.detect`).
 :func:`plan_inputs` plans each columnar file's chunks (:func:`pipelines.inputs.columnar.plan`) and checks
 the text key on each JSON file's first records. Files are checked in parallel: on gs:// each is a round trip.
+
+What each input was when matched is recorded too (:func:`fingerprints_of`: locally its size, ``mtime_ns``,
+``ctime_ns`` (which no one can set back), device and inode; on Cloud Storage its size, generation and
+CRC32C), in the plan ledger's ``inputs`` only (a finished ledger stays a function of the content), and
+checked again before the ledger is finished (:func:`input_changed`, which the finalize calls): an input
+changed while its cache is built is an error naming it, whatever its size. One small dict per input.
 """
 
 from __future__ import annotations
@@ -17,16 +23,18 @@ import logging
 import os
 import re
 import stat
-from typing import Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from apache_beam.io.filesystem import FileSystem
 
 from reader.format import spec as fmt
+from reader.storage import files
 
 from pipelines.errors import BuildError
 from pipelines.filesystem import BEAM, absolute, is_remote
 from pipelines.inputs import columnar, formats, keys, remote
 from pipelines.inputs.decompress import open_input
+from pipelines.inputs.ranges import fingerprint
 from pipelines.plan import ChunkConfig, MatchedFile
 
 LOG = logging.getLogger("chunkledger.build")
@@ -77,15 +85,11 @@ def _match_local(pattern: str, given: str) -> list[tuple[str, int]]:
         if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
             out.append((path, st.st_size))
             continue
-        kind = next(name for test, name in _KINDS if test(st.st_mode))
+        kind = files.kind_of(st.st_mode)
         if os.path.islink(path):
             kind += f" (through the symlink to {os.path.realpath(path)})"
         raise _not_an_input(path, kind, given)
     return out
-
-
-_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (lambda mode: True, "not a regular file"))
 
 
 def _not_an_input(path: str, what: str, given: str) -> BuildError:
@@ -112,7 +116,7 @@ def _saved_dataset(pattern: str, given: str) -> list[tuple[str, int]] | None:
     if is_remote(pattern):
         sizes = {e.path: e.size for p in paths for e in BEAM.match(p)}
         return [(p, sizes[p]) for p in paths]
-    return [(p, os.path.getsize(p)) for p in paths]
+    return [(p, files.regular_size(p, root=pattern)) for p in paths]
 
 
 def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
@@ -169,8 +173,12 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
     with concurrent.futures.ThreadPoolExecutor(max_workers=READ_CHECK_THREADS) as pool:
         kinds = list(pool.map(check, paths))
     _raise_first_problem(kinds)
-    crc = remote.crc32c_of(paths, [absolute(p) for p in patterns])
-    return [MatchedFile(path=p, size=found[p], crc32c=crc.get(p), format=k.kind) for p, k in zip(paths, kinds)]
+    where = [absolute(p) for p in patterns]
+    objects = remote.objects_of(paths, where)
+    crc = remote.crc32c_of(paths, where, objects)
+    stamps = fingerprints_of(paths, where, objects)  # checked again before the ledger is finished
+    return [MatchedFile(path=p, size=found[p], crc32c=crc.get(p), format=k.kind, fingerprint=stamps.get(p))
+            for p, k in zip(paths, kinds)]
 
 
 def _refuse_unknown_names(paths: Sequence[str], origin: dict[str, str], shown: int = 10) -> None:
@@ -237,3 +245,49 @@ def plan_inputs(files: Sequence[MatchedFile], config: ChunkConfig) -> list[Match
         out = list(pool.map(one, files))
     _raise_first_problem(out)
     return out
+
+
+def fingerprints_of(paths: Iterable[str], patterns: Iterable[str] = (),
+                    objects: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """``path -> fingerprint`` of input files (gs:// ones from ``objects``, :func:`remote.objects_of`, or a
+    listing of the ``patterns``' prefixes, or of the paths' common prefix in each bucket)."""
+    paths = list(paths)
+    gs = [p for p in paths if p.startswith("gs://")]
+    if gs and objects is None:
+        objects = remote.objects_of(gs, list(patterns) or _prefixes(gs))
+    out = {}
+    for p in paths:
+        if p.startswith("gs://"):
+            o = (objects or {}).get(p)
+            if o is not None:
+                out[p] = {k: o[k] for k in ("size", "generation", "crc32c")}
+        elif "://" not in p:
+            out[p] = fingerprint(files.local(), p)
+    return out
+
+
+def _prefixes(urls: Sequence[str]) -> list[str]:
+    """One listing prefix per bucket: the longest common prefix of its objects' names."""
+    by_bucket: dict[str, list[str]] = {}
+    for u in urls:
+        bucket, key = remote.split_url(u)
+        by_bucket.setdefault(bucket, []).append(key)
+    return [f"gs://{b}/{os.path.commonprefix(keys)}" for b, keys in sorted(by_bucket.items())]
+
+
+def input_changed(inputs: Sequence[Mapping[str, Any]]) -> str | None:
+    """The error for the first input (of the plan ledger's ``inputs``, each with its planned ``fingerprint``)
+    whose fingerprint differs now, or None if none does (or none was recorded)."""
+    planned = {i["path"]: i["fingerprint"] for i in inputs if i.get("fingerprint") is not None}
+    if not planned:
+        return None
+    now = fingerprints_of(planned)
+    for path, then in planned.items():
+        got = now.get(path)
+        if got != then:
+            what = "it is gone" if got is None else "; ".join(
+                f"{k} {then.get(k)} then, {got.get(k)} now" for k in sorted(set(then) | set(got)) if then.get(k) != got.get(k))
+            return (f"input file {path} changed while the cache was built ({what}), so the cache would hold parts "
+                    "of more than one version of it and is not finished. Leave the file as it is and rerun the same "
+                    "command: the chunks built from another version are found by their input checksums and rebuilt")
+    return None

@@ -8,9 +8,26 @@ nothing else.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from reader.storage import files
+
+
+def fingerprint(st: files.Storage, path: str) -> dict[str, Any]:
+    """A cheap metadata fingerprint of a file, which any write changes: locally its size, ``mtime_ns``,
+    ``ctime_ns`` (which no one can set back), device and inode; on Cloud Storage its size, generation and
+    CRC32C; on other stores whatever of those (or an ETag, a modification time) the store reports."""
+    if getattr(st, "local", False):
+        s = os.stat(path)
+        return {"size": s.st_size, "mtime_ns": s.st_mtime_ns, "ctime_ns": s.st_ctime_ns, "device": s.st_dev,
+                "inode": s.st_ino}
+    info = st.fs.info(path)
+    out = {"size": int(info["size"])}
+    for key in ("generation", "crc32c", "etag", "ETag", "mtime", "updated", "LastModified", "last_modified"):
+        if info.get(key) is not None:
+            out[key] = str(info[key])
+    return out
 
 
 class ByteSource:
@@ -19,7 +36,8 @@ class ByteSource:
     def __init__(self, path: str, storage_options: dict[str, Any] | None = None):
         self.path = path
         storage, p = files.url_storage(path, storage_options)
-        self.size = storage.size(p)
+        stamp = fingerprint(storage, p)
+        self.size, self.stamp = stamp["size"], tuple(sorted(stamp.items()))  # which version of the file it is
         self._f = storage.open(p, read_ahead=False)
         self.bytes_read = 0
 

@@ -97,13 +97,14 @@ def check_access(urls: Iterable[str]) -> None:
                 f"{CREDENTIALS_HINT}") from e
 
 
-def crc32c_of(paths: Iterable[str], patterns: Iterable[str]) -> dict[str, str]:
-    """Cloud Storage's CRC32C (base64) of each gs:// path, listed once per pattern's literal prefix."""
+def objects_of(paths: Iterable[str], patterns: Iterable[str]) -> dict[str, dict[str, object]]:
+    """``{"size", "generation", "crc32c"}`` of each gs:// path (what Cloud Storage says of the object: any write
+    makes a new generation), listed once per pattern's literal prefix; only the paths asked for are kept."""
     wanted = {p for p in paths if p.startswith("gs://")}
     if not wanted:
         return {}
     client, _ = _client()
-    out: dict[str, str] = {}
+    out: dict[str, dict[str, object]] = {}
     prefixes = set()
     for pat in patterns:
         if pat.startswith("gs://"):
@@ -113,8 +114,19 @@ def crc32c_of(paths: Iterable[str], patterns: Iterable[str]) -> dict[str, str]:
     for bucket, prefix in sorted(prefixes):
         for blob in client.list_blobs(bucket, prefix=prefix, timeout=REQUEST_SECONDS * 6, retry=_retry()):
             url = f"gs://{bucket}/{blob.name}"
-            if url in wanted and blob.crc32c:
-                out[url] = blob.crc32c
+            if url in wanted:
+                out[url] = {"size": blob.size, "generation": blob.generation, "crc32c": blob.crc32c}
+    return out
+
+
+def crc32c_of(paths: Iterable[str], patterns: Iterable[str],
+              objects: dict[str, dict[str, object]] | None = None) -> dict[str, str]:
+    """Cloud Storage's CRC32C (base64) of each gs:// path (from ``objects``, :func:`objects_of`, if given)."""
+    wanted = {p for p in paths if p.startswith("gs://")}
+    if not wanted:
+        return {}
+    objects = objects_of(wanted, patterns) if objects is None else objects
+    out = {url: str(o["crc32c"]) for url, o in objects.items() if url in wanted and o.get("crc32c")}
     missing = wanted - set(out)
     if missing:
         LOG.warning("no CRC32C for %d gs:// input(s) (e.g. %s): a rerun reads them again to check them",

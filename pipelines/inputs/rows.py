@@ -62,6 +62,15 @@ def dead_letter(file: str, shard: int, rec: Record) -> dict[str, Any]:
     return out
 
 
+def json_value(v: Any) -> dict[str, str]:
+    """A value of a record that JSON cannot hold, as its dead letter keeps it: bytes as
+    ``{"type": "bytes", "base64": ...}``, anything else (a timestamp, a decimal, ...) as its type and its
+    text, ``{"type": "datetime", "value": "2024-01-01 00:00:00"}``; so any bad record can be set aside."""
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return {"type": "bytes", "base64": base64.b64encode(bytes(v)).decode("ascii")}
+    return {"type": type(v).__name__, "value": str(v)}
+
+
 def too_long(file: str, shard: int, rec: Record, data: bytes, limit: int) -> dict[str, Any]:
     """The dead letter of a row whose text (``data``, UTF-8) is longer than ``limit`` bytes (``max_doc_bytes``):
     its first :data:`LONG_HEAD` bytes (less a character cut at the end) and its ``size``."""

@@ -49,7 +49,7 @@ class ArrayStream:
 
     def __init__(self, stream: BinaryIO, path: str, chunk_bytes: int, max_element: int | None = None):
         self.spans = Spans(chunk_bytes)
-        self.records = ArrayRecords(stream, path, max_element=max_element, feed=self.spans)
+        self.records = ArrayRecords(stream, path, max_element=max_element, feed=self.spans, keep_tails=False)
 
     def __iter__(self) -> Iterator[tuple[int, bytes | LongElement]]:
         for off, element, _ in self.records:

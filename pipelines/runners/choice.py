@@ -13,6 +13,8 @@ import os
 import socket
 from typing import Any
 
+from reader.storage import files
+
 from pipelines.errors import BuildError
 
 LOG = logging.getLogger("chunkledger.build")
@@ -64,8 +66,7 @@ def runner_args(pipeline_args: list[str]) -> list[str]:
     address, where = a.dask_client_address, f"--dask_client_address={a.dask_client_address}"
     if not address and a.dask_scheduler_file:
         try:
-            with open(a.dask_scheduler_file, encoding="utf-8") as f:
-                address = json.load(f)["address"]
+            address = json.loads(files.read_local(a.dask_scheduler_file, limit=files.MAX_SMALL_FILE_BYTES))["address"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise BuildError(f"--dask_scheduler_file={a.dask_scheduler_file}: cannot read the scheduler's address "
                              f"({type(e).__name__}: {e}); give the file `dask scheduler --scheduler-file` wrote, "

@@ -9,9 +9,15 @@ them for ``return_assistant_tokens_mask``: the span starts at the length of ever
 emitted when the block finished (blocks inside macros or ``{% set %}`` capture are therefore misplaced,
 exactly as in transformers).
 
-One deliberate difference: no ``strftime_now``. transformers returns today's date from it, and a cache
+Limits (a template is user code, run on every record): every render runs in :mod:`pipelines.tokenize.sandbox`,
+which counts a record's work, bounds every value and the render itself (``--max_doc_bytes``: an over-long
+render is the bad record ``too_long``), and folds nothing at compile time; a template that breaks a limit
+is the record's ``template_error``, never a hang.
+
+Two deliberate differences: no ``strftime_now``. transformers returns today's date from it, and a cache
 must not depend on the day it was built. Templates that test ``strftime_now is defined`` (Llama 3.1's)
-fall back to their fixed date; a template that calls it unconditionally fails, a template error.
+fall back to their fixed date; a template that calls it unconditionally fails, a template error. And no
+``lipsum`` (text of any size from one call: no chat template uses it).
 
 transformers is never imported here: it is an optional extra.
 """
@@ -27,7 +33,8 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.utils
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from pipelines.tokenize.sandbox import STEP_BYTES, Sandbox, budget, checked_filter, current, instrumented
 
 # transformers' test for a template with generation marks (return_assistant_tokens_mask warns without one).
 GENERATION_MARK = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
@@ -39,6 +46,10 @@ class ChatTemplateError(ValueError):
 
 class RenderError(Exception):
     """The template failed while rendering one conversation (a Jinja error or ``raise_exception``)."""
+
+
+class RenderTooLong(RenderError):
+    """The render is longer than ``max_bytes`` (``--max_doc_bytes``)."""
 
 
 # The spans of the render in progress in this thread (None: not tracking). A context variable, not an
@@ -96,6 +107,9 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 
     def __setitem__(self, name, value):
         _TemplateNamespace._check_name(name)
+        b = current()
+        if b.trace is not None:
+            b.trace.append(("ns", None, b.emitted))
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
     @staticmethod
@@ -108,14 +122,16 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 @functools.lru_cache(maxsize=16)
 def compile_template(source: str) -> jinja2.Template:
     """The compiled template (cached per source); :class:`ChatTemplateError` if it does not compile."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, optimized=False,
+                   extensions=[_GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters = {name: checked_filter(name, f) for name, f in env.filters.items()}
+    env.globals.pop("lipsum", None)
     env.globals["raise_exception"] = _raise_exception
     env.globals["dict"] = _TemplateDict()
     env.globals["namespace"] = _TemplateNamespace
     try:
-        return env.from_string(source)
+        return env.from_string(instrumented(env, source))
     except jinja2.exceptions.TemplateSyntaxError as e:
         raise ChatTemplateError(f"the chat template does not compile: {e.message} (line {e.lineno})") from e
 
@@ -139,24 +155,40 @@ def render(source: str, variables: dict, track_generation: bool = False) -> tupl
     """``(text, generation spans)`` of the template with ``variables``; spans only if ``track_generation``.
 
     Any failure of the template (Jinja errors, ``raise_exception``, a Python error inside an expression
-    such as adding a string to a number) raises :class:`RenderError` with the template's message.
+    such as adding a string to a number, a limit of the sandbox) raises :class:`RenderError` with the
+    template's message; a render longer than the budget's ``max_bytes`` :class:`RenderTooLong`. Runs under
+    the record's :func:`budget` (or a budget of its own).
     """
     template = compile_template(source)
+    if current(own=False) is None:  # a render of its own: limits of its own
+        with budget():
+            return render(source, variables, track_generation)
+    b = current()
+    start = b.emitted
+    tracking = _Tracking() if track_generation else None
+    token = _TRACKING.set(tracking) if tracking is not None else None
     try:
-        if not track_generation:
-            return template.render(**variables), []
-        tracking = _Tracking()
-        token = _TRACKING.set(tracking)
-        try:
-            blocks = []
-            for block in template.generate(**variables):
-                blocks.append(block)
+        blocks = []
+        limit = start + b.max_bytes
+        for block in template.generate(**variables):
+            blocks.append(block)
+            if tracking is not None:
                 tracking.emitted += len(block)
-        finally:
-            _TRACKING.reset(token)
-        return "".join(blocks), tracking.spans
+            b.emitted += len(block)
+            b.work -= len(block) // STEP_BYTES
+            if b.work < 0:
+                b.step(0)
+            if b.emitted > limit:
+                raise RenderTooLong(f"the rendered conversation is over max_doc_bytes {b.max_bytes} (more than "
+                                    f"{b.emitted - start:,} characters)")
+        return "".join(blocks), tracking.spans if tracking is not None else []
+    except RenderTooLong:
+        raise
     except Exception as e:  # noqa: BLE001 - a template is user code: any failure is this record's template error
         raise RenderError(f"{type(e).__name__}: {e}") from e
+    finally:
+        if token is not None:
+            _TRACKING.reset(token)
 
 
 def template_from_config(config_text: str) -> str | None:

@@ -19,6 +19,8 @@ import os
 import random
 from typing import Sequence
 
+from reader.storage import files
+
 from pipelines.tokenize.tokenizer import MAX_PIECE_CHARS, PIECE_CHARS
 
 import numpy as np
@@ -125,8 +127,8 @@ def _random_text(rng: random.Random, n_parts: int) -> str:
 
 
 def _snippets() -> list[tuple[str, str]]:
-    with open(SNIPPETS_FILE, encoding="utf-8") as f:
-        return [(f"snippet:{d['label']}", d["text"]) for d in map(json.loads, f)]
+    text = files.read_local(SNIPPETS_FILE).decode("utf-8")
+    return [(f"snippet:{d['label']}", d["text"]) for d in map(json.loads, filter(None, text.split("\n")))]
 
 
 def _special_texts(s: str) -> list[tuple[str, str]]:

@@ -54,7 +54,7 @@ def _tree_digest(root: str) -> str:
         for name in sorted(names):
             if not name.endswith((".pyc", ".pyo")):
                 path = os.path.join(d, name)
-                with open(path, "rb") as f:
+                with files.open_local(path) as f:
                     digest = hashlib.file_digest(f, "sha256").hexdigest()
                 h.update(os.path.relpath(path, root).encode() + b"\0" + digest.encode() + b"\0")
     return h.hexdigest()
@@ -78,10 +78,8 @@ def lookup(k: str) -> dict | None:
         return None
     base = os.path.join(directory(), k)
     try:
-        with open(base + ".json", encoding="utf-8") as f:
-            entry = json.load(f)
-        with open(base + ".payload", encoding="utf-8") as f:
-            payload = f.read()
+        entry = json.loads(files.read_local(base + ".json", root=directory()))
+        payload = files.read_local(base + ".payload", root=directory()).decode("utf-8")
     except (OSError, ValueError):
         return None
     if not (isinstance(entry, dict) and entry.get("key") == k and entry.get("hash") == hash_hf_json(payload)):

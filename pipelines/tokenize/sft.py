@@ -31,7 +31,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from . import chat_template
+from . import chat_prefixes, chat_template, sandbox
 from .sft_encoders import HFSft, TiktokenSft, offsets_from_bytes, offsets_from_lengths  # noqa: F401 - sft's encoders
 
 ROLES = ("system", "user", "assistant", "tool")  # what Hugging Face chat templates render
@@ -160,7 +160,9 @@ def render_chat(messages: Any, template_source: str, *, bos_token: str | None = 
     assistant message i runs from the end of render(messages[:i], add_generation_prompt=True) to the end of
     render(messages[:i+1]); both must be prefixes of the full render, the first no longer than the second,
     or the record is a template error (the template renders a conversation's beginning differently when
-    more follows, so its assistant text cannot be located: add generation marks).
+    more follows, so its assistant text cannot be located: add generation marks). Those prefix renders are
+    found in a few renders of the whole conversation where the template reads it front to back
+    (:mod:`pipelines.tokenize.chat_prefixes`). A render over ``max_bytes`` is the bad record ``too_long``.
     """
     msgs = check_messages(messages, roles)
     blob = "\0".join(_strings(msgs))  # every key and string value, none joined to the next
@@ -179,7 +181,14 @@ def render_chat(messages: Any, template_source: str, *, bos_token: str | None = 
     marked = chat_template.has_generation_marks(template_source)
     full, spans = _render(template_source, msgs_in, False, variables, track=marked)
     if not marked:
-        spans = _assistant_spans(template_source, msgs_in, full, variables)
+        try:
+            spans = chat_prefixes.assistant_spans(
+                lambda ms, agp: _render(template_source, ms, agp, variables)[0], msgs_in, full,
+                [i for i, m in enumerate(msgs_in) if m["role"] == ASSISTANT])
+        except chat_prefixes.Unlocated as e:
+            raise BadRecord("template_error", f"message {e.message}: the template renders the conversation up to it "
+                            "differently from the whole one's beginning, so the assistant text cannot be "
+                            "located; mark it with {% generation %}") from None
     if wrap is None:
         specials = [m.span() for m in special_re.finditer(full)] if special_re is not None else []
         return Rendered(full, tuple(spans), tuple(specials))
@@ -239,16 +248,19 @@ def loss_mask(starts: Sequence[int], ends: Sequence[int], spans: Sequence[tuple[
 
 def encode_chat(record: Mapping[str, Any], template_source: str, encoder: Encoder, *,
                 bos_token: str | None = None, eos_token: str | None = None,
-                roles: Sequence[str] = ROLES) -> tuple[np.ndarray, np.ndarray]:
+                roles: Sequence[str] = ROLES, max_bytes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """A chat record's ``(token_ids, loss_mask)``, or :class:`BadRecord`. ``bos_token`` / ``eos_token``
-    must be special tokens of the encoder (a ValueError otherwise: it is the configuration, not the record)."""
+    must be special tokens of the encoder (a ValueError otherwise: it is the configuration, not the record).
+    Every render of the record shares one :func:`~pipelines.tokenize.sandbox.budget` (``max_bytes``:
+    ``--max_doc_bytes``)."""
     for name, tok in (("bos_token", bos_token), ("eos_token", eos_token)):
         if tok is not None and tok not in encoder.special_ids:
             raise ValueError(f"{name} {tok!r} is not a special token of the tokenizer")
     if "messages" not in record:
         raise BadRecord("missing_messages", "no key 'messages'")
-    rendered = render_chat(record["messages"], template_source, bos_token=bos_token, eos_token=eos_token,
-                           special_tokens=tuple(encoder.special_ids), roles=roles)
+    with sandbox.budget(max_bytes):
+        rendered = render_chat(record["messages"], template_source, bos_token=bos_token, eos_token=eos_token,
+                               special_tokens=tuple(encoder.special_ids), roles=roles)
     ids, mask = tokenize_rendered(rendered, encoder)
     if not mask.any():
         raise BadRecord("no_loss_tokens", "no token of the rendered conversation is a loss token "
@@ -333,26 +345,12 @@ def _unwrap(full: str, wrap: tuple[str, str], special_re: re.Pattern):
     return "".join(pieces), specials, markers
 
 
-def _render(source: str, messages: list, add_generation_prompt: bool, variables: dict,
+def _render(source: str, messages: Any, add_generation_prompt: bool, variables: dict,
             track: bool = False) -> tuple[str, list[tuple[int, int]]]:
     try:
         return chat_template.render(source, {"messages": messages, "add_generation_prompt": add_generation_prompt,
                                              **variables}, track_generation=track)
+    except chat_template.RenderTooLong as e:
+        raise BadRecord("too_long", str(e)) from None
     except chat_template.RenderError as e:
         raise BadRecord("template_error", str(e)) from None
-
-
-def _assistant_spans(source: str, messages: list, full: str, variables: dict) -> list[tuple[int, int]]:
-    """Loss spans of a template without generation marks (see :func:`render_chat`)."""
-    spans = []
-    for i, m in enumerate(messages):
-        if m["role"] != ASSISTANT:
-            continue
-        before, _ = _render(source, messages[:i], True, variables)
-        through, _ = _render(source, messages[:i + 1], False, variables)
-        if not (full.startswith(through) and through.startswith(before)):
-            raise BadRecord("template_error", f"message {i}: the template renders the conversation up to it "
-                            "differently from the whole one's beginning, so the assistant text cannot be "
-                            "located; mark it with {% generation %}")
-        spans.append((len(before), len(through)))
-    return spans

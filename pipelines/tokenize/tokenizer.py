@@ -45,6 +45,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from reader.storage import files
 from reader.tokenizers import tokenizer_lib
 from reader.format.tokenizer_id import hash_hf_json
 from reader.tokenizers.tokenizer_lib import EOS_CANDIDATES, Eos, TokenizerError  # noqa: F401
@@ -283,9 +284,7 @@ def _local_hf_files(spec: str) -> tuple[bytes, bytes | None] | None:
         path, cfg = os.path.join(spec, "tokenizer.json"), os.path.join(spec, "tokenizer_config.json")
     else:
         return None
-    with open(path, "rb") as f:
-        data = f.read()
+    data = files.read_local(path)
     if not os.path.isfile(cfg):
         return data, None
-    with open(cfg, "rb") as f:
-        return data, f.read()
+    return data, files.read_local(cfg)

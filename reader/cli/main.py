@@ -33,6 +33,7 @@ from reader.format import spec as fmt
 from reader.format import table as chunk_table
 from reader.storage import fields
 from reader.storage.cache import Cache
+from reader.storage.index import check_index_files
 from reader.interop.export import write_file
 from reader.mixture.spec import is_mixture_path
 from reader.options import ReadOptions
@@ -237,6 +238,8 @@ def cmd_validate(args) -> int:
                 continue
             for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick, entry=entries.get(c)), part):
                 problems += got
+    if not args.quick:  # the reader's own index files, counted again from the chunks
+        problems += check_index_files(cache)
     for p in dict.fromkeys(problems):
         print(f"PROBLEM {p}")
     state = "" if cache.complete else " (build in progress: only the chunks written so far were checked)"

@@ -345,10 +345,17 @@ def file_loss_tokens(data: bytes) -> int | None:
 def dead_letters_problem(side: Mapping[str, Any], read: Callable[[str], bytes | None]) -> str | None:
     """What is wrong with a chunk's dead letters against its sidecar (the file's path, sha256 and line
     count), or None; ``read(rel)`` is a file's bytes, None if missing."""
-    rel, bad = side["dead_letters"], side["bad_records"]
+    rel, bad = side.get("dead_letters"), side.get("bad_records")
     if rel is None:
-        return None if bad == 0 and side["dead_letters_checksum"] is None else "dead-letter file missing or changed"
+        return None if bad == 0 and side.get("dead_letters_checksum") is None else \
+            f"the sidecar counts {bad} bad records but names no dead-letter file"
     data = read(rel) if rel == fmt.dead_letter_path(side["shard"], side["index_in_shard"]) else None
-    if data is None or fmt.checksum(data) != side["dead_letters_checksum"] or data.count(b"\n") != bad:
-        return "dead-letter file missing or changed"
+    if data is None:
+        return "dead-letter file missing"
+    if fmt.checksum(data) != side.get("dead_letters_checksum"):
+        return (f"dead-letter file changed: its sha256 is {fmt.checksum(data)}, the sidecar's dead_letters_checksum "
+                f"{side.get('dead_letters_checksum')}")
+    lines = data.count(b"\n")
+    if lines != bad:
+        return f"dead-letter file of {lines} lines, the sidecar counts {bad} bad records"
     return None

@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from reader.storage import files
 from reader.interop.importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
                        add_tokenizer_from, checked_identity, is_finished, make_config, write_cache)
 from reader.interop.megatron import MegatronError, MegatronIndex, read_span
@@ -73,7 +74,7 @@ class MegatronSource:
         return ptr
 
     def read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        with open(self.index.bin_path, "rb") as f:
+        with files.open_local(self.index.bin_path) as f:
             return read_span(self.index, self._seq_bounds(lo, hi), f)
 
     def input_entry(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import numpy as np
 
 from reader.format import spec as fmt
 from reader.storage.cache import Cache
+from reader.storage import files
 from reader.storage.files import is_local
 from reader.interop.export import (ExportError, check_token_range, iter_blocks, open_finished, output_fs, remove_quietly, rename,
                      split_caches, temp_name, vocab_size_of)
@@ -108,7 +109,7 @@ class MegatronIndex:
                 raise MegatronError(f"{p}: no such file (a Megatron dataset is PREFIX.bin + PREFIX.idx; give "
                                     "PREFIX without the extension)")
         idx_size, bin_size = os.path.getsize(idx_path), os.path.getsize(bin_path)
-        with open(idx_path, "rb") as f:
+        with files.open_local(idx_path) as f:
             head = f.read(HEADER_BYTES)
         if len(head) < HEADER_BYTES or head[:len(INDEX_HEADER)] != INDEX_HEADER:
             raise MegatronError(f"{idx_path}: not a Megatron index (the file does not start with the "

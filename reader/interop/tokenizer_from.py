@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from reader.format import spec as fmt
 from reader.format.tokenizer_id import MAKE_ONE, TokenizerIdError, check
-from reader.storage import remote
+from reader.storage import files, remote
 from reader.storage.cache import Cache
 from reader.storage.whatis import NotACache
 
@@ -23,7 +23,9 @@ def _is_json_file(url: str) -> bool:
 def _read_json_file(url: str) -> Any:
     fs, path, anonymous = remote.filesystem(url)
     try:
-        text = fs.cat_file(path)
+        text = files.FsspecStorage(fs).read(path, limit=files.MAX_SMALL_FILE_BYTES)
+    except files.UnsafeFile as e:
+        raise TokenizerIdError(f"{url}: {e.what}") from None
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise TokenizerIdError(f"{url}: no such file. --tokenizer_from takes a cache (the directory holding "
                                f"{fmt.LEDGER_NAME}) or a JSON file holding a tokenizer identity ({MAKE_ONE})") from None
@@ -44,8 +46,8 @@ def _exported_identity(url: str) -> dict[str, Any] | None:
     fs, path, _ = remote.filesystem(url)
     where = path.rstrip("/") + "/.zattrs"
     try:
-        raw = fmt.load_json(fs.cat_file(where))
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
+        raw = fmt.load_json(files.FsspecStorage(fs).read(where, limit=files.MAX_SMALL_FILE_BYTES))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError, files.UnsafeFile):
         return None
     except Exception as e:  # noqa: BLE001 - a storage error: the cache path below reports it properly
         if remote.is_storage_error(e):

@@ -28,6 +28,7 @@ import fsspec
 
 from reader.format.checks import load_json, short
 from reader.mixture.quotas import DEFAULT_BLOCK, QUANTUM_BITS, MixtureQuotas, quantise
+from reader.storage import files
 from reader.storage.whatis import not_a_cache
 
 FORMAT_VERSION = 1
@@ -37,6 +38,7 @@ MAX_PASSES = 1 << 40  # passes over one component a run can be limited to, at mo
 SCHEDULE_KEYS = ("start_batch", "weights")
 MAX_BLOCK = 1 << 20
 MAX_WEIGHT = 1 << 53  # weights are relative: no mixture needs a larger one, and a float holds these exactly
+MAX_MIXTURE_FILE_BYTES = 256 << 20  # 100,000 components take 5.7 MB
 MAX_START_BATCH = 1 << 40  # start_batch * batch_size must stay far inside int64 (global example numbers)
 
 
@@ -253,9 +255,11 @@ def load_mixture(source: str | os.PathLike, *, storage_options: Mapping[str, Any
     source = os.fspath(source)
     fs, path = fsspec.core.url_to_fs(source, **dict(storage_options or {}))
     try:
-        text = fs.cat_file(path)
+        text = files.FsspecStorage(fs).read(path, limit=MAX_MIXTURE_FILE_BYTES)
     except FileNotFoundError:
         raise MixtureError(f"{source}: no such mixture file") from None
+    except files.UnsafeFile as e:  # a FIFO, a device, a file larger than any mixture: refused unread
+        raise MixtureError(f"{source}: {e.what}") from None
     try:
         raw = load_json(text)
     except ValueError:

@@ -9,7 +9,6 @@ from the ledger. So a cache of 100k chunks is reported in seconds, and a running
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import threading
 from typing import Any, Callable
@@ -18,6 +17,7 @@ import numpy as np
 
 from reader.format import spec as fmt
 from reader.format import table as chunk_table
+from reader.format.sidecar import dead_letters_problem
 from reader.tokenizers import tokenizer_lib
 from reader.mixture.quotas import QuotaIndex
 from reader.mixture.mixture import Mixture
@@ -183,15 +183,41 @@ def _chunks(cache: Cache, progress: Progress) -> tuple[np.ndarray, np.ndarray, l
 
 
 def _dead_letters(cache: Cache, entries) -> list[dict]:
-    """The records of the first few dead-letter files, in chunk order."""
+    """The records of the first few dead-letter files, in chunk order, each file verified first against its
+    sidecar (whose own sha256 the ledger records): a file that is not the build's is a damaged cache, named,
+    never shown."""
     out: list[dict] = []
-    files = [e["dead_letters"] for e in entries if e.get("dead_letters")][:DEAD_LETTER_FILES]
-    for rel in files:
-        try:
-            text = cache.cat(rel).decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            continue
-        out += [json.loads(line) for line in text.splitlines() if line.strip()]
+    for e in [e for e in entries if e.get("dead_letters")][:DEAD_LETTER_FILES]:
+        rel, side = e["dead_letters"], e
+        if "dead_letters_checksum" not in e:  # a ledger entry: the sidecar holds the file's sha256
+            side_rel = fmt.sidecar_path(int(e["shard"]), int(e["index_in_shard"]))
+            raw = cache.cat(side_rel)
+            if e.get("sidecar_checksum") not in (None, fmt.checksum(raw)):
+                raise fmt.DamagedCache(f"{cache.display(side_rel)}: its sha256 is {fmt.checksum(raw)}, the ledger "
+                                       f"says {e['sidecar_checksum']}; run `python -m reader validate`")
+            side = fmt.load_json(raw)
+        data: dict[str, bytes | None] = {}
+
+        def read(r: str) -> bytes | None:
+            try:
+                data[r] = cache.cat(r)
+            except FileNotFoundError:
+                data[r] = None
+            return data[r]
+
+        wrong = dead_letters_problem(side, read) if isinstance(side, dict) else "its sidecar is not a JSON object"
+        if wrong:
+            raise fmt.DamagedCache(f"{cache.display(rel)}: {wrong}; run `python -m reader validate`")
+        for n, line in enumerate(data[rel].splitlines(), 1):
+            try:
+                letter = fmt.load_json(line)
+            except ValueError as err:
+                letter = err
+            if not isinstance(letter, dict):
+                what = letter if isinstance(letter, ValueError) else "not a JSON object"
+                raise fmt.DamagedCache(f"{cache.display(rel)}: line {n} is not a dead letter ({what}); run "
+                                       "`python -m reader validate`")
+            out.append(letter)
     return out
 
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -129,18 +130,24 @@ def truncate(text: str, limit: int) -> str:
 def dead_letter_examples(records: Iterable[Mapping[str, Any]], per_reason: int = 3,
                          limit: int = 200) -> dict[str, list[dict[str, Any]]]:
     """At most ``per_reason`` dead letters of each reason, in the order given, each with its file, offset,
-    detail and its line cut to ``limit`` characters (a line that is not UTF-8 shows its size)."""
+    where (``at byte N``, or a columnar row's ``row N``), detail and its line (or a columnar row's value) cut to
+    ``limit`` characters (bytes that are not UTF-8 show their size)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         got = out.setdefault(str(r.get("reason")), [])
         if len(got) >= per_reason:
             continue
+        coded = r.get("line_base64", r.get("value_base64"))
         if "line" in r:
             line = truncate(str(r["line"]), limit)
+        elif coded is not None:
+            line = f"(not UTF-8: {len(str(coded)) * 3 // 4:,} bytes, base64 in the dead letter)"
         else:
-            line = f"(not UTF-8: {len(str(r.get('line_base64', ''))) * 3 // 4:,} bytes, base64 in the dead letter)"
-        got.append({"file": r.get("file"), "offset": r.get("offset"), "detail": truncate(str(r.get("detail") or ""),
-                                                                                             limit), "line": line})
+            value = r.get("value")
+            line = truncate(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False), limit)
+        where = f"row {r.get('row')}" if "row" in r else f"at byte {r.get('offset')}"
+        got.append({"file": r.get("file"), "offset": r.get("offset"), "where": where,
+                    "detail": truncate(str(r.get("detail") or ""), limit), "line": line})
     return out
 
 

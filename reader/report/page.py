@@ -203,8 +203,8 @@ def _bad(d: ReportData) -> str:
     for reason, examples in d.dead_letters.items():
         out.append(f"<h3>{html.escape(reason)}</h3>")
         for e in examples:
-            out.append(f"<pre>{html.escape(str(e['file']))} at byte {e['offset']}: {html.escape(e['detail'])}\n"
-                       f"{html.escape(e['line'])}</pre>")
+            out.append(f"<pre>{html.escape(str(e['file']))} {html.escape(str(e['where']))}: "
+                       f"{html.escape(str(e['detail']))}\n{html.escape(str(e['line']))}</pre>")
     return "".join(out)
 
 
@@ -231,7 +231,15 @@ def _batches(d: ReportData) -> str:
 
 
 def render(d: ReportData) -> str:
-    """The page as HTML text."""
+    """The page as HTML text. Every text in a figure is drawn as it is (never as mathtext: a kept field's
+    ``$x^2$`` is those five characters), every value on the page escaped."""
+    from matplotlib import rc_context
+
+    with rc_context({"text.parse_math": False, "text.usetex": False}):
+        return _render(d)
+
+
+def _render(d: ReportData) -> str:
     figs = [_img(histogram_png(d.lengths, "tokens per document (log scale)", "documents"), "document lengths",
                  f"Document length: {d.length_note}.")]
     if d.shard_tokens:

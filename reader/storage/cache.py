@@ -56,7 +56,8 @@ class Cache:
         self.storage_options = dict(storage_options or {})
         self.fs, root, self.anonymous = remote.filesystem(url, self.storage_options)
         self.root = root.rstrip("/")
-        self.storage = files.FsspecStorage(self.fs)  # every file of the cache is read through it
+        # every file of the cache is read (and written) through it: locally, symlinks only within the root
+        self.storage = files.FsspecStorage(self.fs, root=self.root)
         if not self.is_local:  # bounded first contact: a dead network or missing credentials fail in seconds
             remote.check_open(self.fs, url, self.path(fmt.LEDGER_NAME), self.display(fmt.LEDGER_NAME),
                               anonymous=self.anonymous)
@@ -90,6 +91,8 @@ class Cache:
             if start is None and end is None:
                 return self.storage.read(self.path(rel))
             return self.storage.read_range(self.path(rel), start or 0, end)
+        except files.UnsafeFile as e:
+            raise self.unsafe(rel, e) from None
         except Exception as e:
             failure = self.failure(rel, e)
             if failure is e:
@@ -104,6 +107,10 @@ class Cache:
             return remote.storage_error(self.display(rel), e, anonymous=self.anonymous)
         return e
 
+    def unsafe(self, rel: str, e: files.UnsafeFile) -> fmt.DamagedCache:
+        """A file of the cache the door refused (a FIFO, a device, a symlink out of the cache, too large)."""
+        return fmt.DamagedCache(f"{self.display(rel)}: {e.what}")
+
     def fields(self, start: int, stop: int, names=None) -> dict[str, list]:
         """Kept fields (``--keep_fields``) of documents ``[start, stop)`` in global order: ``name -> values``
         (:func:`reader.storage.fields.read_fields`)."""
@@ -116,6 +123,8 @@ class Cache:
             text = self.storage.read(self.path(fmt.LEDGER_NAME))
         except (FileNotFoundError, NotADirectoryError):
             raise whatis.not_a_cache(self.fs, self.root, self.url) from None
+        except files.UnsafeFile as e:
+            raise self.unsafe(fmt.LEDGER_NAME, e) from None
         ledger = fmt.Ledger.parse(text, where=where)
         if chunk_table.uses_table(ledger.raw):  # version 4: the chunks are in the table file
             ledger = dataclasses.replace(ledger, chunks=chunk_table.open_table(ledger.raw, self.cat_ranges,
@@ -124,7 +133,10 @@ class Cache:
 
     def cat_ranges(self, rel: str, ranges) -> list[bytes]:
         """The bytes of each ``(start, end)`` range of a file of the cache (:meth:`reader.storage.files.Storage.read_ranges`)."""
-        return self.storage.read_ranges(self.path(rel), ranges)
+        try:
+            return self.storage.read_ranges(self.path(rel), ranges)
+        except files.UnsafeFile as e:
+            raise self.unsafe(rel, e) from None
 
     def refresh(self) -> bool:
         """Re-read the ledger (and, while the build runs, sidecars). Returns True if more chunks are known."""

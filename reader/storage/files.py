@@ -7,6 +7,11 @@ fsspec URL) and the builder's ``BeamStorage`` over Beam's FileSystems (``pipelin
 builder's writes use the client and credentials its reads use on every runner. :class:`RangeFile` hands
 pyarrow a file made only of byte ranges already read.
 
+The door (:mod:`reader.storage.door`, whose functions are the port's): every local file the project opens is
+opened through it, so a FIFO, a device or a directory where a file belongs is refused at once, naming it;
+files inside a root follow symlinks only within it; a read is bounded where the format says how large a
+file can be; a write never goes through a symlink. :class:`FsspecStorage` reads and writes local files so.
+
 The atomic write: the content is written under a temporary name in the file's own directory
 (``.tmp-<32 hex>-NAME``: the same directory keeps the rename a rename, and the prefix marks a crashed
 writer's leftover, which readers ignore and the next build sweeps), then renamed onto the name by
@@ -27,6 +32,8 @@ import uuid
 from typing import Any, BinaryIO, Callable, Mapping, NamedTuple, Sequence
 
 from reader.format.spec import TMP_PREFIX
+from reader.storage.door import (MAX_SMALL_FILE_BYTES, UnsafeFile, create_local, inside, kind_of,  # noqa: F401
+                                 no_symlink_below, not_regular, open_local, read_local, regular_size, too_large)
 
 BLOCK = 1 << 20
 GCS_PROTOCOLS = ("gs", "gcs")
@@ -43,9 +50,10 @@ class Entry(NamedTuple):
 class Storage:
     """Where files are read and written (see the module doc); every method names a file by its full path.
 
-    ``read``: a file's bytes (``FileNotFoundError`` if there is none); ``read_range``: bytes ``[start, end)``
-    of it (fewer at its end; to its end if ``end`` is None); ``read_ranges``: the bytes of each ``(start, end)``
-    range of one file (one open, or one request where a store can); ``read_many``: ``path -> bytes`` of those that
+    ``read``: a file's bytes (``FileNotFoundError`` if there is none; :class:`UnsafeFile` past ``limit``
+    bytes, or for what the door refuses); ``read_range``: bytes ``[start, end)`` of it (fewer at its end; to its
+    end if ``end`` is None); ``read_ranges``: the bytes of each ``(start, end)`` range of one file (one open, or one
+    request where a store can); ``read_many``: ``path -> bytes`` of those that
     exist (fetched concurrently where a store can); ``open``: a seekable file to read (without ``read_ahead``
     each read is one request for exactly its bytes); ``list``: what is directly in a directory, subdirectories
     too where a store has them (one prefix listing on object stores; none if it is not there); ``match``: the
@@ -54,7 +62,7 @@ class Storage:
     missing file is fine.
     """
 
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, limit: int | None = None) -> bytes:
         raise NotImplementedError
 
     def read_range(self, path: str, start: int, end: int | None) -> bytes:
@@ -135,16 +143,28 @@ def mtime(info: Mapping[str, Any]) -> float | None:
 
 
 class FsspecStorage(Storage):
-    """:class:`Storage` over an fsspec filesystem (``fs``)."""
+    """:class:`Storage` over an fsspec filesystem (``fs``). Local files go through the door
+    (:func:`open_local`); with ``root``, as files found inside that root (symlinks only within it, and no
+    write through one)."""
 
-    def __init__(self, fs):
+    def __init__(self, fs, root: str | None = None):
         self.fs = fs
         self.local = is_local(fs)
+        self.root = root if self.local else None
 
-    def read(self, path: str) -> bytes:
-        return self.fs.cat_file(path)
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        if self.local:
+            return read_local(path, root=self.root, limit=limit)
+        if limit is None:
+            return self.fs.cat_file(path)
+        data = self.fs.cat_file(path, start=0, end=limit + 1)
+        if len(data) > limit:
+            raise too_large(path, len(data), limit)
+        return data
 
     def read_range(self, path: str, start: int, end: int | None) -> bytes:
+        if self.local:
+            return read_local(path, root=self.root, start=start, end=end)
         return self.fs.cat_file(path, start=start, end=end)
 
     def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
@@ -155,7 +175,7 @@ class FsspecStorage(Storage):
         return [bytes(g) for g in got]
 
     def read_many(self, paths: Sequence[str]) -> dict[str, bytes]:
-        if len(paths) < 2:
+        if len(paths) < 2 or self.local:
             return super().read_many(paths)
         got = self.fs.cat(list(paths), on_error="omit")
         out = {}
@@ -168,6 +188,8 @@ class FsspecStorage(Storage):
         return out
 
     def open(self, path: str, read_ahead: bool = True) -> BinaryIO:
+        if self.local:
+            return open_local(path, root=self.root)
         return self.fs.open(path, "rb") if read_ahead else self.fs.open(path, "rb", cache_type="none")
 
     def size(self, path: str) -> int:
@@ -190,7 +212,9 @@ class FsspecStorage(Storage):
 
     def create(self, path: str) -> BinaryIO:
         if self.local:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            if self.root is not None:
+                no_symlink_below(self.root, path)
+            return create_local(path)
         return self.fs.open(path, "wb")
 
     def rename(self, src: str, dst: str) -> None:
@@ -216,12 +240,19 @@ def storage(fs: StorageLike) -> Storage:
     return fs if isinstance(fs, Storage) else FsspecStorage(fs)
 
 
-def url_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[FsspecStorage, str]:
-    """``(storage, path)`` of a local path or fsspec URL."""
+def url_storage(url: str, storage_options: Mapping[str, Any] | None = None,
+                root: str | None = None) -> tuple[FsspecStorage, str]:
+    """``(storage, path)`` of a local path or fsspec URL; ``root``: a local directory the files read stay in."""
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-    return FsspecStorage(fs), path
+    return FsspecStorage(fs, root=root), path
+
+
+def read_url(url: str, storage_options: Mapping[str, Any] | None = None, limit: int | None = None) -> bytes:
+    """The bytes of a local path or fsspec URL named by the user (a template, a config), through the door."""
+    st, path = url_storage(url, storage_options)
+    return st.read(path, limit=limit)
 
 
 @functools.lru_cache(maxsize=1)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import hashlib
+import re
 import threading
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
@@ -43,6 +45,55 @@ INDEX_DIR = "index"
 KINDS = ("unpacked", "best_fit")
 _CUM_CACHE = 256  # chunks whose cumulative piece counts (or window bounds) are kept
 _ROWS_CACHE_BYTES = 64 << 20  # best-fit packings of recent windows kept (about 30 bytes per piece)
+
+
+_INDEX_FILE = re.compile(r"(unpacked|best_fit)-L(\d+)(?:-W(\d+))?(?:-C(\d+))?(?:-S(\d+))?(-drop_long)?\.(?:json|bin)")
+
+
+def check_index_files(cache: Cache) -> list[str]:
+    """Problems of the reader's index files in ``ROOT/index/`` (``validate``): each file made for this cache
+    is counted again from the chunks and must say the same (a file made for other chunks, or unreadable, is
+    ignored by readers, who count again, and here)."""
+    if not cache.complete:
+        return []
+    problems, table = [], cache.table
+    for e in cache.storage.list(cache.path(INDEX_DIR)):
+        name = e.path.rstrip("/").rsplit("/", 1)[-1]
+        m = _INDEX_FILE.fullmatch(name)
+        if m is None:
+            continue
+        kind, seq_len, window, cont, segs, drop = m.groups()
+        caps = {"continuations": int(cont or 1), "max_segments": int(segs) if segs else None} \
+            if kind == "best_fit" else {}
+
+        def index() -> ExampleIndex:
+            return ExampleIndex(cache, int(seq_len), kind, index_cache=False, drop_long=bool(drop),
+                                window_tokens=int(window) if window else WINDOW_TOKENS, **caps)
+
+        said = index()
+        rel = said.index_file
+        if rel != f"{INDEX_DIR}/{name}":  # not a name this cache's readers use
+            continue
+        try:
+            cache.storage.read(cache.path(rel), limit=said.file_limit(table))
+        except files.UnsafeFile as err:
+            problems.append(f"{cache.display(rel)}: not an index file ({err.what}); delete it (readers make it again)")
+            continue
+        if not said._load(table, said._fingerprint(table)):
+            continue
+        fresh = index()
+        counts = fresh.counts(table)
+        differ = [k for k, a, b in (("counts", said._examples, counts), ("windows", said._wrows, fresh._wrows),
+                                    ("dropped", said._drop, fresh._drop))
+                  if not np.array_equal(a, b) and (k != "windows" or kind == "best_fit")
+                  and (k != "dropped" or fresh.drop_long)]
+        if differ:
+            bad = np.flatnonzero(said._examples != counts)
+            where = (f" (chunk {bad[0]}: the file says {said._examples[bad[0]]}, its documents make {counts[bad[0]]})"
+                     if bad.size else "")
+            problems.append(f"{cache.display(rel)}: its {', '.join(differ)} differ from what the chunks make{where}: "
+                            "the file was changed after it was written; delete it (readers make it again)")
+    return problems
 
 
 class WindowRows:
@@ -125,6 +176,15 @@ class ExampleIndex:
         table = chunk_table.table_of(self.cache.table) is not None
         return f"{INDEX_DIR}/{name}{'-drop_long' * self.drop_long}" + (".bin" if table else ".json")
 
+    def file_limit(self, table: fmt.ChunkTable) -> int:
+        """The most bytes the index file of ``table`` can hold: a count (and, with drop_long, two more) per
+        chunk and, for best fit, one per window (at most one per row group: a row group's tokens or fewer
+        per window of ``window_tokens``), each at most 21 characters."""
+        per = 3 if self.drop_long else 1
+        windows = (int(table.tokens.sum()) // max(1, self.window_tokens) + 2 * len(table)
+                   if self.kind == "best_fit" else 0)
+        return (1 << 16) + 24 * (per * len(table) + windows)
+
     def lengths(self, doc_lengths: np.ndarray) -> np.ndarray:
         """Document lengths as this read sees them: with ``drop_long``, a long document as empty."""
         return np.where(doc_lengths > self.seq_len, 0, doc_lengths) if self.drop_long else doc_lengths
@@ -188,7 +248,7 @@ class ExampleIndex:
         """The index file's counts, if it is there and ours (else count again)."""
         cache = self.cache
         try:
-            raw = cache.storage.read(cache.path(self.index_file))
+            raw = cache.storage.read(cache.path(self.index_file), limit=self.file_limit(table))
             if chunk_table.table_of(table) is not None:
                 return self._load_blocks(raw, table, fingerprint)
             got = fmt.load_json(raw)
@@ -200,8 +260,8 @@ class ExampleIndex:
                                   np.concatenate(w) if w else np.zeros(0, np.int64))
             return self._loaded(got, table)
         except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError, AttributeError, IndexError,
-                fmt.FormatError):
-            return False  # missing or not ours: count again
+                fmt.FormatError, files.UnsafeFile):
+            return False  # missing or not ours (a FIFO, a device, too large: refused unread): count again
 
     def _load_blocks(self, raw: bytes, table: fmt.ChunkTable, fingerprint: str) -> bool:
         head, data = blocks.read_parts(raw, self.cache.display(self.index_file))
@@ -234,6 +294,8 @@ class ExampleIndex:
         if cache.complete and self.index_cache and todo:
             try:
                 self._write(table)
+            except files.UnsafeFile as e:  # a symlink planted in the cache: never written through
+                warnings.warn(f"the reader's index file is not written: {e}", stacklevel=2)
             except Exception:  # read-only cache: keep the table in memory only
                 pass
         return counts
@@ -306,6 +368,9 @@ class ExampleIndex:
                 self._cum.move_to_end(c)
                 return got
         cum = np.concatenate([[0], np.cumsum(pieces_per_doc(self.lengths(docs.doc_lengths), self.seq_len))])
+        if c < self._n and int(cum[-1]) != int(self._examples[c]):  # the counts came from an index file
+            raise self._mismatch(c, f"its documents make {int(cum[-1])} unpacked examples of {self.seq_len} tokens, "
+                                 f"the index says {int(self._examples[c])}")
         with self._lock:
             self._cum[c] = cum
             while len(self._cum) > _CUM_CACHE:

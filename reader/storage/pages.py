@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
+from reader.format.parquet_pages import Thrift, page_headers
 from reader.storage.files import RangeFile
 
 
@@ -113,8 +114,8 @@ def loss_flags(values: np.ndarray, counts: np.ndarray, lengths: np.ndarray, *, s
 
     ``values``: the documents' span bounds concatenated, ``counts[k]`` of them for document ``k`` of
     ``lengths[k]`` tokens. Raises ValueError naming what is wrong when the spans do not make flags (an odd
-    list, bounds out of order or past the row group's end); ``strict`` (``validate``): also unless every
-    document's spans are sorted, disjoint, non-empty ranges within it (docs/FORMAT.md). The reader reads
+    list, bounds out of order, a bound outside its document); ``strict`` (``validate``): also unless every
+    document's spans are sorted, disjoint, non-empty ranges (docs/FORMAT.md). The reader reads
     bytes whose sha256 it checked, which the builder wrote so; it keeps to the checks that cost a few
     array operations (a few per cent of decoding a row group)."""
     docs = lengths.size
@@ -127,14 +128,16 @@ def loss_flags(values: np.ndarray, counts: np.ndarray, lengths: np.ndarray, *, s
     edges = np.empty(values.size + 2, np.int64)
     edges[0], edges[-1] = -1, starts[-1]
     np.add(values, np.repeat(starts[:-1], counts), out=edges[1:-1])
+    doc = np.repeat(np.arange(docs), counts)
+    bad = (values < 0) | (edges[1:-1] > starts[doc + 1])  # a span past its document: always refused
     if strict:
-        doc = np.repeat(np.arange(docs), counts)
-        bad = (values < 0) | (edges[1:-1] > starts[doc + 1])
         bad[1:] |= (edges[2:-1] <= edges[1:-2]) & (doc[1:] == doc[:-1])
-        if bad.any():
-            k = int(doc[np.argmax(bad)])
+    if bad.any():
+        k = int(doc[np.argmax(bad)])
+        if strict:
             raise ValueError(f"{fmt.LOSS_COLUMN} of document {k} of the row group are not sorted, disjoint, non-empty "
                              f"ranges within its {int(lengths[k])} tokens")
+        raise ValueError(f"{fmt.LOSS_COLUMN} of document {k} of the row group reach past its {int(lengths[k])} tokens")
     try:  # runs between the bounds: off before s_0, on from s_k to e_k, off after
         flags = np.repeat(_alternating(values.size + 1), np.diff(edges))
     except ValueError:
@@ -146,83 +149,6 @@ def loss_flags(values: np.ndarray, counts: np.ndarray, lengths: np.ndarray, *, s
 
 
 _CODECS = {"ZSTD": "zstd", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "UNCOMPRESSED": None}
-
-
-class _Thrift:
-    """Minimal Thrift compact-protocol reader for Parquet page headers."""
-
-    __slots__ = ("buf", "pos")
-
-    def __init__(self, buf, pos: int):
-        self.buf, self.pos = buf, pos
-
-    def varint(self) -> int:
-        shift = result = 0
-        buf = self.buf
-        while True:
-            b = buf[self.pos]
-            self.pos += 1
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-
-    def zigzag(self) -> int:
-        n = self.varint()
-        return (n >> 1) ^ -(n & 1)
-
-    def struct(self) -> dict:
-        """Read a struct: {field id: value}; nested structs become dicts, other containers are skipped."""
-        out, last = {}, 0
-        while True:
-            head = self.buf[self.pos]
-            self.pos += 1
-            if head == 0:
-                return out
-            ftype = head & 0x0F
-            delta = head >> 4
-            fid = last + delta if delta else self.zigzag()
-            last = fid
-            out[fid] = self.value(ftype)
-
-    def value(self, ftype: int):
-        if ftype == 1:
-            return True
-        if ftype == 2:
-            return False
-        if ftype == 3:
-            self.pos += 1
-            return self.buf[self.pos - 1]
-        if ftype in (4, 5, 6):
-            return self.zigzag()
-        if ftype == 7:
-            self.pos += 8
-            return None
-        if ftype == 8:
-            n = self.varint()
-            self.pos += n
-            return None
-        if ftype in (9, 10):
-            head = self.buf[self.pos]
-            self.pos += 1
-            n, et = head >> 4, head & 0x0F
-            if n == 15:
-                n = self.varint()
-            for _ in range(n):
-                self.value(et if et != 1 else 1)
-            return None
-        if ftype == 11:
-            n = self.varint()
-            if n:
-                kv = self.buf[self.pos]
-                self.pos += 1
-                for _ in range(n):
-                    self.value(kv >> 4)
-                    self.value(kv & 0x0F)
-            return None
-        if ftype == 12:
-            return self.struct()
-        raise ValueError(f"unknown thrift type {ftype}")
 
 
 def fast_token_values(data, col_meta, expect: int, lead: int = 0, base: int = 0) -> np.ndarray | None:
@@ -253,14 +179,9 @@ def _data_pages(data, col_meta, *, base: int, column: str, levels: int):
     if start < 0 or end > len(data):
         raise _NotPlain
     view = memoryview(data)
-    pos = start
-    while pos < end:
-        t = _Thrift(data, pos)
-        h = t.struct()
-        pos = t.pos
+    for h, pos in page_headers(data, start, end):
         ptype, usize, csize = h.get(1), h.get(2), h.get(3)
         body = view[pos:pos + csize]
-        pos += csize
         blocks = []
         if ptype == 0:  # DATA_PAGE (v1): levels and values compressed together
             dph = h.get(5) or {}
@@ -326,7 +247,7 @@ def _level_bits(buf, n: int) -> np.ndarray:
     out = np.empty(n, np.uint8)
     i = pos = 0
     while i < n:
-        t = _Thrift(buf, pos)
+        t = Thrift(buf, pos)
         head = t.varint()
         pos = t.pos
         if head & 1:  # bit-packed: (head >> 1) groups of 8 values, one byte each at width 1

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from reader.format import spec as fmt
+from reader.storage import files
 from reader.storage.cache import Cache
 from reader.storage.chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
 from reader.storage.pages import decode_loss_spans, decode_row_group, loss_flags
@@ -200,6 +201,8 @@ class ChunkStore:
             return self.cache.cat(rel, start, end)
         except FileNotFoundError:
             raise chunk_error(self.cache, rel, "missing") from None
+        except files.UnsafeFile as e:
+            raise self.cache.unsafe(rel, e) from None
 
     @property
     def latency_s(self) -> float | None:
@@ -230,7 +233,7 @@ class ChunkStore:
             if f is not None:
                 self._files.move_to_end(rel)
         if f is None:
-            f = open(self.cache.path(rel), "rb", buffering=0)
+            f = self.cache.storage.open(self.cache.path(rel))  # through the door: a FIFO is refused
             with self._lock:
                 f = self._files.setdefault(rel, f)
                 while len(self._files) > _MAX_OPEN_FILES:

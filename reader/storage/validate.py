@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 
 from reader.format import spec as fmt
 from reader.format import table as chunk_table
-from reader.format.sidecar import (Disagreement, Layout, arrow_message, entry_fields, file_mismatch, loss_tokens,
-                                   sidecar_bytes, size_mismatch)
+from reader.format.sidecar import (Disagreement, Layout, arrow_message, dead_letters_problem, entry_fields,
+                                   file_mismatch, loss_tokens, sidecar_bytes, size_mismatch)
 from reader.storage import remote
 from reader.storage.cache import Cache
 from reader.storage.pages import int_values, loss_flags
@@ -311,6 +311,12 @@ def validate_chunk(cache: Cache, index: int, *, decode: bool = True, entry: dict
         problems.append(f"{shown(rel)}: {wrong}")
         return problems
     problems += _check_layout(cache, index, data, decode, side if side_trusted else None, record)
+    if side_trusted:  # the dead letters against the sidecar that vouches for them (path, sha256, lines)
+        wrong = dead_letters_problem(side, lambda rel: _read(cache, rel))
+        if wrong:
+            where = side.get("dead_letters") or fmt.dead_letter_path(int(t.shard[index]), int(t.index_in_shard[index]))
+            problems.append(f"{shown(where)}: {wrong} (of chunk {rel}); rerun the build command, which writes it "
+                            "again")
     return problems
 
 

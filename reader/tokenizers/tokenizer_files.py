@@ -16,7 +16,7 @@ import threading
 from typing import Any, Callable, Mapping
 from urllib.parse import urlparse
 
-import fsspec
+from reader.storage import files
 
 HUB_PROBE_S = 3.0  # how long the hub may take to accept a connection before the machine counts as offline
 TOKENIZER_FILE = "tokenizer.json"
@@ -54,8 +54,7 @@ def local_files(path: str) -> tuple[str, str | None]:
     config = os.path.join(os.path.dirname(path), CONFIG_FILE)
 
     def text(p: str) -> str:
-        with open(p, encoding="utf-8", errors="replace") as f:
-            return f.read()
+        return files.read_local(p).decode("utf-8", errors="replace")
 
     return text(path), text(config) if os.path.isfile(config) else None
 
@@ -63,8 +62,7 @@ def local_files(path: str) -> tuple[str, str | None]:
 def fsspec_reader(storage_options: Mapping[str, Any] | None) -> Callable[[str], bytes | None]:
     def read(url: str) -> bytes | None:
         try:
-            with fsspec.open(url, "rb", **dict(storage_options or {})) as f:
-                return f.read()
+            return files.read_url(url, storage_options)
         except FileNotFoundError:
             return None
 
@@ -146,8 +144,7 @@ def hub_files(repo: str) -> tuple[str, str | None]:
         except Exception as e:  # noqa: BLE001 - the hub's HTTP errors, a full disk: one line naming them
             raise TokenizerError(f"tokenizer {repo!r}: cannot fetch {name} from the Hugging Face hub "
                                  f"({type(e).__name__}: {e})") from e
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
+        return files.read_local(path).decode("utf-8", errors="replace")  # the hub cache's symlink followed
 
     text = fetch(TOKENIZER_FILE)
     if text is None:

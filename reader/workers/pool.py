@@ -88,7 +88,7 @@ class Slot:
 
     def __init__(self, path: str, spec, create: bool):
         layout, size = _slot_layout(spec)
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
             if create:
@@ -203,7 +203,7 @@ class WorkerPool:
             # workers do no linear algebra: without this, numpy's OpenBLAS starts a thread per core that
             # spins while the worker starts, on the cores the workers need (a first batch 20% later)
             env.setdefault("OPENBLAS_NUM_THREADS", "1")
-            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project
             env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
             for w in range(W):
                 mine_rows = rows[w::W]

@@ -228,11 +228,38 @@ def test_a_failed_build_prints_one_message_and_the_path_of_its_log(tmp_path, run
     assert proc.returncode == 2 and len(lines) == 2 and lines[0] == message, proc.stderr[-5000:]
     logs = _logs(tmp_path)
     assert len(logs) == 1 and lines[1] == f"(details: {logs[0]}; --debug prints them)"
-    assert re.fullmatch(r"chunkledger-build-\d{8}-\d{6}-\d+\.log", os.path.basename(logs[0]))
+    assert re.fullmatch(r"chunkledger-build-\d{8}-\d{6}-\d+-\w+\.log", os.path.basename(logs[0]))
     log = open(logs[0], encoding="utf-8").read()
     assert log.startswith(f"command: {sys.executable} -m pipelines.build_cache --input {path} ")
     assert "Traceback (most recent call last)" in log and "DamagedInput" in log  # what the console did not show
     assert proc.stdout == "" and not load_ledger(out)["finished"]
+
+
+def test_the_log_is_a_new_private_file_never_one_planted_in_its_place(tmp_path, monkeypatch):
+    """The log was ``$TMPDIR/chunkledger-build-<time>-<pid>.log``, opened with O_CREAT | O_TRUNC: a symlink
+    planted at that predictable name made a build overwrite the link's target. It is now a new file of an
+    unpredictable name (O_EXCL | O_NOFOLLOW, mode 0600), which the error still names."""
+    import stat
+    import tempfile
+
+    from pipelines import faults
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(faults.time, "strftime", lambda *a: "20250101-000000")
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    os.symlink(victim, tmp_path / f"chunkledger-build-20250101-000000-{os.getpid()}.log")
+    (tmp_path / "chunkledger-build-20250101-000000.log").write_text("another's")
+    log = faults.BuildLog(["--input", "x"])
+    try:
+        log.file.write("a line\n")
+        kept = log.keep()
+    finally:
+        log.close()
+    assert victim.read_text() == "precious" and (tmp_path / "chunkledger-build-20250101-000000.log").read_text() \
+        == "another's"
+    assert os.path.dirname(kept) == str(tmp_path) and not os.path.islink(kept)
+    assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600 and open(kept).read().endswith("a line\n")
 
 
 @pytest.mark.parametrize("runner", RUNNER_CASES, ids=str)

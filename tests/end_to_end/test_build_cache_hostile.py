@@ -371,3 +371,167 @@ def test_a_cache_built_before_the_record_limits_resumes_as_it_was_built(tmp_path
         f.write(fmt.dumps_ledger(plan))
     with pytest.raises(BuildError, match=r"config\.max_doc_bytes: None in the cache, 1048576 now"):
         build(tmp_path, [a], chunk_bytes=2048, max_doc_bytes="1MiB")
+
+
+# -- special files beyond the --input globs, and what a save_to_disk directory lists ----------------------
+# Runs in the child: each build of argv[1] (a JSON list of argument lists) in turn, one RESULT line each.
+BUILDS = """
+import json, sys
+from pipelines import build_cache
+for argv in json.loads(sys.argv[1]):
+    try:
+        build_cache.run(argv + ["--runner=FnApiRunner"])
+        print("RESULT " + json.dumps(["ok", ""]), flush=True)
+    except Exception as e:
+        print("RESULT " + json.dumps([type(e).__name__, str(e)]), flush=True)
+"""
+
+
+def _builds_in_a_child(argvs: list[list[str]], timeout: float = 120) -> list[tuple[str, str]]:
+    """``(exception type or "ok", message)`` of each build, run one after the other in one child process,
+    which is killed (the test fails) if they have not all ended within ``timeout``: a hang is a failure."""
+    proc = subprocess.Popen([sys.executable, "-c", BUILDS, json.dumps(argvs)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+    got = [tuple(json.loads(line.split("RESULT ", 1)[1])) for line in out.splitlines() if line.startswith("RESULT ")]
+    assert len(got) == len(argvs), f"{len(got)} of {len(argvs)} builds ended (a hang?): {err[-2000:]}"
+    return got
+
+
+def _saved_dataset(tmp_path, name: str, n: int = 100, shards: int = 2) -> str:
+    from columnar_files import corpus_table, save_to_disk
+
+    return save_to_disk(tmp_path / name, corpus_table(n, seed=4), num_shards=shards)
+
+
+def test_special_files_outside_the_input_globs_are_refused_at_once_naming_them(tmp_path):
+    """A FIFO ``.arrow`` file listed in a ``save_to_disk`` directory, a FIFO ``state.json`` and a FIFO
+    ``--chat_template`` hung planning; ``state.json`` or the template at ``/dev/zero`` read without end.
+    Each is refused before anything is written, naming it and what it is."""
+    saved = _saved_dataset(tmp_path, "saved")
+    arrow = sorted(n for n in os.listdir(saved) if n.endswith(".arrow"))[1]
+    fifo_arrow = _saved_dataset(tmp_path, "fifo_arrow")
+    os.remove(os.path.join(fifo_arrow, arrow))
+    os.mkfifo(os.path.join(fifo_arrow, arrow))
+    fifo_state, zero_state = _saved_dataset(tmp_path, "fifo_state"), _saved_dataset(tmp_path, "zero_state")
+    os.remove(os.path.join(fifo_state, "state.json"))
+    os.mkfifo(os.path.join(fifo_state, "state.json"))
+    os.remove(os.path.join(zero_state, "state.json"))
+    os.symlink("/dev/zero", os.path.join(zero_state, "state.json"))
+    chat = write_shard(str(tmp_path / "chat.jsonl"), [{"messages": [{"role": "user", "content": "hi"},
+                                                                    {"role": "assistant", "content": "hello"}]}])
+    os.mkfifo(tmp_path / "fifo.jinja")
+    os.symlink("/dev/zero", tmp_path / "zero.jinja")
+
+    def argv(inp: str, name: str, *more: str) -> list[str]:
+        return ["--input", inp, "--output", str(tmp_path / name), "--tokenizer", "tiktoken:cl100k_base", *more]
+
+    got = _builds_in_a_child([
+        argv(fifo_arrow, "c1"), argv(fifo_state, "c2"), argv(zero_state, "c3"),
+        argv(chat, "c4", "--record_format", "chat", "--chat_template", str(tmp_path / "fifo.jinja")),
+        argv(chat, "c5", "--record_format", "chat", "--chat_template", str(tmp_path / "zero.jinja")),
+    ])
+    want = [f"{os.path.join(fifo_arrow, arrow)}), a FIFO (named pipe), not a regular file",
+            f"{os.path.join(fifo_state, 'state.json')}: a FIFO (named pipe), not a regular file",
+            f"{os.path.join(zero_state, 'state.json')}: a symlink to /dev/zero, outside {zero_state}",
+            f"{tmp_path / 'fifo.jinja'}: a FIFO (named pipe), not a regular file",
+            f"{tmp_path / 'zero.jinja'}: a character device, not a regular file"]
+    for (kind, message), expected in zip(got, want):
+        assert kind in ("BuildError", "UnsupportedInput") and expected in message and "\n" not in message, message
+    assert not any(os.path.exists(tmp_path / f"c{i}") for i in range(1, 6))
+
+
+def test_a_state_json_entry_outside_the_directory_or_not_a_file_is_refused_never_skipped(tmp_path):
+    """``state.json`` naming ``..``, or a listed data file that is a symlink to a directory, was skipped
+    silently: exit 0 with half the documents. Both are refused naming the entry; a symlink within the
+    directory is read, one out of it refused."""
+    saved = _saved_dataset(tmp_path, "saved")
+    arrows = sorted(n for n in os.listdir(saved) if n.endswith(".arrow"))
+    state = json.loads(open(os.path.join(saved, "state.json")).read())
+
+    def with_names(names: list[str]) -> None:
+        state["_data_files"] = [{"filename": n} for n in names]
+        with open(os.path.join(saved, "state.json"), "w") as f:
+            json.dump(state, f)
+
+    with_names(["..", arrows[0]])  # in name order, as datasets lists them
+    with pytest.raises(BuildError, match=r"state\.json names '\.\.' .*not the name of a file in the directory"):
+        build(tmp_path, [saved])
+    os.rename(os.path.join(saved, arrows[1]), tmp_path / "moved.arrow")
+    os.mkdir(os.path.join(saved, "adir"))
+    os.symlink("adir", os.path.join(saved, arrows[1]))
+    with_names(arrows)
+    with pytest.raises(BuildError, match=f"state.json names '{arrows[1]}' .*a directory, not a regular file"):
+        build(tmp_path, [saved])
+    os.remove(os.path.join(saved, arrows[1]))
+    os.symlink(tmp_path / "moved.arrow", os.path.join(saved, arrows[1]))
+    with pytest.raises(BuildError, match=f"state.json names '{arrows[1]}' .*a symlink to {tmp_path / 'moved.arrow'}, "
+                                         "outside"):
+        build(tmp_path, [saved])
+    os.remove(os.path.join(saved, arrows[1]))
+    os.rename(tmp_path / "moved.arrow", os.path.join(saved, "aside.bin"))
+    os.symlink("aside.bin", os.path.join(saved, arrows[1]))  # within the directory: read
+    assert not os.path.exists(tmp_path / "cache")
+    _, res = build(tmp_path, [saved])
+    assert res["ledger"]["totals"]["docs"] == 100
+
+
+# -- an input that changes while the build runs -----------------------------------------------------------
+def _edit_in_place(path: str, edits: list[tuple[bytes, bytes]]) -> None:
+    with open(path, "r+b") as f:
+        data = f.read()
+        for old, new in edits:
+            assert len(old) == len(new) and data.count(old) == 1
+            at = data.index(old)
+            f.seek(at)
+            f.write(new)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_an_input_edited_in_place_during_the_build_is_an_error_naming_it(tmp_path, monkeypatch, kind):
+    """Edited in place at the same size while the build ran (a letter in a chunk already built, and one in a
+    chunk not built yet): exit 0 and a cache matching neither version, which ``validate`` passed. The plan
+    records each input's metadata fingerprint (size, mtime_ns, ctime_ns, device, inode), checked again before
+    the ledger is finished: an error naming the file, and a rerun of the same command builds the file as it
+    is now."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.chunking import units
+
+    texts = [f"document {i:03d}: " + t for i, t in enumerate(sample_texts(120, seed=9, max_words=40))]
+    path = str(tmp_path / "in" / f"a.{kind}")
+    os.makedirs(os.path.dirname(path))
+    if kind == "jsonl":
+        write_shard(path, [{"text": t} for t in texts])
+    else:
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=10, compression="none", write_statistics=False)
+    edits = [(b"document 001:", b"DOCUMENT 001:"), (b"document 118:", b"DOCUMENT 118:")]
+    real, done = units.UnitBuilder.build, []
+
+    def build_then_edit(self, unit):
+        out = real(self, unit)
+        if not done:  # after the first unit: the input changes under the build
+            done.append(unit)
+            _edit_in_place(path, edits)
+        return out
+
+    monkeypatch.setattr(units.UnitBuilder, "build", build_then_edit)
+    opts = dict(chunk_bytes=1024, max_bad_fraction=0.5)
+    with pytest.raises(BuildError) as e:
+        build(tmp_path, [path], **opts)
+    msg = str(e.value)
+    assert msg.startswith(f"input file {path} changed while the cache was built (") and "mtime_ns" in msg, msg
+    plan = load_ledger(str(tmp_path / "cache"))
+    assert "\n" not in msg and not plan["finished"]
+    assert set(plan["inputs"][0]["fingerprint"]) == {"size", "mtime_ns", "ctime_ns", "device", "inode"}
+    monkeypatch.setattr(units.UnitBuilder, "build", real)
+    out, res = build(tmp_path, [path], **opts)
+    assert "fingerprint" not in res["ledger"]["inputs"][0]  # a finished ledger: a function of the content
+    clean, _ = build(tmp_path, [path], name="clean", **opts)
+    assert tree_bytes(out) == tree_bytes(clean)
+    assert any("DOCUMENT 001:" in t for t in [_enc().decode(d["tokens"]) for d in read_documents(out)])

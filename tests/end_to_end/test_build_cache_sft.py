@@ -165,6 +165,28 @@ def test_chat_records_from_every_input_format_are_sft_tokens_and_spans(chat_tabl
     assert len(docs) == 7 and all(d == docs["jsonl"] for d in docs.values())
 
 
+def test_a_bad_record_holding_binary_values_is_set_aside_with_them(template_file, tmp_path):
+    """Messages carrying a binary field (``image: binary``) and one bad role: the dead letter could not be
+    written (``TypeError: Object of type bytes is not JSON serializable``, exit 1 saying a rerun resumes, and
+    every rerun failed the same way). A value JSON cannot hold is kept as its type and base64 (or text)."""
+    import datetime
+
+    message = pa.struct([("role", pa.string()), ("content", pa.string()), ("image", pa.binary()),
+                         ("at", pa.timestamp("s"))])
+    when = datetime.datetime(2024, 5, 6, 7, 8, 9)
+    good = [{"role": "user", "content": "look", "image": b"\x89PNG\x00\xff", "at": when},
+            {"role": "assistant", "content": "a cat", "image": None, "at": None}]
+    bad = [{"role": "robot", "content": "x", "image": b"\x00\x01\xfe", "at": when}]
+    table = pa.table({"messages": pa.array([good, bad, good], pa.list_(message))})
+    path = write_parquet(tmp_path / "chat.parquet", table, row_group_size=2)
+    out, res = build(tmp_path, [path], record_format="chat", chat_template=template_file, max_bad_fraction=0.5)
+    assert res["ledger"]["totals"]["docs"] == 2 and res["ledger"]["bad_records"] == {"unknown_role": 1}
+    (letter,) = read_dead_letters(out)
+    assert letter["row"] == 1 and letter["value"] == {"messages": [
+        {"role": "robot", "content": "x", "image": {"type": "bytes", "base64": "AAH+"},
+         "at": {"type": "datetime", "value": "2024-05-06 07:08:09"}}]}
+
+
 def test_a_parquet_row_s_bad_record_keeps_its_fields_in_its_dead_letter(chat_table, template_file, tmp_path):
     records, table = chat_table
     path = write_parquet(tmp_path / "chat.parquet", table, row_group_size=30)

@@ -273,6 +273,18 @@ def test_bad_spans_and_counts_are_clear_errors(tmp_path, capsys):
     assert cli(["validate", root]) == 1
     assert "document 0 of the row group are not sorted, disjoint" in capsys.readouterr().out
 
+    # a span past its document, inside the row group (every checksum made for it): its loss tokens went
+    # to the next document with exit 0; refused when read, named by validate
+    root = str(tmp_path / "past")
+    cachegen.write_synthetic_cache(root, [docs], spans=[[[8, 12], []]])
+    with Reader(root, ReadOptions(seq_len=4, batch_size=1, ideal_readers=1)) as rd:
+        with pytest.raises(ChunkError, match=r"chunk-000000\.parquet: row group 0: its loss spans cannot be read "
+                                             r"\(loss_spans of document 0 of the row group reach past its 10 tokens\)"):
+            rd.batch(0)
+    assert cli(["validate", root]) == 1
+    assert "document 0 of the row group are not sorted, disjoint, non-empty ranges within its 10 tokens" in \
+        capsys.readouterr().out
+
     root = str(tmp_path / "counts")
     cachegen.write_synthetic_cache(root, [docs], spans=[[[2, 5], [0, 4]]])
     assert cli(["validate", root]) == 0

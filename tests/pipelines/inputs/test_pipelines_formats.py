@@ -125,7 +125,7 @@ def test_save_to_disk_refusals(tmp_path, table):
         formats.saved_dataset_files(str(tmp_path / "dd"))
     saved = save_to_disk(tmp_path / "s", table, num_shards=2)
     (tmp_path / "s" / "data-00001-of-00002.arrow").unlink()
-    with pytest.raises(UnsupportedInput, match="state.json names .*data-00001-of-00002.arrow, which is not a file"):
+    with pytest.raises(UnsupportedInput, match="state.json names 'data-00001-of-00002.arrow' .*, missing"):
         formats.saved_dataset_files(saved)
     (tmp_path / "s" / "state.json").write_text("{}")
     with pytest.raises(UnsupportedInput, match="is not a datasets state file"):

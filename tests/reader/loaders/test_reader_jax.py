@@ -383,7 +383,7 @@ def test_expand_flat_in_jax_equals_numpy(cache):
 
 @pytest.mark.timeout(120)
 def test_a_read_that_never_returns_raises_instead_of_hanging(cache, tmp_path):
-    """The loader's read-ahead thread blocks on a chunk that is a FIFO nobody writes: after
+    """The loader's read-ahead thread blocks reading a chunk that never arrives: after
     worker_timeout_s without progress the loop raises ReaderStalled naming the batch."""
     import stalls
     from reader import ReaderStalled

@@ -229,3 +229,91 @@ def test_the_summary_is_inspects(synthetic, capsys):
     data = collect_mod.collect(root, ReadOptions(seq_len=8, batch_size=2), 0)
     assert data.summary == info
     assert Cache(root).complete and "progress" not in info
+
+
+@pytest.fixture
+def with_bad_records(tmp_path):
+    lines = [{"text": t, "source": "web"} for t in sample_texts(30, seed=4)]
+    lines[3:3] = [b"not json", b'{"text": ""}']
+    out, _ = build(tmp_path, [write_shard(str(tmp_path / "in" / "a.jsonl"), lines)], chunk_bytes=4000,
+                   max_bad_fraction=1.0)
+    return out
+
+
+def _dead_letter_file(out: str) -> tuple[str, dict]:
+    led = json.load(open(os.path.join(out, fmt.LEDGER_NAME)))
+    entry = next(c for c in led["chunks"] if c.get("dead_letters"))
+    return os.path.join(out, entry["dead_letters"]), entry
+
+
+def _forge(out: str, lines: list[bytes]) -> str:
+    """Replace the first dead-letter file with ``lines`` and make every checksum agree (its sidecar's
+    dead_letters_checksum, the ledger's sidecar_checksum): a tampered cache only content can tell."""
+    from reader.format.sidecar import sidecar_bytes
+
+    path, entry = _dead_letter_file(out)
+    data = b"".join(line + b"\n" for line in lines)
+    open(path, "wb").write(data)
+    side_path = os.path.join(out, fmt.sidecar_path(entry["shard"], entry["index_in_shard"]))
+    side = json.load(open(side_path))
+    side["dead_letters_checksum"] = fmt.checksum(data)
+    open(side_path, "wb").write(sidecar_bytes(side))
+    led = json.load(open(os.path.join(out, fmt.LEDGER_NAME)))
+    for c in led["chunks"]:
+        if c["path"] == entry["path"]:
+            c["sidecar_checksum"] = fmt.checksum(sidecar_bytes(side))
+    open(os.path.join(out, fmt.LEDGER_NAME), "w").write(fmt.dumps_ledger(led))
+    return path
+
+
+def _report_fails(capsys, out, tmp_path, said: str) -> None:
+    assert main(["report", out, "--out", str(tmp_path / "rep"), "--seq_len", "64", "--batch_size", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and said in err and len(err.strip().splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "rep" / "index.html")
+
+
+def test_dead_letters_are_verified_before_they_are_shown_and_every_value_escaped(with_bad_records, tmp_path, capsys):
+    """A dead letter's ``offset`` went into the page unescaped, so a tampered dead-letter file put markup in
+    it; ``validate`` never checked ``dead_letters_checksum`` (it passed an emptied file). Now the file must
+    match its sidecar before the page shows it, ``validate`` names one that does not, and every value of a
+    dead letter is escaped (a forged file whose checksums were all made again)."""
+    out = with_bad_records
+    path, _ = _dead_letter_file(out)
+    good = open(path, "rb").read()
+    letters = [json.loads(line) for line in good.splitlines()]
+    letters[0]["offset"] = "<img src=x onerror=alert(1)>"
+    tampered = b"".join(json.dumps(d).encode() + b"\n" for d in letters)
+    for data, said in ((tampered, "dead-letter file changed: its sha256 is"),
+                       (b"", "dead-letter file changed: its sha256 is")):
+        open(path, "wb").write(data)
+        _report_fails(capsys, out, tmp_path, f"{path}: {said}")
+        assert main(["validate", out]) == 1
+        assert f"PROBLEM {path}: {said}" in capsys.readouterr().out
+    _forge(out, [json.dumps(d).encode() for d in letters])
+    assert main(["report", out, "--out", str(tmp_path / "rep"), "--seq_len", "64", "--batch_size", "2"]) == 0
+    text = open(tmp_path / "rep" / "index.html", encoding="utf-8").read()
+    assert "<img src=x" not in text and "&lt;img src=x onerror=alert(1)&gt;" in text
+
+
+def test_a_dead_letter_line_nested_too_deep_or_not_an_object_is_one_line_naming_the_file(with_bad_records, tmp_path,
+                                                                                          capsys):
+    """Forged lines (every checksum made again): 200k deep gave a RecursionError traceback, a line that is
+    not an object a TypeError. Each is one line naming the file and the line."""
+    out = with_bad_records
+    path, _ = _dead_letter_file(out)
+    first = open(path, "rb").read().splitlines()[0]
+    for bad, said in ((b"[" * 200_000 + b"]" * 200_000, "line 2 is not a dead letter (nested too deep)"),
+                      (b'"a string"', "line 2 is not a dead letter (not a JSON object)")):
+        _forge(out, [first, bad])
+        _report_fails(capsys, out, tmp_path, f"{path}: {said}")
+
+
+def test_kept_field_values_are_drawn_as_text_never_as_mathtext(synthetic):
+    """A kept field's value ``$\\undefinedcmd$`` made ``report`` fail with matplotlib's four-line
+    ParseFatalException naming nothing, and ``$x^2$`` was drawn as math."""
+    root, _ = synthetic
+    data = collect_mod.collect(root, ReadOptions(seq_len=8, batch_size=2), 0)
+    values = [("$\\undefinedcmd$", 900), ("$x^2$", 100), ("50$ and 20$", 5)]
+    p = Page(page.render(dataclasses.replace(data, field_tokens={"source": values})))
+    assert "tokens per source" in [alt for _, alt in p.images]

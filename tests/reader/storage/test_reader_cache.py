@@ -84,6 +84,8 @@ def test_a_poll_reads_what_changed_not_the_whole_build(tmp):
     c.fs.find = lambda path, *a, **k: calls.append(("find", path)) or real_find(path, *a, **k)
     c.fs.cat = lambda paths, *a, **k: calls.extend(("cat", p) for p in paths) or real_cat(paths, *a, **k)
     c.fs.cat_file = lambda path, *a, **k: calls.append(("cat", path)) or real_cat_file(path, *a, **k)
+    real_read = c.storage.read  # local files are read through the door, not fsspec
+    c.storage.read = lambda path, *a, **k: calls.append(("cat", path)) or real_read(path, *a, **k)
     assert len(c.table) == 20
     for i in range(20, 24):
         cachegen.write_chunk(tmp, int(rr[i][0]), int(rr[i][1]), chunks[i])

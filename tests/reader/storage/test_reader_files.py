@@ -79,3 +79,81 @@ def test_an_fsspec_store_that_is_not_local(tmp_path):
         assert [os.path.basename(p) for p in fs.find("/atomic-test")] == ["x.json"]
     finally:
         files.remove_quietly(fs, "/atomic-test")
+
+
+# -- the door: what is opened ------------------------------------------------------------------------------
+def _refused(fn, *args, what: str, **kw):
+    with pytest.raises(files.UnsafeFile) as e:
+        fn(*args, **kw)
+    assert what in str(e.value) and "\n" not in str(e.value), str(e.value)
+    return e.value
+
+
+def test_the_door_refuses_a_fifo_a_device_and_a_directory_at_once_without_reading(tmp_path):
+    """A FIFO nobody writes would block an open() forever, ``/dev/zero`` would read without end: both are
+    refused at once (the FIFO opened without blocking), through every way in: read, a range, open, and the
+    builder's and the cache's storage."""
+    import threading
+
+    fifo = str(tmp_path / "ledger.json")
+    os.mkfifo(fifo)
+    os.mkdir(tmp_path / "d")
+    os.symlink("/dev/zero", tmp_path / "zero.json")
+    done = threading.Event()
+
+    def attempts():
+        for path, what in ((fifo, "a FIFO (named pipe), not a regular file"),
+                           (str(tmp_path / "zero.json"), "a character device"), (str(tmp_path / "d"), "a directory")):
+            _refused(files.read_local, path, what=what)
+            _refused(files.read_local, path, what=what, start=10, end=20)
+            _refused(files.open_local, path, what=what)
+            _refused(files.local().read, path, what=what)
+            in_root = "outside" if path.endswith("zero.json") else what  # a link out of the root, first
+            _refused(files.FsspecStorage(files.local().fs, root=str(tmp_path)).open, path, what=in_root)
+        done.set()
+
+    t = threading.Thread(target=attempts, daemon=True)
+    t.start()
+    t.join(20)
+    assert done.is_set(), "the door blocked on a FIFO"
+
+
+def test_the_door_bounds_a_read_where_the_format_says_how_much_there_can_be(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_bytes(b"x" * 1000)
+    assert files.read_local(str(path), limit=1000) == b"x" * 1000
+    e = _refused(files.read_local, str(path), limit=999, what="1000 bytes, more than the 999")
+    assert e.path == str(path)
+    fs = fsspec.filesystem("memory")
+    try:
+        fs.pipe_file("/door-test/x.json", b"y" * 100)
+        assert files.FsspecStorage(fs).read("/door-test/x.json", limit=100) == b"y" * 100
+        _refused(files.FsspecStorage(fs).read, "/door-test/x.json", limit=99, what="more than the 99")
+    finally:
+        files.remove_quietly(fs, "/door-test")
+
+
+def test_symlinks_by_kind_of_file(tmp_path):
+    """An input the user names follows symlinks anywhere; a file inside a root only within it; a write never
+    goes through one (neither the file nor, below the root, a directory)."""
+    root, out = tmp_path / "cache", tmp_path / "elsewhere"
+    root.mkdir()
+    out.mkdir()
+    (out / "secret").write_bytes(b"secret")
+    (root / "own").write_bytes(b"own")
+    os.symlink(out / "secret", root / "away")
+    os.symlink(root / "own", root / "near")
+    assert files.read_local(str(root / "away")) == b"secret"  # an input: followed
+    inside = files.FsspecStorage(files.local().fs, root=str(root))
+    assert inside.read(str(root / "near")) == b"own"
+    _refused(inside.read, str(root / "away"), what=f"a symlink to {out / 'secret'}, outside {root}")
+    _refused(inside.open, str(root / "away"), what="outside")
+    _refused(files.regular_size, str(root / "away"), root=str(root), what="outside")
+    # writes: a planted directory symlink below the root is never written through
+    os.symlink(out, root / "index")
+    _refused(files.write, inside, str(root / "index" / "x.json"), b"data", what=f"{root / 'index'} is a symlink")
+    assert sorted(os.listdir(out)) == ["secret"]
+    # nor a symlink at the file's own name: replaced, its target untouched
+    files.write(inside, str(root / "away"), b"new")
+    assert (out / "secret").read_bytes() == b"secret" and (root / "away").read_bytes() == b"new"
+    assert not os.path.islink(root / "away")

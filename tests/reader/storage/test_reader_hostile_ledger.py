@@ -299,3 +299,117 @@ def test_an_unpacked_index_file_that_lies_is_counted_again(cache):
                  json.dumps(dict(good, counts=[-5] + good["counts"][1:]))):
         open(path, "w").write(body)
         assert batches() == want
+
+
+def test_an_unpacked_index_file_with_an_edited_count_is_refused_when_read_and_named_by_validate(cache, capsys):
+    """A count edited under the right fingerprint was trusted: other batches, exit 0, and ``validate`` OK.
+    Each chunk's count is now checked against its documents when they are read (as best-fit windows are),
+    and ``validate`` counts every index file again."""
+    opts = ReadOptions(seq_len=8, batch_size=4, packed=False, prefetch_threads=0)
+    with Reader(cache, opts) as r:
+        want = [b["targets"].tolist() for _, b in r.iter_batches(0, 4)]
+    path = os.path.join(cache, "index", "unpacked-L8.json")
+    good = json.load(open(path))
+    assert _run(capsys, "validate", cache)[0] == 0
+    open(path, "w").write(json.dumps(dict(good, counts=[good["counts"][0] + 1] + good["counts"][1:])))
+    first = os.path.join(cache, _ledger(cache)["chunks"][0]["path"])
+    with pytest.raises(fmt.DamagedCache, match=rf"^{first}: its documents make {good['counts'][0]} unpacked examples of "
+                                               rf"8 tokens, the index says {good['counts'][0] + 1}\. Delete {path}"):
+        with Reader(cache, opts) as r:
+            [b for _, b in r.iter_batches(0, 4)]
+    code, out = _run(capsys, "validate", cache)
+    assert code == 1 and (f"PROBLEM {path}: its counts differ from what the chunks make (chunk 0: the file says "
+                          f"{good['counts'][0] + 1}, its documents make {good['counts'][0]})") in out, out
+    os.remove(path)
+    with Reader(cache, opts) as r:
+        assert [b["targets"].tolist() for _, b in r.iter_batches(0, 4)] == want
+
+
+# -- the reader's own files: FIFOs, devices, symlinks --------------------------------------------------
+# Runs in the child (memory capped: /dev/zero read whole would exhaust it): for each path, ``inspect`` and a
+# Reader's first batch, one RESULT line each.
+READS = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from reader import ReadOptions, Reader
+from reader.cli.main import main
+for path in sys.argv[1:]:
+    out = {}
+    try:
+        out["inspect"] = main(["inspect", path])
+    except BaseException as e:
+        out["inspect"] = f"{type(e).__name__}: {e}"
+    try:
+        with Reader(path, ReadOptions(seq_len=8, batch_size=4, packed=False, prefetch_threads=0)) as r:
+            out["batch"] = r.batch(0)["targets"].tolist()
+    except BaseException as e:
+        out["batch"] = f"{type(e).__name__}: {e}"
+    print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def _reads_in_a_child(paths, timeout=120):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", READS, *paths], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env=dict(os.environ, MALLOC_ARENA_MAX="2"))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert len(lines) == len(paths), f"{len(lines)} of {len(paths)} reads ended (a hang?): {(out + err)[-3000:]}"
+    return [json.loads(ln.split("RESULT ", 1)[1]) for ln in lines], out + err
+
+
+def test_the_readers_own_files_as_fifos_or_devices_never_hang_or_exhaust_memory(pristine, tmp_path):
+    """A FIFO ``ledger.json``, mixture file or index file hung ``inspect`` and ``Reader(...)`` despite
+    their timeouts; ``/dev/zero`` as a mixture or index file read without end (or a MemoryError traceback).
+    Now a ledger or mixture file that is not a regular file is one line naming it; the reader's own index
+    file is the reader's to make again (it is counted again, and replaced)."""
+    roots = {}
+    for name in ("fifo_ledger", "fifo_index", "zero_index", "plain"):
+        roots[name] = str(tmp_path / name)
+        shutil.copytree(pristine, roots[name])
+    os.remove(os.path.join(roots["fifo_ledger"], fmt.LEDGER_NAME))
+    os.mkfifo(os.path.join(roots["fifo_ledger"], fmt.LEDGER_NAME))
+    for name, make in (("fifo_index", os.mkfifo), ("zero_index", lambda p: os.symlink("/dev/zero", p))):
+        os.makedirs(os.path.join(roots[name], "index"), exist_ok=True)
+        make(os.path.join(roots[name], "index", "unpacked-L8.json"))
+    mixtures = {}
+    for name, make in (("fifo", os.mkfifo), ("zero", lambda p: os.symlink("/dev/zero", p))):
+        mixtures[name] = str(tmp_path / f"{name}.mix.json")
+        make(mixtures[name])
+    got, _ = _reads_in_a_child([roots["fifo_ledger"], mixtures["fifo"], mixtures["zero"], roots["fifo_index"],
+                                roots["zero_index"], roots["plain"]])
+    ledger = os.path.join(roots["fifo_ledger"], fmt.LEDGER_NAME)
+    assert got[0]["inspect"] == 1 and got[0]["batch"] == (f"DamagedCache: {ledger}: a FIFO (named pipe), not a "
+                                                          "regular file: only regular files are read (remove it, or "
+                                                          "replace it with the file meant)")
+    assert got[1]["batch"] == f"MixtureError: {mixtures['fifo']}: a FIFO (named pipe), not a regular file: only " \
+                              "regular files are read (remove it, or replace it with the file meant)"
+    assert got[2]["batch"].startswith(f"MixtureError: {mixtures['zero']}: a character device, not a regular file")
+    assert got[1]["inspect"] == got[2]["inspect"] == 2
+    want = got[5]["batch"]
+    assert isinstance(want, list) and got[3]["batch"] == got[4]["batch"] == want
+    for name in ("fifo_index", "zero_index"):  # made again, in place of the FIFO or the symlink
+        path = os.path.join(roots[name], "index", "unpacked-L8.json")
+        assert not os.path.islink(path) and json.load(open(path))["counts"]
+
+
+def test_a_symlink_planted_at_the_index_directory_is_never_written_through(cache, tmp_path):
+    """``CACHE/index -> elsewhere``: the reader wrote its index files into the link's target, outside the
+    cache. It now writes no index file there (a warning names the link) and reads as before."""
+    opts = ReadOptions(seq_len=8, batch_size=4, packed=False, prefetch_threads=0)
+    with Reader(cache, opts) as r:
+        want = [b["targets"].tolist() for _, b in r.iter_batches(0, 4)]
+    shutil.rmtree(os.path.join(cache, "index"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, os.path.join(cache, "index"))
+    with pytest.warns(UserWarning, match=f"not written: .*{os.path.join(cache, 'index')} is a symlink"):
+        with Reader(cache, opts) as r:
+            assert [b["targets"].tolist() for _, b in r.iter_batches(0, 4)] == want
+    assert os.listdir(elsewhere) == []

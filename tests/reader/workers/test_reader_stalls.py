@@ -2,8 +2,8 @@
 ReaderStalled naming the worker and its batches, instead of hanging training; a reader waiting for a
 running build is making progress and does not.
 
-Stalls are real: a worker process stopped with SIGSTOP, or a read blocked on a chunk file that is a FIFO
-nobody writes (what a storage read that never returns looks like). Every test restores what it stopped
+Stalls are real: a worker process stopped with SIGSTOP, or the storage port's reads of chunk files blocked
+on a lock the test holds (what a storage read that never returns looks like). Every test restores what it stopped
 or blocked, and pytest-timeout bounds it should the code under test hang.
 """
 
