@@ -41,8 +41,6 @@ import argparse
 import collections
 import dataclasses
 import json
-import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -155,7 +153,8 @@ def cache_layout(root: str) -> Layout:
     ct, cs, cb, docs, rgt, rgb, rgc = [], [], [], [], [], [], []
     from reader.storage.cache import Cache
 
-    for g, rel in enumerate(Cache(root).table.paths):  # (every version: a table's paths are derived)
+    table = Cache(root).table
+    for g, rel in enumerate(table.paths):  # (every version: a table's paths are derived)
         path = Path(root, rel)
         pf = pq.ParquetFile(path)
         md = pf.metadata
@@ -168,8 +167,8 @@ def cache_layout(root: str) -> Layout:
             rgt.append(int(toks[i]) if i < len(toks) else 0)
             rgc.append(g)
         ct.append(int(lens.sum()))
-        cs.append(int(e["shard"]))
-        cb.append(int(e.get("bytes") or path.stat().st_size))
+        cs.append(int(table.shard[g]))
+        cb.append(int(table.nbytes[g]))
         docs.append(lens)
     doc_len = np.concatenate(docs) if docs else np.zeros(0, np.int64)
     rg_t = np.asarray(rgt, np.int64)

@@ -36,7 +36,8 @@ def measure(corpus: Path, shards: int = 1, repeats: int = 2) -> dict:
 
     from benchmarks.megatron_peer import load_gigatoken
     from pipelines.inputs.lines import RangeLines, SpanHasher
-    from pipelines.chunking.chunk_writer import ENCODE_BATCH_DOCS, ChunkBuilder, parse_line
+    from pipelines.chunking.chunk_writer import ENCODE_BATCH_DOCS, ChunkBuilder
+    from pipelines.chunking.records import parse_line
     from pipelines.tokenize.fast_tokenizer import load_encoder
     from pipelines.options import (DEFAULT_CHUNK_BYTES, DEFAULT_COMPRESSION, DEFAULT_COMPRESSION_LEVEL,
                                    DEFAULT_ROW_GROUP_TOKENS, TOKEN_ENCODING)

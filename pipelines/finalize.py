@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from reader.format import spec as fmt
+from reader.format import checks
 from reader.format import blocks
 from reader.format import table as chunk_table
 from reader.order.streams import round_robin_order
@@ -58,7 +59,7 @@ def _done(path: str) -> dict[str, int] | None:
         done = fmt.load_json(raw)
     except ValueError:
         return None
-    ok = isinstance(done, dict) and all(fmt.is_int(done.get(k), 0, fmt.MAX_COUNT) for k in ("chunks", "uncompressed_bytes"))
+    ok = isinstance(done, dict) and all(checks.is_int(done.get(k), 0, checks.MAX_COUNT) for k in ("chunks", "uncompressed_bytes"))
     return {"chunks": done["chunks"], "uncompressed_bytes": done["uncompressed_bytes"]} if ok else None
 
 

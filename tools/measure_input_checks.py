@@ -46,7 +46,7 @@ def corpus(d: str, mb: float) -> list[str]:
 
 
 def in_process(path: str) -> dict:
-    from pipelines.chunking.chunk_writer import parse_line
+    from pipelines.chunking.records import parse_line
     from pipelines.inputs.lines import SpanHasher
     from pipelines.tokenize.fast_tokenizer import load_cached
     from pipelines.tokenize.tokenizer import resolve

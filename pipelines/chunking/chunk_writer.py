@@ -25,8 +25,7 @@ from reader.format.sidecar import (SIDECAR_KEYS, Disagreement, Layout, dead_lett
 from reader.format.splits import SplitSpec, cache_roots
 from reader.storage.files import write_stream
 
-from pipelines.chunking.records import (BAD_REASONS, dead_letter, has_lone_surrogate, parse_line,  # noqa: F401
-                                     parse_line_json, parse_record)
+from pipelines.chunking.records import dead_letter, has_lone_surrogate, parse_record
 from pipelines.chunking.split_router import SplitRouter
 from pipelines import filesystem
 from pipelines.inputs import rows

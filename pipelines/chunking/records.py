@@ -149,12 +149,6 @@ def parse_line(raw: bytes, text_key: str, max_depth: int = MAX_JSON_DEPTH) -> tu
     return text, reason, detail
 
 
-def parse_line_json(raw: bytes, text_key: str, max_depth: int = MAX_JSON_DEPTH) -> tuple[str | None, str | None, str]:
-    """:func:`parse_line` with the standard library alone (:func:`parse_record_json`)."""
-    text, _, reason, detail = parse_record_json(raw, text_key, (), max_depth)
-    return text, reason, detail
-
-
 def has_lone_surrogate(text: str) -> bool:
     try:
         text.encode("utf-8")

@@ -23,7 +23,8 @@ from pipelines.chunking.records import kept_fields, parse_object_json
 from pipelines.inputs.keys import CHAT, MISSING, PROMPT_COMPLETION, json_lookup
 from pipelines.plan import MAX_JSON_DEPTH
 from pipelines.tokenize import sft
-from pipelines.tokenize.fast_tokenizer import MISMATCH_MARKER, TokenMismatchError, sampled
+from pipelines.tokenize.sft_encoders import HFSft, TiktokenSft
+from pipelines.tokenize.guarded_encoder import MISMATCH_MARKER, TokenMismatchError, sampled
 
 try:  # a dependency of apache-beam, as in records.py
     from orjson import loads as _orjson_loads
@@ -94,7 +95,7 @@ class Supervised:
         self.encoder, self.reference, self.verify_every = sft_encoders(encoder, template)
         # prompts and completions are encoded as ordinary text: by the build's encoder in one call per batch,
         # where it encodes ordinary text (tiktoken's); else record by record
-        self.batched = encoder.encode_many if isinstance(self.encoder, sft.TiktokenSft) else None
+        self.batched = encoder.encode_many if isinstance(self.encoder, TiktokenSft) else None
         self.verified = 0  # records re-encoded by the reference (fast backend)
 
     # -- reading -----------------------------------------------------------------------------------
@@ -165,7 +166,7 @@ class Supervised:
                     where: str) -> list[tuple[np.ndarray, np.ndarray] | sft.BadRecord]:
         """Each record's :meth:`encode`, or its BadRecord. With the fast backend, about one record in
         ``verify_every`` (by a hash of its position) is encoded again by the reference; a difference raises
-        :class:`~pipelines.tokenize.fast_tokenizer.TokenMismatchError` naming ``where`` and the position."""
+        :class:`~pipelines.tokenize.guarded_encoder.TokenMismatchError` naming ``where`` and the position."""
         if self.format == PROMPT_COMPLETION and self.batched is not None:
             out = self._prompt_completions(records)
         else:
@@ -223,15 +224,15 @@ def sft_encoders(encoder, template: str = "") -> tuple[sft.Encoder, sft.Encoder 
     encoder, and with the fast backend the reference's (None otherwise).
 
     tiktoken: ordinary text is encoded by the build's encoder (the fast backend's, or tiktoken cutting long
-    texts as for documents, ``config.piece_chars``). Hugging Face: :class:`~pipelines.tokenize.sft.HFSft`,
+    texts as for documents, ``config.piece_chars``). Hugging Face: :class:`~pipelines.tokenize.sft_encoders.HFSft`,
     whose ordinary text is a copy of the tokenizer without its control tokens, which the build's encoder is
     not, so the reference library encodes it.
     """
     reference = getattr(encoder, "reference", encoder)  # a FastEncoder keeps its reference
     enc = getattr(reference, "enc", None)
     if enc is None:
-        return sft.HFSft(reference.tok, template or None), None, 0
-    main = sft.TiktokenSft(enc, ordinary=encoder.encode_many)
+        return HFSft(reference.tok, template or None), None, 0
+    main = TiktokenSft(enc, ordinary=encoder.encode_many)
     if reference is encoder:
         return main, None, 0
-    return main, sft.TiktokenSft(enc, ordinary=reference.encode_many), int(getattr(encoder, "verify_every", 0))
+    return main, TiktokenSft(enc, ordinary=reference.encode_many), int(getattr(encoder, "verify_every", 0))

@@ -26,7 +26,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from reader.format import spec as fmt
-from reader.interop.export import remove_quietly, rename
+from reader.interop.export import rename
+from reader.storage.files import remove_quietly
 from reader.interop.megatron import write_index
 from reader.storage import files
 from reader.storage.files import is_gcs, is_local

@@ -40,7 +40,8 @@ from apache_beam.metrics import Metrics
 
 from reader.cli import support as cli_support
 from reader.format import spec as fmt
-from reader.interop.export import ExportError, output_fs, output_location, remove_quietly
+from reader.interop.export import ExportError, output_fs, output_location
+from reader.storage.files import remove_quietly
 from reader.storage import files
 from reader.interop.megatron import open_source
 

@@ -37,7 +37,7 @@ from pipelines.inputs import arrow_ipc, keys
 from pipelines.inputs.keys import RecordShape, resolve_columns
 from pipelines.inputs.parquet import MAX_GROUP_BYTES, ParquetInput, groups_digest, leaf, size_text
 from pipelines.inputs.ranges import ByteSource
-from pipelines.inputs.rows import Record, binary_view, dead_letter, records, supervised_records  # noqa: F401
+from pipelines.inputs.rows import Record, binary_view, records, supervised_records
 
 MIN_ROW_BYTES = 4  # every row of every column read decodes to at least its 4-byte offset (or value)
 CHECKSUM_TAG = b"chunkledger-columnar-1\n"

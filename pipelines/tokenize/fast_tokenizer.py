@@ -26,7 +26,6 @@ Long documents are cut into the same pieces as the reference's (:func:`pipelines
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -40,11 +39,9 @@ from reader.tokenizers import tokenizer_lib
 
 from pipelines.tokenize import conformance
 from pipelines.tokenize import gigatoken_backend
-from pipelines.tokenize.guarded_encoder import (CL100K_ORIGINAL_PATTERN, CL100K_PATTERN, MISMATCH_MARKER,  # noqa: F401
-                                                GuardedEncoder, TokenMismatchError, ranks_file, ranks_file_bytes,
-                                                sampled)
-from pipelines.tokenize.tokenizer import (BACKENDS, DEFAULT_VERIFY_EVERY, PIECE_CHARS, Encoder, TokenizerError,  # noqa: F401
-                        TokenizerSpec, cut_for_encoding)
+from pipelines.tokenize.guarded_encoder import (CL100K_ORIGINAL_PATTERN, CL100K_PATTERN, GuardedEncoder, ranks_file,
+                                                ranks_file_bytes)
+from pipelines.tokenize.tokenizer import Encoder, TokenizerError, TokenizerSpec
 
 LOG = logging.getLogger("chunkledger.tokenizer")
 

@@ -32,7 +32,6 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from . import chat_prefixes, chat_template, sandbox
-from .sft_encoders import HFSft, TiktokenSft, offsets_from_bytes, offsets_from_lengths  # noqa: F401 - sft's encoders
 
 ROLES = ("system", "user", "assistant", "tool")  # what Hugging Face chat templates render
 ASSISTANT = "assistant"

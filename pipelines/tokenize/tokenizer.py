@@ -46,9 +46,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from reader.storage import files
-from reader.tokenizers import tokenizer_lib
+from reader.tokenizers import tokenizer_files, tokenizer_lib
 from reader.format.tokenizer_id import hash_hf_json
-from reader.tokenizers.tokenizer_lib import EOS_CANDIDATES, Eos, TokenizerError  # noqa: F401
+from reader.tokenizers.tokenizer_lib import Eos, TokenizerError
 
 from pipelines.tokenize import hf_resolve_memo
 
@@ -229,7 +229,7 @@ def resolve(spec: str, eos: str | int | None = None) -> TokenizerSpec:
                                  eos_token=hit["eos_token"], eos_how=hit["eos_how"])
     try:
         resolved = TokenizerSpec.of(tokenizer_lib.resolve(spec, eos=eos, read=_read_remote))
-    except tokenizer_lib.NoTokenizerJson:
+    except tokenizer_files.NoTokenizerJson:
         if form != "path":
             raise
         return _auto_tokenizer(spec, eos, hub=False)  # a saved transformers tokenizer, maybe
@@ -255,7 +255,7 @@ def _read_remote(path: str) -> bytes | None:
 
 def _auto_tokenizer(spec: str, eos: str | int | None, hub: bool) -> TokenizerSpec:
     """A hub name, or a directory without tokenizer.json, loaded by ``transformers.AutoTokenizer``."""
-    local_only = tokenizer_lib.hub_local_only(spec) if hub else False  # offline: fails at once if not cached
+    local_only = tokenizer_files.hub_local_only(spec) if hub else False  # offline: fails at once if not cached
     try:
         from transformers import AutoTokenizer
     except ImportError as e:

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from reader.format import spec as fmt
+from reader.format.checks import short
 
 CODECS = ("zstd", "none")
 ZSTD_LEVEL = 3

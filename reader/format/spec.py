@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from reader.format import checks
-from reader.format.checks import MAX_COUNT, MAX_INDEX, MAX_TOTAL, is_int, load_json  # noqa: F401 - re-exported
+from reader.format.checks import load_json
 
 FORMAT_NAME = "chunkledger"
 FORMAT_VERSION = 4  # the version every new build writes (docs/FORMAT.md, "Versions")

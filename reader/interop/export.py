@@ -26,7 +26,6 @@ import pyarrow.parquet as pq
 from reader.format import spec as fmt
 from reader.format.splits import SPLIT_NAMES
 from reader.storage import files, remote
-from reader.storage.files import TMP_PREFIX, remove_quietly, temp_name  # noqa: F401 - the exports' names for them
 from reader.storage.cache import Cache
 from reader.storage.remote import protocol_of
 from reader.format.sidecar import file_mismatch

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from reader.format import spec as fmt
-from reader.interop.export import (SPLITS, ExportError, check_token_range, iter_blocks, open_finished, output_fs,
-                     remove_quietly, rename, split_caches, temp_name, vocab_size_of)
+from reader.interop.export import SPLITS, ExportError, check_token_range, iter_blocks, open_finished, output_fs, rename, split_caches, vocab_size_of
+from reader.storage.files import remove_quietly, temp_name
 
 MAX_TOKEN_ID = (1 << 31) - 1  # the largest id token_id*2+1 can hold in uint32
 

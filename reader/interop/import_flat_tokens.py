@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from reader.format import spec as fmt
+from reader.format import checks
 from reader.interop.export import ExportError
 from reader.interop.flat_tokens import open_dataset
 from reader.interop.importer import (DEFAULT_CHUNK_TOKENS, DEFAULT_ROW_GROUP_TOKENS, ImportFailed, add_cache_arguments,
@@ -65,8 +66,8 @@ class FlatTokensSource:
                                    "and seq_starts)") from None
             except Exception as e:  # noqa: BLE001 - zarr raises many types for metadata it cannot use
                 raise ImportFailed(f"{self.where}/{key}: unreadable array metadata ({type(e).__name__}: {e})") from None
-            if not all(fmt.is_int(int(n), 0, fmt.MAX_COUNT) for n in shape) or not all(
-                    fmt.is_int(int(n), 1, fmt.MAX_COUNT) for n in chunks) or nbytes > fmt.MAX_TOTAL:
+            if not all(checks.is_int(int(n), 0, checks.MAX_COUNT) for n in shape) or not all(
+                    checks.is_int(int(n), 1, checks.MAX_COUNT) for n in chunks) or nbytes > checks.MAX_TOTAL:
                 raise ImportFailed(f"{self.where}/{key}: shape {list(shape)} / chunks {list(chunks)} out of range")
             if getattr(arr, "ndim", None) != 1 or np.dtype(arr.dtype) != np.dtype(dtype):
                 raise ImportFailed(f"{self.where}/{key}: {getattr(arr, 'ndim', '?')}-d {arr.dtype}, the format needs "
@@ -95,9 +96,9 @@ class FlatTokensSource:
             if bool((steps < 0).any()):
                 raise ImportFailed(f"{self.where}/seq_starts: decreases (near entry {lo}); it must list the starts "
                                    "in increasing order")
-            if steps.size and int(steps.max()) > fmt.MAX_INDEX:
+            if steps.size and int(steps.max()) > checks.MAX_INDEX:
                 raise ImportFailed(f"{self.where}/seq_starts: a sequence near entry {lo} has {int(steps.max())} "
-                                   f"tokens, more than a document holds ({fmt.MAX_INDEX})")
+                                   f"tokens, more than a document holds ({checks.MAX_INDEX})")
             prev = int(blk[-1])
         if prev != n_tokens:
             raise ImportFailed(f"{self.where}/seq_starts: ends at {prev}, encoded_tokens holds {n_tokens} tokens "

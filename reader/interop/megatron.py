@@ -32,8 +32,8 @@ from reader.format import spec as fmt
 from reader.storage.cache import Cache
 from reader.storage import files
 from reader.storage.files import is_local
-from reader.interop.export import (ExportError, check_token_range, iter_blocks, open_finished, output_fs, remove_quietly, rename,
-                     split_caches, temp_name, vocab_size_of)
+from reader.interop.export import ExportError, check_token_range, iter_blocks, open_finished, output_fs, rename, split_caches, vocab_size_of
+from reader.storage.files import remove_quietly, temp_name
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1

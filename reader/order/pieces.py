@@ -14,15 +14,3 @@ def pieces_per_doc(doc_lengths: np.ndarray, seq_len: int) -> np.ndarray:
 
 def unpacked_examples_per_chunk(doc_lengths: np.ndarray, seq_len: int) -> int:
     return int(pieces_per_doc(doc_lengths, seq_len).sum())
-
-
-def unpacked_locate_in_chunk(doc_lengths: np.ndarray, seq_len: int, example_offsets: np.ndarray):
-    """Within one chunk: example offsets -> ``(doc index in chunk, token start in doc, token stop)``."""
-    per = pieces_per_doc(doc_lengths, seq_len)
-    cum = np.concatenate([[0], np.cumsum(per)])
-    ex = np.asarray(example_offsets, dtype=np.int64)
-    doc = np.searchsorted(cum, ex, side="right") - 1
-    piece = ex - cum[doc]
-    start = piece * seq_len
-    stop = np.minimum(start + seq_len, np.asarray(doc_lengths, dtype=np.int64)[doc])
-    return doc, start, stop

@@ -339,11 +339,6 @@ def stream_position(i, num_streams: int):
     return i % num_streams, i // num_streams
 
 
-def batch_example_indices(batch: int, batch_size: int) -> np.ndarray:
-    """Global example indices of global batch ``batch``."""
-    return batch * batch_size + np.arange(batch_size, dtype=np.int64)
-
-
 def reader_rows(batch_size: int, num_readers: int, reader_index: int) -> np.ndarray:
     """Rows of each global batch served by reader ``reader_index`` of ``num_readers``: ``k ≡ r (mod R)``."""
     if num_readers < 1 or not 0 <= reader_index < num_readers:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, TypeVar
 import numpy as np
 
 from reader.format import spec as fmt
+from reader.format import checks
 from reader.format import table as chunk_table
 from reader.storage import remote
 from reader.order import streams
@@ -243,9 +244,9 @@ class Cache:
         except ValueError as e:
             raise fmt.DamagedCache(f"{self.display(rel)}: not valid JSON ({e}); rerun the build command") from None
         n = info.get("chunks") if isinstance(info, dict) else None
-        if not fmt.is_int(n, 0, fmt.MAX_INDEX):
+        if not checks.is_int(n, 0, checks.MAX_INDEX):
             raise fmt.DamagedCache(f"{self.display(rel)}: \"chunks\" {n!r} is not a chunk count in [0, "
-                                   f"{fmt.MAX_INDEX}]; rerun the build command")
+                                   f"{checks.MAX_INDEX}]; rerun the build command")
         return n
 
     def _check_prefix(self, table: fmt.ChunkTable) -> None:

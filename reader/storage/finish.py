@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, Iterable, Mapping, Sequence
 import numpy as np
 
 from reader.format import spec as fmt
+from reader.format import checks
 from reader.format import table as chunk_table
 from reader.order.streams import round_robin_order
 from reader.storage import files
@@ -97,9 +98,9 @@ class Finisher:
                 raise ValueError("chunk entry 0: an entry of a cache with loss masks without loss_tokens")
             values = chunk_table.block_values(block, self.masked)
             bad = values["bad_records"]
-            if (bad < 0).any() or (bad > fmt.MAX_COUNT).any():
-                raise ValueError(f"chunk entry {int(np.flatnonzero((bad < 0) | (bad > fmt.MAX_COUNT))[0])}: "
-                                 f"bad_records outside [0, {fmt.MAX_COUNT}]")
+            if (bad < 0).any() or (bad > checks.MAX_COUNT).any():
+                raise ValueError(f"chunk entry {int(np.flatnonzero((bad < 0) | (bad > checks.MAX_COUNT))[0])}: "
+                                 f"bad_records outside [0, {checks.MAX_COUNT}]")
         except EntryError:
             raise
         except (ValueError, KeyError, TypeError) as e:

@@ -151,12 +151,6 @@ def loss_flags(values: np.ndarray, counts: np.ndarray, lengths: np.ndarray, *, s
 _CODECS = {"ZSTD": "zstd", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "UNCOMPRESSED": None}
 
 
-def fast_token_values(data, col_meta, expect: int, lead: int = 0, base: int = 0) -> np.ndarray | None:
-    """The int32 values of one token column chunk (after ``lead`` zeros), or None if it is not PLAIN data
-    pages this function can read. ``data`` holds the file's bytes from offset ``base`` on."""
-    return fast_plain_values(data, col_meta, expect, lead=lead, base=base)
-
-
 class _NotPlain(Exception):
     """A column chunk the fast path does not read (the caller falls back to pyarrow)."""
 

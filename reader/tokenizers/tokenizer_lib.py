@@ -34,9 +34,8 @@ import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from reader.format import tokenizer_id
-from reader.tokenizers.tokenizer_files import (CONFIG_FILE, FORMS, TOKENIZER_FILE, NoTokenizerJson,  # noqa: F401
-                                           TokenizerError, eos_from_config, fsspec_reader, hub_files, hub_local_only,
-                                           local_files, url_files)
+from reader.tokenizers.tokenizer_files import (FORMS, TOKENIZER_FILE, TokenizerError, eos_from_config, fsspec_reader,
+                                               hub_files, local_files, url_files)
 
 # A Hugging Face tokenizer's EOS when tokenizer_config.json declares none: the first of these it has (a guess).
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")

@@ -24,11 +24,12 @@ from pipelines.build_cache import BuildError
 from reader.format.splits import SplitSpec
 from pipelines.chunking.supervised import canonical, spans_of
 from pipelines.tokenize import sft
+from pipelines.tokenize import sft_encoders
 from pipelines.tokenize.tokenizer import resolve
 from sftgen import BOS, CHATML, EOS, chat_tokenizer_json, conversations
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TT = sft.TiktokenSft(resolve("tiktoken:cl100k_base").load_reference().enc)
+TT = sft_encoders.TiktokenSft(resolve("tiktoken:cl100k_base").load_reference().enc)
 EOT = 100257
 # cl100k's own special tokens as role markers, the EOS written by the template
 TEMPLATE = ("{% for m in messages %}<|fim_prefix|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}{% generation %}"
@@ -207,7 +208,7 @@ def test_chat_with_a_hugging_face_tokenizer_and_its_own_template(tmp_path):
     out, _ = build(tmp_path, [path], tokenizer=str(tok.parent), record_format="chat", max_bad_fraction=0.5)
     from tokenizers import Tokenizer
 
-    encoder = sft.HFSft(Tokenizer.from_file(str(tok)), CHATML)
+    encoder = sft_encoders.HFSft(Tokenizer.from_file(str(tok)), CHATML)
     check_documents(out, expected_chat(records, encoder, CHATML, bos_token=BOS, eos_token=EOS))
     assert load_ledger(out)["config"]["chat_template"] == {
         "sha256": "sha256:" + hashlib.sha256(CHATML.encode()).hexdigest(), "source": "tokenizer_config.json",

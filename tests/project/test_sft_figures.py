@@ -8,12 +8,13 @@ import numpy as np
 from benchmarks import report, sft_bench
 from pipelines.chunking.supervised import spans_of
 from pipelines.tokenize import sft
+from pipelines.tokenize import sft_encoders
 from pipelines.tokenize.tokenizer import resolve
 
 
 def test_mask_figures_count_spans_and_bits_of_the_same_records():
     fig = sft_bench.mask_figures(60, seed=3)
-    tt = sft.TiktokenSft(resolve("tiktoken:cl100k_base").load_reference().enc)
+    tt = sft_encoders.TiktokenSft(resolve("tiktoken:cl100k_base").load_reference().enc)
     tokens = runs = loss = bits = records = 0
     for msgs in sft_bench.conversations(60, seed=3):
         ids, mask = sft.encode_chat({"messages": msgs}, sft_bench.CHATML, tt, eos_token="<|endoftext|>")

@@ -13,7 +13,7 @@ import pytest
 from reader import Cache, ReadOptions, Reader
 from reader.order import streams
 from reader.format import spec as fmt
-from reader.storage.pages import fast_plain_values, fast_token_values
+from reader.storage.pages import fast_plain_values
 
 import cachegen
 from cache_strategies import reference
@@ -47,7 +47,7 @@ def test_real_cache_uses_the_fast_decoder(built):
         m = rd.store.meta(0)
         off, length = (int(x) for x in m.rg_ranges[0])
         data = open(os.path.join(built, m.path), "rb").read()[off:off + length]
-        assert fast_token_values(data, m.file_meta.row_group(0).column(0), int(m.rg_token_starts[1]),
+        assert fast_plain_values(data, m.file_meta.row_group(0).column(0), int(m.rg_token_starts[1]),
                                  base=off) is not None
         assert fast_plain_values(data, m.file_meta.row_group(0).column(1), int(m.rg_doc_starts[1]), base=off,
                                  column=fmt.LENGTH_COLUMN, levels=0) is not None

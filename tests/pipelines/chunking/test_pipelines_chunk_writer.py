@@ -3,7 +3,9 @@ records and their bad-record reasons, dotted keys and kept fields, the chunks wr
 
 from __future__ import annotations
 
+from pipelines.chunking import records
 from pipelines.chunking.records import BAD_REASONS, parse_line
+from pipelines.plan import MAX_JSON_DEPTH
 
 
 def test_parse_line_reasons():
@@ -79,6 +81,12 @@ NASTY_LINES = [
 ]
 
 
+def parse_line_json(raw: bytes, text_key: str, max_depth: int = MAX_JSON_DEPTH) -> tuple[str | None, str | None, str]:
+    """``parse_line`` with the standard library's parser alone (the fast path's reference)."""
+    text, _, reason, detail = records.parse_record_json(raw, text_key, (), max_depth)
+    return text, reason, detail
+
+
 def _verdict(fn, raw):
     return fn(raw, "text")  # never raises: every failure is a reason
 
@@ -88,10 +96,10 @@ def test_fast_json_path_gives_the_standard_parsers_verdict_on_nasty_lines():
 
     assert records._orjson_loads is not None, "orjson (a dependency of apache-beam) is not installed"
     for raw in NASTY_LINES:
-        assert _verdict(parse_line, raw) == _verdict(records.parse_line_json, raw), raw[:80]
+        assert _verdict(parse_line, raw) == _verdict(parse_line_json, raw), raw[:80]
     # the nasty lines cover every reason but the tokenizer's, the line length's (decided before parsing), the
     # kept fields' (below) and the columnar text's (tests/pipelines/inputs/test_pipelines_columnar.py)
-    reasons = {records.parse_line_json(raw, "text")[1] for raw in NASTY_LINES}
+    reasons = {parse_line_json(raw, "text")[1] for raw in NASTY_LINES}
     assert set(BAD_REASONS) - reasons == {"invalid_unicode", "tokenizer_error", "too_long", "bad_field", "null_text"}
     deep = {raw.count(b"["): parse_line(raw, "text")[1] for raw in NASTY_LINES[22:27]}
     assert deep == {998: None, 999: None, 1000: "too_deep", 1010: "too_deep", 1030: "too_deep"}
@@ -112,7 +120,7 @@ def test_nesting_verdict_does_not_depend_on_the_stack():
         return at_depth(n - 1, fn, *args) if n else fn(*args)
 
     try:
-        for fn in (parse_line, records.parse_line_json):
+        for fn in (parse_line, parse_line_json):
             for stack in (0, 500, 900):
                 assert at_depth(stack, fn, good, "text") == ("ok", None, "")
                 assert at_depth(stack, fn, bad, "text") == (None, "too_deep",
@@ -148,7 +156,7 @@ def test_fast_json_path_equals_the_standard_parser_on_mutated_lines():
             else:
                 raw[pos:pos + 1] = bytes([rng.randrange(256)])
         raw = bytes(raw)
-        assert _verdict(parse_line, raw) == _verdict(records.parse_line_json, raw), raw
+        assert _verdict(parse_line, raw) == _verdict(parse_line_json, raw), raw
         checked += 1
     assert checked == 4000
 

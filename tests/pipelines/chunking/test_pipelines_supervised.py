@@ -14,7 +14,9 @@ import pytest
 from pipelines.chunking.supervised import Supervised, canonical, spans_of
 from pipelines.inputs.rows import supervised_records
 from pipelines.tokenize import fast_tokenizer as ft
+from pipelines.tokenize import guarded_encoder
 from pipelines.tokenize import sft
+from pipelines.tokenize import sft_encoders
 from pipelines.tokenize.tokenizer import resolve
 from sftgen import conversations
 
@@ -130,7 +132,7 @@ def test_prompt_completions_encoded_in_one_call_are_sft_records(backend):
     sup = supervised("prompt_completion", backend)
     records = pc_records(300)
     out = sup.encode_many(records, list(range(len(records))), "test")
-    tt = sft.TiktokenSft(SPEC.load_reference().enc)
+    tt = sft_encoders.TiktokenSft(SPEC.load_reference().enc)
     for record, (ids, spans) in zip(records, out):
         want_ids, want_mask = sft.encode_prompt_completion_record(record, tt, EOT)
         assert ids.tolist() == want_ids.tolist() and spans.tolist() == spans_of(want_mask).tolist()
@@ -142,7 +144,7 @@ def test_chat_records_are_sft_records_with_either_backend(backend):
     sup = supervised("chat", backend)
     records = [{"messages": m} for m in conversations(200, seed=4)]
     out = sup.encode_many(records, list(range(len(records))), "test")
-    tt = sft.TiktokenSft(SPEC.load_reference().enc)
+    tt = sft_encoders.TiktokenSft(SPEC.load_reference().enc)
     bad = 0
     for record, got in zip(records, out):
         try:
@@ -154,7 +156,7 @@ def test_chat_records_are_sft_records_with_either_backend(backend):
         assert got[0].tolist() == ids.tolist() and got[1].tolist() == spans_of(mask).tolist()
     assert 0 < bad < 40
     if backend == "fast":
-        assert sup.reference is not None and sup.verified == len(ft.sampled(range(len(records)), 1000))
+        assert sup.reference is not None and sup.verified == len(guarded_encoder.sampled(range(len(records)), 1000))
 
 
 class OneTokenOff(ft.FastEncoder):
@@ -176,6 +178,6 @@ def test_the_fast_backend_is_checked_against_the_reference_on_sampled_records(re
                 for t in ("fine", f"a {MARKER}")] if record_format == "chat" else
                [{"prompt": "q", "completion": t} for t in ("fine", f"a {MARKER}")])
     sup.encode_many(records[:1], [0], "in.jsonl")
-    with pytest.raises(ft.TokenMismatchError, match=r"disagrees with the reference on the supervised record at "
+    with pytest.raises(guarded_encoder.TokenMismatchError, match=r"disagrees with the reference on the supervised record at "
                                                     r"position 70 of in\.jsonl"):
         sup.encode_many(records, [0, 70], "in.jsonl")

@@ -13,8 +13,8 @@ import pytest
 from columnar_files import corpus_table, save_to_disk, write_arrow, write_parquet
 from pipelines.errors import BuildError, DamagedFile
 from pipelines.inputs import arrow_ipc, formats, parquet
-from pipelines.inputs.columnar import (ARROW, PARQUET, ChunkReader, chunk_checksum, dead_letter, plan,
-                                       plan_chunks)
+from pipelines.inputs.columnar import ARROW, PARQUET, ChunkReader, chunk_checksum, plan, plan_chunks
+from pipelines.inputs.rows import dead_letter
 from pipelines.inputs.ranges import ByteSource
 
 N = 600

@@ -21,6 +21,7 @@ import tiktoken
 from pipelines import build_cache
 from pipelines.tokenize import conformance
 from pipelines.tokenize import fast_tokenizer as ft
+from pipelines.tokenize import guarded_encoder
 from pipelines.tokenize import tokenizer as tk
 from pipelines.build_cache import BuildError
 from build_helpers import load_ledger, read_documents, sample_texts, train_tiny_tokenizer, tree_bytes, write_shard
@@ -229,14 +230,14 @@ def test_a_wrong_token_is_caught_at_worker_start(monkeypatch, fresh_loads, caplo
 
 def test_sampling_depends_on_the_offset_alone():
     offsets = list(range(0, 5_000_000, 97))
-    picked = ft.sampled(offsets, 1000)
+    picked = guarded_encoder.sampled(offsets, 1000)
     assert 0.7 < len(picked) / (len(offsets) / 1000) < 1.3
     chosen = {offsets[i] for i in picked}
     # any batching picks the same documents (a retried bundle checks the same ones)
     for size in (1, 7, 256):
-        again = {offsets[j + i] for j in range(0, len(offsets), size) for i in ft.sampled(offsets[j:j + size], 1000)}
+        again = {offsets[j + i] for j in range(0, len(offsets), size) for i in guarded_encoder.sampled(offsets[j:j + size], 1000)}
         assert again == chosen
-    assert len(ft.sampled(offsets[:50], 1)) == 50 and len(ft.sampled(offsets, 0)) == 0
+    assert len(guarded_encoder.sampled(offsets[:50], 1)) == 50 and len(guarded_encoder.sampled(offsets, 0)) == 0
 
 
 def test_with_backend_rejects_bad_values():
@@ -358,13 +359,13 @@ def test_verify_every_fails_the_build_naming_file_and_offset(tmp_path, monkeypat
         with pytest.raises(BuildError, match=expected):
             build(tmp_path, [path], name="every1", tokenizer_backend="fast", verify_every=1, chunk_bytes=4000)
     # the sample is chosen by offset: the marked document is checked if and only if it is sampled
-    every = next(n for n in range(2, 50) if 23 in ft.sampled(offsets, n).tolist())
+    every = next(n for n in range(2, 50) if 23 in guarded_encoder.sampled(offsets, n).tolist())
     with pytest.raises(BuildError, match=expected):
         build(tmp_path, [path], name="sampled", tokenizer_backend="fast", verify_every=every)
-    missed = next(n for n in range(2, 50) if 23 not in ft.sampled(offsets, n).tolist()
-                  and len(ft.sampled(offsets, n)) > 0)
+    missed = next(n for n in range(2, 50) if 23 not in guarded_encoder.sampled(offsets, n).tolist()
+                  and len(guarded_encoder.sampled(offsets, n)) > 0)
     out, res = build(tmp_path, [path], name="missed", tokenizer_backend="fast", verify_every=missed)
-    assert f"{len(ft.sampled(offsets, missed))} documents re-checked by the reference" in res["summary"]
+    assert f"{len(guarded_encoder.sampled(offsets, missed))} documents re-checked by the reference" in res["summary"]
     # ... and then the cache is wrong: exactly what the guard exists to prevent
     out0, _ = build(tmp_path, [path], name="off", tokenizer_backend="fast", verify_every=0)
     ref, _ = build(tmp_path, [path], name="ref", tokenizer_backend="reference")

@@ -12,7 +12,7 @@ import random
 import subprocess
 import sys
 
-from pipelines.tokenize import chat_template, sandbox, sft
+from pipelines.tokenize import chat_template, sandbox, sft, sft_encoders
 from sftgen import CHATML, content
 
 HOSTILE = {
@@ -33,9 +33,9 @@ HOSTILE = {
 CHILD = """
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-from pipelines.tokenize import chat_template, sandbox, sft
+from pipelines.tokenize import chat_template, sandbox, sft, sft_encoders
 from pipelines.tokenize.tokenizer import resolve
-tt = sft.TiktokenSft(resolve("tiktoken:cl100k_base").load_reference().enc)
+tt = sft_encoders.TiktokenSft(resolve("tiktoken:cl100k_base").load_reference().enc)
 record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 for name, source in json.loads(sys.argv[1]).items():
     t0 = time.time()

