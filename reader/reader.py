@@ -119,7 +119,7 @@ class Reader:
             self.cache, self.store, self.order, self.release, self.prefetcher = open_mixture(
                 mixture, data, self.my_rows, self.num_readers, self.reader_index)
         else:
-            view, seen = open_view(self.cache, opts)  # (seen: the cache as the view's reads see it)
+            view, seen = open_view(self.cache, opts.view, index_cache=opts.index_cache)  # (seen: as the view's reads see it)
             self.store = ChunkStore(self.cache, memory_budget_bytes=data.memory_budget_bytes,
                                     threads=opts.prefetch_threads, view=view)
             self.order = ExampleOrder(seen, data, self.store, self.my_rows)

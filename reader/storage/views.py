@@ -301,12 +301,12 @@ class ViewedCache:
         return getattr(self._cache, name)
 
 
-def open_view(cache: Cache, options: Any) -> tuple[View | None, Cache | ViewedCache]:
-    """``(view, cache as its reads see it)`` of ``options.view`` over ``cache``; ``(None, cache)`` without one.
-    A view that keeps nothing of a finished cache is an error naming it."""
-    spec = options.view_spec
+def open_view(cache: Cache, view: Any, *, index_cache: bool = True) -> tuple[View | None, Cache | ViewedCache]:
+    """``(view, cache as its reads see it)`` of ``view`` (``ReadOptions.view``'s syntax) over ``cache``;
+    ``(None, cache)`` without one. A view that keeps nothing of a finished cache is an error naming it."""
+    spec = parse_view(view)
     if spec is None:
         return None, cache
-    view = View(cache, spec, index_cache=options.index_cache)
+    view = View(cache, spec, index_cache=index_cache)
     view.check_not_empty()
     return view, ViewedCache(cache, view)

@@ -4,15 +4,18 @@ build (kept fields); its attribute and index files are verified; every error nam
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 import pytest
 
 from cachegen import batches_during_and_after_build, random_chunks, write_attribute_set, write_synthetic_cache
+from mixgen import write_mixture
 from reader import Reader, ReadOptions
 from reader.format import attributes as attrs
 from reader.format import spec as fmt
+from reader.mixture.spec import MixtureError
 from reader.storage.view_syntax import ViewError, parse_view
 
 KINDS = {"concat": {}, "best_fit": {"packing": "best_fit"}, "unpacked": {"packed": False}}
@@ -200,3 +203,31 @@ def test_an_edited_attribute_or_index_file_is_refused(tmp_path):
     open(path, "wb").write(bytes(data))
     with pytest.raises(fmt.DamagedCache, match=r"chunk-000001\.parquet: its size or sha256 is not the one"):
         Reader(root, opts)
+
+
+@pytest.mark.parametrize("kind", ["concat", "unpacked"])
+def test_a_mixture_of_two_views_of_one_cache_reads_as_a_mixture_of_two_copies(tmp_path, kind):
+    chunks, fields = corpus(seed=7, n=8)
+    full = str(tmp_path / "full")
+    write_synthetic_cache(full, chunks, fields=fields, row_group_tokens=20, format_version=4)
+    views = {"a": "dump == 'A' and score >= 0.2", "b": "dump in ['B']"}
+    copies = {}
+    for name, keep in (("a", lambda s, d: d == "A" and s is not None and float(s) >= 0.2), ("b", lambda s, d: d == "B")):
+        copies[name] = str(tmp_path / name)
+        write_synthetic_cache(copies[name], [[doc for doc, s, d in zip(c, f["score"], f["dump"]) if keep(s, d)]
+                                             for c, f in zip(chunks, fields)], row_group_tokens=20, format_version=4)
+    doc = {"mixture": 1, "seed": 5, "components": [{"name": n, "path": full, "weight": w, "view": views[n]}
+                                                   for n, w in (("a", 3), ("b", 1))]}
+    (tmp_path / "views.json").write_text(json.dumps(doc))
+    two = write_mixture(str(tmp_path / "copies.json"), [("a", copies["a"], 3), ("b", copies["b"], 1)], seed=5)
+    opts = ReadOptions(seq_len=8, batch_size=8, ideal_readers=2, shuffle_seed=2, **KINDS[kind])
+    with Reader(str(tmp_path / "views.json"), opts) as rv, Reader(two, opts) as rc:
+        assert len(rv.cache.distinct) == 2 and rv.cache.distinct[0] is rv.cache.distinct[1]  # one cache opened
+        for b in range(10):
+            got, want = rv.batch(b), rc.batch(b)
+            assert same(got, want), b
+        assert set(np.unique(got["components"]).tolist()) == {0, 1}
+    doc["components"][1]["view"] = "not near_duplicate(0.9)"
+    (tmp_path / "views.json").write_text(json.dumps(doc))
+    with pytest.raises(MixtureError, match=r"components\[1\] \('b'\): view clause 'not near_duplicate\(0.9\)'"):
+        Reader(str(tmp_path / "views.json"), opts)
