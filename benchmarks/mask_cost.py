@@ -55,12 +55,16 @@ def documents(tokens: int, seed: int = 0) -> tuple[list[np.ndarray], list[list[i
     return docs, spans
 
 
-def write_cache(root: str, docs: list[np.ndarray], spans: list[list[int]] | None) -> None:
-    """A finished cache of ``docs`` (one shard, chunks of about ``CHUNK_TOKENS``), with ``spans`` a masked one."""
+def write_cache(root: str, docs: list[np.ndarray], spans: list[list[int]] | None,
+                fields: dict[str, list] | None = None) -> None:
+    """A finished cache of ``docs`` (one shard, chunks of about ``CHUNK_TOKENS``), with ``spans`` a masked one;
+    ``fields``: kept fields (name -> one string per document)."""
     config = {"text_key": "text", "append_eos": True, "chunk_bytes": CHUNK_TOKENS, "row_group_tokens": ROW_GROUP_TOKENS,
               "compression": "zstd", "compression_level": 3, "token_encoding": "PLAIN"}
     if spans is not None:
         config["record_format"] = "chat"
+    if fields:
+        config["keep_fields"] = list(fields)
     lengths = np.asarray([len(d) for d in docs], np.int64)
     ends = np.cumsum(lengths)
     chunk_of = (ends - lengths) // CHUNK_TOKENS
@@ -73,7 +77,8 @@ def write_cache(root: str, docs: list[np.ndarray], spans: list[list[int]] | None
             part = slice(lo, hi)
             out.write(chunk_file.flat_row_group_table(
                 np.concatenate(docs[part]), lengths[part].astype(np.int32), 0, (ends - lengths)[part] * 4,
-                loss_spans=None if spans is None else spans[part]), int(lengths[part].sum()))
+                loss_spans=None if spans is None else spans[part],
+                fields=None if not fields else {n: v[part] for n, v in fields.items()}), int(lengths[part].sum()))
             lo = hi
         data, rg_index, footer = out.finish()
         side = sidecar.make_sidecar(shard=0, index_in_shard=k, byte_range=[k * CHUNK_TOKENS, (k + 1) * CHUNK_TOKENS],

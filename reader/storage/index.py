@@ -96,9 +96,11 @@ def check_index_files(cache: Cache) -> list[str]:
     return problems
 
 
-def chunk_columns(cache: Cache, table: fmt.ChunkTable, c: int, extra=()) -> tuple[list[int], np.ndarray, list]:
+def chunk_columns(cache: Cache, table: fmt.ChunkTable, c: int, extra=(), metadata=None) -> tuple[list[int], np.ndarray, list]:
     """Chunk ``c``'s row groups' document counts, its ``num_tokens`` column (checked against ``table``) and the
-    columns ``extra`` (pyarrow arrays), read from the Parquet file without its tokens."""
+    columns ``extra`` (pyarrow arrays; the children of a struct named ``struct.child`` come as one struct
+    column), read from the Parquet file without its tokens. ``metadata``: its footer, parsed (a store's
+    verified one), not read again."""
     rel = table.paths[c]
     try:
         with cache.storage.open(cache.path(rel)) as f:
@@ -107,11 +109,11 @@ def chunk_columns(cache: Cache, table: fmt.ChunkTable, c: int, extra=()) -> tupl
                 raise ChunkError(f"{cache.display(rel)}: {size_mismatch(int(size), int(table.nbytes[c]))}. "
                                  "Rerun the build (delete this chunk and its .json sidecar first) or run "
                                  "`python -m reader validate`.")
-            pf = pq.ParquetFile(f)
+            pf = pq.ParquetFile(f, metadata=metadata)
             rg_docs = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
             got = pf.read(columns=[fmt.LENGTH_COLUMN, *extra])
             lengths = int_values(got.column(0))
-            others = [got.column(i).combine_chunks() for i in range(1, 1 + len(extra))]
+            others = [got.column(i).combine_chunks() for i in range(1, got.num_columns)]
     except FileNotFoundError:
         raise ChunkError(f"{cache.display(rel)}: missing (listed in the ledger)") from None
     except ChunkError:

@@ -116,14 +116,15 @@ class View:
         return s
 
     # -- one chunk ------------------------------------------------------------------------------------
-    def chunk(self, c: int) -> ChunkKeep:
-        """Chunk ``c``'s mask (kept for a few recent chunks), checked against the counts of the index file."""
+    def chunk(self, c: int, file_meta: Any = None) -> ChunkKeep:
+        """Chunk ``c``'s mask (kept for a few recent chunks), checked against the counts of the index file.
+        ``file_meta``: the chunk's parsed Parquet footer, when the caller has it."""
         with self._lock:
             got = self._masks.get(c)
             if got is not None:
                 self._masks.move_to_end(c)
                 return got
-        got = self._compute(c)
+        got = self._compute(c, file_meta)
         if c < self._n and (got.docs, got.tokens) != (int(self._docs[c]), int(self._tokens[c])):
             raise fmt.DamagedCache(
                 f"{self.cache.display(self.index_file)}: chunk {c} keeps {got.docs} documents / {got.tokens} tokens "
@@ -135,10 +136,12 @@ class View:
                 self._masks.popitem(last=False)
         return got
 
-    def _compute(self, c: int) -> ChunkKeep:
+    def _compute(self, c: int, file_meta: Any = None) -> ChunkKeep:
         cache = self.cache
         fields = self.spec.fields
-        rg_docs, lengths, extra = chunk_columns(cache, cache.table, c, [fmt.FIELDS_COLUMN] if fields else [])
+        # (only the fields the view names: a struct column with just them)
+        rg_docs, lengths, extra = chunk_columns(cache, cache.table, c, [f"{fmt.FIELDS_COLUMN}.{n}" for n in fields],
+                                                file_meta)
         keep = np.ones(lengths.size, bool)
         for cl in self.spec.clauses:
             if cl.mark is not None:
@@ -148,29 +151,28 @@ class View:
                     hit &= cols["jaccard"] >= np.float32(cl.threshold)
                 keep &= hit if not cl.negate else ~hit
             else:
-                keep &= self._predicate(cl, extra[0].field(cl.field) if extra else None, c)
+                keep &= self._predicate(cl, extra[0].field(cl.field), c)
         return ChunkKeep(keep, lengths, np.asarray(rg_docs, np.int64))
 
     def _predicate(self, cl: Clause, col: pa.Array, c: int) -> np.ndarray:
-        """A field clause over a chunk's values (a document without the field fails it)."""
+        """A field clause over a chunk's values (a document without the field fails it). Compared in numpy: a
+        pyarrow array or scalar made from Python values would import pandas."""
+        null = _values(pc.cast(pc.is_null(col), pa.int8()), np.int8).astype(bool)
         if cl.numeric:
             try:
-                col = pc.cast(col, pa.float64())
+                x = _values(pc.cast(col, pa.float64()), np.float64)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 bad = next(v for v in col.to_pylist() if v is not None and not _is_number(v))
                 raise ViewError(f"view clause {cl.source!r}: field {cl.field!r} holds {bad!r} in "
                                 f"{self.cache.display(self.cache.table.paths[c])}, not a number; compare it "
                                 "with a quoted string") from None
-        if cl.op in ("in", "not in"):
-            got = pc.is_in(col, value_set=pa.array(list(cl.value), type=col.type))
-            if cl.op == "not in":
-                got = pc.invert(got)
-        else:
-            fn = {">=": pc.greater_equal, ">": pc.greater, "<=": pc.less_equal, "<": pc.less, "==": pc.equal,
-                  "!=": pc.not_equal}[cl.op]
-            got = fn(col, pa.scalar(cl.value, type=col.type))
-        got = pc.if_else(pc.is_null(col), False, got)  # (a missing value fails the predicate, even "not in")
-        return np.asarray(got.to_numpy(zero_copy_only=False), dtype=bool)
+            hit = _holds(cl, x)
+        else:  # each distinct value once
+            enc = pc.dictionary_encode(col)
+            values = np.asarray(enc.dictionary.to_pylist() + [""], dtype=object)
+            idx = _values(enc.indices, np.int32)
+            hit = _holds(cl, values)[np.where(null, values.size - 1, idx)]
+        return hit & ~null
 
     # -- counts per chunk ---------------------------------------------------------------------------
     @property
@@ -255,11 +257,13 @@ def keep_documents(keep: np.ndarray, padded: np.ndarray, lengths: np.ndarray, lo
     ``padded`` or None) with only the documents ``keep`` (bool per document)."""
     if keep.all():
         return padded, lengths, loss
-    tok = np.repeat(keep, lengths)
-    out = np.zeros(int(lengths[keep].sum()) + 1, np.int32)
-    out[1:] = padded[1:][tok]
+    # runs of kept documents copied as slices (a boolean index per token costs several times more)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], keep.astype(np.int8), [0]])))
+    cum = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]) + 1
+    runs = list(zip(cum[edges[0::2]].tolist(), cum[edges[1::2]].tolist()))
+    out = np.concatenate([padded[:1]] + [padded[lo:hi] for lo, hi in runs])
     if loss is not None:
-        loss = np.concatenate([np.zeros(1, bool), loss[1:][tok]])
+        loss = np.concatenate([loss[:1]] + [loss[lo:hi] for lo, hi in runs])
     return out, lengths[keep], loss
 
 
@@ -267,7 +271,7 @@ def viewed_meta(view: View, m):
     """Chunk layout ``m`` (a :class:`reader.storage.chunk.ChunkMeta`) as the view's reads see it: its row groups'
     offsets count kept documents and tokens; ``keep`` and ``stored`` (the stored offsets) tell the store what to
     decode and what to leave out."""
-    k = view.chunk(m.index)
+    k = view.chunk(m.index, m.file_meta)
     if not np.array_equal(k.rg_docs, np.diff(m.rg_doc_starts)):
         raise fmt.DamagedCache(f"{view.cache.display(m.path)}: its row groups hold {k.rg_docs.tolist()} documents, "
                                f"its sidecar says {np.diff(m.rg_doc_starts).tolist()}; run `python -m reader validate`")
@@ -277,6 +281,23 @@ def viewed_meta(view: View, m):
     got = dataclasses.replace(m, rg_token_starts=tokens, rg_doc_starts=docs, keep=k.keep,
                               stored=(m.rg_token_starts, m.rg_doc_starts))
     return got, got.nbytes
+
+
+def _values(arr: pa.Array, dtype) -> np.ndarray:
+    """A fixed-width Arrow array's values as numpy, nulls included as whatever their slots hold."""
+    if len(arr) == 0:
+        return np.zeros(0, dtype)
+    width = np.dtype(dtype).itemsize
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * width)
+
+
+def _holds(cl: Clause, x: np.ndarray) -> np.ndarray:
+    """Clause ``cl``'s comparison over ``x`` (floats, or Python strings as objects)."""
+    if cl.op in ("in", "not in"):
+        got = np.isin(x, np.asarray(cl.value, dtype=x.dtype))
+        return ~got if cl.op == "not in" else got
+    v = cl.value
+    return {">=": x >= v, ">": x > v, "<=": x <= v, "<": x < v, "==": x == v, "!=": x != v}[cl.op]
 
 
 def _is_number(v: str) -> bool:
