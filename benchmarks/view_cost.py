@@ -30,12 +30,12 @@ import time
 
 import numpy as np
 
-from benchmarks.mask_cost import documents, read_rate, write_cache
+from benchmarks.mask_cost import documents, ratios, read_rate, write_cache
 from reader.format import spec as fmt
 
 
 def main(argv=None) -> None:
-    from benchmarks.common import emit_result, log
+    from benchmarks.common import emit_result
     from benchmarks.reader_bench import B, L, WORKERS
     from reader import Reader, ReadOptions
 
@@ -75,14 +75,7 @@ def main(argv=None) -> None:
     res = {"view_cost_tokens": int(lengths.sum()), "view_cost_batches": batches, "view_cost_rounds": a.rounds,
            "view_kept_docs_share": float(kept.mean()), "view_kept_tokens_share": float(lengths[kept].sum() / lengths.sum()),
            "view_first_open_s": first_open}
-    for read in reads:
-        for clock in ("s", "cpu_s"):
-            whole, viewed = best[(read, "whole", clock)], best[(read, "view", clock)]
-            tag = "" if clock == "s" else "_cpu"
-            res.update({f"view_{read}_whole_tokens_per_{clock}": whole, f"view_{read}_view_tokens_per_{clock}": viewed,
-                        f"view_{read}{tag}_ratio": viewed / whole})
-            log(f"{read:12s} whole {whole / 1e6:8.1f} M tokens/{clock}  view {viewed / 1e6:8.1f} M tokens/{clock}  "
-                f"ratio {viewed / whole:.3f}")
+    res.update(ratios(best, reads, "view", "whole", "view"))
     emit_result(res)
 
 
