@@ -90,6 +90,8 @@ def test_a_view_is_r_invariant_seekable_and_resumable(caches, kind):
         for b in (5, 2, 0):  # seek = iterate
             assert same(one.batch(b), want[b])
         assert [b for b, x in one.iter_batches(3, 3) if same(x, want[b])] == [3, 4, 5]  # resume from the step alone
+    with Reader(full, ReadOptions(**{**opts.__dict__, "num_workers": 2})) as workers:  # (each opens the view)
+        assert [b for b, x in workers.iter_batches(1, 4) if same(x, want[b])] == [1, 2, 3, 4]
     for R in (2, 4):
         readers = [Reader(full, opts, num_readers=R, reader_index=r) for r in range(R)]
         try:
