@@ -31,7 +31,7 @@ from reader.cli import report as report_cli
 from reader.cli import support as cli_support
 from reader.format import spec as fmt
 from reader.format import table as chunk_table
-from reader.storage import fields
+from reader.storage import fields, views
 from reader.storage.cache import Cache
 from reader.storage.index import check_index_files
 from reader.interop.export import write_file
@@ -141,6 +141,8 @@ def cmd_inspect(args) -> int:
     if memory is not None:
         info["memory"] = memory
         info["rows"] = dataclasses.asdict(rows)
+    if args.view:  # documents and tokens the view keeps and drops, per input
+        info["view"] = views.tally(cache, args.view)
     if args.by:  # documents and tokens per value of a kept field
         info["by"] = {args.by: [{"value": v, "documents": d, "tokens": n} for v, (d, n) in
                                 fields.tally(cache, args.by).items()]}
@@ -181,6 +183,8 @@ def cmd_inspect(args) -> int:
               f"{m['ahead_limit']:.1f} MiB; process RSS {m['rss']:.0f} MiB (the interpreter, numpy and pyarrow "
               "alone: about 70 MiB)")
         print(f"rows        {rows.describe()} ({'unpacked' if args.unpacked else args.packing})")
+    if "view" in info:
+        print("\n".join(views.describe(info["view"])))
     for name, rows in info.get("by", {}).items():
         w = max([len(name) + 3] + [len(str(r["value"])) for r in rows])
         print(f"\n{'by ' + name:<{w}}  {'documents':>14}  {'tokens':>18}")
@@ -359,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"with --read_batches: the reader's budget (default {ReadOptions.memory_budget_bytes})")
     q.add_argument("--by", metavar="FIELD", help="documents and tokens per value of FIELD, a field the build kept "
                                                  "(--keep_fields); reads that field of every chunk")
+    q.add_argument("--view", metavar="VIEW", help="documents and tokens the view keeps and drops (ReadOptions.view's "
+                                                  "syntax, e.g. \"not exact_duplicate and dump in ['CC-MAIN-2024-10']\"), "
+                                                  "in all and per input; reads every chunk's mask")
     q.set_defaults(fn=cmd_inspect)
 
     v = sub.add_parser("validate", help="check every chunk against the ledger; exit 1 on any problem")

@@ -283,6 +283,35 @@ def viewed_meta(view: View, m):
     return got, got.nbytes
 
 
+def tally(cache: Cache, view: Any) -> dict[str, Any]:
+    """What ``view`` keeps of the chunks of ``cache`` known now (``inspect --view``): its canonical text, the
+    documents and tokens kept and dropped in all, and per input (the source each chunk was built from)."""
+    v = View(cache, view, index_cache=False)
+    t = cache.table
+    docs, tokens = v.counts(t)
+    paths = {int(i["shard"]): i.get("path") for i in cache.ledger.raw.get("inputs", [])}
+
+    def row(m: np.ndarray) -> dict[str, int]:
+        kd, kt, d, n = (int(x[m].sum()) for x in (docs, tokens, t.docs, t.tokens))
+        return {"kept_documents": kd, "kept_tokens": kt, "dropped_documents": d - kd, "dropped_tokens": n - kt}
+
+    shards = np.asarray(t.shard, np.int64)
+    return {"view": v.spec.text, **row(np.ones(len(t), bool)),
+            "by_input": [{"input": paths.get(s, f"shard {s}"), **row(shards == s)} for s in np.unique(shards).tolist()]}
+
+
+def describe(t: dict[str, Any]) -> list[str]:
+    """:func:`tally`'s lines for ``inspect``."""
+    rows = [("all", t)] + [(str(r["input"]), r) for r in t["by_input"]]
+    w = max(len(name) for name, _ in rows)
+    out = [f"view        {t['view']}", f"  {'':<{w}}  {'documents kept':>24}  {'tokens kept':>32}"]
+    for name, r in rows:
+        d, n = r["kept_documents"] + r["dropped_documents"], r["kept_tokens"] + r["dropped_tokens"]
+        out.append(f"  {name:<{w}}  {r['kept_documents']:>10,} of {d:<10,}  {r['kept_tokens']:>14,} of {n:<14,} "
+                   f"({r['kept_tokens'] / max(1, n):.1%})")
+    return out
+
+
 def _values(arr: pa.Array, dtype) -> np.ndarray:
     """A fixed-width Arrow array's values as numpy, nulls included as whatever their slots hold."""
     if len(arr) == 0:

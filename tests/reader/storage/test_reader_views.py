@@ -233,3 +233,25 @@ def test_a_mixture_of_two_views_of_one_cache_reads_as_a_mixture_of_two_copies(tm
     (tmp_path / "views.json").write_text(json.dumps(doc))
     with pytest.raises(MixtureError, match=r"components\[1\] \('b'\): view clause 'not near_duplicate\(0.9\)'"):
         Reader(str(tmp_path / "views.json"), opts)
+
+
+def test_inspect_shows_what_a_view_keeps_per_input(caches, capsys):
+    from reader.cli.main import main
+
+    full, copy = caches
+    chunks, fields = corpus()
+    shard_of = [0, 1, 0, 1, 0, 1, 0]  # (round-robin order of shards of 4 and 3 chunks)
+    kept_docs = kept(chunks, fields, marks_of(chunks))
+    assert main(["inspect", full, "--json", "--view", VIEW]) == 0
+    got = json.loads(capsys.readouterr().out)["view"]
+    assert got["view"] == parse_view(VIEW).text
+    assert got["kept_documents"] == sum(map(len, kept_docs))
+    assert got["dropped_tokens"] == sum(map(len, sum(chunks, []))) - sum(map(len, sum(kept_docs, [])))
+    for s, row in enumerate(got["by_input"]):
+        assert row["kept_documents"] == sum(len(k) for k, sh in zip(kept_docs, shard_of) if sh == s)
+        assert row["kept_documents"] + row["dropped_documents"] == sum(len(c) for c, sh in zip(chunks, shard_of)
+                                                                       if sh == s)
+    assert main(["inspect", full, "--view", VIEW]) == 0
+    assert "view        " + parse_view(VIEW).text in capsys.readouterr().out
+    assert main(["inspect", full, "--view", "lang > 1"]) == 2
+    assert "view clause 'lang > 1'" in capsys.readouterr().err
