@@ -255,3 +255,19 @@ def test_inspect_shows_what_a_view_keeps_per_input(caches, capsys):
     assert "view        " + parse_view(VIEW).text in capsys.readouterr().out
     assert main(["inspect", full, "--view", "lang > 1"]) == 2
     assert "view clause 'lang > 1'" in capsys.readouterr().err
+
+
+def test_both_loaders_serve_a_view(caches):
+    pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    from reader.jax import JaxLoader
+    from reader.torch import TokenBatches, token_loader
+
+    full, _ = caches
+    opts = ReadOptions(seq_len=16, batch_size=8, ideal_readers=2, shuffle_seed=1, view=VIEW)
+    with Reader(full, opts) as r:
+        want = [r.batch(b)["targets"] for b in range(3)]
+    it = iter(token_loader(TokenBatches(full, opts, rank=0, world_size=1), num_workers=1))
+    assert all(np.array_equal(next(it)["targets"].numpy(), w) for w in want)
+    loader = JaxLoader(full, opts, mesh=jax.make_mesh((jax.device_count(),), ("data",)))
+    assert all(np.array_equal(np.asarray(loader.global_batch(b)["targets"]), w) for b, w in enumerate(want))
