@@ -111,7 +111,7 @@ def chunk_columns(cache: Cache, table: fmt.ChunkTable, c: int, extra=(), metadat
                                  "`python -m reader validate`.")
             pf = pq.ParquetFile(f, metadata=metadata)
             rg_docs = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
-            got = pf.read(columns=[fmt.LENGTH_COLUMN, *extra])
+            got = pf.read(columns=[fmt.LENGTH_COLUMN, *extra], use_threads=False)  # (callers run it on their threads)
             lengths = int_values(got.column(0))
             others = [got.column(i).combine_chunks() for i in range(1, got.num_columns)]
     except FileNotFoundError:

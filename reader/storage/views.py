@@ -87,6 +87,7 @@ class View:
             if c.mark is not None and c.attr_set not in self.sets:
                 self.sets[c.attr_set] = self._open_set(c)
         self._lock = threading.Lock()
+        self._counting = threading.Lock()  # (one thread counts new chunks; the others wait for its counts)
         self._n = 0
         self._docs = np.zeros(0, np.int64)
         self._tokens = np.zeros(0, np.int64)
@@ -189,6 +190,10 @@ class View:
 
     def counts(self, table: fmt.ChunkTable) -> tuple[np.ndarray, np.ndarray]:
         """``(kept documents, kept tokens)`` of every chunk of ``table`` (the index file's, or counted)."""
+        with self._counting:
+            return self._counts(table)
+
+    def _counts(self, table: fmt.ChunkTable) -> tuple[np.ndarray, np.ndarray]:
         cache = self.cache
         use_file = cache.complete and self.index_cache
         if use_file and not self._n:
@@ -239,10 +244,14 @@ class View:
         got = self._tables
         if got is not None and got[0] is table:
             return got[1]
-        docs, tokens = self.counts(table)
-        viewed = dataclasses.replace(table, docs=docs, tokens=tokens, loss_tokens=None)
-        self._tables = (table, viewed)
-        return viewed
+        with self._counting:
+            got = self._tables
+            if got is not None and got[0] is table:
+                return got[1]
+            docs, tokens = self._counts(table)
+            viewed = dataclasses.replace(table, docs=docs, tokens=tokens, loss_tokens=None)
+            self._tables = (table, viewed)
+            return viewed
 
     def check_not_empty(self) -> None:
         """A finished cache of which the view keeps nothing: :class:`ViewError` naming the view."""
