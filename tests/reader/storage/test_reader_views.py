@@ -271,3 +271,21 @@ def test_both_loaders_serve_a_view(caches):
     assert all(np.array_equal(next(it)["targets"].numpy(), w) for w in want)
     loader = JaxLoader(full, opts, mesh=jax.make_mesh((jax.device_count(),), ("data",)))
     assert all(np.array_equal(np.asarray(loader.global_batch(b)["targets"]), w) for b, w in enumerate(want))
+
+
+@pytest.mark.parametrize("kind", ["concat", "best_fit"])
+def test_a_view_of_a_remote_cache_read_asynchronously_serves_the_local_batches(tmp_path, kind):
+    from counting_fs import counting
+
+    chunks, fields = corpus(seed=9)
+    full = str(tmp_path / "c")  # (format version 2: counting:// serves byte ranges, not a version 4 table's reads)
+    write_synthetic_cache(full, chunks, fields=fields, row_group_tokens=20, chunks_per_shard=[4, 3])
+    write_attribute_set(full, "duplicates", attrs.EXACT, [{"keeper": m} for m in marks_of(chunks)], {})
+    opts = ReadOptions(seq_len=16, batch_size=8, ideal_readers=2, shuffle_seed=4, view=VIEW, **KINDS[kind])
+    with Reader(full, opts) as r:
+        want = [{k: v.copy() for k, v in x.items()} for _, x in r.iter_batches(2, 6)]
+    with counting():
+        with Reader("counting://" + full, opts) as r:
+            assert r.store.asynchronous
+            got = [{k: v.copy() for k, v in x.items()} for _, x in r.iter_batches(2, 6)]
+    assert all(same(a, b) for a, b in zip(got, want)) and len(got) == 6
