@@ -289,3 +289,31 @@ def test_a_view_of_a_remote_cache_read_asynchronously_serves_the_local_batches(t
             assert r.store.asynchronous
             got = [{k: v.copy() for k, v in x.items()} for _, x in r.iter_batches(2, 6)]
     assert all(same(a, b) for a, b in zip(got, want)) and len(got) == 6
+
+
+def test_near_duplicates_are_left_out_at_the_threshold_asked(tmp_path):
+    chunks, _ = corpus(seed=11)
+    rng = np.random.default_rng(3)
+    marks, jacs = [], []
+    first = 0
+    for c in chunks:
+        marked = (np.arange(first, first + len(c)) > 0) & (rng.random(len(c)) < 0.4)
+        marks.append(np.where(marked, 0, -1).astype(np.int64))
+        jacs.append(np.where(marked, rng.choice([0.78, 0.85, 0.95], len(c)), 0).astype(np.float32))
+        first += len(c)
+    root = str(tmp_path / "c")
+    write_synthetic_cache(root, chunks, row_group_tokens=20, format_version=4)
+    write_attribute_set(root, "near_duplicates", attrs.NEAR, [{"keeper": m, "jaccard": j} for m, j in zip(marks, jacs)],
+                        {"threshold": 0.75})
+    for t in (0.8, 0.9):
+        copy = str(tmp_path / f"copy{t}")
+        write_synthetic_cache(copy, [[d for d, m, j in zip(c, ms, js) if not (m >= 0 and j >= np.float32(t))]
+                                     for c, ms, js in zip(chunks, marks, jacs)], row_group_tokens=20, format_version=4)
+        opts = ReadOptions(seq_len=16, batch_size=4, ideal_readers=2, eval_mode=True)
+        with Reader(root, ReadOptions(**{**opts.__dict__, "view": f"not near_duplicate({t})"})) as rv, \
+                Reader(copy, opts) as rc:
+            assert rv.num_batches == rc.num_batches and all(same(rv.batch(b), rc.batch(b)) for b in range(rc.num_batches))
+    with pytest.raises(ViewError, match=r"verified at Jaccard >= 0.75; a threshold below it"):
+        Reader(root, ReadOptions(seq_len=16, batch_size=4, view="not near_duplicate(0.7)"))
+    with pytest.raises(ViewError, match=r"holds near_duplicates, not exact_duplicates"):
+        Reader(root, ReadOptions(seq_len=16, batch_size=4, view="not exact_duplicate(near_duplicates)"))
