@@ -34,10 +34,7 @@ from reader.mixture.mixture import Mixture, MixtureOrder
 from reader.options import ReadOptions
 from reader.batch.prefetch import Pace, Prefetcher
 from reader.batch.release import ReleasePolicy
-from reader.mixture.spec import MixtureError
 from reader.storage.store import ChunkStore
-from reader.storage.view_syntax import ViewError
-from reader.storage.views import open_view
 
 
 class MixtureStore:
@@ -235,13 +232,7 @@ def open_mixture(mixture: Mixture, options: ReadOptions, rows: np.ndarray, num_r
     release, prefetcher)`` (see the module docstring)."""
     D = len(mixture.distinct)
     copts = dataclasses.replace(options, memory_budget_bytes=max(1, options.memory_budget_bytes // D))
-    views = []  # (view, the cache as it sees it) per distinct read: a component's own view, else the reader's
-    for cache, view, d in zip(mixture.distinct, mixture.views, range(D)):
-        try:
-            views.append(open_view(cache, options.view if view is None else view, index_cache=options.index_cache))
-        except ViewError as e:
-            c = mixture.which.index(d)
-            raise MixtureError(f"{mixture.url}: components[{c}] ({mixture.names[c]!r}): {e}") from None
+    views = mixture.open_views(options)
     pool = cf.ThreadPoolExecutor(max(1, options.prefetch_threads), thread_name_prefix="chunkledger-prefetch")
     stores = [ChunkStore(cache, memory_budget_bytes=copts.memory_budget_bytes, executor=pool, view=v)
               for cache, (v, _) in zip(mixture.distinct, views)]

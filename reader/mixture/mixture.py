@@ -27,6 +27,8 @@ from reader.mixture.spec import MixtureError, MixtureSpec, load_mixture
 from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder, Placement, RowPieces, group_by_key
 from reader.storage.store import ChunkStore
+from reader.storage.view_syntax import ViewError
+from reader.storage.views import open_view
 from reader.order.streams import NotYetAvailable, StackedStreams, stream_position
 
 T = TypeVar("T")
@@ -104,6 +106,18 @@ class Mixture:
                     f"with {_describe(b)}, component {comps[i0].name!r} ({comps[i0].url}) with {_describe(a)}. "
                     "Token ids of different tokenizers mean different things: rebuild the component with the "
                     "same tokenizer, or mix only caches made with one tokenizer")
+
+    def open_views(self, options: ReadOptions) -> list:
+        """``(view, the cache as it sees it)`` per read of ``distinct`` (:func:`reader.storage.views.open_view`):
+        its component's view, else ``options.view``; an error names the component."""
+        out = []
+        for d, (cache, view) in enumerate(zip(self.distinct, self.views)):
+            try:
+                out.append(open_view(cache, options.view if view is None else view, index_cache=options.index_cache))
+            except ViewError as e:
+                c = self.which.index(d)
+                raise MixtureError(f"{self.url}: components[{c}] ({self.names[c]!r}): {e}") from None
+        return out
 
     @property
     def names(self) -> tuple[str, ...]:

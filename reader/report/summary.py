@@ -103,8 +103,9 @@ def mixture_summary(path: str, opts: ReadOptions, steps: int | None, mix: Mixtur
     step a component's ``max_passes`` refuses, if any before ``steps``."""
     mix = Mixture(path) if mix is None else mix
     spec = mix.spec
-    sizes = [(len(c.table), int(c.table.docs.sum()), int(c.table.tokens.sum())) for c in mix.distinct]
-    order = MixtureOrder(mix, opts, [None] * len(mix.distinct), np.zeros(0, np.int64))
+    seen = [c for _, c in mix.open_views(opts)]  # (each read's cache as its view sees it)
+    sizes = [(len(c.table), int(c.table.docs.sum()), int(c.table.tokens.sum())) for c in seen]
+    order = MixtureOrder(mix, opts, [None] * len(mix.distinct), np.zeros(0, np.int64), caches=seen)
     per_cache = [passes(o) for o in order.orders]
     comps = []
     for c, cache, d in zip(spec.components, mix.caches, mix.which):

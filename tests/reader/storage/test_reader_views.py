@@ -229,6 +229,11 @@ def test_a_mixture_of_two_views_of_one_cache_reads_as_a_mixture_of_two_copies(tm
             got, want = rv.batch(b), rc.batch(b)
             assert same(got, want), b
         assert set(np.unique(got["components"]).tolist()) == {0, 1}
+    from reader.report.summary import mixture_summary  # inspect MIXTURE.json: each component's view, its passes
+    views_info, copies_info = (mixture_summary(p, opts, 10) for p in (str(tmp_path / "views.json"), two))
+    keys = ("documents", "tokens", "examples_per_pass", "examples_drawn", "passes")
+    assert [[c[k] for k in keys] for c in views_info["components"]] == \
+        [[c[k] for k in keys] for c in copies_info["components"]]
     doc["components"][1]["view"] = "not near_duplicate(0.9)"
     (tmp_path / "views.json").write_text(json.dumps(doc))
     with pytest.raises(MixtureError, match=r"components\[1\] \('b'\): view clause 'not near_duplicate\(0.9\)'"):
