@@ -53,8 +53,8 @@ def caches(tmp_path_factory):
     chunks, fields = corpus()
     marks = marks_of(chunks)
     full, copy = str(tmp / "full"), str(tmp / "copy")
-    write_synthetic_cache(full, chunks, fields=fields, row_group_tokens=20, format_version=4,
-                          chunks_per_shard=[4, 3])
+    write_synthetic_cache(full, chunks, fields=fields, row_group_tokens=80, format_version=4,
+                          chunks_per_shard=[4, 3])  # (row groups of several documents, some dropped between kept ones)
     write_attribute_set(full, "duplicates", attrs.EXACT, [{"keeper": m} for m in marks], {})
     write_synthetic_cache(copy, kept(chunks, fields, marks), row_group_tokens=20, format_version=4,
                           chunks_per_shard=[4, 3])
@@ -322,3 +322,23 @@ def test_near_duplicates_are_left_out_at_the_threshold_asked(tmp_path):
         Reader(root, ReadOptions(seq_len=16, batch_size=4, view="not near_duplicate(0.7)"))
     with pytest.raises(ViewError, match=r"holds near_duplicates, not exact_duplicates"):
         Reader(root, ReadOptions(seq_len=16, batch_size=4, view="not exact_duplicate(near_duplicates)"))
+
+
+@pytest.mark.parametrize("kind", ["concat", "best_fit"])
+def test_a_view_of_a_cache_with_loss_masks_keeps_each_document_s_mask(tmp_path, kind):
+    from cachegen import random_masks, spans_of
+
+    chunks, fields = corpus(seed=12)
+    spans = spans_of(random_masks(np.random.default_rng(2), chunks))
+    full, copy = str(tmp_path / "full"), str(tmp_path / "copy")
+    # (row groups of several documents: some are dropped between kept ones)
+    write_synthetic_cache(full, chunks, fields=fields, spans=spans, row_group_tokens=80, format_version=4)
+    keep = [[s is not None and float(s) >= 0.4 for s in f["score"]] for f in fields]
+    write_synthetic_cache(copy, [[d for d, k in zip(c, ks) if k] for c, ks in zip(chunks, keep)],
+                          spans=[[sp for sp, k in zip(ss, ks) if k] for ss, ks in zip(spans, keep)],
+                          row_group_tokens=20, format_version=4)
+    opts = ReadOptions(seq_len=16, batch_size=4, ideal_readers=2, shuffle_seed=5, **KINDS[kind])
+    with Reader(full, ReadOptions(**{**opts.__dict__, "view": "score >= 0.4"})) as rv, Reader(copy, opts) as rc:
+        for b in range(8):
+            got, want = rv.batch(b), rc.batch(b)
+            assert same(got, want) and "loss_mask" in got, b
