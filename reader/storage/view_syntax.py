@@ -34,7 +34,7 @@ KEYWORDS = ("and", "not", "in") + MARKS
 MAX_VIEW_CHARS = 1 << 16
 
 _TOKEN = re.compile(r"\s*(?:(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)|(?P<str>'[^']*'|\"[^\"]*\")"
-                    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>>=|<=|==|!=|>|<)|(?P<punct>[()\[\],]))")
+                    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)|(?P<op>>=|<=|==|!=|>|<)|(?P<punct>[()\[\],]))")
 
 
 class ViewError(ValueError):

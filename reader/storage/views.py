@@ -140,9 +140,11 @@ class View:
     def _compute(self, c: int, file_meta: Any = None) -> ChunkKeep:
         cache = self.cache
         fields = self.spec.fields
-        # (only the fields the view names: a struct column with just them)
-        rg_docs, lengths, extra = chunk_columns(cache, cache.table, c, [f"{fmt.FIELDS_COLUMN}.{n}" for n in fields],
-                                                file_meta)
+        # (only the fields the view names, a struct of just them; a kept field with a dot in its name (a nested
+        # key) is read with the whole struct, as pyarrow would take the dot for a level)
+        cols = [f"{fmt.FIELDS_COLUMN}.{n}" for n in fields] if not any("." in n for n in fields) else \
+            [fmt.FIELDS_COLUMN] * bool(fields)
+        rg_docs, lengths, extra = chunk_columns(cache, cache.table, c, cols, file_meta)
         keep = np.ones(lengths.size, bool)
         for cl in self.spec.clauses:
             if cl.mark is not None:

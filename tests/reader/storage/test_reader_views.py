@@ -165,6 +165,19 @@ def test_the_syntax_has_one_canonical_text():
             parse_view(bad)
 
 
+def test_a_kept_field_of_a_nested_key_has_its_dotted_name(tmp_path):
+    chunks, fields = corpus(seed=13)
+    root = str(tmp_path / "c")
+    write_synthetic_cache(root, chunks, fields=[{"meta.dump": f["dump"], "score": f["score"]} for f in fields],
+                          row_group_tokens=80, format_version=4)
+    copy = str(tmp_path / "copy")
+    write_synthetic_cache(copy, [[d for d, dm in zip(c, f["dump"]) if dm == "B"] for c, f in zip(chunks, fields)],
+                          row_group_tokens=80, format_version=4)
+    opts = ReadOptions(seq_len=16, batch_size=4, ideal_readers=2, eval_mode=True)
+    with Reader(root, ReadOptions(**{**opts.__dict__, "view": "meta.dump == 'B'"})) as rv, Reader(copy, opts) as rc:
+        assert rv.num_batches == rc.num_batches and all(same(rv.batch(b), rc.batch(b)) for b in range(rc.num_batches))
+
+
 def test_an_edited_attribute_or_index_file_is_refused(tmp_path):
     chunks, fields = corpus(seed=2)
     root = str(tmp_path / "c")
