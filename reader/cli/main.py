@@ -284,8 +284,8 @@ def cmd_batches(args) -> int:
         "packing": args.packing, "best_fit_window_tokens": args.best_fit_window_tokens, "drop_long": args.drop_long,
         "best_fit_continuations": args.best_fit_continuations, "max_segments": args.max_segments, "varlen": args.varlen,
         "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
-        "num_readers": args.num_readers, "reader_index": args.reader_index, "pass_rule": args.pass_rule},
-        sort_keys=True))
+        "num_readers": args.num_readers, "reader_index": args.reader_index, "pass_rule": args.pass_rule,
+        **({"view": args.view} if args.view is not None else {})}, sort_keys=True))
     write_file(args.out, lambda f: np.savez_compressed(f, **arrays))  # exactly --out (numpy would add .npz)
     print(f"wrote {args.out}: batches {arrays['batch_index'][0]}..{arrays['batch_index'][-1]}, "
           f"{len(r.my_rows)} rows each, keys {', '.join(sorted(arrays))}")
@@ -363,9 +363,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"with --read_batches: the reader's budget (default {ReadOptions.memory_budget_bytes})")
     q.add_argument("--by", metavar="FIELD", help="documents and tokens per value of FIELD, a field the build kept "
                                                  "(--keep_fields); reads that field of every chunk")
-    q.add_argument("--view", metavar="VIEW", help="documents and tokens the view keeps and drops (ReadOptions.view's "
-                                                  "syntax, e.g. \"not exact_duplicate and dump in ['CC-MAIN-2024-10']\"), "
-                                                  "in all and per input; reads every chunk's mask")
     q.set_defaults(fn=cmd_inspect)
 
     v = sub.add_parser("validate", help="check every chunk against the ledger; exit 1 on any problem")

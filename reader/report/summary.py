@@ -18,6 +18,7 @@ from reader.mixture.mixture import Mixture, MixtureOrder
 from reader.options import ReadOptions
 from reader.storage.cache import Cache
 from reader.storage.validate import chunk_doc_lengths
+from reader.storage.views import open_view
 
 PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
 LengthReader = Callable[[Cache, int], np.ndarray]
@@ -86,9 +87,10 @@ def passes(order: ExampleOrder) -> dict:
 
 
 def cache_passes(cache: Cache, opts: ReadOptions, steps: int | None) -> dict:
-    """:func:`passes` of ``cache`` read with ``opts`` and, for ``steps`` global batches, the examples and
-    passes they make."""
-    info = passes(ExampleOrder(cache, opts, None, np.zeros(0, np.int64)))
+    """:func:`passes` of ``cache`` read with ``opts`` (through its view, if any) and, for ``steps`` global batches,
+    the examples and passes they make."""
+    info = passes(ExampleOrder(open_view(cache, opts.view, index_cache=opts.index_cache)[1], opts, None,
+                               np.zeros(0, np.int64)))
     info.update(seq_len=opts.seq_len, kind=opts.kind, ideal_readers=opts.ideal_readers, batch_size=opts.batch_size)
     if steps is not None:
         E = info["examples_per_pass"]

@@ -355,3 +355,20 @@ def test_a_view_of_a_cache_with_loss_masks_keeps_each_document_s_mask(tmp_path, 
         for b in range(8):
             got, want = rv.batch(b), rc.batch(b)
             assert same(got, want) and "loss_mask" in got, b
+
+
+def test_batches_and_inspect_read_through_a_view(caches, tmp_path, capsys):
+    from reader.cli.main import main
+
+    full, copy = caches
+    out = str(tmp_path / "b.npz")
+    assert main(["batches", full, "--seq_len", "16", "--batch_size", "4", "--ideal_readers", "2", "--count", "3",
+                 "--view", VIEW, "--out", out]) == 0
+    capsys.readouterr()
+    got = np.load(out)
+    assert json.loads(str(got["options"]))["view"] == VIEW
+    with Reader(copy, ReadOptions(seq_len=16, batch_size=4, ideal_readers=2)) as rc:
+        assert all(np.array_equal(got["targets"][b], rc.batch(b)["targets"]) for b in range(3))
+    assert main(["inspect", full, "--seq_len", "16", "--view", VIEW, "--json"]) == 0
+    with Reader(copy, ReadOptions(seq_len=16)) as rc:  # (a pass is the view's)
+        assert json.loads(capsys.readouterr().out)["passes"]["examples_per_pass"] == rc.examples_per_pass
