@@ -320,7 +320,7 @@ def time_seek(cache: Path, opts: ReadOptions, step: int) -> float:
 def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float], seek_reps: int,
         budget_max_s: float = 20.0, pass_rule: str | None = None) -> dict:
     res: dict = {}
-    # The headline layout is "flat" (seed 001's flat-tokens: one uint32 [B, L+1] array and two ints per
+    # The headline layout is "flat" (seqax's flat-tokens: one uint32 [B, L+1] array and two ints per
     # row, what JaxLoader ships to devices); the five-array layout is measured too ("arrays").
     # pass_rule: None, the cache's default (ReadOptions.pass_rule)
     seq_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, layout="flat", pass_rule=pass_rule)

@@ -134,6 +134,9 @@ def _result(ledgers: dict[str | None, dict[str, Any]], summary: str, **more: Any
 def _this_run(counters: dict[str, int] | None, seconds: float, verified: bool) -> str:
     """What this run did: the chunks it checked, kept and rebuilt, and the throughput of the work it did."""
     if counters is None:
+        if verified:  # (the finished cache's chunks were checked, and any damaged one rebuilt)
+            return (f"; this run in {seconds:.1f}s: verified the already complete cache (this runner reports no "
+                    "counts of the chunks it kept or rebuilt)")
         return f"; this run took {seconds:.1f}s"
     c = counters.get
     written, checked, kept, rebuilt = (c("chunks_written", 0), c("chunks_checked", 0), c("chunks_skipped", 0),

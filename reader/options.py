@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from reader.format.spec import SPANS_FORMAT_VERSION
+from reader.format.spec import TABLE_VERSION
 from reader.order.packing import WINDOW_TOKENS
 from reader.order.passes import PASS_RULES
 from reader.order.shuffle import ShuffleConfig
@@ -17,7 +17,6 @@ PACKINGS = ("concat", "best_fit")  # how packed rows are filled: windows of the 
 # format version 4 and later: as little padding as plain best-fit decreasing, give or take a few hundredths
 # of a percent, on long documents (docs/FORMAT.md, "Best-fit packing"); older caches keep one per row.
 CONTINUATIONS = 4
-CONTINUATIONS_FROM_VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +65,7 @@ class ReadOptions:
         divide that number of rows); ``rows``/``batch``/``examples`` and ``JaxLoader.global_batch``
         stay in-process.
       layout: ``"arrays"`` (default): the five ``[rows, L]`` arrays of ``reader.batch.schema.BATCH_KEYS``.
-        ``"flat"`` (packed only): one ``uint32 [rows, L+1]`` array in seed 001's flat-tokens encoding
+        ``"flat"`` (packed only): one ``uint32 [rows, L+1]`` array in seqax's flat-tokens encoding
         plus two per-row ints (``reader.batch.schema.FLAT_KEYS``); about 4x fewer bytes to assemble and to
         send to an accelerator, where :func:`reader.expand_flat` (numpy) or ``reader.jax.expand_flat``
         (jit) rebuilds the five arrays exactly.
@@ -195,13 +194,13 @@ class ReadOptions:
         """The pass rule of a read of a cache of ``format_version``: ``pass_rule``, or by the version."""
         if self.pass_rule is not None:
             return self.pass_rule
-        return "spans" if format_version >= SPANS_FORMAT_VERSION else "streams"
+        return "spans" if format_version >= TABLE_VERSION else "streams"
     def continuations(self, format_version: int) -> int:
         """Continuation pieces a best-fit row of a cache of ``format_version`` holds at most: the
         ``best_fit_continuations`` option resolved (None: by the version), within ``max_segments``."""
         c = self.best_fit_continuations
         if c is None:
-            c = CONTINUATIONS if format_version >= CONTINUATIONS_FROM_VERSION else 1
+            c = CONTINUATIONS if format_version >= TABLE_VERSION else 1
         return c if self.max_segments is None else min(c, self.max_segments)
 
     def continuation_slots(self, format_versions) -> int:

@@ -3,14 +3,14 @@
 Order: global batch ``b`` is ``example[b*B:(b+1)*B]``; reader ``r`` of ``R`` serves its rows
 ``k ≡ r (mod R)``. Which row of the data ``example[i]`` is, the pass rule says (:mod:`reader.order.passes`):
 ``"spans"`` (format version 4 on) makes every pass of ``E`` examples a permutation of the eval pass's rows,
-read as ``R*`` contiguous spans; ``"streams"`` (older caches; seed 000) has stream ``s`` be
+read as ``R*`` contiguous spans; ``"streams"`` (older caches; Levanter's round-robin streams) has stream ``s`` be
 ``loop(all_chunks)[s::R*]`` and ``example[i] = stream_examples[i % R*][i // R*]``.
 
 Examples are built at read time:
 
 * **packed**: example ``j`` of a stream (the eval pass, under ``"spans"``) is its tokens ``[j*L, (j+1)*L)``
   (documents concatenated across chunk boundaries). ``targets`` are those tokens; ``inputs[t]`` is the
-  previous token of the same document, or 0 at a document start (flat-tokens, seed 001);
+  previous token of the same document, or 0 at a document start (seqax's flat-tokens format);
   ``segment_ids``/``positions`` expose the documents.
 * **unpacked**: one document piece per example (a document of ``n`` tokens gives ``ceil(n/L)`` pieces),
   padded with ``segment_ids == 0`` and ``loss_mask == False``.

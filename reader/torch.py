@@ -27,7 +27,7 @@ in your process through ``Reader.iter_batches``, where ``ReadOptions(num_workers
 rows between W reader processes by stream, so nothing is decoded twice. An item leaves a worker as one
 buffer (torch would send each tensor through its own shared-memory segment).
 
-State. ``state_dict()`` is ``{"step": next global batch, ...}``; :mod:`reader.loaders.torch_state` reads
+State. ``state_dict()`` is ``{"step": next global batch, ...}``; :func:`resume_step` reads
 it, and a whole ``StatefulDataLoader`` state, saved with any worker count or world size.
 
 Tensors. ``torch.from_numpy`` (no copy) of the reader's arrays, which are fresh per batch or, with reader
@@ -39,7 +39,12 @@ for any vocabulary under ``2**30`` tokens; :func:`expand_flat` reads the bits, s
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
+import multiprocessing.context
 import os
+import signal
+import warnings
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -47,13 +52,16 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from reader import ReadOptions, Reader
-from reader.batch.readahead import read_ahead
+from reader.batch.readahead import ReaderStalled, read_ahead
 from reader.batch.schema import CONTINUATION_FIELDS, FLAT_FIELDS, continuations, loss_mask
-from reader.loaders.torch_state import STATE_KEY, STATE_VERSION, resume_step
-from reader.loaders.torch_watch import WorkerTable, warn_without_timeout, watch_loader, watched_loader
 from reader.order.streams import reader_rows
+from reader.reader import WAIT_TIMEOUT_S
 
 __all__ = ["TokenBatches", "token_loader", "as_tensors", "expand_flat", "resume_step", "STATE_KEY"]
+
+STATE_KEY = "chunkledger_torch"  # marks (and versions) a TokenBatches.state_dict()
+STATE_VERSION = 1
+
 
 def as_tensors(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """A reader batch (numpy arrays) as CPU tensors sharing its memory.
@@ -449,3 +457,196 @@ class TokenBatches(IterableDataset):
             return
         step = resume_step(state)  # a StatefulDataLoader's state (any num_workers)
         self._resume = None if state.get("_iterator_finished") else ("global", step, None)
+
+
+# -- the resume state (TokenBatches.state_dict, a StatefulDataLoader's state) --------------------------------
+def _ours(state: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(state, Mapping) or STATE_KEY not in state:
+        raise ValueError(f"{where} holds no TokenBatches state (got {type(state).__name__}"
+                         f"{' with keys ' + str(sorted(state)) if isinstance(state, Mapping) else ''}); was "
+                         f"the DataLoader's dataset a reader.torch.TokenBatches?")
+    return state
+
+
+def resume_step(state: Mapping[str, Any]) -> int:
+    """The next global batch recorded in ``state``.
+
+    Args:
+      state: a :meth:`reader.torch.TokenBatches.state_dict` of the process that iterated (not of one DataLoader
+        worker), or a whole ``torchdata.stateful_dataloader.StatefulDataLoader.state_dict()`` over a
+        :class:`reader.torch.TokenBatches`, saved with any ``num_workers`` and any world size (every rank of a job
+        holds the same step; any rank's state will do).
+
+    A StatefulDataLoader with ``k`` workers stores each worker's own next batch plus the number of
+    items it has yielded in order; every worker's state also holds the batch its iteration began at,
+    so the next global batch is that batch plus the items yielded. At the end of an eval pass this is
+    the pass's ``num_batches``.
+    """
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a dict, got {type(state).__name__}")
+    if STATE_KEY in state:
+        if int(state.get("num_workers", 1)) > 1:
+            raise ValueError(
+                f"this is the state of DataLoader worker {state.get('worker_id')} of {state.get('num_workers')}, "
+                "which knows only its own batches; pass the StatefulDataLoader's whole state_dict(), or the "
+                "step of the last item you trained on + 1 ({'step': n})")
+        return int(state["step"])
+    if "_snapshot" in state:  # StatefulDataLoader, num_workers > 0
+        snap = state["_snapshot"]
+        workers = [_ours((ws or {}).get("dataset_state"), f"StatefulDataLoader worker state {key!r}")
+                   for key, ws in sorted(snap.get("_worker_snapshots", {}).items())]
+        starts = {int(w["start"]) for w in workers}
+        if len(starts) != 1:
+            raise ValueError(f"the StatefulDataLoader's workers began at different batches {sorted(starts)}; "
+                             "the state is not one TokenBatches iteration")
+        return starts.pop() + int(snap["_snapshot_step"]) + int(state.get("_steps_since_snapshot", 0))
+    if "_num_yielded" in state:  # StatefulDataLoader, num_workers == 0: the dataset iterated in-process
+        return resume_step(_ours(state.get("dataset_state"), "the StatefulDataLoader state"))
+    raise ValueError(f"not a TokenBatches or StatefulDataLoader state (keys {sorted(state)}); "
+                     "pass TokenBatches.state_dict(), StatefulDataLoader.state_dict(), or {'step': n}")
+
+
+# -- which DataLoader worker stalled, and on what ------------------------------------------------------------
+# Which DataLoader worker stalled, and on what (for :func:`reader.torch.token_loader`; no torch needed).
+#
+# In a DataLoader worker the dataset's code runs in another process, so nothing it does can raise in the
+# training process: torch's own ``timeout`` is what ends a wait for a stalled worker there, and its error
+# says only "DataLoader timed out". A loader made by ``token_loader`` gives its dataset a
+# :class:`WorkerTable` in shared memory, where each worker keeps its pid and the next batch it delivers;
+# :class:`WatchedIterator` turns torch's timeout into a :class:`reader.ReaderStalled` that names the worker
+# the loader was waiting for and what it was doing, and shuts the loader's workers down.
+class WorkerTable:
+    """Per DataLoader worker: its pid and the next global batch it delivers. ``WorkerTable(0)`` records
+    nothing (a dataset outside ``token_loader``)."""
+
+    def __init__(self, num_workers: int):
+        self.k = int(num_workers)
+        # shared with the workers: inherited through fork, or pickled while spawning them
+        self._cells = multiprocessing.RawArray("q", 2 * self.k) if self.k else None
+
+    def __reduce__(self):
+        if self._cells is not None and multiprocessing.context.get_spawning_popen() is not None:
+            return _table, (self.k, self._cells)
+        return WorkerTable, (0,)  # pickled for anything but starting a worker: shared memory does not travel
+
+    def next_batch(self, w: int, step: int) -> None:
+        """Worker ``w`` (this process) delivers global batch ``step`` next."""
+        if self._cells is not None and w < self.k:
+            self._cells[2 * w:2 * w + 2] = [os.getpid(), step]
+
+    def holder(self, want: int | None) -> tuple[int, int, int] | None:
+        """``(worker, pid, its next batch)`` of the worker that serves global batch ``want`` (a worker's
+        batches are all alike modulo the worker count; None: the first batch, worker 0's), or None."""
+        if self._cells is None:
+            return None
+        for w in range(self.k):
+            pid, step = self._cells[2 * w:2 * w + 2]
+            if pid and (w == 0 if want is None else (step - want) % self.k == 0):
+                return w, pid, step
+        return None
+
+
+def watch_loader(ds, num_workers: int, kwargs: dict, worker_info) -> None:
+    """Set up ``token_loader(ds, num_workers=..., **kwargs)``: the loader's ``timeout`` in ``kwargs``
+    (unless given), ``ds.loader_timeout_s``, ``ds.watch``, and a ``worker_init_fn`` that notes each
+    worker in it before the caller's runs (``worker_info``: torch's ``get_worker_info``)."""
+    if num_workers > 0:
+        wait_s = float(ds.reader_kwargs.get("wait_timeout_s", WAIT_TIMEOUT_S))
+        kwargs.setdefault("timeout", ds.options.worker_timeout_s + wait_s)
+    else:  # torch allows no timeout without workers; the reader in this process raises ReaderStalled itself
+        kwargs.pop("timeout", None)
+    ds.loader_timeout_s = float(kwargs.get("timeout", 0.0))
+    ds.watch = WorkerTable(num_workers)
+    kwargs["worker_init_fn"] = functools.partial(_note_worker, worker_info, kwargs.get("worker_init_fn"))
+
+
+def _note_worker(worker_info, init, worker_id: int) -> None:
+    """A worker is noted from its start (one stuck before its first batch is named too)."""
+    ds = worker_info().dataset
+    ds.watch.next_batch(worker_id, int(ds.state_dict()["step"]))
+    if init is not None:
+        init(worker_id)
+
+
+def _table(k: int, cells) -> WorkerTable:
+    t = WorkerTable(0)
+    t.k, t._cells = k, cells
+    return t
+
+
+class WatchedIterator:
+    """A DataLoader's iterator whose timeout raises :class:`reader.ReaderStalled` naming the worker."""
+
+    def __init__(self, it: Iterator, table: WorkerTable, timeout_s: float, why: str):
+        self._it, self._table, self._timeout, self._why = it, table, timeout_s, why
+        self._want: int | None = None  # the global batch expected next (None: the first)
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+    def __next__(self):
+        try:
+            item = next(self._it)
+        except RuntimeError as e:
+            if not (self._timeout and "timed out" in str(e)):
+                raise
+            raise self._stalled() from e
+        step = item.get("step") if isinstance(item, dict) else None
+        if step is not None:
+            self._want = int(step) + 1
+        return item
+
+    def _stalled(self) -> ReaderStalled:
+        held = self._table.holder(self._want)
+        who, due = "a DataLoader worker", "its next batch"
+        if held is not None:
+            w, pid, step = held
+            who, due = f"DataLoader worker {w} (pid {pid})", f"global batch {step if self._want is None else self._want}"
+            try:  # a stopped worker cannot be shut down: let it run so that it can
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        shutdown = getattr(self._it, "_shutdown_workers", None)  # torch's; else when the iterator is dropped
+        if callable(shutdown):
+            shutdown()
+        return ReaderStalled(f"{who} delivered no batch for {self._timeout:g} s, the DataLoader's timeout "
+                             f"({self._why}), while {due} was due from it: stopped, or stuck on a storage read. "
+                             "The loader's workers were shut down; check the storage, or raise "
+                             "ReadOptions.worker_timeout_s")
+
+
+_warned = False
+
+
+def warn_without_timeout(timeout_s: float, w: int) -> None:
+    """In DataLoader worker ``w``: warn once (from worker 0) when the loader has no timeout."""
+    global _warned
+    if timeout_s or w != 0 or _warned:
+        return
+    _warned = True
+    warnings.warn("reader.torch.TokenBatches runs in DataLoader workers with no timeout (torch's default "
+                  "timeout=0): a worker that stalls (stopped, or stuck on a storage read) hangs training forever. "
+                  "Make the loader with reader.torch.token_loader(ds, num_workers=...), which sets the timeout "
+                  "from ReadOptions.worker_timeout_s; for a DataLoader built with timeout=T, set "
+                  "ds.loader_timeout_s = T.", RuntimeWarning, stacklevel=2)
+
+
+@functools.cache
+def watched_loader(base: type) -> type:
+    class Loader(base):
+        __doc__ = f"A {base.__name__} whose timeout names the worker that stalled (reader.torch.token_loader)."
+
+        def __iter__(self):
+            ds = self.dataset
+            why = (f"ReadOptions.worker_timeout_s={ds.options.worker_timeout_s:g} + "
+                   f"wait_timeout_s={ds.reader_kwargs.get('wait_timeout_s', WAIT_TIMEOUT_S):g}")
+            return WatchedIterator(super().__iter__(), ds.watch, self.timeout, why)
+
+    Loader.__name__ = Loader.__qualname__ = "Token" + base.__name__
+    return Loader

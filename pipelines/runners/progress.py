@@ -34,7 +34,7 @@ from typing import Any, Mapping, TextIO
 
 from reader.format import spec as fmt
 from reader.format.splits import cache_roots
-from reader.format.table import TABLE_VERSION
+from reader.format.spec import TABLE_VERSION
 from reader.storage.progress import Scan, counted, format_seconds
 
 from pipelines.filesystem import BEAM, is_remote

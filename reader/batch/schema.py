@@ -6,7 +6,7 @@ rows and ``seq_len`` = L tokens per row holds, in this key order:
 
 * ``layout="arrays"``: the five ``[rows, L]`` token fields of :data:`TOKEN_FIELDS`, then the row
   fields;
-* ``layout="flat"`` (packed only): one ``uint32 [rows, L+1]`` array ``tokens`` in seed 001's
+* ``layout="flat"`` (packed only): one ``uint32 [rows, L+1]`` array ``tokens`` in seqax's
   flat-tokens encoding and two per-row ints (:data:`FLAT_FIELDS`, decoded by :func:`expand_flat`),
   then, for a cache with loss masks (or a mixture with one), ``loss_mask`` ``bool [rows, L]``, then,
   for best-fit rows that may hold several continuation pieces (``ReadOptions.best_fit_continuations``),

@@ -39,10 +39,11 @@ FORMAT_VERSION = 4  # the version every new build writes (docs/FORMAT.md, "Versi
 # Lines, kept fields, loss masks); a rerun of such a cache keeps writing it.
 BASE_FORMAT_VERSION = 2
 # Versions this code reads: they differ for a reader only in optional columns (fields, loss_spans) and, from
-# SPANS_FORMAT_VERSION on, the default pass rule ("spans"; older caches keep "streams") and the chunk table
-# (reader/format/table.py; docs/FORMAT.md, "Versions").
+# TABLE_VERSION on, in three things that came together (docs/FORMAT.md, "Versions"): the chunk table
+# (reader/format/table.py), the default pass rule ("spans"; older caches keep "streams") and best fit's default
+# continuation pieces (older caches keep one per row).
 READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
-SPANS_FORMAT_VERSION = 4
+TABLE_VERSION = 4
 
 
 def written_version(resumed: int | None) -> int:

@@ -27,7 +27,6 @@ from reader.format.sidecar import ledger_entry
 from reader.format.checks import MAX_COUNT, MAX_INDEX, MAX_TOTAL, is_int, short
 from reader.order.streams import round_robin_order
 
-TABLE_VERSION = 4  # ledgers of this format version and later keep their chunks in a table
 BLOCK_ROWS = 16384
 # every column in file order; loss_tokens only in a cache with loss masks
 COLUMNS = (("docs", INT64), ("tokens", INT64), ("bytes", INT64), ("bad_records", INT64), ("loss_tokens", INT64),
@@ -41,13 +40,13 @@ ENTRY_SUFFIX = ".entry"
 def uses_table(raw: Mapping[str, Any]) -> bool:
     """Whether a ledger (parsed JSON) keeps its chunks in a table: a finished ledger of version 4 or later."""
     return bool(raw.get("finished")) and isinstance(raw.get("format_version"), int) \
-        and raw["format_version"] >= TABLE_VERSION
+        and raw["format_version"] >= fmt.TABLE_VERSION
 
 
 def writes_entries(raw: Mapping[str, Any]) -> bool:
     """Whether the build of a ledger (a plan or finished) has its workers' chunk entries to follow: version 4 and
     later (a rerun of an older cache may write some, but its chunks written before have only sidecars)."""
-    return isinstance(raw.get("format_version"), int) and raw["format_version"] >= TABLE_VERSION
+    return isinstance(raw.get("format_version"), int) and raw["format_version"] >= fmt.TABLE_VERSION
 
 
 def columns(masked: bool) -> list[tuple[str, str]]:

@@ -4,7 +4,7 @@ Which chunk and offset holds unit ``j`` of stream ``s``: the pipeline (chunk ord
 JAX loader and the benchmarks all ask this module, so they agree by construction. The shuffle is
 :mod:`reader.order.shuffle`; :mod:`reader.batch.examples` combines both into "which tokens is example ``i``".
 
-Terms (seed 000, "Reproducible Sharded Reading for Training"):
+Terms (Levanter's design for a sharded, resumable token cache, "Reproducible Sharded Reading for Training"):
 
 * **Global chunk order.** Chunks are ordered round-robin across input shards, in shard order; a shard
   that has run out of chunks drops out of later rounds (:func:`round_robin_order`).

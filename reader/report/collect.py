@@ -176,7 +176,9 @@ def _chunks(cache: Cache, progress: Progress) -> tuple[np.ndarray, np.ndarray, l
         else:  # a table: the chunks with bad records have their dead letters at the format's path
             t = cache.table
             bad = np.flatnonzero(table.columns(["bad_records"])["bad_records"])[:DEAD_LETTER_FILES].tolist()
-            entries = [{"dead_letters": fmt.dead_letter_path(int(t.shard[c]), int(t.index_in_shard[c]))} for c in bad]
+            rows = chunk_table.recorded_rows(t, cache.ledger.raw, bad)  # (their sidecars' sha256: checked)
+            entries = [dict(rows[c], dead_letters=fmt.dead_letter_path(int(t.shard[c]), int(t.index_in_shard[c])))
+                       for c in bad]
         return cache.table.shard.astype(np.int64), cache.table.tokens, entries
     e = progress.entries
     return (np.asarray([x["shard"] for x in e], np.int64), np.asarray([x["tokens"] for x in e], np.int64), e)

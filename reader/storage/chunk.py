@@ -142,12 +142,14 @@ def open_chunk_steps(cache: Cache, index: int, tally: Callable[..., None]):
     t = cache.table
     rel = t.paths[index]
     side_rel = fmt.sidecar_path(int(t.shard[index]), int(t.index_in_shard[index]))
+    # the checksums before the first request: a version 4 table fetches a block of them when first asked,
+    # blocking I/O that must not run on the event loop the asynchronous caller's later steps run on
+    want, checksum = (t.sidecar_checksums[index] if t.sidecar_checksums is not None else None), t.checksums[index]
     try:
         raw = yield SIDECAR, side_rel
     except FileNotFoundError:
         raise chunk_error(cache, side_rel, "sidecar missing") from None
     tally(index, len(raw), data=False)
-    want = t.sidecar_checksums[index] if t.sidecar_checksums is not None else None
     if want is not None and fmt.checksum(raw) != want:
         raise chunk_error(cache, side_rel, f"sidecar checksum mismatch: file has {fmt.checksum(raw)}, the ledger "
                           f"says {want}")
@@ -157,7 +159,7 @@ def open_chunk_steps(cache: Cache, index: int, tally: Callable[..., None]):
         raise chunk_error(cache, side_rel, f"sidecar is not valid JSON ({e})") from None
     if not isinstance(side, dict):
         raise chunk_error(cache, side_rel, "sidecar is not a JSON object")
-    for key, got, exp in (("path", side.get("path"), rel), ("checksum", side.get("checksum"), t.checksums[index]),
+    for key, got, exp in (("path", side.get("path"), rel), ("checksum", side.get("checksum"), checksum),
                           ("bytes", side.get("bytes"), int(t.nbytes[index])),
                           ("docs", side.get("docs"), int(t.docs[index])),
                           ("tokens", side.get("tokens"), int(t.tokens[index]))):

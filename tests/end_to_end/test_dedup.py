@@ -163,16 +163,14 @@ def test_refuses_an_unfinished_cache_and_stray_arguments(exact_cache, tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nothing" in proc.stderr, proc.stderr
 
 
-def test_a_set_of_another_build_of_the_cache_is_refused(exact_cache, tmp_path):
-    """A ledger whose chunk checksums are not the ones the set was computed from (a rebuilt cache)."""
-    root = copy_cache(exact_cache, tmp_path / "c")
-    dedup(root)
-    ledger = fmt.load_json(open(os.path.join(root, fmt.LEDGER_NAME)).read())
-    ledger["chunks"][0]["checksum"] = "sha256:" + "0" * 64
-    with open(os.path.join(root, fmt.LEDGER_NAME), "w") as f:
-        f.write(fmt.dumps_ledger(ledger))
+def test_a_set_of_another_cache_is_refused(exact_cache, near_cache, tmp_path):
+    """A set copied beside chunks other than those it was computed from (another build, another cache): its
+    manifest's cache fingerprint is not the ledger's."""
+    src, name, _ = computed(exact_cache, near_cache, near=False)
+    root = copy_cache(near_cache, tmp_path / "c")
+    shutil.copytree(os.path.join(src, attrs.set_dir(name)), os.path.join(root, attrs.set_dir(name)))
     with pytest.raises(fmt.DamagedCache, match="computed from another build of this cache"):
-        AttributeSet(Cache(root), job.EXACT_NAME)
+        AttributeSet(Cache(root), name)
 
 
 @pytest.mark.slow

@@ -257,6 +257,64 @@ def test_named_modules_attributes_and_paths_exist(path):
     assert missing_names(read(path), lambda names: [n for n in names if n in unimportable_in_docs()]) == []
 
 
+# Names ARCHITECTURE.md gives without their package: a module path (`chunking/units.py`), a class and its
+# members (`ExampleOrder.stream_index()`), a module's function (`launcher.plan_build`), a call (`draft()`).
+DEFINES = re.compile(r"^\s*(?:def|class)\s+(\w+)|^\s*(\w+)\s*(?::[^=\n]*)?=(?!=)|^\s+(\w+)\s*:", re.M)
+EXTERNAL = {"StatefulDataLoader"}  # torchdata's, named where the reader's torch loader meets it
+FILE_SUFFIXES = (".json", ".bin", ".idx", ".parquet", ".lock", ".log", ".md", ".txt", ".html")
+
+
+@functools.lru_cache(maxsize=None)
+def defined_names() -> tuple[dict[str, set[str]], frozenset[str]]:
+    """``module -> names it defines`` (by basename and by path under its package, e.g. ``plan`` and
+    ``pipelines/plan``), and every product module's path."""
+    out: dict[str, set[str]] = {}
+    paths = set()
+    for package in ("reader", "pipelines"):
+        for dirpath, _, names in os.walk(os.path.join(ROOT, package)):
+            for name in names:
+                if name.endswith(".py"):
+                    path = os.path.relpath(os.path.join(dirpath, name), ROOT)
+                    found = {a or b or c for a, b, c in DEFINES.findall(read(os.path.join(ROOT, path)))}
+                    out.setdefault(name[:-3], set()).update(found)
+                    paths.add(path)
+    return out, frozenset(paths)
+
+
+def stale_names(text: str, defined: dict[str, set[str]], paths: frozenset[str]) -> list[str]:
+    """The backticked names of ``text`` that name no product module, class, member or function."""
+    everything = set().union(*defined.values()) | EXTERNAL
+    out = []
+    for name in sorted(set(re.findall(r"`([^`\n]+)`", text))):
+        if name.startswith(("reader.", "pipelines.", "-")) or name.endswith(FILE_SUFFIXES) or " " in name:
+            continue  # (dotted names and repository paths: test_named_modules_attributes_and_paths_exist)
+        if re.fullmatch(r"[\w/]+\.py", name):
+            if not name.startswith(("tests/", "tools/", "benchmarks/", "templates/")) and not any(
+                    p == name or p.endswith("/" + name) for p in paths):
+                out.append(name)
+            continue
+        m = re.fullmatch(r"(\w+)((?:\.\w+)*)(\(\))?", name)
+        if m is None:
+            continue
+        parts = [m.group(1)] + [x for x in m.group(2).split(".") if x]
+        if m.group(1)[0].islower() and m.group(1) in defined and len(parts) > 1:  # module.name
+            stale = parts[1] not in defined[m.group(1)]
+        elif re.fullmatch(r"[A-Z]\w*[a-z]\w*", m.group(1)) and re.search(r"[a-z][A-Z]|^[A-Z][a-z]+[A-Z]", m.group(1)):
+            stale = any(x not in everything for x in parts)  # a CamelCase class, and its members
+        elif m.group(3):
+            stale = any(x not in everything for x in parts)
+        else:
+            continue
+        if stale:
+            out.append(name)
+    return out
+
+
+def test_architecture_md_names_only_what_exists():
+    defined, paths = defined_names()
+    assert stale_names(read(os.path.join(DOCS, "ARCHITECTURE.md")), defined, paths) == []
+
+
 def test_the_builder_options_table_is_the_parser():
     table = options_in_table(section(read(os.path.join(DOCS, "RUNNING.md")), "## Builder options"))
     have = parser_options()
@@ -289,6 +347,11 @@ def test_the_checks_fail_on_broken_docs():
     # names and paths
     text = "`reader.format.spec.Ledger`, `reader.nope`, `reader/format/spec.py`, `tests/gone.py::t`, `benchmarks/work/x`"
     assert missing_names(text, unimportable) == ["reader.nope", "tests/gone.py"]
+    # names without their package: a renamed method, a module's function, a module path, a call
+    text = ("`ExampleOrder.stream_index()`, `ExampleOrder.stream_idx()`, `launcher.plan_build`, `launcher.plan_it`, "
+            "`chunking/units.py`, `chunking/unit.py`, `make_plan()`, `make_plans()`, `ledger.json`, `concat`")
+    assert stale_names(text, *defined_names()) == ["ExampleOrder.stream_idx()", "chunking/unit.py",
+                                                   "launcher.plan_it", "make_plans()"]
     # the I/O check follows imports through other modules
     assert imported_by({"a": {"b"}, "b": {"c"}, "c": set()}, "a") == {"b", "c"}
     # an options table

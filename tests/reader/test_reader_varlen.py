@@ -6,7 +6,7 @@ build; and the padding of long documents at L = 256 as the command line's ``batc
 
 Batches against the brute-force packer with caps (R-invariance, seek == iterate, both layouts): the
 ``best_fit_capped`` kind of tests/reader/test_reader_props.py. The loaders: test_reader_varlen_jax.py and
-test_reader_varlen_torch.py in tests/reader/loaders/."""
+test_reader_varlen_torch.py in tests/reader/."""
 
 from __future__ import annotations
 

@@ -338,3 +338,21 @@ def mixed_lines(seed: int, n_good: int = 40):
         lines.append(g)
         pos += len(g) + 1
     return lines, bad
+
+
+def refinish(root: str) -> dict[str, Any]:
+    """Finish the cache in ``root`` again from its sidecars as they are now, with the project's own writer (a
+    version 4 cache: its table too; older: its chunk list): every checksum made to agree with files a test
+    forged, so that only their content can tell. Returns the new ledger."""
+    from reader.storage import files, finish
+
+    with open(os.path.join(root, fmt.LEDGER_NAME), encoding="utf-8") as f:
+        ledger = json.load(f)
+    from reader.storage.cache import Cache
+
+    table, entries = Cache(root).table, []
+    for s, k in zip(table.shard.tolist(), table.index_in_shard.tolist()):
+        with open(os.path.join(root, fmt.sidecar_path(s, k)), "rb") as f:
+            entries.append(ledger_entry(json.loads(f.read())))
+    plan = dict(ledger, finished=False, chunks=[])
+    return finish.finish_cache(files.local(), root, plan, ledger["inputs"], entries)

@@ -180,7 +180,7 @@ def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_toke
         chunks.append(dict(ledger_entry(e), doc_offset=doc_off, token_offset=tok_off))
         doc_off += e["docs"]
         tok_off += e["tokens"]
-    if finished and version < chunk_table.TABLE_VERSION:  # inputs as builders before version 3 recorded them
+    if finished and version < fmt.TABLE_VERSION:  # inputs as builders before version 3 recorded them
         inputs = [{k: v for k, v in i.items() if k not in ("format", "rows")} if version < 3 else i for i in inputs]
     ledger = {
         "format": fmt.FORMAT_NAME,
@@ -198,7 +198,7 @@ def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_toke
         if masked:
             ledger["totals"]["loss_tokens"] = int(sum(e["loss_tokens"] for e in entries))
         ledger["bad_records"] = {}
-    if finished and version >= chunk_table.TABLE_VERSION:
+    if finished and version >= fmt.TABLE_VERSION:
         for inp in ledger["inputs"]:
             inp.setdefault("uncompressed_bytes", inp["size"])
             if inp["chunks"] is None:
@@ -268,7 +268,7 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
                                        row_group_tokens=row_group_tokens, writer_options=writer_options,
                                        spans=None if spans is None else spans[i],
                                        fields=None if fields is None else fields[i],
-                                       entry_file=not finished and (format_version or 0) >= chunk_table.TABLE_VERSION))
+                                       entry_file=not finished and (format_version or 0) >= fmt.TABLE_VERSION))
         else:
             entries.append(None)
     if done_shards is None:
@@ -332,7 +332,7 @@ def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per
     """Simulate a running build of a local cache: the plan and chunks ``first`` now, the other chunks
     (global indices) in a seeded random order on a thread, then ``_DONE.json`` of compressed shards and
     the finished ledger (of ``format_version``: see :func:`write_synthetic_cache`). Returns the started thread (join it)."""
-    entry_file = (format_version or 0) >= chunk_table.TABLE_VERSION
+    entry_file = (format_version or 0) >= fmt.TABLE_VERSION
     rr = streams.round_robin_order(chunks_per_shard)
     comp = list(compressed) if compressed is not None else [False] * len(chunks_per_shard)
     write_synthetic_cache(root, chunks, finished=False, chunks_per_shard=chunks_per_shard, compressed=comp,

@@ -103,7 +103,7 @@ def synthetic_cache(root: str, chunks, *, vocab_size: int, append_eos: bool = Fa
 
 
 def check_flat_tokens_array(group, docs: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
-    """Check one flat-tokens array (zarr group) against seed 001's invariants; return its sequences.
+    """Check one flat-tokens array (zarr group) against the flat-tokens format's invariants; return its sequences.
 
     encoded_tokens uint32 1-d; seq_starts uint64 1-d, starting at 0, non-decreasing, ending at the token
     count; the start bit set exactly at the first token of every non-empty sequence; max_token_id an

@@ -1,4 +1,4 @@
-"""layout="flat": packed windows in seed 001's flat-tokens encoding, and expand_flat back to the arrays."""
+"""layout="flat": packed windows in seqax's flat-tokens encoding, and expand_flat back to the arrays."""
 
 import shutil
 import tempfile
@@ -27,7 +27,7 @@ def test_the_seed_example_encodes_as_seed_001_says(seed_example):
     with Reader(seed_example, opts) as rd:
         x = rd.batch(0)
     assert set(x) == set(FLAT_KEYS)
-    # seed 001: encoded tokens [3, 4, 7, 8, 10, 13, 14, 16]; column 0 (no previous token) is 0
+    # the flat-tokens format's example: encoded tokens [3, 4, 7, 8, 10, 13, 14, 16]; column 0 (no previous token) is 0
     assert x["tokens"].dtype == np.uint32 and x["tokens"].tolist() == [[0, 3, 4, 7, 8, 10, 13, 14, 16]]
     assert x["first_positions"].tolist() == [0] and x["num_tokens"].tolist() == [8]
     y = expand_flat(x)

@@ -176,7 +176,7 @@ def test_bad_arguments_exit_2_with_two_lines(argv, said, capsys):
     (["inpect", "C"], ["python -m reader: error: argument command: invalid choice: 'inpect'; did you mean inspect?",
                        "(see python -m reader --help)"]),
     ([], ["python -m reader: error: the following arguments are required: command (one of inspect, validate, "
-          "batches, export, import-megatron, import-flat-tokens, report)", "(see python -m reader --help)"]),
+          "batches, index, export, import-megatron, import-flat-tokens, report)", "(see python -m reader --help)"]),
     (["inspect", "C", "--sqe_len", "3"], ["python -m reader inspect: error: unrecognized arguments: --sqe_len 3; did "
                                           "you mean --seq_len?", "(see python -m reader inspect --help)"]),
     (["export", "C", "--format", "megatorn", "--out", "x"],

@@ -1,5 +1,5 @@
 """`python -m reader export --format flat-tokens` and `import-flat-tokens` (`--tokenizer_from`, and
-`python -m pipelines.interop import-flat-tokens --tokenizer SPEC`), checked against seed 001's invariants by
+`python -m pipelines.interop import-flat-tokens --tokenizer SPEC`), checked against the flat-tokens invariants by
 an independent checker (tests/support/interop_ref.py) and by round trips."""
 
 import json

@@ -1,4 +1,5 @@
-"""Property tests for reader.order.streams (and reader.order.pieces) against brute-force definitions from seed 000."""
+"""Property tests for reader.order.streams (and reader.order.pieces) against brute-force definitions from
+Levanter's cache design."""
 
 import itertools
 

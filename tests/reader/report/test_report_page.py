@@ -23,7 +23,7 @@ from reader.storage.validate import chunk_doc_lengths
 
 import cachegen
 import mixgen
-from build_helpers import build, sample_texts, write_shard
+from build_helpers import build, load_ledger, refinish, sample_texts, write_shard
 
 
 class Page(html.parser.HTMLParser):
@@ -241,8 +241,7 @@ def with_bad_records(tmp_path):
 
 
 def _dead_letter_file(out: str) -> tuple[str, dict]:
-    led = json.load(open(os.path.join(out, fmt.LEDGER_NAME)))
-    entry = next(c for c in led["chunks"] if c.get("dead_letters"))
+    entry = next(c for c in load_ledger(out)["chunks"] if c.get("dead_letters"))
     return os.path.join(out, entry["dead_letters"]), entry
 
 
@@ -258,11 +257,7 @@ def _forge(out: str, lines: list[bytes]) -> str:
     side = json.load(open(side_path))
     side["dead_letters_checksum"] = fmt.checksum(data)
     open(side_path, "wb").write(sidecar_bytes(side))
-    led = json.load(open(os.path.join(out, fmt.LEDGER_NAME)))
-    for c in led["chunks"]:
-        if c["path"] == entry["path"]:
-            c["sidecar_checksum"] = fmt.checksum(sidecar_bytes(side))
-    open(os.path.join(out, fmt.LEDGER_NAME), "w").write(fmt.dumps_ledger(led))
+    refinish(out)
     return path
 
 

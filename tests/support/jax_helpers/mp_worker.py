@@ -1,4 +1,4 @@
-"""One JAX process of the multi-process reader.jax test (run by tests/reader/loaders/test_reader_jax_multiprocess.py).
+"""One JAX process of the multi-process reader.jax test (run by tests/reader/test_reader_jax_multiprocess.py).
 
 Usage: python mp_worker.py CONFIG.json PROCESS_ID NUM_PROCESSES PORT OUT.json
 

@@ -1,4 +1,4 @@
-"""One rank of the torch.distributed reader.torch test (run by tests/reader/loaders/test_reader_torch_distributed.py).
+"""One rank of the torch.distributed reader.torch test (run by tests/reader/test_reader_torch_distributed.py).
 
 Usage: python dist_worker.py CONFIG.json RANK WORLD_SIZE PORT OUT_DIR
 

@@ -1,7 +1,7 @@
 """reader.jax in one process with 8 virtual CPU devices: several meshes and partition specs, every read
 mode, per-shard contents, rows read, sliding-window prefetch, resume, and a jit-ed toy step.
 
-The multi-process version (real jax.distributed processes) is tests/reader/loaders/test_reader_jax_multiprocess.py.
+The multi-process version (real jax.distributed processes) is tests/reader/test_reader_jax_multiprocess.py.
 """
 
 from __future__ import annotations

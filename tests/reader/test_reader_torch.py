@@ -30,7 +30,7 @@ from torch_helpers.marks import DATALOADER_WARNINGS  # noqa: E402
 
 pytestmark = DATALOADER_WARNINGS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 L, B = 8, 4
 
 MODES = {

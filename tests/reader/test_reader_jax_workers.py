@@ -2,7 +2,7 @@
 (reader/workers/pool.py, views of shared memory) and equal, bit for bit, what one process builds; the
 worker pool serving an explicit set of rows; early close; jax arrays that alias the shared memory.
 
-8 virtual CPU devices in one process, as in tests/reader/loaders/test_reader_jax.py.
+8 virtual CPU devices in one process, as in tests/reader/test_reader_jax.py.
 """
 
 from __future__ import annotations

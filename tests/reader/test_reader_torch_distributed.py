@@ -33,7 +33,7 @@ from torch_helpers.common import assert_item_equals, write_cache  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 
-HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "support")
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 WORKER = os.path.join(HERE, "torch_helpers", "dist_worker.py")
 L, B = 8, 4
 

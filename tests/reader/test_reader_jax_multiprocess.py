@@ -24,7 +24,7 @@ from rank_processes import run_group  # noqa: E402
 from jax_helpers.common import expected_device_rows, index_from_json, sha, toy_reference  # noqa: E402
 from reader import ReadOptions, Reader  # noqa: E402
 
-HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "support")
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 WORKER = os.path.join(HERE, "jax_helpers", "mp_worker.py")
 TOTAL_DEVICES = 8
 B, L = 8, 16
