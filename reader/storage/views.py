@@ -308,7 +308,53 @@ def tally(cache: Cache, view: Any) -> dict[str, Any]:
 
     shards = np.asarray(t.shard, np.int64)
     return {"view": v.spec.text, **row(np.ones(len(t), bool)),
-            "by_input": [{"input": paths.get(s, f"shard {s}"), **row(shards == s)} for s in np.unique(shards).tolist()]}
+            "by_input": [{"input": paths.get(s, f"shard {s}"), **row(shards == s)} for s in np.unique(shards).tolist()],
+            "clusters": [clusters(s) for _, s in sorted(v.sets.items())]}
+
+
+def clusters(s: AttributeSet, top: int = 3, show: int = 12) -> dict[str, Any]:
+    """The duplicate clusters of attribute set ``s`` (a keeper and the documents marked with it): how many, how
+    many of each size, and the ``top`` largest, each with its keeper's first ``show`` tokens beside one copy's
+    (the first marked with it) and that copy's Jaccard estimate (exact duplicates: 1)."""
+    t, off = s.cache.table, s.cache.table.doc_offsets
+    keeper, member, jac = [], [], []
+    for c in range(len(t)):
+        cols = s.chunk(c)
+        m = np.flatnonzero(cols["keeper"] != attrs.KEPT)
+        keeper.append(cols["keeper"][m])
+        member.append(m + int(off[c]))
+        jac.append(cols["jaccard"][m] if "jaccard" in cols else np.ones(m.size, np.float32))
+    keeper, member, jac = (np.concatenate(x) if x else np.zeros(0) for x in (keeper, member, jac))
+    ids, counts = np.unique(keeper, return_counts=True)
+    sizes, many = np.unique(counts + 1, return_counts=True)
+    largest = []
+    for i in np.argsort(-counts, kind="stable")[:top].tolist():
+        k = int(ids[i])
+        first = int(np.flatnonzero(keeper == k)[0])
+        copy = int(member[first])
+        largest.append({"keeper": k, "size": int(counts[i]) + 1, "copy": copy, "jaccard": round(float(jac[first]), 4),
+                        "keeper_tokens": document_tokens(s.cache, k)[:show].tolist(),
+                        "copy_tokens": document_tokens(s.cache, copy)[:show].tolist()})
+    return {"set": s.name, "kind": s.manifest.kind, "clusters": int(ids.size), "marked": int(keeper.size),
+            "sizes": {int(a): int(b) for a, b in zip(sizes, many)}, "largest": largest}
+
+
+def document_tokens(cache: Cache, d: int) -> np.ndarray:
+    """The tokens of document ``d`` (global order), from the row group of its chunk that holds it."""
+    import pyarrow.parquet as pq
+
+    off = cache.table.doc_offsets
+    c = int(np.searchsorted(off, d, side="right")) - 1
+    with cache.storage.open(cache.path(cache.table.paths[c])) as f:
+        pf = pq.ParquetFile(f)
+        row = d - int(off[c])
+        for g in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            if row < n:
+                col = pf.read_row_group(g, columns=[fmt.TOKEN_COLUMN], use_threads=False).column(0).combine_chunks()
+                return _values(col.values, np.int32)[col.offsets[row].as_py():col.offsets[row + 1].as_py()]
+            row -= n
+    raise IndexError(f"document {d} is not in {cache.url}")
 
 
 def describe(t: dict[str, Any]) -> list[str]:
@@ -320,6 +366,13 @@ def describe(t: dict[str, Any]) -> list[str]:
         d, n = r["kept_documents"] + r["dropped_documents"], r["kept_tokens"] + r["dropped_tokens"]
         out.append(f"  {name:<{w}}  {r['kept_documents']:>10,} of {d:<10,}  {r['kept_tokens']:>14,} of {n:<14,} "
                    f"({r['kept_tokens'] / max(1, n):.1%})")
+    for c in t["clusters"]:
+        sizes = ", ".join(f"{n:,} of {s}" for s, n in sorted(c["sizes"].items()))
+        out.append(f"clusters    {c['set']} ({c['kind']}): {c['clusters']:,} clusters, {c['marked']:,} documents marked; "
+                   f"sizes (documents): {sizes or 'none'}")
+        for x in c["largest"]:
+            out.append(f"  keeper {x['keeper']:,} (cluster of {x['size']}): {x['keeper_tokens']}")
+            out.append(f"  copy   {x['copy']:,} (Jaccard {x['jaccard']}): {x['copy_tokens']}")
     return out
 
 

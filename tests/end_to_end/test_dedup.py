@@ -204,3 +204,7 @@ def test_a_view_without_exact_duplicates_reads_each_distinct_document_once(exact
                 if ok:
                     got.append(row[seg > 0].tolist())
     assert len(got) == DOCS and got == want
+    from reader.storage.views import tally  # (inspect --view): the largest clusters, keeper beside a copy
+    (c,) = tally(Cache(src), "not exact_duplicate")["clusters"]
+    assert c["marked"] == len(truth) and c["clusters"] == len(set(truth.values()))
+    assert all(x["keeper_tokens"] == x["copy_tokens"] and truth[x["copy"]] == x["keeper"] for x in c["largest"])

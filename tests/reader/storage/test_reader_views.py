@@ -269,8 +269,14 @@ def test_inspect_shows_what_a_view_keeps_per_input(caches, capsys):
         assert row["kept_documents"] == sum(len(k) for k, sh in zip(kept_docs, shard_of) if sh == s)
         assert row["kept_documents"] + row["dropped_documents"] == sum(len(c) for c, sh in zip(chunks, shard_of)
                                                                        if sh == s)
+    marked = int(sum((m >= 0).sum() for m in marks_of(chunks)))  # (all marked with document 0: one cluster)
+    (c,) = got["clusters"]
+    assert (c["set"], c["clusters"], c["marked"], c["sizes"]) == ("duplicates", 1, marked, {str(marked + 1): 1})
+    assert c["largest"][0]["keeper"] == 0 and c["largest"][0]["copy"] == 4
+    assert c["largest"][0]["keeper_tokens"] == list(chunks[0][0][:12])
     assert main(["inspect", full, "--view", VIEW]) == 0
-    assert "view        " + parse_view(VIEW).text in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "view        " + parse_view(VIEW).text in text and "clusters    duplicates (exact_duplicates): 1 clusters" in text
     assert main(["inspect", full, "--view", "lang > 1"]) == 2
     assert "view clause 'lang > 1'" in capsys.readouterr().err
 
