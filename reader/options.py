@@ -180,6 +180,8 @@ class ReadOptions:
             raise ValueError(f"pass_rule must be one of {PASS_RULES} or None (by the cache's format version), "
                              f"got {self.pass_rule!r}")
         parse_view(self.view)  # (a syntax error is raised here, naming the clause)
+        if isinstance(self.view, list):  # (options stay hashable)
+            object.__setattr__(self, "view", tuple(self.view))
         if self.eval_mode and (self.shuffle_seed is not None or self.shuffle is not None):
             raise ValueError("eval_mode reads every document once in global order; it never shuffles. "
                              "Drop shuffle_seed/shuffle or eval_mode.")
