@@ -55,12 +55,16 @@ def documents(tokens: int, seed: int = 0) -> tuple[list[np.ndarray], list[list[i
     return docs, spans
 
 
-def write_cache(root: str, docs: list[np.ndarray], spans: list[list[int]] | None) -> None:
-    """A finished cache of ``docs`` (one shard, chunks of about ``CHUNK_TOKENS``), with ``spans`` a masked one."""
+def write_cache(root: str, docs: list[np.ndarray], spans: list[list[int]] | None,
+                fields: dict[str, list] | None = None) -> None:
+    """A finished cache of ``docs`` (one shard, chunks of about ``CHUNK_TOKENS``), with ``spans`` a masked one;
+    ``fields``: kept fields (name -> one string per document)."""
     config = {"text_key": "text", "append_eos": True, "chunk_bytes": CHUNK_TOKENS, "row_group_tokens": ROW_GROUP_TOKENS,
               "compression": "zstd", "compression_level": 3, "token_encoding": "PLAIN"}
     if spans is not None:
         config["record_format"] = "chat"
+    if fields:
+        config["keep_fields"] = list(fields)
     lengths = np.asarray([len(d) for d in docs], np.int64)
     ends = np.cumsum(lengths)
     chunk_of = (ends - lengths) // CHUNK_TOKENS
@@ -73,7 +77,8 @@ def write_cache(root: str, docs: list[np.ndarray], spans: list[list[int]] | None
             part = slice(lo, hi)
             out.write(chunk_file.flat_row_group_table(
                 np.concatenate(docs[part]), lengths[part].astype(np.int32), 0, (ends - lengths)[part] * 4,
-                loss_spans=None if spans is None else spans[part]), int(lengths[part].sum()))
+                loss_spans=None if spans is None else spans[part],
+                fields=None if not fields else {n: v[part] for n, v in fields.items()}), int(lengths[part].sum()))
             lo = hi
         data, rg_index, footer = out.finish()
         side = sidecar.make_sidecar(shard=0, index_in_shard=k, byte_range=[k * CHUNK_TOKENS, (k + 1) * CHUNK_TOKENS],
@@ -146,7 +151,7 @@ def read_rate(root: str, opts, batches: int) -> tuple[float, float]:
 
 
 def main(argv=None) -> None:
-    from benchmarks.common import emit_result, log
+    from benchmarks.common import emit_result
     from benchmarks.reader_bench import B, L, WORKERS
     from reader import ReadOptions
 
@@ -180,15 +185,26 @@ def main(argv=None) -> None:
     res = {"mask_cost_tokens": tokens, "mask_cost_batches": batches, "mask_cost_rounds": a.rounds,
            "mask_loss_token_share": sum(sum(s[1::2]) - sum(s[0::2]) for s in spans) / tokens,
            "mask_bytes_per_token": (_size(roots["masked"]) - _size(roots["plain"])) / tokens}
+    res.update(ratios(best, reads, "mask", "plain", "masked"))
+    emit_result(res)
+
+
+def ratios(best: dict, reads, prefix: str, base: str, other: str) -> dict:
+    """The figures of paired reads: ``best[(read, way, clock)]`` (tokens per second, per CPU-second) of the ways
+    ``base`` and ``other``, as ``{prefix}_{read}_{way}_tokens_per_{clock}`` and ``{prefix}_{read}[_cpu]_ratio``
+    (``other / base``), each logged."""
+    from benchmarks.common import log
+
+    res = {}
     for read in reads:
         for clock in ("s", "cpu_s"):
-            plain, masked = best[(read, "plain", clock)], best[(read, "masked", clock)]
+            a, b = best[(read, base, clock)], best[(read, other, clock)]
             tag = "" if clock == "s" else "_cpu"
-            res.update({f"mask_{read}_plain_tokens_per_{clock}": plain, f"mask_{read}_masked_tokens_per_{clock}": masked,
-                        f"mask_{read}{tag}_ratio": masked / plain})
-            log(f"{read:12s} plain {plain / 1e6:8.1f} M tokens/{clock}  masked {masked / 1e6:8.1f} M tokens/{clock}  "
-                f"ratio {masked / plain:.3f}")
-    emit_result(res)
+            res.update({f"{prefix}_{read}_{base}_tokens_per_{clock}": a, f"{prefix}_{read}_{other}_tokens_per_{clock}": b,
+                        f"{prefix}_{read}{tag}_ratio": b / a})
+            log(f"{read:12s} {base} {a / 1e6:8.1f} M tokens/{clock}  {other} {b / 1e6:8.1f} M tokens/{clock}  "
+                f"ratio {b / a:.3f}")
+    return res
 
 
 def _size(root: str) -> int:

@@ -69,6 +69,9 @@ MAIN_ROWS = report_peers.PEER_MAIN_ROWS + [
      "true Jaccard < 0.7", "ratio"),
     ("mask_train_ratio", "a cache with loss masks / the same documents without, real tokens per second "
      "(benchmarks/mask_cost.py: flat layout, batch 64, L=2048, R*=16, 2 workers, one pass of 96 Mi tokens)", "ratio"),
+    ("view_train_ratio", "a view keeping 80% of the documents (`language_score >= 0.2`) / the whole cache, real "
+     "tokens per second (benchmarks/view_cost.py: flat layout, batch 64, L=2048, R*=16, 2 workers; docs/CURATION.md, "
+     "\"Views\")", "ratio"),
     ("latency_50ms_vs_0ms_min", "gs:// with every request held 50 ms / the same read at 0 ms, steady, the least of "
      "packed, shuffled and a 4-cache mixture (benchmarks/latency_bench.py: host 1 of 4, L=2048, B=32, from step "
      "3000; \"Reading from object storage\" below)", "ratio"),
@@ -686,7 +689,8 @@ def sft_section(fig: dict) -> list[str]:
             f"| chat | {f['sft_chat_records_per_cpu_s_reference']:,.0f} | {f['sft_chat_records_per_cpu_s_fast']:,.0f} "
             f"| {f['sft_chat_fast_vs_reference']:.2f} |",
             f"| prompt/completion | {f['sft_pc_records_per_cpu_s_reference']:,.0f} | "
-            f"{f['sft_pc_records_per_cpu_s_fast']:,.0f} | {f['sft_pc_fast_vs_reference']:.2f} |"] + mask_read_section(fig)
+            f"{f['sft_pc_records_per_cpu_s_fast']:,.0f} | {f['sft_pc_fast_vs_reference']:.2f} |"] + mask_read_section(fig) \
+        + view_read_section(fig)
 
 
 MASK_READS = [("decode", "every row group through the chunk store, one thread"),
@@ -697,18 +701,32 @@ MASK_READS = [("decode", "every row group through the chunk store, one thread"),
 
 def mask_read_section(fig: dict) -> list[str]:
     """Read throughput with loss masks against without (``benchmarks/mask_cost.py``)."""
-    if "mask_train_ratio" not in fig:
+    return ratio_table("mask", "Loss masks: read throughput", fig, lambda f: (
+        f"`benchmarks/mask_cost.py` writes the same {f['mask_cost_tokens'] / 2**20:.0f} Mi tokens of generated "
+        f"chat-like documents twice, without and with `loss_spans` ({f['mask_loss_token_share']:.0%} of the tokens "
+        f"loss tokens; the masked chunks take {f['mask_bytes_per_token']:.4f} more bytes per token), and reads each "
+        f"the same way, alternating, best of {f['mask_cost_rounds']} rounds. Real tokens per second (and per "
+        "CPU-second of the reading processes), masked / plain:"))
+
+
+def view_read_section(fig: dict) -> list[str]:
+    """Read throughput of a view against the whole cache (``benchmarks/view_cost.py``)."""
+    return ratio_table("view", "Views: read throughput", fig, lambda f: (
+        f"`benchmarks/view_cost.py` writes {f['view_cost_tokens'] / 2**20:.0f} Mi tokens of generated documents "
+        f"with a kept field `language_score` and reads them whole and through `language_score >= 0.2` "
+        f"({f['view_kept_docs_share']:.1%} of the documents, {f['view_kept_tokens_share']:.1%} of the tokens), "
+        f"alternating, best of {f['view_cost_rounds']} rounds. Real tokens per second (and per CPU-second of the "
+        "reading processes), view / whole:"))
+
+
+def ratio_table(prefix: str, title: str, f: dict, intro) -> list[str]:
+    """A section of paired reads' ratios (``benchmarks.mask_cost.ratios``), one row per read measured; none
+    when the figures are absent. ``intro(f)``: its paragraph."""
+    if f"{prefix}_train_ratio" not in f:
         return []
-    f = fig
-    out = ["", "## Loss masks: read throughput", "",
-           f"`benchmarks/mask_cost.py` writes the same {f['mask_cost_tokens'] / 2**20:.0f} Mi tokens of generated "
-           f"chat-like documents twice, without and with `loss_spans` ({f['mask_loss_token_share']:.0%} of the "
-           f"tokens loss tokens; the masked chunks take {f['mask_bytes_per_token']:.4f} more bytes per token), and "
-           f"reads each the same way, alternating, best of {f['mask_cost_rounds']} rounds. Real tokens per second "
-           "(and per CPU-second of the reading processes), masked / plain:", "",
-           "| read | per second | per CPU-second |", "|---|---|---|"]
-    out += [f"| {what} | {f[f'mask_{k}_ratio']:.3f} | {f[f'mask_{k}_cpu_ratio']:.3f} |" for k, what in MASK_READS]
-    return out
+    out = ["", f"## {title}", "", intro(f), "", "| read | per second | per CPU-second |", "|---|---|---|"]
+    return out + [f"| {what} | {f[f'{prefix}_{k}_ratio']:.3f} | {f[f'{prefix}_{k}_cpu_ratio']:.3f} |"
+                  for k, what in MASK_READS if f"{prefix}_{k}_ratio" in f]
 
 
 LATENCY_READS = [("packed", "packed, in order"), ("shuffled", "packed, `shuffle_seed=0`"),

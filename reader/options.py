@@ -9,6 +9,7 @@ from reader.format.spec import TABLE_VERSION
 from reader.order.packing import WINDOW_TOKENS
 from reader.order.passes import PASS_RULES
 from reader.order.shuffle import ShuffleConfig
+from reader.storage.view_syntax import ViewSpec, parse_view
 
 LAYOUTS = ("arrays", "flat")  # how a batch's tokens are laid out: reader.batch.schema defines each
 PACKINGS = ("concat", "best_fit")  # how packed rows are filled: windows of the stream, or best-fit rows
@@ -97,6 +98,11 @@ class ReadOptions:
       varlen: add ``cu_seqlens`` ``[rows, max_segments + 1]`` and ``max_seqlen`` ``[rows]`` to every batch,
         the rows' document pieces in the form varlen attention kernels take (``reader.batch.schema``);
         needs ``max_segments`` (the static width).
+      view: which documents the read keeps (docs/CURATION.md, "Views"): a string such as ``"not
+        exact_duplicate and language_score >= 0.9"``, or a list of such clauses (all must hold). None
+        (default): every document. The read then sees the same chunks with only the kept documents, in
+        every layout, packing, pass rule and mixture; a view of kept fields follows a running build, one
+        of duplicate marks needs the finished cache and its marks (``python -m pipelines.dedup``).
     """
 
     seq_len: int = 2048
@@ -120,6 +126,7 @@ class ReadOptions:
     best_fit_continuations: int | None = None
     max_segments: int | None = None
     varlen: bool = False
+    view: Any = None
 
     def __post_init__(self):
         if self.packing not in PACKINGS:
@@ -172,6 +179,9 @@ class ReadOptions:
         if self.pass_rule is not None and self.pass_rule not in PASS_RULES:
             raise ValueError(f"pass_rule must be one of {PASS_RULES} or None (by the cache's format version), "
                              f"got {self.pass_rule!r}")
+        parse_view(self.view)  # (a syntax error is raised here, naming the clause)
+        if isinstance(self.view, list):  # (options stay hashable)
+            object.__setattr__(self, "view", tuple(self.view))
         if self.eval_mode and (self.shuffle_seed is not None or self.shuffle is not None):
             raise ValueError("eval_mode reads every document once in global order; it never shuffles. "
                              "Drop shuffle_seed/shuffle or eval_mode.")
@@ -201,6 +211,11 @@ class ReadOptions:
         if self.kind != "best_fit":
             return 0
         return max((self.continuations(v) for v in format_versions), default=1) - 1
+
+    @property
+    def view_spec(self) -> ViewSpec | None:
+        """The parsed ``view`` (None: every document)."""
+        return parse_view(self.view)
 
     @property
     def varlen_segments(self) -> int | None:

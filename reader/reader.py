@@ -44,6 +44,7 @@ from reader.batch.readahead import Progress, read_ahead
 from reader.batch.schema import batch_spec
 from reader.batch.release import ReleasePolicy
 from reader.storage.store import ChunkStore
+from reader.storage.views import open_view
 from reader.order.passes import RepeatedRowsWarning
 from reader.order.streams import StreamIndex, reader_rows
 from reader.workers.pool import WorkerPool
@@ -118,11 +119,12 @@ class Reader:
             self.cache, self.store, self.order, self.release, self.prefetcher = open_mixture(
                 mixture, data, self.my_rows, self.num_readers, self.reader_index)
         else:
+            view, seen = open_view(self.cache, opts.view, index_cache=opts.index_cache)  # (seen: as the view's reads see it)
             self.store = ChunkStore(self.cache, memory_budget_bytes=data.memory_budget_bytes,
-                                    threads=opts.prefetch_threads)
-            self.order = ExampleOrder(self.cache, data, self.store, self.my_rows)
+                                    threads=opts.prefetch_threads, view=view)
+            self.order = ExampleOrder(seen, data, self.store, self.my_rows)
             self.release = ReleasePolicy(self.store, self.order, data)
-            self.prefetcher = Prefetcher(self.cache, self.store, self.order, data, self.release, self.my_rows,
+            self.prefetcher = Prefetcher(seen, self.store, self.order, data, self.release, self.my_rows,
                                          self.num_readers, self.reader_index)
         for store in getattr(self.store, "stores", [self.store]):  # (a mixture's: one per component)
             store.progress = self.progress.beat

@@ -174,7 +174,8 @@ class ExampleOrder:
         self.chunk_index = None if self.kind == "concat" else ExampleIndex(
             cache, options.seq_len, self.kind, index_cache=options.index_cache,
             window_tokens=options.best_fit_window_tokens, drop_long=options.drop_long,
-            continuations=self.continuations, max_segments=options.max_segments)
+            continuations=self.continuations, max_segments=options.max_segments,
+            view=getattr(cache, "view", None))
         self._lock = threading.Lock()
         self._index: StreamIndex | None = None
         self._index_key: tuple[int, bool] | None = None

@@ -31,7 +31,7 @@ from reader.cli import report as report_cli
 from reader.cli import support as cli_support
 from reader.format import spec as fmt
 from reader.format import table as chunk_table
-from reader.storage import fields
+from reader.storage import fields, views
 from reader.storage.cache import Cache
 from reader.storage.index import check_index_files
 from reader.interop.export import write_file
@@ -141,6 +141,8 @@ def cmd_inspect(args) -> int:
     if memory is not None:
         info["memory"] = memory
         info["rows"] = dataclasses.asdict(rows)
+    if args.view:  # documents and tokens the view keeps and drops, per input
+        info["view"] = views.tally(cache, args.view)
     if args.by:  # documents and tokens per value of a kept field
         info["by"] = {args.by: [{"value": v, "documents": d, "tokens": n} for v, (d, n) in
                                 fields.tally(cache, args.by).items()]}
@@ -181,6 +183,8 @@ def cmd_inspect(args) -> int:
               f"{m['ahead_limit']:.1f} MiB; process RSS {m['rss']:.0f} MiB (the interpreter, numpy and pyarrow "
               "alone: about 70 MiB)")
         print(f"rows        {rows.describe()} ({'unpacked' if args.unpacked else args.packing})")
+    if "view" in info:
+        print("\n".join(views.describe(info["view"])))
     for name, rows in info.get("by", {}).items():
         w = max([len(name) + 3] + [len(str(r["value"])) for r in rows])
         print(f"\n{'by ' + name:<{w}}  {'documents':>14}  {'tokens':>18}")
@@ -280,8 +284,8 @@ def cmd_batches(args) -> int:
         "packing": args.packing, "best_fit_window_tokens": args.best_fit_window_tokens, "drop_long": args.drop_long,
         "best_fit_continuations": args.best_fit_continuations, "max_segments": args.max_segments, "varlen": args.varlen,
         "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
-        "num_readers": args.num_readers, "reader_index": args.reader_index, "pass_rule": args.pass_rule},
-        sort_keys=True))
+        "num_readers": args.num_readers, "reader_index": args.reader_index, "pass_rule": args.pass_rule,
+        **({"view": args.view} if args.view is not None else {})}, sort_keys=True))
     write_file(args.out, lambda f: np.savez_compressed(f, **arrays))  # exactly --out (numpy would add .npz)
     print(f"wrote {args.out}: batches {arrays['batch_index'][0]}..{arrays['batch_index'][-1]}, "
           f"{len(r.my_rows)} rows each, keys {', '.join(sorted(arrays))}")

@@ -89,7 +89,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def add_packing_arguments(p: argparse.ArgumentParser) -> None:
     """``--unpacked``, ``--packing``, ``--drop_long``, ``--best_fit_window_tokens``, ``--best_fit_continuations``,
-    ``--max_segments`` and ``--varlen`` (the ``ReadOptions`` of the same names; :func:`packing_options`)."""
+    ``--max_segments``, ``--varlen`` and ``--view`` (the ``ReadOptions`` of the same names; :func:`packing_options`)."""
     p.add_argument("--unpacked", action="store_true", help="one document piece per row instead of packing")
     p.add_argument("--packing", choices=PACKINGS, default="concat",
                    help="packed rows: concat (documents concatenated, cut every seq_len tokens; default) or "
@@ -108,13 +108,17 @@ def add_packing_arguments(p: argparse.ArgumentParser) -> None:
                    help="at most this many document pieces per row (best_fit or --unpacked); must match the run")
     p.add_argument("--varlen", action="store_true",
                    help="add cu_seqlens and max_seqlen (varlen attention's form of the rows; needs --max_segments)")
+    p.add_argument("--view", metavar="VIEW", default=None,
+                   help="read only the documents VIEW keeps (ReadOptions.view's syntax, e.g. \"not exact_duplicate and "
+                        "dump in ['CC-MAIN-2024-10']\"; docs/CURATION.md); inspect also shows the documents and tokens it "
+                        "keeps and drops, in all and per input")
 
 
 def packing_options(args: argparse.Namespace) -> dict:
     """``ReadOptions`` keywords of :func:`add_packing_arguments`' options."""
     return {"packed": not args.unpacked, "packing": args.packing, "drop_long": args.drop_long,
             "best_fit_window_tokens": args.best_fit_window_tokens, "best_fit_continuations": args.best_fit_continuations,
-            "max_segments": args.max_segments, "varlen": args.varlen}
+            "max_segments": args.max_segments, "varlen": args.varlen, "view": args.view}
 
 
 def packing_argv(args: argparse.Namespace) -> list[str]:
@@ -125,7 +129,7 @@ def packing_argv(args: argparse.Namespace) -> list[str]:
         out += ["--best_fit_window_tokens", str(args.best_fit_window_tokens)]
     for name in ("best_fit_continuations", "max_segments"):
         out += [f"--{name}", str(getattr(args, name))] if getattr(args, name) is not None else []
-    return out + ["--varlen"] * args.varlen
+    return out + ["--varlen"] * args.varlen + ["--view", args.view] * (args.view is not None)
 
 
 # --------------------------------------------------------------------------------------------------

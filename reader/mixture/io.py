@@ -232,13 +232,14 @@ def open_mixture(mixture: Mixture, options: ReadOptions, rows: np.ndarray, num_r
     release, prefetcher)`` (see the module docstring)."""
     D = len(mixture.distinct)
     copts = dataclasses.replace(options, memory_budget_bytes=max(1, options.memory_budget_bytes // D))
+    views = mixture.open_views(options)
     pool = cf.ThreadPoolExecutor(max(1, options.prefetch_threads), thread_name_prefix="chunkledger-prefetch")
-    stores = [ChunkStore(cache, memory_budget_bytes=copts.memory_budget_bytes, executor=pool)
-              for cache in mixture.distinct]
+    stores = [ChunkStore(cache, memory_budget_bytes=copts.memory_budget_bytes, executor=pool, view=v)
+              for cache, (v, _) in zip(mixture.distinct, views)]
     store = MixtureStore(stores, pool)
-    order = MixtureOrder(mixture, copts, stores, rows)
+    order = MixtureOrder(mixture, copts, stores, rows, caches=[seen for _, seen in views])
     policies = [ReleasePolicy(s, o, copts) for s, o in zip(stores, order.orders)]
     prefetchers = [Prefetcher(cache, s, o, copts, p, rows, num_readers, reader_index)
-                   for cache, s, o, p in zip(mixture.distinct, stores, order.orders, policies)]
+                   for (_, cache), s, o, p in zip(views, stores, order.orders, policies)]
     return (mixture, store, order, MixtureRelease(order, policies),
             MixturePrefetcher(order, prefetchers, options, rows))

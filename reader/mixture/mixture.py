@@ -27,6 +27,8 @@ from reader.mixture.spec import MixtureError, MixtureSpec, load_mixture
 from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder, Placement, RowPieces, group_by_key
 from reader.storage.store import ChunkStore
+from reader.storage.view_syntax import ViewError
+from reader.storage.views import open_view
 from reader.order.streams import NotYetAvailable, StackedStreams, stream_position
 
 T = TypeVar("T")
@@ -71,6 +73,10 @@ class Mixture:
         for i, c in enumerate(comps):
             first.setdefault(c.url, i)
         urls = list(first)
+        # a component reads (cache, view): two views of one cache are two orders and stores over one Cache
+        reads: dict[tuple[str, str | None], int] = {}
+        for c in comps:
+            reads.setdefault((c.url, c.view), len(reads))
 
         def open_one(url: str) -> Cache:
             i = first[url]
@@ -81,23 +87,37 @@ class Mixture:
                                    f"{url}: {e}") from e
 
         if all("://" not in u or u.startswith("file://") for u in urls):
-            self.distinct: list[Cache] = [open_one(u) for u in urls]
+            opened = [open_one(u) for u in urls]
         else:  # remote ledgers: fetched in parallel
             with cf.ThreadPoolExecutor(min(8, len(urls))) as pool:
-                self.distinct = list(pool.map(open_one, urls))
-        position = {u: d for d, u in enumerate(urls)}
-        self.which = [position[c.url] for c in comps]  # component -> its cache in ``distinct``
+                opened = list(pool.map(open_one, urls))
+        by_url = dict(zip(urls, opened))
+        self.distinct: list[Cache] = [by_url[u] for u, _ in reads]  # one per (cache, view) read
+        self.views: list[str | None] = [v for _, v in reads]  # each one's view (None: the reader's)
+        self.which = [reads[(c.url, c.view)] for c in comps]  # component -> its read in ``distinct``
         self.caches: list[Cache] = [self.distinct[d] for d in self.which]
-        ids = [tokenizer_identity(c.ledger.tokenizer) for c in self.distinct]
+        ids = [tokenizer_identity(c.ledger.tokenizer) for c in opened]
         for d in range(1, len(ids)):
             if ids[d] != ids[0]:
                 i, i0 = first[urls[d]], first[urls[0]]
-                a, b = self.distinct[0].ledger.tokenizer, self.distinct[d].ledger.tokenizer
+                a, b = opened[0].ledger.tokenizer, opened[d].ledger.tokenizer
                 raise MixtureError(
                     f"{self.url}: components[{i}].path: component {comps[i].name!r} ({comps[i].url}) was tokenized "
                     f"with {_describe(b)}, component {comps[i0].name!r} ({comps[i0].url}) with {_describe(a)}. "
                     "Token ids of different tokenizers mean different things: rebuild the component with the "
                     "same tokenizer, or mix only caches made with one tokenizer")
+
+    def open_views(self, options: ReadOptions) -> list:
+        """``(view, the cache as it sees it)`` per read of ``distinct`` (:func:`reader.storage.views.open_view`):
+        its component's view, else ``options.view``; an error names the component."""
+        out = []
+        for d, (cache, view) in enumerate(zip(self.distinct, self.views)):
+            try:
+                out.append(open_view(cache, options.view if view is None else view, index_cache=options.index_cache))
+            except ViewError as e:
+                c = self.which.index(d)
+                raise MixtureError(f"{self.url}: components[{c}] ({self.names[c]!r}): {e}") from None
+        return out
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -146,6 +166,8 @@ class MixtureOrder:
       options: the reader's :class:`reader.ReadOptions` (every component is read with them).
       stores: one :class:`reader.storage.store.ChunkStore` per distinct cache (``mixture.distinct``).
       rows: the rows of each global batch this reader serves.
+      caches: ``mixture.distinct`` as each read sees it (a view's :class:`reader.storage.views.ViewedCache`);
+        None: ``mixture.distinct``.
 
     Attributes: ``orders`` (one :class:`reader.batch.examples.ExampleOrder` per distinct cache: the
     components of one cache read the same examples, each at its own pace), ``components`` (each
@@ -155,7 +177,8 @@ class MixtureOrder:
 
     shuffle = None
 
-    def __init__(self, mixture: Mixture, options: ReadOptions, stores: list[ChunkStore], rows: np.ndarray):
+    def __init__(self, mixture: Mixture, options: ReadOptions, stores: list[ChunkStore], rows: np.ndarray,
+                 caches: list | None = None):
         self.mixture = mixture
         self.options = options
         self.rows = rows
@@ -168,7 +191,7 @@ class MixtureOrder:
         wsum = np.bincount(mixture.which, weights=wmax, minlength=len(mixture.distinct)).tolist()
         self.orders = [ExampleOrder(cache, options, stores[d], rows,
                                     ahead=int(min(w, 1.0) * (_SOURCES_AHEAD * B + spec.block * R)) + R)
-                       for d, (cache, w) in enumerate(zip(mixture.distinct, wsum))]
+                       for d, (cache, w) in enumerate(zip(caches or mixture.distinct, wsum))]
         self.which = np.asarray(mixture.which, dtype=np.int64)
         self.components = [self.orders[d] for d in mixture.which]  # one per component (shared per cache)
         self.num_components = len(self.components)

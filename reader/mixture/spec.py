@@ -29,11 +29,12 @@ import fsspec
 from reader.format.checks import load_json, short
 from reader.mixture.quotas import DEFAULT_BLOCK, QUANTUM_BITS, MixtureQuotas, quantise
 from reader.storage import files
+from reader.storage.view_syntax import ViewError, parse_view
 from reader.storage.whatis import not_a_cache
 
 FORMAT_VERSION = 1
 TOP_KEYS = ("mixture", "components", "schedule", "seed", "block")
-COMPONENT_KEYS = ("name", "path", "weight", "max_passes")
+COMPONENT_KEYS = ("name", "path", "weight", "max_passes", "view")
 MAX_PASSES = 1 << 40  # passes over one component a run can be limited to, at most
 SCHEDULE_KEYS = ("start_batch", "weights")
 MAX_BLOCK = 1 << 20
@@ -49,13 +50,15 @@ class MixtureError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Component:
     """One component: its name, its cache (``path`` as written, ``url`` resolved), base weight and the
-    passes over it a run may draw (``max_passes``, None: any)."""
+    passes over it a run may draw (``max_passes``, None: any) and the view of its cache it reads (``view``: the
+    canonical text of ``ReadOptions.view``'s syntax; None: the reader's ``view``)."""
 
     name: str
     path: str
     url: str
     weight: Fraction
     max_passes: Fraction | None = None
+    view: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,8 +192,12 @@ def parse_mixture(text: str | bytes, source: str) -> MixtureSpec:
                 raise MixtureError(f"{where}: {key}.max_passes must be a number in (0, 2**40] (the passes over "
                                    f"this component a run may draw), got {short(limit)}")
             limit = Fraction(limit)
+        try:
+            view = parse_view(c.get("view"))
+        except ViewError as e:
+            raise MixtureError(f"{where}: {key}.view: {e}") from None
         components.append(Component(name, path, resolved[path], _weight(where, f"{key}.weight", c["weight"]),
-                                    limit))
+                                    limit, None if view is None else view.text))
     names = [c.name for c in components]
     segments = [(0, tuple(c.weight for c in components))]
     sched = top.get("schedule", [])

@@ -18,6 +18,7 @@ from reader.mixture.mixture import Mixture, MixtureOrder
 from reader.options import ReadOptions
 from reader.storage.cache import Cache
 from reader.storage.validate import chunk_doc_lengths
+from reader.storage.views import open_view
 
 PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
 LengthReader = Callable[[Cache, int], np.ndarray]
@@ -86,9 +87,10 @@ def passes(order: ExampleOrder) -> dict:
 
 
 def cache_passes(cache: Cache, opts: ReadOptions, steps: int | None) -> dict:
-    """:func:`passes` of ``cache`` read with ``opts`` and, for ``steps`` global batches, the examples and
-    passes they make."""
-    info = passes(ExampleOrder(cache, opts, None, np.zeros(0, np.int64)))
+    """:func:`passes` of ``cache`` read with ``opts`` (through its view, if any) and, for ``steps`` global batches,
+    the examples and passes they make."""
+    info = passes(ExampleOrder(open_view(cache, opts.view, index_cache=opts.index_cache)[1], opts, None,
+                               np.zeros(0, np.int64)))
     info.update(seq_len=opts.seq_len, kind=opts.kind, ideal_readers=opts.ideal_readers, batch_size=opts.batch_size)
     if steps is not None:
         E = info["examples_per_pass"]
@@ -103,8 +105,9 @@ def mixture_summary(path: str, opts: ReadOptions, steps: int | None, mix: Mixtur
     step a component's ``max_passes`` refuses, if any before ``steps``."""
     mix = Mixture(path) if mix is None else mix
     spec = mix.spec
-    sizes = [(len(c.table), int(c.table.docs.sum()), int(c.table.tokens.sum())) for c in mix.distinct]
-    order = MixtureOrder(mix, opts, [None] * len(mix.distinct), np.zeros(0, np.int64))
+    seen = [c for _, c in mix.open_views(opts)]  # (each read's cache as its view sees it)
+    sizes = [(len(c.table), int(c.table.docs.sum()), int(c.table.tokens.sum())) for c in seen]
+    order = MixtureOrder(mix, opts, [None] * len(mix.distinct), np.zeros(0, np.int64), caches=seen)
     per_cache = [passes(o) for o in order.orders]
     comps = []
     for c, cache, d in zip(spec.components, mix.caches, mix.which):

@@ -35,6 +35,10 @@ class ChunkMeta:
     footer: tuple  # (offset, bytes) of the footer
     nbytes_file: int
     data: bytes | None = None  # whole file: only for chunks whose sidecar has no row-group index
+    # a view's reads (reader.storage.views.viewed_meta): the offsets above count kept documents; ``keep`` says
+    # which stored documents are kept, ``stored`` holds the stored (rg_token_starts, rg_doc_starts)
+    keep: np.ndarray | None = None
+    stored: tuple | None = None
 
     @property
     def num_row_groups(self) -> int:
@@ -43,7 +47,7 @@ class ChunkMeta:
     @property
     def nbytes(self) -> int:
         return (len(self.footer[1]) + 100 * self.num_row_groups + 512
-                + (len(self.data) if self.data is not None else 0))
+                + (len(self.data) if self.data is not None else 0) + (self.keep.size * 9 if self.keep is not None else 0))
 
     @property
     def rg_token_starts_list(self) -> list[int]:

@@ -96,6 +96,46 @@ def check_index_files(cache: Cache) -> list[str]:
     return problems
 
 
+def chunk_columns(cache: Cache, table: fmt.ChunkTable, c: int, extra=(), metadata=None) -> tuple[list[int], np.ndarray, list]:
+    """Chunk ``c``'s row groups' document counts, its ``num_tokens`` column (checked against ``table``) and the
+    columns ``extra`` (pyarrow arrays; the children of a struct named ``struct.child`` come as one struct
+    column), read from the Parquet file without its tokens. ``metadata``: its footer, parsed (a store's
+    verified one), not read again."""
+    rel = table.paths[c]
+    try:
+        with cache.storage.open(cache.path(rel)) as f:
+            size = f.size if getattr(f, "size", None) is not None else cache.storage.size(cache.path(rel))
+            if int(size) != int(table.nbytes[c]):
+                raise ChunkError(f"{cache.display(rel)}: {size_mismatch(int(size), int(table.nbytes[c]))}. "
+                                 "Rerun the build (delete this chunk and its .json sidecar first) or run "
+                                 "`python -m reader validate`.")
+            pf = pq.ParquetFile(f, metadata=metadata)
+            rg_docs = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+            got = pf.read(columns=[fmt.LENGTH_COLUMN, *extra], use_threads=False)  # (callers run it on their threads)
+            lengths = int_values(got.column(0))
+            others = [got.column(i).combine_chunks() for i in range(1, got.num_columns)]
+    except FileNotFoundError:
+        raise ChunkError(f"{cache.display(rel)}: missing (listed in the ledger)") from None
+    except ChunkError:
+        raise
+    except Exception as e:
+        if remote.is_storage_error(e):
+            raise remote.storage_error(cache.display(rel), e, anonymous=cache.anonymous) from e
+        raise ChunkError(f"{cache.display(rel)}: cannot read its num_tokens column ({arrow_message(e)}); run "
+                         "`python -m reader validate`") from e
+    if lengths.size != int(table.docs[c]) or int(lengths.sum()) != int(table.tokens[c]):
+        raise ChunkError(f"{cache.display(rel)}: {lengths.size} documents / {int(lengths.sum())} "
+                         f"tokens, the ledger says {int(table.docs[c])} / {int(table.tokens[c])}")
+    return rg_docs, lengths, others
+
+
+def table_fingerprint(table: fmt.ChunkTable) -> str:
+    """What counts of a table's chunks belong to: a version 4 table's checksum (every chunk's checksum is in it),
+    else the sha256 of the chunk checksums."""
+    t = chunk_table.table_of(table)
+    return t.fingerprint() if t is not None else hashlib.sha256("\n".join(table.checksums).encode()).hexdigest()
+
+
 class WindowRows:
     """One window's best-fit rows, laid out for locating: row ``i`` holds pieces ``ptr[i]:ptr[i+1]``, piece
     ``k`` being ``length[k]`` tokens from token ``token[k]`` of the chunk, the first at position ``first[k]``
@@ -132,12 +172,14 @@ class ExampleIndex:
       drop_long: documents longer than ``seq_len`` yield no example (see the module docstring).
       continuations, max_segments: best fit: the continuation pieces and the pieces a row holds at most
         (:func:`reader.order.packing.best_fit_rows`; None: no cap).
+      view: a :class:`reader.storage.views.View`: count its kept documents (``cache`` is then its
+        :class:`reader.storage.views.ViewedCache`).
       threads: chunks counted at once.
     """
 
     def __init__(self, cache: Cache, seq_len: int, kind: str = "unpacked", *, index_cache: bool = True,
                  window_tokens: int = WINDOW_TOKENS, drop_long: bool = False, continuations: int = 1,
-                 max_segments: int | None = None, threads: int = 8):
+                 max_segments: int | None = None, view=None, threads: int = 8):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.cache = cache
@@ -147,6 +189,7 @@ class ExampleIndex:
         self.index_cache = index_cache
         self.drop_long = bool(drop_long)
         self.caps = {"continuations": continuations, "max_segments": max_segments} if kind == "best_fit" else {}
+        self.view = view
         self.threads = int(threads)
         self.counted = 0  # chunks the last counts() counted (not loaded)
         self._lock = threading.Lock()
@@ -164,7 +207,7 @@ class ExampleIndex:
 
     @property
     def index_file(self) -> str:
-        """``index/{kind}-L{L}[-W{W}][-C{continuations}][-S{max_segments}][-drop_long].json``: what the
+        """``index/{kind}-L{L}[-W{W}][-C{continuations}][-S{max_segments}][-drop_long][-V{view}].json``: what the
         counts depend on besides the chunks (best fit: the window, and caps other than one continuation
         piece and no segment cap); ``.bin`` in the chunk table's block format for a cache of format version 4
         (:func:`write_index_file`), JSON for older ones."""
@@ -174,7 +217,8 @@ class ExampleIndex:
             c, m = self.caps["continuations"], self.caps["max_segments"]
             name += f"-C{c}" * (c != 1) + f"-S{m}" * (m is not None)
         table = chunk_table.table_of(self.cache.table) is not None
-        return f"{INDEX_DIR}/{name}{'-drop_long' * self.drop_long}" + (".bin" if table else ".json")
+        view = "" if self.view is None else f"-V{self.view.spec.key}"
+        return f"{INDEX_DIR}/{name}{'-drop_long' * self.drop_long}{view}" + (".bin" if table else ".json")
 
     def file_limit(self, table: fmt.ChunkTable) -> int:
         """The most bytes the index file of ``table`` can hold: a count (and, with drop_long, two more) per
@@ -239,10 +283,8 @@ class ExampleIndex:
         return True
 
     def _fingerprint(self, table: fmt.ChunkTable) -> str:
-        """What the counts belong to: a version 4 table's checksum (every chunk's checksum is in it), else the
-        sha256 of the chunk checksums."""
-        t = chunk_table.table_of(table)
-        return t.fingerprint() if t is not None else hashlib.sha256("\n".join(table.checksums).encode()).hexdigest()
+        """What the counts belong to: :func:`table_fingerprint`, or a view's (:meth:`reader.storage.views.View.fingerprint`)."""
+        return table_fingerprint(table) if self.view is None else self.view.fingerprint(table)
 
     def _load(self, table: fmt.ChunkTable, fingerprint: str) -> bool:
         """The index file's counts, if it is there and ours (else count again)."""
@@ -323,31 +365,13 @@ class ExampleIndex:
     def _count(self, table: fmt.ChunkTable, c: int) -> tuple[np.ndarray, tuple[int, int]]:
         """Chunk ``c``'s examples: ``[n]`` (unpacked), or its windows' rows (best fit); and the documents and
         tokens ``drop_long`` drops from it."""
-        cache, rel = self.cache, table.paths[c]
         if int(table.docs[c]) == 0:
             return np.zeros(1 if self.kind == "unpacked" else 0, np.int64), (0, 0)
-        try:
-            with cache.storage.open(cache.path(rel)) as f:
-                size = f.size if getattr(f, "size", None) is not None else cache.storage.size(cache.path(rel))
-                if int(size) != int(table.nbytes[c]):
-                    raise ChunkError(f"{cache.display(rel)}: {size_mismatch(int(size), int(table.nbytes[c]))}. "
-                                     "Rerun the build (delete this chunk and its .json sidecar first) or run "
-                                     "`python -m reader validate`.")
-                pf = pq.ParquetFile(f)
-                rg_docs = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
-                lengths = int_values(pf.read(columns=[fmt.LENGTH_COLUMN]).column(0))
-        except FileNotFoundError:
-            raise ChunkError(f"{cache.display(rel)}: missing (listed in the ledger)") from None
-        except ChunkError:
-            raise
-        except Exception as e:
-            if remote.is_storage_error(e):
-                raise remote.storage_error(cache.display(rel), e, anonymous=cache.anonymous) from e
-            raise ChunkError(f"{cache.display(rel)}: cannot read its num_tokens column ({arrow_message(e)}); run "
-                             "`python -m reader validate`") from e
-        if lengths.size != int(table.docs[c]) or int(lengths.sum()) != int(table.tokens[c]):
-            raise ChunkError(f"{cache.display(rel)}: {lengths.size} documents / {int(lengths.sum())} "
-                             f"tokens, the ledger says {int(table.docs[c])} / {int(table.tokens[c])}")
+        if self.view is not None:  # the kept documents (``table`` holds the view's counts)
+            rg_docs, lengths = self.view.chunk(c).kept()
+            rg_docs = rg_docs.tolist()
+        else:
+            rg_docs, lengths, _ = chunk_columns(self.cache, table, c)
         # windows follow the stored row groups; drop_long empties long documents inside them
         bounds = window_docs(lengths, rg_docs, self.window_tokens).tolist() if self.kind == "best_fit" else None
         dropped = (0, 0)

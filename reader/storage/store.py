@@ -33,6 +33,7 @@ from reader.storage.pages import decode_loss_spans, decode_row_group, loss_flags
 from reader.format.sidecar import arrow_message
 from reader.storage.requests import ReadAhead, Requests
 from reader.storage.validate import chunk_error
+from reader.storage.views import View, keep_documents, viewed_meta
 
 
 _MAX_OPEN_FILES = 64
@@ -63,11 +64,14 @@ class ChunkStore:
       threads: background threads for :meth:`submit` (prefetch work).
       executor: a thread pool to use instead of starting ``threads`` (the stores of a mixture's
         components share one); the store does not shut it down.
+      view: a :class:`reader.storage.views.View`: chunks hold its kept documents only (their layouts count
+        those, their row groups are decoded whole and the others left out).
     """
 
     def __init__(self, cache: Cache, *, memory_budget_bytes: int = 1 << 30, threads: int = 2,
-                 executor: cf.ThreadPoolExecutor | None = None):
+                 executor: cf.ThreadPoolExecutor | None = None, view: View | None = None):
         self.cache = cache
+        self.view = view
         self.budget = int(memory_budget_bytes)
         self._lock = threading.Lock()
         self._lru: collections.OrderedDict[Any, tuple[Any, int]] = collections.OrderedDict()
@@ -178,7 +182,7 @@ class ChunkStore:
     def cached_meta(self, index: int) -> ChunkMeta | None:
         """Chunk ``index``'s layout if it is in the cache now (never fetches)."""
         with self._lock:
-            hit = self._lru.get(("chunk", index))
+            hit = self._lru.get(("view" if self.remote is not None and self.view is not None else "chunk", index))
         return None if hit is None else hit[0]
 
     def _count(self, index: int, nbytes: int, *, data: bool | None) -> None:
@@ -216,6 +220,9 @@ class ChunkStore:
         is), before anyone waiting for it wakes; otherwise after opening it in this thread. Read-ahead
         work: an error (of ``fn`` or of the opening) is dropped, the read itself reports it."""
         if self.remote is not None:
+            if self.view is not None:  # (the view's mask is read off the event loop, then fn runs)
+                self.remote.when_open(index, lambda _m: self.submit(lambda: self._quietly(fn, self.meta(index))))
+                return
             self.remote.when_open(index, fn)
             return
         try:
@@ -244,7 +251,11 @@ class ChunkStore:
     def meta(self, index: int) -> ChunkMeta:
         """Chunk ``index``'s verified layout (sidecar + footer, fetched on first use)."""
         if self.remote is not None:  # (every request of a remote store is one of its Requests)
-            return self.remote.meta(index)
+            m = self.remote.meta(index)
+            return m if self.view is None else self._get(("view", index), lambda: viewed_meta(self.view, m))
+        if self.view is not None:
+            return self._get(("chunk", index), lambda: viewed_meta(
+                self.view, open_chunk(self.cache, index, self._cat, self._count)[0]))
         return self._get(("chunk", index), lambda: open_chunk(self.cache, index, self._cat, self._count))
 
     def doc_index(self, index: int) -> DocIndex:
@@ -352,8 +363,9 @@ class ChunkStore:
         m = self.meta(index)
         buf = self._fetch_row_group(m, group)  # verified before any decoding
         base = int(m.rg_ranges[group, 0])
-        docs = int(m.rg_doc_starts[group + 1] - m.rg_doc_starts[group])
-        expect = int(m.rg_token_starts[group + 1] - m.rg_token_starts[group])
+        token_starts, doc_starts = m.stored if m.stored is not None else (m.rg_token_starts, m.rg_doc_starts)
+        docs = int(doc_starts[group + 1] - doc_starts[group])
+        expect = int(token_starts[group + 1] - token_starts[group])
         try:
             padded, lengths = decode_row_group(
                 buf, base=base, group=group, file_meta=m.file_meta, file_size=m.nbytes_file, footer=m.footer,
@@ -363,8 +375,6 @@ class ChunkStore:
         if padded.size - 1 != expect or lengths.size != docs or int(lengths.sum(dtype=np.int64)) != expect:
             raise chunk_error(self.cache, m.path, f"row group {group} holds {padded.size - 1} tokens in {lengths.size} "
                               f"documents, the sidecar says {expect} in {docs}")
-        starts = np.zeros(docs + 1, np.int64)
-        np.cumsum(lengths, out=starts[1:])
         loss = None
         if self.masked:  # (the row group's sha256 covers every column: this one was verified with the tokens)
             try:
@@ -375,6 +385,11 @@ class ChunkStore:
             except Exception as e:
                 raise chunk_error(self.cache, m.path, f"row group {group}: its loss spans cannot be read "
                                   f"({arrow_message(e)})") from e
+        if m.keep is not None:
+            padded, lengths, loss = keep_documents(m.keep[int(doc_starts[group]):int(doc_starts[group + 1])],
+                                                   padded, lengths, loss)
+        starts = np.zeros(lengths.size + 1, np.int64)
+        np.cumsum(lengths, out=starts[1:])
         with self._lock:
             self.decodes += 1
         rg = RowGroup(padded, starts, loss)

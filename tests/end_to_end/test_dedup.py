@@ -186,3 +186,25 @@ def test_the_same_files_on_a_dask_cluster(exact_cache, near_cache, tmp_path):
                                   text=True, timeout=600)
             assert proc.returncode == 0, proc.stderr[-3000:]
             assert set_files(root, name) == set_files(src, name), name
+
+
+def test_a_view_without_exact_duplicates_reads_each_distinct_document_once(exact_cache, near_cache):
+    from reader import Reader, ReadOptions
+
+    src, _, _ = computed(exact_cache, near_cache, near=False)
+    docs = [np.asarray(d["tokens"]) for d in read_documents(src)]
+    truth = exact_truth(docs)
+    want = [d.tolist() for i, d in enumerate(docs) if i not in truth]
+    L = max(len(d) for d in docs)
+    opts = ReadOptions(seq_len=L, batch_size=16, packed=False, eval_mode=True, view="not exact_duplicate")
+    got = []
+    with Reader(src, opts) as r:
+        for _, b in r.iter_batches(0):
+            for row, seg, ok in zip(b["targets"], b["segment_ids"], b["valid"]):
+                if ok:
+                    got.append(row[seg > 0].tolist())
+    assert len(got) == DOCS and got == want
+    from reader.storage.views import tally  # (inspect --view): the largest clusters, keeper beside a copy
+    (c,) = tally(Cache(src), "not exact_duplicate")["clusters"]
+    assert c["marked"] == len(truth) and c["clusters"] == len(set(truth.values()))
+    assert all(x["keeper_tokens"] == x["copy_tokens"] and truth[x["copy"]] == x["keeper"] for x in c["largest"])

@@ -115,6 +115,7 @@ def test_quick_suite_produces_every_figure(tmp_path):
     text = doc.read_text()
     assert "QUICK RUN" in text
     assert "## Loss masks: read throughput" in text and "| `mask_train_ratio` |" in text
+    assert "## Views: read throughput" in text and "| `view_train_ratio` |" in text
     for k in TARGETS:
         assert f"`{k}`" in text, k
     assert (tmp_path / "bench_pipeline.png").stat().st_size > 0
@@ -122,7 +123,8 @@ def test_quick_suite_produces_every_figure(tmp_path):
     assert details["profile"] == "quick" and details["samples"]
     # The machine's own 2-vs-1 scaling is measured beside ours, and a speed probe ran before every measured
     # command (encoders, the limit x3 (twice on 2 processes, once on 1), tiktoken's limit, builds x4, HF datasets
-    # x2, raw HF, stages, the Parquet-input comparison's 3 builds, the dedup bench, the latency bench, reader, mixture), each shown in
+    # x2, raw HF, stages, the Parquet-input comparison's 3 builds, the dedup bench, the view bench, the latency bench, reader,
+    # mixture), each shown in
     # the report.
     assert fig["limit_1p_tokens_per_s"] > 0 and fig["limit_scaling_2_vs_1"] > 0
     assert math.isclose(fig["pipeline_scaling_vs_limit_scaling"],
@@ -138,9 +140,9 @@ def test_quick_suite_produces_every_figure(tmp_path):
                      ("benchmarks.megatron_peer limit --encoder fastokens", 2), ("benchmarks.megatron_peer fast", 1),
                      ("benchmarks.megatron_peer classic", 1), ("benchmarks.encoders_cold", 2),
                      ("benchmarks.stages", 2), ("benchmarks.packing_cost", 1), ("benchmarks.mask_cost", 1),
-                     ("benchmarks.latency_bench", 1), ("benchmarks.dedup_bench", 1)):
+                     ("benchmarks.latency_bench", 1), ("benchmarks.dedup_bench", 1), ("benchmarks.view_cost", 1)):
         assert labels.count(label) == n, (label, labels)
-    assert len(probes) == 34 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
+    assert len(probes) == 35 and all(q["zstd_decompress_mb_s"] > 0 and q["memcpy_gb_s"] > 0 for q in probes)
     assert 0 < fig["probe_compute_min_vs_max"] <= 1 and 0 < fig["probe_memory_min_vs_max"] <= 1
     assert "### Machine speed during the run" in text and text.count("| benchmarks.baselines limit --encoder fastokens |") == 3
     # the distinct corpus: each document once; every exact path gave our build's tokens (the run checks them),

@@ -74,9 +74,11 @@ def row_groups(lengths: Sequence[int], row_group_tokens: int) -> list[tuple[int,
 MASKED_RECORD_FORMAT = "chat"  # config.record_format of a cache written with loss spans
 
 
-def _config(chunk_bytes: int, row_group_tokens: int, masked: bool) -> dict[str, Any]:
+def _config(chunk_bytes: int, row_group_tokens: int, masked: bool, keep_fields: Sequence[str] = ()) -> dict[str, Any]:
     config = {"text_key": "text", "append_eos": True, "chunk_bytes": chunk_bytes,
               "row_group_tokens": row_group_tokens, "compression": "zstd", "compression_level": 3}
+    if keep_fields:
+        config["keep_fields"] = list(keep_fields)
     if masked:
         config["record_format"] = MASKED_RECORD_FORMAT
     return config
@@ -104,20 +106,22 @@ def best_fit_chunk(docs, L: int, row_group_tokens: int, window_tokens: int, cont
 
 def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offset: int = 0,
                    row_group_tokens: int = 64, writer_options: Mapping[str, Any] | None = None,
-                   spans: Sequence[Sequence[int]] | None = None) -> tuple[bytes, list[int], int | None]:
+                   spans: Sequence[Sequence[int]] | None = None,
+                   fields: Mapping[str, Sequence[str | None]] | None = None) -> tuple[bytes, list[int], int | None]:
     """The Parquet bytes of one chunk (written by ``reader.format.chunk_file``, the builder's writer), its
     token count per row group and, with ``spans`` (one flattened loss-span list per document: a masked
-    cache), its loss tokens."""
+    cache), its loss tokens. ``fields``: kept fields, name -> one value per document."""
     lengths = [len(d) for d in docs]
     groups = row_groups(lengths, row_group_tokens)
-    config = _config(1000, row_group_tokens, spans is not None)
+    config = _config(1000, row_group_tokens, spans is not None, tuple(fields or ()))
     out = chunk_file.ChunkParquet(config, writer_options=writer_options)  # (None: the builder's options)
     for lo, hi in groups:
         part = [np.asarray(d, dtype=np.int32) for d in docs[lo:hi]]
         values = np.concatenate(part) if part else np.zeros(0, np.int32)
         table = chunk_file.flat_row_group_table(values, np.asarray(lengths[lo:hi], np.int32), shard,
                                                 [first_offset + k for k in range(lo, hi)],
-                                                loss_spans=None if spans is None else spans[lo:hi])
+                                                loss_spans=None if spans is None else spans[lo:hi],
+                                                fields=None if not fields else {n: v[lo:hi] for n, v in fields.items()})
         out.write(table, int(values.size))
     data, _, _ = out.finish()
     return data, out.row_group_tokens, out.loss_tokens if spans is not None else None
@@ -126,13 +130,14 @@ def chunk_bytes_of(docs: Sequence[Sequence[int]], *, shard: int = 0, first_offse
 def write_chunk(root: str, shard: int, index_in_shard: int, docs: Sequence[Sequence[int]], *,
                 chunk_bytes: int = 1000, row_group_tokens: int = 64, sidecar: bool = True,
                 writer_options: Mapping[str, Any] | None = None,
-                spans: Sequence[Sequence[int]] | None = None, entry_file: bool = False) -> dict[str, Any]:
+                spans: Sequence[Sequence[int]] | None = None, entry_file: bool = False,
+                fields: Mapping[str, Sequence[str | None]] | None = None) -> dict[str, Any]:
     """Write one chunk's parquet (then its sidecar) atomically; return the sidecar dict. ``spans``: each
     document's loss spans (a masked cache's chunk). ``entry_file``: then its entry, as a version 4 build does."""
     fs, base = _fs(root)
     lo = index_in_shard * chunk_bytes
     data, _, loss = chunk_bytes_of(docs, shard=shard, first_offset=lo, row_group_tokens=row_group_tokens,
-                                   writer_options=writer_options, spans=spans)
+                                   writer_options=writer_options, spans=spans, fields=fields)
     rel = fmt.chunk_path(shard, index_in_shard)
     _atomic_write(fs, base + "/" + rel, data)
     entry = {
@@ -165,7 +170,7 @@ def default_version(masked: bool) -> int:
 
 def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_tokens: int,
             tokenizer: Mapping[str, Any], masked: bool = False, format_version: int | None = None,
-            fs=None, base: str = "") -> dict[str, Any]:
+            fs=None, base: str = "", keep_fields: Sequence[str] = ()) -> dict[str, Any]:
     """The ledger of a cache of ``format_version`` (default :func:`default_version`); a finished version 4
     ledger's table is written into ``base`` (on ``fs``) by the format's writer."""
     version = default_version(masked) if format_version is None else format_version
@@ -182,7 +187,7 @@ def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_toke
         "format_version": version,
         "finished": finished,
         "tokenizer": dict(tokenizer),
-        "config": _config(chunk_bytes, row_group_tokens, masked),
+        "config": _config(chunk_bytes, row_group_tokens, masked, keep_fields),
         "inputs": inputs,
         "chunks": chunks,
     }
@@ -226,7 +231,8 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
                           tokenizer: Mapping[str, Any] = DEFAULT_TOKENIZER,
                           writer_options: Mapping[str, Any] | None = None,
                           spans: Sequence[Sequence[Sequence[int]]] | None = None,
-                          format_version: int | None = None) -> list[dict[str, Any]]:
+                          format_version: int | None = None,
+                          fields: Sequence[Mapping[str, Sequence[str | None]]] | None = None) -> list[dict[str, Any]]:
     """Write a valid cache at ``root``; return the chunk entries in global order.
 
     Args:
@@ -244,6 +250,7 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
         ``[s0, e0, s1, e1, ...]`` (:func:`spans_of_mask` makes them from a per-token mask).
       format_version: the ledger's (default :func:`default_version`; 4: the chunks in a table, and each
         chunk's entry beside its sidecar).
+      fields: kept fields (``config.keep_fields``): per chunk, name -> one value (a string or None) per document.
     """
     cps = list(chunks_per_shard) if chunks_per_shard is not None else [len(chunks)]
     if sum(cps) != len(chunks):
@@ -260,6 +267,7 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
             entries.append(write_chunk(root, shard, k, docs, chunk_bytes=chunk_bytes,
                                        row_group_tokens=row_group_tokens, writer_options=writer_options,
                                        spans=None if spans is None else spans[i],
+                                       fields=None if fields is None else fields[i],
                                        entry_file=not finished and (format_version or 0) >= fmt.TABLE_VERSION))
         else:
             entries.append(None)
@@ -272,7 +280,8 @@ def write_synthetic_cache(root: str, chunks: list[list[Sequence[int]]], *, finis
                "size": cps[s] * chunk_bytes, "compression": "gzip" if comp[s] else "none",
                "chunks": None if comp[s] else cps[s]} for s in range(len(cps))]
     ledger = _ledger(inputs, entries, finished=finished, chunk_bytes=chunk_bytes, row_group_tokens=row_group_tokens,
-                     tokenizer=tokenizer, masked=spans is not None, format_version=format_version, fs=fs, base=base)
+                     tokenizer=tokenizer, masked=spans is not None, format_version=format_version, fs=fs, base=base,
+                     keep_fields=tuple(fields[0]) if fields else ())
     _atomic_write(fs, base + "/" + fmt.LEDGER_NAME, fmt.dumps_ledger(ledger).encode())
     return entries
 
@@ -318,7 +327,8 @@ def finish_build_from(live: str, done: str, entries: Sequence[Mapping[str, Any]]
 def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per_shard: Sequence[int], *,
                         compressed: Sequence[bool] | None = None, first: Sequence[int] = (0,), seed: int = 0,
                         delay: float = 0.005, row_group_tokens: int = 9,
-                        format_version: int | None = None) -> threading.Thread:
+                        format_version: int | None = None,
+                        fields: Sequence[Mapping[str, Sequence[str | None]]] | None = None) -> threading.Thread:
     """Simulate a running build of a local cache: the plan and chunks ``first`` now, the other chunks
     (global indices) in a seeded random order on a thread, then ``_DONE.json`` of compressed shards and
     the finished ledger (of ``format_version``: see :func:`write_synthetic_cache`). Returns the started thread (join it)."""
@@ -326,7 +336,8 @@ def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per
     rr = streams.round_robin_order(chunks_per_shard)
     comp = list(compressed) if compressed is not None else [False] * len(chunks_per_shard)
     write_synthetic_cache(root, chunks, finished=False, chunks_per_shard=chunks_per_shard, compressed=comp,
-                          written=list(first), row_group_tokens=row_group_tokens, format_version=format_version)
+                          written=list(first), row_group_tokens=row_group_tokens, format_version=format_version,
+                          fields=fields)
     rest = [i for i in range(len(chunks)) if i not in set(first)]
     random.Random(seed).shuffle(rest)
 
@@ -334,7 +345,7 @@ def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per
         for i in rest:
             time.sleep(delay)
             write_chunk(root, int(rr[i][0]), int(rr[i][1]), chunks[i], row_group_tokens=row_group_tokens,
-                        entry_file=entry_file)
+                        entry_file=entry_file, fields=None if fields is None else fields[i])
         for s, is_comp in enumerate(comp):
             if is_comp:
                 done = os.path.join(root, fmt.shard_done_path(s))
@@ -356,18 +367,18 @@ def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per
 
 def batches_during_and_after_build(tmp: str, chunks, chunks_per_shard, options, count: int, *,
                                    compressed=None, first=(0,), seed: int = 0, num_readers: int = 2,
-                                   reader_index: int = 1, format_version: int | None = None):
+                                   reader_index: int = 1, format_version: int | None = None, fields=None):
     """``(got, want)``: batches ``0..count-1`` read while :func:`build_in_background` writes the cache,
     and the same batches read from a finished twin. Asserts the reader really saw the build running."""
     from reader import Reader
 
     done, live = os.path.join(tmp, "done"), os.path.join(tmp, "live")
     write_synthetic_cache(done, chunks, chunks_per_shard=chunks_per_shard, compressed=compressed,
-                          row_group_tokens=9, format_version=format_version)
+                          row_group_tokens=9, format_version=format_version, fields=fields)
     with Reader(done, options, num_readers=num_readers, reader_index=reader_index) as ref:
         want = list(ref.iter_batches(0, count))
     t = build_in_background(live, chunks, chunks_per_shard, compressed=compressed, first=first, seed=seed,
-                            format_version=format_version)
+                            format_version=format_version, fields=fields)
     try:
         with Reader(live, options, num_readers=num_readers, reader_index=reader_index, wait_timeout_s=60,
                     poll_interval_s=0.01) as rd:
@@ -611,3 +622,28 @@ class SpansReference:
     def example(self, i: int) -> dict[str, Any]:
         p, row = self.row(i)
         return dict(self.eval.example(row), epoch=p)
+
+
+def write_attribute_set(root: str, name: str, kind: str, columns: Sequence[Mapping[str, np.ndarray]],
+                        params: Mapping[str, Any], *, meta_chunk: int | None = None) -> None:
+    """An attribute set over the finished cache at ``root``, written by the format's own writer as
+    ``pipelines/dedup`` writes one: ``columns`` per chunk in global order (``kind``'s columns, one value per
+    document). ``meta_chunk``: every file claims that chunk's checksum (a file of another chunk)."""
+    from reader.format import attributes as attrs
+    from reader.storage.cache import Cache
+
+    t = Cache(root).table
+    entries = []
+    for c in range(len(t)):
+        meta = attrs.file_meta(name, kind, attrs.params_hash(params),
+                               t.checksums[c if meta_chunk is None else meta_chunk], int(t.docs[c]))
+        data = attrs.file_bytes(kind, columns[c], meta)
+        path = os.path.join(root, attrs.file_path(name, int(t.shard[c]), int(t.index_in_shard[c])))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        marked = np.asarray(columns[c]["keeper"]) >= 0
+        entries.append([len(data), fmt.checksum(data), int(marked.sum()), 0])
+    m = attrs.manifest(name, kind, params, t.checksums, entries, int(t.docs.sum()))
+    with open(os.path.join(root, attrs.manifest_path(name)), "wb") as f:
+        f.write(attrs.manifest_bytes(m))

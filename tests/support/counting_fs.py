@@ -30,7 +30,7 @@ class CountingFileSystem(AsyncFileSystem):
     most_in_flight = 0
     held: list[tuple[str, int | None, int | None]] = []  # requests waiting for the gate
     _gate: Callable[[str, int | None, int | None], bool] | None = None  # which requests to hold
-    _open: threading.Event = threading.Event()
+    _let_go: threading.Event = threading.Event()  # held requests go on once set (not _open: the filesystem's open)
     _waiting: list = []  # (event loop, asyncio.Event) of the held requests
     _fail: Callable[[str, int | None, int | None], BaseException | None] | None = None
 
@@ -39,7 +39,7 @@ class CountingFileSystem(AsyncFileSystem):
         with cls.lock:
             cls.calls, cls.held, cls.in_flight, cls.most_in_flight = [], [], 0, 0
             cls._gate, cls._fail, cls._waiting = None, None, []
-            cls._open = threading.Event()
+            cls._let_go = threading.Event()
 
     @classmethod
     def hold(cls, pred: Callable[[str, int | None, int | None], bool]) -> None:
@@ -49,7 +49,7 @@ class CountingFileSystem(AsyncFileSystem):
     @classmethod
     def release(cls) -> None:
         with cls.lock:
-            cls._open.set()
+            cls._let_go.set()
             waiting, cls._waiting = cls._waiting, []
         for loop, ev in waiting:
             try:
@@ -81,7 +81,7 @@ class CountingFileSystem(AsyncFileSystem):
                 ev = asyncio.Event()
                 with cls.lock:
                     cls.held.append(req)
-                    if not cls._open.is_set():
+                    if not cls._let_go.is_set():
                         cls._waiting.append((asyncio.get_running_loop(), ev))
                     else:
                         ev.set()

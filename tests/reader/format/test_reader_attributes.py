@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from cachegen import write_synthetic_cache
+from cachegen import write_attribute_set, write_synthetic_cache
 from reader.format import attributes as attrs
 from reader.format import spec as fmt
 from reader.storage.attributes import AttributeSet
@@ -21,19 +21,8 @@ PARAMS = {"threshold": 0.75}
 
 def write_set(root: str, keeper: list[np.ndarray], jac: list[np.ndarray], *, meta_chunk=None) -> None:
     """A near-duplicate set over the cache at ``root`` (as pipelines/dedup writes one)."""
-    t = Cache(root).table
-    entries = []
-    for c in range(len(t)):
-        meta = attrs.file_meta(NAME, attrs.NEAR, attrs.params_hash(PARAMS), t.checksums[c if meta_chunk is None else meta_chunk], int(t.docs[c]))
-        data = attrs.file_bytes(attrs.NEAR, {"keeper": keeper[c], "jaccard": jac[c]}, meta)
-        path = os.path.join(root, attrs.file_path(NAME, int(t.shard[c]), int(t.index_in_shard[c])))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-        entries.append([len(data), fmt.checksum(data), int((keeper[c] >= 0).sum()), 0])
-    m = attrs.manifest(NAME, attrs.NEAR, PARAMS, t.checksums, entries, int(t.docs.sum()))
-    with open(os.path.join(root, attrs.manifest_path(NAME)), "wb") as f:
-        f.write(attrs.manifest_bytes(m))
+    write_attribute_set(root, NAME, attrs.NEAR, [{"keeper": k, "jaccard": j} for k, j in zip(keeper, jac)], PARAMS,
+                        meta_chunk=meta_chunk)
 
 
 @pytest.fixture
