@@ -186,8 +186,8 @@ def build_arg_parser() -> BuilderParser:
                    help="The JSON key or column holding each document's text (default: text); dots reach into "
                         "nested objects or struct columns (metadata.text).")
     p.add_argument("--keep_fields", type=parse_keep_fields, default=(), metavar="NAME,...",
-                   help="Keep these per-document fields (JSON keys or columns, dots for nested ones; string and "
-                        "integer values) in the chunks: `python -m reader inspect CACHE --by NAME` counts documents "
+                   help="Keep these per-document fields (JSON keys or columns, dots for nested ones; string, "
+                        "integer and floating-point values) in the chunks: `python -m reader inspect CACHE --by NAME` counts documents "
                         "and tokens per value. Part of the cache's configuration; batches do not change.")
     p.add_argument("--record_format", choices=keys.RECORD_FORMATS, default=keys.TEXT,
                    help="What a record is: 'text' (default: --text_key names its text), 'prompt_completion' (a "

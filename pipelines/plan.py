@@ -31,7 +31,8 @@ DEFAULT_MAX_DOC_BYTES = 32 << 20
 MAX_JSON_DEPTH = 1000
 # Config keys added after caches were built without them -> their value in a new build by default. A key
 # absent from a ledger means what the cache was built with: no size limit, and MAX_JSON_DEPTH.
-LATER_KEYS = {"max_doc_bytes": DEFAULT_MAX_DOC_BYTES, "max_json_depth": MAX_JSON_DEPTH}
+LATER_KEYS = {"max_doc_bytes": DEFAULT_MAX_DOC_BYTES, "max_json_depth": MAX_JSON_DEPTH, "keep_floats": True}
+# (keep_floats is written only with keep_fields: a ledger without either lacks it and keeps floats)
 SUPERVISED_KEYS = ("prompt_key", "completion_key", "messages_key", "chat_template")
 # Range checks of the numbers an existing ledger holds (a shard's bytes, its chunks, the chunk size).
 MAX_SHARD_BYTES = 1 << 50
@@ -59,6 +60,8 @@ class ChunkConfig:
     max_doc_bytes: int | None = None
     max_json_depth: int | None = None
     keep_fields: tuple[str, ...] = ()  # --keep_fields: per-document metadata kept in the chunks
+    # kept fields may be floats (their shortest exact text); None: a cache built before, which refused them
+    keep_floats: bool | None = True
     # Supervised records (pipelines/chunking/supervised.py): "text", "prompt_completion" or "chat"; the keys
     # read (None where they do not apply), and the chat template's identity ({"sha256", "source", "bos_token",
     # "eos_token"}). A text build's config has none of them.
@@ -77,6 +80,7 @@ class ChunkConfig:
             out["keep_fields"] = list(self.keep_fields)
         else:
             del out["keep_fields"]  # a build without it has the config (and fingerprint) it had before
+            out.pop("keep_floats", None)
         if self.record_format == fmt.PLAIN_RECORD_FORMAT:
             del out["record_format"]
         return out
@@ -84,7 +88,8 @@ class ChunkConfig:
     def as_in(self, existing: Mapping[str, Any]) -> "ChunkConfig":
         """This configuration to resume a cache whose ledger ``config`` is ``existing``: a later key the
         ledger lacks stays absent (the cache's behaviour) if this run leaves it at its default."""
-        absent = {k: None for k, default in LATER_KEYS.items() if k not in existing and getattr(self, k) == default}
+        absent = {k: None for k, default in LATER_KEYS.items() if k not in existing and getattr(self, k) == default
+                  and (k != "keep_floats" or "keep_fields" in existing)}
         return dataclasses.replace(self, **absent)
 
 

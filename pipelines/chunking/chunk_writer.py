@@ -79,6 +79,7 @@ class ChunkBuilder:
         self.encoder = encoder
         self.text_key = config["text_key"]
         self.keep_fields = tuple(config.get("keep_fields") or ())
+        self.floats = config.get("keep_floats") is True
         # absent from a ledger written before these keys existed: its behaviour then (see plan.ChunkConfig)
         self.max_depth = config.get("max_json_depth") or MAX_JSON_DEPTH
         self.max_bytes = config.get("max_doc_bytes")
@@ -124,7 +125,7 @@ class ChunkBuilder:
             size = len(record)
             self.input_bytes += size + 1
             if type(record) is bytes and (self.max_bytes is None or size <= self.max_bytes):
-                text, fields, reason, detail = parse_record(record, self.text_key, self.keep_fields, self.max_depth)
+                text, fields, reason, detail = parse_record(record, self.text_key, self.keep_fields, self.max_depth, self.floats)
                 if reason is not None:
                     self._bad(pos, dead_letter(self.input_path, self.shard, pos, reason, detail, record))
             else:  # streamed past by its reader: only its first bytes are here

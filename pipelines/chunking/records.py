@@ -43,8 +43,8 @@ except ImportError:  # pragma: no cover
     _orjson_loads = None
 
 
-def parse_record(raw: bytes, text_key: str, keep_fields: Sequence[str] = (), max_depth: int = MAX_JSON_DEPTH
-                 ) -> tuple[str | None, tuple, str | None, str]:
+def parse_record(raw: bytes, text_key: str, keep_fields: Sequence[str] = (), max_depth: int = MAX_JSON_DEPTH,
+                 floats: bool = False) -> tuple[str | None, tuple, str | None, str]:
     """``(text, fields, None, "")`` for a good record, ``(None, (), reason, detail)`` for a bad one.
 
     Good records take a fast path (orjson, about twice the standard parser's speed). Everything else, and
@@ -66,14 +66,14 @@ def parse_record(raw: bytes, text_key: str, keep_fields: Sequence[str] = (), max
             if type(text) is str and text:
                 if not keep_fields:
                     return text, NO_FIELDS, None, ""
-                fields = _fields(obj, keep_fields)
+                fields = _fields(obj, keep_fields, floats, fast=True)
                 if fields is not None:
                     return text, fields, None, ""
-    return parse_record_json(raw, text_key, keep_fields, max_depth)
+    return parse_record_json(raw, text_key, keep_fields, max_depth, floats)
 
 
-def parse_record_json(raw: bytes, text_key: str, keep_fields: Sequence[str] = (), max_depth: int = MAX_JSON_DEPTH
-                      ) -> tuple[str | None, tuple, str | None, str]:
+def parse_record_json(raw: bytes, text_key: str, keep_fields: Sequence[str] = (), max_depth: int = MAX_JSON_DEPTH,
+                      floats: bool = False) -> tuple[str | None, tuple, str | None, str]:
     """:func:`parse_record` with the standard library alone: the definition of every reason and detail."""
     obj, reason, detail = parse_object_json(raw, max_depth)
     if obj is None:
@@ -85,7 +85,7 @@ def parse_record_json(raw: bytes, text_key: str, keep_fields: Sequence[str] = ()
         return None, NO_FIELDS, "text_not_string", f"{text_key!r} is {type(text).__name__}"
     if not text:
         return None, NO_FIELDS, "empty_text", ""
-    fields, reason, detail = kept_fields(obj, keep_fields)
+    fields, reason, detail = kept_fields(obj, keep_fields, floats)
     if fields is None:
         return None, NO_FIELDS, reason, detail
     return text, fields, None, ""
@@ -122,21 +122,27 @@ def parse_object_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> tuple[dict
     return obj, None, ""
 
 
-def kept_fields(obj: dict, keep_fields: Sequence[str]) -> tuple[tuple | None, str | None, str]:
+def kept_fields(obj: dict, keep_fields: Sequence[str], floats: bool = False) -> tuple[tuple | None, str | None, str]:
     """``(fields, None, "")``: the kept fields of ``obj``; or ``(None, "bad_field", detail)``."""
-    fields = _fields(obj, keep_fields) if keep_fields else NO_FIELDS
+    fields = _fields(obj, keep_fields, floats) if keep_fields else NO_FIELDS
     if fields is not None:
         return fields, None, ""
-    name = next(n for n in keep_fields if not keep_value(json_lookup(obj, n))[1])
+    name = next(n for n in keep_fields if not keep_value(json_lookup(obj, n), floats)[1])
     kind = type(json_lookup(obj, name)).__name__
-    return None, "bad_field", f"{name!r} is {kind}: --keep_fields keeps strings and integers"
+    kept = "strings, integers and floats" if floats else "strings and integers"
+    return None, "bad_field", f"{name!r} is {kind}: --keep_fields keeps {kept}"
 
 
-def _fields(obj: dict, keep_fields: Sequence[str]) -> tuple | None:
-    """The kept fields of ``obj`` (strings, integers as decimal text, None), or None if one cannot be kept."""
+def _fields(obj: dict, keep_fields: Sequence[str], floats: bool = False, fast: bool = False) -> tuple | None:
+    """The kept fields of ``obj`` (strings, numbers as their text, None), or None if one cannot be kept (or,
+    ``fast``: an orjson float that may have been an integer literal beyond 64 bits, which the standard parser
+    reads as an integer)."""
     out = []
     for name in keep_fields:
-        value, ok = keep_value(json_lookup(obj, name))
+        raw = json_lookup(obj, name)
+        if fast and type(raw) is float and raw.is_integer() and abs(raw) >= 2.0 ** 63:
+            return None
+        value, ok = keep_value(raw, floats)
         if not ok:
             return None
         out.append(value)

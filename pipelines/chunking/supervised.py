@@ -84,6 +84,7 @@ class Supervised:
         self.keys = ({"prompt": config["prompt_key"], "completion": config["completion_key"]}
                      if self.format == PROMPT_COMPLETION else {"messages": config["messages_key"]})
         self.keep_fields = tuple(config.get("keep_fields") or ())
+        self.floats = config.get("keep_floats") is True
         self.max_depth = config.get("max_json_depth") or MAX_JSON_DEPTH
         self.max_bytes = config.get("max_doc_bytes")  # a chat template's values and render (its limits)
         self.eos_id = eos_id if config["append_eos"] else None
@@ -142,7 +143,7 @@ class Supervised:
             record = self.record_of(obj)
         except sft.BadRecord as e:
             return None, (), e.reason, e.detail
-        fields, reason, detail = kept_fields(obj, self.keep_fields)
+        fields, reason, detail = kept_fields(obj, self.keep_fields, self.floats)
         if fields is None:
             return None, (), reason, detail
         return record, fields, None, ""

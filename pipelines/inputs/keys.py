@@ -61,13 +61,15 @@ def json_lookup(obj: dict, key: str) -> Any:
     return value
 
 
-def keep_value(value: Any) -> tuple[str | None, bool]:
-    """A JSON value as a kept field: ``(text or None, True)``, or ``(None, False)`` if it cannot be kept."""
+def keep_value(value: Any, floats: bool = False) -> tuple[str | None, bool]:
+    """A JSON value as a kept field: ``(text or None, True)``, or ``(None, False)`` if it cannot be kept.
+    Numbers are kept as their shortest exact text (``str``); floats only where ``floats`` (a cache of format
+    version 4 and later, ``config.keep_floats``)."""
     if value is MISSING or value is None:
         return None, True
     if type(value) is str:
         return value, True
-    if type(value) is int:  # bool is not int here: True is not a count
+    if type(value) is int or (floats and type(value) is float):  # bool is not int here: True is not a count
         return str(value), True
     return None, False
 
@@ -143,18 +145,19 @@ class RecordShape:
 
     format: str = TEXT
     keys: tuple[tuple[str, str, type], ...] = (("text", "--text_key", str),)  # (key, option, kind)
+    floats: bool = False  # kept fields may be floats (config.keep_floats: format version 4 on)
 
     @staticmethod
     def of(config: Mapping[str, Any]) -> "RecordShape":
         """The shape of a ledger ``config``."""
-        fmt = config.get("record_format", TEXT)
+        fmt, floats = config.get("record_format", TEXT), config.get("keep_floats") is True
         if fmt == TEXT:
-            return RecordShape(TEXT, ((config["text_key"], "--text_key", str),))
+            return RecordShape(TEXT, ((config["text_key"], "--text_key", str),), floats)
         if fmt == PROMPT_COMPLETION:
             return RecordShape(fmt, ((config["prompt_key"], "--prompt_key", str),
-                                     (config["completion_key"], "--completion_key", str)))
+                                     (config["completion_key"], "--completion_key", str)), floats)
         if fmt == CHAT:
-            return RecordShape(fmt, ((config["messages_key"], "--messages_key", list),))
+            return RecordShape(fmt, ((config["messages_key"], "--messages_key", list),), floats)
         raise ValueError(f"unknown record_format {fmt!r}")
 
 
@@ -209,9 +212,9 @@ def is_messages_type(typ: pa.DataType) -> bool:
                                             for role, content in MESSAGE_KEYS)
 
 
-def is_keepable_type(typ: pa.DataType) -> bool:
+def is_keepable_type(typ: pa.DataType, floats: bool = False) -> bool:
     return (pa.types.is_string(typ) or pa.types.is_large_string(typ) or typ == pa.string_view()
-            or pa.types.is_integer(typ) or pa.types.is_null(typ))
+            or pa.types.is_integer(typ) or pa.types.is_null(typ) or (floats and pa.types.is_floating(typ)))
 
 
 def missing_column_message(path: str, key: str, schema: pa.Schema, option: str) -> str:
@@ -277,8 +280,8 @@ def resolve_columns(path: str, schema: pa.Schema, shape: RecordShape, keep_field
         if kind is list and not is_messages_type(typ):
             raise BuildError(f"input file {path}: column {key!r} is {typ}; {option} must name a list of messages, "
                              "list<struct<role: string, content: string, ...>>")
-        if option == "--keep_fields" and not is_keepable_type(typ):
-            raise BuildError(f"input file {path}: column {key!r} is {typ}; --keep_fields keeps string and integer "
-                             "columns only")
+        if option == "--keep_fields" and not is_keepable_type(typ, shape.floats):
+            kinds = "string, integer and floating-point" if shape.floats else "string and integer"
+            raise BuildError(f"input file {path}: column {key!r} is {typ}; --keep_fields keeps {kinds} columns only")
         out.append(names)
     return out

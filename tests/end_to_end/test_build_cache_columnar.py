@@ -107,6 +107,39 @@ def test_kept_fields_are_read_for_any_range_and_counted_and_batches_do_not_chang
             assert x.keys() == y.keys() and all((x[k] == y[k]).all() for k in x)
 
 
+def test_a_float_field_is_kept_and_a_view_filters_on_it(table, tmp_path):
+    """FineWeb's language_score is a float column: a version 4 build keeps it as its shortest exact text, the
+    same from Parquet and from JSON Lines, and a view reads only the documents that pass a threshold."""
+    import random
+
+    from build_helpers import write_shard
+    from reader import ReadOptions, Reader
+    from reader.storage.cache import Cache
+
+    rng = random.Random(4)
+    scores = [rng.random() for _ in range(len(table))]
+    fineweb = table.select(["text"]).append_column("language_score", pa.array(scores, pa.float64()))
+    pq_path = write_parquet(tmp_path / "fineweb.parquet", fineweb)
+    js_path = write_shard(str(tmp_path / "fineweb.jsonl"), fineweb.to_pylist())
+    caches = [build(tmp_path, [p], name=name, chunk_bytes=CHUNK, keep_fields="language_score")[0]
+              for name, p in (("pq", pq_path), ("js", js_path))]
+    for out in caches:
+        assert load_ledger(out)["config"]["keep_floats"] is True
+        assert Cache(out).fields(0, len(scores)) == {"language_score": [repr(x) for x in scores]}
+    from reader.storage.views import tally
+
+    lengths = [len(t) for t in reference_tokens(table)]
+    for out in caches:
+        got = tally(Cache(out), "language_score >= 0.5")
+        assert got["kept_documents"] == sum(x >= 0.5 for x in scores) > 0
+        assert got["kept_tokens"] == sum(n for n, x in zip(lengths, scores) if x >= 0.5)
+    opts = ReadOptions(seq_len=64, batch_size=4, ideal_readers=2, shuffle_seed=3, view="language_score >= 0.5")
+    with Reader(caches[0], opts) as a, Reader(caches[1], opts) as b:
+        for step in (0, 3):
+            x, y = a.batch(step), b.batch(step)
+            assert all((x[k] == y[k]).all() for k in x)
+
+
 def test_bad_rows_are_dead_letters_with_their_row_and_reason(tmp_path):
     texts = [b"good one", None, b"", b"caf\xe9 latin-1", b"fine", b"x" * 3000, b"last"]
     t = pa.table({"text": pa.array(texts, pa.binary()), "n": pa.array([1, 2, None, 4, 5, 6, 7], pa.int64())})

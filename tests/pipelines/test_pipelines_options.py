@@ -113,6 +113,11 @@ def test_a_config_resuming_an_older_cache_keeps_the_keys_it_lacks_absent():
     assert config.as_in(config.to_json()) == config
     other = chunk_config(parse("--max_doc_bytes", "1MiB").options)
     assert other.as_in(old).to_json() == {**old, "max_doc_bytes": 1 << 20}  # another value: refused by reconcile
+    # kept fields: a cache built before floats were kept goes on refusing them (its chunks did)
+    kept = chunk_config(parse("--keep_fields", "source").options)
+    assert kept.to_json()["keep_floats"] is True and kept.as_in(kept.to_json()) == kept
+    before = {k: v for k, v in kept.to_json().items() if k != "keep_floats"}
+    assert kept.as_in(before).to_json() == before and kept.as_in(before).keep_floats is None
 
 
 BUILDER = "python -m pipelines.build_cache"

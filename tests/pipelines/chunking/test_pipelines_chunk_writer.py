@@ -269,4 +269,13 @@ def test_dotted_text_keys_and_kept_fields_of_json_records():
             got = fn(raw, "meta.text", keep)
             assert (got[0], got[1], got[2]) == (text, fields, reason), (fn.__name__, raw)
     assert "'source' is float" in parse_record(cases[4][0], "meta.text", keep)[3]
+    # a cache of format version 4 keeps floats as their shortest exact text, whichever parser read them: an
+    # integer literal beyond 64 bits (a float to orjson) stays the standard parser's integer
+    for raw, fields in ((b'{"text": "t", "s": 0.93, "n": 1}', ("0.93", "1")), (b'{"text": "t", "s": 1e20}', ("1e+20", None)),
+                        (b'{"text": "t", "s": 18446744073709551616}', ("18446744073709551616", None)),
+                        (b'{"text": "t", "s": -0.0, "n": 2.5}', ("-0.0", "2.5"))):
+        for fn in (parse_record, parse_record_json):
+            assert fn(raw, "text", ("s", "n"), floats=True)[:3] == ("t", fields, None), (fn.__name__, raw)
+    assert parse_record(b'{"text": "t", "s": true}', "text", ("s",), floats=True)[2:] == (
+        "bad_field", "'s' is bool: --keep_fields keeps strings, integers and floats")
     assert parse_record(b'{"text": "x", "n": 2.0}', "text")[:3] == ("x", (), None)  # not kept: not checked

@@ -83,6 +83,12 @@ def test_json_records_are_set_aside_with_reasons_naming_the_keys(raw, reason, de
     assert record is None and got == reason and detail in got_detail
 
 
+def test_a_float_field_is_kept_in_a_cache_that_keeps_floats():
+    sup = supervised("prompt_completion", keep_fields=["src"], keep_floats=True)
+    record, fields, reason, _ = sup.from_json(b'{"prompt": "p", "completion": "c", "src": 1.5}')
+    assert (record, fields, reason) == ({"prompt": "p", "completion": "c"}, ("1.5",), None)
+
+
 def test_json_records_and_columnar_rows_read_the_same():
     sup = supervised("prompt_completion", keep_fields=["src"])
     record, fields, reason, _ = sup.from_json(b'{"prompt": "p", "completion": "c", "src": 7}')

@@ -13,6 +13,7 @@ import pytest
 from columnar_files import corpus_table, save_to_disk, write_arrow, write_parquet
 from pipelines.errors import BuildError, DamagedFile
 from pipelines.inputs import arrow_ipc, formats, parquet
+from pipelines.inputs.keys import RecordShape
 from pipelines.inputs.columnar import ARROW, PARQUET, ChunkReader, chunk_checksum, plan, plan_chunks
 from pipelines.inputs.rows import dead_letter
 from pipelines.inputs.ranges import ByteSource
@@ -204,7 +205,10 @@ def test_refusals_before_any_work(tmp_path, table):
         plan(path, PARQUET, text_key="content", keep_fields=("url",), chunk_bytes=1000)
     floats = write_parquet(tmp_path / "f.parquet", pa.table({"text": ["a"], "score": [0.5]}))
     with pytest.raises(BuildError, match="column 'score' is double; --keep_fields keeps string and integer columns"):
-        plan(floats, PARQUET, text_key="text", keep_fields=("score",), chunk_bytes=1000)
+        plan(floats, PARQUET, text_key="text", keep_fields=("score",), chunk_bytes=1000)  # a cache before version 4
+    shape = RecordShape(floats=True)  # version 4: a float column is kept as its shortest exact text
+    layout = plan(floats, PARQUET, text_key="text", keep_fields=("score",), chunk_bytes=1000, shape=shape)
+    assert [r.fields for r in ChunkReader(layout, 0, text_key="text", keep_fields=("score",), shape=shape)] == [("0.5",)]
     big = write_arrow(tmp_path / "big.arrow", table, batch_rows=N)
     with pytest.raises(BuildError, match=r"record batch 0 holds 1.1 MiB to decode \(600 rows\), above the 0.1 MiB "
                                          r"a worker decodes at once. Rewrite the file with smaller record batches"):
