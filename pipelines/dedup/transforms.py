@@ -348,8 +348,7 @@ class CommitFn(_CacheFn):
         results = sorted(results, key=lambda r: r.chunk)
         if [r.chunk for r in results] != list(range(len(table))):
             raise RuntimeError(f"{len(results)} attribute files for {len(table)} chunks")
-        m = attrs.manifest(job.name, job.kind, dict(job.params), table.checksums, [r.entry for r in results],
-                           int(table.docs.sum()))
+        m = attrs.manifest(job.name, job.kind, dict(job.params), table, [r.entry for r in results])
         filesystem.write_atomic(fmt.join(job.cache_url, attrs.manifest_path(job.name)), attrs.manifest_bytes(m))
         yield m["totals"]
 

@@ -8,8 +8,8 @@ file), so a set computed from another build of the cache is refused. Layout::
     ROOT/attributes/NAME/manifest.json                          the commit: written after every file below
     ROOT/attributes/NAME/shard-SSSSS/chunk-KKKKKK.parquet       the attributes of chunk K of shard S
 
-The chain of checksums: ``manifest.json`` names the cache it was computed from (the fingerprint of the
-ledger's chunk checksums) and, per chunk in global order, its attribute file's size and sha256 and counts;
+The chain of checksums: ``manifest.json`` names the cache it was computed from (its fingerprint,
+:func:`reader.format.table.fingerprint`, as the index files') and, per chunk in global order, its attribute file's size and sha256 and counts;
 each file's Parquet key-value metadata names its chunk's checksum, its document count and the set. A file is
 verified before anything of it is used (:func:`read_chunk`). Writers: ``pipelines/dedup/`` (duplicate marks).
 
@@ -19,7 +19,6 @@ Standard library, numpy and pyarrow only.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import re
 from typing import Any, Mapping, Sequence
@@ -30,6 +29,7 @@ import pyarrow.parquet as pq
 
 from reader.format import checks
 from reader.format import spec as fmt
+from reader.format import table as chunk_table
 
 ATTRIBUTES_DIR = "attributes"
 MANIFEST_NAME = "manifest.json"
@@ -65,12 +65,6 @@ def manifest_path(name: str) -> str:
 def file_path(name: str, shard: int, index_in_shard: int) -> str:
     """The attribute file of chunk ``index_in_shard`` of shard ``shard`` in the set ``name``."""
     return f"{set_dir(name)}/shard-{shard:05d}/chunk-{index_in_shard:06d}.parquet"
-
-
-def cache_fingerprint(checksums: Sequence[str]) -> str:
-    """What a set was computed from: sha256 of the ledger's chunk checksums joined by newlines (the same
-    fingerprint the reader's index files record)."""
-    return hashlib.sha256("\n".join(checksums).encode()).hexdigest()
 
 
 def schema(kind: str) -> pa.Schema:
@@ -109,14 +103,15 @@ def file_bytes(kind: str, columns: Mapping[str, np.ndarray], meta: Mapping[str, 
     return buf.getvalue()
 
 
-def manifest(name: str, kind: str, params: Mapping[str, Any], checksums: Sequence[str],
-             chunks: Sequence[Sequence[Any]], docs: int) -> dict[str, Any]:
-    """The manifest of a set over a cache whose ledger lists ``checksums`` and ``docs`` documents;
-    ``chunks``: per chunk in global order, its ``CHUNK_FIELDS``."""
+def manifest(name: str, kind: str, params: Mapping[str, Any], table: fmt.ChunkTable,
+             chunks: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """The manifest of a set over the cache of chunk table ``table``; ``chunks``: per chunk in global order,
+    its ``CHUNK_FIELDS``."""
+    docs = int(table.docs.sum())
     return {
         "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "name": check_name(name), "kind": kind,
         "columns": [list(c) for c in KINDS[kind]], "params": dict(params), "params_hash": params_hash(params),
-        "cache": {"fingerprint": cache_fingerprint(checksums), "chunks": len(checksums), "docs": int(docs)},
+        "cache": {"fingerprint": chunk_table.fingerprint(table), "chunks": len(table), "docs": docs},
         "chunk_fields": list(CHUNK_FIELDS), "chunks": [list(c) for c in chunks],
         "totals": {"docs": int(docs), "marked": int(sum(c[2] for c in chunks)),
                    "marked_tokens": int(sum(c[3] for c in chunks))},
@@ -183,11 +178,12 @@ class Manifest:
     def check_cache(self, table: fmt.ChunkTable, *, where: str) -> None:
         """Refuse a set computed from another cache (or another build of this one) than ``table``'s."""
         cache = self.raw["cache"]
-        if cache["fingerprint"] != cache_fingerprint(table.checksums) or cache["chunks"] != len(table):
+        got = chunk_table.fingerprint(table)
+        if cache["fingerprint"] != got or cache["chunks"] != len(table):
             raise fmt.DamagedCache(
                 f"{where}: computed from another build of this cache ({cache['chunks']} chunks, fingerprint "
                 f"{cache['fingerprint'][:12]}...; the ledger has {len(table)} chunks, fingerprint "
-                f"{cache_fingerprint(table.checksums)[:12]}...): compute the set again")
+                f"{got[:12]}...): compute the set again")
         if (self.marked > table.docs).any():
             c = int(np.flatnonzero(self.marked > table.docs)[0])
             raise fmt.DamagedCache(f"{where}: chunk {c} has {int(self.marked[c])} marked documents of "

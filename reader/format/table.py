@@ -15,6 +15,7 @@ when first asked for (:class:`reader.format.blocks.Digests`). The block format: 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
 
@@ -219,6 +220,14 @@ def recorded_rows(t: fmt.ChunkTable, raw: Mapping[str, Any], indices) -> dict[in
     for i, row in rows.items():
         row.update(path=t.paths[i], shard=int(t.shard[i]), index_in_shard=int(t.index_in_shard[i]))
     return rows
+
+
+def fingerprint(t: fmt.ChunkTable) -> str:
+    """What a cache's derived files (index files, attribute sets, views' counts) were computed from: a version
+    4 table's checksum (every chunk's checksum is in the table, so nothing is fetched), else the sha256 of the
+    chunk checksums joined by newlines."""
+    table = table_of(t)
+    return table.fingerprint() if table is not None else hashlib.sha256("\n".join(t.checksums).encode()).hexdigest()
 
 
 def table_of(t: fmt.ChunkTable) -> BlockFile | None:

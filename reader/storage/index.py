@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-import hashlib
 import re
 import threading
 import warnings
@@ -127,13 +126,6 @@ def chunk_columns(cache: Cache, table: fmt.ChunkTable, c: int, extra=(), metadat
         raise ChunkError(f"{cache.display(rel)}: {lengths.size} documents / {int(lengths.sum())} "
                          f"tokens, the ledger says {int(table.docs[c])} / {int(table.tokens[c])}")
     return rg_docs, lengths, others
-
-
-def table_fingerprint(table: fmt.ChunkTable) -> str:
-    """What counts of a table's chunks belong to: a version 4 table's checksum (every chunk's checksum is in it),
-    else the sha256 of the chunk checksums."""
-    t = chunk_table.table_of(table)
-    return t.fingerprint() if t is not None else hashlib.sha256("\n".join(table.checksums).encode()).hexdigest()
 
 
 class WindowRows:
@@ -283,8 +275,8 @@ class ExampleIndex:
         return True
 
     def _fingerprint(self, table: fmt.ChunkTable) -> str:
-        """What the counts belong to: :func:`table_fingerprint`, or a view's (:meth:`reader.storage.views.View.fingerprint`)."""
-        return table_fingerprint(table) if self.view is None else self.view.fingerprint(table)
+        """What the counts belong to: :func:`reader.format.table.fingerprint`, or a view's (:meth:`reader.storage.views.View.fingerprint`)."""
+        return chunk_table.fingerprint(table) if self.view is None else self.view.fingerprint(table)
 
     def _load(self, table: fmt.ChunkTable, fingerprint: str) -> bool:
         """The index file's counts, if it is there and ours (else count again)."""

@@ -37,7 +37,7 @@ from reader.storage import files
 from reader.storage.attributes import AttributeSet
 from reader.storage.cache import Cache
 from reader.storage.fields import kept_fields
-from reader.storage.index import chunk_columns, table_fingerprint
+from reader.storage.index import chunk_columns
 from reader.storage.view_syntax import Clause, ViewError, ViewSpec, parse_view
 
 INDEX_DIR = "index"
@@ -185,7 +185,7 @@ class View:
     def fingerprint(self, table: fmt.ChunkTable) -> str:
         """What the view's counts belong to: the chunk table's fingerprint, the view's text and the manifests of
         the attribute sets it uses."""
-        h = hashlib.sha256(f"{table_fingerprint(table)}\n{self.spec.text}\n".encode())
+        h = hashlib.sha256(f"{chunk_table.fingerprint(table)}\n{self.spec.text}\n".encode())
         for name in sorted(self.sets):
             h.update(f"{name}:{fmt.checksum(attrs.manifest_bytes(self.sets[name].manifest.raw))}\n".encode())
         return h.hexdigest()

@@ -644,6 +644,6 @@ def write_attribute_set(root: str, name: str, kind: str, columns: Sequence[Mappi
             f.write(data)
         marked = np.asarray(columns[c]["keeper"]) >= 0
         entries.append([len(data), fmt.checksum(data), int(marked.sum()), 0])
-    m = attrs.manifest(name, kind, params, t.checksums, entries, int(t.docs.sum()))
+    m = attrs.manifest(name, kind, params, t, entries)
     with open(os.path.join(root, attrs.manifest_path(name)), "wb") as f:
         f.write(attrs.manifest_bytes(m))

@@ -88,3 +88,18 @@ def test_a_manifest_of_another_cache_or_edited_is_refused(cache, tmp_path):
         AttributeSet(Cache(cache), NAME)
     with pytest.raises(FileNotFoundError, match="no attribute set 'duplicates'"):
         AttributeSet(Cache(cache), "duplicates")
+
+
+def test_a_version_4_set_is_checked_against_the_table_without_fetching_checksums(tmp_path):
+    # the table's own checksum covers every chunk's, so opening a set on a cache of many chunks reads no
+    # checksum block; a chunk's file is then verified against its own row only
+    root = str(tmp_path / "v4")
+    write_synthetic_cache(root, [[[1, 2, 3], [4, 5]], [[1, 2, 3]], [[6], [7, 8], [4, 5]]], chunks_per_shard=[2, 1],
+                          format_version=4)
+    write_set(root, *good(root))
+    c = Cache(root)
+    assert c.ledger.raw["format_version"] == 4 and c.table.checksums._blocks == {}
+    s = AttributeSet(c, NAME)
+    assert c.table.checksums._blocks == {}
+    assert s.manifest.raw["cache"]["fingerprint"] == c.table.checksums.table.fingerprint()
+    assert s.chunk(1)["keeper"].tolist() == [0]
