@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -151,26 +150,14 @@ def test_dataloader_workers_waiting_for_a_running_build_do_not_time_out(tmp_path
     cachegen.write_synthetic_cache(live, chunks, finished=False, chunks_per_shard=[4, 4], written=[0],
                                    row_group_tokens=9)
     ds = TokenBatches(live, opts, rank=0, world_size=1, reader_kwargs={"wait_timeout_s": 60, "poll_interval_s": 0.05})
-    got, failed, finished = [], [], threading.Event()
+    got = []
 
     def consume():
-        try:
-            for item in token_loader(ds, num_workers=2):
-                got.append(item)
-                if len(got) == len(want):
-                    break
-        except BaseException as e:  # noqa: BLE001 - reported below
-            failed.append(e)
-        finally:
-            finished.set()
+        for item in token_loader(ds, num_workers=2):
+            got.append(item)
+            if len(got) == len(want):
+                break
 
-    t = threading.Thread(target=consume)
-    t.start()
-    try:
-        assert not finished.wait(3.0), f"the loader did not wait for the build: {failed}"
-    finally:
-        cachegen.finish_build_from(live, done, entries)  # the build goes on
-        t.join(150)
-    assert not failed, failed
+    cachegen.waits_then_finishes(consume, 3.0, live, done, entries)
     for b, (item, x) in enumerate(zip(got, want, strict=True)):
         assert_item_equals(item, x, b)

@@ -14,18 +14,17 @@ only the chunks listed in ``written`` (default: all), which is what a reader see
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import random
 import threading
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import fsspec
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from reader.format import chunk_file
 from reader.format import spec as fmt
@@ -39,6 +38,19 @@ from packing_ref import reference_chunk_best_fit
 DEFAULT_TOKENIZER = {"spec": "synthetic", "kind": "synthetic", "name": "synthetic", "vocab_size": 1 << 20,
                      "eos_id": 0, "hash": "synthetic"}
 
+
+
+def old_hash_tiktoken(enc) -> str:
+    """A tiktoken encoding's identity hash as releases before the public-data adapter computed it (format
+    version 1, from tiktoken's private fields): ledgers written then must still verify."""
+    h = hashlib.sha256()
+    h.update(enc._pat_str.encode())
+    h.update(json.dumps(sorted(enc._special_tokens.items())).encode())
+    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
+        h.update(rank.to_bytes(4, "little"))
+        h.update(len(token).to_bytes(2, "little"))
+        h.update(token)
+    return "sha256:" + h.hexdigest()
 
 def _fs(root: str):
     fs, path = fsspec.core.url_to_fs(root)
@@ -322,6 +334,33 @@ def finish_build_from(live: str, done: str, entries: Sequence[Mapping[str, Any]]
             shutil.copyfile(src, dst + ".tmp")
             os.replace(dst + ".tmp", dst)
     finish_cache(live, entries)
+
+
+def waits_then_finishes(read: Callable[[], None], wait_s: float, live: str, done: str,
+                        entries: Sequence[Mapping[str, Any]], *, join_s: float = 150) -> None:
+    """Run ``read`` (which reads the unfinished cache ``live``) on a thread; assert that it is still waiting
+    after ``wait_s`` (the time that passes is the test), then let the build finish from ``done``
+    (:func:`finish_build_from`) and re-raise whatever ``read`` raised."""
+    failed, finished = [], threading.Event()
+
+    def run():
+        try:
+            read()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            failed.append(e)
+        finally:
+            finished.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        assert not finished.wait(wait_s), f"the read did not wait for the build: {failed}"
+    finally:
+        finish_build_from(live, done, entries)
+        t.join(join_s)
+    assert not t.is_alive(), f"the read did not end within {join_s} s of the build's end"
+    if failed:
+        raise failed[0]
 
 
 def build_in_background(root: str, chunks: list[list[Sequence[int]]], chunks_per_shard: Sequence[int], *,

@@ -3,7 +3,6 @@ splitting, Hugging Face end to end."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 import tiktoken
 
+from cachegen import old_hash_tiktoken
 from build_helpers import build, read_documents, sample_texts, train_tiny_tokenizer, write_shard
 from pipelines.errors import BuildError
 from pipelines.tokenize import tokenizer as tk
@@ -238,15 +238,8 @@ def _raised(fn):
 
 def old_identity(spec: str, enc) -> dict:
     """A ledger's tokenizer identity as releases before the public-data adapter wrote it (tiktoken's private fields)."""
-    h = hashlib.sha256()
-    h.update(enc._pat_str.encode())
-    h.update(json.dumps(sorted(enc._special_tokens.items())).encode())
-    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
-        h.update(rank.to_bytes(4, "little"))
-        h.update(len(token).to_bytes(2, "little"))
-        h.update(token)
     return {"spec": spec, "kind": "tiktoken", "name": enc.name, "vocab_size": enc.n_vocab, "eos_id": enc.eot_token,
-            "hash": "sha256:" + h.hexdigest()}
+            "hash": old_hash_tiktoken(enc)}
 
 
 def test_a_cache_with_the_old_identity_resumes_and_another_tokenizer_is_refused(tmp_path):

