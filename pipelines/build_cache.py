@@ -27,7 +27,7 @@ Options not listed by ``--help`` are passed to Beam (``--runner``, ``--project``
 is neither ours nor Beam's is an error. Without ``--runner`` the local DirectRunner runs with one worker
 process per CPU.
 
-The command line shows a progress line while the job runs (pipelines/runners/progress.py). Exit codes: 0
+The command line shows a progress line while the job runs (pipelines/runners/progress_line.py). Exit codes: 0
 finished; 2 refused (bad options or input, too many bad lines, another build's cache); 1 the environment
 failed (disk full, permissions, network, a worker killed) or an unexpected error; 130 interrupted (Ctrl-C):
 rerunning the same command resumes. A failure is one message; tracebacks, the workers' included, go to a
@@ -87,7 +87,7 @@ import apache_beam as beam  # noqa: E402
 from reader.format.splits import cache_names, cache_root  # noqa: E402
 
 from pipelines import lock, status  # noqa: E402
-from pipelines.runners import progress  # noqa: E402
+from pipelines.runners import progress_line  # noqa: E402
 from pipelines.runners import choice as runners  # noqa: E402
 from pipelines.chunking import unit_queue  # noqa: E402
 from pipelines.errors import BuildError, EnvironmentFault  # noqa: E402
@@ -181,7 +181,7 @@ def _only_describes_job(pipeline: beam.Pipeline) -> bool:
     return bool(options.view_as(GoogleCloudOptions).template_location or options.view_as(TestOptions).dry_run)
 
 
-def run(argv: Sequence[str] | None = None, console: "progress.Console | None" = None) -> dict[str, Any]:
+def run(argv: Sequence[str] | None = None, console: "progress_line.Console | None" = None) -> dict[str, Any]:
     """Plan, run and finalize a build. Returns ``{"ledger": ..., "summary": str, "resumed": bool, ...}``;
     a split build's ``ledger`` is the train cache's, and ``splits`` maps ``train``/``validation`` to both.
     With a ``console``, the progress line is shown there while the job runs (the command line's).
@@ -204,7 +204,7 @@ def run(argv: Sequence[str] | None = None, console: "progress.Console | None" = 
 
 
 def _run(args: Arguments, prepared: Prepared, t0: float, beam_options,
-         console: "progress.Console | None" = None) -> dict[str, Any]:
+         console: "progress_line.Console | None" = None) -> dict[str, Any]:
     output = prepared.output
     names = cache_names(prepared.plan.split)
     first = cache_root(output, names[0])  # the plain cache, or the train cache (which keeps the dead letters)
@@ -226,7 +226,7 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options,
                                        queue=(claims, workers) if claims else None)
     if console is not None:
         console.job_started = True
-    watcher = progress.watch(console, output, prepared.plan)
+    watcher = progress_line.watch(console, output, prepared.plan)
     # While the job runs, what else reaches sys.stderr (a runner's in-process workers print their tracebacks
     # there) goes to the command line's log file, not to the console.
     quiet = contextlib.redirect_stderr(console.log) if console is not None and console.log else contextlib.nullcontext()
@@ -279,7 +279,7 @@ def _run(args: Arguments, prepared: Prepared, t0: float, beam_options,
     note = backend_note(counters)
     summary += f"; {note}" if note else ""
     if watcher is not None:
-        watcher.finish(progress.Snapshot.of_ledgers(outcome.ledgers))
+        watcher.finish(progress_line.Snapshot.of_ledgers(outcome.ledgers))
     print(summary)
     already = verified and counters is not None and counters.get("chunks_written", 0) == 0
     return _result(outcome.ledgers, summary, resumed=prepared.resumed, already_complete=already, result=result,
@@ -308,7 +308,7 @@ def _warm_process(args: Arguments, workers: int) -> "local_workers.WarmProcess |
 def main(argv: Sequence[str] | None = None) -> None:
     """The command line (``python -m pipelines.build_cache``, ``chunkledger-build``).
 
-    Prints the progress line (pipelines/runners/progress.py) and, on a failure, one message and the path of the full
+    Prints the progress line (pipelines/runners/progress_line.py) and, on a failure, one message and the path of the full
     log: the launcher's stderr, and so its workers', goes to that log file (pipelines/faults.py); ``--debug``
     shows everything on the console instead. Exit 2 on a BuildError, 1 on an EnvironmentFault or an
     unexpected error, 130 on Ctrl-C (one line: the workers exit quietly).
@@ -320,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
     root = logging.getLogger()
     saved_level, quiet, saved_hook = root.level, faults.HideRunnerTracebacks(), threading.excepthook
-    console = progress.Console(sys.stderr, show=progress.enabled(), log=log.file if log is not None else None)
+    console = progress_line.Console(sys.stderr, show=progress_line.enabled(), log=log.file if log is not None else None)
     consoles = {h: h.level for h in root.handlers if isinstance(h, logging.StreamHandler)}
     for h in consoles:
         h.addFilter(console.log_filter)  # last: called only for a record the handler prints

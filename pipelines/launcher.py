@@ -26,7 +26,7 @@ from reader.storage import files
 from pipelines import faults, status
 from pipelines import filesystem
 from pipelines.inputs import keys
-from pipelines.inputs import remote
+from pipelines.inputs import gcs_check
 from pipelines.inputs.matching import match_inputs, plan_inputs
 from pipelines.errors import BuildError, EnvironmentFault
 from pipelines.ledger import EmptyInput
@@ -274,7 +274,7 @@ def plan_build(args: Arguments) -> Planned:
     """Check ``--output``'s path, match the inputs, resolve the tokenizer and plan. Raises BuildError."""
     options, output = args.options, args.output
     check_output(output)
-    remote.check_access([absolute(p) for p in options.input] + [output])
+    gcs_check.check_access([absolute(p) for p in options.input] + [output])
     files = match_inputs(options.input)
     try:
         tok = resolve(options.tokenizer, eos=options.eos_token).with_backend(options.tokenizer_backend,

@@ -12,7 +12,7 @@ reader.torch).
 from reader.storage.cache import Cache, CacheNotReady
 from reader.format.spec import DamagedCache, FormatError
 from reader.mixture.mixture import MaxPassesReached
-from reader.mixture.spec import MixtureError
+from reader.mixture.mixture_file import MixtureError
 from reader.options import ReadOptions
 from reader.reader import Reader
 from reader.storage.remote import StorageError

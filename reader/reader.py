@@ -34,7 +34,7 @@ import numpy as np
 
 from reader.batch.assemble import SLAB_BATCHES, Assembler
 from reader.storage.cache import Cache
-from reader.mixture.spec import is_mixture_path
+from reader.mixture.mixture_file import is_mixture_path
 from reader.mixture.io import open_mixture
 from reader.mixture.mixture import Mixture
 from reader.options import ReadOptions

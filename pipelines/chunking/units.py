@@ -5,7 +5,7 @@ A unit is one chunk of a randomly readable input, or a whole shard read in one p
 - a byte range of an uncompressed JSON Lines shard: the lines starting in it, read with a seek;
 - a columnar chunk (Parquet row groups, Arrow record batches): :class:`~pipelines.inputs.columnar.ChunkReader`;
 - a compressed JSON Lines shard or a JSON array (plain or compressed), streamed once from the start and cut
-  into chunks by uncompressed offset (:mod:`pipelines.inputs.streams`); a compressed one then writes the
+  into chunks by uncompressed offset (:mod:`pipelines.inputs.single_pass`); a compressed one then writes the
   shard's ``_DONE.json``.
 
 Each chunk's records go to a sink (:mod:`pipelines.chunking.sinks`): the writer, or, for a chunk an earlier run
@@ -46,7 +46,7 @@ from pipelines.inputs.decompress import open_input
 from pipelines.inputs.formats import JSON_ARRAY
 from pipelines.inputs.keys import RecordShape
 from pipelines.chunking.supervised import Supervised
-from pipelines.inputs.streams import ArrayStream, LineStream
+from pipelines.inputs.single_pass import ArrayStream, LineStream
 from pipelines.plan import MAX_SHARD_BYTES, UnitResult, WorkUnit
 
 LOG = logging.getLogger("chunkledger.build")

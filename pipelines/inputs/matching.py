@@ -32,7 +32,7 @@ from reader.storage import files
 
 from pipelines.errors import BuildError
 from pipelines.filesystem import BEAM, absolute, is_remote
-from pipelines.inputs import columnar, formats, keys, remote
+from pipelines.inputs import columnar, formats, gcs_check, keys
 from pipelines.inputs.decompress import open_input
 from pipelines.inputs.ranges import fingerprint
 from pipelines.plan import ChunkConfig, MatchedFile
@@ -174,8 +174,8 @@ def match_inputs(patterns: Sequence[str]) -> list[MatchedFile]:
         kinds = list(pool.map(check, paths))
     _raise_first_problem(kinds)
     where = [absolute(p) for p in patterns]
-    objects = remote.objects_of(paths, where)
-    crc = remote.crc32c_of(paths, where, objects)
+    objects = gcs_check.objects_of(paths, where)
+    crc = gcs_check.crc32c_of(paths, where, objects)
     stamps = fingerprints_of(paths, where, objects)  # checked again before the ledger is finished
     return [MatchedFile(path=p, size=found[p], crc32c=crc.get(p), format=k.kind, fingerprint=stamps.get(p))
             for p, k in zip(paths, kinds)]
@@ -249,12 +249,12 @@ def plan_inputs(files: Sequence[MatchedFile], config: ChunkConfig) -> list[Match
 
 def fingerprints_of(paths: Iterable[str], patterns: Iterable[str] = (),
                     objects: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
-    """``path -> fingerprint`` of input files (gs:// ones from ``objects``, :func:`remote.objects_of`, or a
+    """``path -> fingerprint`` of input files (gs:// ones from ``objects``, :func:`gcs_check.objects_of`, or a
     listing of the ``patterns``' prefixes, or of the paths' common prefix in each bucket)."""
     paths = list(paths)
     gs = [p for p in paths if p.startswith("gs://")]
     if gs and objects is None:
-        objects = remote.objects_of(gs, list(patterns) or _prefixes(gs))
+        objects = gcs_check.objects_of(gs, list(patterns) or _prefixes(gs))
     out = {}
     for p in paths:
         if p.startswith("gs://"):
@@ -270,7 +270,7 @@ def _prefixes(urls: Sequence[str]) -> list[str]:
     """One listing prefix per bucket: the longest common prefix of its objects' names."""
     by_bucket: dict[str, list[str]] = {}
     for u in urls:
-        bucket, key = remote.split_url(u)
+        bucket, key = gcs_check.split_url(u)
         by_bucket.setdefault(bucket, []).append(key)
     return [f"gs://{b}/{os.path.commonprefix(keys)}" for b, keys in sorted(by_bucket.items())]
 

@@ -35,7 +35,7 @@ from reader.storage import fields, views
 from reader.storage.cache import Cache
 from reader.storage.index import check_index_files
 from reader.interop.export import write_file
-from reader.mixture.spec import is_mixture_path
+from reader.mixture.mixture_file import is_mixture_path
 from reader.options import ReadOptions
 from reader.reader import Reader
 from reader.batch.schema import BATCH_KEYS, VARLEN_FIELDS

@@ -14,7 +14,7 @@ from reader.tokenizers import tokenizer_lib
 from reader.format.spec import FormatError
 from reader.interop.export import write_file
 from reader.options import PACKINGS, ReadOptions
-from reader.report import rows as rowlib
+from reader.report import annotated_rows as rowlib
 from reader.report.collect import collect
 
 DEFAULT_STEPS = 100
@@ -145,7 +145,7 @@ def add_show_arguments(b: argparse.ArgumentParser) -> None:
 
 
 def show_rows(reader, got: Iterable[tuple[int, dict]], tokenizer: str | None, out=None) -> None:
-    """Print this reader's rows of the batches ``got`` decoded (:func:`reader.report.rows.terminal_row`)."""
+    """Print this reader's rows of the batches ``got`` decoded (:func:`reader.report.annotated_rows.terminal_row`)."""
     out = out or sys.stdout
     source = reader.cache
     first = source.caches[0] if hasattr(source, "caches") else source  # a mixture's tokenizer is every component's

@@ -1,6 +1,6 @@
 """Weighted mixtures of caches: the components opened, and the mixture's example order.
 
-A mixture file (:mod:`reader.mixture.spec`) names component caches and weights. :class:`Mixture`
+A mixture file (:mod:`reader.mixture.mixture_file`) names component caches and weights. :class:`Mixture`
 opens every distinct cache once (each may still be building; components naming the same cache share it)
 and checks that they share one tokenizer.
 :class:`MixtureOrder` is the mixture's example order: global example ``i`` -> ``(component c,
@@ -23,7 +23,7 @@ import numpy as np
 
 from reader.storage.cache import Cache, wait_for
 from reader.mixture.quotas import QuotaIndex
-from reader.mixture.spec import MixtureError, MixtureSpec, load_mixture
+from reader.mixture.mixture_file import MixtureError, MixtureSpec, load_mixture
 from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder, Placement, RowPieces, group_by_key
 from reader.storage.store import ChunkStore

@@ -21,11 +21,11 @@ from reader.format.sidecar import dead_letters_problem
 from reader.tokenizers import tokenizer_lib
 from reader.mixture.quotas import QuotaIndex
 from reader.mixture.mixture import Mixture
-from reader.mixture.spec import is_mixture_path
+from reader.mixture.mixture_file import is_mixture_path
 from reader.options import ReadOptions
 from reader.order.streams import NotYetAvailable
 from reader.reader import Reader
-from reader.report import figures, rows as rowlib, summary
+from reader.report import annotated_rows as rowlib, figures, summary
 from reader.storage.cache import Cache, CacheNotReady
 from reader.storage.progress import Progress, read_progress
 from reader.storage.validate import chunk_doc_lengths

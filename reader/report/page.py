@@ -16,7 +16,7 @@ import numpy as np
 
 from reader.report import figures
 from reader.report.collect import ReportData
-from reader.report.rows import html_row
+from reader.report.annotated_rows import html_row
 from reader.storage.progress import describe as describe_progress, format_bytes
 
 CSS = """

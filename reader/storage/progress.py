@@ -1,6 +1,6 @@
 """How far a build has got: input bytes done of the total, chunks, documents and tokens written, the rate
 and an ETA (``python -m reader inspect`` and ``report`` on a running build, and the builder's progress line:
-``pipelines/runners/progress.py``), and whether the build lock's holder still runs (:func:`holder_alive`).
+``pipelines/runners/progress_line.py``), and whether the build lock's holder still runs (:func:`holder_alive`).
 
 :class:`Scan` is the one scan of what a build has written, through the storage port (fsspec for the reader,
 Beam's FileSystems for the builder): the chunks' entries (a version 4 build; an older one's sidecars) and

@@ -159,14 +159,14 @@ def test_progress_lists_a_gs_output(corpus, emulator):
     compressed shard's total sampled from its object while its _DONE.json is missing."""
     from pipelines.launcher import plan_build
     from pipelines.options import parse_args
-    from pipelines.runners import progress
+    from pipelines.runners import progress_line
 
     out = emulator.url("progress")
     fs = emulator.gcsfs()
     with emulator.beam_env():
         res = build_cache.run(argv(emulator.url("corpus/*"), out, *FNAPI))
         plan = plan_build(parse_args(argv(emulator.url("corpus/*"), out))).plan
-        scanner = progress.Scanner(out, plan)
+        scanner = progress_line.Scanner(out, plan)
         done = scanner.scan()
         gz = next(i for i in plan.inputs if i.compression == "gzip")
         fs.rm(f"{emulator.bucket}/progress/{fmt.shard_done_path(gz.shard)}")

@@ -173,7 +173,7 @@ def test_the_reader_table_is_in_import_order():
 
 # pipelines/ modules that read or write files, storage or the job (ARCHITECTURE.md: plan and ledger use none)
 IO_MODULES = {"build_cache", "launcher", "lock", "chunking.transforms", "chunking.units", "chunking.chunk_writer",
-              "inputs.decompress", "filesystem", "inputs.lines", "status", "inputs.remote", "runners.choice", "faults", "demo",
+              "inputs.decompress", "filesystem", "inputs.lines", "status", "inputs.gcs_check", "runners.choice", "faults", "demo",
               "tokenize.hf_resolve_memo", "runners.local_workers", "chunking.unit_queue", "export.job", "export.parts",
               "export.finalize"}
 

@@ -21,7 +21,7 @@ import pytest
 from reader import ChunkError, ReadOptions, Reader, expand_flat
 from reader.batch.schema import BATCH_KEYS
 from reader.cli.main import main
-from reader.mixture.spec import MixtureError
+from reader.mixture.mixture_file import MixtureError
 from reader.order.packing import WINDOW_TOKENS, count_best_fit_windows, window_bounds
 from reader.storage.index import ExampleIndex
 

@@ -118,13 +118,13 @@ def test_over_long_elements_are_streamed_past_and_every_byte_is_fed(block):
 
 
 # Runs in the child, its address space capped at 1 GiB: the build's reading of a gzip JSON array
-# (pipelines.inputs.streams.ArrayStream, max_element of the default max_doc_bytes), then its peak RSS.
+# (pipelines.inputs.single_pass.ArrayStream, max_element of the default max_doc_bytes), then its peak RSS.
 CAPPED = """
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 from pipelines.inputs.decompress import open_input
 from pipelines.inputs.json_array import LongElement
-from pipelines.inputs.streams import ArrayStream
+from pipelines.inputs.single_pass import ArrayStream
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the imports (Beam's file systems)
 with open_input(sys.argv[1], "gzip") as stream:
     records = ArrayStream(stream, sys.argv[1], 1 << 20, max_element=32 << 20)

@@ -1,4 +1,4 @@
-"""The mixture file (reader/mixture/spec.py): every kind of bad input is a clear error naming the file and
+"""The mixture file (reader/mixture/mixture_file.py): every kind of bad input is a clear error naming the file and
 the key; relative paths; and the command line (`inspect MIXTURE.json`, `batches MIXTURE.json`)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from reader import ReadOptions, Reader
 from reader.cli.main import main as cli_main
 from reader.mixture.quotas import QuotaIndex
 from reader.mixture.mixture import Mixture
-from reader.mixture.spec import MixtureError, is_mixture_path, load_mixture, parse_mixture
+from reader.mixture.mixture_file import MixtureError, is_mixture_path, load_mixture, parse_mixture
 from reader.storage.whatis import NotACache
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from reader.mixture.quotas import QuotaIndex
-from reader.mixture.spec import parse_mixture
+from reader.mixture.mixture_file import parse_mixture
 from reader.order.shuffle import ShuffleConfig, shuffle_example_indices
 from reader.report import figures
 from reader.report.summary import length_sample

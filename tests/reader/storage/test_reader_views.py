@@ -15,7 +15,7 @@ from mixgen import write_mixture
 from reader import Reader, ReadOptions
 from reader.format import attributes as attrs
 from reader.format import spec as fmt
-from reader.mixture.spec import MixtureError
+from reader.mixture.mixture_file import MixtureError
 from reader.storage.view_syntax import ViewError, parse_view
 
 KINDS = {"concat": {}, "best_fit": {"packing": "best_fit"}, "unpacked": {"packed": False}}

@@ -1,4 +1,4 @@
-"""Shards read in one pass (pipelines/inputs/streams.py): each chunk's input span and checksum, for JSON Lines
+"""Shards read in one pass (pipelines/inputs/single_pass.py): each chunk's input span and checksum, for JSON Lines
 (lines) and a JSON array (record bytes), tile the file and hash exactly its bytes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from pipelines.inputs.streams import ArrayStream, LineStream
+from pipelines.inputs.single_pass import ArrayStream, LineStream
 
 RECORDS = [{"text": f"record {i} " + "w" * (i * 7 % 90)} for i in range(60)]
 
