@@ -244,7 +244,7 @@ class Assembler:
         return seq, np.zeros(0, np.int32), loss
 
     def _best_fit(self, pl: Placement, out) -> None:
-        """Rows made of pieces of one chunk each (:class:`reader.batch.examples.RowPieces`): every piece
+        """Rows made of pieces of one chunk each (:class:`reader.order.placement.RowPieces`): every piece
         lies in one document, hence in one row group."""
         store, pc = self.store, pl.pieces
         counts = np.diff(pc.ptr)

@@ -3,7 +3,8 @@
 :class:`ExampleOrder` combines the pass rule (:mod:`reader.order.passes`: spans over the eval pass's rows,
 or the streams of :mod:`reader.order.streams`), the shuffle (:mod:`reader.order.shuffle`), the end of an
 eval pass and, for unpacked examples and best-fit rows, the
-per-chunk example counts (:mod:`reader.storage.index`). Given global example indices it answers with a
+per-chunk example counts (:mod:`reader.storage.index`) and where each lies in its chunk (:class:`ChunkPlacer`:
+:mod:`reader.order.placement` on the documents the store decodes). Given global example indices it answers with a
 :class:`Placement`: for every row, the chunk and token range (best fit: token ranges) it holds. The
 assembler (:mod:`reader.batch.assemble`) only gathers those tokens; the prefetcher asks :meth:`ExampleOrder.plan` what upcoming batches touch.
 
@@ -15,6 +16,7 @@ with the same kind of placement plus a ``components`` array.
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import dataclasses
 import logging
 import threading
@@ -24,6 +26,8 @@ import numpy as np
 
 from reader.storage.cache import Cache
 from reader.options import ReadOptions
+from reader.order import placement
+from reader.order.placement import RowPieces
 from reader.order.passes import Spans, StreamLanes, stream_repeats
 from reader.order.shuffle import shuffle_example_indices
 from reader.storage.store import ChunkStore
@@ -39,6 +43,8 @@ _WAIT = ("pass_rule='spans' serves each pass as a permutation of every row of th
 _SOURCE_BATCHES_AHEAD = 32
 _SOURCE_CACHE = 4096  # arrays of source indices kept
 _SOURCE_WINDOWS = 4  # windows of source indices kept (``ahead``: mixture components)
+_CUM_CACHE = 256  # chunks whose cumulative piece counts (or window bounds) are kept
+_ROWS_CACHE_BYTES = 64 << 20  # best-fit packings of recent windows kept (about 30 bytes per piece)
 
 
 def group_by_key(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -51,49 +57,6 @@ def group_by_key(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, np.nda
     # (slices at the key boundaries: np.split and np.r_ cost more than the work on a few rows per key)
     bounds = [0] + (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist() + [keys.size]
     return [(x, values[a:b]) for x, a, b in zip(keys[bounds[:-1]].tolist(), bounds[:-1], bounds[1:])]
-
-
-@dataclasses.dataclass(frozen=True)
-class RowPieces:
-    """The pieces of best-fit rows, as CSR over a placement's valid rows: row ``k`` holds pieces
-    ``ptr[k]:ptr[k+1]``, in column order, all in the row's chunk (``Placement.chunks[k]``). A piece lies
-    in one document, hence in one row group.
-
-    Attributes:
-      ptr: int64 [k+1].
-      starts: int64 [p]: the piece's first token, as an offset in the chunk.
-      first_positions: int64 [p]: that token's position in its document (> 0 only for a row's first piece).
-      lengths, columns: [p]: the piece's tokens and the row column of its first token.
-    """
-
-    ptr: np.ndarray
-    starts: np.ndarray
-    first_positions: np.ndarray
-    lengths: np.ndarray
-    columns: np.ndarray
-
-    @classmethod
-    def empty(cls) -> RowPieces:
-        z = np.zeros(0, np.int64)
-        return cls(np.zeros(1, np.int64), z, z, z, z)
-
-    @classmethod
-    def scatter(cls, rows: int, parts: list[tuple[np.ndarray, RowPieces]]) -> RowPieces:
-        """The pieces of ``rows`` rows from ``parts``: ``(dst, pieces)``, ``pieces``' row ``i`` being row
-        ``dst[i]`` (a read's rows of each chunk, or a mixture's components' rows, put back in row order).
-        (All parts at once: per-part numpy calls cost more than the few pieces each part has.)"""
-        dst = np.concatenate([d for d, _ in parts]) if parts else np.zeros(0, np.int64)
-        m = np.concatenate([pc.ptr[1:] - pc.ptr[:-1] for _, pc in parts]) if parts else np.zeros(0, np.int64)
-        counts = np.zeros(rows, np.int64)
-        counts[dst] = m
-        ptr = np.concatenate([[0], np.cumsum(counts)])
-        n = int(ptr[-1])
-        # piece k of the parts, in part order, goes to its row's first slot plus its place in the row
-        at = np.repeat(ptr[dst] - (np.cumsum(m) - m), m) + np.arange(n, dtype=np.int64)
-        out = [np.empty(n, np.int64) for _ in range(4)]
-        for i, o in enumerate(out):
-            o[at] = np.concatenate([(pc.starts, pc.first_positions, pc.lengths, pc.columns)[i] for _, pc in parts])
-        return cls(ptr, *out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +95,98 @@ class Placement:
     spill: dict[int, list[tuple[int, int, int, int]]]
     components: np.ndarray | None = None
     pieces: RowPieces | None = None
+
+
+class ChunkPlacer:
+    """Where unpacked examples and best-fit rows lie in their chunks: the documents from the store, the counts
+    from the index, the arithmetic of :mod:`reader.order.placement`. Recent chunks' pieces and windows, and
+    recent windows' rows, are kept; a window is packed once: a thread that asks while another packs it (a read
+    and the prefetch) waits for that one."""
+
+    def __init__(self, index: ExampleIndex, store: ChunkStore):
+        self.index = index
+        self.store = store
+        self._lock = threading.Lock()
+        self._cum: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._rows: collections.OrderedDict[tuple[int, int], placement.WindowRows] = collections.OrderedDict()
+        self._rows_bytes = 0
+        self._packing: dict[tuple[int, int], cf.Future] = {}  # windows being packed
+
+    def _kept(self, c: int, make):
+        """Chunk ``c``'s cumulative pieces or windows: kept, or ``make()`` (a few recent chunks are kept)."""
+        with self._lock:
+            got = self._cum.get(c)
+            if got is not None:
+                self._cum.move_to_end(c)
+                return got
+        try:
+            got = make()
+        except placement.Disagrees as e:
+            raise self.index.mismatch(c, str(e)) from None
+        with self._lock:
+            self._cum[c] = got
+            while len(self._cum) > _CUM_CACHE:
+                self._cum.popitem(last=False)
+        return got
+
+    def locate(self, c: int, offsets: np.ndarray):
+        """Unpacked examples ``offsets`` of chunk ``c``: :func:`reader.order.placement.locate` (decodes the
+        chunk)."""
+        docs, idx = self.store.doc_index(c), self.index
+        cum = self._kept(c, lambda: placement.pieces_cum(idx.lengths(docs.doc_lengths), idx.seq_len,
+                                                         idx.examples_of(c)))
+        return placement.locate(cum, docs.doc_lengths, docs.doc_starts, offsets, idx.seq_len)
+
+    def windows(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ``c``'s windows (:func:`reader.order.placement.windows`), from its row groups' token counts
+        (``store.meta``: no decoding) and the counted rows per window."""
+        return self._kept(c, lambda: placement.windows(np.diff(self.store.meta(c).rg_token_starts),
+                                                       self.index.window_tokens, self.index.window_counts(c)))
+
+    def window_rows(self, c: int, w: int) -> placement.WindowRows:
+        """Window ``w`` of chunk ``c``: its best-fit rows, from the documents of its row groups
+        (``store.window_docs`` decodes them)."""
+        key = (c, w)
+        with self._lock:
+            got = self._rows.get(key)
+            if got is not None:
+                self._rows.move_to_end(key)
+                return got
+            fut = self._packing.get(key)
+            owner = fut is None
+            if owner:
+                fut = self._packing[key] = cf.Future()
+        if not owner:
+            return fut.result()
+        idx = self.index
+        try:
+            bounds, first = self.windows(c)
+            docs = self.store.window_docs(c, int(bounds[w]), int(bounds[w + 1]))
+            try:
+                got = placement.window_rows(idx.lengths(docs.doc_lengths), docs.doc_starts, idx.seq_len, first, w,
+                                            **idx.caps)
+            except placement.Disagrees as e:
+                raise idx.mismatch(c, str(e)) from None
+        except BaseException as e:
+            with self._lock:
+                del self._packing[key]
+            fut.set_exception(e)
+            raise
+        with self._lock:
+            del self._packing[key]
+            self._rows[key] = got
+            self._rows_bytes += got.nbytes
+            while self._rows_bytes > _ROWS_CACHE_BYTES and len(self._rows) > 1:
+                self._rows_bytes -= self._rows.popitem(last=False)[1].nbytes
+        fut.set_result(got)
+        return got
+
+    def rows(self, c: int, offsets: np.ndarray) -> RowPieces:
+        """Best-fit rows ``offsets`` of chunk ``c`` (:func:`reader.order.placement.rows`). Decodes only the
+        windows the rows lie in."""
+        _, first = self.windows(c)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        return placement.rows(first, offsets, {w: self.window_rows(c, w) for w in placement.windows_of(first, offsets)})
 
 
 class ExampleOrder:
@@ -176,6 +231,7 @@ class ExampleOrder:
             window_tokens=options.best_fit_window_tokens, drop_long=options.drop_long,
             continuations=self.continuations, max_segments=options.max_segments,
             view=getattr(cache, "view", None))
+        self.placer = None if self.chunk_index is None else ChunkPlacer(self.chunk_index, store)
         self._lock = threading.Lock()
         self._index: StreamIndex | None = None
         self._index_key: tuple[int, bool] | None = None
@@ -395,7 +451,7 @@ class ExampleOrder:
             starts, first, lengths = (np.empty(rows.size, np.int64) for _ in range(3))
             for c in np.unique(chunks).tolist():
                 m = chunks == c
-                starts[m], first[m], lengths[m] = self.chunk_index.locate(c, self.store.doc_index(c), offsets[m])
+                starts[m], first[m], lengths[m] = self.placer.locate(c, offsets[m])
         else:
             epochs, chunks, offsets = idx.locate_streams(s, j)
             starts, first, lengths, pieces = self._best_fit_rows(chunks, offsets)
@@ -416,7 +472,7 @@ class ExampleOrder:
         """``(starts, first_positions, lengths, pieces)`` of best-fit rows ``offsets`` of ``chunks``."""
         parts = []
         for c, dst in group_by_key(chunks, np.arange(chunks.size)):
-            parts.append((dst, RowPieces(*self.chunk_index.rows(c, offsets[dst], self.store))))
+            parts.append((dst, self.placer.rows(c, offsets[dst])))
         pieces = RowPieces.scatter(chunks.size, parts) if len(parts) > 1 else (
             parts[0][1] if parts else RowPieces.empty())
         head = pieces.ptr[:-1]
@@ -449,6 +505,6 @@ class ExampleOrder:
         if self.chunk_index is None:
             return offsets
         if self.kind == "best_fit":
-            return self.chunk_index.rows(c, offsets, self.store)[1]
-        return self.chunk_index.locate(c, self.store.doc_index(c), offsets)[0]
+            return self.placer.rows(c, offsets).starts
+        return self.placer.locate(c, offsets)[0]
 

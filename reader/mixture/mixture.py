@@ -25,11 +25,12 @@ from reader.storage.cache import Cache, wait_for
 from reader.mixture.quotas import QuotaIndex
 from reader.mixture.mixture_file import MixtureError, MixtureSpec, load_mixture
 from reader.options import ReadOptions
-from reader.batch.examples import ExampleOrder, Placement, RowPieces, group_by_key
+from reader.batch.examples import ExampleOrder, Placement, group_by_key
 from reader.storage.store import ChunkStore
 from reader.storage.view_syntax import ViewError
 from reader.storage.views import open_view
 from reader.order.streams import NotYetAvailable, StackedStreams, stream_position
+from reader.order.placement import RowPieces
 
 T = TypeVar("T")
 _SOURCES_AHEAD = 32  # batches of a shuffled component's cipher answers computed at once

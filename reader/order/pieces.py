@@ -1,5 +1,5 @@
-"""Document pieces: how an unpacked read cuts a document of ``n`` tokens into ``ceil(n / L)`` examples, and
-where such an example lies in its chunk. Pure arithmetic on document lengths."""
+"""Document pieces: how an unpacked read cuts a document of ``n`` tokens into ``ceil(n / L)`` examples (where
+such an example lies in its chunk: :mod:`reader.order.placement`). Pure arithmetic on document lengths."""
 
 from __future__ import annotations
 

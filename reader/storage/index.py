@@ -8,8 +8,7 @@ chunk (and, for best fit, its row groups' document counts from the Parquet foote
 integer per chunk (best fit: also one per window) in ``ROOT/index/`` (with a fingerprint of the chunk
 checksums) for later readers. Concatenated packed reading needs none of this.
 
-A best-fit row is located through its window: the window's rows are packed from the documents of the
-window's row groups alone (decoded from the store), so a read decodes one window, not the whole chunk.
+Where an example lies in its chunk is :mod:`reader.order.placement`'s, from these counts.
 
 ``drop_long`` (``ReadOptions.drop_long``): documents longer than ``seq_len`` count as empty, so they
 yield no example (windows stay those of the stored row groups); those counts live in an index file
@@ -18,10 +17,8 @@ whose name ends in ``-drop_long``, with the number of documents and tokens dropp
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
 import re
-import threading
 import warnings
 from typing import Any, Mapping
 
@@ -33,17 +30,14 @@ from reader.format import blocks
 from reader.format import table as chunk_table
 from reader.storage import files, remote
 from reader.storage.cache import Cache
-from reader.storage.chunk import DocIndex
 from reader.storage.pages import int_values
 from reader.format.sidecar import arrow_message, size_mismatch
 from reader.storage.validate import ChunkError
-from reader.order.packing import WINDOW_TOKENS, best_fit_rows, count_best_fit_rows, window_bounds, window_docs
-from reader.order.pieces import pieces_per_doc, unpacked_examples_per_chunk
+from reader.order.packing import WINDOW_TOKENS, count_best_fit_rows, window_docs
+from reader.order.pieces import unpacked_examples_per_chunk
 
 INDEX_DIR = "index"
 KINDS = ("unpacked", "best_fit")
-_CUM_CACHE = 256  # chunks whose cumulative piece counts (or window bounds) are kept
-_ROWS_CACHE_BYTES = 64 << 20  # best-fit packings of recent windows kept (about 30 bytes per piece)
 
 
 _INDEX_FILE = re.compile(r"(unpacked|best_fit)-L(\d+)(?:-W(\d+))?(?:-C(\d+))?(?:-S(\d+))?(-drop_long)?\.(?:json|bin)")
@@ -128,29 +122,9 @@ def chunk_columns(cache: Cache, table: fmt.ChunkTable, c: int, extra=(), metadat
     return rg_docs, lengths, others
 
 
-class WindowRows:
-    """One window's best-fit rows, laid out for locating: row ``i`` holds pieces ``ptr[i]:ptr[i+1]``, piece
-    ``k`` being ``length[k]`` tokens from token ``token[k]`` of the chunk, the first at position ``first[k]``
-    of its document, written from column ``column[k]`` of the row."""
-
-    __slots__ = ("ptr", "token", "first", "length", "column", "nbytes", "rows")
-
-    def __init__(self, lengths: np.ndarray, doc_starts: np.ndarray, seq_len: int, **caps):
-        rows = best_fit_rows(lengths, seq_len, **caps)
-        self.ptr = rows.row_ptr
-        self.rows = rows.num_rows
-        self.token = doc_starts[rows.doc] + rows.start
-        self.first = rows.start
-        self.length = rows.length
-        end = np.cumsum(rows.length, dtype=np.int64)
-        row_of = np.repeat(np.arange(rows.num_rows), np.diff(rows.row_ptr))
-        self.column = (end - rows.length - np.concatenate([[0], end])[rows.row_ptr[:-1]][row_of]).astype(np.int32)
-        self.nbytes = sum(a.nbytes for a in (self.ptr, self.token, self.first, self.length, self.column))
-
-
 class ExampleIndex:
-    """Examples per chunk of one kind for one ``seq_len`` (:meth:`counts`), and where an example lies in
-    its chunk (:meth:`locate` for unpacked examples, :meth:`rows` for best-fit rows).
+    """Examples per chunk of one kind for one ``seq_len`` (:meth:`counts`; best fit: also rows per window,
+    :meth:`window_counts`).
 
     The counts are kept by chunk position (the known chunks are a prefix of the order that never changes: the
     cache raises if it does), as flat arrays: a million chunks cost a few arrays, not a million objects.
@@ -184,7 +158,6 @@ class ExampleIndex:
         self.view = view
         self.threads = int(threads)
         self.counted = 0  # chunks the last counts() counted (not loaded)
-        self._lock = threading.Lock()
         # chunks [0, n) counted: examples per chunk; best fit: rows per window (chunk c's windows are
         # wrows[wptr[c]:wptr[c+1]]); drop_long: (documents, tokens) dropped per chunk
         self._n = 0
@@ -192,10 +165,6 @@ class ExampleIndex:
         self._wptr = np.zeros(1, np.int64)
         self._wrows = np.zeros(0, np.int64)
         self._drop = np.zeros((0, 2), np.int64)
-        self._cum: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
-        self._rows: collections.OrderedDict[tuple[int, int], WindowRows] = collections.OrderedDict()
-        self._rows_bytes = 0
-        self._packing: dict[tuple[int, int], cf.Future] = {}  # windows being packed
 
     @property
     def index_file(self) -> str:
@@ -376,131 +345,21 @@ class ExampleIndex:
                                for a, b in zip(bounds[:-1], bounds[1:])], np.int64), dropped
         return np.asarray([unpacked_examples_per_chunk(lengths, self.seq_len)], np.int64), dropped
 
-    def _pieces_cum(self, c: int, docs: DocIndex) -> np.ndarray:
-        """Cumulative unpacked examples over chunk ``c``'s documents (a few recent chunks are kept)."""
-        with self._lock:
-            got = self._cum.get(c)
-            if got is not None:
-                self._cum.move_to_end(c)
-                return got
-        cum = np.concatenate([[0], np.cumsum(pieces_per_doc(self.lengths(docs.doc_lengths), self.seq_len))])
-        if c < self._n and int(cum[-1]) != int(self._examples[c]):  # the counts came from an index file
-            raise self._mismatch(c, f"its documents make {int(cum[-1])} unpacked examples of {self.seq_len} tokens, "
-                                 f"the index says {int(self._examples[c])}")
-        with self._lock:
-            self._cum[c] = cum
-            while len(self._cum) > _CUM_CACHE:
-                self._cum.popitem(last=False)
-        return cum
+    def examples_of(self, c: int) -> int | None:
+        """Chunk ``c``'s examples as counted (None: not counted)."""
+        return int(self._examples[c]) if c < self._n else None
 
-    def locate(self, c: int, docs: DocIndex, offsets: np.ndarray):
-        """Unpacked examples ``offsets`` of chunk ``c`` (whose documents are ``docs``): arrays ``(token offset in
-        the chunk, position in its document of the first token, tokens)``."""
-        cum = self._pieces_cum(c, docs)
-        doc = np.searchsorted(cum, offsets, side="right") - 1
-        start = (offsets - cum[doc]) * self.seq_len
-        length = np.minimum(docs.doc_lengths[doc] - start, self.seq_len)
-        return docs.doc_starts[doc] + start, start, length
+    def window_counts(self, c: int) -> np.ndarray:
+        """Best fit: the rows of each of chunk ``c``'s windows, as counted."""
+        if c >= self._n:  # (counts() runs before any read, for every known chunk)
+            raise RuntimeError(f"chunk {c} was not counted")
+        return self._wrows[self._wptr[c]:self._wptr[c + 1]]
 
-    # -- best fit ---------------------------------------------------------------------------------------
-    def _mismatch(self, c: int, what: str) -> ChunkError:
+    def mismatch(self, c: int, what: str) -> ChunkError:
+        """The error for chunk ``c``'s documents disagreeing with these counts (``what``: how)."""
         cache = self.cache
         return ChunkError(f"{cache.display(cache.table.paths[c])}: {what}. Delete "
                           f"{cache.display(self.index_file)} (it is rebuilt) or run `python -m reader validate`.")
-
-    def windows(self, c: int, store) -> tuple[np.ndarray, np.ndarray]:
-        """Chunk ``c``'s windows: ``(row-group bounds, first row of each window + total)``, from its row
-        groups' token counts (``store.meta``: no decoding) and the counted rows per window."""
-        with self._lock:
-            got = self._cum.get(c)
-            if got is not None:
-                self._cum.move_to_end(c)
-                return got
-        if c >= self._n:  # (counts() runs before any read, for every known chunk)
-            raise RuntimeError(f"chunk {c} was not counted")
-        per = self._wrows[self._wptr[c]:self._wptr[c + 1]]
-        bounds = window_bounds(np.diff(store.meta(c).rg_token_starts), self.window_tokens)
-        if bounds.size - 1 != per.size:
-            raise self._mismatch(c, f"its row groups make {bounds.size - 1} packing windows of "
-                                 f"{self.window_tokens} tokens, the index lists {per.size}")
-        got = (bounds, np.concatenate([[0], np.cumsum(per)]))
-        with self._lock:
-            self._cum[c] = got
-            while len(self._cum) > _CUM_CACHE:
-                self._cum.popitem(last=False)
-        return got
-
-    def window_rows(self, c: int, w: int, store) -> WindowRows:
-        """Window ``w`` of chunk ``c``: its best-fit rows, from the documents of its row groups
-        (``store.window_docs`` decodes them; the packings of recent windows are kept). A window is packed
-        once: a thread that asks while another packs it (a read and the prefetch) waits for that one."""
-        key = (c, w)
-        with self._lock:
-            got = self._rows.get(key)
-            if got is not None:
-                self._rows.move_to_end(key)
-                return got
-            fut = self._packing.get(key)
-            owner = fut is None
-            if owner:
-                fut = self._packing[key] = cf.Future()
-        if not owner:
-            return fut.result()
-        try:
-            bounds, first = self.windows(c, store)
-            docs = store.window_docs(c, int(bounds[w]), int(bounds[w + 1]))
-            got = WindowRows(self.lengths(docs.doc_lengths), docs.doc_starts, self.seq_len, **self.caps)
-            want = int(first[w + 1] - first[w])
-            if got.rows != want:  # the counts came from the num_tokens column, or an index file
-                raise self._mismatch(c, f"the documents of its packing window {w} pack into {got.rows} rows of "
-                                     f"{self.seq_len}, the index says {want}")
-        except BaseException as e:
-            with self._lock:
-                del self._packing[key]
-            fut.set_exception(e)
-            raise
-        with self._lock:
-            del self._packing[key]
-            self._rows[key] = got
-            self._rows_bytes += got.nbytes
-            while self._rows_bytes > _ROWS_CACHE_BYTES and len(self._rows) > 1:
-                self._rows_bytes -= self._rows.popitem(last=False)[1].nbytes
-        fut.set_result(got)
-        return got
-
-    def rows(self, c: int, offsets: np.ndarray, store):
-        """Best-fit rows ``offsets`` of chunk ``c``: ``(ptr, token offset in the chunk, position in its document
-        of the first token, tokens, column in the row)``, the last four per piece, row after row, row ``i``
-        holding pieces ``ptr[i]:ptr[i+1]``. Decodes only the windows the rows lie in (``store``: ``meta`` and
-        ``window_docs``)."""
-        _, first = self.windows(c, store)
-        offsets = np.asarray(offsets, dtype=np.int64)
-        if offsets.size:  # the usual case: consecutive rows of one window (a stream's rows of a batch), slices
-            o0, o1 = int(offsets[0]), int(offsets[-1])
-            w = int(first.searchsorted(o0, side="right")) - 1
-            if o1 - o0 + 1 == offsets.size and o1 < first[w + 1] and offsets.tolist() == list(range(o0, o1 + 1)):
-                got = self.window_rows(c, w, store)
-                p = got.ptr[o0 - first[w]:o1 - first[w] + 2]
-                a, b = int(p[0]), int(p[-1])
-                return p - a, got.token[a:b], got.first[a:b], got.length[a:b], got.column[a:b]
-        win = np.searchsorted(first, offsets, side="right") - 1
-        n = np.zeros(offsets.size, np.int64)
-        parts = []
-        for w in np.unique(win).tolist():
-            m = np.flatnonzero(win == w)
-            got = self.window_rows(c, w, store)
-            local = offsets[m] - first[w]
-            parts.append((m, got.ptr[local], got))
-            n[m] = got.ptr[local + 1] - got.ptr[local]
-        ptr = np.concatenate([[0], np.cumsum(n)])
-        out = [np.empty(int(ptr[-1]), dt) for dt in (np.int64, np.int64, np.int32, np.int32)]
-        for m, lo, got in parts:
-            cnt = n[m]
-            inner = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-            dst, src = np.repeat(ptr[m], cnt) + inner, np.repeat(lo, cnt) + inner
-            for o, a in zip(out, (got.token, got.first, got.length, got.column)):
-                o[dst] = a[src]
-        return (ptr, *out)
 
 
 # -- index files of a version 4 cache: the chunk table's block format ---------------------------------

@@ -195,7 +195,7 @@ def test_a_window_is_packed_once_when_two_threads_ask_for_it(cache, monkeypatch)
     c = next(i for i, docs in enumerate(chunks) if docs)
     with Reader(root, opts(prefetch_threads=0)) as r:
         r.stream_index()  # (the counts per window, as any read has them)
-        idx, store = r.order.chunk_index, r.store
+        idx, store = r.order.placer, r.store
         inside, asked, packed, got = threading.Event(), threading.Event(), [], {}
 
         class Watched(dict):  # the windows being packed; notes when the second thread looks
@@ -217,7 +217,7 @@ def test_a_window_is_packed_once_when_two_threads_ask_for_it(cache, monkeypatch)
         monkeypatch.setattr(store, "window_docs", held)
 
         def ask():
-            got[threading.current_thread().name] = idx.window_rows(c, 0, store)
+            got[threading.current_thread().name] = idx.window_rows(c, 0)
 
         first, second = threading.Thread(target=ask, name="first"), threading.Thread(target=ask, name="second")
         first.start()
