@@ -152,10 +152,10 @@ class ReleasePolicy:
                     pass
 
     def _release_mix(self, lanes, m_lo: int, m_hi: int, which: list[int]) -> None:
-        w_lo, w_hi = lanes.window(m_lo)
+        w_lo, w_hi = lanes.shuffle_window(m_lo)
         ranges = {lane: rr.tolist() for lane, rr in zip(which, lanes.mix_sources(m_lo, which))}
         if m_hi >= w_hi:  # the window's last mix: the whole window, and the previous one (of the same pass)
-            prev = lanes.window_before(w_lo)
+            prev = lanes.shuffle_window_before(w_lo)
             for lane in which:
                 ranges[lane].append([prev, w_hi])
         for lane, rr in ranges.items():
