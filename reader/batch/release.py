@@ -77,7 +77,7 @@ class ReleasePolicy:
                 self._wanted.pop(next(iter(self._wanted)))
 
     # -- unshuffled: per chunk --------------------------------------------------------------------------
-    def windows_read(self, recs, cross) -> None:
+    def concat_windows_read(self, recs, cross) -> None:
         """The assembler's hook: what a packed read copied (runs of windows, and windows over two row
         groups; best-fit: the row groups its pieces lie in: tuples starting ``(chunk, row group)``)."""
         if not self.by_chunk or not (recs or cross):
