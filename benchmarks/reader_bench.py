@@ -323,8 +323,8 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
     # The headline layout is "flat" (seqax's flat-tokens: one uint32 [B, L+1] array and two ints per
     # row, what JaxLoader ships to devices); the five-array layout is measured too ("arrays").
     # pass_rule: None, the cache's default (ReadOptions.pass_rule)
-    seq_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, layout="flat", pass_rule=pass_rule)
-    shuf_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, layout="flat", pass_rule=pass_rule)
+    seq_opts = ReadOptions(seq_len=L, batch_size=B, packing="concat", layout="flat", pass_rule=pass_rule)
+    shuf_opts = ReadOptions(seq_len=L, batch_size=B, packing="concat", shuffle_seed=0, layout="flat", pass_rule=pass_rule)
     W = WORKERS
     # name -> options; the headline figures (reader_*) use W worker processes, *_1p one process
     configs = {

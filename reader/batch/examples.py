@@ -116,7 +116,7 @@ class Placement:
       components: int32 [n]: each row's mixture component (-1 for padding rows), or None: a single
         cache (component 0). In a mixture, ``chunks`` are the mixture's chunk ids (see
         :mod:`reader.mixture.io`) and ``streams``/``positions``/``epochs`` the components' own.
-      pieces: best-fit rows: their pieces (:class:`RowPieces`); None for the other kinds.
+      pieces: best-fit rows: their pieces (:class:`RowPieces`); None for the other packings.
     """
 
     examples: np.ndarray
@@ -162,7 +162,7 @@ class ExampleOrder:
         self._residue = int(rows[0]) % self._step if rows.size else 0
         self._windows: list[tuple[int, np.ndarray]] = []
         self.shuffle = options.shuffle_config()
-        self.kind = options.kind
+        self.packing = options.packing
         # the pass rule (docs/FORMAT.md, "Passes"): eval reads are one stream under either
         self.pass_rule = options.pass_rule_for(cache.ledger.format_version)
         self.spans_rule = self.pass_rule == "spans" and not options.eval_mode
@@ -171,8 +171,8 @@ class ExampleOrder:
         # best fit: the continuation pieces per row, resolved by the cache's format version
         self.continuations = options.continuations(int(cache.ledger.raw["format_version"]))
         # per-chunk example counts (None: a concat stream's units are its tokens)
-        self.chunk_index = None if self.kind == "concat" else ExampleIndex(
-            cache, options.seq_len, self.kind, index_cache=options.index_cache,
+        self.chunk_index = None if self.packing == "concat" else ExampleIndex(
+            cache, options.seq_len, self.packing, index_cache=options.index_cache,
             window_tokens=options.best_fit_window_tokens, drop_long=options.drop_long,
             continuations=self.continuations, max_segments=options.max_segments,
             view=getattr(cache, "view", None))
@@ -200,7 +200,7 @@ class ExampleOrder:
         """``E``, the examples of one pass: the rows of an eval pass at these options (concat: its whole
         rows, ``floor(T / L)``) in the chunks known now (all once the build is done)."""
         units = int(self.stream_index().counts.sum())
-        return units // self.options.seq_len if self.kind == "concat" else units
+        return units // self.options.seq_len if self.packing == "concat" else units
 
     def repeated_rows(self) -> int:
         """:func:`reader.order.passes.stream_repeats` of this read: 0 under ``"spans"``, in eval mode and while
@@ -208,7 +208,7 @@ class ExampleOrder:
         if self.spans_rule or self.options.eval_mode or not self.cache.complete:
             return 0
         idx = self.stream_index()
-        per_row = self.options.seq_len if self.kind == "concat" else 1
+        per_row = self.options.seq_len if self.packing == "concat" else 1
         return stream_repeats(self.pass_examples(), idx.pass_units(np.arange(idx.r)) // per_row)
 
     def spans(self) -> Spans:
@@ -224,7 +224,7 @@ class ExampleOrder:
             rows = self.pass_examples()
             if rows == 0:
                 what = (f"its {int(self.stream_index().counts.sum())} tokens make no whole row of seq_len "
-                        f"{self.options.seq_len}" if self.kind == "concat" else "no document gives an example")
+                        f"{self.options.seq_len}" if self.packing == "concat" else "no document gives an example")
                 raise EmptyStream(f"{self.cache.url}: nothing to read: {what}")
             self._spans = Spans(rows, self.options.num_streams, self.shuffle)
         return self._spans
@@ -256,13 +256,13 @@ class ExampleOrder:
         if not self.options.eval_mode:
             return None
         units = int(self.stream_index().stream_length(0))
-        return -(-units // self.options.seq_len) if self.kind == "concat" else units
+        return -(-units // self.options.seq_len) if self.packing == "concat" else units
 
     def eval_limit(self, idx: StreamIndex, j: np.ndarray) -> int:
         """Eval: number of examples, or raise NotYetAvailable if ``j`` reaches past the known part."""
         units = int(idx.stream_length(0))
         L = self.options.seq_len
-        concat = self.kind == "concat"
+        concat = self.packing == "concat"
         if idx.complete:
             return -(-units // L) if concat else units
         known = units // L if concat else units
@@ -383,14 +383,14 @@ class ExampleOrder:
             rows = np.arange(ex.size)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
         pieces = None
-        if self.kind == "concat":
+        if self.packing == "concat":
             epochs, chunks, starts = idx.locate_streams(s, j * L)
             lengths = np.minimum(idx.counts[chunks] - starts, L)
             first = None
             for k in np.flatnonzero(lengths < L).tolist():
                 jk = int(j[k])
                 spill[k] = list(idx.pieces(int(s[k]), jk * L, (jk + 1) * L))
-        elif self.kind == "unpacked":
+        elif self.packing == "unpacked":
             epochs, chunks, offsets = idx.locate_streams(s, j)
             starts, first, lengths = (np.empty(rows.size, np.int64) for _ in range(3))
             for c in np.unique(chunks).tolist():
@@ -432,7 +432,7 @@ class ExampleOrder:
         L = opts.seq_len
         idx = self.stream_index()
         s, j, _ = self._positions(np.concatenate(self.sources(exs)))
-        if self.kind == "concat":
+        if self.packing == "concat":
             pos = np.concatenate([j * L, j * L + L - 1])
             s = np.concatenate([s, s])
         else:
@@ -448,7 +448,7 @@ class ExampleOrder:
         best-fit: every piece of the rows, decoding the windows they lie in)."""
         if self.chunk_index is None:
             return offsets
-        if self.kind == "best_fit":
+        if self.packing == "best_fit":
             return self.chunk_index.rows(c, offsets, self.store)[1]
         return self.chunk_index.locate(c, self.store.doc_index(c), offsets)[0]
 

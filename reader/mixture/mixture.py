@@ -286,7 +286,7 @@ class MixtureOrder:
         ex = np.asarray(ex, dtype=np.int64).reshape(-1)
         D = len(self.orders)
         comp, k = self.assign(ex)
-        concat = self.options.kind == "concat"
+        concat = self.options.packing == "concat"
         stacked = self._stacked() if self.index is not None and concat else None
         if stacked is not None:
             return self._locate_stacked(stacked, ex, comp, k)
@@ -299,7 +299,7 @@ class MixtureOrder:
         streams, positions, epochs, chunks, starts, lengths = (np.empty(m, np.int64) for _ in range(6))
         first = None if concat else np.empty(m, np.int64)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
-        rows_pieces = [] if self.options.kind == "best_fit" else None
+        rows_pieces = [] if self.options.packing == "best_fit" else None
         for d in np.flatnonzero(np.bincount(dist[rows], minlength=D)).tolist():
             sel = np.flatnonzero(dist == d)
             sub = self.orders[d].locate(k[sel])
@@ -322,7 +322,7 @@ class MixtureOrder:
         """Each distinct cache's :meth:`reader.batch.examples.ExampleOrder.plan` of the examples ``k`` of its
         components (``comp`` and ``k`` from :meth:`assign`), found in one stacked call: packed, unshuffled
         training reads of finished caches; else None (ask each cache's order)."""
-        if self.index is None or self.options.kind != "concat" or self.orders[0].shuffle is not None:
+        if self.index is None or self.options.packing != "concat" or self.orders[0].shuffle is not None:
             return None
         stacked = self._stacked()
         if stacked is None:
