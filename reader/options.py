@@ -228,8 +228,14 @@ class ReadOptions:
         return self.max_segments if self.varlen else None
 
     @property
-    def num_streams(self) -> int:
+    def effective_ideal_readers(self) -> int:
+        """R* as the order uses it: ``ideal_readers``, or 1 in eval mode (one stream, one span)."""
         return 1 if self.eval_mode else self.ideal_readers
+
+    @property
+    def num_streams(self) -> int:
+        """The older name of :attr:`effective_ideal_readers`, kept as an alias."""
+        return self.effective_ideal_readers
 
     def shuffle_config(self) -> ShuffleConfig | None:
         """The shuffle config, or None when not shuffling."""
@@ -238,4 +244,4 @@ class ReadOptions:
         if self.shuffle_seed is None:
             return None
         # lanes = R*: every example stays in its stream, so hosts keep reading only their own chunks.
-        return ShuffleConfig(seed=int(self.shuffle_seed), lanes=self.num_streams)
+        return ShuffleConfig(seed=int(self.shuffle_seed), lanes=self.effective_ideal_readers)

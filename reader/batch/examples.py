@@ -158,7 +158,7 @@ class ExampleOrder:
         # rows i = rho (mod n) of every batch: examples of stream s = i mod R* = rho (mod g), g = gcd(n, R*),
         # and a shuffle with lanes = R* keeps that (a mixture component's examples k = s (mod R*) too)
         n = int(np.gcd.reduce(np.append(np.diff(rows), options.batch_size))) if rows.size else 1
-        self._step = int(np.gcd(n, options.num_streams))
+        self._step = int(np.gcd(n, options.effective_ideal_readers))
         self._residue = int(rows[0]) % self._step if rows.size else 0
         self._windows: list[tuple[int, np.ndarray]] = []
         self.shuffle = options.shuffle_config()
@@ -191,7 +191,7 @@ class ExampleOrder:
             if self._index is None or self._index_key != key:
                 counts = table.tokens if self.chunk_index is None else self.chunk_index.counts(table)
                 loop = not (self.options.eval_mode or self.spans_rule)
-                self._index = StreamIndex(counts, self.options.num_streams if loop else 1, loop=loop,
+                self._index = StreamIndex(counts, self.options.effective_ideal_readers if loop else 1, loop=loop,
                                           complete=self.cache.complete)
                 self._index_key = key
             return self._index
@@ -226,7 +226,7 @@ class ExampleOrder:
                 what = (f"its {int(self.stream_index().counts.sum())} tokens make no whole row of seq_len "
                         f"{self.options.seq_len}" if self.packing == "concat" else "no document gives an example")
                 raise EmptyStream(f"{self.cache.url}: nothing to read: {what}")
-            self._spans = Spans(rows, self.options.num_streams, self.shuffle)
+            self._spans = Spans(rows, self.options.effective_ideal_readers, self.shuffle)
         return self._spans
 
     def lanes(self) -> Spans | StreamLanes | None:
@@ -410,7 +410,7 @@ class ExampleOrder:
         if self.spans_rule:
             p, _, _, row = self.spans().place(src)
             return np.zeros_like(row), row, p
-        return (*stream_position(src, self.options.num_streams), None)
+        return (*stream_position(src, self.options.effective_ideal_readers), None)
 
     def _best_fit_rows(self, chunks: np.ndarray, offsets: np.ndarray):
         """``(starts, first_positions, lengths, pieces)`` of best-fit rows ``offsets`` of ``chunks``."""

@@ -48,7 +48,7 @@ class ReleasePolicy:
         # with lanes == R*, a lane's rows are its stream's positions: the mixes map onto stream ranges
         # (mixes are stream ranges of L-token windows: concat reads only; best-fit rows of a chunk never go
         # back before their earliest piece, so they release per chunk as windows do)
-        self.by_mix = cfg is not None and options.packing == "concat" and cfg.lanes == options.num_streams
+        self.by_mix = cfg is not None and options.packing == "concat" and cfg.lanes == options.effective_ideal_readers
         self.by_chunk = cfg is None and options.packed
         self._lock = threading.Lock()
         self._released: dict[int, int] = {}  # chunk -> its row groups before this one were released

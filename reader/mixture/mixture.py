@@ -186,7 +186,7 @@ class MixtureOrder:
         # _SOURCES_AHEAD batches at its largest weight w, plus w of a block of every lane (how far its
         # lanes drift apart inside blocks)
         # (components of one cache share its order, whose examples they all read: the sum of their weights)
-        spec, B, R = mixture.spec, options.batch_size, options.num_streams
+        spec, B, R = mixture.spec, options.batch_size, options.effective_ideal_readers
         wmax = [max(ws) for ws in zip(*(spec.normalised(s) for s in range(len(spec.segments))))]
         wsum = np.bincount(mixture.which, weights=wmax, minlength=len(mixture.distinct)).tolist()
         self.orders = [ExampleOrder(cache, options, stores[d], rows,
@@ -195,7 +195,7 @@ class MixtureOrder:
         self.which = np.asarray(mixture.which, dtype=np.int64)
         self.components = [self.orders[d] for d in mixture.which]  # one per component (shared per cache)
         self.num_components = len(self.components)
-        self.index = None if options.eval_mode else QuotaIndex(mixture.spec.quotas(options.num_streams, options.batch_size))
+        self.index = None if options.eval_mode else QuotaIndex(mixture.spec.quotas(options.effective_ideal_readers, options.batch_size))
         self._stack: tuple[tuple, StackedStreams | None] | None = None
         self._limited = [c for c, comp in enumerate(mixture.spec.components) if comp.max_passes is not None]
         self._limit: tuple[int, MaxPassesReached] | None = None  # (first step refused, its error)
@@ -328,7 +328,7 @@ class MixtureOrder:
         if stacked is None:
             return None
         D, L = len(self.orders), self.options.seq_len
-        s, j = stream_position(k, self.options.num_streams)
+        s, j = stream_position(k, self.options.effective_ideal_readers)
         dist = self.which[comp]
         dists = np.concatenate([dist, dist])  # each window's first and last token, as ExampleOrder.plan asks
         _, chunks, offs, _ = stacked.locate(dists, np.concatenate([s, s]), np.concatenate([j * L, j * L + L - 1]))
@@ -357,7 +357,7 @@ class MixtureOrder:
             for d in np.flatnonzero(np.bincount(dist, minlength=D)).tolist():
                 sel = dist == d
                 src[sel] = self.orders[d].sources([k[sel]])[0]
-        s, j = stream_position(src, self.options.num_streams)
+        s, j = stream_position(src, self.options.effective_ideal_readers)
         epochs, chunks, starts, avail = stacked.locate(dist, s, j * L)
         lengths = np.minimum(avail, L)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
