@@ -38,7 +38,7 @@ _WAIT = ("pass_rule='spans' serves each pass as a permutation of every row of th
 # per call: a few hundred small numpy operations whatever the size)
 _SOURCE_BATCHES_AHEAD = 32
 _SOURCE_CACHE = 4096  # arrays of source indices kept
-_SOURCE_WINDOWS = 4  # windows of source indices kept (``ahead``: mixture components)
+_SOURCE_RUNS = 4  # runs of source indices kept (``ahead``: mixture components)
 
 
 def group_by_key(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -144,7 +144,7 @@ class ExampleOrder:
         from it.
       rows: the rows of each global batch this reader serves (a hint: the cipher runs ahead for them).
       ahead: for a component of a mixture (whose examples are not whole batches): the cipher answers
-        are computed for windows of this many examples ahead of those asked for, on the arithmetic
+        are computed for runs of this many examples ahead of those asked for, on the arithmetic
         progression this reader's examples lie on (see :meth:`sources`).
     """
 
@@ -160,7 +160,7 @@ class ExampleOrder:
         n = int(np.gcd.reduce(np.append(np.diff(rows), options.batch_size))) if rows.size else 1
         self._step = int(np.gcd(n, options.effective_ideal_readers))
         self._residue = int(rows[0]) % self._step if rows.size else 0
-        self._windows: list[tuple[int, np.ndarray]] = []
+        self._source_runs: list[tuple[int, np.ndarray]] = []
         self.shuffle = options.shuffle_config()
         self.packing = options.packing
         # the pass rule (docs/FORMAT.md, "Passes"): eval reads are one stream under either
@@ -287,7 +287,7 @@ class ExampleOrder:
         if self.shuffle is None:
             return exs
         if self.ahead is not None:
-            return [self._window_sources(ex) for ex in exs]
+            return [self._sources_ahead(ex) for ex in exs]
         keys = [(int(ex[0]), ex.size, ex.tobytes()) if ex.size else None for ex in exs]
         with self._lock:
             got = [self._sources.get(k) for k in keys]
@@ -318,15 +318,15 @@ class ExampleOrder:
             got[i] = src
         return got
 
-    def _window_sources(self, ex: np.ndarray) -> np.ndarray:
-        """``pi(ex)`` from a window of answers computed ahead: ``pi`` of ``k0, k0 + g, ..., k0 + g m`` for
-        ``m`` reaching ``ahead`` examples past ``ex``; a few windows are kept (reads and prefetch plans
+    def _sources_ahead(self, ex: np.ndarray) -> np.ndarray:
+        """``pi(ex)`` from a run of answers computed ahead: ``pi`` of ``k0, k0 + g, ..., k0 + g m`` for
+        ``m`` reaching ``ahead`` examples past ``ex``; a few runs are kept (reads and prefetch plans
         ask for different places)."""
         if not ex.size:
             return ex
         g = self._step
         with self._lock:
-            wins = list(self._windows)
+            wins = list(self._source_runs)
         for k0, arr in wins:
             d = ex - k0
             if int(d.min()) >= 0 and int(d.max()) // g < arr.size and not (d % g).any():
@@ -338,7 +338,7 @@ class ExampleOrder:
         arr = self._permute(k0 + g * np.arange(m, dtype=np.int64))
         arr.setflags(write=False)
         with self._lock:
-            self._windows = ([(k0, arr)] + self._windows)[:_SOURCE_WINDOWS]
+            self._source_runs = ([(k0, arr)] + self._source_runs)[:_SOURCE_RUNS]
         return arr[(ex - k0) // g]
 
     def _permute(self, ex: np.ndarray) -> np.ndarray:
