@@ -215,7 +215,7 @@ def cmd_read(a) -> int:
     """One training read: packed concat rows, seq_len 2048, batch 64, num_workers=2, from step 0."""
     from reader import Reader, ReadOptions
 
-    opts = ReadOptions(seq_len=2048, batch_size=64, packed=True, num_workers=a.workers,
+    opts = ReadOptions(seq_len=2048, batch_size=64, packing="concat", num_workers=a.workers,
                        shuffle_seed=0 if a.shuffle else None)
     t0 = time.perf_counter()
     r = Reader(str(a.cache), opts)

@@ -138,7 +138,7 @@ def read_reader(cache: Path, opts: ReadOptions, batches: int, max_s: float | Non
 def example_sources(opts: ReadOptions, batches: int, shuffle_cfg) -> tuple[np.ndarray, np.ndarray]:
     ex = np.arange(batches * B, dtype=np.int64)
     src = shuffle.shuffle_example_indices(ex, shuffle_cfg) if shuffle_cfg is not None else ex
-    return streams.stream_position(np.asarray(src, np.int64), opts.num_streams)
+    return streams.stream_position(np.asarray(src, np.int64), opts.effective_ideal_readers)
 
 
 def baseline_offsets(cache: Path, seq_opts: ReadOptions, shuf_opts: ReadOptions, batches: int,
@@ -159,7 +159,7 @@ def baseline_offsets(cache: Path, seq_opts: ReadOptions, shuf_opts: ReadOptions,
         return (rows_seq * L).reshape(batches, B), (rows_shf * L).reshape(batches, B)
     s_seq, j_seq = example_sources(seq_opts, batches, None)
     s_shf, j_shf = example_sources(shuf_opts, batches, shuf_opts.shuffle_config())
-    need = np.zeros(seq_opts.num_streams, np.int64)
+    need = np.zeros(seq_opts.effective_ideal_readers, np.int64)
     for s, j in ((s_seq, j_seq), (s_shf, j_shf)):
         np.maximum.at(need, s, (j + 1) * L)
     base = write_flat_file(cache, seq_opts, need, flat)
@@ -323,8 +323,8 @@ def run(cache: Path, work: Path, batches: int, rounds: int, budgets: list[float]
     # The headline layout is "flat" (seqax's flat-tokens: one uint32 [B, L+1] array and two ints per
     # row, what JaxLoader ships to devices); the five-array layout is measured too ("arrays").
     # pass_rule: None, the cache's default (ReadOptions.pass_rule)
-    seq_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, layout="flat", pass_rule=pass_rule)
-    shuf_opts = ReadOptions(seq_len=L, batch_size=B, packed=True, shuffle_seed=0, layout="flat", pass_rule=pass_rule)
+    seq_opts = ReadOptions(seq_len=L, batch_size=B, packing="concat", layout="flat", pass_rule=pass_rule)
+    shuf_opts = ReadOptions(seq_len=L, batch_size=B, packing="concat", shuffle_seed=0, layout="flat", pass_rule=pass_rule)
     W = WORKERS
     # name -> options; the headline figures (reader_*) use W worker processes, *_1p one process
     configs = {

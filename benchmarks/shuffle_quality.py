@@ -202,12 +202,12 @@ def _expand(lo: np.ndarray, hi: np.ndarray):
     return owner, base + np.arange(int(n.sum()))
 
 
-def compute_examples(lay: Layout, num_examples: int, seq_len: int, num_streams: int) -> Examples:
-    idx = streams.StreamIndex(lay.chunk_tokens, num_streams, loop=True)
+def compute_examples(lay: Layout, num_examples: int, seq_len: int, ideal_readers: int) -> Examples:
+    idx = streams.StreamIndex(lay.chunk_tokens, ideal_readers, loop=True)
     x = np.arange(num_examples, dtype=np.int64)
-    s, j = streams.stream_position(x, num_streams)
+    s, j = streams.stream_position(x, ideal_readers)
     e1, c1, o1, e2, c2, o2 = (np.zeros(num_examples, np.int64) for _ in range(6))
-    for st in range(num_streams):
+    for st in range(ideal_readers):
         m = s == st
         a = idx.locate_many(st, j[m] * seq_len)
         b = idx.locate_many(st, j[m] * seq_len + seq_len - 1)
@@ -361,7 +361,7 @@ def simulate_io(ex: Examples, lay: Layout, perm: np.ndarray, *, seq_len: int, bu
 @dataclasses.dataclass(frozen=True)
 class Params:
     seq_len: int
-    num_streams: int
+    ideal_readers: int
     batch_size: int
     row_group_tokens: int  # of the cache: ours derives its block size from it (ShuffleConfig.for_reader)
     max_window: int  # ours' maximum window, scaled down to the benchmark cache; also the eras' size
@@ -369,12 +369,12 @@ class Params:
     seed: int = 1234
 
 
-QUICK = Params(seq_len=128, num_streams=8, batch_size=32, row_group_tokens=1024, max_window=8192)
-FULL = Params(seq_len=512, num_streams=16, batch_size=64, row_group_tokens=32768, max_window=65536)
+QUICK = Params(seq_len=128, ideal_readers=8, batch_size=32, row_group_tokens=1024, max_window=8192)
+FULL = Params(seq_len=512, ideal_readers=16, batch_size=64, row_group_tokens=32768, max_window=65536)
 
 
 def shuffle_config(p: Params, lanes: int) -> shuffle.ShuffleConfig:
-    cfg = shuffle.ShuffleConfig.for_reader(p.seed, seq_len=p.seq_len, ideal_readers=p.num_streams,
+    cfg = shuffle.ShuffleConfig.for_reader(p.seed, seq_len=p.seq_len, ideal_readers=p.ideal_readers,
                                          batch_size=p.batch_size, row_group_tokens=p.row_group_tokens,
                                          max_window=p.max_window)
     if lanes == 1:  # same sizes in examples, examples free to change stream
@@ -389,7 +389,7 @@ def orders(p: Params, n: int) -> dict[str, np.ndarray]:
     return {
         "none": t,
         "eras": shuffle.shuffle_example_indices(t, eras),
-        "ours": shuffle.shuffle_example_indices(t, shuffle_config(p, p.num_streams)),
+        "ours": shuffle.shuffle_example_indices(t, shuffle_config(p, p.ideal_readers)),
         "ours_lanes1": shuffle.shuffle_example_indices(t, shuffle_config(p, 1)),
         "full": np.random.default_rng(p.seed).permutation(n).astype(np.int64),
     }
@@ -397,8 +397,8 @@ def orders(p: Params, n: int) -> dict[str, np.ndarray]:
 
 def steady_batch(p: Params) -> int:
     """First batch index lying wholly in a maximum-size window of ``ours``."""
-    starts, _ = shuffle_config(p, p.num_streams).window_table
-    return -(-int(starts[-1]) * p.num_streams // p.batch_size)
+    starts, _ = shuffle_config(p, p.ideal_readers).window_table
+    return -(-int(starts[-1]) * p.ideal_readers // p.batch_size)
 
 
 def measure(lay: Layout, p: Params, *, plot: str | None = None, check_root: str | None = None,
@@ -408,13 +408,13 @@ def measure(lay: Layout, p: Params, *, plot: str | None = None, check_root: str 
     n = (n_pass // p.batch_size) * p.batch_size
     ords = orders(p, n)
     span = max(int(v.max()) for v in ords.values()) + 1
-    ex = compute_examples(lay, span, p.seq_len, p.num_streams)
-    cfg = shuffle_config(p, p.num_streams)
+    ex = compute_examples(lay, span, p.seq_len, p.ideal_readers)
+    cfg = shuffle_config(p, p.ideal_readers)
     budget = int(p.budget_mixes * cfg.mix_size * p.seq_len * shuffle.DECODED_BYTES_PER_TOKEN)
     sb = steady_batch(p)
     out: dict[str, Any] = {
         "examples_per_pass": n_pass, "batches": n // p.batch_size, "batch_size": p.batch_size,
-        "seq_len": p.seq_len, "ideal_readers": p.num_streams, "steady_from_batch": sb,
+        "seq_len": p.seq_len, "ideal_readers": p.ideal_readers, "steady_from_batch": sb,
         "memory_budget_bytes": budget, **{f"cache_{k}": v for k, v in lay.describe().items()},
         **{f"cfg_{k}": v for k, v in dataclasses.asdict(p).items()},
         **{f"ours_cfg_{k}": v for k, v in dataclasses.asdict(cfg).items() if k != "seed"},
@@ -474,16 +474,16 @@ def reader_check(root: str, lay: Layout, p: Params, budget: int, *, log=print) -
     same batches (``*_sim_rg_window``)."""
     from reader import ReadOptions, Reader
 
-    cfg = shuffle_config(p, p.num_streams)
+    cfg = shuffle_config(p, p.ideal_readers)
     b0 = steady_batch(p)
     nb = max(1, cfg.max_window // p.batch_size)
     t = np.arange(b0 * p.batch_size, (b0 + nb) * p.batch_size, dtype=np.int64)
     perms = {"none": t, "ours": shuffle.shuffle_example_indices(t, cfg)}
-    ex = compute_examples(lay, int(max(v.max() for v in perms.values())) + 1, p.seq_len, p.num_streams)
+    ex = compute_examples(lay, int(max(v.max() for v in perms.values())) + 1, p.seq_len, p.ideal_readers)
     out: dict[str, Any] = {"reader_check_batches": nb, "reader_check_from_batch": b0}
     for name, sh in (("none", None), ("ours", cfg)):
         t0 = time.time()
-        opts = ReadOptions(seq_len=p.seq_len, batch_size=p.batch_size, ideal_readers=p.num_streams, shuffle=sh,
+        opts = ReadOptions(seq_len=p.seq_len, batch_size=p.batch_size, ideal_readers=p.ideal_readers, shuffle=sh,
                            memory_budget_bytes=budget)
         with Reader(root, opts) as rd:
             for _ in rd.iter_batches(b0, nb):
@@ -517,9 +517,9 @@ def _plot(series: dict, p: Params, steady: int, path: str) -> None:
             k = v.size // w
             xs = (np.arange(k) + 0.5) * w
             ax.plot(xs, v[: k * w].reshape(k, w).mean(1), label=name, color=colors[name], lw=1.6)
-        starts, _ = shuffle_config(p, p.num_streams).window_table
+        starts, _ = shuffle_config(p, p.ideal_readers).window_table
         for s in starts[1:]:
-            ax.axvline(s * p.num_streams / p.batch_size, color="tab:blue", alpha=0.15, lw=0.8)
+            ax.axvline(s * p.ideal_readers / p.batch_size, color="tab:blue", alpha=0.15, lw=0.8)
         ax.axvline(steady, color="tab:blue", ls="--", lw=1)
         ax.set_title(titles[key], fontsize=10)
         ax.set_xlabel("training position (batch)")
@@ -527,7 +527,7 @@ def _plot(series: dict, p: Params, steady: int, path: str) -> None:
     axes[0].set_ylabel("fraction (binned)")
     axes[0].legend(loc="upper right")
     fig.suptitle(f"Shuffle correlation vs training position (batch {p.batch_size}, seq_len {p.seq_len}, "
-                 f"R*={p.num_streams}; ours: windows {shuffle_config(p, 1).first_window}..{p.max_window} examples, dashed = max "
+                 f"R*={p.ideal_readers}; ours: windows {shuffle_config(p, 1).first_window}..{p.max_window} examples, dashed = max "
                  f"window reached)", fontsize=10)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ from reader.order.shuffle import ShuffleConfig
 from reader.storage.view_syntax import ViewSpec, parse_view
 
 LAYOUTS = ("arrays", "flat")  # how a batch's tokens are laid out: reader.batch.schema defines each
-PACKINGS = ("concat", "best_fit")  # how packed rows are filled: windows of the stream, or best-fit rows
+# How documents become rows: windows of the stream, best-fit rows of a chunk, or one document piece per row.
+PACKINGS = ("concat", "best_fit", "unpacked")
 # Continuation pieces a best-fit row may hold by default (ReadOptions.best_fit_continuations) in caches of
 # format version 4 and later: as little padding as plain best-fit decreasing, give or take a few hundredths
 # of a percent, on long documents (docs/FORMAT.md, "Best-fit packing"); older caches keep one per row.
@@ -26,11 +27,13 @@ class ReadOptions:
     Attributes:
       seq_len: tokens per example (L).
       batch_size: examples per GLOBAL batch (B); must be a multiple of the number of readers.
-      packed: True: moving windows over concatenated documents; False: one document piece per example.
-      packing: how packed rows are made: ``"concat"`` (default): a stream's documents concatenated and
+      packing: how documents become rows: ``"concat"`` (default): a stream's documents concatenated and
         cut every L tokens; ``"best_fit"``: each chunk's documents packed into rows by best-fit
         decreasing, no document of at most L tokens cut (docs/FORMAT.md, "Best-fit packing"); a chunk's
-        rows are then its examples, like unpacked examples. Packed reads only.
+        rows are then its examples, like unpacked examples; ``"unpacked"``: one document piece per example.
+      packed: the older spelling, kept as an alias: ``packed=False`` is ``packing="unpacked"`` (also beside
+        ``packing="concat"``, its old default), ``packed=True`` (without ``packing``) is ``"concat"``; any other
+        pair must agree. Read back, it says whether ``packing`` packs (is not ``"unpacked"``).
       drop_long: unpacked and best-fit reads: skip every document longer than ``seq_len`` (it yields no
         example) instead of cutting it into pieces of ``seq_len``; ``Reader.dropped_long`` counts them.
         For supervised data, where a cut conversation would train on a turn without its context.
@@ -107,8 +110,8 @@ class ReadOptions:
 
     seq_len: int = 2048
     batch_size: int = 64
-    packed: bool = True
-    packing: str = "concat"
+    packed: bool | None = None
+    packing: str | None = None
     drop_long: bool = False
     best_fit_window_tokens: int = WINDOW_TOKENS
     ideal_readers: int = 16
@@ -129,39 +132,47 @@ class ReadOptions:
     view: Any = None
 
     def __post_init__(self):
-        if self.packing not in PACKINGS:
-            raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
-        if self.packing != "concat" and not self.packed:
-            raise ValueError(f"packing={self.packing!r} packs rows; packed=False reads one document piece per "
-                             "row. Drop packing or packed=False.")
-        if self.drop_long and self.kind == "concat":
+        packing, packed = self.packing, self.packed
+        if packed is not None and not packed and packing in (None, "concat"):
+            # (beside packed=False, packing="concat" was the default: dataclasses.replace(opts, packed=False) passes it)
+            packing = "unpacked"
+        packing = packing or "concat"
+        if packing not in PACKINGS:
+            raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
+        if packed is not None and bool(packed) != (packing != "unpacked"):
+            raise ValueError(f"packing={packing!r} and packed={packed!r} disagree (packed=False is the older "
+                             "spelling of packing='unpacked'): drop packed")
+        # (normalized, so that equal reads compare equal: ReadOptions(packed=False) == ReadOptions(packing="unpacked"))
+        object.__setattr__(self, "packing", packing)
+        object.__setattr__(self, "packed", packing != "unpacked")
+        if self.drop_long and self.packing == "concat":
             raise ValueError("drop_long skips documents longer than seq_len in unpacked and best-fit reads; "
-                             "concat windows cut documents anywhere. Use packing='best_fit' or packed=False "
+                             "concat windows cut documents anywhere. Use packing='best_fit' or packing='unpacked' "
                              "with it.")
         if isinstance(self.best_fit_window_tokens, bool) or not isinstance(self.best_fit_window_tokens, int) \
                 or self.best_fit_window_tokens < 1:
             raise ValueError(f"best_fit_window_tokens must be an integer >= 1, got {self.best_fit_window_tokens!r}")
-        if self.best_fit_window_tokens != WINDOW_TOKENS and self.kind != "best_fit":
+        if self.best_fit_window_tokens != WINDOW_TOKENS and self.packing != "best_fit":
             raise ValueError(f"best_fit_window_tokens={self.best_fit_window_tokens} applies to packing='best_fit' "
-                             f"only (this read is {self.kind!r}). Drop it or set packing='best_fit'.")
+                             f"only (this read is {self.packing!r}). Drop it or set packing='best_fit'.")
         for name in ("best_fit_continuations", "max_segments"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be None or an integer >= 1, got {v!r}")
-        if self.best_fit_continuations is not None and self.kind != "best_fit":
+        if self.best_fit_continuations is not None and self.packing != "best_fit":
             raise ValueError(f"best_fit_continuations={self.best_fit_continuations} applies to packing='best_fit' "
-                             f"only (this read is {self.kind!r}). Drop it or set packing='best_fit'.")
-        if self.max_segments is not None and self.kind == "concat":
+                             f"only (this read is {self.packing!r}). Drop it or set packing='best_fit'.")
+        if self.max_segments is not None and self.packing == "concat":
             raise ValueError(f"max_segments={self.max_segments}: concat rows cut the stream every seq_len tokens "
                              "whatever documents they hold, so they cannot keep to a cap. Use packing='best_fit' "
-                             "(it packs within the cap) or packed=False (one piece per row), or drop max_segments.")
+                             "(it packs within the cap) or packing='unpacked' (one piece per row), or drop max_segments.")
         if self.varlen and self.max_segments is None:
             raise ValueError("varlen=True writes cu_seqlens with max_segments + 1 entries per row (a static "
                              "shape): set max_segments too, e.g. ReadOptions(packing='best_fit', "
                              "max_segments=64, varlen=True)")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if self.layout == "flat" and not self.packed:
+        if self.layout == "flat" and self.packing == "unpacked":
             raise ValueError("layout='flat' encodes packed windows (document starts as a bit per token); "
                              "unpacked examples use layout='arrays'")
         if self.prefetch_threads < 0:
@@ -186,12 +197,6 @@ class ReadOptions:
             raise ValueError("eval_mode reads every document once in global order; it never shuffles. "
                              "Drop shuffle_seed/shuffle or eval_mode.")
 
-    @property
-    def kind(self) -> str:
-        """What an example is: ``"concat"`` (a window of a stream's tokens), ``"best_fit"`` (a best-fit row
-        of a chunk) or ``"unpacked"`` (a piece of a document). The last two are counted per chunk."""
-        return self.packing if self.packed else "unpacked"
-
     def pass_rule_for(self, format_version: int) -> str:
         """The pass rule of a read of a cache of ``format_version``: ``pass_rule``, or by the version."""
         if self.pass_rule is not None:
@@ -208,7 +213,7 @@ class ReadOptions:
     def continuation_slots(self, format_versions) -> int:
         """Columns of the flat layout's ``continuation_*`` fields for caches of ``format_versions`` (a
         mixture's components): the continuation pieces a best-fit row may hold past column 0."""
-        if self.kind != "best_fit":
+        if self.packing != "best_fit":
             return 0
         return max((self.continuations(v) for v in format_versions), default=1) - 1
 
@@ -223,8 +228,14 @@ class ReadOptions:
         return self.max_segments if self.varlen else None
 
     @property
-    def num_streams(self) -> int:
+    def effective_ideal_readers(self) -> int:
+        """R* as the order uses it: ``ideal_readers``, or 1 in eval mode (one stream, one span)."""
         return 1 if self.eval_mode else self.ideal_readers
+
+    @property
+    def num_streams(self) -> int:
+        """The older name of :attr:`effective_ideal_readers`, kept as an alias."""
+        return self.effective_ideal_readers
 
     def shuffle_config(self) -> ShuffleConfig | None:
         """The shuffle config, or None when not shuffling."""
@@ -233,4 +244,4 @@ class ReadOptions:
         if self.shuffle_seed is None:
             return None
         # lanes = R*: every example stays in its stream, so hosts keep reading only their own chunks.
-        return ShuffleConfig(seed=int(self.shuffle_seed), lanes=self.num_streams)
+        return ShuffleConfig(seed=int(self.shuffle_seed), lanes=self.effective_ideal_readers)

@@ -131,7 +131,7 @@ class Reader:
         self._unwarned = serve_rows is None  # (a reader worker's parent warns, not the worker)
         # a remote cache read asynchronously: a read asks for all it needs at once, before it waits for any
         self._ask = any(s.asynchronous for s in getattr(self.store, "stores", [self.store]))
-        self.assembler = Assembler(self.store, opts, on_windows=self.release.windows_read, masked=self.masked,
+        self.assembler = Assembler(self.store, opts, on_windows=self.release.concat_windows_read, masked=self.masked,
                                    continuations=self.continuation_slots)
         self._pools: weakref.WeakSet = weakref.WeakSet()  # worker pools of open iter_batches (num_workers > 0)
 

@@ -203,7 +203,7 @@ class Assembler:
             arr = np.asarray(recs, dtype=np.int64)
             runs = window_runs(arr, L)
             groups = store.row_groups([(c, g) for c, g, *_ in runs])  # (sorted: recs are)
-            w.copy_windows(out, runs, groups)
+            w.copy_concat_windows(out, runs, groups)
             w.mark_documents(out, *doc_starts_in_windows(arr, groups, L))
         for c, g, a, la, r in cross:  # documents never span row groups: one starts at the boundary
             rg1, rg2 = store.row_group(c, g), store.row_group(c, g + 1)

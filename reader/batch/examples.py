@@ -42,7 +42,7 @@ _WAIT = ("pass_rule='spans' serves each pass as a permutation of every row of th
 # per call: a few hundred small numpy operations whatever the size)
 _SOURCE_BATCHES_AHEAD = 32
 _SOURCE_CACHE = 4096  # arrays of source indices kept
-_SOURCE_WINDOWS = 4  # windows of source indices kept (``ahead``: mixture components)
+_SOURCE_RUNS = 4  # runs of source indices kept (``ahead``: mixture components)
 _CUM_CACHE = 256  # chunks whose cumulative piece counts (or window bounds) are kept
 _ROWS_CACHE_BYTES = 64 << 20  # best-fit packings of recent windows kept (about 30 bytes per piece)
 
@@ -79,7 +79,7 @@ class Placement:
       components: int32 [n]: each row's mixture component (-1 for padding rows), or None: a single
         cache (component 0). In a mixture, ``chunks`` are the mixture's chunk ids (see
         :mod:`reader.mixture.io`) and ``streams``/``positions``/``epochs`` the components' own.
-      pieces: best-fit rows: their pieces (:class:`RowPieces`); None for the other kinds.
+      pieces: best-fit rows: their pieces (:class:`RowPieces`); None for the other packings.
     """
 
     examples: np.ndarray
@@ -199,7 +199,7 @@ class ExampleOrder:
         from it.
       rows: the rows of each global batch this reader serves (a hint: the cipher runs ahead for them).
       ahead: for a component of a mixture (whose examples are not whole batches): the cipher answers
-        are computed for windows of this many examples ahead of those asked for, on the arithmetic
+        are computed for runs of this many examples ahead of those asked for, on the arithmetic
         progression this reader's examples lie on (see :meth:`sources`).
     """
 
@@ -213,11 +213,11 @@ class ExampleOrder:
         # rows i = rho (mod n) of every batch: examples of stream s = i mod R* = rho (mod g), g = gcd(n, R*),
         # and a shuffle with lanes = R* keeps that (a mixture component's examples k = s (mod R*) too)
         n = int(np.gcd.reduce(np.append(np.diff(rows), options.batch_size))) if rows.size else 1
-        self._step = int(np.gcd(n, options.num_streams))
+        self._step = int(np.gcd(n, options.effective_ideal_readers))
         self._residue = int(rows[0]) % self._step if rows.size else 0
-        self._windows: list[tuple[int, np.ndarray]] = []
+        self._source_runs: list[tuple[int, np.ndarray]] = []
         self.shuffle = options.shuffle_config()
-        self.kind = options.kind
+        self.packing = options.packing
         # the pass rule (docs/FORMAT.md, "Passes"): eval reads are one stream under either
         self.pass_rule = options.pass_rule_for(cache.ledger.format_version)
         self.spans_rule = self.pass_rule == "spans" and not options.eval_mode
@@ -226,8 +226,8 @@ class ExampleOrder:
         # best fit: the continuation pieces per row, resolved by the cache's format version
         self.continuations = options.continuations(int(cache.ledger.raw["format_version"]))
         # per-chunk example counts (None: a concat stream's units are its tokens)
-        self.chunk_index = None if self.kind == "concat" else ExampleIndex(
-            cache, options.seq_len, self.kind, index_cache=options.index_cache,
+        self.chunk_index = None if self.packing == "concat" else ExampleIndex(
+            cache, options.seq_len, self.packing, index_cache=options.index_cache,
             window_tokens=options.best_fit_window_tokens, drop_long=options.drop_long,
             continuations=self.continuations, max_segments=options.max_segments,
             view=getattr(cache, "view", None))
@@ -247,7 +247,7 @@ class ExampleOrder:
             if self._index is None or self._index_key != key:
                 counts = table.tokens if self.chunk_index is None else self.chunk_index.counts(table)
                 loop = not (self.options.eval_mode or self.spans_rule)
-                self._index = StreamIndex(counts, self.options.num_streams if loop else 1, loop=loop,
+                self._index = StreamIndex(counts, self.options.effective_ideal_readers if loop else 1, loop=loop,
                                           complete=self.cache.complete)
                 self._index_key = key
             return self._index
@@ -256,7 +256,7 @@ class ExampleOrder:
         """``E``, the examples of one pass: the rows of an eval pass at these options (concat: its whole
         rows, ``floor(T / L)``) in the chunks known now (all once the build is done)."""
         units = int(self.stream_index().counts.sum())
-        return units // self.options.seq_len if self.kind == "concat" else units
+        return units // self.options.seq_len if self.packing == "concat" else units
 
     def repeated_rows(self) -> int:
         """:func:`reader.order.passes.stream_repeats` of this read: 0 under ``"spans"``, in eval mode and while
@@ -264,7 +264,7 @@ class ExampleOrder:
         if self.spans_rule or self.options.eval_mode or not self.cache.complete:
             return 0
         idx = self.stream_index()
-        per_row = self.options.seq_len if self.kind == "concat" else 1
+        per_row = self.options.seq_len if self.packing == "concat" else 1
         return stream_repeats(self.pass_examples(), idx.pass_units(np.arange(idx.r)) // per_row)
 
     def spans(self) -> Spans:
@@ -280,9 +280,9 @@ class ExampleOrder:
             rows = self.pass_examples()
             if rows == 0:
                 what = (f"its {int(self.stream_index().counts.sum())} tokens make no whole row of seq_len "
-                        f"{self.options.seq_len}" if self.kind == "concat" else "no document gives an example")
+                        f"{self.options.seq_len}" if self.packing == "concat" else "no document gives an example")
                 raise EmptyStream(f"{self.cache.url}: nothing to read: {what}")
-            self._spans = Spans(rows, self.options.num_streams, self.shuffle)
+            self._spans = Spans(rows, self.options.effective_ideal_readers, self.shuffle)
         return self._spans
 
     def lanes(self) -> Spans | StreamLanes | None:
@@ -312,13 +312,13 @@ class ExampleOrder:
         if not self.options.eval_mode:
             return None
         units = int(self.stream_index().stream_length(0))
-        return -(-units // self.options.seq_len) if self.kind == "concat" else units
+        return -(-units // self.options.seq_len) if self.packing == "concat" else units
 
     def eval_limit(self, idx: StreamIndex, j: np.ndarray) -> int:
         """Eval: number of examples, or raise NotYetAvailable if ``j`` reaches past the known part."""
         units = int(idx.stream_length(0))
         L = self.options.seq_len
-        concat = self.kind == "concat"
+        concat = self.packing == "concat"
         if idx.complete:
             return -(-units // L) if concat else units
         known = units // L if concat else units
@@ -343,7 +343,7 @@ class ExampleOrder:
         if self.shuffle is None:
             return exs
         if self.ahead is not None:
-            return [self._window_sources(ex) for ex in exs]
+            return [self._sources_ahead(ex) for ex in exs]
         keys = [(int(ex[0]), ex.size, ex.tobytes()) if ex.size else None for ex in exs]
         with self._lock:
             got = [self._sources.get(k) for k in keys]
@@ -374,15 +374,15 @@ class ExampleOrder:
             got[i] = src
         return got
 
-    def _window_sources(self, ex: np.ndarray) -> np.ndarray:
-        """``pi(ex)`` from a window of answers computed ahead: ``pi`` of ``k0, k0 + g, ..., k0 + g m`` for
-        ``m`` reaching ``ahead`` examples past ``ex``; a few windows are kept (reads and prefetch plans
+    def _sources_ahead(self, ex: np.ndarray) -> np.ndarray:
+        """``pi(ex)`` from a run of answers computed ahead: ``pi`` of ``k0, k0 + g, ..., k0 + g m`` for
+        ``m`` reaching ``ahead`` examples past ``ex``; a few runs are kept (reads and prefetch plans
         ask for different places)."""
         if not ex.size:
             return ex
         g = self._step
         with self._lock:
-            wins = list(self._windows)
+            wins = list(self._source_runs)
         for k0, arr in wins:
             d = ex - k0
             if int(d.min()) >= 0 and int(d.max()) // g < arr.size and not (d % g).any():
@@ -394,7 +394,7 @@ class ExampleOrder:
         arr = self._permute(k0 + g * np.arange(m, dtype=np.int64))
         arr.setflags(write=False)
         with self._lock:
-            self._windows = ([(k0, arr)] + self._windows)[:_SOURCE_WINDOWS]
+            self._source_runs = ([(k0, arr)] + self._source_runs)[:_SOURCE_RUNS]
         return arr[(ex - k0) // g]
 
     def _permute(self, ex: np.ndarray) -> np.ndarray:
@@ -439,14 +439,14 @@ class ExampleOrder:
             rows = np.arange(ex.size)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
         pieces = None
-        if self.kind == "concat":
+        if self.packing == "concat":
             epochs, chunks, starts = idx.locate_streams(s, j * L)
             lengths = np.minimum(idx.counts[chunks] - starts, L)
             first = None
             for k in np.flatnonzero(lengths < L).tolist():
                 jk = int(j[k])
                 spill[k] = list(idx.pieces(int(s[k]), jk * L, (jk + 1) * L))
-        elif self.kind == "unpacked":
+        elif self.packing == "unpacked":
             epochs, chunks, offsets = idx.locate_streams(s, j)
             starts, first, lengths = (np.empty(rows.size, np.int64) for _ in range(3))
             for c in np.unique(chunks).tolist():
@@ -466,7 +466,7 @@ class ExampleOrder:
         if self.spans_rule:
             p, _, _, row = self.spans().place(src)
             return np.zeros_like(row), row, p
-        return (*stream_position(src, self.options.num_streams), None)
+        return (*stream_position(src, self.options.effective_ideal_readers), None)
 
     def _best_fit_rows(self, chunks: np.ndarray, offsets: np.ndarray):
         """``(starts, first_positions, lengths, pieces)`` of best-fit rows ``offsets`` of ``chunks``."""
@@ -488,7 +488,7 @@ class ExampleOrder:
         L = opts.seq_len
         idx = self.stream_index()
         s, j, _ = self._positions(np.concatenate(self.sources(exs)))
-        if self.kind == "concat":
+        if self.packing == "concat":
             pos = np.concatenate([j * L, j * L + L - 1])
             s = np.concatenate([s, s])
         else:
@@ -504,7 +504,7 @@ class ExampleOrder:
         best-fit: every piece of the rows, decoding the windows they lie in)."""
         if self.chunk_index is None:
             return offsets
-        if self.kind == "best_fit":
+        if self.packing == "best_fit":
             return self.placer.rows(c, offsets).starts
         return self.placer.locate(c, offsets)[0]
 

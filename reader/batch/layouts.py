@@ -3,7 +3,7 @@
 The walk (:mod:`reader.batch.assemble`) decides what goes in every row; a writer puts it there in its
 layout's arrays (:mod:`reader.batch.schema`):
 
-* :meth:`copy_windows`: runs of windows that lie inside one decoded row group, for the whole batch
+* :meth:`copy_concat_windows`: runs of windows that lie inside one decoded row group, for the whole batch
   (one copy per run), then :meth:`mark_documents`: the document starts inside them, for the
   whole batch at once;
 * :meth:`write_row`: any other row, from its tokens (after the previous token) and their positions;
@@ -68,7 +68,7 @@ def _bools(value: bool, n: int) -> np.ndarray:
 
 
 def _copy_loss(lm, runs, groups, L: int) -> None:
-    """``loss_mask`` of runs of windows (see :meth:`ArraysWriter.copy_windows`): their tokens' loss flags."""
+    """``loss_mask`` of runs of windows (see :meth:`ArraysWriter.copy_concat_windows`): their tokens' loss flags."""
     for c, g, a, rows, k in runs:
         lo = groups[(c, g)].loss
         if lo is None:
@@ -113,7 +113,7 @@ class ArraysWriter:
     def reset(self, out: dict[str, np.ndarray]) -> None:
         """Every token array is written whole by the walk."""
 
-    def copy_windows(self, out, runs, groups) -> None:
+    def copy_concat_windows(self, out, runs, groups) -> None:
         """Targets and inputs of each run ``(chunk, row group, offset, rows, k)``: ``k`` consecutive windows
         of one row group into rows ``rows`` (:func:`reader.batch.assemble.window_runs`), as one copy."""
         L = self.L
@@ -154,7 +154,7 @@ class ArraysWriter:
                     out=out["positions"].reshape(-1))
         np.copyto(out["segment_ids"].reshape(-1), np.repeat(segnum, lengths))
         out["inputs"].reshape(-1)[starts_doc] = 0
-        if not self.masked:  # (masked: copy_windows copied the flags)
+        if not self.masked:  # (masked: copy_concat_windows copied the flags)
             out["loss_mask"][:] = True
 
     def write_row(self, out, r: int, seq: np.ndarray, pos: np.ndarray, loss: np.ndarray | None = None) -> None:
@@ -283,7 +283,7 @@ class FlatWriter:
         out["num_tokens"][:] = self.L
         self._no_continuations(out, slice(None))
 
-    def copy_windows(self, out, runs, groups) -> None:
+    def copy_concat_windows(self, out, runs, groups) -> None:
         """``tokens[r] = 2 * padded[a : a+L+1]`` (the previous token, then the window) for each run; the
         tokens are copied as they are, then doubled for the whole batch in one pass."""
         L = self.L

@@ -105,12 +105,12 @@ class Prefetcher:
         stream's next rows need whole), within the budget; on a remote cache at least what is read during
         ``LATENCIES_AHEAD`` request latencies (see the module docstring)."""
         opts = self.options
-        streams = streams_of_reader(opts.num_streams, self.num_readers, self.reader_index)
-        local = len(streams) if streams is not None else opts.num_streams
+        streams = streams_of_reader(opts.effective_ideal_readers, self.num_readers, self.reader_index)
+        local = len(streams) if streams is not None else opts.effective_ideal_readers
         # tokens each stream advances per global batch, whatever R (unpacked pieces are at most seq_len)
-        per_batch = max(1.0, opts.batch_size * opts.seq_len / opts.num_streams)
+        per_batch = max(1.0, opts.batch_size * opts.seq_len / opts.effective_ideal_readers)
         cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))  # a quarter of the budget ahead
-        unit = opts.best_fit_window_tokens if opts.kind == "best_fit" else self._row_group_tokens()
+        unit = opts.best_fit_window_tokens if opts.packing == "best_fit" else self._row_group_tokens()
         ahead = math.ceil(min(unit, cap_tokens) / per_batch)
         latency = self.store.latency_s
         if latency is not None:
@@ -121,7 +121,7 @@ class Prefetcher:
         """Whether to load whole mixes: shuffled concat reads where this reader reads whole lanes (``R``
         divides ``R* == lanes``) and a mix's row groups fit in half the memory budget."""
         cfg, opts = self.order.shuffle, self.options
-        if not (cfg is not None and opts.kind == "concat" and cfg.lanes == opts.num_streams
+        if not (cfg is not None and opts.packing == "concat" and cfg.lanes == opts.effective_ideal_readers
                 and cfg.lanes % self.num_readers == 0
                 and self.rows.size * self.num_readers == opts.batch_size):  # (not a worker's share of them)
             return False

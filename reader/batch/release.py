@@ -48,7 +48,7 @@ class ReleasePolicy:
         # with lanes == R*, a lane's rows are its stream's positions: the mixes map onto stream ranges
         # (mixes are stream ranges of L-token windows: concat reads only; best-fit rows of a chunk never go
         # back before their earliest piece, so they release per chunk as windows do)
-        self.by_mix = cfg is not None and options.kind == "concat" and cfg.lanes == options.num_streams
+        self.by_mix = cfg is not None and options.packing == "concat" and cfg.lanes == options.effective_ideal_readers
         self.by_chunk = cfg is None and options.packed
         self._lock = threading.Lock()
         self._released: dict[int, int] = {}  # chunk -> its row groups before this one were released
@@ -77,7 +77,7 @@ class ReleasePolicy:
                 self._wanted.pop(next(iter(self._wanted)))
 
     # -- unshuffled: per chunk --------------------------------------------------------------------------
-    def windows_read(self, recs, cross) -> None:
+    def concat_windows_read(self, recs, cross) -> None:
         """The assembler's hook: what a packed read copied (runs of windows, and windows over two row
         groups; best-fit: the row groups its pieces lie in: tuples starting ``(chunk, row group)``)."""
         if not self.by_chunk or not (recs or cross):
@@ -152,10 +152,10 @@ class ReleasePolicy:
                     pass
 
     def _release_mix(self, lanes, m_lo: int, m_hi: int, which: list[int]) -> None:
-        w_lo, w_hi = lanes.window(m_lo)
+        w_lo, w_hi = lanes.shuffle_window(m_lo)
         ranges = {lane: rr.tolist() for lane, rr in zip(which, lanes.mix_sources(m_lo, which))}
         if m_hi >= w_hi:  # the window's last mix: the whole window, and the previous one (of the same pass)
-            prev = lanes.window_before(w_lo)
+            prev = lanes.shuffle_window_before(w_lo)
             for lane in which:
                 ranges[lane].append([prev, w_hi])
         for lane, rr in ranges.items():

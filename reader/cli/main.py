@@ -47,20 +47,17 @@ from reader.storage.validate import validate_chunk, validate_ledger, validate_sh
 
 def _read_options(args, **kw) -> ReadOptions:
     """The read options of ``inspect`` and ``report``: what decides the rows of a pass."""
-    if args.unpacked and args.packing != "concat":
-        raise ValueError(f"--packing {args.packing} packs rows; --unpacked reads one document piece per row. Drop "
-                         "one of them.")
     return ReadOptions(seq_len=args.seq_len, batch_size=args.batch_size, ideal_readers=args.ideal_readers,
                        pass_rule=args.pass_rule, **report_cli.packing_options(args), **kw)
 
 
 def _passes_lines(p: dict) -> list[str]:
     """``inspect``'s lines about passes (:func:`reader.report.summary.cache_passes`)."""
-    kind = {"concat": f"whole rows of {p['seq_len']:,} tokens", "unpacked": f"document pieces of <= {p['seq_len']:,} "
-            "tokens", "best_fit": f"best-fit rows of {p['seq_len']:,} tokens"}[p["kind"]]
+    rows = {"concat": f"whole rows of {p['seq_len']:,} tokens", "unpacked": f"document pieces of <= {p['seq_len']:,} "
+            "tokens", "best_fit": f"best-fit rows of {p['seq_len']:,} tokens"}[p["packing"]]
     E = p["examples_per_pass"]
     rule = p["pass_rule"] + (f" (the default for format version {p['format_version']})" if p["rule_by_version"] else "")
-    lines = [f"passes      a pass is {E:,} examples ({kind}); pass rule {rule}: "
+    lines = [f"passes      a pass is {E:,} examples ({rows}); pass rule {rule}: "
              + ("every pass serves each of them once" if p["pass_rule"] == "spans" else
                 f"{p['ideal_readers']} streams loop over the chunks")]
     if p["repeated_rows"]:
@@ -182,7 +179,7 @@ def cmd_inspect(args) -> int:
               f"{m['decoded']:.1f} MiB, batches read ahead up to "
               f"{m['ahead_limit']:.1f} MiB; process RSS {m['rss']:.0f} MiB (the interpreter, numpy and pyarrow "
               "alone: about 70 MiB)")
-        print(f"rows        {rows.describe()} ({'unpacked' if args.unpacked else args.packing})")
+        print(f"rows        {rows.describe()} ({report_cli.packing_of(args)})")
     if "view" in info:
         print("\n".join(views.describe(info["view"])))
     for name, rows in info.get("by", {}).items():
@@ -280,8 +277,8 @@ def cmd_batches(args) -> int:
     arrays["batch_index"] = np.asarray([b for b, _ in got], dtype=np.int64)
     arrays["rows"] = r.my_rows
     arrays["options"] = np.asarray(json.dumps({
-        "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size, "packed": not args.unpacked,
-        "packing": args.packing, "best_fit_window_tokens": args.best_fit_window_tokens, "drop_long": args.drop_long,
+        "path": args.path, "seq_len": args.seq_len, "batch_size": args.batch_size,
+        "packing": report_cli.packing_of(args), "best_fit_window_tokens": args.best_fit_window_tokens, "drop_long": args.drop_long,
         "best_fit_continuations": args.best_fit_continuations, "max_segments": args.max_segments, "varlen": args.varlen,
         "ideal_readers": args.ideal_readers, "eval_mode": args.eval, "shuffle_seed": args.shuffle_seed,
         "num_readers": args.num_readers, "reader_index": args.reader_index, "pass_rule": args.pass_rule,
@@ -298,18 +295,18 @@ def cmd_index(args) -> int:
 
     from reader.storage.index import ExampleIndex
 
-    kind = "best_fit" if args.packing == "best_fit" else "unpacked"
+    packing = args.packing
     opts = (ReadOptions(seq_len=args.seq_len, packing="best_fit", best_fit_window_tokens=args.best_fit_window_tokens,
                         drop_long=args.drop_long, best_fit_continuations=args.best_fit_continuations,
-                        max_segments=args.max_segments) if kind == "best_fit" else
-            ReadOptions(seq_len=args.seq_len, packed=False, drop_long=args.drop_long))
+                        max_segments=args.max_segments) if packing == "best_fit" else
+            ReadOptions(seq_len=args.seq_len, packing="unpacked", drop_long=args.drop_long))
     cache = Cache(args.path)
     if not cache.complete:
         print(f"error: {args.path}: the build is still running; an index file is of a finished cache", file=sys.stderr)
         return 1
     caps = {"continuations": opts.continuations(int(cache.ledger.raw["format_version"])),
-            "max_segments": opts.max_segments} if kind == "best_fit" else {}
-    index = ExampleIndex(cache, opts.seq_len, kind, window_tokens=opts.best_fit_window_tokens, drop_long=opts.drop_long,
+            "max_segments": opts.max_segments} if packing == "best_fit" else {}
+    index = ExampleIndex(cache, opts.seq_len, packing, window_tokens=opts.best_fit_window_tokens, drop_long=opts.drop_long,
                          threads=args.threads, **caps)
     t0 = time.perf_counter()
     counts = index.counts(cache.table)
@@ -317,7 +314,7 @@ def cmd_index(args) -> int:
     n = len(cache.table)
     what = (f"counted in {dt:.1f} s ({1000 * dt / max(n, 1):.2f} ms per chunk with {args.threads} threads)"
             if index.counted else "already there, checked against the table: nothing counted")
-    print(f"{cache.display(index.index_file)}: {int(counts.sum()):,} {kind} examples of {n:,} chunks, {what}")
+    print(f"{cache.display(index.index_file)}: {int(counts.sum()):,} {packing} examples of {n:,} chunks, {what}")
     return 0
 
 

@@ -90,13 +90,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 def add_packing_arguments(p: argparse.ArgumentParser) -> None:
     """``--unpacked``, ``--packing``, ``--drop_long``, ``--best_fit_window_tokens``, ``--best_fit_continuations``,
     ``--max_segments``, ``--varlen`` and ``--view`` (the ``ReadOptions`` of the same names; :func:`packing_options`)."""
-    p.add_argument("--unpacked", action="store_true", help="one document piece per row instead of packing")
-    p.add_argument("--packing", choices=PACKINGS, default="concat",
-                   help="packed rows: concat (documents concatenated, cut every seq_len tokens; default) or "
-                        "best_fit (each chunk's documents packed by best-fit decreasing: no document of at most "
-                        "seq_len tokens is cut)")
+    p.add_argument("--packing", choices=PACKINGS, default=None,
+                   help="how documents become rows: concat (documents concatenated, cut every seq_len tokens; "
+                        "default), best_fit (each chunk's documents packed by best-fit decreasing: no document of "
+                        "at most seq_len tokens is cut) or unpacked (one document piece per row)")
+    p.add_argument("--unpacked", action="store_true", help="the older spelling of --packing unpacked (an alias)")
     p.add_argument("--drop_long", action="store_true",
-                   help="with --unpacked or --packing best_fit: skip documents longer than --seq_len instead of "
+                   help="with --packing unpacked or best_fit: skip documents longer than --seq_len instead of "
                         "cutting them")
     p.add_argument("--best_fit_window_tokens", type=int, default=ReadOptions.best_fit_window_tokens,
                    help="best_fit: pack each chunk per window of whole row groups of about this many tokens "
@@ -105,7 +105,7 @@ def add_packing_arguments(p: argparse.ArgumentParser) -> None:
                    help="best_fit: continuation pieces (tails of documents longer than --seq_len) per row, at most "
                         "(default: 4 for a cache of format version 4 or later, 1 for older ones); must match the run")
     p.add_argument("--max_segments", type=int, default=None,
-                   help="at most this many document pieces per row (best_fit or --unpacked); must match the run")
+                   help="at most this many document pieces per row (best_fit or unpacked); must match the run")
     p.add_argument("--varlen", action="store_true",
                    help="add cu_seqlens and max_seqlen (varlen attention's form of the rows; needs --max_segments)")
     p.add_argument("--view", metavar="VIEW", default=None,
@@ -116,14 +116,22 @@ def add_packing_arguments(p: argparse.ArgumentParser) -> None:
 
 def packing_options(args: argparse.Namespace) -> dict:
     """``ReadOptions`` keywords of :func:`add_packing_arguments`' options."""
-    return {"packed": not args.unpacked, "packing": args.packing, "drop_long": args.drop_long,
+    return {"packing": packing_of(args), "drop_long": args.drop_long,
             "best_fit_window_tokens": args.best_fit_window_tokens, "best_fit_continuations": args.best_fit_continuations,
             "max_segments": args.max_segments, "varlen": args.varlen, "view": args.view}
 
 
+def packing_of(args: argparse.Namespace) -> str:
+    """The read's packing: ``--packing``, or ``unpacked`` for its alias ``--unpacked`` (given both, they agree)."""
+    if args.unpacked and args.packing not in (None, "unpacked"):
+        raise ValueError(f"--packing {args.packing} packs rows; --unpacked (the older spelling of --packing unpacked) "
+                         "reads one document piece per row. Drop one of them.")
+    return "unpacked" if args.unpacked else args.packing or "concat"
+
+
 def packing_argv(args: argparse.Namespace) -> list[str]:
     """:func:`add_packing_arguments`' options as given, spelled out (those not at their defaults)."""
-    out = ["--unpacked"] * args.unpacked + ["--packing", args.packing] * (args.packing != "concat")
+    out = ["--packing", packing_of(args)] * (packing_of(args) != "concat")
     out += ["--drop_long"] * args.drop_long
     if args.best_fit_window_tokens != ReadOptions.best_fit_window_tokens:
         out += ["--best_fit_window_tokens", str(args.best_fit_window_tokens)]

@@ -145,7 +145,7 @@ class MixtureRelease:
         self.by_mix = any(p.by_mix for p in policies)
         self._routed: dict[int, int] = {}  # chunk -> the first row group routed for it last time
 
-    def windows_read(self, recs, cross) -> None:
+    def concat_windows_read(self, recs, cross) -> None:
         """The assembler's hook: runs of windows ``(chunk, row group, ...)`` in the mixture's chunk space,
         ``recs`` sorted (the assembler sorts them). A policy only looks at the first row group read in
         each chunk, so only that is routed, and only when it changed (a policy does nothing for the same
@@ -168,7 +168,7 @@ class MixtureRelease:
                 q, d = divmod(chunk, self.D)
                 parts.setdefault(d, []).append((q, g))
         for d, part in parts.items():
-            self.policies[d].windows_read(part, [])
+            self.policies[d].concat_windows_read(part, [])
 
     def examples_read(self, ex: np.ndarray) -> None:
         """After a read of global examples ``ex``: each shuffled cache releases the mixes it passed."""

@@ -187,7 +187,7 @@ class MixtureOrder:
         # _SOURCES_AHEAD batches at its largest weight w, plus w of a block of every lane (how far its
         # lanes drift apart inside blocks)
         # (components of one cache share its order, whose examples they all read: the sum of their weights)
-        spec, B, R = mixture.spec, options.batch_size, options.num_streams
+        spec, B, R = mixture.spec, options.batch_size, options.effective_ideal_readers
         wmax = [max(ws) for ws in zip(*(spec.normalised(s) for s in range(len(spec.segments))))]
         wsum = np.bincount(mixture.which, weights=wmax, minlength=len(mixture.distinct)).tolist()
         self.orders = [ExampleOrder(cache, options, stores[d], rows,
@@ -196,7 +196,7 @@ class MixtureOrder:
         self.which = np.asarray(mixture.which, dtype=np.int64)
         self.components = [self.orders[d] for d in mixture.which]  # one per component (shared per cache)
         self.num_components = len(self.components)
-        self.index = None if options.eval_mode else QuotaIndex(mixture.spec.quotas(options.num_streams, options.batch_size))
+        self.index = None if options.eval_mode else QuotaIndex(mixture.spec.quotas(options.effective_ideal_readers, options.batch_size))
         self._stack: tuple[tuple, StackedStreams | None] | None = None
         self._limited = [c for c, comp in enumerate(mixture.spec.components) if comp.max_passes is not None]
         self._limit: tuple[int, MaxPassesReached] | None = None  # (first step refused, its error)
@@ -287,7 +287,7 @@ class MixtureOrder:
         ex = np.asarray(ex, dtype=np.int64).reshape(-1)
         D = len(self.orders)
         comp, k = self.assign(ex)
-        concat = self.options.kind == "concat"
+        concat = self.options.packing == "concat"
         stacked = self._stacked() if self.index is not None and concat else None
         if stacked is not None:
             return self._locate_stacked(stacked, ex, comp, k)
@@ -300,7 +300,7 @@ class MixtureOrder:
         streams, positions, epochs, chunks, starts, lengths = (np.empty(m, np.int64) for _ in range(6))
         first = None if concat else np.empty(m, np.int64)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}
-        rows_pieces = [] if self.options.kind == "best_fit" else None
+        rows_pieces = [] if self.options.packing == "best_fit" else None
         for d in np.flatnonzero(np.bincount(dist[rows], minlength=D)).tolist():
             sel = np.flatnonzero(dist == d)
             sub = self.orders[d].locate(k[sel])
@@ -323,13 +323,13 @@ class MixtureOrder:
         """Each distinct cache's :meth:`reader.batch.examples.ExampleOrder.plan` of the examples ``k`` of its
         components (``comp`` and ``k`` from :meth:`assign`), found in one stacked call: packed, unshuffled
         training reads of finished caches; else None (ask each cache's order)."""
-        if self.index is None or self.options.kind != "concat" or self.orders[0].shuffle is not None:
+        if self.index is None or self.options.packing != "concat" or self.orders[0].shuffle is not None:
             return None
         stacked = self._stacked()
         if stacked is None:
             return None
         D, L = len(self.orders), self.options.seq_len
-        s, j = stream_position(k, self.options.num_streams)
+        s, j = stream_position(k, self.options.effective_ideal_readers)
         dist = self.which[comp]
         dists = np.concatenate([dist, dist])  # each window's first and last token, as ExampleOrder.plan asks
         _, chunks, offs, _ = stacked.locate(dists, np.concatenate([s, s]), np.concatenate([j * L, j * L + L - 1]))
@@ -358,7 +358,7 @@ class MixtureOrder:
             for d in np.flatnonzero(np.bincount(dist, minlength=D)).tolist():
                 sel = dist == d
                 src[sel] = self.orders[d].sources([k[sel]])[0]
-        s, j = stream_position(src, self.options.num_streams)
+        s, j = stream_position(src, self.options.effective_ideal_readers)
         epochs, chunks, starts, avail = stacked.locate(dist, s, j * L)
         lengths = np.minimum(avail, L)
         spill: dict[int, list[tuple[int, int, int, int]]] = {}

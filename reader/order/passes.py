@@ -62,15 +62,15 @@ class StreamLanes:
         """``(window, lo, hi)`` of each lane row: the mix's lane rows are ``[lo, hi)``."""
         return mix_of_rows(rows, self.cfg)
 
-    def window(self, row: int) -> tuple[int, int]:
+    def shuffle_window(self, row: int) -> tuple[int, int]:
         """The lane rows ``[lo, hi)`` of the window of lane row ``row``."""
         _, lo, hi = shuffle_window_of(np.asarray([row * self.lanes], np.int64), self.cfg)
         return int(lo[0]) // self.lanes, int(hi[0]) // self.lanes
 
-    def window_before(self, row: int) -> int:
+    def shuffle_window_before(self, row: int) -> int:
         """The first lane row of the window before the one that starts at lane row ``row`` (in the same
         pass), or ``row`` when there is none."""
-        return self.window(row - 1)[0] if row > 0 else row
+        return self.shuffle_window(row - 1)[0] if row > 0 else row
 
     def mix_sources(self, row: int, lanes) -> list[np.ndarray]:
         """The lane rows each lane of ``lanes`` reads for the mix of lane row ``row``: ``[k, 2]`` ranges."""
@@ -140,14 +140,14 @@ class Spans:
         base = p * self.pass_rows
         return win, base + lo, base + hi
 
-    def window(self, row: int) -> tuple[int, int]:
+    def shuffle_window(self, row: int) -> tuple[int, int]:
         p, t = divmod(int(row), self.pass_rows)
         _, lo, hi = shuffle_window_of(np.asarray([t * self.lanes], np.int64), self.cfg)
         base = p * self.pass_rows
         return base + int(lo[0]) // self.lanes, base + min(int(hi[0]) // self.lanes, self.pass_rows)
 
-    def window_before(self, row: int) -> int:
-        return self.window(row - 1)[0] if row % self.pass_rows else row
+    def shuffle_window_before(self, row: int) -> int:
+        return self.shuffle_window(row - 1)[0] if row % self.pass_rows else row
 
     def mix_sources(self, row: int, lanes) -> list[np.ndarray]:
         p, t = divmod(int(row), self.pass_rows)

@@ -114,7 +114,7 @@ class StreamIndex:
 
     Args:
       counts: units per chunk in global chunk order (tokens, documents or unpacked examples).
-      num_streams: ``R*``, the number of ideal readers.
+      ideal_readers: ``R*``, the number of ideal readers.
       loop: True for training streams (``loop(all_chunks)[s::R*]``, infinite); False for a single pass
         (epoch 0 only; positions past the end raise :class:`EndOfStream`).
       complete: False while the build is running: ``counts`` then covers only the known prefix of the
@@ -122,15 +122,15 @@ class StreamIndex:
         :class:`NotYetAvailable` (the caller waits and retries with a longer prefix).
     """
 
-    def __init__(self, counts: Sequence[int] | np.ndarray, num_streams: int, *, loop: bool = True,
+    def __init__(self, counts: Sequence[int] | np.ndarray, ideal_readers: int, *, loop: bool = True,
                  complete: bool = True):
-        if num_streams < 1:
-            raise ValueError(f"num_streams (ideal_readers) must be >= 1, got {num_streams}")
+        if ideal_readers < 1:
+            raise ValueError(f"ideal_readers must be >= 1, got {ideal_readers}")
         self.counts = np.asarray(counts, dtype=np.int64)
         if (self.counts < 0).any():
             raise ValueError("unit counts must be non-negative")
         self.n = int(self.counts.size)
-        self.r = int(num_streams)
+        self.r = int(ideal_readers)
         self.loop = loop
         self.complete = complete
         # class-major order of chunks: class rho = c mod R* is chunks rho, rho + R*, ... (made, not sorted)
@@ -334,9 +334,9 @@ class StackedStreams:
 # Examples, batches and readers
 
 
-def stream_position(i, num_streams: int):
+def stream_position(i, ideal_readers: int):
     """Global example ``i`` -> ``(stream, position in stream)`` (works on numpy arrays too)."""
-    return i % num_streams, i // num_streams
+    return i % ideal_readers, i // ideal_readers
 
 
 def reader_rows(batch_size: int, num_readers: int, reader_index: int) -> np.ndarray:
@@ -348,10 +348,10 @@ def reader_rows(batch_size: int, num_readers: int, reader_index: int) -> np.ndar
     return np.arange(reader_index, batch_size, num_readers, dtype=np.int64)
 
 
-def streams_of_reader(num_streams: int, num_readers: int, reader_index: int) -> list[int] | None:
+def streams_of_reader(ideal_readers: int, num_readers: int, reader_index: int) -> list[int] | None:
     """The streams a reader touches when ``R`` divides ``R*`` or ``R*`` divides ``R``; None otherwise."""
-    if num_streams % num_readers == 0:
-        return list(range(reader_index, num_streams, num_readers))
-    if num_readers % num_streams == 0:
-        return [reader_index % num_streams]
+    if ideal_readers % num_readers == 0:
+        return list(range(reader_index, ideal_readers, num_readers))
+    if num_readers % ideal_readers == 0:
+        return [reader_index % ideal_readers]
     return None

@@ -132,14 +132,14 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
     batches, opened = _batches(path, opts, [0, steps] if steps else [0], rows, decode, names)
     shares = locality = None
     if mix is not None and not opts.eval_mode:
-        index = QuotaIndex(mix.spec.quotas(opts.num_streams, opts.batch_size))
+        index = QuotaIndex(mix.spec.quotas(opts.effective_ideal_readers, opts.batch_size))
         at = figures.checkpoints(max(steps, 1))
         segs = [(g["start_batch"], [g["weights"][n] for n in mix.names]) for g in info["segments"]]
         shares = (at, figures.realised_shares(index.consumed, opts.batch_size, at), figures.target_shares(segs, at),
                   mix.names)
     cfg = opts.shuffle_config()
     if cfg is not None:
-        assign = QuotaIndex(mix.spec.quotas(opts.num_streams, opts.batch_size)).assign if mix is not None else None
+        assign = QuotaIndex(mix.spec.quotas(opts.effective_ideal_readers, opts.batch_size)).assign if mix is not None else None
         per = info["components"] if mix is not None else [info["passes"]]
         passes = [p["examples_per_pass"] if p["pass_rule"] == "spans" else None for p in per]
         locality = figures.shuffle_locality(cfg, opts.batch_size, max(steps, 1), assign=assign, passes=passes)

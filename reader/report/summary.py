@@ -91,7 +91,7 @@ def cache_passes(cache: Cache, opts: ReadOptions, steps: int | None) -> dict:
     the examples and passes they make."""
     info = passes(ExampleOrder(open_view(cache, opts.view, index_cache=opts.index_cache)[1], opts, None,
                                np.zeros(0, np.int64)))
-    info.update(seq_len=opts.seq_len, kind=opts.kind, ideal_readers=opts.ideal_readers, batch_size=opts.batch_size)
+    info.update(seq_len=opts.seq_len, packing=opts.packing, ideal_readers=opts.ideal_readers, batch_size=opts.batch_size)
     if steps is not None:
         E = info["examples_per_pass"]
         info.update(steps=steps, examples=steps * opts.batch_size, passes=steps * opts.batch_size / E if E else None)
@@ -120,7 +120,7 @@ def mixture_summary(path: str, opts: ReadOptions, steps: int | None, mix: Mixtur
     info = {"path": path, "seed": spec.seed, "block": spec.block,
             "tokenizer": dict(mix.caches[0].ledger.tokenizer), "components": comps, "segments": segs}
     if steps is not None:
-        drawn = QuotaIndex(spec.quotas(opts.num_streams, opts.batch_size)).consumed(steps * opts.batch_size)
+        drawn = QuotaIndex(spec.quotas(opts.effective_ideal_readers, opts.batch_size)).consumed(steps * opts.batch_size)
         info["steps"] = {"steps": steps, "seq_len": opts.seq_len, "batch_size": opts.batch_size,
                          "ideal_readers": opts.ideal_readers, "examples": steps * opts.batch_size}
         for comp, n in zip(comps, drawn.tolist()):

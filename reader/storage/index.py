@@ -3,7 +3,7 @@ gives ``ceil(n/L)``) and best-fit rows (:mod:`reader.order.packing`, each chunk 
 whole row groups).
 
 How many such examples a chunk yields depends on ``seq_len``, and the ledger only has token and
-document counts; so the first reader of a kind and ``seq_len`` reads the ``num_tokens`` column of every
+document counts; so the first reader of a packing and ``seq_len`` reads the ``num_tokens`` column of every
 chunk (and, for best fit, its row groups' document counts from the Parquet footer) and stores one
 integer per chunk (best fit: also one per window) in ``ROOT/index/`` (with a fingerprint of the chunk
 checksums) for later readers. Concatenated packed reading needs none of this.
@@ -37,7 +37,7 @@ from reader.order.packing import WINDOW_TOKENS, count_best_fit_rows, window_docs
 from reader.order.pieces import unpacked_examples_per_chunk
 
 INDEX_DIR = "index"
-KINDS = ("unpacked", "best_fit")
+INDEXED_PACKINGS = ("unpacked", "best_fit")  # the packings counted per chunk
 
 
 _INDEX_FILE = re.compile(r"(unpacked|best_fit)-L(\d+)(?:-W(\d+))?(?:-C(\d+))?(?:-S(\d+))?(-drop_long)?\.(?:json|bin)")
@@ -55,12 +55,12 @@ def check_index_files(cache: Cache) -> list[str]:
         m = _INDEX_FILE.fullmatch(name)
         if m is None:
             continue
-        kind, seq_len, window, cont, segs, drop = m.groups()
+        packing, seq_len, window, cont, segs, drop = m.groups()
         caps = {"continuations": int(cont or 1), "max_segments": int(segs) if segs else None} \
-            if kind == "best_fit" else {}
+            if packing == "best_fit" else {}
 
         def index() -> ExampleIndex:
-            return ExampleIndex(cache, int(seq_len), kind, index_cache=False, drop_long=bool(drop),
+            return ExampleIndex(cache, int(seq_len), packing, index_cache=False, drop_long=bool(drop),
                                 window_tokens=int(window) if window else WINDOW_TOKENS, **caps)
 
         said = index()
@@ -78,7 +78,7 @@ def check_index_files(cache: Cache) -> list[str]:
         counts = fresh.counts(table)
         differ = [k for k, a, b in (("counts", said._examples, counts), ("windows", said._wrows, fresh._wrows),
                                     ("dropped", said._drop, fresh._drop))
-                  if not np.array_equal(a, b) and (k != "windows" or kind == "best_fit")
+                  if not np.array_equal(a, b) and (k != "windows" or packing == "best_fit")
                   and (k != "dropped" or fresh.drop_long)]
         if differ:
             bad = np.flatnonzero(said._examples != counts)
@@ -123,7 +123,7 @@ def chunk_columns(cache: Cache, table: fmt.ChunkTable, c: int, extra=(), metadat
 
 
 class ExampleIndex:
-    """Examples per chunk of one kind for one ``seq_len`` (:meth:`counts`; best fit: also rows per window,
+    """Examples per chunk of one packing for one ``seq_len`` (:meth:`counts`; best fit: also rows per window,
     :meth:`window_counts`).
 
     The counts are kept by chunk position (the known chunks are a prefix of the order that never changes: the
@@ -132,7 +132,7 @@ class ExampleIndex:
     Args:
       cache: the open cache.
       seq_len: L.
-      kind: ``"unpacked"`` or ``"best_fit"``.
+      packing: ``"unpacked"`` or ``"best_fit"`` (``ReadOptions.packing``).
       index_cache: load and store the counts in ``ROOT/index/`` (when the cache is finished and writable).
       window_tokens: best fit: the window target (``ReadOptions.best_fit_window_tokens``).
       drop_long: documents longer than ``seq_len`` yield no example (see the module docstring).
@@ -143,18 +143,18 @@ class ExampleIndex:
       threads: chunks counted at once.
     """
 
-    def __init__(self, cache: Cache, seq_len: int, kind: str = "unpacked", *, index_cache: bool = True,
+    def __init__(self, cache: Cache, seq_len: int, packing: str = "unpacked", *, index_cache: bool = True,
                  window_tokens: int = WINDOW_TOKENS, drop_long: bool = False, continuations: int = 1,
                  max_segments: int | None = None, view=None, threads: int = 8):
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if packing not in INDEXED_PACKINGS:
+            raise ValueError(f"packing must be one of {INDEXED_PACKINGS}, got {packing!r}")
         self.cache = cache
         self.seq_len = int(seq_len)
-        self.kind = kind
+        self.packing = packing
         self.window_tokens = int(window_tokens)
         self.index_cache = index_cache
         self.drop_long = bool(drop_long)
-        self.caps = {"continuations": continuations, "max_segments": max_segments} if kind == "best_fit" else {}
+        self.caps = {"continuations": continuations, "max_segments": max_segments} if packing == "best_fit" else {}
         self.view = view
         self.threads = int(threads)
         self.counted = 0  # chunks the last counts() counted (not loaded)
@@ -168,12 +168,12 @@ class ExampleIndex:
 
     @property
     def index_file(self) -> str:
-        """``index/{kind}-L{L}[-W{W}][-C{continuations}][-S{max_segments}][-drop_long][-V{view}].json``: what the
+        """``index/{packing}-L{L}[-W{W}][-C{continuations}][-S{max_segments}][-drop_long][-V{view}].json``: what the
         counts depend on besides the chunks (best fit: the window, and caps other than one continuation
         piece and no segment cap); ``.bin`` in the chunk table's block format for a cache of format version 4
         (:func:`write_index_file`), JSON for older ones."""
-        name = f"{self.kind}-L{self.seq_len}"
-        if self.kind == "best_fit":
+        name = f"{self.packing}-L{self.seq_len}"
+        if self.packing == "best_fit":
             name += f"-W{self.window_tokens}"
             c, m = self.caps["continuations"], self.caps["max_segments"]
             name += f"-C{c}" * (c != 1) + f"-S{m}" * (m is not None)
@@ -187,7 +187,7 @@ class ExampleIndex:
         per window of ``window_tokens``), each at most 21 characters."""
         per = 3 if self.drop_long else 1
         windows = (int(table.tokens.sum()) // max(1, self.window_tokens) + 2 * len(table)
-                   if self.kind == "best_fit" else 0)
+                   if self.packing == "best_fit" else 0)
         return (1 << 16) + 24 * (per * len(table) + windows)
 
     def lengths(self, doc_lengths: np.ndarray) -> np.ndarray:
@@ -209,7 +209,7 @@ class ExampleIndex:
 
     def _append(self, per: list[np.ndarray], dropped: list[tuple[int, int]]) -> None:
         """Chunks ``[n, n + len(per))`` counted: ``per`` each's examples (best fit: per window)."""
-        if self.kind == "best_fit":
+        if self.packing == "best_fit":
             sizes = np.asarray([w.size for w in per], np.int64)
             self._wptr = np.concatenate([self._wptr, self._wptr[-1] + np.cumsum(sizes)])
             self._wrows = np.concatenate([self._wrows, *per]) if per else self._wrows
@@ -231,7 +231,7 @@ class ExampleIndex:
                     or (dropped[:, 1] > table.tokens).any():
                 return False
         windows = None
-        if self.kind == "best_fit":
+        if self.packing == "best_fit":
             ptr, rows = (np.asarray(a, dtype=np.int64) for a in got["windows"])
             if got.get("window_tokens") != self.window_tokens or ptr.shape != (len(table) + 1,) or ptr[0] != 0 \
                     or (np.diff(ptr) < 0).any() or ptr[-1] != rows.size or (rows < 0).any():
@@ -257,7 +257,7 @@ class ExampleIndex:
             got = fmt.load_json(raw)
             if got.get("fingerprint") != fingerprint or got.get("seq_len") != self.seq_len:
                 return False
-            if self.kind == "best_fit":  # per chunk, its windows' rows
+            if self.packing == "best_fit":  # per chunk, its windows' rows
                 w = [np.asarray(x, dtype=np.int64).reshape(-1) for x in got["windows"]]
                 got["windows"] = (np.concatenate([[0], np.cumsum([x.size for x in w], dtype=np.int64)]),
                                   np.concatenate(w) if w else np.zeros(0, np.int64))
@@ -268,15 +268,15 @@ class ExampleIndex:
 
     def _load_blocks(self, raw: bytes, table: fmt.ChunkTable, fingerprint: str) -> bool:
         head, data = blocks.read_parts(raw, self.cache.display(self.index_file))
-        if (head.get("fingerprint"), head.get("seq_len"), head.get("kind")) != (fingerprint, self.seq_len, self.kind) \
-                or head.get("drop_long") != self.drop_long or (self.kind == "best_fit" and (
+        if (head.get("fingerprint"), head.get("seq_len"), head.get("kind")) != (fingerprint, self.seq_len, self.packing) \
+                or head.get("drop_long") != self.drop_long or (self.packing == "best_fit" and (
                     head.get("window_tokens"), head.get("caps")) != (self.window_tokens, self.caps)):
             return False
         cols = data["chunks"]
         got = {"counts": cols["examples"], "window_tokens": head.get("window_tokens")}
         if self.drop_long:
             got["dropped"] = np.stack([cols["dropped_docs"], cols["dropped_tokens"]], axis=1)
-        if self.kind == "best_fit":
+        if self.packing == "best_fit":
             got["windows"] = (np.concatenate([[0], np.cumsum(cols["windows"])]), data["windows"]["rows"])
         return self._loaded(got, table)
 
@@ -308,14 +308,14 @@ class ExampleIndex:
         cache, n = self.cache, len(table)
         fingerprint = self._fingerprint(table)
         if chunk_table.table_of(table) is not None:
-            body = write_index_file(self.kind, self.seq_len, fingerprint, self._examples[:n],
-                                    window_tokens=self.window_tokens if self.kind == "best_fit" else None,
-                                    windows=(self._wptr[:n + 1], self._wrows) if self.kind == "best_fit" else None,
+            body = write_index_file(self.packing, self.seq_len, fingerprint, self._examples[:n],
+                                    window_tokens=self.window_tokens if self.packing == "best_fit" else None,
+                                    windows=(self._wptr[:n + 1], self._wrows) if self.packing == "best_fit" else None,
                                     dropped=self._drop[:n] if self.drop_long else None, caps=self.caps)
         else:
-            doc = {"format": f"chunkledger-{self.kind}-index", "seq_len": self.seq_len,
+            doc = {"format": f"chunkledger-{self.packing}-index", "seq_len": self.seq_len,
                    "fingerprint": fingerprint, "counts": self._examples[:n].tolist()}
-            if self.kind == "best_fit":
+            if self.packing == "best_fit":
                 doc.update(window_tokens=self.window_tokens,
                            windows=[self._wrows[a:b].tolist() for a, b in zip(self._wptr[:n], self._wptr[1:n + 1])])
             if self.drop_long:  # per chunk: [documents, tokens] dropped
@@ -327,14 +327,14 @@ class ExampleIndex:
         """Chunk ``c``'s examples: ``[n]`` (unpacked), or its windows' rows (best fit); and the documents and
         tokens ``drop_long`` drops from it."""
         if int(table.docs[c]) == 0:
-            return np.zeros(1 if self.kind == "unpacked" else 0, np.int64), (0, 0)
+            return np.zeros(1 if self.packing == "unpacked" else 0, np.int64), (0, 0)
         if self.view is not None:  # the kept documents (``table`` holds the view's counts)
             rg_docs, lengths = self.view.chunk(c).kept()
             rg_docs = rg_docs.tolist()
         else:
             rg_docs, lengths, _ = chunk_columns(self.cache, table, c)
         # windows follow the stored row groups; drop_long empties long documents inside them
-        bounds = window_docs(lengths, rg_docs, self.window_tokens).tolist() if self.kind == "best_fit" else None
+        bounds = window_docs(lengths, rg_docs, self.window_tokens).tolist() if self.packing == "best_fit" else None
         dropped = (0, 0)
         if self.drop_long:
             long = lengths > self.seq_len
@@ -365,11 +365,11 @@ class ExampleIndex:
 # -- index files of a version 4 cache: the chunk table's block format ---------------------------------
 
 
-def write_index_file(kind: str, seq_len: int, fingerprint: str, examples: np.ndarray, *,
+def write_index_file(packing: str, seq_len: int, fingerprint: str, examples: np.ndarray, *,
                      window_tokens: int | None = None, windows: tuple[np.ndarray, np.ndarray] | None = None,
                      dropped: np.ndarray | None = None, caps: Mapping[str, Any] | None = None) -> bytes:
     """The bytes of a version 4 cache's index file (:func:`reader.format.blocks.write_parts`): a header saying what
-    the counts are of (``kind``, ``seq_len``, ``window_tokens``, best fit's ``caps``, ``drop_long``, the table's
+    the counts are of (``kind``: the packing, ``seq_len``, ``window_tokens``, best fit's ``caps``, ``drop_long``, the table's
     ``fingerprint``; the file's name says all but the fingerprint: :attr:`ExampleIndex.index_file`), then
     per chunk ``examples`` (best fit also ``windows``, drop_long ``dropped_docs`` and ``dropped_tokens``), and for
     best fit the ``rows`` of every window, chunk after chunk (``windows``: ``(ptr, rows)``)."""
@@ -381,6 +381,6 @@ def write_index_file(kind: str, seq_len: int, fingerprint: str, examples: np.nda
         parts["windows"] = [("rows", i64, rows[:int(ptr[-1])])]
     if dropped is not None:
         parts["chunks"] += [("dropped_docs", i64, dropped[:, 0]), ("dropped_tokens", i64, dropped[:, 1])]
-    head = {"format": f"chunkledger-{kind}-index", "kind": kind, "seq_len": seq_len, "window_tokens": window_tokens,
+    head = {"format": f"chunkledger-{packing}-index", "kind": packing, "seq_len": seq_len, "window_tokens": window_tokens,
             "caps": dict(caps) if caps else None, "drop_long": dropped is not None, "fingerprint": fingerprint}
     return blocks.write_parts(head, parts, chunk_table.BLOCK_ROWS)

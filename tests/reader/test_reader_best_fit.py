@@ -73,13 +73,28 @@ def rg_tokens(docs, rgt=RGT) -> list:
     return [sum(len(d) for d in docs[lo:hi]) for lo, hi in cachegen.row_groups([len(d) for d in docs], rgt)]
 
 
+def test_packed_is_an_alias_of_packing():
+    """packed=False is packing="unpacked", packed=True alone is "concat": equal options, and equal batches below."""
+    assert ReadOptions(packed=False) == ReadOptions(packing="unpacked") == ReadOptions(packed=False, packing="unpacked")
+    assert ReadOptions(packed=True) == ReadOptions() == ReadOptions(packing="concat", packed=True)
+    assert ReadOptions(packing="best_fit", packed=True) == ReadOptions(packing="best_fit")
+    assert [ReadOptions(packing=p).packed for p in ("concat", "best_fit", "unpacked")] == [True, True, False]
+    assert hash(ReadOptions(packed=False)) == hash(ReadOptions(packing="unpacked"))
+    # packing="concat" was the default beside packed=False, as dataclasses.replace passes it on
+    assert ReadOptions(packed=False, packing="concat") == dataclasses.replace(ReadOptions(), packed=False) \
+        == ReadOptions(packing="unpacked")
+    for packed, packing in ((False, "best_fit"), (True, "unpacked")):
+        with pytest.raises(ValueError, match=rf"^packing='{packing}' and packed={packed} disagree"):
+            ReadOptions(packed=packed, packing=packing)
+
+
 def test_options_refuse_best_fit_without_packing_and_unknown_packings():
     with pytest.raises(ValueError, match="packing='best_fit'.*packed=False"):
         ReadOptions(packed=False, packing="best_fit")
     with pytest.raises(ValueError, match="packing must be one of"):
         ReadOptions(packing="first_fit")
-    assert ReadOptions().kind == "concat" and ReadOptions(packed=False).kind == "unpacked"
-    assert opts().kind == "best_fit"
+    assert ReadOptions().packing == "concat" and ReadOptions(packed=False).packing == "unpacked"
+    assert opts().packing == "best_fit"
     assert ReadOptions(packing="best_fit").best_fit_window_tokens == WINDOW_TOKENS == 4 << 20
     with pytest.raises(ValueError, match="best_fit_window_tokens=60 applies to packing='best_fit' only"):
         ReadOptions(best_fit_window_tokens=60)

@@ -210,8 +210,8 @@ def test_drop_long_skips_long_documents_and_counts_them(sft, kind):
                         e = ref.example(b * 3 + i)
                         for k in TOKEN_FIELDS:
                             assert np.array_equal(x[k][i], e[k]), (b, i, k)
-    window = f"-W{opts.best_fit_window_tokens}" if opts.kind == "best_fit" else ""
-    index_file = os.path.join(root, "index", f"{opts.kind}-L{L}{window}-drop_long.json")
+    window = f"-W{opts.best_fit_window_tokens}" if opts.packing == "best_fit" else ""
+    index_file = os.path.join(root, "index", f"{opts.packing}-L{L}{window}-drop_long.json")
     with open(index_file) as f:
         index = json.load(f)
     for lie in ([[-1, 0]] * len(index["dropped"]), [[10 ** 9, 1]] * len(index["dropped"]), [[0, 0]]):

@@ -157,7 +157,7 @@ def test_varlen_fields_follow_segment_ids(cache, o):
             if o.layout == "flat":
                 e = expand_flat(x)
                 assert all(np.array_equal(e[k], y[k]) for k in BATCH_KEYS + VARLEN_FIELDS)
-        assert pieces > (12 * B if o.kind == "best_fit" else 0)
+        assert pieces > (12 * B if o.packing == "best_fit" else 0)
 
 
 def test_varlen_with_loss_masks_and_reader_workers(tmp_path):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from cachegen import Reference, SpansReference, best_fit_caps, best_fit_chunk
 from reader.order.packing import WINDOW_TOKENS
 
-# what an example is (ReadOptions.kind); "best_fit_capped": best fit with several continuation pieces per row
+# what an example is (ReadOptions.packing); "best_fit_capped": best fit with several continuation pieces per row
 # and a cap on pieces per row
 KINDS = ("concat", "best_fit", "unpacked", "best_fit_capped")
 RULES = ("streams", "spans")  # ReadOptions.pass_rule
@@ -21,7 +21,7 @@ def kind_options(kind):
     if kind.startswith("best_fit"):
         return {"packed": True, "packing": "best_fit", "best_fit_window_tokens": WINDOW,
                 **(CAPS if kind == "best_fit_capped" else {})}
-    return {"packed": kind != "unpacked", "packing": "concat"}
+    return {"packed": kind != "unpacked", "packing": kind}
 
 
 def units_per_chunk(chunks, packed, L, packing="concat", best_fit_window_tokens=WINDOW_TOKENS, row_group_tokens=64,

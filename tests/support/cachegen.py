@@ -525,7 +525,7 @@ class Reference:
     ``masks``: per chunk, per document, its per-token loss mask (a masked cache); ``loss_mask`` is then
     that mask on real tokens."""
 
-    def __init__(self, chunks: Sequence[Sequence[Sequence[int]]], seq_len: int, num_streams: int, *,
+    def __init__(self, chunks: Sequence[Sequence[Sequence[int]]], seq_len: int, ideal_readers: int, *,
                  packed: bool = True, loop: bool = True, packing: str = "concat", masks=None,
                  best_fit_window_tokens: int = WINDOW_TOKENS, row_group_tokens: int = 64,
                  best_fit_continuations: int | None = None, max_segments: int | None = None,
@@ -533,7 +533,7 @@ class Reference:
         self.chunks = [[np.asarray(d, dtype=np.int64) for d in c] for c in chunks]
         self.masks = [[np.ones(len(d), bool) for d in c] for c in self.chunks] if masks is None else \
             [[np.asarray(m, bool) for m in c] for c in masks]
-        self.L, self.R, self.packed, self.loop = seq_len, num_streams, packed, loop
+        self.L, self.R, self.packed, self.loop = seq_len, ideal_readers, packed, loop
         self.best_fit = packed and packing == "best_fit"
         self.window, self.rgt = best_fit_window_tokens, row_group_tokens
         self.caps = best_fit_caps(best_fit_continuations, max_segments, masked=masks is not None,
@@ -644,11 +644,11 @@ class SpansReference:
     ``[0, E)`` in pass ``p`` (``shuffle_example_indices(..., epoch_length=E, passes=p)``; ``k`` itself without
     one). ``epoch`` is the pass."""
 
-    def __init__(self, chunks, seq_len: int, num_streams: int, *, shuffle=None, **kw):
+    def __init__(self, chunks, seq_len: int, ideal_readers: int, *, shuffle=None, **kw):
         self.eval = Reference(chunks, seq_len, 1, loop=False, **kw)
         self.E = self.eval.num_examples(whole=True)
-        self.R, self.shuffle = num_streams, shuffle
-        self.runs = np.array_split(np.arange(self.E), num_streams)
+        self.R, self.shuffle = ideal_readers, shuffle
+        self.runs = np.array_split(np.arange(self.E), ideal_readers)
 
     def row(self, i: int) -> tuple[int, int]:
         """``(pass, eval row)`` of global example ``i``."""

@@ -67,7 +67,7 @@ def mixture_problems(path: str, opts: ReadOptions) -> list[str]:
         caches = [c.url for c in r.cache.caches]
         steps = 1
         # lane l's items of a component are its examples l, l + R*, ...: all k < E_c drawn
-        while (r.order.index.lane_counts(steps * B) * opts.num_streams + np.arange(opts.num_streams)[:, None]
+        while (r.order.index.lane_counts(steps * B) * opts.effective_ideal_readers + np.arange(opts.effective_ideal_readers)[:, None]
                < per_pass[None, :]).any():
             steps *= 2
         want = [collections.Counter(eval_rows(url, opts)[:E]) for url, E in zip(caches, per_pass.tolist())]

@@ -14,33 +14,33 @@ from cache_strategies import caches, has_empty_stream
 
 
 @pytest.fixture
-def seed_example():
-    """Seed 001's worked example: the documents [[1, 2], [3, 4, 5], [6, 7, 8]] in one chunk."""
+def flat_tokens_example():
+    """The flat-tokens format's worked example: the documents [[1, 2], [3, 4, 5], [6, 7, 8]] in one chunk."""
     d = tempfile.mkdtemp(prefix="cl-flat-")
     cachegen.write_synthetic_cache(d, [[[1, 2], [3, 4, 5], [6, 7, 8]]])
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
 
-def test_the_seed_example_encodes_as_seed_001_says(seed_example):
+def test_the_flat_tokens_example_encodes_as_that_format_says(flat_tokens_example):
     opts = ReadOptions(seq_len=8, batch_size=1, ideal_readers=1, eval_mode=True, layout="flat")
-    with Reader(seed_example, opts) as rd:
+    with Reader(flat_tokens_example, opts) as rd:
         x = rd.batch(0)
     assert set(x) == set(FLAT_KEYS)
     # the flat-tokens format's example: encoded tokens [3, 4, 7, 8, 10, 13, 14, 16]; column 0 (no previous token) is 0
     assert x["tokens"].dtype == np.uint32 and x["tokens"].tolist() == [[0, 3, 4, 7, 8, 10, 13, 14, 16]]
     assert x["first_positions"].tolist() == [0] and x["num_tokens"].tolist() == [8]
     y = expand_flat(x)
-    # ... and expands to the seed's inputs and targets
+    # ... and expands to that example's inputs and targets
     assert y["inputs"].tolist() == [[0, 1, 0, 3, 4, 0, 6, 7]]
     assert y["targets"].tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]]
     assert y["segment_ids"].tolist() == [[1, 1, 2, 2, 2, 3, 3, 3]]
     assert y["positions"].tolist() == [[0, 1, 0, 1, 2, 0, 1, 2]]
 
 
-def test_a_window_starting_inside_a_document_carries_the_previous_token(seed_example):
+def test_a_window_starting_inside_a_document_carries_the_previous_token(flat_tokens_example):
     opts = ReadOptions(seq_len=3, batch_size=3, ideal_readers=1, eval_mode=True, layout="flat")
-    with Reader(seed_example, opts) as rd:
+    with Reader(flat_tokens_example, opts) as rd:
         x = rd.batch(0)
     # windows [1 2 3] [4 5 6] [7 8 pad]: the 2nd starts inside [3 4 5] (previous token 3, position 1)
     assert x["tokens"].tolist() == [[0, 3, 4, 7], [2 * 3, 8, 10, 13], [2 * 6, 14, 16, 0]]

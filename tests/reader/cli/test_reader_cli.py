@@ -72,6 +72,7 @@ def test_validate_as_a_subprocess_exits_nonzero(cache_dir):
      dict(packed=False, ideal_readers=4)),
     (["--eval", "--start", "1", "--count", "50"], dict(eval_mode=True)),
     (["--eval", "--start", "1", "--count", "0", "--unpacked"], dict(eval_mode=True, packed=False)),
+    (["--packing", "unpacked", "--ideal_readers", "4"], dict(packing="unpacked", ideal_readers=4)),
     (["--shuffle_seed", "4", "--ideal_readers", "2", "--num_readers", "2", "--reader_index", "0"],
      dict(shuffle_seed=4, ideal_readers=2)),
 ])
@@ -99,11 +100,30 @@ def test_batches_npz_equals_reader_batch(cache_dir, extra, kw):
     assert got["targets"].shape[1:] == (4 // R, 6)
 
 
+def test_unpacked_flag_is_an_alias_of_packing_unpacked(cache_dir, capsys):
+    root, _, d = cache_dir
+    got = {}
+    for flags in (["--unpacked"], ["--packing", "unpacked"], ["--unpacked", "--packing", "unpacked"]):
+        out = os.path.join(d, f"{len(flags)}.npz")
+        assert main(["batches", root, "--seq_len", "6", "--batch_size", "4", "--ideal_readers", "4", "--count", "3",
+                     "--out", out] + flags) == 0
+        got[len(flags)] = np.load(out)
+    for k in BATCH_KEYS:
+        assert np.array_equal(got[1][k], got[2][k]) and np.array_equal(got[1][k], got[3][k]), k
+    with Reader(root, ReadOptions(seq_len=6, batch_size=4, ideal_readers=4, packed=False)) as rd:
+        for b in range(3):
+            assert all(np.array_equal(got[1][k][b], rd.batch(b)[k]) for k in BATCH_KEYS), b
+    assert json.loads(str(got[1]["options"]))["packing"] == "unpacked"
+    capsys.readouterr()
+    assert main(["batches", root, "--seq_len", "6", "--batch_size", "4", "--unpacked", "--packing", "concat"]) == 2
+    assert "--packing concat packs rows; --unpacked (the older spelling of --packing unpacked)" in capsys.readouterr().err
+
+
 def test_help_explains_every_command():
     p = subprocess.run([sys.executable, "-m", "reader", "batches", "--help"], cwd=ROOT, capture_output=True,
                        text=True)
     assert p.returncode == 0
-    for flag in ("--seq_len", "--batch_size", "--unpacked", "--ideal_readers", "--num_readers", "--reader_index",
+    for flag in ("--seq_len", "--batch_size", "--packing", "--unpacked", "--ideal_readers", "--num_readers", "--reader_index",
                  "--start", "--count", "--eval", "--shuffle_seed", "--out", "--show"):
         assert flag in p.stdout
 

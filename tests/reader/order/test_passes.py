@@ -74,9 +74,9 @@ def test_lane_rows_name_the_rows_each_mix_reads(E, r_star, small, p, R):
     assert ((rows // sp.pass_rows) == p).all()
     for i in range(0, E, max(1, E // 40)):
         t, lane = int(rows[i]), int(lanes[i])
-        w_lo, w_hi = sp.window(t)
+        w_lo, w_hi = sp.shuffle_window(t)
         assert w_lo <= mlo[i] and mhi[i] <= w_hi and w_lo <= t < w_hi
-        assert sp.window_before(w_lo) <= w_lo
+        assert sp.shuffle_window_before(w_lo) <= w_lo
         got = []
         for a, z in sp.mix_sources(int(mlo[i]), [lane])[0].tolist():
             stream, r0, r1 = sp.stream_rows(lane, a, z)

@@ -24,7 +24,7 @@ def cache_dir():
 def reference_plan(order, exs, L: int) -> dict[int, list[int]]:
     """Each example's first and last token, located one at a time: ``{chunk: sorted token offsets}``."""
     idx = order.stream_index()
-    R = order.options.num_streams
+    R = order.options.effective_ideal_readers
     src = np.concatenate(order.sources(exs))
     out: dict[int, list[int]] = {}
     for e in src.tolist():
@@ -47,3 +47,8 @@ def test_plan_names_every_chunk_once_in_order_with_every_window_end(cache_dir, s
             assert chunks == sorted(set(chunks))  # chunk order, each once
             got = {c: sorted(offs.tolist()) for c, offs in plan}
             assert got == reference_plan(order, exs, L)
+
+
+def test_num_streams_is_an_alias_of_effective_ideal_readers():
+    for opts, r_star in ((ReadOptions(ideal_readers=8), 8), (ReadOptions(ideal_readers=8, eval_mode=True), 1)):
+        assert opts.effective_ideal_readers == opts.num_streams == r_star
