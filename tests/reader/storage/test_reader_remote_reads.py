@@ -147,6 +147,43 @@ def test_a_resumed_read_asks_for_its_first_batchs_row_groups_together(cache):
         np.testing.assert_array_equal(out[0][k], want[k], err_msg=k)
 
 
+def test_read_ahead_starts_its_requests_while_the_decoding_threads_are_busy(cache):
+    """Planning what later batches need only starts requests: it must not wait behind the row groups the
+    store's threads are decoding (there it would lose up to a round trip per batch planned). With the one
+    decoding thread held, a hint for batches 60..63 still returns, and their row groups are asked for."""
+    opts = READS["packed"]
+    with Reader(cache, dataclasses.replace(opts, prefetch_threads=0), num_readers=2, reader_index=1) as local:
+        loaded = []
+        load = local.store._load_row_group
+        local.store._load_row_group = lambda c, g: loaded.append((c, g)) or load(c, g)
+        want = local.batches(60, 4)
+        need = {(os.path.join(cache, local.cache.table.paths[c]), int(local.store.meta(c).rg_ranges[g, 0]))
+                for c, g in loaded}
+    assert len(need) >= 4
+    ranges = row_groups(cache)
+    with counting() as fs:
+        with Reader("counting://" + cache, dataclasses.replace(opts, prefetch_threads=1), num_readers=2,
+                    reader_index=1) as r:
+            busy = threading.Event()
+            r.store.submit(busy.wait, 60)  # the one decoding thread, held
+            try:
+                hint = r.store.plan(r.prefetch, 60, None, 4)  # what iter_batches does lookahead batches ahead
+                hint.result(timeout=20)
+
+                def asked() -> set:
+                    return {(p, a) for p, s, e in list(fs.calls) if s is not None
+                            for a, z in ranges[p][:-1] if s <= a and z <= e}
+
+                deadline = time.monotonic() + 20
+                while not need <= asked() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert need <= asked(), f"asked for {sorted(asked())}, batches 60..63 need {sorted(need)}"
+            finally:
+                busy.set()
+            got = r.batches(60, 4)
+    assert_same(got, want)
+
+
 # -- against the GCS emulator, behind the latency proxy ------------------------------------------------------------
 
 TIMEOUT_S = 2.0  # worker_timeout_s
