@@ -15,9 +15,11 @@ anyway. Errors are left for the real read to report: a prefetch never fails a ru
 on: the batches planned ahead must cover what is read while the requests of the next ones are out (a
 chunk's sidecar, then its footer, then its row groups: up to three round trips). There the lookahead is
 ``LATENCIES_AHEAD`` times the store's observed request latency times the observed read rate (batches per
-second, :class:`Pace`), never less than the local rule above and never more than it allows in memory;
-the store keeps that many requests in flight without a thread per request
-(:mod:`reader.storage.store`).
+second of the reads when they are not waiting for requests, :class:`Pace`), never less than the local
+rule above and never more than it allows in memory; the store keeps that many requests in flight without
+a thread per request (:mod:`reader.storage.store`). Planning runs on the store's planning thread
+(:meth:`reader.storage.store.ChunkStore.plan`), and a concat plan starts its chunks' requests at once:
+neither waits behind the row groups being decoded on the store's threads.
 """
 
 from __future__ import annotations
