@@ -10,6 +10,7 @@ never returns raises ReaderStalled after worker_timeout_s, and one that fails na
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import json
 import os
@@ -26,6 +27,7 @@ from counting_fs import counting
 from reader import ReadOptions, Reader, ReaderStalled
 from reader.format import spec as fmt
 from reader.batch import prefetch as prefetch_mod
+from reader.batch import readahead as readahead_mod
 from reader.storage import requests as requests_mod
 
 OPTS = ReadOptions(seq_len=16, batch_size=8, ideal_readers=4)
@@ -224,6 +226,22 @@ def test_a_mixtures_lookahead_follows_the_share_of_a_batch_each_cache_serves(tmp
         got = r.lookahead_batches()
         whole = r.prefetcher.prefetchers[2].lookahead()  # as if the largest cache served every row
     assert got == 2 * whole
+
+
+@pytest.mark.parametrize("lookahead, stride", [(16, 8), (1024, 64)])
+def test_a_long_lookahead_plans_more_batches_per_hint(lookahead, stride):
+    """A remote read's lookahead grows with the latency and the rate; each hint task then plans more
+    batches, so a plan asks for several row groups of a chunk in one request, not one at a time."""
+    hinted = []
+    pool = cf.ThreadPoolExecutor(1)
+    try:
+        got = [i for i, _ in readahead_mod.read_ahead(lambda i, n: list(range(i, i + n)), 0, stop=3000,
+                                                      hint=lambda i, n: hinted.append((i, n)),
+                                                      submit_hint=pool.submit, lookahead=lambda: lookahead)]
+    finally:
+        pool.shutdown(wait=True)
+    assert got == list(range(3000))
+    assert max(n for _, n in hinted) == stride
 
 
 # -- against the GCS emulator, behind the latency proxy ------------------------------------------------------------
