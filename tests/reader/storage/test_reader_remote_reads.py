@@ -4,7 +4,9 @@
 gcsfs serves gs://, and records every request: a read asks only for the byte ranges of the row groups its
 rows need (adjacent ones together, never a whole chunk), never has more than ``MAX_REQUESTS`` out at once,
 asks for all the ranges of a batch together (a resume's first batch too), and returns the local read's
-batches. Against the GCS emulator behind the latency proxy (tests/support/latency_proxy.py), a request that
+batches. The read-ahead's planning starts requests while the decoding threads are busy, is sized by the
+reads' rate without their waits for requests (a mixture's caches by their share of a batch), and plans
+more batches per task as its lookahead grows. Against the GCS emulator behind the latency proxy (tests/support/latency_proxy.py), a request that
 never returns raises ReaderStalled after worker_timeout_s, and one that fails names the chunk file.
 """
 
