@@ -385,7 +385,7 @@ class JaxLoader:
         further ahead (:func:`reader.batch.readahead.read_ahead`)."""
         reader = self.reader
         if isinstance(reader, Reader):  # the reader's own threads plan the hints; its progress shows liveness
-            hint, submit, progress = (lambda i, n: reader.prefetch(i, self.rows, n)), reader.store.submit, reader.progress
+            hint, submit, progress = (lambda i, n: reader.prefetch(i, self.rows, n)), reader.store.plan, reader.progress
         else:
             hint = lambda i, n: [f for s in range(i, i + n) for f in reader.prefetch(s, self.rows)]  # noqa: E731
             submit, progress = self._executor().submit, None

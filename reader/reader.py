@@ -357,7 +357,7 @@ class Reader:
             yield from read_ahead(
                 self.batches, start, stop=None if count is None else start + int(count),
                 available=self.has_batch, slab=self.slab, depth=max(1, opts.prefetch_batches),
-                executor=assembler, hint=lambda b, n: self.prefetch(b, None, n), submit_hint=self.store.submit,
+                executor=assembler, hint=lambda b, n: self.prefetch(b, None, n), submit_hint=self.store.plan,
                 lookahead=self.lookahead_batches if opts.prefetch_threads > 0 else 0,
                 progress=self.progress, timeout_s=opts.worker_timeout_s,
                 describe=lambda b, n: f"batches {b}..{b + n - 1} in this process")

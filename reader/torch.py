@@ -387,7 +387,7 @@ class TokenBatches(IterableDataset):
 
         it = read_ahead(produce, 0, stop=None if end is None else max(0, -(-(end - first) // k)), slab=_WORKER_GROUP,
                         depth=0, hint=lambda j, m: reader.prefetch(first + j * k, None, m, k),
-                        submit_hint=reader.store.submit, lookahead=lambda: max(1, -(-reader.lookahead_batches() // k)))
+                        submit_hint=reader.store.plan, lookahead=lambda: max(1, -(-reader.lookahead_batches() // k)))
         try:
             for j, data in it:
                 item = wrap(as_tensors(data))

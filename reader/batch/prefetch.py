@@ -15,9 +15,11 @@ anyway. Errors are left for the real read to report: a prefetch never fails a ru
 on: the batches planned ahead must cover what is read while the requests of the next ones are out (a
 chunk's sidecar, then its footer, then its row groups: up to three round trips). There the lookahead is
 ``LATENCIES_AHEAD`` times the store's observed request latency times the observed read rate (batches per
-second, :class:`Pace`), never less than the local rule above and never more than it allows in memory;
-the store keeps that many requests in flight without a thread per request
-(:mod:`reader.storage.store`).
+second of the reads when they are not waiting for requests, :class:`Pace`), never less than the local
+rule above and never more than it allows in memory; the store keeps that many requests in flight without
+a thread per request (:mod:`reader.storage.store`). Planning runs on the store's planning thread
+(:meth:`reader.storage.store.ChunkStore.plan`), and a concat plan starts its chunks' requests at once:
+neither waits behind the row groups being decoded on the store's threads.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import concurrent.futures as cf
 import math
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -46,18 +49,24 @@ _PACE_REWIND = 256  # a read this many batches before the latest one starts the 
 
 class Pace:
     """Where a reader's reads are and how fast they advance, in global batches per second over the last
-    ``_PACE_S`` seconds (:meth:`note` is told the batches of every read as it starts)."""
+    ``_PACE_S`` seconds (:meth:`note` is told the batches of every read as it starts), leaving out the
+    seconds the reads waited for requests (``waited()``: a running total): the rate the reads go at when
+    the read-ahead covers the latency. (With the waits counted, a read-ahead too short for the latency
+    slows the reads, which shortens it further.)"""
 
-    def __init__(self):
+    def __init__(self, waited: Callable[[], float] = lambda: 0.0):
         self._lock = threading.Lock()
         self._marks: collections.deque[tuple[float, int]] = collections.deque()
         self.first = self.last = -1  # the first and last batch of the latest read
+        self._waited = waited
 
     def note(self, first: int, last: int) -> None:
-        now = time.monotonic()
+        now = time.monotonic() - self._waited()
         self.first, self.last = first, last
         with self._lock:
             marks = self._marks
+            if marks:  # (waits of reads in several threads at once may exceed the time)
+                now = max(now, marks[-1][0])
             if marks and last < marks[-1][1]:
                 if last > marks[-1][1] - _PACE_REWIND:  # reads out of order (a loader's threads): the rate stands
                     return
@@ -95,20 +104,25 @@ class Prefetcher:
         self._mix_span: tuple[int, int] = (0, 0)
         self._rewinds = 0
         self.whole_mixes = self._whole_mixes()
-        self.pace = release.pace = Pace()  # told of every read (Reader._read); a mixture's components share one
+        # told of every read (Reader._read); a mixture's components share one
+        self.pace = release.pace = Pace(lambda: store.waited_s)
+        # a remote cache read asynchronously, concat windows: loading a chunk's part only starts requests
+        self._now = store.asynchronous and order.chunk_index is None
 
     def _row_group_tokens(self) -> int:
         return int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
 
-    def lookahead(self) -> int:
+    def lookahead(self, share: float = 1.0) -> int:
         """How many batches ahead to load: about one row group per stream (best fit: one window, which a
         stream's next rows need whole), within the budget; on a remote cache at least what is read during
-        ``LATENCIES_AHEAD`` request latencies (see the module docstring)."""
+        ``LATENCIES_AHEAD`` request latencies (see the module docstring). ``share``: the most of a batch's
+        rows this cache serves (a mixture's component: its largest weight), which sets how far its streams
+        advance per batch."""
         opts = self.options
         streams = streams_of_reader(opts.effective_ideal_readers, self.num_readers, self.reader_index)
         local = len(streams) if streams is not None else opts.effective_ideal_readers
         # tokens each stream advances per global batch, whatever R (unpacked pieces are at most seq_len)
-        per_batch = max(1.0, opts.batch_size * opts.seq_len / opts.effective_ideal_readers)
+        per_batch = max(1.0, min(1.0, share) * opts.batch_size * opts.seq_len / opts.effective_ideal_readers)
         cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))  # a quarter of the budget ahead
         unit = opts.best_fit_window_tokens if opts.packing == "best_fit" else self._row_group_tokens()
         ahead = math.ceil(min(unit, cap_tokens) / per_batch)
@@ -175,8 +189,21 @@ class Prefetcher:
                 meta = self.store.cached_meta(c)
                 if meta is not None and not self._missing(c, meta.rg_token_starts_list, offs, ahead):
                     continue
-            futs.append(self.store.submit(self._load_chunk_part, c, offs, last_row, ahead))
+            futs.append(self._start(self._load_chunk_part, c, offs, last_row, ahead))
         return futs
+
+    def _start(self, fn, *args) -> cf.Future:
+        """Run read-ahead work ``fn(*args)``: now where it only starts requests (a remote cache read
+        asynchronously, concat windows: on the store's threads it would wait behind the row groups being
+        decoded, delaying its requests), else on the store's threads."""
+        if not self._now:
+            return self.store.submit(fn, *args)
+        fut: cf.Future = cf.Future()
+        try:
+            fut.set_result(fn(*args))
+        except Exception as e:  # noqa: BLE001 - read-ahead work never fails a read; the read itself reports
+            fut.set_exception(e)
+        return fut
 
     def _missing(self, c: int, starts: list[int], tokens: np.ndarray, ahead: int = 0) -> list[int]:
         """Row groups holding ``tokens`` of chunk ``c`` that are neither cached nor loading (the cached ones
@@ -226,7 +253,7 @@ class Prefetcher:
                         # order), then the rest of the mix
                         inside = [e for e, r in zip(exs, rows) if int(r.min()) < hi and int(r.max()) >= lo]
                         if inside:
-                            futs.extend(self.store.submit(self._load_chunk_part, c, offs, hi - 1)
+                            futs.extend(self._start(self._load_chunk_part, c, offs, hi - 1)
                                         for c, offs in self.order.touched(inside))
                         futs.extend(self._prefetch_mix(lo, hi))
                     except BaseException:  # e.g. NotYetAvailable during a build: try again next time
@@ -247,7 +274,7 @@ class Prefetcher:
                 for _, c, a, z in self.order.lane_pieces(lane, r0, r1):
                     per_chunk.setdefault(c, []).append((a, z))
         batch = lanes.last_example(hi - 1) // self.options.batch_size  # the mix's last batch
-        return [self.store.submit(self._load_chunk_ranges, c, ranges, hi - 1, batch) for c, ranges in per_chunk.items()]
+        return [self._start(self._load_chunk_ranges, c, ranges, hi - 1, batch) for c, ranges in per_chunk.items()]
 
     def _load_chunk_ranges(self, c: int, ranges: list[tuple[int, int]], last_row: int, batch: int = -1) -> None:
         """Load the row groups of chunk ``c`` that hold tokens ``[a, z)`` for each range (for a mix read until

@@ -78,6 +78,13 @@ def wait_result(fut: cf.Future, progress: Progress | None, timeout_s: float | No
                 f"raise worker_timeout_s") from None
 
 
+def stride_of(lookahead: int) -> int:
+    """Units per hint task for a lookahead of ``lookahead`` units: several (one vectorized plan), and
+    more as the lookahead grows (a remote read's), so that a plan asks for several row groups of a chunk
+    in one request rather than one at a time."""
+    return max(1, min(8, lookahead // 2), min(64, lookahead // 16))
+
+
 def read_ahead(produce: Callable[[int, int], list], first: int, *, stop: int | None = None,
                available: Callable[[int], bool] | None = None, slab: int = 1, depth: int = 1,
                executor: cf.Executor | None = None, hint: Callable[[int, int], Any] | None = None,
@@ -99,7 +106,7 @@ def read_ahead(produce: Callable[[int, int], list], first: int, *, stop: int | N
       hint: ``hint(i, n)`` starts loading what units ``i .. i+n-1`` need and returns at once. The first
         unit's hint runs in this thread (its chunks load in parallel at once); later ones are handed to
         ``submit_hint(hint, i, n)`` (which returns a future), ``lookahead`` units ahead of the unit
-        being queued, ``min(8, lookahead // 2)`` units per task; at most :data:`MAX_HINTS` tasks in flight.
+        being queued, :func:`stride_of` units per task; at most :data:`MAX_HINTS` tasks in flight.
       lookahead: 0: no hints; a callable: asked again at every unit queued (a remote read's lookahead
         grows with the latency and the rate it sees).
       progress, timeout_s: see :func:`wait_result`; ``describe(i, n)`` names a slab in its error.
@@ -110,16 +117,17 @@ def read_ahead(produce: Callable[[int, int], list], first: int, *, stop: int | N
     nxt = first
     planned = first + 1  # the first unit not hinted yet
     ahead = lookahead if callable(lookahead) else (lambda: lookahead)
-    stride = max(1, min(8, ahead() // 2))  # several units per hint task: one vectorized plan
 
     def more(i: int) -> bool:
         return (stop is None or i < stop) and (available is None or available(i))
 
     def hint_ahead(i: int) -> None:  # unit i is queued: hint what `lookahead` units later will need
         nonlocal planned
-        if lookahead and planned <= i + ahead() and (stop is None or planned < stop):
+        look = ahead() if lookahead else 0
+        if look and planned <= i + look and (stop is None or planned < stop):
             while hints and hints[0].done():
                 hints.popleft()
+            stride = stride_of(look)
             k = stride if stop is None else min(stride, stop - planned)
             if len(hints) < MAX_HINTS:
                 hints.append(submit_hint(hint, planned, k))

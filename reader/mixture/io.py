@@ -45,15 +45,16 @@ class MixtureStore:
     ``opened`` in the mixture's chunk space.
     """
 
-    def __init__(self, stores: list[ChunkStore], executor: cf.ThreadPoolExecutor):
+    def __init__(self, stores: list[ChunkStore], executor: cf.ThreadPoolExecutor, planner: cf.ThreadPoolExecutor):
         self.stores = stores
         self.D = len(stores)
-        self._pool = executor
+        self._pool, self._planner = executor, planner
 
     def close(self) -> None:
         for s in self.stores:
             s.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._planner.shutdown(wait=False, cancel_futures=True)
 
     def _where(self, chunk: int) -> tuple[ChunkStore, int]:
         q, d = divmod(int(chunk), self.D)
@@ -117,6 +118,10 @@ class MixtureStore:
 
     def submit(self, fn, *args) -> cf.Future:
         return self._pool.submit(fn, *args)
+
+    def plan(self, fn, *args) -> cf.Future:
+        """:meth:`reader.storage.store.ChunkStore.plan` (one planning thread for every remote cache)."""
+        return (self._planner if any(s.asynchronous for s in self.stores) else self._pool).submit(fn, *args)
 
     # -- counters -------------------------------------------------------------------------------------
     @property
@@ -187,13 +192,15 @@ class MixturePrefetcher:
 
     def __init__(self, order: MixtureOrder, prefetchers: list[Prefetcher], options: ReadOptions, rows: np.ndarray):
         self.order, self.prefetchers, self.options, self.rows = order, prefetchers, options, rows
-        self.pace = Pace()  # the mixture's reads advance every component's batches alike
+        # the mixture's reads advance every component's batches alike
+        self.pace = Pace(lambda: sum(p.store.waited_s for p in prefetchers))
         for p in prefetchers:
             p.pace = p.release.pace = self.pace
 
     def lookahead(self) -> int:
-        """Batches ahead to load: the smallest of the components' (each sized by its share of the budget)."""
-        return min(p.lookahead() for p in self.prefetchers)
+        """Batches ahead to load: the smallest of the caches' (each sized by its share of the budget and the
+        most of a batch it serves: a cache at weight 0.1 holds a tenth of a batch's rows ahead per batch)."""
+        return min(p.lookahead(w) for p, w in zip(self.prefetchers, self.order.shares))
 
     def ask(self, ex: np.ndarray) -> None:
         """Start loading what a read of global examples ``ex`` needs, all at once (remote caches)."""
@@ -234,9 +241,10 @@ def open_mixture(mixture: Mixture, options: ReadOptions, rows: np.ndarray, num_r
     copts = dataclasses.replace(options, memory_budget_bytes=max(1, options.memory_budget_bytes // D))
     views = mixture.open_views(options)
     pool = cf.ThreadPoolExecutor(max(1, options.prefetch_threads), thread_name_prefix="chunkledger-prefetch")
-    stores = [ChunkStore(cache, memory_budget_bytes=copts.memory_budget_bytes, executor=pool, view=v)
+    planner = cf.ThreadPoolExecutor(1, thread_name_prefix="chunkledger-plan")  # (its thread starts if used)
+    stores = [ChunkStore(cache, memory_budget_bytes=copts.memory_budget_bytes, executor=pool, view=v, planner=planner)
               for cache, (v, _) in zip(mixture.distinct, views)]
-    store = MixtureStore(stores, pool)
+    store = MixtureStore(stores, pool, planner)
     order = MixtureOrder(mixture, copts, stores, rows, caches=[seen for _, seen in views])
     policies = [ReleasePolicy(s, o, copts) for s, o in zip(stores, order.orders)]
     prefetchers = [Prefetcher(cache, s, o, copts, p, rows, num_readers, reader_index)

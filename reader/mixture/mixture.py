@@ -190,6 +190,7 @@ class MixtureOrder:
         spec, B, R = mixture.spec, options.batch_size, options.effective_ideal_readers
         wmax = [max(ws) for ws in zip(*(spec.normalised(s) for s in range(len(spec.segments))))]
         wsum = np.bincount(mixture.which, weights=wmax, minlength=len(mixture.distinct)).tolist()
+        self.shares = [min(w, 1.0) for w in wsum]  # the most of a batch's rows each cache serves
         self.orders = [ExampleOrder(cache, options, stores[d], rows,
                                     ahead=int(min(w, 1.0) * (_SOURCES_AHEAD * B + spec.block * R)) + R)
                        for d, (cache, w) in enumerate(zip(caches or mixture.distinct, wsum))]

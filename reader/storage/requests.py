@@ -39,6 +39,19 @@ class Requests:
         self._waiting: collections.deque = collections.deque()  # (rel, start, end, future) waiting their turn
         self._sent: set[cf.Future] = set()  # the event loop's futures of the requests in flight
         self.latency_s: float | None = None  # seconds, a moving average over the requests that returned
+        self.waited_s = 0.0  # seconds reads spent waiting for requests (the read-ahead's pace leaves them out)
+
+    def wait(self, fut: cf.Future) -> Any:
+        """``fut.result()`` for a read that needs it now, counting the time it waits in :attr:`waited_s`."""
+        if fut.done():
+            return fut.result()
+        t0 = time.monotonic()
+        try:
+            return fut.result()
+        finally:
+            took = time.monotonic() - t0
+            with self._lock:
+                self.waited_s += took
 
     def request(self, rel: str, start: int | None = None, end: int | None = None, urgent: bool = False,
                 out: cf.Future | None = None) -> cf.Future:
@@ -153,7 +166,7 @@ class ReadAhead:
                     state[1] = True
             if state is not None and state[0] is not None:
                 self.requests.hurry(state[0])
-        return fut.result()
+        return self.requests.wait(fut)
 
     def _open(self, index: int, fut: cf.Future) -> None:
         """Open chunk ``index`` with requests on the event loop; each step runs in the thread a request returns
@@ -261,7 +274,7 @@ class ReadAhead:
         if not req.done():
             self.requests.hurry(req)
         try:
-            data = req.result()
+            data = self.requests.wait(req)
         except FileNotFoundError:
             raise chunk_error(self.store.cache, m.path, "missing") from None
         return data if at == 0 and n == len(data) else data[at:at + n]

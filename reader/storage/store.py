@@ -43,9 +43,9 @@ def _nothing() -> None:
     pass
 
 
-def _shutdown(pool: cf.ThreadPoolExecutor | None, files: dict, lock: threading.Lock,
+def _shutdown(pools: list[cf.ThreadPoolExecutor], files: dict, lock: threading.Lock,
               requests: Requests | None) -> None:
-    if pool is not None:
+    for pool in pools:
         pool.shutdown(wait=False, cancel_futures=True)
     with lock:
         for f in files.values():
@@ -64,12 +64,15 @@ class ChunkStore:
       threads: background threads for :meth:`submit` (prefetch work).
       executor: a thread pool to use instead of starting ``threads`` (the stores of a mixture's
         components share one); the store does not shut it down.
+      planner: the one-thread pool of :meth:`plan` to use instead of starting one (a mixture's stores
+        share one); the store does not shut it down.
       view: a :class:`reader.storage.views.View`: chunks hold its kept documents only (their layouts count
         those, their row groups are decoded whole and the others left out).
     """
 
     def __init__(self, cache: Cache, *, memory_budget_bytes: int = 1 << 30, threads: int = 2,
-                 executor: cf.ThreadPoolExecutor | None = None, view: View | None = None):
+                 executor: cf.ThreadPoolExecutor | None = None, view: View | None = None,
+                 planner: cf.ThreadPoolExecutor | None = None):
         self.cache = cache
         self.view = view
         self.budget = int(memory_budget_bytes)
@@ -94,8 +97,12 @@ class ChunkStore:
         # a remote cache on an asynchronous filesystem: requests on its event loop (reader.storage.requests)
         self.asynchronous: bool = not self._local and bool(getattr(cache.fs, "async_impl", False))
         self.remote = ReadAhead(self) if self.asynchronous else None
+        # read-ahead planning on a remote cache read asynchronously: a thread of its own (see plan())
+        own_planner = planner is None and self.asynchronous
+        self._planner = cf.ThreadPoolExecutor(1, thread_name_prefix="chunkledger-plan") if own_planner else planner
         # a store dropped without close() still stops its threads, closes its files and cancels its requests
-        self._closer = weakref.finalize(self, _shutdown, self._pool if own else None, self._files, self._lock,
+        pools = ([self._pool] if own else []) + ([self._planner] if own_planner else [])
+        self._closer = weakref.finalize(self, _shutdown, pools, self._files, self._lock,
                                         None if self.remote is None else self.remote.requests)
 
     def close(self) -> None:
@@ -201,7 +208,8 @@ class ChunkStore:
             if start is not None and self._local:
                 return self._pread(rel, start, end)
             if self.remote is not None:  # (a read waits for it: ahead of the read-ahead's requests waiting their turn)
-                return self.remote.requests.request(rel, start, end, urgent=True).result()
+                requests = self.remote.requests
+                return requests.wait(requests.request(rel, start, end, urgent=True))
             return self.cache.cat(rel, start, end)
         except FileNotFoundError:
             raise chunk_error(self.cache, rel, "missing") from None
@@ -213,6 +221,12 @@ class ChunkStore:
         """Seconds a range request of this store takes, averaged over the latest (None: not a remote cache
         read asynchronously, or no request yet)."""
         return None if self.remote is None else self.remote.requests.latency_s
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds reads have spent waiting for this store's requests (0: not a remote cache read
+        asynchronously)."""
+        return 0.0 if self.remote is None else self.remote.requests.waited_s
 
     def when_open(self, index: int, fn: Callable[[ChunkMeta], None]) -> None:
         """Run ``fn(meta)`` once chunk ``index`` is open: now if it is; on a remote cache read
@@ -398,6 +412,13 @@ class ChunkStore:
     def submit(self, fn: Callable[..., Any], *args) -> cf.Future:
         """Run ``fn(*args)`` on the store's background threads (``prefetch_threads``; prefetch work)."""
         return self._pool.submit(fn, *args)
+
+    def plan(self, fn: Callable[..., Any], *args) -> cf.Future:
+        """Run read-ahead planning ``fn(*args)`` (what later batches need): on a remote cache read
+        asynchronously, on a thread of its own, where planning only starts requests and must not wait
+        behind the row groups decoded on the store's threads (that wait delays every request by as much
+        as a round trip); otherwise as :meth:`submit`."""
+        return (self._planner or self._pool).submit(fn, *args)
 
     def loss_flags(self, index: int, lo: int, hi: int) -> np.ndarray | None:
         """Loss flags of tokens ``[lo, hi)`` of chunk ``index`` (None: a cache without loss masks)."""

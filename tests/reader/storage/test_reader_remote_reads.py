@@ -4,17 +4,21 @@
 gcsfs serves gs://, and records every request: a read asks only for the byte ranges of the row groups its
 rows need (adjacent ones together, never a whole chunk), never has more than ``MAX_REQUESTS`` out at once,
 asks for all the ranges of a batch together (a resume's first batch too), and returns the local read's
-batches. Against the GCS emulator behind the latency proxy (tests/support/latency_proxy.py), a request that
+batches. The read-ahead's planning starts requests while the decoding threads are busy, is sized by the
+reads' rate without their waits for requests (a mixture's caches by their share of a batch), and plans
+more batches per task as its lookahead grows. Against the GCS emulator behind the latency proxy (tests/support/latency_proxy.py), a request that
 never returns raises ReaderStalled after worker_timeout_s, and one that fails names the chunk file.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import json
 import os
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -24,6 +28,8 @@ import mixgen
 from counting_fs import counting
 from reader import ReadOptions, Reader, ReaderStalled
 from reader.format import spec as fmt
+from reader.batch import prefetch as prefetch_mod
+from reader.batch import readahead as readahead_mod
 from reader.storage import requests as requests_mod
 
 OPTS = ReadOptions(seq_len=16, batch_size=8, ideal_readers=4)
@@ -59,6 +65,19 @@ def row_groups(root: str) -> dict[str, list[tuple[int, int]]]:
 def batches(source: str, opts: ReadOptions, start: int, count: int, **kw) -> list[dict]:
     with Reader(source, opts, num_readers=2, reader_index=1, **kw) as r:
         return [{k: v.copy() for k, v in x.items()} for _, x in r.iter_batches(start, count)]
+
+
+def local_read(root: str, opts: ReadOptions, read):
+    """``read(reader)`` on the local cache as reader 1 of 2, and the row groups it needed: ``{(chunk file, byte
+    offset)}``."""
+    with Reader(root, dataclasses.replace(opts, prefetch_threads=0), num_readers=2, reader_index=1) as local:
+        loaded = []
+        load = local.store._load_row_group
+        local.store._load_row_group = lambda c, g: loaded.append((c, g)) or load(c, g)
+        got = read(local)
+        need = {(os.path.join(root, local.cache.table.paths[c]), int(local.store.meta(c).rg_ranges[g, 0]))
+                for c, g in loaded}
+    return got, need
 
 
 def assert_same(got: list[dict], want: list[dict]) -> None:
@@ -116,13 +135,7 @@ def test_a_remote_mixture_reads_the_local_batches(cache, tmp_path):
 def test_a_resumed_read_asks_for_its_first_batchs_row_groups_together(cache):
     """Every row group the first batch at step 60 needs is asked for before any of them comes back."""
     opts = READS["packed"]
-    with Reader(cache, dataclasses.replace(opts, prefetch_threads=0), num_readers=2, reader_index=1) as local:
-        loaded = []
-        load = local.store._load_row_group
-        local.store._load_row_group = lambda c, g: loaded.append((c, g)) or load(c, g)
-        want = local.batch(60)
-        need = {(os.path.join(cache, local.cache.table.paths[c]), int(local.store.meta(c).rg_ranges[g, 0]))
-                for c, g in loaded}
+    want, need = local_read(cache, opts, lambda r: r.batch(60))
     assert len(need) >= 4
     ranges = row_groups(cache)
     data = {(p, a) for p, rr in ranges.items() for a, _ in rr[:-1]}
@@ -145,6 +158,92 @@ def test_a_resumed_read_asks_for_its_first_batchs_row_groups_together(cache):
     assert out, "the batch did not come"
     for k in want:
         np.testing.assert_array_equal(out[0][k], want[k], err_msg=k)
+
+
+def test_read_ahead_starts_its_requests_while_the_decoding_threads_are_busy(cache):
+    """Planning what later batches need only starts requests: it must not wait behind the row groups the
+    store's threads are decoding (there it would lose up to a round trip per batch planned). With the one
+    decoding thread held, a hint for batches 60..63 still returns, and their row groups are asked for."""
+    opts = READS["packed"]
+    want, need = local_read(cache, opts, lambda r: r.batches(60, 4))
+    assert len(need) >= 4
+    ranges = row_groups(cache)
+    with counting() as fs:
+        with Reader("counting://" + cache, dataclasses.replace(opts, prefetch_threads=1), num_readers=2,
+                    reader_index=1) as r:
+            busy = threading.Event()
+            r.store.submit(busy.wait, 60)  # the one decoding thread, held
+            try:
+                hint = r.store.plan(r.prefetch, 60, None, 4)  # what iter_batches does lookahead batches ahead
+                hint.result(timeout=20)
+
+                def asked() -> set:
+                    return {(p, a) for p, s, e in list(fs.calls) if s is not None
+                            for a, z in ranges[p][:-1] if s <= a and z <= e}
+
+                deadline = time.monotonic() + 20
+                while not need <= asked() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert need <= asked(), f"asked for {sorted(asked())}, batches 60..63 need {sorted(need)}"
+            finally:
+                busy.set()
+            got = r.batches(60, 4)
+    assert_same(got, want)
+
+
+def test_the_pace_leaves_out_the_reads_waits_for_requests(cache, monkeypatch):
+    """The read-ahead is sized by the rate the reads go at when they are not waiting for requests: counted
+    in, a read-ahead too short for the latency would slow the reads and so shorten itself."""
+    clock = [100.0]
+    monkeypatch.setattr(prefetch_mod, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    waited = [0.0]
+    pace = prefetch_mod.Pace(lambda: waited[0])
+    pace.note(0, 9)
+    clock[0] += 0.4
+    waited[0] += 0.3  # of the 0.4 s until the next read, the reads waited 0.3 s for requests
+    pace.note(10, 19)
+    assert pace.rate() == pytest.approx(10 / 0.1)
+    monkeypatch.undo()
+    # what a read waits for a request is what the store counts
+    with counting() as fs:
+        fs.hold(lambda path, start, end: path.endswith(".parquet"))
+        with Reader("counting://" + cache, READS["packed"], num_readers=2, reader_index=1) as r:
+            t = threading.Thread(target=lambda: r.batch(60))
+            t.start()
+            assert fs.wait_held(lambda held: len(held) > 0, timeout=60)
+            time.sleep(0.3)
+            fs.release()
+            t.join(60)
+            assert r.store.waited_s >= 0.25
+
+
+def test_a_mixtures_lookahead_follows_the_share_of_a_batch_each_cache_serves(tmp_path):
+    """A cache at weight w advances w of a batch per batch: within its share of the budget it looks 1/w
+    times as many batches ahead as one that serves every row."""
+    comps, _ = mixgen.write_components(str(tmp_path / "mix"), [10, 14, 9], seed=4, row_group_tokens=64)
+    opts = dataclasses.replace(OPTS, seq_len=8)
+    path = mixgen.write_mixture(str(tmp_path / "m.json"), [(f"c{i}", p, w) for i, (p, w) in
+                                                            enumerate(zip(comps, (0.25, 0.25, 0.5)))])
+    with Reader(path, opts) as r:
+        got = r.lookahead_batches()
+        whole = r.prefetcher.prefetchers[2].lookahead()  # as if the largest cache served every row
+    assert got == 2 * whole
+
+
+@pytest.mark.parametrize("lookahead, stride", [(16, 8), (1024, 64)])
+def test_a_long_lookahead_plans_more_batches_per_hint(lookahead, stride):
+    """A remote read's lookahead grows with the latency and the rate; each hint task then plans more
+    batches, so a plan asks for several row groups of a chunk in one request, not one at a time."""
+    hinted = []
+    pool = cf.ThreadPoolExecutor(1)
+    try:
+        got = [i for i, _ in readahead_mod.read_ahead(lambda i, n: list(range(i, i + n)), 0, stop=3000,
+                                                      hint=lambda i, n: hinted.append((i, n)),
+                                                      submit_hint=pool.submit, lookahead=lambda: lookahead)]
+    finally:
+        pool.shutdown(wait=True)
+    assert got == list(range(3000))
+    assert max(n for _, n in hinted) == stride
 
 
 # -- against the GCS emulator, behind the latency proxy ------------------------------------------------------------
