@@ -28,6 +28,7 @@ import concurrent.futures as cf
 import math
 import threading
 import time
+from typing import Iterator
 
 import numpy as np
 
@@ -96,6 +97,7 @@ class Prefetcher:
         self._rewinds = 0
         self.whole_mixes = self._whole_mixes()
         self.pace = release.pace = Pace()  # told of every read (Reader._read); a mixture's components share one
+        self._ahead: list = [-1, None, None]  # read_ahead: the next batch to plan, row groups to decode, windows planned
 
     def _row_group_tokens(self) -> int:
         return int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
@@ -116,6 +118,46 @@ class Prefetcher:
         if latency is not None:
             ahead = max(ahead, min(math.ceil(LATENCIES_AHEAD * latency * self.pace.rate()), cap_tokens // per_batch))
         return int(max(1, min(4096, ahead)))
+
+    def read_ahead(self, b: int) -> Iterator[None]:
+        """Best fit, on the caller's thread: decode the row groups of the packing windows that this reader's
+        rows of batches ``b .. b + lookahead`` enter, soonest first, one row group per step (a generator;
+        it ends when none is missing). For a reader worker waiting for its next slab: a stream decodes a
+        whole window when it enters it, several times the CPU of a slab, so without this one worker's
+        slabs stall the other's (see docs/DESIGN.md). What was planned carries over to the next call, so
+        each batch is planned once; row groups the reads have passed are left alone, and a failure ends it
+        quietly: the real read reports it."""
+        idx = self.order.chunk_index
+        if self.options.kind != "best_fit" or idx is None:
+            return
+        B = self.options.batch_size
+        ahead = self.lookahead()
+        step = max(1, ahead // 32)  # (a window shorter than this many batches is decoded when it is read)
+        state = self._ahead
+        if not b <= state[0] <= b + ahead + step:  # a first call, or a jump: plan afresh
+            state[:] = [b, collections.deque(), collections.OrderedDict()]
+        todo, seen = state[1], state[2]
+        try:
+            while True:
+                while todo:
+                    c, g = todo.popleft()
+                    if g >= self.release.released_before(c) and self.store.touch_row_groups(c, [g]):
+                        self.store.row_group(c, g)
+                        yield
+                at = state[0]
+                if at > b + ahead:
+                    return
+                state[0] = at + step
+                for c, offs in self.order.touched([at * B + self.rows]):
+                    bounds, first = idx.windows(c, self.store)
+                    for w in np.unique(np.searchsorted(first, offs, side="right") - 1).tolist():
+                        if (c, w) not in seen:
+                            seen[(c, w)] = None
+                            todo.extend((c, g) for g in range(int(bounds[w]), int(bounds[w + 1])))
+                while len(seen) > _TRACKED_MIXES:
+                    seen.popitem(last=False)
+        except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
+            state[:] = [-1, collections.deque(), collections.OrderedDict()]
 
     def _whole_mixes(self) -> bool:
         """Whether to load whole mixes: shuffled concat reads where this reader reads whole lanes (``R``

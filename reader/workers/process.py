@@ -57,8 +57,15 @@ def _serve(conn: Connection) -> None:
         _send_error(conn, e)
         return
     conn.send_bytes(bytes([OP_READY]))
+    ahead = None  # inline: decoding what the next slabs need while the parent has none for us
     try:
         while True:
+            if ahead is not None:
+                for _ in ahead:
+                    if conn.poll():
+                        break
+                else:
+                    ahead = None
             try:
                 msg = conn.recv_bytes()
             except EOFError:  # the parent is gone
@@ -78,6 +85,7 @@ def _serve(conn: Connection) -> None:
                     done += 1
                 if done:
                     reader.batches(b, done, {key: a[:done * per] for key, a in slots[k].items()})
+                    ahead = reader.read_ahead(b + done)
             else:
                 for i in range(want):
                     try:
