@@ -119,14 +119,14 @@ class Prefetcher:
             ahead = max(ahead, min(math.ceil(LATENCIES_AHEAD * latency * self.pace.rate()), cap_tokens // per_batch))
         return int(max(1, min(4096, ahead)))
 
-    def read_ahead(self, b: int) -> Iterator[None]:
+    def read_ahead(self, b: int, stop: int | None = None) -> Iterator[None]:
         """Best fit, on the caller's thread: decode the row groups of the packing windows that this reader's
-        rows of batches ``b .. b + lookahead`` enter, soonest first, one row group per step (a generator;
-        it ends when none is missing). For a reader worker waiting for its next slab: a stream decodes a
-        whole window when it enters it, several times the CPU of a slab, so without this one worker's
-        slabs stall the other's (see docs/DESIGN.md). What was planned carries over to the next call, so
-        each batch is planned once; row groups the reads have passed are left alone, and a failure ends it
-        quietly: the real read reports it."""
+        rows of batches ``b .. b + lookahead`` (before ``stop``, the end of the read; None: no end) enter,
+        soonest first, one row group per step (a generator; it ends when none is missing). For a reader
+        worker waiting for its next slab: a stream decodes a whole window when it enters it, several times
+        the CPU of a slab, so without this one worker's window stalls the other's slabs (docs/DESIGN.md).
+        What was planned carries over to the next call, so each batch is planned once; row groups the reads
+        have passed are left alone, and a failure ends it quietly: the real read reports it."""
         idx = self.order.chunk_index
         if self.options.kind != "best_fit" or idx is None:
             return
@@ -145,7 +145,7 @@ class Prefetcher:
                         self.store.row_group(c, g)
                         yield
                 at = state[0]
-                if at > b + ahead:
+                if at > b + ahead or (stop is not None and at >= stop):
                     return
                 state[0] = at + step
                 for c, offs in self.order.touched([at * B + self.rows]):

@@ -233,6 +233,8 @@ def test_reading_ahead_decodes_the_windows_the_next_batches_enter_once(tmp_path)
         assert r.store.decodes == groups  # each row group once
         assert on_demand == bounds[1]  # the first window alone is decoded by a read
         assert steps == groups - bounds[1]
+    with Reader(root, o) as r:  # nothing from the end of the read on
+        assert list(r.read_ahead(0, 0)) == [] and r.store.decodes == 0
     with Reader(root, o) as r:  # reading ahead from inside a window, part of which the reads released
         b = 0
         while b < len(want) // 2 or r.release.released_before(0) in bounds.tolist():
