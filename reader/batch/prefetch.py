@@ -127,8 +127,8 @@ class Prefetcher:
         the CPU of a slab, so without this one worker's window stalls the other's slabs (docs/DESIGN.md).
         What was planned carries over to the next call, so each batch is planned once; row groups the reads
         have passed are left alone, and a failure ends it quietly: the real read reports it."""
-        idx = self.order.chunk_index
-        if self.options.kind != "best_fit" or idx is None:
+        placer = self.order.placer
+        if self.options.packing != "best_fit" or placer is None:
             return
         B = self.options.batch_size
         ahead = self.lookahead()
@@ -149,7 +149,7 @@ class Prefetcher:
                     return
                 state[0] = at + step
                 for c, offs in self.order.touched([at * B + self.rows]):
-                    bounds, first = idx.windows(c, self.store)
+                    bounds, first = placer.windows(c)
                     for w in np.unique(np.searchsorted(first, offs, side="right") - 1).tolist():
                         if (c, w) not in seen:
                             seen[(c, w)] = None
