@@ -40,6 +40,7 @@ from reader.storage.store import ChunkStore
 from reader.order.streams import streams_of_reader
 
 _TRACKED_MIXES = 64
+_PLANNED_WINDOWS = 1024  # read_ahead: windows remembered as planned (a read's streams enter a few at a time)
 LATENCIES_AHEAD = 8  # remote caches: batches planned ahead cover this many request latencies of reading
 _PACE_S = 0.5  # the read rate is measured over about this many seconds
 _PACE_REWIND = 256  # a read this many batches before the latest one starts the rate again
@@ -154,7 +155,7 @@ class Prefetcher:
                         if (c, w) not in seen:
                             seen[(c, w)] = None
                             todo.extend((c, g) for g in range(int(bounds[w]), int(bounds[w + 1])))
-                while len(seen) > _TRACKED_MIXES:
+                while len(seen) > _PLANNED_WINDOWS:
                     seen.popitem(last=False)
         except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
             state[:] = [-1, collections.deque(), collections.OrderedDict()]
