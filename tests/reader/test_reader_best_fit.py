@@ -180,9 +180,9 @@ def test_a_read_decodes_only_the_window_its_rows_lie_in(tmp_path):
              for row in want]
 
 
-def test_a_read_releases_each_window(tmp_path):
-    """Reading a chunk in order, row groups of the windows it has passed leave the cache: a pass holds
-    about a window, not the chunk."""
+def one_long_chunk(tmp_path) -> tuple[str, list]:
+    """A cache of one chunk of 2000 documents of 1..199 tokens in row groups of 2000 tokens: windows of
+    8000 tokens give it many."""
     root = str(tmp_path / "cache")
     rng = np.random.default_rng(6)
     docs, nxt = [], 1
@@ -190,6 +190,13 @@ def test_a_read_releases_each_window(tmp_path):
         docs.append(np.arange(nxt, nxt + m, dtype=np.int32))
         nxt += m
     cachegen.write_synthetic_cache(root, [docs], row_group_tokens=2000)
+    return root, docs
+
+
+def test_a_read_releases_each_window(tmp_path):
+    """Reading a chunk in order, row groups of the windows it has passed leave the cache: a pass holds
+    about a window, not the chunk."""
+    root, docs = one_long_chunk(tmp_path)
     groups = rg_docs(docs, 2000)
     window = 8000
     bounds = window_bounds(rg_tokens(docs, 2000), window)
@@ -207,13 +214,7 @@ def test_reading_ahead_decodes_the_windows_the_next_batches_enter_once(tmp_path)
     windows the next batches enter, one row group a step, so that their reads decode nothing; never a row
     group the reads have passed (every row group is decoded once, also when it starts mid-read), and the
     batches are the same."""
-    root = str(tmp_path / "cache")
-    rng = np.random.default_rng(6)
-    docs, nxt = [], 1
-    for m in rng.integers(1, 200, 2000).tolist():
-        docs.append(np.arange(nxt, nxt + m, dtype=np.int32))
-        nxt += m
-    cachegen.write_synthetic_cache(root, [docs], row_group_tokens=2000)
+    root, docs = one_long_chunk(tmp_path)
     o = opts(eval_mode=True, batch_size=4, best_fit_window_tokens=8000, prefetch_threads=0)
     bounds = window_bounds(rg_tokens(docs, 2000), 8000)
     groups = len(rg_docs(docs, 2000))
