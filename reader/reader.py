@@ -371,6 +371,13 @@ class Reader:
         ask again as the read goes)."""
         return self.prefetcher.lookahead()
 
+    def read_ahead(self, b: int, stop: int | None = None) -> Iterator[None]:
+        """Decode, on this thread, one step at a time, what batches from ``b`` (before ``stop``) will need (best
+        fit: the packing windows they enter, :meth:`reader.batch.prefetch.Prefetcher.read_ahead`; else
+        nothing): for a reader worker's idle time."""
+        go = getattr(self.prefetcher, "read_ahead", None)  # (a mixture's prefetcher has none)
+        return go(b, stop) if go is not None else iter(())
+
     def prefetch(self, b: int, rows=None, count: int = 1, every: int = 1) -> list[cf.Future]:
         """Start loading, on the background threads, what rows ``rows`` (default: this reader's rows) of
         batch ``b`` (and of ``b + every``, ... : ``count`` batches, planned in one pass) need, and return

@@ -30,7 +30,7 @@ import concurrent.futures as cf
 import math
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from reader.storage.store import ChunkStore
 from reader.order.streams import streams_of_reader
 
 _TRACKED_MIXES = 64
+_PLANNED_WINDOWS = 1024  # read_ahead: windows remembered as planned (a read's streams enter a few at a time)
 LATENCIES_AHEAD = 8  # remote caches: batches planned ahead cover this many request latencies of reading
 _PACE_S = 0.5  # the read rate is measured over about this many seconds
 _PACE_REWIND = 256  # a read this many batches before the latest one starts the rate again
@@ -108,6 +109,7 @@ class Prefetcher:
         self.pace = release.pace = Pace(lambda: store.waited_s)
         # a remote cache read asynchronously, concat windows: loading a chunk's part only starts requests
         self._now = store.asynchronous and order.chunk_index is None
+        self._ahead: list = [-1, None, None]  # read_ahead: the next batch to plan, row groups to decode, windows planned
 
     def _row_group_tokens(self) -> int:
         return int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
@@ -130,6 +132,46 @@ class Prefetcher:
         if latency is not None:
             ahead = max(ahead, min(math.ceil(LATENCIES_AHEAD * latency * self.pace.rate()), cap_tokens // per_batch))
         return int(max(1, min(4096, ahead)))
+
+    def read_ahead(self, b: int, stop: int | None = None) -> Iterator[None]:
+        """Best fit, on the caller's thread: decode the row groups of the packing windows that this reader's
+        rows of batches ``b .. b + lookahead`` (before ``stop``, the end of the read; None: no end) enter,
+        soonest first, one row group per step (a generator; it ends when none is missing). For a reader
+        worker waiting for its next slab: a stream decodes a whole window when it enters it, several times
+        the CPU of a slab, so without this one worker's window stalls the other's slabs (docs/DESIGN.md).
+        What was planned carries over to the next call, so each batch is planned once; row groups the reads
+        have passed are left alone, and a failure ends it quietly: the real read reports it."""
+        placer = self.order.placer
+        if self.options.packing != "best_fit" or placer is None:
+            return
+        B = self.options.batch_size
+        ahead = self.lookahead()
+        step = max(1, ahead // 32)  # (a window shorter than this many batches is decoded when it is read)
+        state = self._ahead
+        if not b <= state[0] <= b + ahead + step:  # a first call, or a jump: plan afresh
+            state[:] = [b, collections.deque(), collections.OrderedDict()]
+        todo, seen = state[1], state[2]
+        try:
+            while True:
+                while todo:
+                    c, g = todo.popleft()
+                    if g >= self.release.released_before(c) and self.store.touch_row_groups(c, [g]):
+                        self.store.row_group(c, g)
+                        yield
+                at = state[0]
+                if at > b + ahead or (stop is not None and at >= stop):
+                    return
+                state[0] = at + step
+                for c, offs in self.order.touched([at * B + self.rows]):
+                    bounds, first = placer.windows(c)
+                    for w in np.unique(np.searchsorted(first, offs, side="right") - 1).tolist():
+                        if (c, w) not in seen:
+                            seen[(c, w)] = None
+                            todo.extend((c, g) for g in range(int(bounds[w]), int(bounds[w + 1])))
+                while len(seen) > _PLANNED_WINDOWS:
+                    seen.popitem(last=False)
+        except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
+            state[:] = [-1, collections.deque(), collections.OrderedDict()]
 
     def _whole_mixes(self) -> bool:
         """Whether to load whole mixes: shuffled concat reads where this reader reads whole lanes (``R``

@@ -57,8 +57,16 @@ def _serve(conn: Connection) -> None:
         _send_error(conn, e)
         return
     conn.send_bytes(bytes([OP_READY]))
+    ahead = None  # inline: decoding what the next slabs need while the parent has none for us
+    stop = None if setup["count"] is None else setup["start"] + setup["count"]
     try:
         while True:
+            if ahead is not None:
+                for _ in ahead:
+                    if conn.poll():
+                        break
+                else:
+                    ahead = None
             try:
                 msg = conn.recv_bytes()
             except EOFError:  # the parent is gone
@@ -78,6 +86,7 @@ def _serve(conn: Connection) -> None:
                     done += 1
                 if done:
                     reader.batches(b, done, {key: a[:done * per] for key, a in slots[k].items()})
+                    ahead = reader.read_ahead(b + done, stop)
             else:
                 for i in range(want):
                     try:

@@ -180,9 +180,9 @@ def test_a_read_decodes_only_the_window_its_rows_lie_in(tmp_path):
              for row in want]
 
 
-def test_a_read_releases_each_window(tmp_path):
-    """Reading a chunk in order, row groups of the windows it has passed leave the cache: a pass holds
-    about a window, not the chunk."""
+def one_long_chunk(tmp_path) -> tuple[str, list]:
+    """A cache of one chunk of 2000 documents of 1..199 tokens in row groups of 2000 tokens: windows of
+    8000 tokens give it many."""
     root = str(tmp_path / "cache")
     rng = np.random.default_rng(6)
     docs, nxt = [], 1
@@ -190,6 +190,13 @@ def test_a_read_releases_each_window(tmp_path):
         docs.append(np.arange(nxt, nxt + m, dtype=np.int32))
         nxt += m
     cachegen.write_synthetic_cache(root, [docs], row_group_tokens=2000)
+    return root, docs
+
+
+def test_a_read_releases_each_window(tmp_path):
+    """Reading a chunk in order, row groups of the windows it has passed leave the cache: a pass holds
+    about a window, not the chunk."""
+    root, docs = one_long_chunk(tmp_path)
     groups = rg_docs(docs, 2000)
     window = 8000
     bounds = window_bounds(rg_tokens(docs, 2000), window)
@@ -200,6 +207,46 @@ def test_a_read_releases_each_window(tmp_path):
         assert r.store.decodes == len(groups)  # every row group decoded once
         assert most <= 2 * int(np.diff(bounds).max())  # about a window held (the next may be loading)
         assert most < len(groups) / 2
+
+
+def test_reading_ahead_decodes_the_windows_the_next_batches_enter_once(tmp_path):
+    """What a reader worker does while it waits for its next slab (``Reader.read_ahead``): decode the
+    windows the next batches enter, one row group a step, so that their reads decode nothing; never a row
+    group the reads have passed (every row group is decoded once, also when it starts mid-read), and the
+    batches are the same."""
+    root, docs = one_long_chunk(tmp_path)
+    o = opts(eval_mode=True, batch_size=4, best_fit_window_tokens=8000, prefetch_threads=0)
+    bounds = window_bounds(rg_tokens(docs, 2000), 8000)
+    groups = len(rg_docs(docs, 2000))
+    assert len(bounds) > 5
+    with Reader(root, o) as r:
+        want = [x for _, x in r.iter_batches()]
+    slab = 16  # batches read between two read-aheads (a worker's slab)
+    with Reader(root, o) as r:
+        assert r.lookahead_batches() > 2 * slab
+        steps = on_demand = 0
+        for b in range(0, len(want), slab):
+            before = r.store.decodes
+            got = r.batches(b, min(slab, len(want) - b))
+            assert all(same(x, y) for x, y in zip(got, want[b:b + slab])), b
+            on_demand += r.store.decodes - before
+            steps += sum(1 for _ in r.read_ahead(b + slab))
+        assert r.store.decodes == groups  # each row group once
+        assert on_demand == bounds[1]  # the first window alone is decoded by a read
+        assert steps == groups - bounds[1]
+    with Reader(root, o) as r:  # nothing from the end of the read on
+        assert list(r.read_ahead(0, 0)) == [] and r.store.decodes == 0
+    with Reader(root, o) as r:  # reading ahead from inside a window, part of which the reads released
+        b = 0
+        while b < len(want) // 2 or r.release.released_before(0) in bounds.tolist():
+            r.batch(b)
+            b += 1
+        assert sum(1 for _ in r.read_ahead(b)) > 0
+        assert all(same(x, y) for x, y in zip(r.batches(b, len(want) - b), want[b:]))
+        assert r.store.decodes == groups
+    with Reader(root, dataclasses.replace(o, packing="concat", best_fit_window_tokens=WINDOW_TOKENS)) as r:
+        # (concat decodes a row group at a time: nothing to read ahead)
+        assert list(r.read_ahead(0)) == [] and r.store.decodes == 0
 
 
 def test_a_window_is_packed_once_when_two_threads_ask_for_it(cache, monkeypatch):
