@@ -47,6 +47,10 @@ _PACE_S = 0.5  # the read rate is measured over about this many seconds
 _PACE_REWIND = 256  # a read this many batches before the latest one starts the rate again
 
 
+def _opened(meta) -> None:
+    """Nothing to do once a chunk is open (opening it ahead was the point)."""
+
+
 class Pace:
     """Where a reader's reads are and how fast they advance, in global batches per second over the last
     ``_PACE_S`` seconds (:meth:`note` is told the batches of every read as it starts), leaving out the
@@ -266,6 +270,23 @@ class Prefetcher:
         return futs
 
     def _prefetch_mix(self, lo: int, hi: int) -> list[cf.Future]:
+        per_chunk = self._mix_chunks(lo)
+        lanes = self.order.lanes()
+        batch = lanes.last_example(hi - 1) // self.options.batch_size  # the mix's last batch
+        futs = [self._start(self._load_chunk_ranges, c, ranges, hi - 1, batch) for c, ranges in per_chunk.items()]
+        if self.store.asynchronous:
+            # a remote cache: open the next mix's chunks now (their sidecars and footers, a few KiB each),
+            # so that when it comes into view its row groups are one round trip away, not three
+            try:
+                for c in self._mix_chunks(hi):
+                    self.store.when_open(c, _opened)
+            except Exception:  # noqa: BLE001 - e.g. past the data, or not built yet: its own turn will say
+                pass
+        return futs
+
+    def _mix_chunks(self, lo: int) -> dict[int, list[tuple[int, int]]]:
+        """``{chunk: [(a, z), ...]}``: the token ranges of each chunk that this reader's lanes read in the mix
+        starting at lane row ``lo``."""
         lanes = self.order.lanes()
         mine = lanes.reader_lanes(lo, self.num_readers, self.reader_index)
         per_chunk: dict[int, list[tuple[int, int]]] = {}
@@ -273,8 +294,7 @@ class Prefetcher:
             for r0, r1 in ranges.tolist():
                 for _, c, a, z in self.order.lane_pieces(lane, r0, r1):
                     per_chunk.setdefault(c, []).append((a, z))
-        batch = lanes.last_example(hi - 1) // self.options.batch_size  # the mix's last batch
-        return [self._start(self._load_chunk_ranges, c, ranges, hi - 1, batch) for c, ranges in per_chunk.items()]
+        return per_chunk
 
     def _load_chunk_ranges(self, c: int, ranges: list[tuple[int, int]], last_row: int, batch: int = -1) -> None:
         """Load the row groups of chunk ``c`` that hold tokens ``[a, z)`` for each range (for a mix read until
