@@ -9,7 +9,8 @@ batch load in parallel.
 
 Shuffled packed reads of whole lanes load whole mixes instead, as each comes into view: a batch of a
 mix touches rows all over the mix's blocks, and the mix needs all of them within its first batches
-anyway. Errors are left for the real read to report: a prefetch never fails a run.
+anyway. On a remote cache the chunks of the mix after it are opened then too (sidecars and footers
+only), so its row groups are one round trip away when it comes into view. Errors are left for the real read to report: a prefetch never fails a run.
 
 **Remote caches.** A range request to a bucket takes tens of milliseconds, during which the read goes
 on: the batches planned ahead must cover what is read while the requests of the next ones are out (a
