@@ -9,7 +9,8 @@ batch load in parallel.
 
 Shuffled packed reads of whole lanes load whole mixes instead, as each comes into view: a batch of a
 mix touches rows all over the mix's blocks, and the mix needs all of them within its first batches
-anyway. Errors are left for the real read to report: a prefetch never fails a run.
+anyway. On a remote cache the chunks of the mix after it are opened then too (sidecars and footers
+only), so its row groups are one round trip away when it comes into view. Errors are left for the real read to report: a prefetch never fails a run.
 
 **Remote caches.** A range request to a bucket takes tens of milliseconds, during which the read goes
 on: the batches planned ahead must cover what is read while the requests of the next ones are out (a
@@ -46,6 +47,10 @@ _PLANNED_WINDOWS = 1024  # read_ahead: windows remembered as planned (a read's s
 LATENCIES_AHEAD = 8  # remote caches: batches planned ahead cover this many request latencies of reading
 _PACE_S = 0.5  # the read rate is measured over about this many seconds
 _PACE_REWIND = 256  # a read this many batches before the latest one starts the rate again
+
+
+def _opened(meta) -> None:
+    """Nothing to do once a chunk is open (opening it ahead was the point)."""
 
 
 class Pace:
@@ -308,6 +313,23 @@ class Prefetcher:
         return futs
 
     def _prefetch_mix(self, lo: int, hi: int) -> list[cf.Future]:
+        per_chunk = self._mix_chunks(lo)
+        lanes = self.order.lanes()
+        batch = lanes.last_example(hi - 1) // self.options.batch_size  # the mix's last batch
+        futs = [self._start(self._load_chunk_ranges, c, ranges, hi - 1, batch) for c, ranges in per_chunk.items()]
+        if self.store.asynchronous:
+            # a remote cache: open the next mix's chunks now (their sidecars and footers, a few KiB each),
+            # so that when it comes into view its row groups are one round trip away, not three
+            try:
+                for c in self._mix_chunks(hi):
+                    self.store.when_open(c, _opened)
+            except Exception:  # noqa: BLE001 - e.g. past the data, or not built yet: its own turn will say
+                pass
+        return futs
+
+    def _mix_chunks(self, lo: int) -> dict[int, list[tuple[int, int]]]:
+        """``{chunk: [(a, z), ...]}``: the token ranges of each chunk that this reader's lanes read in the mix
+        starting at lane row ``lo``."""
         lanes = self.order.lanes()
         mine = lanes.reader_lanes(lo, self.num_readers, self.reader_index)
         per_chunk: dict[int, list[tuple[int, int]]] = {}
@@ -315,8 +337,7 @@ class Prefetcher:
             for r0, r1 in ranges.tolist():
                 for _, c, a, z in self.order.lane_pieces(lane, r0, r1):
                     per_chunk.setdefault(c, []).append((a, z))
-        batch = lanes.last_example(hi - 1) // self.options.batch_size  # the mix's last batch
-        return [self._start(self._load_chunk_ranges, c, ranges, hi - 1, batch) for c, ranges in per_chunk.items()]
+        return per_chunk
 
     def _load_chunk_ranges(self, c: int, ranges: list[tuple[int, int]], last_row: int, batch: int = -1) -> None:
         """Load the row groups of chunk ``c`` that hold tokens ``[a, z)`` for each range (for a mix read until

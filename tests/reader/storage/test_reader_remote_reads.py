@@ -6,7 +6,8 @@ rows need (adjacent ones together, never a whole chunk), never has more than ``M
 asks for all the ranges of a batch together (a resume's first batch too), and returns the local read's
 batches. The read-ahead's planning starts requests while the decoding threads are busy, is sized by the
 reads' rate without their waits for requests (a mixture's caches by their share of a batch), and plans
-more batches per task as its lookahead grows. Against the GCS emulator behind the latency proxy (tests/support/latency_proxy.py), a request that
+more batches per task as its lookahead grows; a shuffled read opens the next mix's chunks
+ahead. Against the GCS emulator behind the latency proxy (tests/support/latency_proxy.py), a request that
 never returns raises ReaderStalled after worker_timeout_s, and one that fails names the chunk file.
 """
 
@@ -228,6 +229,37 @@ def test_a_mixtures_lookahead_follows_the_share_of_a_batch_each_cache_serves(tmp
         got = r.lookahead_batches()
         whole = r.prefetcher.prefetchers[2].lookahead()  # as if the largest cache served every row
     assert got == 2 * whole
+
+
+def test_a_mix_coming_into_view_opens_the_next_mixs_chunks(cache):
+    """Shuffled whole-mix reads: when a mix comes into view, the chunks of the mix after it are opened
+    (sidecar and footer) but none of their row groups asked for, so that mix's row groups are one round
+    trip away when its turn comes, not three."""
+    from reader.order.shuffle import ShuffleConfig
+
+    cfg = ShuffleConfig(seed=3, first_window=16, growth=2.0, max_window=64, block_size=8, mix_size=16, lanes=4)
+    opts = dataclasses.replace(OPTS, shuffle=cfg)
+    ranges = row_groups(cache)
+    with counting() as fs:
+        with Reader("counting://" + cache, opts, num_readers=2, reader_index=1) as r:
+            pf, lanes = r.prefetcher, r.order.lanes()
+            assert pf.whole_mixes
+            for b in range(20, 60):  # a batch whose mix is followed by one reading other chunks
+                _, lo, hi = lanes.mixes(lanes.lane_rows(b * opts.batch_size + r.my_rows)[0][:1])
+                ahead = set(pf._mix_chunks(int(hi[0]))) - set(pf._mix_chunks(int(lo[0])))
+                if ahead:
+                    break
+            assert ahead and all(r.store.cached_meta(c) is None for c in ahead)
+            for fut in pf.prefetch(b):
+                fut.result(timeout=20)
+            deadline = time.monotonic() + 20
+            while any(r.store.cached_meta(c) is None for c in ahead) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert all(r.store.cached_meta(c) is not None for c in ahead), "the next mix's chunks were not opened"
+            paths = {os.path.join(cache, r.cache.table.paths[c]) for c in ahead}
+            data = [(p, s) for p, s, e in list(fs.calls) if p in paths and s is not None
+                    for a, z in ranges[p][:-1] if s <= a < e]
+            assert not data, f"row groups of the next mix were asked for: {data}"
 
 
 @pytest.mark.parametrize("lookahead, stride", [(16, 8), (1024, 64)])
