@@ -18,8 +18,9 @@ default budget, one process), starting at step 3000 (a resume):
   read-ahead has grown to the latency; ``rate`` from the first batch on is reported too), the requests and
   bytes fetched per token read (the store's counters: a chunk opened is two requests, its sidecar and
   footer), and the CPU seconds per batch of this process and of the emulator.
-- Runs alternate (every configuration once per round), and each figure is the best of the rounds: the
-  ratios compare runs minutes apart at most, on a machine shared with other work.
+- Runs alternate (every configuration once per round), and each figure is the best of the rounds; a
+  ratio to 0 ms is the median over the rounds of that round's two runs, made back to back (the best of
+  each side apart would let one lucky 0 ms run set every ratio, on a machine shared with other work).
 - Where 0 ms differs from disk: the emulator is a Python HTTP server (one request at a time) on the same
   cores. Its own cost is measured apart: a plain client (``http.client``, one connection per request, as
   the emulator wants) asks it, then the proxy at 0 ms, for every row group's byte range of the cache,
@@ -40,6 +41,7 @@ import json
 import os
 import subprocess
 import sys
+import statistics
 import time
 from pathlib import Path
 
@@ -193,6 +195,7 @@ def run(work: Path, tokens: int, batches: int, rounds: int, chunks: int) -> dict
                  "latency_hosts": HOSTS, "latency_batch_size": B, "latency_seq_len": L, "latency_start": START}
     mix = work / "mix4.json"
     best: dict[tuple[str, str], dict] = {}
+    steadies: dict[tuple[str, str], list[float]] = {}  # per round, for the paired ratios
     firsts: dict[str, np.ndarray] = {}
 
     def keep(key, got):
@@ -200,6 +203,7 @@ def run(work: Path, tokens: int, batches: int, rounds: int, chunks: int) -> dict
         want = firsts.setdefault(key[0], ref)
         if not np.array_equal(ref, want):
             raise AssertionError(f"{key}: its first batch differs from the local read's")
+        steadies.setdefault(key, []).append(got["steady"])
         old = best.get(key)
         if old is None:
             best[key] = got
@@ -250,11 +254,13 @@ def run(work: Path, tokens: int, batches: int, rounds: int, chunks: int) -> dict
     for (kind, where), got in best.items():
         for k, v in got.items():
             res[f"latency_{kind}_{where}_{k}"] = v
+    def paired(kind: str, a: str, b: str) -> float:  # median over the rounds of a / b
+        return statistics.median(x / y for x, y in zip(steadies[(kind, a)], steadies[(kind, b)]))
+
     for kind in KINDS:
-        zero = res[f"latency_{kind}_0ms_steady"]
         for d in DELAYS_MS:
-            res[f"latency_{kind}_{d}ms_vs_0ms"] = res[f"latency_{kind}_{d}ms_steady"] / zero
-        res[f"latency_{kind}_0ms_vs_local"] = zero / res[f"latency_{kind}_local_steady"]
+            res[f"latency_{kind}_{d}ms_vs_0ms"] = paired(kind, f"{d}ms", "0ms")
+        res[f"latency_{kind}_0ms_vs_local"] = paired(kind, "0ms", "local")
     res["latency_50ms_vs_0ms_min"] = min(res[f"latency_{k}_50ms_vs_0ms"] for k in KINDS)
     res["latency_first_batch_s_50ms_max"] = max(res[f"latency_{k}_50ms_first_batch_s"] for k in KINDS)
     res["latency_rss_growth_vs_budget"] = (peak_rss - base_rss) / 1e6 / res["latency_memory_budget_mb"]

@@ -747,7 +747,9 @@ def latency_section(fig: dict) -> list[str]:
            f"{f['latency_batch_size']}`, R* = 16, flat layout, default budget, one process) from step "
            f"{f['latency_start']}, {f['latency_batches']} batches, best of {f['latency_rounds']} alternating rounds "
            f"(run of {f.get('latency_run', '?')}, load average {f.get('latency_load_average', '?')} on 2 cores). "
-           "Steady: tokens per second of the host's rows over the last three quarters of the batches. First batch: "
+           "Steady: tokens per second of the host's rows over the last three quarters of the batches (the best "
+           "round's); the / 0 ms column: the median over the rounds of each round's steady rate over the 0 ms one "
+           "run just before it. First batch: "
            "from opening the reader (the seek) to the first batch. Requests per million tokens read (a chunk opened "
            "is two: its sidecar and footer) and bytes fetched per token read (the cache holds about 1.3 bytes per "
            "token; a shuffled read also fetches the row groups at its blocks' ends, which it uses in part).", "",
