@@ -294,6 +294,7 @@ def cmd_index(args) -> int:
     import time
 
     from reader.storage.index import ExampleIndex
+    from reader.storage.views import open_view
 
     packing = args.packing
     opts = (ReadOptions(seq_len=args.seq_len, packing="best_fit", best_fit_window_tokens=args.best_fit_window_tokens,
@@ -306,15 +307,18 @@ def cmd_index(args) -> int:
         return 1
     caps = {"continuations": opts.continuations(int(cache.ledger.raw["format_version"])),
             "max_segments": opts.max_segments} if packing == "best_fit" else {}
-    index = ExampleIndex(cache, opts.seq_len, packing, window_tokens=opts.best_fit_window_tokens, drop_long=opts.drop_long,
-                         threads=args.threads, **caps)
     t0 = time.perf_counter()
-    counts = index.counts(cache.table)
+    view, seen = open_view(cache, args.view)  # (a view's kept counts are stored beside, in its own index file)
+    index = ExampleIndex(seen, opts.seq_len, packing, window_tokens=opts.best_fit_window_tokens, drop_long=opts.drop_long,
+                         threads=args.threads, view=view, **caps)
+    counts = index.counts(seen.table)
     dt = time.perf_counter() - t0
     n = len(cache.table)
     what = (f"counted in {dt:.1f} s ({1000 * dt / max(n, 1):.2f} ms per chunk with {args.threads} threads)"
             if index.counted else "already there, checked against the table: nothing counted")
     print(f"{cache.display(index.index_file)}: {int(counts.sum()):,} {packing} examples of {n:,} chunks, {what}")
+    if view is not None:
+        print(f"{cache.display(view.index_file)}: the documents and tokens view {view.spec.text!r} keeps of each chunk")
     return 0
 
 
@@ -414,6 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "says); must match the run")
     x.add_argument("--max_segments", type=int, default=None,
                    help="best_fit: at most this many document pieces per row; must match the run")
+    x.add_argument("--view", metavar="VIEW", default=None,
+                   help="count the examples of the documents VIEW keeps (ReadOptions.view's syntax); its own index "
+                        "file of kept counts is written too")
     x.add_argument("--threads", type=int, default=32, help="chunks counted at once (each a footer and a column read)")
     x.set_defaults(fn=cmd_index)
 

@@ -378,3 +378,32 @@ def test_batches_and_inspect_read_through_a_view(caches, tmp_path, capsys):
     assert main(["inspect", full, "--seq_len", "16", "--view", VIEW, "--json"]) == 0
     with Reader(copy, ReadOptions(seq_len=16)) as rc:  # (a pass is the view's)
         assert json.loads(capsys.readouterr().out)["passes"]["examples_per_pass"] == rc.examples_per_pass
+
+
+@pytest.mark.parametrize("packing", ["unpacked", "best_fit"])
+def test_index_with_a_view_writes_the_files_a_viewed_read_loads(tmp_path, packing, capsys, monkeypatch):
+    from reader.cli.main import main
+    from reader.storage import index as index_mod, views
+
+    chunks, fields = corpus(seed=4)
+    root = str(tmp_path / "c")
+    write_synthetic_cache(root, chunks, fields=fields, row_group_tokens=20, format_version=4)
+    write_attribute_set(root, "duplicates", attrs.EXACT, [{"keeper": m} for m in marks_of(chunks)], {})
+    assert main(["index", root, "--seq_len", "16", "--packing", packing, "--view", VIEW]) == 0
+    out = capsys.readouterr().out
+    made = sorted(os.listdir(os.path.join(root, "index")))
+    assert f"view-{parse_view(VIEW).key}.bin" in made and any(n.startswith(packing) and "-V" in n for n in made), made
+    assert all(n in out for n in made)
+    # a read through the view now loads both files: it counts no chunk again
+    loaded, counted = [], []
+    load, counts = views.View._load, index_mod.ExampleIndex.counts
+    monkeypatch.setattr(views.View, "_load", lambda self, t: load(self, t) or loaded.append(self._n == len(t)))
+    monkeypatch.setattr(index_mod.ExampleIndex, "counts",
+                        lambda self, t: (counts(self, t), counted.append(self.counted))[0])
+    opts = ReadOptions(seq_len=16, batch_size=4, ideal_readers=2, view=VIEW, packing=packing)
+    with Reader(root, opts) as r:
+        got = [r.batch(b) for b in range(3)]
+    assert loaded and all(loaded) and counted and not any(counted), (loaded, counted)
+    monkeypatch.undo()
+    with Reader(root, ReadOptions(**{**opts.__dict__, "index_cache": False})) as r:
+        assert all(same(r.batch(b), got[b]) for b in range(3))
