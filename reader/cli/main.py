@@ -240,7 +240,8 @@ def cmd_validate(args) -> int:
             for got in pool.map(lambda c: validate_chunk(cache, c, decode=not args.quick, entry=entries.get(c)), part):
                 problems += got
     if not args.quick:  # the reader's own index files, counted again from the chunks
-        problems += check_index_files(cache)
+        view_problems, checked_views = views.check_view_files(cache)
+        problems += view_problems + check_index_files(cache, checked_views)
     for p in dict.fromkeys(problems):
         print(f"PROBLEM {p}")
     state = "" if cache.complete else " (build in progress: only the chunks written so far were checked)"
@@ -366,7 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "(--keep_fields); reads that field of every chunk")
     q.set_defaults(fn=cmd_inspect)
 
-    v = sub.add_parser("validate", help="check every chunk against the ledger; exit 1 on any problem")
+    v = sub.add_parser("validate", help="check every chunk against the ledger (and, without --quick, the readers' "
+                                        "index and view files); exit 1 on any problem")
     v.add_argument("path", help="cache root (local path or gs://bucket/cache)")
     v.add_argument("--quick", action="store_true", help="skip decoding token columns (size, checksum, layout only)")
     v.add_argument("--threads", type=int, default=4, help="parallel chunk reads")

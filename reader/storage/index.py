@@ -40,28 +40,33 @@ INDEX_DIR = "index"
 INDEXED_PACKINGS = ("unpacked", "best_fit")  # the packings counted per chunk
 
 
-_INDEX_FILE = re.compile(r"(unpacked|best_fit)-L(\d+)(?:-W(\d+))?(?:-C(\d+))?(?:-S(\d+))?(-drop_long)?\.(?:json|bin)")
+_INDEX_FILE = re.compile(r"(unpacked|best_fit)-L(\d+)(?:-W(\d+))?(?:-C(\d+))?(?:-S(\d+))?(-drop_long)?(?:-V([0-9a-f]{16}))?\.(?:json|bin)")
 
 
-def check_index_files(cache: Cache) -> list[str]:
+def check_index_files(cache: Cache, views: Mapping[str, tuple[Any, Any]] | None = None) -> list[str]:
     """Problems of the reader's index files in ``ROOT/index/`` (``validate``): each file made for this cache
     is counted again from the chunks and must say the same (a file made for other chunks, or unreadable, is
-    ignored by readers, who count again, and here)."""
+    ignored by readers, who count again, and here). ``views``: ``{key: (view, cache as it sees it)}`` whose
+    index files are checked too (:func:`reader.storage.views.check_view_files`)."""
     if not cache.complete:
         return []
-    problems, table = [], cache.table
+    problems, views = [], views or {}
     for e in cache.storage.list(cache.path(INDEX_DIR)):
         name = e.path.rstrip("/").rsplit("/", 1)[-1]
         m = _INDEX_FILE.fullmatch(name)
         if m is None:
             continue
-        packing, seq_len, window, cont, segs, drop = m.groups()
+        packing, seq_len, window, cont, segs, drop, key = m.groups()
+        if key is not None and key not in views:
+            continue
+        view, seen = views[key] if key is not None else (None, cache)
+        table = seen.table  # (a view's: its kept counts)
         caps = {"continuations": int(cont or 1), "max_segments": int(segs) if segs else None} \
             if packing == "best_fit" else {}
 
         def index() -> ExampleIndex:
-            return ExampleIndex(cache, int(seq_len), packing, index_cache=False, drop_long=bool(drop),
-                                window_tokens=int(window) if window else WINDOW_TOKENS, **caps)
+            return ExampleIndex(seen, int(seq_len), packing, index_cache=False, drop_long=bool(drop),
+                                window_tokens=int(window) if window else WINDOW_TOKENS, view=view, **caps)
 
         said = index()
         rel = said.index_file

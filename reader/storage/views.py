@@ -415,6 +415,39 @@ class ViewedCache:
         return getattr(self._cache, name)
 
 
+def check_view_files(cache: Cache) -> tuple[list[str], dict[str, tuple[View, ViewedCache]]]:
+    """Problems of the views' count files ``ROOT/index/view-KEY.bin`` (``validate``): each file made for this
+    cache is counted again from the chunks and must say the same (one made for other chunks or attribute sets,
+    or unreadable, is ignored by readers, who count again, and here); and ``{KEY: (view, cache as it sees it)}``
+    of the files checked, whose example index files ``check_index_files`` then checks."""
+    if not cache.complete:
+        return [], {}
+    problems, found, table = [], {}, cache.table
+    for e in cache.storage.list(cache.path(INDEX_DIR)):
+        name = e.path.rstrip("/").rsplit("/", 1)[-1]
+        if not (name.startswith("view-") and name.endswith(".bin")):
+            continue
+        rel = f"{INDEX_DIR}/{name}"
+        try:
+            head, _ = blocks.read_parts(cache.storage.read(cache.path(rel)), cache.display(rel))
+            view = View(cache, head["view"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError, fmt.FormatError, files.UnsafeFile):
+            continue  # (ViewError is a ValueError: a view this cache can no longer answer)
+        if view.index_file != rel:
+            continue
+        view._load(table)
+        if view._n != len(table):
+            continue
+        try:
+            for c in range(len(table)):  # (each chunk's keep is checked against the file's counts)
+                view.chunk(c)
+        except fmt.DamagedCache as err:
+            problems.append(str(err))
+            continue
+        found[view.spec.key] = (view, ViewedCache(cache, view))
+    return problems, found
+
+
 def open_view(cache: Cache, view: Any, *, index_cache: bool = True) -> tuple[View | None, Cache | ViewedCache]:
     """``(view, cache as its reads see it)`` of ``view`` (``ReadOptions.view``'s syntax) over ``cache``;
     ``(None, cache)`` without one. A view that keeps nothing of a finished cache is an error naming it."""

@@ -407,3 +407,36 @@ def test_index_with_a_view_writes_the_files_a_viewed_read_loads(tmp_path, packin
     monkeypatch.undo()
     with Reader(root, ReadOptions(**{**opts.__dict__, "index_cache": False})) as r:
         assert all(same(r.batch(b), got[b]) for b in range(3))
+
+
+def test_validate_counts_a_view_s_files_again_and_names_an_edited_one(tmp_path, capsys):
+    from reader.cli.main import main
+    from reader.format import blocks
+
+    chunks, fields = corpus(seed=5)
+    root = str(tmp_path / "c")
+    write_synthetic_cache(root, chunks, fields=fields, row_group_tokens=20, format_version=4)
+    write_attribute_set(root, "duplicates", attrs.EXACT, [{"keeper": m} for m in marks_of(chunks)], {})
+    assert main(["index", root, "--seq_len", "16", "--packing", "unpacked", "--view", VIEW]) == 0
+    capsys.readouterr()
+    assert main(["validate", root]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+
+    def edit(name: str, part: str, key: str) -> str:
+        """The file ``index/NAME`` well formed, under its fingerprint, with its largest ``key`` one less."""
+        path = os.path.join(root, "index", name)
+        head, parts = blocks.read_parts(open(path, "rb").read(), path)
+        cols = {k: np.asarray(v).copy() for k, v in parts[part].items()}
+        cols[key][np.argmax(cols[key])] -= 1
+        head.pop("parts")
+        open(path, "wb").write(blocks.write_parts(head, {part: [(k, "int64", v) for k, v in cols.items()]}, 1024))
+        return path
+
+    for name in sorted(os.listdir(os.path.join(root, "index"))):
+        before = open(os.path.join(root, "index", name), "rb").read()
+        path = edit(name, *(("chunks", "docs") if name.startswith("view-") else ("chunks", "examples")))
+        assert main(["validate", root]) == 1
+        out = capsys.readouterr().out
+        assert f"PROBLEM {path}: " in out and "delete it (readers make it again)" in out, out
+        open(path, "wb").write(before)
+    assert main(["validate", root]) == 0
