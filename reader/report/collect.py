@@ -28,6 +28,7 @@ from reader.reader import Reader
 from reader.report import annotated_rows as rowlib, figures, summary
 from reader.storage.cache import Cache, CacheNotReady
 from reader.storage.progress import Progress, read_progress
+from reader.storage.views import tally
 from reader.storage.validate import chunk_doc_lengths
 
 DEAD_LETTER_FILES = 8  # dead-letter files read for examples, at most
@@ -72,6 +73,7 @@ class ReportData:
     locality: figures.Locality | None
     chunks_read: int  # chunk files read: the length sample plus the chunks behind the rows shown
     field_notes: dict[str, str] = dataclasses.field(default_factory=dict)  # the other kept fields, in a line
+    view: dict | None = None  # a single cache's view: what it keeps, in all and per input (views.tally)
 
 
 class _Counted:
@@ -111,7 +113,7 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
         lengths = np.concatenate([summary.cache_summary(c, c.url, max_chunks=per, threads=threads, read=counted)[1]
                                   for c in caches])
         sampled, known = len(counted.got), sum(len(c.table) for c in caches)
-        shard_tokens, chunk_hist, field_tokens, field_notes, bad, dead = [], None, {}, {}, [], {}
+        shard_tokens, chunk_hist, field_tokens, field_notes, bad, dead, view = [], None, {}, {}, [], {}, None
     else:
         cache = caches[0]
         info, lengths = summary.cache_summary(cache, path, max_chunks=max_chunks, threads=threads, seq_len=opts.seq_len,
@@ -126,6 +128,8 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
         field_tokens, field_notes = kept_field_tokens(cache, counted.of(cache))
         bad = figures.bad_record_rows(progress.bad_reasons)
         dead = figures.dead_letter_examples(_dead_letters(cache, entries)) if bad else {}
+        # (the kept counts a read through the view needs anyway; the clusters are inspect --view's)
+        view = tally(cache, opts.view, with_clusters=False, index_cache=opts.index_cache) if opts.view else None
     note = f"{lengths.size:,} documents, from {sampled:,} of {known:,} chunks spread over the cache"
     decode = rowlib.ids_decoder(tok.decode if tok is not None else None)
     names = mix.names if mix is not None else None
@@ -147,7 +151,8 @@ def collect(path: str, opts: ReadOptions, steps: int, *, command: str = "", toke
         path=path, command=command, options=opts, steps=steps, summary=info, is_mixture=mix is not None,
         progress=progress, tokenizer=tok_text, lengths=figures.log_histogram(lengths), length_note=note,
         shard_tokens=shard_tokens, chunk_tokens=chunk_hist, field_tokens=field_tokens, bad=bad, dead_letters=dead,
-        batches=batches, shares=shares, locality=locality, chunks_read=sampled + opened, field_notes=field_notes)
+        batches=batches, shares=shares, locality=locality, chunks_read=sampled + opened, field_notes=field_notes,
+        view=view)
 
 
 def _tokenizer(cache: Cache, spec: str | None) -> tuple[tokenizer_lib.Tokenizer | None, str]:

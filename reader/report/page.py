@@ -191,6 +191,21 @@ def _state(d: ReportData) -> str:
             f"<p class='note'>This page shows what the build has written so far.<br>{lines}</p>")
 
 
+def _view(d: ReportData) -> str:
+    """What the view read keeps, in all and per input (``inspect --view`` also shows its duplicate clusters)."""
+    v = d.view
+    if v is None:
+        return ""
+    out = [f"<h2>View</h2><p id='view'>{html.escape(v['view'])}</p><table><tr><th>input</th><th>documents kept</th>"
+           "<th>documents</th><th>tokens kept</th><th>tokens</th><th>share of tokens kept</th></tr>"]
+    for name, r in [("all", v)] + [(str(r["input"]), r) for r in v["by_input"]]:
+        docs, tokens = r["kept_documents"] + r["dropped_documents"], r["kept_tokens"] + r["dropped_tokens"]
+        out.append(f"<tr><td>{html.escape(name)}</td><td class='n'>{r['kept_documents']:,}</td><td class='n'>{docs:,}"
+                   f"</td><td class='n'>{r['kept_tokens']:,}</td><td class='n'>{tokens:,}</td>"
+                   f"<td class='n'>{r['kept_tokens'] / max(1, tokens):.1%}</td></tr>")
+    return "".join(out) + "</table>"
+
+
 def _bad(d: ReportData) -> str:
     if d.is_mixture:
         return ""
@@ -212,7 +227,8 @@ def _batches(d: ReportData) -> str:
     o = d.options
     how = (f"seq_len {o.seq_len}, batch_size {o.batch_size}, {'packed, ' + o.packing if o.packed else 'unpacked'}, "
            f"ideal_readers {o.ideal_readers}" + (f", shuffle_seed {o.shuffle_seed}" if o.shuffle_seed is not None else "")
-           + (f", max_segments {o.max_segments}" if o.max_segments is not None else ""))
+           + (f", max_segments {o.max_segments}" if o.max_segments is not None else "")
+           + (f", view {o.view}" if o.view is not None else ""))
     out = [f"<h2>Batches</h2><p>Read with {html.escape(how)}. Colours: one per document piece; "
            '<span class="doc">|</span> a document start; <span class="doc">…</span> first in a row: the row begins '
            'inside a document that started before it; <span class="masked seg0">grey italics</span>: masked out '
@@ -268,7 +284,7 @@ def _render(d: ReportData) -> str:
     title = f"chunkledger report: {d.path}"
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{_state(d)}"
-            f"<h2>Summary</h2>{_summary(d)}<h2>Figures</h2><div class='grid'>{''.join(figs)}</div>"
+            f"<h2>Summary</h2>{_summary(d)}{_view(d)}<h2>Figures</h2><div class='grid'>{''.join(figs)}</div>"
             f"{_bad(d)}{_batches(d)}<h2>This page</h2><p>Regenerate it with:</p><pre id='command'>"
             f"{html.escape(d.command)}</pre><p class='rowhead'>Chunk files read: {d.chunks_read:,}.</p>"
             "</body></html>")

@@ -294,10 +294,11 @@ def viewed_meta(view: View, m):
     return got, got.nbytes
 
 
-def tally(cache: Cache, view: Any) -> dict[str, Any]:
+def tally(cache: Cache, view: Any, *, with_clusters: bool = True, index_cache: bool = False) -> dict[str, Any]:
     """What ``view`` keeps of the chunks of ``cache`` known now (``inspect --view``): its canonical text, the
-    documents and tokens kept and dropped in all, and per input (the source each chunk was built from)."""
-    v = View(cache, view, index_cache=False)
+    documents and tokens kept and dropped in all, and per input (the source each chunk was built from); and, if
+    ``with_clusters``, each attribute set's duplicate clusters (which reads every attribute file)."""
+    v = View(cache, view, index_cache=index_cache)
     t = cache.table
     docs, tokens = v.counts(t)
     paths = {int(i["shard"]): i.get("path") for i in cache.ledger.raw.get("inputs", [])}
@@ -309,7 +310,7 @@ def tally(cache: Cache, view: Any) -> dict[str, Any]:
     shards = np.asarray(t.shard, np.int64)
     return {"view": v.spec.text, **row(np.ones(len(t), bool)),
             "by_input": [{"input": paths.get(s, f"shard {s}"), **row(shards == s)} for s in np.unique(shards).tolist()],
-            "clusters": [clusters(s) for _, s in sorted(v.sets.items())]}
+            "clusters": [clusters(s) for _, s in sorted(v.sets.items())] if with_clusters else []}
 
 
 def clusters(s: AttributeSet, top: int = 3, show: int = 12) -> dict[str, Any]:

@@ -4,8 +4,10 @@ build (kept fields); its attribute and index files are verified; every error nam
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -440,3 +442,21 @@ def test_validate_counts_a_view_s_files_again_and_names_an_edited_one(tmp_path, 
         assert f"PROBLEM {path}: " in out and "delete it (readers make it again)" in out, out
         open(path, "wb").write(before)
     assert main(["validate", root]) == 0
+
+
+def test_the_report_page_shows_what_a_view_keeps_per_input(caches, tmp_path, capsys):
+    from reader.cli.main import main
+    from reader.storage.cache import Cache
+
+    full, copy = caches
+    out = str(tmp_path / "rep")
+    assert main(["report", full, "--out", out, "--seq_len", "16", "--batch_size", "4", "--view", VIEW]) == 0
+    text = open(os.path.join(out, "index.html"), encoding="utf-8").read()
+    kept, whole = Cache(copy).table, Cache(full).table
+    section = text[text.index("<h2>View</h2>"):text.index("<h2>Figures</h2>")]
+    row = re.search(r"<tr><td>all</td>((?:<td class='n'>[^<]*</td>)+)</tr>", section)
+    assert row and re.findall(r">([^<]*)<", row.group(1))[::2] == [
+        f"{int(kept.docs.sum()):,}", f"{int(whole.docs.sum()):,}", f"{int(kept.tokens.sum()):,}",
+        f"{int(whole.tokens.sum()):,}", f"{kept.tokens.sum() / whole.tokens.sum():.1%}"], section
+    assert section.count("<tr><td>") == 1 + len(Cache(full).ledger.inputs)  # all, then each input
+    assert html.escape(parse_view(VIEW).text) in section and f"view {html.escape(VIEW)}" in text
