@@ -113,13 +113,6 @@ class Tokenizer:
             return _token_text(self.library, token_id)
         return self.library.decode([token_id], skip_special_tokens=False)
 
-    def token_id(self, token: str) -> int | None:
-        """The id of ``token`` (a special token's text, or a vocabulary entry), or None."""
-        if self.kind == "tiktoken":
-            return _single_token(self.library, token)
-        tid = self.library.token_to_id(token)
-        return None if tid is None else int(tid)
-
     def _check_id(self, token_id) -> int:
         i = int(token_id)
         known = 0 <= i < self.vocab_size
