@@ -1,8 +1,8 @@
 """What the launcher reads and writes before the job starts: inputs, tokenizer, existing cache, plan.
 
-:func:`prepare` checks ``--output``, matches and checks the input files (:mod:`pipelines.inputs.matching`:
-formats, Parquet and Arrow layouts), resolves the tokenizer, plans the build
-(:func:`pipelines.plan.make_plan`, pure) and reconciles the plan with what ``--output`` already holds
+:func:`plan_build` checks ``--output``, matches and checks the input files (:mod:`pipelines.inputs.matching`:
+formats, Parquet and Arrow layouts), resolves the tokenizer and plans the build (:func:`pipelines.plan.make_plan`,
+pure); :func:`reconcile_output` reconciles the plan with what ``--output`` already holds
 (:func:`pipelines.plan.reconcile`): nothing (write the plan ledger), the same build unfinished (resume),
 the same build finished (verify it, and repair what is damaged), or another build (refuse). A split build
 does this for each of its caches (``OUTPUT/train``, ``OUTPUT/validation``) after writing
@@ -307,11 +307,6 @@ def reconcile_output(planned: Planned) -> Prepared:
     except OSError as e:
         raise EnvironmentFault(faults.explain(e, output) or f"cannot write into --output {output}: {e}. "
                                f"{faults.RERUN}") from e
-
-
-def prepare(args: Arguments) -> Prepared:
-    """:func:`plan_build`, then :func:`reconcile_output` (see the module doc). Raises BuildError."""
-    return reconcile_output(plan_build(args))
 
 
 def _read_ledger(root: str) -> dict[str, Any] | None:

@@ -42,13 +42,9 @@ class TooManyBadRecords:
                    max_bad_fraction=float(obj["max_bad_fraction"]), reasons=dict(obj["reasons"]))
 
 
-def check_bad_fraction(ledger: Mapping[str, Any], max_bad_fraction: float) -> TooManyBadRecords | None:
-    """None if the finished ``ledger``'s share of bad lines is within ``max_bad_fraction``, else the verdict."""
-    return check_bad_fraction_of([ledger], max_bad_fraction)
-
-
 def check_bad_fraction_of(ledgers: Sequence[Mapping[str, Any]], max_bad_fraction: float) -> TooManyBadRecords | None:
-    """:func:`check_bad_fraction` over every cache of one build (a split build's train and validation).
+    """None if the finished ``ledgers``' share of bad lines is within ``max_bad_fraction``, else the verdict:
+    over every cache of one build (a split build's train and validation).
 
     The input lines are all caches' documents plus their bad records; a split build keeps its bad records
     in the train cache only, so each bad line counts once.

@@ -301,12 +301,6 @@ def _planned_layout(inp: "InputFile") -> Any:
     return inp.layout
 
 
-def work_units(plan: BuildPlan) -> list[WorkUnit]:
-    """Every work unit of ``plan``, in the order of :class:`UnitList`."""
-    units = UnitList(plan)
-    return [units.unit(i) for i in range(len(units))]
-
-
 def _differences(section: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return [f"{section}.{k}: {old.get(k)!r} in the cache, {new.get(k)!r} now"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]

@@ -9,7 +9,7 @@ from reader.format.spec import TABLE_VERSION
 from reader.order.packing import WINDOW_TOKENS
 from reader.order.passes import PASS_RULES
 from reader.order.shuffle import ShuffleConfig
-from reader.storage.view_syntax import ViewSpec, parse_view
+from reader.storage.view_syntax import parse_view
 
 LAYOUTS = ("arrays", "flat")  # how a batch's tokens are laid out: reader.batch.schema defines each
 # How documents become rows: windows of the stream, best-fit rows of a chunk, or one document piece per row.
@@ -216,11 +216,6 @@ class ReadOptions:
         if self.packing != "best_fit":
             return 0
         return max((self.continuations(v) for v in format_versions), default=1) - 1
-
-    @property
-    def view_spec(self) -> ViewSpec | None:
-        """The parsed ``view`` (None: every document)."""
-        return parse_view(self.view)
 
     @property
     def varlen_segments(self) -> int | None:

@@ -16,25 +16,13 @@ batch ``b`` does not depend on ``W``, on the DataLoader's ``num_workers`` or on 
 state of a run is one number, the next global batch, and it restores onto any world size and any
 worker count.
 
-How DataLoader workers split the work. A ``DataLoader`` over an ``IterableDataset`` asks its ``k``
-workers for items in turn and (``in_order=True``, the default) returns them in that order, so worker
-``w`` serves global batches ``first + w``, ``first + w + k``, ... with its own :class:`reader.Reader`
-(opened in the worker), and the loader yields ``first, first + 1, ...`` with no gap and no repeat. Whole
-batches per worker, not shares of rows: a DataLoader item must be a whole batch, and such a worker needs
-nothing from the others. The price: each worker decodes its rank's row groups (it reads every k-th batch
-of the same windows) and holds its own ``memory_budget_bytes``. With ``num_workers=0`` the dataset reads
-in your process through ``Reader.iter_batches``, where ``ReadOptions(num_workers=W)`` splits each batch's
-rows between W reader processes by stream, so nothing is decoded twice. An item leaves a worker as one
-buffer (torch would send each tensor through its own shared-memory segment).
+DataLoader workers each serve whole global batches (worker ``w`` of ``k``: ``first + w``, ``first + w + k``,
+...) with their own :class:`reader.Reader`; with ``num_workers=0`` the dataset reads in your process through
+``Reader.iter_batches``. docs/TORCH.md says why, what each costs, and the dtypes :func:`as_tensors` gives
+(``layout="flat"``'s uint32 ``tokens`` as an int32 view of the same bits, which :func:`expand_flat` reads).
 
 State. ``state_dict()`` is ``{"step": next global batch, ...}``; :func:`resume_step` reads
 it, and a whole ``StatefulDataLoader`` state, saved with any worker count or world size.
-
-Tensors. ``torch.from_numpy`` (no copy) of the reader's arrays, which are fresh per batch or, with reader
-worker processes, shared-memory slots that are not refilled while anything refers to them. ``int32``,
-``int64`` and ``bool`` fields keep their dtype. The ``uint32`` ``tokens`` of ``layout="flat"`` become an
-``int32`` view of the same bits (torch has few uint32 kernels): equal to the value below ``2**31``, i.e.
-for any vocabulary under ``2**30`` tokens; :func:`expand_flat` reads the bits, so it is exact for all.
 """
 
 from __future__ import annotations
@@ -362,21 +350,24 @@ class TokenBatches(IterableDataset):
         reader = self._open()
         wrap = OneBuffer if get_worker_info() is not None else dict  # items leave a worker by pickle
         if k == 1:  # every batch in turn: the reader's own pipeline (prefetch thread, reader workers)
-            it = reader.iter_batches(first)
-            try:
-                for b, data in it:
-                    item = wrap(as_tensors(data))
-                    item["step"] = int(b)
-                    del data
-                    st["next"] = int(b) + 1  # before the yield: a state taken after this item resumes after it
-                    self.watch.next_batch(0, st["next"])
-                    yield item
-            finally:
-                it.close()
-            st["finished"] = True
-            return
-        # DataLoader worker w of k: batches first, first + k, ... (its own batch j is first + j * k), a
-        # group of them assembled per reader call; the reader loads ahead on its threads
+            it, step_of = reader.iter_batches(first), int
+        else:
+            it, step_of = self._worker_batches(reader, first, k), lambda j: first + j * k
+        try:
+            for j, data in it:
+                item = wrap(as_tensors(data))
+                item["step"] = step = step_of(j)
+                del data
+                st["next"] = step + k  # before the yield: a state taken after this item resumes after it
+                self.watch.next_batch(st["worker"][0], st["next"])
+                yield item
+        finally:
+            it.close()
+        st["finished"] = True
+
+    def _worker_batches(self, reader, first: int, k: int):
+        """DataLoader worker w of k: batches first, first + k, ... (its own batch j is first + j * k), a group
+        of them assembled per reader call; the reader loads ahead on its threads."""
         end = reader.num_batches  # eval: the pass's size (waits for the build); training: None
         B, rows, n = int(self.options.batch_size), self.rows, int(self.rows.size)
 
@@ -385,20 +376,9 @@ class TokenBatches(IterableDataset):
             data = reader.examples(np.concatenate([step * B + rows for step in steps]))
             return [{key: v[i * n:(i + 1) * n] for key, v in data.items()} for i in range(m)]
 
-        it = read_ahead(produce, 0, stop=None if end is None else max(0, -(-(end - first) // k)), slab=_WORKER_GROUP,
-                        depth=0, hint=lambda j, m: reader.prefetch(first + j * k, None, m, k),
-                        submit_hint=reader.store.plan, lookahead=lambda: max(1, -(-reader.lookahead_batches() // k)))
-        try:
-            for j, data in it:
-                item = wrap(as_tensors(data))
-                item["step"] = step = first + j * k
-                st["next"] = step + k
-                self.watch.next_batch(st["worker"][0], st["next"])
-                del data
-                yield item
-        finally:
-            it.close()
-        st["finished"] = True
+        return read_ahead(produce, 0, stop=None if end is None else max(0, -(-(end - first) // k)), slab=_WORKER_GROUP,
+                          depth=0, hint=lambda j, m: reader.prefetch(first + j * k, None, m, k),
+                          submit_hint=reader.store.plan, lookahead=lambda: max(1, -(-reader.lookahead_batches() // k)))
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

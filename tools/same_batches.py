@@ -64,7 +64,8 @@ def digests(cache: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("paths", nargs=2, metavar=("CACHE_OR_A", "OUT_OR_B"))
+    # (one metavar: argparse's help cannot show a tuple for a positional)
+    ap.add_argument("paths", nargs=2, metavar="PATH", help="CACHE OUT.json, or with --compare A.json B.json")
     ap.add_argument("--compare", action="store_true", help="compare two digest files A and B")
     a = ap.parse_args(argv)
     if a.compare:

@@ -122,17 +122,8 @@ class ChunkBuilder:
                     text = None
                     self._bad(pos, rows.too_long(self.input_path, self.shard, record, data, self.max_bytes))
         else:
-            size = len(record)
-            self.input_bytes += size + 1
-            if type(record) is bytes and (self.max_bytes is None or size <= self.max_bytes):
-                text, fields, reason, detail = parse_record(record, self.text_key, self.keep_fields, self.max_depth, self.floats)
-                if reason is not None:
-                    self._bad(pos, dead_letter(self.input_path, self.shard, pos, reason, detail, record))
-            else:  # streamed past by its reader: only its first bytes are here
-                text = None
-                head = record[:LONG_LINE_HEAD] if type(record) is bytes else record.head
-                self._bad(pos, dead_letter(self.input_path, self.shard, pos, "too_long",
-                                           f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size))
+            text, fields, _ = self._json_line(pos, record, lambda raw: parse_record(
+                raw, self.text_key, self.keep_fields, self.max_depth, self.floats))
         if text is None:
             return self._after_bad()
         self._pend(pos, text, record, fields, text, len(text))
@@ -180,19 +171,25 @@ class ChunkBuilder:
                 self._bad(pos, {**letter, "size": size})
                 return self._after_bad()
             return self._pend(pos, item, record, record.fields, form, size)
-        size = len(record)
-        self.input_bytes += size + 1
-        if type(record) is bytes and (self.max_bytes is None or size <= self.max_bytes):
-            item, fields, reason, detail = sup.from_json(record)
-            if reason is not None:
-                self._bad(pos, dead_letter(self.input_path, self.shard, pos, reason, detail, record))
-        else:  # streamed past by its reader: only its first bytes are here
-            head = record[:LONG_LINE_HEAD] if type(record) is bytes else record.head
-            self._bad(pos, dead_letter(self.input_path, self.shard, pos, "too_long",
-                                       f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size))
+        item, fields, size = self._json_line(pos, record, sup.from_json)
         if item is None:
             return self._after_bad()
         self._pend(pos, item, record, fields, canonical(item) if self.router.spec is not None else "", size)
+
+    def _json_line(self, pos: int, record: Any, parse) -> tuple[Any, tuple, int]:
+        """``(item, fields, size)`` of a JSON line read by ``parse``; a bad or over-long line is dead-lettered
+        (item None)."""
+        size = len(record)
+        self.input_bytes += size + 1
+        if type(record) is bytes and (self.max_bytes is None or size <= self.max_bytes):
+            item, fields, reason, detail = parse(record)
+            if reason is not None:
+                self._bad(pos, dead_letter(self.input_path, self.shard, pos, reason, detail, record))
+            return item, fields, size
+        head = record[:LONG_LINE_HEAD] if type(record) is bytes else record.head  # streamed past by its reader
+        self._bad(pos, dead_letter(self.input_path, self.shard, pos, "too_long",
+                                   f"{size} bytes, over max_doc_bytes {self.max_bytes}", head, size))
+        return None, (), size
 
     def _bad(self, pos: int, letter: dict[str, Any]) -> None:
         line = json.dumps(letter, sort_keys=True, ensure_ascii=False, default=rows.json_value)

@@ -36,8 +36,8 @@ from pipelines import faults, lock
 from pipelines.dedup import groups, minhash
 from pipelines.dedup.transforms import ExactDuplicates, Job, NearDuplicates, WriteSet
 from pipelines.errors import BuildError, EnvironmentFault
-from pipelines.export.job import ExportFailed, run_command
-from pipelines.export.parts import FAILED_NAME, read_json
+from pipelines.export.job import run_command, run_job
+from pipelines.export.parts import FAILED_NAME
 from pipelines.filesystem import BEAM, absolute
 from pipelines.options import beam_parser, pipeline_options
 from pipelines.runners import choice as runners
@@ -156,16 +156,7 @@ def _run_pipeline(beam_options, job: Job, chunks: int, set_url: str) -> None:
         NearDuplicates if job.kind == attrs.NEAR else ExactDuplicates)(job, chunks)
     _ = marks | "WriteSet" >> WriteSet(job, chunks)
     try:
-        p.run().wait_until_finish()
-    except Exception as e:
-        fs, path = output_location(set_url)
-        failure = read_json(fs, f"{path}/{FAILED_NAME}")
-        if failure is not None and isinstance(failure.get("message"), str):
-            raise ExportFailed(failure["message"], int(failure.get("exit_code") or 2)) from e
-        cause = faults.explain(e, set_url)
-        if cause is not None:
-            raise EnvironmentFault(cause.replace("completed chunks", "attribute files")) from e
-        raise
+        run_job(p, lambda: output_location(set_url), set_url, "attribute files")
     finally:
         if warm is not None:
             warm.close()

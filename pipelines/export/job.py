@@ -33,7 +33,7 @@ import argparse
 import logging
 import sys
 import textwrap
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -275,18 +275,25 @@ def _run_pipeline(beam_options, plan: ExportPlan, fs, directory: str, directory_
                   threads: int) -> dict[str, int]:
     p = beam.Pipeline(options=beam_options)
     _ = p | "ExportMegatron" >> ExportMegatron(plan, directory_url, out_url, threads)
+    return _counters(run_job(p, lambda: (fs, directory), out_url, "completed parts"))
+
+
+def run_job(p: beam.Pipeline, failures: Callable[[], tuple[Any, str]], url: str, kept: str):
+    """Run ``p`` to its end; a failure raises a worker's recorded error (``_FAILED.json`` in the ``(fs, directory)``
+    of ``failures()``), else the environment fault on ``url`` (``kept``: what a rerun keeps), else the runner's."""
     try:
         result = p.run()
         result.wait_until_finish()
     except Exception as e:
+        fs, directory = failures()
         failure = read_json(fs, f"{directory}/{FAILED_NAME}")
         if failure is not None and isinstance(failure.get("message"), str):
             raise ExportFailed(failure["message"], int(failure.get("exit_code") or 2)) from e
-        cause = faults.explain(e, out_url)
+        cause = faults.explain(e, url)
         if cause is not None:
-            raise EnvironmentFault(cause.replace("completed chunks", "completed parts")) from e
+            raise EnvironmentFault(cause.replace("completed chunks", kept)) from e
         raise
-    return _counters(result)
+    return result
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -101,11 +101,6 @@ def encode_prompt_completion(prompt: str, completion: str, encoder: Encoder,
     return np.asarray(p + c, dtype=np.int32), mask
 
 
-def encode_prompt_completion_record(record: Mapping[str, Any], encoder: Encoder,
-                                    eos_id: int | None) -> tuple[np.ndarray, np.ndarray]:
-    return encode_prompt_completion(*prompt_completion_of(record), encoder, eos_id)
-
-
 # --------------------------------------------------------------------------------------------------
 # chat
 

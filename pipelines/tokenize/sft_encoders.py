@@ -5,29 +5,18 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Sequence
-
 import numpy as np
 
 from pipelines.tokenize import chat_template
 
-def offsets_from_bytes(text: str, token_bytes: Sequence[bytes]) -> tuple[Sequence[int], Sequence[int]]:
-    """Each token's character span in ``text``, from the tokens' bytes (which must spell ``text``'s UTF-8).
+def offsets_from_lengths(text: str, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's character span in ``text``, from the tokens' byte lengths (they must sum to the text's
+    UTF-8 length): ``(starts, ends)`` as int64 arrays.
 
     A token covers the characters its bytes belong to: a token holding part of a multi-byte character
     covers that whole character, so two tokens splitting one character both cover it (Hugging Face
     tokenizers' offsets, the ones transformers' assistant mask reads, follow the same rule).
     """
-    if b"".join(token_bytes) != text.encode("utf-8"):
-        raise ValueError("the encoder's tokens do not spell the text byte for byte; cannot place them")
-    starts, ends = offsets_from_lengths(text, np.fromiter(map(len, token_bytes), dtype=np.int64,
-                                                          count=len(token_bytes)))
-    return starts.tolist(), ends.tolist()
-
-
-def offsets_from_lengths(text: str, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`offsets_from_bytes` from the tokens' byte lengths alone (they must sum to the text's UTF-8
-    length): ``(starts, ends)`` as int64 arrays."""
     byte_end = np.cumsum(lens)
     raw = None if text.isascii() else text.encode("utf-8")  # ASCII: bytes are characters
     if (int(byte_end[-1]) if len(lens) else 0) != (len(text) if raw is None else len(raw)):

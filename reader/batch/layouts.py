@@ -41,30 +41,18 @@ def _arange32(n: int) -> np.ndarray:
     return a[:n]
 
 
-_Z32: dict[int, np.ndarray] = {}
+_CONST: dict[tuple, np.ndarray] = {}
 
 
-def _zeros32(n: int) -> np.ndarray:
-    """A read-only int32 array of ``n`` zeros, cached (padding, in the parts a packed row is made of)."""
-    z = _Z32.get(n)
-    if z is None:
-        z = np.zeros(n, np.int32)
-        z.setflags(write=False)
-        _Z32[n] = z
-    return z
-
-
-_B: dict[tuple[bool, int], np.ndarray] = {}
-
-
-def _bools(value: bool, n: int) -> np.ndarray:
-    """A read-only bool array of ``n`` times ``value``, cached (the flags of plain row groups, padding)."""
-    b = _B.get((value, n))
-    if b is None:
-        b = np.full(n, value, bool)
-        b.setflags(write=False)
-        _B[(value, n)] = b
-    return b
+def _const(value, n: int, dtype) -> np.ndarray:
+    """A read-only array of ``n`` times ``value``, cached (padding, the flags of plain row groups)."""
+    key = (value, n, dtype)
+    a = _CONST.get(key)
+    if a is None:
+        a = np.full(n, value, dtype)
+        a.setflags(write=False)
+        _CONST[key] = a
+    return a
 
 
 def _copy_loss(lm, runs, groups, L: int) -> None:
@@ -211,7 +199,7 @@ class ArraysWriter:
         gather per row group) cost several times more."""
         L = self.L
         nrows = out["targets"].shape[0]
-        z, no, yes = _zeros32(L), _bools(False, L), _bools(True, L)
+        z, no, yes = _const(0, L, np.int32), _const(False, L, bool), _const(True, L, bool)
         tparts, iparts = [], []  # the two arrays' contents, row after row, for one concatenate each
         mparts = [] if self.masked else None  # the loss flags' (a plain row group's: True throughout)
         r0, used = -1, L
@@ -341,7 +329,7 @@ class FlatWriter:
         tok = out["tokens"]
         direct = tok.flags.c_contiguous
         W = tok.view(np.int32) if direct else np.empty(tok.shape, np.int32)
-        z, no, yes = _zeros32(L1), _bools(False, L1 - 1), _bools(True, L1 - 1)
+        z, no, yes = _const(0, L1, np.int32), _const(False, L1 - 1, bool), _const(True, L1 - 1, bool)
         parts = []  # the tokens array's content, row after row, for one concatenate
         mparts = [] if self.masked else None  # the loss flags' (L per row: no column 0)
         append = parts.append

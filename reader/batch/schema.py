@@ -16,15 +16,9 @@ rows and ``seq_len`` = L tokens per row holds, in this key order:
   ``int32 [rows]``;
 * the per-row fields of :data:`ROW_FIELDS`: ``example_ids``, ``epochs``, ``valid``, ``components``.
 
-Varlen fields are per row, not per host-batch: a row's entries do not depend on which rows a host or a
-device holds, so they shard with the rows (``reader.jax.JaxLoader``) and stay the same for any number of
-readers. Row r's ``cu_seqlens`` are 0, then the end column of each of its n pieces (segment k = columns
-``cu_seqlens[r, k-1]:cu_seqlens[r, k]``, ``segment_ids`` k there), so its first n + 1 entries are valid,
-n = ``segment_ids[r].max()``; the other S - n entries repeat the last valid one, the row's real tokens
-(zero-length segments: the array stays non-decreasing). ``max_seqlen`` is the row's longest piece (0 for
-a row without tokens). A padding row is all zeros. For a kernel that takes the batch as one ``[B*L]``
-sequence: ``concat(cu_seqlens + L * arange(B)[:, None] flattened, [B * L])``, ``B * (S + 1) + 1`` entries,
-still static; each row's padding is then a segment of its own, its repeats zero-length ones.
+Varlen fields are per row, not per host-batch, so they shard with the rows and stay the same for any
+number of readers; docs/FORMAT.md ("Reading order") defines them exactly, docs/READING.md (``varlen``) says
+how a kernel takes them.
 
 ``components`` tells which cache of a mixture (:mod:`reader.mixture.mixture`) a row comes from; a single cache
 is a mixture of one, so its rows say 0 (and padding rows -1, in both).
@@ -143,12 +137,10 @@ def batch_spec(layout: str, seq_len: int, rows: int, masked: bool = False, conti
             for f in fields(layout, masked, continuations, segments)]
 
 
-def empty_batch(layout: str, seq_len: int, rows: int, *, zeros: bool = False, masked: bool = False,
-                continuations: int = 0, segments: int | None = None) -> dict[str, np.ndarray]:
-    """Uninitialized (or zeroed) arrays of a batch."""
-    new = np.zeros if zeros else np.empty
-    return {f.name: new(f.shape(rows, seq_len, continuations, segments), f.dtype)
-            for f in fields(layout, masked, continuations, segments)}
+def empty_batch(layout: str, seq_len: int, rows: int, *, masked: bool = False, continuations: int = 0,
+                segments: int | None = None) -> dict[str, np.ndarray]:
+    """Uninitialized arrays of a batch (:func:`batch_spec`)."""
+    return {k: np.empty(shape, d) for k, d, shape in batch_spec(layout, seq_len, rows, masked, continuations, segments)}
 
 
 def loss_mask(real, stored=None):

@@ -141,7 +141,6 @@ class BlockFile:
         self.rows, self.block_rows, self.codec = int(desc["rows"]), int(desc["block_rows"]), desc["codec"]
         self.names = [c[0] for c in desc["columns"]]
         self.kinds = dict((c[0], c[1]) for c in desc["columns"])
-        self.fetched = 0  # bytes fetched so far
 
     @property
     def num_blocks(self) -> int:
@@ -170,7 +169,6 @@ class BlockFile:
         except FileNotFoundError:
             raise fmt.DamagedCache(f"{self.where}: missing (the ledger names it); restore it, or rerun the build "
                                    "command that made this cache") from None
-        self.fetched += sum(len(g) for g in got)
         out, r = {}, 0
         for (name, b), (off, length, checksum) in zip(want, spans):
             while not ranges[r][0] <= off < ranges[r][1] and not (length == 0 and off == ranges[r][0]):

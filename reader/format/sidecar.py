@@ -24,7 +24,7 @@ loss tokens and dead letters) and **validate** (the whole file, then every row g
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -110,23 +110,6 @@ def ledger_entry(sidecar: Mapping[str, Any]) -> dict[str, Any]:
 def entry_fields(d: Mapping[str, Any]) -> dict[str, Any]:
     """What a sidecar and its ledger entry both hold (they must agree on it)."""
     return {k: v for k, v in d.items() if k not in SIDECAR_ONLY_KEYS and k not in LEDGER_ONLY_KEYS}
-
-
-def ledger_chunks(sidecars: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The finished ledger's ``chunks`` (with ``doc_offset``/``token_offset``) from the sidecars in global
-    order, and the bad-record counts by reason over all of them."""
-    chunks, docs, tokens = [], 0, 0
-    bad: dict[str, int] = {}
-    for sc in sidecars:
-        entry = ledger_entry(sc)  # without the row-group index; with the sidecar's checksum
-        entry["doc_offset"] = docs
-        entry["token_offset"] = tokens
-        docs += sc["docs"]
-        tokens += sc["tokens"]
-        for reason, n in sc["bad_reasons"].items():
-            bad[reason] = bad.get(reason, 0) + n
-        chunks.append(entry)
-    return chunks, dict(sorted(bad.items()))
 
 
 # --------------------------------------------------------------------------------------------------

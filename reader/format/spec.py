@@ -111,8 +111,6 @@ def chunk_schema(keep_fields: Sequence[str] = (), masked: bool = False) -> pa.Sc
 # decode only the row groups a token range needs.
 ROW_GROUP_TOKENS_KEY = b"chunkledger.row_group_tokens"
 
-COMPRESSIONS = ("none", "gzip", "zstd")
-
 
 class FormatError(ValueError):
     """A cache does not match its ledger, or a ledger is not one this version can read."""

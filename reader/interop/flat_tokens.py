@@ -2,21 +2,11 @@
 opening a dataset for ``reader/interop/import_flat_tokens.py``.
 
 A flat-tokens *dataset* is a zarr group with the groups ``train`` and ``validation``, each a flat-tokens
-*array*::
-
-    encoded_tokens  uint32[token_count]   every sequence's tokens back to back, token_id*2 + 1 for the
-                                          first token of a sequence, token_id*2 otherwise
-    seq_starts      uint64[seq_count+1]   where each sequence starts in encoded_tokens, then token_count
-    attrs.max_token_id  int               every token id is <= it (the largest id in the data; 0 if empty)
-
-One cache document = one sequence, in global order. The format stores no end-of-sequence tokens (the
-start bit marks the boundaries), so the EOS that a cache built with ``--append_eos`` ends every document
-with is left out (``keep_eos=True`` keeps it); ``import-flat-tokens --append_eos`` puts it back, so a
-cache -> flat-tokens -> cache round trip gives the same tokens. Written as seqax's own writer does: zarr format 2,
-Blosc lz4 level 5 with bit shuffle, a ``Delta`` filter on ``seq_starts``, chunks of 4 Mi tokens and
-1 Mi sequence starts by default. A document of zero tokens (possible, though the builder does not
-produce one) is a sequence whose start equals the next one's. zarr is imported here only (the import
-opens its dataset with :func:`open_dataset`): it is the ``export`` extra
+*array* (``encoded_tokens``, ``seq_starts``, ``attrs.max_token_id``), written as seqax's own writer
+writes it; docs/INTEROP.md ("seqax flat-tokens") has the layout. One cache document = one sequence, in
+global order; the format stores no EOS (``keep_eos=True`` keeps a cache's), and ``import-flat-tokens
+--append_eos`` puts it back, so a cache -> flat-tokens -> cache round trip gives the same tokens. zarr is
+imported here only (the import opens its dataset with :func:`open_dataset`): it is the ``export`` extra
 (``pip install 'chunkledger[export]'``).
 """
 

@@ -3,21 +3,10 @@
 ``python -m pipelines.interop import-megatron ... --tokenizer SPEC``).
 
 The result is an ordinary cache (docs/FORMAT.md) that ``Reader``, shuffles, eval mode and
-``python -m reader validate`` use as they use a built one. How the format's terms map:
-
-* **Shards.** Each ``PREFIX.bin`` is an input shard, the prefixes sorted by path (as the builder sorts
-  its inputs). The shard's "uncompressed bytes" are the ``.bin``'s bytes.
-* **Documents.** Each Megatron document is one chunkledger document (its sequences joined, for data made
-  with ``--split-sentences``; ``--unit sequence`` makes every sequence a document instead). Its
-  ``offset`` is the byte offset of its first token in the ``.bin``.
-* **Chunks.** The builder's rule with the ``.bin`` as the input file (``reader/interop/importer.py``);
-  ``chunk_bytes`` is ``--chunk_tokens`` (default 16 Mi, about what the builder's 64 MiB chunk of text
-  holds) times the token size.
-* **Ledger.** ``tokenizer`` is the identity given: copied from a cache built with the tokenizer or
-  from a JSON file (``reader.format.tokenizer_id``), or computed by ``pipelines.interop`` for a spec exactly as
-  the builder computes it; ``config`` has the builder's keys (``text_key``, ``piece_chars``,
-  ``max_piece_chars`` null) plus ``source`` (``format``, ``dtype``, ``unit``); each input also names its
-  ``index`` file.
+``python -m reader validate`` use as they use a built one: each ``PREFIX.bin`` an input shard (sorted by
+path), each Megatron document one document (``--unit sequence``: each sequence), chunks by the builder's
+rule (``reader/interop/importer.py``). docs/INTEROP.md ("Shards, documents, chunks", "Ledger") maps every
+term of the format.
 
 Token ids are checked against the tokenizer (and the ``.bin``'s dtype must be able to hold its ids);
 rerunning the same command after a crash finishes the import with identical bytes.

@@ -110,11 +110,6 @@ class MixtureQuotas:
         """``G_c(tau)``: items of each component in the first ``tau`` blocks (int64 [C])."""
         return np.diff(np.asarray(self.cumulative(s, lane, tau), dtype=np.int64))
 
-    def block_counts(self, s: int, lane: int, tau: int) -> np.ndarray:
-        """``n_c``: items of each component in block ``tau`` (int64 [C]; all >= 0 when every nonzero
-        weight is at least ``1 / b``)."""
-        return self.counts(s, lane, tau + 1) - self.counts(s, lane, tau)
-
     def min_weight_error(self) -> tuple[int, int] | None:
         """``(segment, component)`` of the first nonzero quantised weight below ``1 / b``, or None."""
         for s, p in enumerate(self.prefixes):

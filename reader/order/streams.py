@@ -157,10 +157,6 @@ class StreamIndex:
             self._epoch_cum[s] = got
         return got
 
-    def epoch_units(self, s: int, epoch: int) -> int:
-        """Units stream ``s`` yields in ``epoch``."""
-        return int(self._class_totals[self._rho(s, epoch)])
-
     def pass_units(self, streams) -> np.ndarray:
         """Units of each stream of ``streams`` in epoch 0 (all of a single-pass stream; vectorized)."""
         return self._class_totals[np.asarray(streams, dtype=np.int64)]

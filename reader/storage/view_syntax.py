@@ -96,10 +96,6 @@ class ViewSpec:
     def fields(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(c.field for c in self.clauses if c.mark is None))
 
-    @property
-    def needs_marks(self) -> bool:
-        return any(c.mark is not None for c in self.clauses)
-
 
 def _num(x: float) -> str:
     return repr(int(x)) if x == int(x) and abs(x) < 1e15 else repr(x)

@@ -106,22 +106,12 @@ class Tokenizer:
             return self.library.decode(ids)
         return self.library.decode(ids, skip_special_tokens=False)
 
-    def token_texts(self, ids: Sequence[int]) -> list[str]:
-        """Each id's own text (a token holding part of a character shows U+FFFD): for showing boundaries."""
-        return [self.token_text(i) for i in ids]
-
     def token_text(self, token_id: int) -> str:
+        """The id's own text (a token holding part of a character shows U+FFFD): for showing boundaries."""
         token_id = self._check_id(token_id)
         if self.kind == "tiktoken":
             return _token_text(self.library, token_id)
         return self.library.decode([token_id], skip_special_tokens=False)
-
-    def token_id(self, token: str) -> int | None:
-        """The id of ``token`` (a special token's text, or a vocabulary entry), or None."""
-        if self.kind == "tiktoken":
-            return _single_token(self.library, token)
-        tid = self.library.token_to_id(token)
-        return None if tid is None else int(tid)
 
     def _check_id(self, token_id) -> int:
         i = int(token_id)

@@ -1,25 +1,19 @@
 """Reader worker processes: ``ReadOptions(num_workers=W)`` decodes and assembles batches in W processes.
 
-One reader process is bound by the GIL: its threads overlap decoding, verifying and assembling only
-in part (zstd, sha256 and reads release the GIL; the glue between them does not; docs/DESIGN.md has
-the measurements). With ``num_workers=W`` the reader's rows
-of every batch are divided between W child processes, each an ordinary :class:`reader.Reader` (decoding
-on its own thread on a local cache, with prefetch threads on a remote one), and each assembles its rows
-straight into a slot of shared memory. The parent only hands out slots and returns views of them.
+One reader process is bound by the GIL (docs/DESIGN.md has the measurements). With ``num_workers=W``
+the reader's rows of every batch are divided between W child processes, each an ordinary
+:class:`reader.Reader` assembling its rows straight into a slot of shared memory; the parent only hands
+out slots and returns views of them (docs/READING.md, "Reader workers").
 
 The division is the one among reader hosts, one level down: worker ``w`` of reader ``r`` (of ``R``) is
-reader ``r + R * w`` of ``R * W``. Its rows are every W-th of this reader's rows, and when ``R * W``
-divides ``R*`` its streams (hence its chunks) are its own, so no row group is decoded twice. A batch
-does not depend on the number of readers, which makes the assembled batch identical, bit for bit, to
-what one process returns; the tests compare the two. A caller may name the rows
-instead (``WorkerPool(reader, rows=...)``; :class:`reader.jax.JaxLoader` passes the rows that its
-process's devices hold): worker ``w`` then serves every W-th of those, ``rows[w::W]``.
+reader ``r + R * w`` of ``R * W``, so its rows are every W-th of this reader's rows, its streams are its
+own when ``R * W`` divides ``R*``, and the batch is identical, bit for bit, to what one process returns.
+A caller may name the rows instead (``WorkerPool(reader, rows=...)``, as :class:`reader.jax.JaxLoader`
+does): worker ``w`` then serves ``rows[w::W]``.
 
 Batches are views of a ring of shared-memory slots, each holding a slab of consecutive batches
-(what one worker pass assembles, ``Reader.batches``). A slot is refilled only once nothing refers to any batch that was in
-it (CPython reference counts, as for the chunk store's decode buffers). A batch that is kept (say, in
-a list) keeps its memory, and the ring gets a new slot instead, so a batch never changes under its
-holder.
+(``Reader.batches``). A slot is refilled only once nothing refers to any batch that was in it (CPython
+reference counts); a batch that is kept keeps its memory, and the ring gets a new slot instead.
 
 This module is the parent's side and the protocol; the workers run :mod:`reader.workers.process`,
 started as ``python -m reader.workers.process`` (not ``multiprocessing``), so a training script

@@ -118,8 +118,7 @@ def test_prompt_completion_records_are_sft_tokens_and_spans_with_their_keys(tmp_
                      keep_fields="id")
     want = []
     for r in records:
-        ids, mask = sft.encode_prompt_completion_record({"prompt": r["instruction"], "completion": r["output"]},
-                                                        TT, EOT)
+        ids, mask = sft.encode_prompt_completion(r["instruction"], r["output"], TT, EOT)
         want.append((ids.tolist(), spans_of(mask).tolist()))
         assert spans_of(mask).tolist()[1] == len(ids)  # one span: the completion and its EOS
     check_documents(out, want + [reason for _, reason in bad])

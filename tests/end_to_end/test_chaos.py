@@ -466,8 +466,8 @@ def test_unreachable_gs_fails_within_seconds(tmp_path):
 def test_fuzzed_lines_are_never_lost():
     from hypothesis import HealthCheck, given, settings, strategies as st
 
-    from build_helpers import read_chunk
-    from pipelines.plan import ChunkConfig, MatchedFile, make_plan, work_units
+    from build_helpers import read_chunk, work_units
+    from pipelines.plan import ChunkConfig, MatchedFile, make_plan
     from pipelines.tokenize.fast_tokenizer import load_cached
     from pipelines.tokenize.tokenizer import MAX_PIECE_CHARS, PIECE_CHARS, resolve
     from pipelines.chunking.units import UnitBuilder

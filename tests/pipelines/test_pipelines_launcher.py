@@ -10,7 +10,7 @@ import pytest
 from build_helpers import load_ledger, write_shard
 from pipelines import status
 from pipelines.errors import BuildError
-from pipelines.launcher import check_output, match_inputs, prepare
+from pipelines.launcher import check_output, match_inputs, plan_build, reconcile_output
 from pipelines.options import parse_args
 from pipelines.plan import MatchedFile
 from reader.format import spec as fmt
@@ -64,8 +64,9 @@ def test_prepare_forgets_an_earlier_verdict_before_a_rerun(tmp_path):
         build(tmp_path, [a], chunk_bytes=2000, max_bad_fraction=0.01)
     out = str(tmp_path / "cache")
     assert os.path.exists(os.path.join(out, fmt.FAILED_NAME))
-    prepared = prepare(parse_args(["--input", a, "--output", out, "--tokenizer", "tiktoken:cl100k_base",
-                                   "--chunk_bytes", "2000", "--max_bad_fraction", "0.5"]))
+    prepared = reconcile_output(plan_build(parse_args(["--input", a, "--output", out, "--tokenizer",
+                                                       "tiktoken:cl100k_base", "--chunk_bytes", "2000",
+                                                       "--max_bad_fraction", "0.5"])))
     assert prepared.resumed and prepared.finished is None
     # The rerun's job decides afresh: an old _FAILED.json must not stand in for its outcome.
     assert not os.path.exists(os.path.join(out, fmt.FAILED_NAME))

@@ -11,13 +11,14 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_pipeline
 
 from build_helpers import FNAPI, small_plan, write_plan
+from cachegen import ledger_chunks
 from pipelines import finalize
 from pipelines.errors import BuildError
-from pipelines.ledger import TooManyBadRecords, check_bad_fraction
+from pipelines.ledger import TooManyBadRecords, check_bad_fraction_of
 from pipelines.chunking.transforms import BuildCache
 from reader.format import spec as fmt
 from reader.format import table as chunk_table
-from reader.format.sidecar import ledger_chunks, ledger_entry
+from reader.format.sidecar import ledger_entry
 from reader.storage import finish
 from reader.order.streams import round_robin_order
 from reader.storage.cache import Cache
@@ -73,9 +74,9 @@ def test_finished_ledger_is_a_pure_function_of_the_entries_in_order(tmp_path):
 
 def test_bad_fraction_verdict_and_its_record():
     ledger = {"totals": {"docs": 96, "bad_records": 4}, "bad_records": {"empty_text": 1, "invalid_json": 3}}
-    assert check_bad_fraction(ledger, 0.04) is None  # exactly at the limit still finishes
-    assert check_bad_fraction({"totals": {"docs": 0, "bad_records": 0}, "bad_records": {}}, 0.0) is None
-    failure = check_bad_fraction(ledger, 0.01)
+    assert check_bad_fraction_of([ledger], 0.04) is None  # exactly at the limit still finishes
+    assert check_bad_fraction_of([{"totals": {"docs": 0, "bad_records": 0}, "bad_records": {}}], 0.0) is None
+    failure = check_bad_fraction_of([ledger], 0.01)
     assert failure == TooManyBadRecords(bad_records=4, lines=100, max_bad_fraction=0.01,
                                         reasons={"empty_text": 1, "invalid_json": 3})
     assert TooManyBadRecords.from_json(json.loads(json.dumps(failure.to_json()))) == failure

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from build_helpers import FNAPI, REPO, SAMPLE_DIR as SAMPLE, load_ledger, tree_digest
+from build_helpers import FNAPI, REPO, SAMPLE_DIR as SAMPLE, load_ledger, tree_digest, work_units
 from pipelines import build_cache, trace
-from pipelines.plan import ChunkConfig, MatchedFile, make_plan, work_units
+from pipelines.plan import ChunkConfig, MatchedFile, make_plan
 
 
 def _build(out: str) -> dict:

@@ -168,6 +168,14 @@ def small_plan(tmp_path, chunk_bytes: int = 1500):
     return plan, tok, texts, (a, b)
 
 
+def work_units(plan):
+    """Every work unit of ``plan``, in the order of :class:`pipelines.plan.UnitList`."""
+    from pipelines.plan import UnitList
+
+    units = UnitList(plan)
+    return [units.unit(i) for i in range(len(units))]
+
+
 def write_plan(out: str, plan) -> None:
     """The plan ledger(s) of ``plan`` in ``out``, as the launcher writes them before a job starts."""
     from pipelines import status

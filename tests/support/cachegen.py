@@ -180,6 +180,23 @@ def default_version(masked: bool) -> int:
     return 3 if masked else fmt.BASE_FORMAT_VERSION
 
 
+def ledger_chunks(sidecars: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The finished ledger's ``chunks`` (with ``doc_offset``/``token_offset``) from the sidecars in global
+    order, and the bad-record counts by reason over all of them."""
+    chunks, docs, tokens = [], 0, 0
+    bad: dict[str, int] = {}
+    for sc in sidecars:
+        entry = ledger_entry(sc)  # without the row-group index; with the sidecar's checksum
+        entry["doc_offset"] = docs
+        entry["token_offset"] = tokens
+        docs += sc["docs"]
+        tokens += sc["tokens"]
+        for reason, n in sc["bad_reasons"].items():
+            bad[reason] = bad.get(reason, 0) + n
+        chunks.append(entry)
+    return chunks, dict(sorted(bad.items()))
+
+
 def _ledger(inputs, entries, *, finished: bool, chunk_bytes: int, row_group_tokens: int,
             tokenizer: Mapping[str, Any], masked: bool = False, format_version: int | None = None,
             fs=None, base: str = "", keep_fields: Sequence[str] = ()) -> dict[str, Any]:

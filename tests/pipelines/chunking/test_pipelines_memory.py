@@ -8,10 +8,10 @@ import tracemalloc
 
 import pytest
 
-from build_helpers import read_dead_letters
+from build_helpers import read_dead_letters, work_units
 from pipelines.launcher import match_inputs
 from pipelines.options import build_arg_parser, chunk_config
-from pipelines.plan import make_plan, work_units
+from pipelines.plan import make_plan
 from pipelines.tokenize.tokenizer import resolve
 from pipelines.chunking.transforms import BuildChunksFn
 

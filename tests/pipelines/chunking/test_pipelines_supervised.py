@@ -140,7 +140,7 @@ def test_prompt_completions_encoded_in_one_call_are_sft_records(backend):
     out = sup.encode_many(records, list(range(len(records))), "test")
     tt = sft_encoders.TiktokenSft(SPEC.load_reference().enc)
     for record, (ids, spans) in zip(records, out):
-        want_ids, want_mask = sft.encode_prompt_completion_record(record, tt, EOT)
+        want_ids, want_mask = sft.encode_prompt_completion(*sft.prompt_completion_of(record), tt, EOT)
         assert ids.tolist() == want_ids.tolist() and spans.tolist() == spans_of(want_mask).tolist()
 
 

@@ -11,8 +11,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from build_helpers import FNAPI, small_plan, write_plan
-from pipelines.plan import work_units
+from build_helpers import FNAPI, small_plan, work_units, write_plan
 from pipelines.chunking.transforms import BuildCache, BuildChunksFn
 from reader.format import spec as fmt
 from reader.format.sidecar import SIDECAR_ONLY_KEYS

@@ -6,9 +6,8 @@ import os
 
 import pytest
 
-from build_helpers import small_plan
+from build_helpers import small_plan, work_units
 from pipelines.errors import BuildError
-from pipelines.plan import work_units
 from pipelines.tokenize.fast_tokenizer import load_cached
 from pipelines.chunking.units import UnitBuilder
 

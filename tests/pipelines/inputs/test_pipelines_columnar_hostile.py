@@ -28,7 +28,7 @@ try:
     from pipelines.inputs import parquet
 except ImportError:
     parquet = None
-from pipelines.plan import ChunkConfig, MatchedFile, make_plan, work_units
+from pipelines.plan import ChunkConfig, MatchedFile, make_plan
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.time()
 out = {"rows": 0}

@@ -10,13 +10,13 @@ import os
 
 import pytest
 
-from build_helpers import write_shard
+from build_helpers import work_units, write_shard
 from columnar_files import corpus_table, save_to_disk, write_arrow, write_json_array, write_parquet
 from pipelines.errors import BuildError
 from pipelines.inputs.columnar import ColumnarChunk
 from pipelines.inputs.matching import match_inputs, plan_inputs
 from pipelines.options import build_arg_parser, chunk_config
-from pipelines.plan import make_plan, work_units
+from pipelines.plan import make_plan
 from reader.format import spec as fmt
 
 

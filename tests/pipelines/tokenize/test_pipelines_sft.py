@@ -7,6 +7,7 @@ The equality with transformers' apply_chat_template is in test_pipelines_sft_hf.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import pickle
 import random
 
@@ -48,7 +49,7 @@ def test_prompt_completion_tokens_and_mask_equal_tiktoken():
     for _ in range(400):
         prompt, completion = text_with_specials(rng), text_with_specials(rng) or "x"
         eos = EOT if rng.random() < 0.7 else None
-        ids, mask = sft.encode_prompt_completion_record({"prompt": prompt, "completion": completion}, TT, eos)
+        ids, mask = sft.encode_prompt_completion(prompt, completion, TT, eos)
         p, c = ENC.encode_ordinary(prompt), ENC.encode_ordinary(completion) + ([eos] if eos is not None else [])
         assert ids.dtype.name == "int32" and mask.dtype == bool
         assert ids.tolist() == p + c
@@ -73,7 +74,7 @@ def test_empty_prompt_is_allowed_and_the_whole_sequence_is_loss():
 ])
 def test_prompt_completion_bad_records(record, reason):
     with pytest.raises(sft.BadRecord) as e:
-        sft.encode_prompt_completion_record(record, TT, EOT)
+        sft.prompt_completion_of(record)
     assert e.value.reason == reason and e.value.detail
 
 
@@ -277,12 +278,13 @@ def test_template_from_config():
 def test_offsets_of_tokens_that_split_a_character():
     text = "a😀é"  # the emoji is two cl100k tokens
     ids = ENC.encode_ordinary(text)
-    starts, ends = sft_encoders.offsets_from_bytes(text, [ENC.decode_single_token_bytes(t) for t in ids])
+    starts, ends = sft_encoders.offsets_from_lengths(text, [len(ENC.decode_single_token_bytes(t)) for t in ids])
     assert len(ids) == 4 and list(zip(map(int, starts), map(int, ends))) == [(0, 1), (1, 2), (1, 2), (2, 3)]
     ids = ENC.encode_ordinary("ab cd")
-    assert sft_encoders.offsets_from_bytes("ab cd", [ENC.decode_single_token_bytes(t) for t in ids]) == ([0, 2], [2, 5])
+    starts, ends = sft_encoders.offsets_from_lengths("ab cd", [len(ENC.decode_single_token_bytes(t)) for t in ids])
+    assert (starts.tolist(), ends.tolist()) == ([0, 2], [2, 5])
     with pytest.raises(ValueError, match="do not spell the text"):
-        sft_encoders.offsets_from_bytes("ab", [b"a"])
+        sft_encoders.offsets_from_lengths("ab", [1])
 
 
 def test_pieces_cover_unicode_and_markup():
@@ -358,14 +360,16 @@ def test_loss_mask_equals_transformers_loop_on_random_tokens_and_spans():
         assert sft.loss_mask(starts, ends, spans).tolist() == loop_mask(starts, ends, spans), (starts, ends, spans)
 
 
-def test_offsets_from_lengths_equal_offsets_from_bytes():
+def test_offsets_from_lengths_are_the_characters_each_tokens_bytes_belong_to():
     rng = random.Random(8)
     for _ in range(300):
         text = content(rng) or "x"
-        ids = ENC.encode_ordinary(text)
-        pieces = [ENC.decode_single_token_bytes(t) for t in ids]
-        starts, ends = sft_encoders.offsets_from_lengths(text, [len(p) for p in pieces])
-        assert (starts.tolist(), ends.tolist()) == tuple(map(list, sft_encoders.offsets_from_bytes(text, pieces)))
+        pieces = [ENC.decode_single_token_bytes(t) for t in ENC.encode_ordinary(text)]
+        char_of_byte = [i for i, ch in enumerate(text) for _ in ch.encode("utf-8")]
+        ends = list(itertools.accumulate(map(len, pieces)))
+        want = ([char_of_byte[e - len(p)] for p, e in zip(pieces, ends)], [char_of_byte[e - 1] + 1 for e in ends])
+        starts, got_ends = sft_encoders.offsets_from_lengths(text, [len(p) for p in pieces])
+        assert (starts.tolist(), got_ends.tolist()) == want
     with pytest.raises(ValueError, match="do not spell the text"):
         sft_encoders.offsets_from_lengths("héllo", [1, 1, 1, 1, 1])  # 6 bytes of UTF-8
 

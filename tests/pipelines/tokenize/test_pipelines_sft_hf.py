@@ -204,8 +204,7 @@ def test_ordinary_encoding_and_prompt_completion_with_a_tokenizer_json(tok_path,
         p, c = (hf(t, add_special_tokens=False, split_special_tokens=True)["input_ids"] for t in (prompt, completion))
         added += 100283 in p + c
         assert enc.encode_ordinary(prompt) == p
-        ids, mask = sft.encode_prompt_completion_record({"prompt": prompt, "completion": completion}, enc,
-                                                        hf.eos_token_id)
+        ids, mask = sft.encode_prompt_completion(prompt, completion, enc, hf.eos_token_id)
         assert ids.tolist() == p + c + [hf.eos_token_id]
         assert mask.tolist() == [False] * len(p) + [True] * (len(c) + 1)
     assert added > 20

@@ -146,7 +146,7 @@ def test_a_mixture_of_a_cache_with_itself_serves_every_example(tmp_path, packed)
     opts = ReadOptions(seq_len=L, batch_size=16, ideal_readers=R, packed=packed)
     with Reader(paths[0], opts) as alone:
         idx = alone.stream_index()
-        per_stream = max(int(idx.epoch_units(s, 0)) for s in range(R))
+        per_stream = max(int(idx.pass_units([s])[0]) for s in range(R))
     need = (per_stream // (L if packed else 1) + 2) * 2 * R + 16 * R  # both components past one pass
     with Reader(f, opts) as r:
         got = [x for _, x in r.iter_batches(0, -(-need // 16))]

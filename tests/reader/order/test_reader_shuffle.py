@@ -178,7 +178,7 @@ def test_a_shuffled_read_releases_the_mixes_it_has_passed(tmp, monkeypatch, layo
     with Reader(tmp, opts) as rd:
         E = rd.examples_per_pass
         if rule == "streams":
-            assert 2 * N < min(int(rd.stream_index().epoch_units(s, 0)) // 4 for s in range(2))  # one pass
+            assert 2 * N < min(int(rd.stream_index().pass_units([s])[0]) // 4 for s in range(2))  # one pass
         else:
             assert B * N < E  # one pass
         got = [rd.batch(b) for b in range(N)]

@@ -9,12 +9,12 @@ import os
 import numpy as np
 import pytest
 
-from cachegen import DEFAULT_TOKENIZER
+from cachegen import DEFAULT_TOKENIZER, ledger_chunks
 from reader import ReadOptions, Reader
 from reader.cli.main import main
 from reader.format import spec as fmt
 from reader.format.chunk_file import ChunkParquet, row_group_table
-from reader.format.sidecar import ledger_chunks, make_sidecar, sidecar_bytes
+from reader.format.sidecar import make_sidecar, sidecar_bytes
 from reader.storage import fields
 from reader.storage.cache import Cache
 
