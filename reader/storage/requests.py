@@ -14,8 +14,8 @@ Liveness. Every request has a deadline, ``timeout_s`` (``ReadOptions.worker_time
 is sent, its client's retries included: one not answered by then is cancelled and fails with
 :class:`reader.ReaderStalled` naming the file and the byte range. Every wait for a request (a read's, a
 chunk's opening, a load another thread runs) therefore ends, even while other requests keep the reader's
-progress moving; gcsfs alone would give a connection that never answers about half an hour (aiohttp's
-300 s per attempt, six attempts).
+progress moving. gcsfs alone sets no deadline unless given ``requests_timeout`` (its default None is aiohttp's
+"no timeout"), so a connection that never answers would be waited for forever.
 """
 
 from __future__ import annotations
@@ -91,12 +91,16 @@ class Requests:
                     return
 
     def close(self) -> None:
-        """Cancel the requests in flight and drop those waiting (nobody will read what they bring)."""
+        """Cancel the requests in flight and fail those waiting (nobody will read what they bring; a thread
+        still waiting for one wakes)."""
         with self._lock:
+            waiting = list(self._waiting)
             self._waiting.clear()
             sent = list(self._sent)
         for fut in sent:
             fut.cancel()
+        for rel, _, _, out in waiting:
+            out.set_exception(RuntimeError(f"{self.cache.display(rel)}: not read, the reader was closed"))
 
     def _send(self, rel: str, start: int | None, end: int | None, out: cf.Future) -> None:
         fs, t0 = self.cache.fs, time.monotonic()

@@ -341,7 +341,8 @@ STALLED = (r"gs://remote-reads/cache/chunks/shard-\d+/chunk-\d+\.parquet bytes \
 @pytest.mark.parametrize("read", ["batch", "meta"])
 def test_a_wait_for_a_request_that_never_returns_ends_naming_the_file_and_range(emulator, proxy, read):
     # A read without the read-ahead's watch (Reader.batch), and a chunk's opening: only the request's deadline
-    # ends these waits; the client's own timeouts would take half an hour (aiohttp's 300 s, six attempts).
+    # ends these waits (gcsfs's default requests_timeout=None is no deadline at all; the emulator's options
+    # set 30 s, which would end them later with a StorageError that names no range).
     proxy.stall(lambda line: ".parquet" in line)
     opts = dataclasses.replace(READS["packed"], worker_timeout_s=TIMEOUT_S)
     with Reader(emulator.url("cache"), opts, storage_options=through(emulator, proxy)) as r:
