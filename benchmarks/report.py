@@ -739,14 +739,15 @@ def latency_section(fig: dict) -> list[str]:
         return []
     f = fig
     delays = sorted({int(k.split("_")[2][:-2]) for k in f if k.startswith("latency_packed_") and k.endswith("ms_steady")})
+    share = f["latency_cache_tokens"] / f["latency_hosts"] * 4 / 1e6  # MB of the host's rows decoded (int32 tokens)
     out = ["", "## Reading from object storage", "",
            f"`benchmarks/latency_bench.py` uploads a synthetic cache of {f['latency_cache_tokens'] / 1e6:.1f} M tokens "
            f"({f['latency_cache_chunks']} chunks, 128 Ki-token row groups) four times to the GCS emulator and reads it "
            "through the project's latency proxy (`tests/support/latency_proxy.py`: every request held D ms on loopback, requests in flight "
            f"held together) as host 1 of {f['latency_hosts']} (`seq_len={f['latency_seq_len']}, batch_size="
            f"{f['latency_batch_size']}`, R* = 16, flat layout, one process, a budget of {f['latency_read_budget_mb']:.0f} MB: "
-           "the host's share of the cache decoded is about twice that, so past a first pass nothing read is still "
-           f"decoded) from step {f['latency_start']}, best of {f['latency_rounds']} alternating rounds "
+           f"the host's share of the cache decoded, {share:.0f} MB, is {share / f['latency_read_budget_mb']:.1f} times "
+           f"that, so past a first pass nothing read is still decoded) from step {f['latency_start']}, best of {f['latency_rounds']} alternating rounds "
            f"(run of {f.get('latency_run', '?')}, load average {f.get('latency_load_average', '?')} on 2 cores). "
            f"Steady: tokens per second of the host's rows over {f['latency_seconds']:g} s of reading after "
            f"{f['latency_warmup_s']:g} s from the first batch (the best round's); the / 0 ms column: the median over the rounds of each round's steady rate over the 0 ms one "
