@@ -104,11 +104,13 @@ class Requests:
 
     def _send(self, rel: str, start: int | None, end: int | None, out: cf.Future) -> None:
         fs, t0 = self.cache.fs, time.monotonic()
-        coro = self._in_time(fs._cat_file(self.cache.path(rel), start=start, end=end), rel, start, end)
+        request = fs._cat_file(self.cache.path(rel), start=start, end=end)
+        coro = self._in_time(request, rel, start, end)
         try:
             fut = asyncio.run_coroutine_threadsafe(coro, fs.loop)
         except BaseException as e:  # noqa: BLE001 - e.g. the loop is gone: the request fails
             coro.close()
+            request.close()
             fut = cf.Future()
             fut.set_exception(e)
         with self._lock:
