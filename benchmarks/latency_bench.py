@@ -1,21 +1,26 @@
 """Reading ``gs://`` when every request takes D milliseconds: the reader against the same read at 0 ms and from disk.
 
-    python -m benchmarks.latency_bench --work DIR [--tokens N] [--batches N] [--rounds R] [--quick]
+    python -m benchmarks.latency_bench --work DIR [--tokens N] [--budget_mb M] [--seconds S] [--rounds R] [--quick]
 
-``make bench`` runs it with the defaults. A synthetic cache (``--tokens``, 24 Mi by default: documents of
+``make bench`` runs it with the defaults. A synthetic cache (``--tokens``, 128 Mi by default: documents of
 log-normal lengths, Zipf-distributed ids below 100k, which zstd compresses to about the bytes per token of
 real text; 72 chunks in 4 shards, the builder's 128 Ki-token row groups) is written with the tests' cache
 writer and uploaded to the GCS emulator (``tests/support/gcs_emulator.py``, in memory) four times, as four
 caches. The reader reads it through the project's latency proxy (``tests/support/latency_proxy.py``, a
 process of its own on loopback that holds every request D ms before passing it on) at D = 0, 25, 50 and
-100 ms, and from local disk, as host 1 of 4 (``seq_len=2048, batch_size=32``, R* = 16, flat layout,
-default budget, one process), starting at step 3000 (a resume):
+100 ms, and from local disk, as host 1 of 4 (``seq_len=2048, batch_size=32``, R* = 16, flat layout, one
+process), starting at step 3000 (a resume), with a memory budget (``--budget_mb``, 64 MiB by default) well
+below the host's share of the cache decoded (33.6 M tokens, 134 MB; a quarter of the budget goes to the
+batches read ahead), so that the steady state is a real one, as on a real cache many times a host's budget:
+past the first pass the reads do not find their row groups still decoded, and a read's lookahead is what
+the budget allows. (A shuffled read needs about two mixes of row groups decoded: at 32 MiB it thrashes.)
 
 - ``packed``: concat windows in order; ``shuffled``: the same with ``shuffle_seed=0``; ``mixture``: a
   mixture of the four caches (weights 0.4/0.3/0.2/0.1), packed.
 - Per read: seconds from opening the reader to the first batch (``first_batch_s``: the seek), the steady
-  rate (tokens per second of the reader's rows over the last three quarters of ``--batches``, after the
-  read-ahead has grown to the latency; ``rate`` from the first batch on is reported too), the requests and
+  rate (tokens per second of the reader's rows over ``--seconds`` of reading, after ``--warmup`` seconds
+  from the first batch in which the read-ahead grows to the latency; ``rate`` from the first batch on is
+  reported too), the requests and
   bytes fetched per token read (the store's counters: a chunk opened is two requests, its sidecar and
   footer), and the CPU seconds per batch of this process and of the emulator.
 - Runs alternate (every configuration once per round), and each figure is the best of the rounds; a
@@ -26,8 +31,8 @@ default budget, one process), starting at step 3000 (a resume):
   the emulator wants) asks it, then the proxy at 0 ms, for every row group's byte range of the cache,
   one after the other; seconds and emulator CPU-seconds per request. During the reads, the CPU per
   batch of this process, the emulator and the proxy say where a batch's time goes.
-- The process's peak RSS (sampled) during the 50 ms reads, its growth over the RSS before the first read
-  against the reader's budget.
+- The process's peak RSS (sampled) during one more 50 ms read of each kind with the default budget (1 GiB),
+  its growth over the RSS before the first read against that budget.
 
 Prints one ``BENCH_RESULT {json}`` line.
 """
@@ -111,8 +116,8 @@ class Proxy:
         self.proc.stdout.close()
 
 
-def options(kind: str) -> ReadOptions:
-    o = ReadOptions(seq_len=L, batch_size=B, ideal_readers=16, layout="flat")
+def options(kind: str, budget: int) -> ReadOptions:
+    o = ReadOptions(seq_len=L, batch_size=B, ideal_readers=16, layout="flat", memory_budget_bytes=budget)
     return dataclasses.replace(o, shuffle_seed=0) if kind == "shuffled" else o
 
 
@@ -121,25 +126,27 @@ def cpu_s(pid: int | None = None) -> float:
     return t.user + t.system
 
 
-def one_read(source: str, kind: str, batches: int, storage_options: dict | None, emulator_pid: int | None,
-             proxy_pid: int | None = None) -> dict:
+def one_read(source: str, kind: str, seconds: float, warmup: float, budget: int, storage_options: dict | None,
+             emulator_pid: int | None, proxy_pid: int | None = None) -> dict:
     """One read from step ``START`` (see the module docstring)."""
     t0 = time.perf_counter()
-    r = Reader(source, options(kind), num_readers=HOSTS, reader_index=HOST, storage_options=storage_options)
+    r = Reader(source, options(kind, budget), num_readers=HOSTS, reader_index=HOST, storage_options=storage_options)
     rows = len(r.my_rows)
-    it = r.iter_batches(START, batches)
-    first = None
+    it = r.iter_batches(START)
+    first = t_s = None
     n = 0
-    skip = max(1, batches // 4)
     for b, x in it:
-        if first is None:
-            first = time.perf_counter()
-            ref = np.array(x["tokens"][:, 1:], copy=True)  # the first batch, to compare across storage
+        now = time.perf_counter()
         n += 1
-        if n == skip:
-            t_s, c_s = time.perf_counter(), cpu_s()
+        if first is None:
+            first = now
+            ref = np.array(x["tokens"][:, 1:], copy=True)  # the first batch, to compare across storage
+        if t_s is None and now - first >= warmup:
+            t_s, skip, c_s = now, n, cpu_s()
             e_s = cpu_s(emulator_pid) if emulator_pid else 0.0
             p_s = cpu_s(proxy_pid) if proxy_pid else 0.0
+        elif t_s is not None and now - t_s >= seconds:
+            break
     end, c_e = time.perf_counter(), cpu_s()
     e_e = cpu_s(emulator_pid) if emulator_pid else 0.0
     p_e = cpu_s(proxy_pid) if proxy_pid else 0.0
@@ -150,7 +157,7 @@ def one_read(source: str, kind: str, batches: int, storage_options: dict | None,
            "emulator_cpu_ms_per_batch": (e_e - e_s) / (n - skip) * 1e3,
            "proxy_cpu_ms_per_batch": (p_e - p_s) / (n - skip) * 1e3, "ms_per_batch": (end - t_s) / (n - skip) * 1e3,
            "requests_per_mtoken": (st.fetches + 2 * st.meta_fetches) / tokens * 1e6,
-           "bytes_per_token": st.bytes_fetched / tokens, "first": ref}
+           "bytes_per_token": st.bytes_fetched / tokens, "steady_batches": n - skip, "first": ref}
     it.close()
     r.close()
     return out
@@ -185,13 +192,15 @@ def plain_client(port: int, bucket: str, prefix: str, ranges, emulator_pid: int)
             "mb_per_s": got / dt / 1e6}
 
 
-def run(work: Path, tokens: int, batches: int, rounds: int, chunks: int) -> dict:
+def run(work: Path, tokens: int, seconds: float, warmup: float, budget_mb: float, rounds: int, chunks: int) -> dict:
     work.mkdir(parents=True, exist_ok=True)
+    budget = int(budget_mb * (1 << 20))
     cache = work / "cache"
     total = write_cache(cache, tokens, chunks)
     res: dict = {"latency_run": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "latency_load_average": round(os.getloadavg()[0], 1),
-                 "latency_cache_tokens": total, "latency_cache_chunks": chunks, "latency_batches": batches, "latency_rounds": rounds,
+                 "latency_cache_tokens": total, "latency_cache_chunks": chunks, "latency_seconds": seconds,
+                 "latency_warmup_s": warmup, "latency_rounds": rounds,
                  "latency_hosts": HOSTS, "latency_batch_size": B, "latency_seq_len": L, "latency_start": START}
     mix = work / "mix4.json"
     best: dict[tuple[str, str], dict] = {}
@@ -230,17 +239,21 @@ def run(work: Path, tokens: int, batches: int, rounds: int, chunks: int) -> dict
             for rnd in range(rounds):
                 for kind in KINDS:
                     src = str(local_mix) if kind == "mixture" else str(cache)
-                    keep((kind, "local"), one_read(src, kind, batches, None, None))
+                    keep((kind, "local"), one_read(src, kind, seconds, warmup, budget, None, None))
                     for d in DELAYS_MS:
                         so = dict(emu.storage_options, endpoint_url=proxies[d].endpoint)
                         src = str(mix) if kind == "mixture" else emu.url("c0")
-                        with RssSampler() as rss:
-                            got = one_read(src, kind, batches, so, pid, proxies[d].proc.pid)
-                        if d == 50:
-                            peak_rss = max(peak_rss, rss.peak)
+                        got = one_read(src, kind, seconds, warmup, budget, so, pid, proxies[d].proc.pid)
                         keep((kind, f"{d}ms"), got)
                         log(f"latency round {rnd}: {kind} at {d} ms: steady {got['steady'] / 1e6:.1f} M tok/s, first "
                             f"batch {got['first_batch_s']:.2f} s")
+            # peak RSS against the default budget, as a run would read (the reads above keep theirs small)
+            so = dict(emu.storage_options, endpoint_url=proxies[50].endpoint)
+            for kind in KINDS:
+                with RssSampler() as rss:
+                    one_read(str(mix) if kind == "mixture" else emu.url("c0"), kind, seconds, warmup,
+                             ReadOptions().memory_budget_bytes, so, pid)
+                peak_rss = max(peak_rss, rss.peak)
             # the emulator's own cost: every row group once, from a plain client, direct and through the proxy
             ranges = ranges_of(cache)
             direct = plain_client(emu.port, emu.bucket, "c0/", ranges, pid)
@@ -251,6 +264,7 @@ def run(work: Path, tokens: int, batches: int, rounds: int, chunks: int) -> dict
     res["latency_rss_before_mb"] = base_rss / 1e6  # the process with the emulator's client, before any read
     res["latency_reader_peak_rss_mb"] = peak_rss / 1e6
     res["latency_memory_budget_mb"] = ReadOptions().memory_budget_bytes / 1e6
+    res["latency_read_budget_mb"] = budget / 1e6
     for (kind, where), got in best.items():
         for k, v in got.items():
             res[f"latency_{kind}_{where}_{k}"] = v
@@ -274,15 +288,17 @@ def run(work: Path, tokens: int, batches: int, rounds: int, chunks: int) -> dict
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", required=True, type=Path)
-    ap.add_argument("--tokens", type=int, default=64 << 20)
+    ap.add_argument("--tokens", type=int, default=128 << 20)
     ap.add_argument("--chunks", type=int, default=72)
-    ap.add_argument("--batches", type=int, default=1200)
+    ap.add_argument("--budget_mb", type=float, default=64.0, help="the reader's memory_budget_bytes, MiB")
+    ap.add_argument("--seconds", type=float, default=1.5, help="the steady window of each read")
+    ap.add_argument("--warmup", type=float, default=0.75, help="seconds of each read before its window")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: proves the measurement runs")
     a = ap.parse_args(argv)
     if a.quick:
-        a.tokens, a.chunks, a.batches, a.rounds = 1 << 20, 32, 40, 1
-    emit_result(run(a.work, a.tokens, a.batches, a.rounds, a.chunks))
+        a.tokens, a.chunks, a.seconds, a.warmup, a.rounds = 1 << 20, 32, 0.2, 0.1, 1
+    emit_result(run(a.work, a.tokens, a.seconds, a.warmup, a.budget_mb, a.rounds, a.chunks))
     return 0
 
 

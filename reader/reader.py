@@ -121,7 +121,7 @@ class Reader:
         else:
             view, seen = open_view(self.cache, opts.view, index_cache=opts.index_cache)  # (seen: as the view's reads see it)
             self.store = ChunkStore(self.cache, memory_budget_bytes=data.memory_budget_bytes,
-                                    threads=opts.prefetch_threads, view=view)
+                                    threads=opts.prefetch_threads, view=view, timeout_s=opts.worker_timeout_s)
             self.order = ExampleOrder(seen, data, self.store, self.my_rows)
             self.release = ReleasePolicy(self.store, self.order, data)
             self.prefetcher = Prefetcher(seen, self.store, self.order, data, self.release, self.my_rows,

@@ -23,12 +23,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from reader.storage.remote import ReaderStalled  # (with the storage errors: a request not answered raises it too)
+
 MAX_HINTS = 64  # hint tasks queued or running; more would only plan loads the store's threads reach late
-
-
-class ReaderStalled(TimeoutError):
-    """A reader (a worker process, or a thread of this one) held work for ``worker_timeout_s`` without
-    any progress: stopped, or stuck on a storage read."""
 
 
 class Progress:

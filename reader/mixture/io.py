@@ -242,7 +242,8 @@ def open_mixture(mixture: Mixture, options: ReadOptions, rows: np.ndarray, num_r
     views = mixture.open_views(options)
     pool = cf.ThreadPoolExecutor(max(1, options.prefetch_threads), thread_name_prefix="chunkledger-prefetch")
     planner = cf.ThreadPoolExecutor(1, thread_name_prefix="chunkledger-plan")  # (its thread starts if used)
-    stores = [ChunkStore(cache, memory_budget_bytes=copts.memory_budget_bytes, executor=pool, view=v, planner=planner)
+    stores = [ChunkStore(cache, memory_budget_bytes=copts.memory_budget_bytes, executor=pool, view=v, planner=planner,
+                         timeout_s=options.worker_timeout_s)
               for cache, (v, _) in zip(mixture.distinct, views)]
     store = MixtureStore(stores, pool, planner)
     order = MixtureOrder(mixture, copts, stores, rows, caches=[seen for _, seen in views])

@@ -41,6 +41,11 @@ class StorageError(OSError):
     """A remote cache cannot be reached or read; the message names the URL, the cause and the fix."""
 
 
+class ReaderStalled(TimeoutError):
+    """A reader (a worker process, or a thread of this one) held work for ``worker_timeout_s`` without
+    any progress: stopped, or stuck on a storage read (a range request not answered in that long)."""
+
+
 def protocol_of(url: str) -> str:
     return fsspec.core.split_protocol(url)[0] or "file"
 
@@ -152,7 +157,7 @@ def is_storage_error(e: BaseException) -> bool:
 def storage_error(shown: str, e: BaseException, *, anonymous: bool = False, waited: float | None = None
                   ) -> StorageError:
     """A :class:`StorageError` naming ``shown`` and the cause of ``e`` (an exception from fsspec/gcsfs)."""
-    if isinstance(e, StorageError):
+    if isinstance(e, (StorageError, ReaderStalled)):
         return e
     code = getattr(e, "code", None) or getattr(e, "status", None)
     text = " ".join(str(e).split())

@@ -9,6 +9,13 @@ decoded on the store's threads. :class:`Requests` keeps at most ``MAX_REQUESTS``
 wait their turn; one a read waits for goes first) and the average latency they see (the read-ahead sizes
 itself with it: :mod:`reader.batch.prefetch`). So as many requests are in flight as the read-ahead asks
 for, whatever the number of threads, and a request's latency is paid once for all of them.
+
+Liveness. Every request has a deadline, ``timeout_s`` (``ReadOptions.worker_timeout_s``) from the moment it
+is sent, its client's retries included: one not answered by then is cancelled and fails with
+:class:`reader.ReaderStalled` naming the file and the byte range. Every wait for a request (a read's, a
+chunk's opening, a load another thread runs) therefore ends, even while other requests keep the reader's
+progress moving. gcsfs alone sets no deadline unless given ``requests_timeout`` (its default None is aiohttp's
+"no timeout"), so a connection that never answers would be waited for forever.
 """
 
 from __future__ import annotations
@@ -21,19 +28,22 @@ import time
 from typing import Any, Callable
 
 from reader.storage.cache import Cache
+from reader.storage.remote import ReaderStalled
 from reader.storage.chunk import RANGE, ChunkMeta, open_chunk_steps
 from reader.storage.validate import chunk_error
 
 MAX_REQUESTS = 64  # range requests in flight at once per store (more wait their turn)
 MERGE_BYTES = 8 << 20  # adjacent row groups wanted together are one request up to this many bytes
 _LATENCY_WEIGHT = 0.2  # weight of each new request in the latency average
+TIMEOUT_S = 600.0  # a request's deadline unless the store is given one (ReadOptions.worker_timeout_s's default)
 
 
 class Requests:
     """One store's range requests on the filesystem's event loop (see the module docstring)."""
 
-    def __init__(self, cache: Cache):
+    def __init__(self, cache: Cache, timeout_s: float = TIMEOUT_S):
         self.cache = cache
+        self.timeout_s = float(timeout_s)  # a request not answered in this long fails (module docstring)
         self._lock = threading.Lock()
         self._out = 0  # requests in flight
         self._waiting: collections.deque = collections.deque()  # (rel, start, end, future) waiting their turn
@@ -81,25 +91,45 @@ class Requests:
                     return
 
     def close(self) -> None:
-        """Cancel the requests in flight and drop those waiting (nobody will read what they bring)."""
+        """Cancel the requests in flight and fail those waiting (nobody will read what they bring; a thread
+        still waiting for one wakes)."""
         with self._lock:
+            waiting = list(self._waiting)
             self._waiting.clear()
             sent = list(self._sent)
         for fut in sent:
             fut.cancel()
+        for rel, _, _, out in waiting:
+            out.set_exception(RuntimeError(f"{self.cache.display(rel)}: not read, the reader was closed"))
 
     def _send(self, rel: str, start: int | None, end: int | None, out: cf.Future) -> None:
         fs, t0 = self.cache.fs, time.monotonic()
-        coro = fs._cat_file(self.cache.path(rel), start=start, end=end)
+        request = fs._cat_file(self.cache.path(rel), start=start, end=end)
+        coro = self._in_time(request, rel, start, end)
         try:
             fut = asyncio.run_coroutine_threadsafe(coro, fs.loop)
         except BaseException as e:  # noqa: BLE001 - e.g. the loop is gone: the request fails
             coro.close()
+            request.close()
             fut = cf.Future()
             fut.set_exception(e)
         with self._lock:
             self._sent.add(fut)
         fut.add_done_callback(lambda f: self._returned(rel, out, f, t0))
+
+    async def _in_time(self, coro, rel: str, start: int | None, end: int | None) -> bytes:
+        """``await coro`` (a request), raising :class:`ReaderStalled` once it has taken :attr:`timeout_s`."""
+        try:
+            async with asyncio.timeout(self.timeout_s) as deadline:
+                return await coro
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the client's own timeout
+        what = "" if end is None else f" bytes {start or 0}..{end - 1}"
+        raise ReaderStalled(
+            f"{self.cache.display(rel)}{what}: no answer in {self.timeout_s:g} s (ReadOptions.worker_timeout_s="
+            f"{self.timeout_s:g}, retries included): the network or the storage endpoint does not answer. "
+            "Check them, or raise worker_timeout_s")
 
     def _returned(self, rel: str, out: cf.Future, fut: cf.Future, t0: float) -> None:
         with self._lock:
@@ -125,7 +155,7 @@ class ReadAhead:
 
     def __init__(self, store):  # a reader.storage.store.ChunkStore (which imports this module)
         self.store = store
-        self.requests = Requests(store.cache)
+        self.requests = Requests(store.cache, store.timeout_s)
         self._fetched: dict[Any, tuple[cf.Future, int, int]] = {}  # row groups requested: (request, at, length)
         self._when_open: dict[int, list[Callable[[ChunkMeta], None]]] = {}  # chunk -> what to do once open
         self._opening: dict[int, list] = {}  # chunk being opened -> [its request now, a read waits]

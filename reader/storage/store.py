@@ -31,7 +31,7 @@ from reader.storage.cache import Cache
 from reader.storage.chunk import ChunkMeta, DocIndex, RowGroup, open_chunk
 from reader.storage.pages import decode_loss_spans, decode_row_group, loss_flags
 from reader.format.sidecar import arrow_message
-from reader.storage.requests import ReadAhead, Requests
+from reader.storage.requests import TIMEOUT_S, ReadAhead, Requests
 from reader.storage.validate import chunk_error
 from reader.storage.views import View, keep_documents, viewed_meta
 
@@ -68,12 +68,15 @@ class ChunkStore:
         share one); the store does not shut it down.
       view: a :class:`reader.storage.views.View`: chunks hold its kept documents only (their layouts count
         those, their row groups are decoded whole and the others left out).
+      timeout_s: a remote request not answered in this long raises :class:`reader.ReaderStalled`
+        (:mod:`reader.storage.requests`; a reader gives ``ReadOptions.worker_timeout_s``).
     """
 
     def __init__(self, cache: Cache, *, memory_budget_bytes: int = 1 << 30, threads: int = 2,
                  executor: cf.ThreadPoolExecutor | None = None, view: View | None = None,
-                 planner: cf.ThreadPoolExecutor | None = None):
+                 planner: cf.ThreadPoolExecutor | None = None, timeout_s: float = TIMEOUT_S):
         self.cache = cache
+        self.timeout_s = timeout_s
         self.view = view
         self.budget = int(memory_budget_bytes)
         self._lock = threading.Lock()

@@ -325,8 +325,30 @@ def test_a_request_that_never_returns_raises_reader_stalled(emulator, proxy, wor
     opts = dataclasses.replace(READS["packed"], worker_timeout_s=TIMEOUT_S, num_workers=workers)
     with Reader(emulator.url("cache"), opts, storage_options=through(emulator, proxy)) as r:
         t0 = time.monotonic()
-        with pytest.raises(ReaderStalled, match=r"made no progress for 2 s while assembling batches 0\.\.\d+"):
+        # (the watch on the read-ahead, or the request's own deadline: both come after worker_timeout_s)
+        with pytest.raises(ReaderStalled, match=r"made no progress for 2 s while assembling batches 0\.\.\d+|"
+                                                rf"^{STALLED}"):
             next(r.iter_batches(0))
+        assert TIMEOUT_S <= time.monotonic() - t0 < BOUND_S
+    assert proxy.stalled.is_set()
+
+
+STALLED = (r"gs://remote-reads/cache/chunks/shard-\d+/chunk-\d+\.parquet bytes \d+\.\.\d+: no answer in 2 s "
+           r"\(ReadOptions\.worker_timeout_s=2, retries included\): .*Check them, or raise worker_timeout_s")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("read", ["batch", "meta"])
+def test_a_wait_for_a_request_that_never_returns_ends_naming_the_file_and_range(emulator, proxy, read):
+    # A read without the read-ahead's watch (Reader.batch), and a chunk's opening: only the request's deadline
+    # ends these waits (gcsfs's default requests_timeout=None is no deadline at all; the emulator's options
+    # set 30 s, which would end them later with a StorageError that names no range).
+    proxy.stall(lambda line: ".parquet" in line)
+    opts = dataclasses.replace(READS["packed"], worker_timeout_s=TIMEOUT_S)
+    with Reader(emulator.url("cache"), opts, storage_options=through(emulator, proxy)) as r:
+        t0 = time.monotonic()
+        with pytest.raises(ReaderStalled, match=rf"^{STALLED}"):
+            r.batch(0) if read == "batch" else r.store.meta(0)
         assert TIMEOUT_S <= time.monotonic() - t0 < BOUND_S
     assert proxy.stalled.is_set()
 
