@@ -362,6 +362,8 @@ class Prefetcher:
     def _load_chunk_part(self, c: int, offs: np.ndarray, last_row: int = -1, ahead: int = 0) -> None:
         if 0 <= last_row < self.release.passed_row:  # a shuffled plan the reads have overtaken
             return
+        if ahead and ahead <= self.pace.last:  # planned ahead, run late (queued behind decodes): the reads
+            ahead = 0  # have overtaken it, so what they released they have passed (not decoded again)
         try:
             tokens = self.order.token_offsets(c, offs)
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
