@@ -157,7 +157,8 @@ class Prefetcher:
         worker waiting for its next slab: a stream decodes a whole window when it enters it, several times
         the CPU of a slab, so without this one worker's window stalls the other's slabs (docs/DESIGN.md).
         What was planned carries over to the next call, so each batch is planned once; row groups the reads
-        have passed are left alone, and a failure ends it quietly: the real read reports it."""
+        have passed are left alone. A chunk not built yet, damaged or unreadable ends it quietly (the real read
+        waits or reports it); any other error is a bug and propagates."""
         placer = self.order.placer
         if self.options.packing != "best_fit" or placer is None:
             return
@@ -187,8 +188,8 @@ class Prefetcher:
                             todo.extend((c, g) for g in range(int(bounds[w]), int(bounds[w + 1])))
                 while len(seen) > _PLANNED_WINDOWS:
                     seen.popitem(last=False)
-        except (NotYetAvailable, fmt.FormatError, OSError):  # not built yet (the real read waits), or a damaged
-            self._ahead = _Planned()  # or unreadable chunk (the real read reports it)
+        except (NotYetAvailable, fmt.FormatError, OSError):  # not built yet: the real read waits; a damaged
+            self._ahead = _Planned()  # or unreadable chunk: the real read reports it
 
     def _whole_mixes(self) -> bool:
         """Whether to load whole mixes: shuffled concat reads where this reader reads whole lanes (``R``

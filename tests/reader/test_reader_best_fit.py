@@ -250,6 +250,23 @@ def test_reading_ahead_decodes_the_windows_the_next_batches_enter_once(tmp_path)
         assert list(r.read_ahead(0)) == [] and r.store.decodes == 0
 
 
+def test_reading_ahead_ends_quietly_on_a_damaged_chunk_and_lets_a_bug_through(tmp_path, monkeypatch):
+    """Reading ahead leaves a damaged chunk (or one not built yet) to the real read, which reports it (or
+    waits); any other error is a bug and must not be swallowed."""
+    root, _ = one_long_chunk(tmp_path)
+    o = opts(eval_mode=True, batch_size=4, best_fit_window_tokens=8000, prefetch_threads=0)
+    with Reader(root, o) as r:
+        def damaged(c):
+            raise ChunkError(f"chunk {c}: damaged")
+        monkeypatch.setattr(r.order.placer, "windows", damaged)
+        assert list(r.read_ahead(0)) == [] and r.store.decodes == 0
+        def bug(c):
+            raise TypeError("a bug")
+        monkeypatch.setattr(r.order.placer, "windows", bug)
+        with pytest.raises(TypeError, match="a bug"):
+            list(r.read_ahead(0))
+
+
 def test_a_prefetch_that_runs_after_the_reads_passed_its_batches_decodes_nothing_they_released(tmp_path, monkeypatch):
     """A prefetch planned ahead of the reads can wait on the store's threads behind whole windows being
     decoded; by the time it runs, the reads may have passed its batches and released their row groups.
