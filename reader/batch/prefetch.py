@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import collections
 import concurrent.futures as cf
+import dataclasses
 import math
 import threading
 import time
@@ -35,12 +36,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from reader.format import spec as fmt
 from reader.storage.cache import Cache
 from reader.options import ReadOptions
 from reader.batch.examples import ExampleOrder
 from reader.batch.release import ReleasePolicy
 from reader.storage.store import ChunkStore
-from reader.order.streams import streams_of_reader
+from reader.order.streams import NotYetAvailable, streams_of_reader
 
 _TRACKED_MIXES = 64
 _PLANNED_WINDOWS = 1024  # read_ahead: windows remembered as planned (a read's streams enter a few at a time)
@@ -91,6 +93,16 @@ class Pace:
         return (b1 - b0) / (t1 - t0) if t1 - t0 >= _PACE_S / 10 else 0.0
 
 
+@dataclasses.dataclass
+class _Planned:
+    """What :meth:`Prefetcher.read_ahead` planned: the next batch to plan (-1: none yet), the row groups
+    ``(chunk, group)`` still to decode, soonest first, and the windows ``(chunk, window)`` planned."""
+
+    batch: int = -1
+    todo: collections.deque = dataclasses.field(default_factory=collections.deque)
+    seen: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
+
+
 class Prefetcher:
     """Prefetch for one reader.
 
@@ -114,7 +126,7 @@ class Prefetcher:
         self.pace = release.pace = Pace(lambda: store.waited_s)
         # a remote cache read asynchronously, concat windows: loading a chunk's part only starts requests
         self._now = store.asynchronous and order.chunk_index is None
-        self._ahead: list = [-1, None, None]  # read_ahead: the next batch to plan, row groups to decode, windows planned
+        self._ahead = _Planned()
 
     def _row_group_tokens(self) -> int:
         return int(self.cache.ledger.config.get("row_group_tokens") or (1 << 20))
@@ -145,7 +157,8 @@ class Prefetcher:
         worker waiting for its next slab: a stream decodes a whole window when it enters it, several times
         the CPU of a slab, so without this one worker's window stalls the other's slabs (docs/DESIGN.md).
         What was planned carries over to the next call, so each batch is planned once; row groups the reads
-        have passed are left alone, and a failure ends it quietly: the real read reports it."""
+        have passed are left alone. A chunk not built yet, damaged or unreadable ends it quietly (the real read
+        waits or reports it); any other error is a bug and propagates."""
         placer = self.order.placer
         if self.options.packing != "best_fit" or placer is None:
             return
@@ -153,9 +166,9 @@ class Prefetcher:
         ahead = self.lookahead()
         step = max(1, ahead // 32)  # (a window shorter than this many batches is decoded when it is read)
         state = self._ahead
-        if not b <= state[0] <= b + ahead + step:  # a first call, or a jump: plan afresh
-            state[:] = [b, collections.deque(), collections.OrderedDict()]
-        todo, seen = state[1], state[2]
+        if not b <= state.batch <= b + ahead + step:  # a first call, or a jump: plan afresh
+            state = self._ahead = _Planned(b)
+        todo, seen = state.todo, state.seen
         try:
             while True:
                 while todo:
@@ -163,10 +176,10 @@ class Prefetcher:
                     if g >= self.release.released_before(c) and self.store.touch_row_groups(c, [g]):
                         self.store.row_group(c, g)
                         yield
-                at = state[0]
+                at = state.batch
                 if at > b + ahead or (stop is not None and at >= stop):
                     return
-                state[0] = at + step
+                state.batch = at + step
                 for c, offs in self.order.touched([at * B + self.rows]):
                     bounds, first = placer.windows(c)
                     for w in np.unique(np.searchsorted(first, offs, side="right") - 1).tolist():
@@ -175,8 +188,8 @@ class Prefetcher:
                             todo.extend((c, g) for g in range(int(bounds[w]), int(bounds[w + 1])))
                 while len(seen) > _PLANNED_WINDOWS:
                     seen.popitem(last=False)
-        except Exception:  # noqa: BLE001 - e.g. NotYetAvailable during a build: the real read waits
-            state[:] = [-1, collections.deque(), collections.OrderedDict()]
+        except (NotYetAvailable, fmt.FormatError, OSError):  # not built yet: the real read waits; a damaged
+            self._ahead = _Planned()  # or unreadable chunk: the real read reports it
 
     def _whole_mixes(self) -> bool:
         """Whether to load whole mixes: shuffled concat reads where this reader reads whole lanes (``R``
@@ -362,6 +375,8 @@ class Prefetcher:
     def _load_chunk_part(self, c: int, offs: np.ndarray, last_row: int = -1, ahead: int = 0) -> None:
         if 0 <= last_row < self.release.passed_row:  # a shuffled plan the reads have overtaken
             return
+        if ahead and ahead <= self.pace.last:  # planned ahead, run late (queued behind decodes): the reads
+            ahead = 0  # have overtaken it, so what they released they have passed (not decoded again)
         try:
             tokens = self.order.token_offsets(c, offs)
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
