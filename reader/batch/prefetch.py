@@ -2,7 +2,8 @@
 
 ``iter_batches`` (and loaders, through ``Reader.prefetch``) ask for batches :meth:`Prefetcher.lookahead`
 ahead of the one being served: about one row group of every stream (best fit: one packing window, which
-a stream's next rows need whole), capped by a quarter of the memory budget, so decoding overlaps serving.
+a stream's next rows need whole), capped by an eighth of the memory budget (on a remote cache half of it),
+so decoding overlaps serving.
 A plan (:meth:`reader.batch.examples.ExampleOrder.plan`) lists the chunk offsets those batches touch; one
 background task per chunk fetches, verifies and decodes the row groups that hold them, so the chunks of a
 batch load in parallel.
@@ -142,12 +143,15 @@ class Prefetcher:
         local = len(streams) if streams is not None else opts.effective_ideal_readers
         # tokens each stream advances per global batch, whatever R (unpacked pieces are at most seq_len)
         per_batch = max(1.0, min(1.0, share) * opts.batch_size * opts.seq_len / opts.effective_ideal_readers)
-        cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))  # a quarter of the budget ahead
+        # decoded tokens ahead per stream (4 bytes each): an eighth of the budget; on a remote cache half of it,
+        # since a read there gets at most its lookahead per request latency (docs/DESIGN.md, remote reads)
+        cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))
         unit = opts.best_fit_window_tokens if opts.packing == "best_fit" else self._row_group_tokens()
         ahead = math.ceil(min(unit, cap_tokens) / per_batch)
         latency = self.store.latency_s
         if latency is not None:
-            ahead = max(ahead, min(math.ceil(LATENCIES_AHEAD * latency * self.pace.rate()), cap_tokens // per_batch))
+            remote = math.ceil(LATENCIES_AHEAD * latency * self.pace.rate())
+            ahead = max(ahead, min(remote, 4 * cap_tokens // per_batch))
         return int(max(1, min(4096, ahead)))
 
     def read_ahead(self, b: int, stop: int | None = None) -> Iterator[None]:

@@ -363,3 +363,20 @@ def test_a_failing_request_names_the_chunk_file(emulator, proxy, status, match):
             for _ in r.iter_batches(0, 400):
                 pass
         assert time.monotonic() - t0 < BOUND_S
+
+
+def test_a_remote_lookahead_may_hold_half_the_budget_a_local_one_an_eighth(cache, monkeypatch):
+    """A read gets at most its lookahead per request latency, so on a remote cache the latency's lookahead may
+    fill half the budget with decoded tokens (4 bytes each); the local rule stays within an eighth."""
+    opts = dataclasses.replace(OPTS, memory_budget_bytes=1 << 22)
+    per_batch = opts.batch_size * opts.seq_len / opts.ideal_readers  # tokens a stream advances per batch
+    with Reader(cache, opts) as r:
+        pf = r.prefetcher
+        monkeypatch.setattr(pf, "_row_group_tokens", lambda: 1 << 30)  # (row groups larger than the cap)
+        local = pf.lookahead()
+        monkeypatch.setattr(pf, "store", types.SimpleNamespace(latency_s=1.0))  # a slow store, read fast
+        monkeypatch.setattr(pf.pace, "rate", lambda: 1e9)
+        remote = pf.lookahead()
+        budget = pf.options.memory_budget_bytes  # (the store's part: the batches assembled ahead have theirs)
+    held = lambda ahead: ahead * per_batch * 4 * opts.ideal_readers / budget  # noqa: E731
+    assert held(local) == pytest.approx(1 / 8, rel=0.01) and held(remote) == pytest.approx(1 / 2, rel=0.01)
