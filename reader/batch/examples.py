@@ -186,7 +186,7 @@ class ChunkPlacer:
         windows the rows lie in."""
         _, first = self.windows(c)
         offsets = np.asarray(offsets, dtype=np.int64)
-        return placement.rows(first, offsets, {w: self.window_rows(c, w) for w in placement.windows_of(first, offsets)})
+        return placement.rows(first, offsets, lambda w: self.window_rows(c, w))
 
 
 class ExampleOrder:

@@ -50,6 +50,7 @@ _PLANNED_WINDOWS = 1024  # read_ahead: windows remembered as planned (a read's s
 LATENCIES_AHEAD = 8  # remote caches: batches planned ahead cover this many request latencies of reading
 _PACE_S = 0.5  # the read rate is measured over about this many seconds
 _PACE_REWIND = 256  # a read this many batches before the latest one starts the rate again
+_FEW_TOKENS = 32  # _missing: up to this many tokens, bisect in Python; more, one numpy search (the two cost the same at 40-50)
 
 
 def _opened(meta) -> None:
@@ -251,7 +252,7 @@ class Prefetcher:
         for c, offs in plan:
             if self.order.chunk_index is None:  # concat: skip a chunk whose row groups are all there (or loading)
                 meta = self.store.cached_meta(c)
-                if meta is not None and not self._missing(c, meta.rg_token_starts_list, offs, ahead):
+                if meta is not None and not self._missing(c, meta, offs, ahead):
                     continue
             futs.append(self._start(self._load_chunk_part, c, offs, last_row, ahead))
         return futs
@@ -269,20 +270,25 @@ class Prefetcher:
             fut.set_exception(e)
         return fut
 
-    def _missing(self, c: int, starts: list[int], tokens: np.ndarray, ahead: int = 0) -> list[int]:
-        """Row groups holding ``tokens`` of chunk ``c`` that are neither cached nor loading (the cached ones
-        are marked used), past those the reads have released unless the plan is ahead of the reads (a
-        stream's next pass reads the chunk again; ``ahead``: the plan's first batch, 0: not ahead), which the
-        reads then keep until that batch (:meth:`reader.batch.release.ReleasePolicy.want`).
-        (A plan names a few tokens per chunk: bisect over the row-group starts costs less than numpy's
-        per-call overhead.)"""
+    def _missing(self, c: int, meta, tokens: np.ndarray, ahead: int = 0) -> list[int]:
+        """Row groups holding ``tokens`` of chunk ``c`` (``meta``: its :class:`reader.storage.chunk.ChunkMeta`)
+        that are neither cached nor loading (the cached ones are marked used), past those the reads have
+        released unless the plan is ahead of the reads (a stream's next pass reads the chunk again;
+        ``ahead``: the plan's first batch, 0: not ahead), which the reads then keep until that batch
+        (:meth:`reader.batch.release.ReleasePolicy.want`).
+        (A plan names a few tokens per chunk, except a best-fit plan's pieces: bisect over the row-group
+        starts costs less than numpy's per-call overhead for a few, more for hundreds.)"""
         done = 0 if ahead else self.release.released_before(c)  # a plan the reads have overtaken: already used
-        toks = tokens.tolist()
-        lo, hi = bisect.bisect_right(starts, min(toks)) - 1, bisect.bisect_right(starts, max(toks)) - 1
-        if hi - lo <= 1:  # the usual case (a stream's next windows): every group from lo to hi is touched
-            groups = [g for g in range(lo, hi + 1) if g >= done]
+        if tokens.size > _FEW_TOKENS:
+            at = np.unique(np.searchsorted(meta.rg_token_starts, tokens, side="right") - 1)
+            groups = at[at >= done].tolist()
         else:
-            groups = sorted({g for g in (bisect.bisect_right(starts, t) - 1 for t in toks) if g >= done})
+            starts, toks = meta.rg_token_starts_list, tokens.tolist()
+            lo, hi = bisect.bisect_right(starts, min(toks)) - 1, bisect.bisect_right(starts, max(toks)) - 1
+            if hi - lo <= 1:  # the usual case (a stream's next windows): every group from lo to hi is touched
+                groups = [g for g in range(lo, hi + 1) if g >= done]
+            else:
+                groups = sorted({g for g in (bisect.bisect_right(starts, t) - 1 for t in toks) if g >= done})
         if ahead:  # cached or on their way now: the reads may be about to release them
             self.release.want(c, groups, ahead)
         return self.store.touch_row_groups(c, groups)
@@ -386,4 +392,4 @@ class Prefetcher:
         except Exception:  # noqa: BLE001 - a prefetch never fails the run; the real read reports it
             return
         self.store.when_open(c, lambda meta: self.store.warm_row_groups(
-            c, self._missing(c, meta.rg_token_starts_list, tokens, ahead)))
+            c, self._missing(c, meta, tokens, ahead)))

@@ -14,7 +14,7 @@ Where the documents disagree with the counts (an index file changed, or counted 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Callable
 
 import numpy as np
 
@@ -137,20 +137,15 @@ class RowPieces:
         return cls(ptr, *out)
 
 
-def windows_of(first: np.ndarray, offsets: np.ndarray) -> list[int]:
-    """The windows that rows ``offsets`` of a chunk lie in (``first``: :func:`windows`), ascending."""
-    return np.unique(np.searchsorted(first, offsets, side="right") - 1).tolist()
-
-
-def rows(first: np.ndarray, offsets: np.ndarray, got: Mapping[int, WindowRows]) -> RowPieces:
-    """Best-fit rows ``offsets`` of a chunk (``first``: :func:`windows`), cut out of the rows ``got`` of the
-    windows they lie in (:func:`windows_of`): each row's pieces, row after row."""
+def rows(first: np.ndarray, offsets: np.ndarray, window: Callable[[int], WindowRows]) -> RowPieces:
+    """Best-fit rows ``offsets`` of a chunk (``first``: :func:`windows`), cut out of the rows of the windows
+    they lie in, ``window(w)`` (asked for those windows only): each row's pieces, row after row."""
     offsets = np.asarray(offsets, dtype=np.int64)
     if offsets.size:  # the usual case: consecutive rows of one window (a stream's rows of a batch), slices
         o0, o1 = int(offsets[0]), int(offsets[-1])
         w = int(first.searchsorted(o0, side="right")) - 1
         if o1 - o0 + 1 == offsets.size and o1 < first[w + 1] and offsets.tolist() == list(range(o0, o1 + 1)):
-            rw = got[w]
+            rw = window(w)
             p = rw.ptr[o0 - first[w]:o1 - first[w] + 2]
             a, b = int(p[0]), int(p[-1])
             return RowPieces(p - a, rw.token[a:b], rw.first[a:b], rw.length[a:b], rw.column[a:b])
@@ -159,7 +154,7 @@ def rows(first: np.ndarray, offsets: np.ndarray, got: Mapping[int, WindowRows]) 
     parts = []
     for w in np.unique(win).tolist():
         m = np.flatnonzero(win == w)
-        rw = got[w]
+        rw = window(w)
         local = offsets[m] - first[w]
         parts.append((m, rw.ptr[local], rw))
         n[m] = rw.ptr[local + 1] - rw.ptr[local]

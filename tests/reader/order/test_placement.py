@@ -81,8 +81,10 @@ def test_best_fit_rows_are_the_reference_packings_pieces(case, rnd):
     for offsets in (list(range(n)), list(range(lo, rnd.randrange(lo, n + 1))),  # consecutive: slices
                     [rnd.randrange(n) for _ in range(rnd.randrange(12))] if n else []):  # any rows, repeats
         offsets = np.asarray(offsets, np.int64)
-        need = placement.windows_of(first, offsets)
-        pc = placement.rows(first, offsets, {w: got[w] for w in need})
+        asked = []
+        pc = placement.rows(first, offsets, lambda w: asked.append(w) or got[w])
+        # only the windows the rows lie in are asked for (a window asked for is decoded)
+        assert set(asked) == {int(np.searchsorted(first, o, side="right")) - 1 for o in offsets.tolist()}
         rows = [list(zip(*(a[pc.ptr[k]:pc.ptr[k + 1]].tolist() for a in (pc.starts, pc.first_positions, pc.lengths,
                                                                           pc.columns))))
                 for k in range(offsets.size)]
