@@ -48,6 +48,9 @@ from reader.order.streams import NotYetAvailable, streams_of_reader
 _TRACKED_MIXES = 64
 _PLANNED_WINDOWS = 1024  # read_ahead: windows remembered as planned (a read's streams enter a few at a time)
 LATENCIES_AHEAD = 8  # remote caches: batches planned ahead cover this many request latencies of reading
+# the lookahead's share of the memory budget: an eighth; on a remote cache half, since a read there gets at
+# most its lookahead per request latency (docs/DESIGN.md, remote reads)
+LOCAL_AHEAD_SHARE, REMOTE_AHEAD_SHARE = 1 / 8, 1 / 2
 _PACE_S = 0.5  # the read rate is measured over about this many seconds
 _PACE_REWIND = 256  # a read this many batches before the latest one starts the rate again
 _FEW_TOKENS = 32  # _missing: up to this many tokens, bisect in Python; more, one numpy search (the two cost the same at 40-50)
@@ -144,15 +147,13 @@ class Prefetcher:
         local = len(streams) if streams is not None else opts.effective_ideal_readers
         # tokens each stream advances per global batch, whatever R (unpacked pieces are at most seq_len)
         per_batch = max(1.0, min(1.0, share) * opts.batch_size * opts.seq_len / opts.effective_ideal_readers)
-        # decoded tokens ahead per stream (4 bytes each): an eighth of the budget; on a remote cache half of it,
-        # since a read there gets at most its lookahead per request latency (docs/DESIGN.md, remote reads)
-        cap_tokens = opts.memory_budget_bytes // (4 * 8 * max(1, local))
+        stream_tokens = opts.memory_budget_bytes // (4 * max(1, local))  # a stream's share, decoded (4 bytes a token)
         unit = opts.best_fit_window_tokens if opts.packing == "best_fit" else self._row_group_tokens()
-        ahead = math.ceil(min(unit, cap_tokens) / per_batch)
+        ahead = math.ceil(min(unit, stream_tokens * LOCAL_AHEAD_SHARE) / per_batch)
         latency = self.store.latency_s
         if latency is not None:
             remote = math.ceil(LATENCIES_AHEAD * latency * self.pace.rate())
-            ahead = max(ahead, min(remote, 4 * cap_tokens // per_batch))
+            ahead = max(ahead, min(remote, stream_tokens * REMOTE_AHEAD_SHARE // per_batch))
         return int(max(1, min(4096, ahead)))
 
     def read_ahead(self, b: int, stop: int | None = None) -> Iterator[None]:

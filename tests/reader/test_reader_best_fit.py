@@ -455,3 +455,25 @@ def test_cli_batches_with_packing(cache, tmp_path, capsys):
     assert main(["batches", root, "--seq_len", str(L), "--batch_size", "8", "--best_fit_window_tokens", "60",
                  "--out", out]) == 2
     assert "best_fit_window_tokens=60 applies to packing='best_fit' only" in capsys.readouterr().err
+
+
+def test_the_prefetch_names_the_same_row_groups_for_a_few_pieces_and_for_many(cache, monkeypatch):
+    """A best-fit plan names every piece of its rows; the prefetch finds their row groups by a bisect per
+    piece for a few and by one numpy search for many. Both name the row groups the pieces lie in, past
+    those the reads released."""
+    from reader.batch import prefetch
+
+    root, _ = cache
+    rng = np.random.default_rng(0)
+    with Reader(root, opts()) as r:
+        pf = r.prefetcher
+        c = max(range(len(r.cache.table)), key=lambda i: r.store.meta(i).num_row_groups)
+        meta = r.store.meta(c)
+        starts = meta.rg_token_starts
+        assert meta.num_row_groups >= 4
+        tokens = rng.integers(0, int(r.cache.table.tokens[c]), 3 * prefetch._FEW_TOKENS)
+        monkeypatch.setattr(r.release, "released_before", lambda _: 2)
+        want = sorted({int(g) for g in np.searchsorted(starts, tokens, side="right") - 1 if g >= 2})
+        for few in (prefetch._FEW_TOKENS, tokens.size):  # the numpy search, then bisect
+            monkeypatch.setattr(prefetch, "_FEW_TOKENS", few)
+            assert pf._missing(c, meta, tokens) == want
